@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what building and testing Peregrine needs on Debian 12, only where it is missing.
+set -euo pipefail
+
+debs=(cmake ninja-build g++ pkg-config ccache libgtest-dev libbenchmark-dev nlohmann-json3-dev libfmt-dev
+      libspdlog-dev libcli11-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev python3 python3-pip)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Python packages are for tests and references only (never used by the product).
+py=(pytest tokenizers openai anthropic jsonschema hypothesis)
+need=()
+for p in "${py[@]}"; do
+  python3 -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('${p}') else 1)" 2>/dev/null || need+=("$p")
+done
+if ((${#need[@]})); then
+  echo "installing Python test packages: ${need[*]}"
+  python3 -m pip install -q "${need[@]}" 2>/dev/null || python3 -m pip install -q --break-system-packages "${need[@]}"
+fi

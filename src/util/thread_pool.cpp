@@ -1,0 +1,75 @@
+#include "util/thread_pool.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+namespace peregrine {
+
+ThreadPool::ThreadPool(int n_threads) {
+    if (n_threads <= 0) {
+        const char* env = std::getenv("PEREGRINE_THREADS");
+        n_threads = env ? std::atoi(env) : static_cast<int>(std::thread::hardware_concurrency());
+        n_threads = std::max(1, n_threads);
+    }
+    for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : workers_) t.join();
+}
+
+ThreadPool& ThreadPool::global() {
+    static ThreadPool pool;
+    return pool;
+}
+
+static void run_part(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int parts, int index) {
+    int64_t begin = n * index / parts, end = n * (index + 1) / parts;
+    if (begin < end) fn(begin, end);
+}
+
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk) {
+    if (n <= 0) return;
+    int parts = static_cast<int>(std::min<int64_t>(size(), std::max<int64_t>(1, n / std::max<int64_t>(1, min_chunk))));
+    if (parts <= 1 || workers_.empty()) {
+        fn(0, n);
+        return;
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    job_ = &fn;
+    job_n_ = n;
+    job_parts_ = parts;
+    pending_ = parts - 1;
+    ++generation_;
+    lock.unlock();
+    wake_.notify_all();
+    run_part(fn, n, parts, 0);
+    lock.lock();
+    done_.wait(lock, [this] { return pending_ == 0; });
+    job_ = nullptr;
+}
+
+void ThreadPool::worker_loop(int index) {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        if (index >= job_parts_) continue;
+        auto* fn = job_;
+        int64_t n = job_n_;
+        int parts = job_parts_;
+        lock.unlock();
+        run_part(*fn, n, parts, index);
+        lock.lock();
+        if (--pending_ == 0) done_.notify_one();
+    }
+}
+
+}  // namespace peregrine

@@ -1,8 +1,7 @@
 // peregrine forward: logits of every position of an id sequence, through prefill (optionally chunked)
 // and one-token decode steps, as raw little-endian float32 [n_positions, vocab].
 #include "commands.h"
-#include "kv/page_pool.h"
-#include "model/model.h"
+#include "engine/sequence_runner.h"
 #include "util/error.h"
 #include "util/file.h"
 
@@ -50,25 +49,13 @@ int run_forward(const ForwardArgs& a) {
     opts.device = a.device;
     auto model = Model::load(a.model, opts);
     const int vocab = model->config().vocab_size;
-    PagePool pool(model->layout(), model->layout().pages_for(n) + 1);
-    SeqState st;
-    model->init_state(st);
-    PEREGRINE_CHECK(pool.reserve(st, n), "page pool too small");
-
-    std::vector<float> out;
-    out.reserve(static_cast<size_t>(n) * vocab);
-    auto step = [&](int64_t start, int64_t count) {
-        ForwardBatch b;
-        b.seqs.push_back({&st, start, static_cast<int>(count), 0});
-        b.token_ids.assign(ids.begin() + start, ids.begin() + start + count);
-        std::vector<int> rows(static_cast<size_t>(count));
-        for (int64_t i = 0; i < count; ++i) rows[static_cast<size_t>(i)] = static_cast<int>(i);
-        Tensor logits = model->forward(b, rows);
-        out.insert(out.end(), logits.f32(), logits.f32() + count * vocab);
-    };
-    const int64_t chunk = a.prefill_chunk > 0 ? a.prefill_chunk : decode_from;
-    for (int64_t p = 0; p < decode_from; p += chunk) step(p, std::min(chunk, decode_from - p));
-    for (int64_t p = decode_from; p < n; ++p) step(p, 1);
+    SequenceRunner run(*model, n);
+    // Positions before decode_from are prefilled (in chunks if asked), the rest fed one at a time.
+    std::vector<float> out = run.feed({ids.begin(), ids.begin() + decode_from}, a.prefill_chunk, true);
+    for (int64_t p = decode_from; p < n; ++p) {
+        auto step = run.feed({ids[static_cast<size_t>(p)]}, 0, true);
+        out.insert(out.end(), step.begin(), step.end());
+    }
     write_file(a.out, out.data(), out.size() * sizeof(float));
     std::fprintf(stderr, "wrote %lld x %d logits to %s\n", static_cast<long long>(n), vocab, a.out.c_str());
     return 0;

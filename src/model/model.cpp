@@ -207,6 +207,7 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows) {
 
     // Final collapse of the requested rows, norm and head.
     const int64_t D = cfg_.dim, R = static_cast<int64_t>(logit_rows.size());
+    if (R == 0) return Tensor::zeros(DType::F32, {0, cfg_.vocab_size});
     Tensor hs = Tensor::zeros(DType::F32, {R, hc, D}), ps = Tensor::zeros(DType::F32, {R, hc});
     for (int64_t r = 0; r < R; ++r) {
         int row = logit_rows[static_cast<size_t>(r)];

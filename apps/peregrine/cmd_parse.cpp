@@ -44,7 +44,7 @@ static RegisterCommand reg_parse([](CLI::App& app, int& exit_code) {
         if (!o->request.empty()) {
             ChatRequest req = parse_chat_request_text(read_file(o->request));
             po = output_parser_options(req, fmt);
-            thinking = req.thinking;
+            thinking = reports_reasoning(po.start);
         } else {
             po.format = fmt;
             po.start = o->thinking ? ParseStart::reasoning : ParseStart::content;

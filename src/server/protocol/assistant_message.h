@@ -15,7 +15,8 @@ nlohmann::json openai_delta(const ParseEvent& e);
 
 class AssistantMessage {
 public:
-    explicit AssistantMessage(bool thinking) : thinking_(thinking) {}
+    // `with_reasoning`: whether the message carries reasoning_content (see reports_reasoning()).
+    explicit AssistantMessage(bool with_reasoning) : thinking_(with_reasoning) {}
     void add(const ParseEvent& e);
     void add(const std::vector<ParseEvent>& events) {
         for (auto& e : events) add(e);

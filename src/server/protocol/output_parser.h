@@ -36,6 +36,11 @@ struct OutputParserOptions {
     std::vector<std::string> stop;  // matched in answer content only; the text from the match on is dropped
 };
 
+// Whether the response has a reasoning_content field: only when the output starts in reasoning.
+inline bool reports_reasoning(ParseStart s) {
+    return s == ParseStart::reasoning || s == ParseStart::reasoning_continuation;
+}
+
 // The options that match how render_prompt() ended the prompt for this request.
 OutputParserOptions output_parser_options(const ChatRequest& req, ChatFormat fmt);
 

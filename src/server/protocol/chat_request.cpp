@@ -270,9 +270,13 @@ ChatRequest parse_chat_request(const ojson& body, const RequestOptions& opts) {
         }
     }
 
+    if (r.messages.back().prefix && !r.tools.empty())
+        bad("messages[" + std::to_string(r.messages.size() - 1) + "].prefix", "Function call should not be used with prefix");
+
     // Thinking: the request's thinking object, else reasoning_effort "none" turns it off, else the default.
     r.thinking = opts.default_thinking;
-    if (const ojson* th = field(body, "thinking")) {
+    const ojson* th = field(body, "thinking");
+    if (th) {
         if (!th->is_object()) bad("thinking", "'thinking' must be an object like {\"type\": \"enabled\"}");
         std::string type = get_string(*th, "type", "thinking.type", true);
         if (type == "enabled" || type == "adaptive") r.thinking = true;
@@ -282,7 +286,9 @@ ChatRequest parse_chat_request(const ojson& body, const RequestOptions& opts) {
     if (const ojson* eff = field(body, "reasoning_effort")) {
         if (eff->is_string()) {
             std::string a = eff->get<std::string>();
-            if (a == "none") r.thinking = false;
+            if (a == "none") {
+                if (!th) r.thinking = false;  // an explicit thinking object wins
+            }
             else if (auto e = effort_from_alias(a)) r.effort = *e;
             else bad("reasoning_effort", "unknown reasoning_effort '" + a +
                                              "' (expected none, minimal, low, medium, high, xhigh, ultra, max or 1-100)");

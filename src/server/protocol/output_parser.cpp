@@ -230,13 +230,18 @@ bool OutputParser::step_text() {
     }
     if (best) {
         size_t text_end = best_pos;
-        if (best->absorbs_newlines)
+        if (best->absorbs_newlines) {
             while (text_end > 0 && buf_[text_end - 1] == '\n') --text_end;
+            // DeepSeek's matcher does not count the first newline that breaks a partial match of the
+            // marker (text ending in "<" or "<｜DSML" right before the newlines): that newline stays text.
+            if (text_end < best_pos && partial_suffix(tail_ + buf_.substr(0, text_end), best->text) > 0) ++text_end;
+        }
         std::string absorbed = buf_.substr(text_end, best_pos - text_end);
         if (text_end > 0) {
             emit(kind, buf_.substr(0, text_end));
             leading_ = false;
         }
+        tail_.clear();
         switch (best->what) {
         case 0:
             buf_.erase(0, best_end);
@@ -276,6 +281,8 @@ bool OutputParser::step_text() {
         hold += utf8_incomplete_tail(std::string_view(buf_).substr(0, buf_.size() - hold));
     }
     if (hold < buf_.size()) {
+        tail_ += std::string_view(buf_).substr(0, buf_.size() - hold);
+        if (tail_.size() > 32) tail_.erase(0, tail_.size() - 32);
         emit(kind, buf_.substr(0, buf_.size() - hold));
         buf_.erase(0, buf_.size() - hold);
         leading_ = false;
@@ -292,6 +299,7 @@ bool OutputParser::malformed_block(const std::string& why) {
     block_raw_.clear();
     block_raw_live_ = false;
     outer_tag_pending_ = false;
+    tail_.clear();
     state_ = block_origin_;
     leading_ = false;
     return true;

@@ -87,6 +87,7 @@ private:
     bool stopped_ = false;
     bool warned_after_end_ = false;
     std::string buf_;           // input not yet decided
+    std::string tail_;          // last text bytes emitted since the last marker (for partial-match context)
     std::vector<ParseEvent> out_;
 
     // DSML block bookkeeping.

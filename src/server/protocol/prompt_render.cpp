@@ -168,7 +168,10 @@ RenderedPrompt render_prompt(const ChatRequest& req, ChatFormat fmt) {
     const bool v41 = fmt == ChatFormat::deepseek_v41;
     const auto tools = req.prompt_tools();
     const bool keep_reasoning = req.thinking && !tools.empty();
-    const auto& msgs = req.messages;
+    // Empty system messages render as nothing at all (they do not even split user turns).
+    std::vector<ChatMessage> msgs;
+    for (const auto& m : req.messages)
+        if (m.role != Role::system || !m.content.empty()) msgs.push_back(m);
 
     PromptBuilder b;
     b.special(tok::bos);
@@ -185,7 +188,7 @@ RenderedPrompt render_prompt(const ChatRequest& req, ChatFormat fmt) {
     } else {
         std::string sys;
         for (const auto& m : msgs)
-            if (m.role == Role::system && !m.content.empty()) sys += (sys.empty() ? "" : "\n\n") + m.content;
+            if (m.role == Role::system) sys += (sys.empty() ? "" : "\n\n") + m.content;
         preamble += sys;
     }
     if (!tools.empty()) preamble += tools_section(tools, fmt);
@@ -214,10 +217,8 @@ RenderedPrompt render_prompt(const ChatRequest& req, ChatFormat fmt) {
         case Role::system:
             if (!v41) break;  // hoisted into the preamble
             flush_user();
-            if (!m.content.empty()) {
-                b.special(tok::system);
-                b.text(m.content);
-            }
+            b.special(tok::system);
+            b.text(m.content);
             break;
         case Role::user: user_parts.push_back(m.content); break;
         case Role::tool: {

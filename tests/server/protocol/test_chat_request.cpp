@@ -99,22 +99,24 @@ TEST(ChatRequest, MessagesAndTools) {
         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
         {"role": "assistant", "content": null, "reasoning_content": "r", "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
-        {"role": "assistant", "content": "par", "prefix": true}],
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"}],
       "tools": [{"type": "function", "function": {"name": "f", "strict": true,
                  "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}],
       "stop": "END", "stream": true, "stream_options": {"include_usage": true}, "max_completion_tokens": 9})");
-    ASSERT_EQ(r.messages.size(), 5u);
+    ASSERT_EQ(r.messages.size(), 4u);
     EXPECT_EQ(r.messages[0].role, Role::system);
     EXPECT_EQ(r.messages[1].content, "a\n\nb");
     EXPECT_EQ(r.messages[2].tool_calls[0].arguments, R"({"x":1})");
-    EXPECT_TRUE(r.messages[4].prefix);
     EXPECT_EQ(dump_prompt_json(*r.tools[0].parameters),
               R"({"type": "object", "properties": {"x": {"type": "integer"}}, "additionalProperties": false, "required": ["x"]})");
     EXPECT_EQ(r.stop, std::vector<std::string>{"END"});
     EXPECT_TRUE(r.stream && r.include_usage);
     EXPECT_EQ(r.max_tokens, 9);
-    // prefix only on the last message; strict schemas must require every property.
+    EXPECT_TRUE(parse_chat_request_text(R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "prefix": true}]})")
+                    .messages[1].prefix);
+    // prefix only on the last message, and never with tools; strict schemas must require every property.
+    EXPECT_EQ(param_of(R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "prefix": true}],
+        "tools": [{"type": "function", "function": {"name": "f"}}]})"), "messages[1].prefix");
     EXPECT_EQ(param_of(R"({"messages": [{"role": "assistant", "content": "a", "prefix": true}, {"role": "user", "content": "q"}]})"),
               "messages[0].prefix");
     EXPECT_EQ(param_of(with(R"(, "tools": [{"type": "function", "function": {"name": "f", "strict": true, "parameters":

@@ -9,6 +9,17 @@ namespace peregrine::grammar {
 
 void CodepointSet::add(uint32_t lo, uint32_t hi) {
     if (lo > hi) return;
+    // Fast paths: appending in increasing order (the common way sets are built).
+    if (ranges_.empty() || lo > ranges_.back().second + 1) {
+        if (ranges_.empty() || lo > ranges_.back().second) {
+            ranges_.push_back({lo, hi});
+            return;
+        }
+    }
+    if (lo >= ranges_.back().first) {
+        ranges_.back().second = std::max(ranges_.back().second, hi);
+        return;
+    }
     std::vector<std::pair<uint32_t, uint32_t>> out;
     out.reserve(ranges_.size() + 1);
     bool placed = false;

@@ -12,18 +12,33 @@ namespace {
 
 constexpr int64_t kCap = 999999999999999;  // 15 digits: exact in a double, plenty for generation
 
-// Numbers of the same length between a and b (decimal strings, no leading zeros except "0").
+bool all_of(const std::string& s, size_t from, char c) {
+    for (size_t i = from; i < s.size(); ++i)
+        if (s[i] != c) return false;
+    return true;
+}
+
+// Numbers of the same length between a and b (decimal strings, no leading zeros except "0"). Only one
+// bound is refined per level, so the pattern grows linearly with the length.
 std::string same_length(const std::string& a, const std::string& b) {
     if (a == b) return a;
-    if (a.size() == 1) return "[" + a + "-" + b + "]";
-    if (a[0] == b[0]) return a.substr(0, 1) + "(" + same_length(a.substr(1), b.substr(1)) + ")";
     size_t rest = a.size() - 1;
+    auto any_digits = [&](char lo, char hi) {
+        std::string r = "[" + std::string(1, lo) + "-" + std::string(1, hi) + "]";
+        return rest ? r + "[0-9]{" + std::to_string(rest) + "}" : r;
+    };
+    bool low_full = all_of(a, 1, '0'), high_full = all_of(b, 1, '9');
+    if (low_full && high_full) return any_digits(a[0], b[0]);
+    if (a[0] == b[0]) return a.substr(0, 1) + "(" + same_length(a.substr(1), b.substr(1)) + ")";
     std::vector<std::string> alts;
-    alts.push_back(a.substr(0, 1) + "(" + same_length(a.substr(1), std::string(rest, '9')) + ")");
-    if (a[0] + 1 <= b[0] - 1)
-        alts.push_back("[" + std::string(1, a[0] + 1) + "-" + std::string(1, b[0] - 1) + "][0-9]{" +
-                       std::to_string(rest) + "}");
-    alts.push_back(b.substr(0, 1) + "(" + same_length(std::string(rest, '0'), b.substr(1)) + ")");
+    char mid_lo = a[0], mid_hi = b[0];
+    if (!low_full) {
+        alts.push_back(a.substr(0, 1) + "(" + same_length(a.substr(1), std::string(rest, '9')) + ")");
+        ++mid_lo;
+    }
+    if (!high_full) --mid_hi;
+    if (mid_lo <= mid_hi) alts.push_back(any_digits(mid_lo, mid_hi));
+    if (!high_full) alts.push_back(b.substr(0, 1) + "(" + same_length(std::string(rest, '0'), b.substr(1)) + ")");
     std::string out;
     for (size_t i = 0; i < alts.size(); ++i) out += (i ? "|" : "") + alts[i];
     return out;

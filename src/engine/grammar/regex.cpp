@@ -255,7 +255,7 @@ private:
                     }
                 }
                 Node inner = parse_alt();
-                if (next() != ')') error("missing ')'");
+                if (at_end() || next() != ')') error("missing ')'");
                 return inner;
             }
             case ')': error("unbalanced ')'");

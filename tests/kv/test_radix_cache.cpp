@@ -1,0 +1,135 @@
+// Radix cache bookkeeping: page-granular matching, sharing, duplicate pages, locking and LRU eviction.
+#include "kv/radix_cache.h"
+
+#include "model/fixture.h"
+#include "model/model.h"
+
+#include <gtest/gtest.h>
+#include <numeric>
+
+using namespace peregrine;
+
+namespace {
+
+// The pages of a real model's layout (the cache only needs page_tokens; the pool needs a backend).
+Model& model() {
+    static auto m = Model::load(test::fixture_dir("dsv4-tiny-a"));
+    return *m;
+}
+const int P = 16;
+
+std::vector<int32_t> seq(int n, int start = 0) {
+    std::vector<int32_t> v(static_cast<size_t>(n) * P / 4);
+    std::iota(v.begin(), v.end(), start);
+    return v;
+}
+
+std::vector<int32_t> take(PagePool& pool, int n) {
+    std::vector<int32_t> p;
+    for (int i = 0; i < n; ++i) p.push_back(pool.alloc());
+    return p;
+}
+
+}  // namespace
+
+TEST(RadixCache, MatchesWholePagesOnly) {
+    PagePool pool(model().backend(), model().layout(), 32);
+    ASSERT_EQ(model().layout().page_tokens, P);
+    RadixCache cache(pool);
+    auto t = seq(11);  // 2 full pages + 3 tokens
+    auto pages = take(pool, 3);
+    cache.insert(t, pages, 2);
+    pool.free(pages[2]);
+    EXPECT_EQ(cache.stats().cached_pages, 2);
+    EXPECT_EQ(pool.used_pages(), 2);
+
+    auto m = cache.match(t, 100);
+    EXPECT_EQ(m.pages, std::vector<int32_t>(pages.begin(), pages.begin() + 2));
+    EXPECT_EQ(cache.stats().evictable_pages, 0);
+    cache.unlock(m.last);
+    EXPECT_EQ(cache.stats().evictable_pages, 2);
+
+    auto limited = cache.match(t, 1);  // e.g. a prompt of exactly one page keeps its last token to compute
+    EXPECT_EQ(limited.pages.size(), 1u);
+    cache.unlock(limited.last);
+
+    auto other = seq(8, 0);
+    other[5 * P / 4] = 99;  // diverges inside the second page
+    auto m2 = cache.match(other, 100);
+    EXPECT_EQ(m2.pages.size(), 1u);
+    cache.unlock(m2.last);
+
+    auto none = cache.match(seq(3), 100);  // shorter than a page
+    EXPECT_TRUE(none.pages.empty());
+    EXPECT_EQ(none.last, nullptr);
+}
+
+TEST(RadixCache, DuplicatePagesReturnToPool) {
+    PagePool pool(model().backend(), model().layout(), 32);
+    ASSERT_EQ(model().layout().page_tokens, P);
+    RadixCache cache(pool);
+    auto t = seq(12);
+    cache.insert(t, take(pool, 3), 3);
+    auto again = take(pool, 3);  // a second sequence computed the same prefix concurrently
+    cache.insert(t, again, 3);
+    EXPECT_EQ(cache.stats().cached_pages, 3);
+    EXPECT_EQ(pool.used_pages(), 3);
+}
+
+TEST(RadixCache, SharedPrefixBranches) {
+    PagePool pool(model().backend(), model().layout(), 32);
+    ASSERT_EQ(model().layout().page_tokens, P);
+    RadixCache cache(pool);
+    auto a = seq(12), b = seq(12);
+    b[9 * P / 4] = 77;  // same first two pages
+    auto pa = take(pool, 3);
+    cache.insert(a, pa, 3);
+    auto m = cache.match(b, 100);
+    ASSERT_EQ(m.pages.size(), 2u);
+    std::vector<int32_t> pb = m.pages;
+    pb.push_back(pool.alloc());
+    cache.insert(b, pb, 3);
+    cache.unlock(m.last);
+    EXPECT_EQ(cache.stats().cached_pages, 4);
+    EXPECT_EQ(pool.used_pages(), 4);
+    EXPECT_EQ(cache.match(a, 100).pages, pa);
+}
+
+TEST(RadixCache, EvictsLeastRecentlyUsedUnreferencedLeaves) {
+    PagePool pool(model().backend(), model().layout(), 32);
+    ASSERT_EQ(model().layout().page_tokens, P);
+    RadixCache cache(pool);
+    auto a = seq(8, 0), b = seq(8, 1000), c = seq(8, 2000);
+    cache.insert(a, take(pool, 2), 2);
+    cache.insert(b, take(pool, 2), 2);
+    cache.insert(c, take(pool, 2), 2);
+    cache.unlock(cache.match(a, 100).last);  // a is now the most recently used
+    auto held = cache.match(c, 100);         // c is in use: never evicted
+    EXPECT_EQ(cache.stats().evictable_pages, 4);
+
+    EXPECT_EQ(cache.evict(2), 2);  // b goes first (oldest), leaf then its parent
+    EXPECT_EQ(cache.match(b, 100).pages.size(), 0u);
+    auto ma = cache.match(a, 100);
+    EXPECT_EQ(ma.pages.size(), 2u);
+    cache.unlock(ma.last);
+
+    EXPECT_EQ(cache.evict(100), 2);  // only a remains evictable
+    EXPECT_EQ(cache.stats().cached_pages, 2);
+    EXPECT_EQ(pool.used_pages(), 2);
+    cache.unlock(held.last);
+    EXPECT_EQ(cache.clear(), 2);
+    EXPECT_EQ(pool.used_pages(), 0);
+}
+
+TEST(RadixCache, ParentOfLockedChildIsNotEvicted) {
+    PagePool pool(model().backend(), model().layout(), 32);
+    ASSERT_EQ(model().layout().page_tokens, P);
+    RadixCache cache(pool);
+    auto a = seq(12);
+    cache.insert(a, take(pool, 3), 3);
+    auto m = cache.match(a, 3);
+    EXPECT_EQ(cache.evict(100), 0);
+    cache.unlock(m.last);
+    EXPECT_EQ(cache.evict(1), 1);  // the deepest page first
+    EXPECT_EQ(cache.match(a, 100).pages.size(), 2u);
+}

@@ -13,6 +13,52 @@ int32_t argmax(const float* logits, int vocab) {
     return best;
 }
 
+void PenaltyState::add_prompt(std::span<const int32_t> ids, int vocab) {
+    if (seen.empty()) seen.assign(static_cast<size_t>(vocab), 0);
+    for (int32_t id : ids)
+        if (id >= 0 && id < vocab) seen[static_cast<size_t>(id)] = 1;
+}
+
+void PenaltyState::add_generated(int32_t id, int vocab) {
+    if (seen.empty()) seen.assign(static_cast<size_t>(vocab), 0);
+    ++generated[id];
+    if (id >= 0 && id < vocab) seen[static_cast<size_t>(id)] = 1;
+}
+
+void apply_logit_adjustments(float* logits, int vocab, const SamplingParams& p, const PenaltyState& st) {
+    for (auto [id, bias] : p.logit_bias)
+        if (id >= 0 && id < vocab) logits[id] += bias;
+    if (p.repetition_penalty != 1.0f && !st.seen.empty()) {
+        for (int i = 0; i < vocab; ++i)
+            if (st.seen[static_cast<size_t>(i)])
+                logits[i] = logits[i] > 0.0f ? logits[i] / p.repetition_penalty : logits[i] * p.repetition_penalty;
+    }
+    if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+        for (auto [id, count] : st.generated)
+            if (id >= 0 && id < vocab) logits[id] -= p.presence_penalty + p.frequency_penalty * static_cast<float>(count);
+    }
+}
+
+TokenLogprob chosen_logprob(const float* logits, int vocab, int32_t chosen, std::vector<TokenLogprob>* top, int top_n) {
+    double mx = -INFINITY;
+    for (int i = 0; i < vocab; ++i) mx = std::max(mx, static_cast<double>(logits[i]));
+    double sum = 0.0;
+    for (int i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
+    const double lse = mx + std::log(sum);
+    auto lp = [&](int32_t id) { return static_cast<float>(static_cast<double>(logits[id]) - lse); };
+    if (top && top_n > 0) {
+        std::vector<int32_t> idx(static_cast<size_t>(vocab));
+        std::iota(idx.begin(), idx.end(), 0);
+        const size_t n = std::min(idx.size(), static_cast<size_t>(top_n));
+        std::partial_sort(idx.begin(), idx.begin() + static_cast<long>(n), idx.end(), [&](int32_t a, int32_t b) {
+            return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+        });
+        top->clear();
+        for (size_t i = 0; i < n; ++i) top->push_back({idx[i], lp(idx[i])});
+    }
+    return {chosen, lp(chosen)};
+}
+
 Sampler::Sampler(const SamplingParams& p)
     : p_(p), rng_(p.seed >= 0 ? static_cast<uint64_t>(p.seed) : std::random_device{}()) {}
 

@@ -1,0 +1,475 @@
+#include "engine/engine.h"
+#include "engine/text_stream.h"
+#include "kv/page_pool.h"
+#include "kv/radix_cache.h"
+#include "util/log.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <list>
+#include <mutex>
+
+namespace peregrine {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+}  // namespace
+
+// One request as the scheduler sees it. Queued -> running (prefill chunks, then one token per step) ->
+// finished; a running request may be preempted (its pages go to the prefix cache) and queued again at
+// the front, keeping its sampler and output so that it resumes exactly where it was.
+struct EngineRequest {
+    enum class Phase { queued, running, preempted, finished };
+
+    uint64_t id = 0;
+    std::shared_ptr<RequestStream> stream;
+    GenerationParams params;
+    std::vector<int32_t> seq;  // prompt, then every sampled token (the last one not yet fed)
+    int64_t prompt_len = 0;
+    int64_t completion = 0;  // sampled tokens, EOS / stop ids included
+    Phase phase = Phase::queued;
+
+    SeqState state;
+    RadixCache::Node* locked = nullptr;
+    int64_t cached_tokens = 0;
+    bool admitted_once = false;
+    int64_t preemptions = 0;
+
+    Sampler sampler;
+    PenaltyState penalties;
+    TextStream text;
+
+    Clock::time_point arrival, last_token;
+    bool got_first = false;
+
+    EngineRequest(const Tokenizer* tok, GenerationParams p)
+        : params(std::move(p)), sampler(params.sampling), text(tok, params.stop, params.skip_special_tokens) {}
+    int64_t to_feed() const { return static_cast<int64_t>(seq.size()) - state.n_cached; }
+};
+
+struct Engine::Impl {
+    Engine& eng;
+    Model& model;
+    const Tokenizer* tok;
+    EngineOptions opts;
+    int P, vocab;
+    std::unique_ptr<PagePool> pool;
+    std::unique_ptr<RadixCache> cache;
+
+    // Shared with client threads.
+    mutable std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::shared_ptr<EngineRequest>> incoming;
+    std::atomic<int64_t> queued{0};
+    bool stop = false, wake = false;
+    uint64_t next_id = 1;
+    int64_t flush_pending = 0;  // flush requests not yet served
+    int64_t flush_result = 0;
+    std::condition_variable flush_cv;
+
+    mutable std::mutex stats_mu;
+    EngineStats st;
+    Clock::time_point tp_window = Clock::now();
+    uint64_t tp_tokens = 0;
+
+    // Engine thread only.
+    std::deque<std::shared_ptr<EngineRequest>> waiting;
+    std::list<std::shared_ptr<EngineRequest>> running;  // in admission order
+    std::vector<float> row;
+
+    std::thread thread;
+
+    Impl(Engine& e, Model& m, const Tokenizer* t, EngineOptions o)
+        : eng(e), model(m), tok(t), opts(o), P(m.layout().page_tokens), vocab(m.config().vocab_size) {
+        pool = std::make_unique<PagePool>(model.backend(), model.layout(), opts.kv_pages);
+        if (opts.radix_cache) cache = std::make_unique<RadixCache>(*pool);
+        st.pages_total = pool->capacity();
+        st.page_tokens = P;
+        thread = std::thread([this] { loop(); });
+    }
+
+    ~Impl() {
+        {
+            std::lock_guard lk(mu);
+            stop = true;
+        }
+        cv.notify_all();
+        thread.join();
+        for (auto& r : running) release(*r);
+        for (auto& r : running) r->stream->finish(FinishReason::abort, "", "", "server shutting down", r->completion);
+        for (auto& r : waiting) r->stream->finish(FinishReason::abort, "", "", "server shutting down", r->completion);
+        for (auto& r : incoming) r->stream->finish(FinishReason::abort, "", "", "server shutting down", 0);
+        cache.reset();
+    }
+
+    void notify() {
+        {
+            std::lock_guard lk(mu);
+            wake = true;
+        }
+        cv.notify_all();
+    }
+
+    // ---- memory -------------------------------------------------------------------------------------
+
+    int64_t available_pages() const { return pool->free_pages() + (cache ? cache->stats().evictable_pages : 0); }
+
+    bool ensure_pages(EngineRequest& r, int64_t n_tokens) {
+        const int64_t need = model.layout().pages_for(n_tokens) - static_cast<int64_t>(r.state.pages.size());
+        if (need <= 0) return true;
+        if (pool->free_pages() < need && cache) cache->evict(need - pool->free_pages());
+        if (pool->free_pages() < need) return false;
+        return pool->reserve(r.state, n_tokens);
+    }
+
+    // Gives a request's pages back: whole pages to the prefix cache (so a resumed or later request with
+    // the same prefix skips them), the partial last page to the pool.
+    void release(EngineRequest& r) {
+        auto& s = r.state;
+        if (cache) {
+            const int64_t full = std::min<int64_t>(s.n_cached / P, static_cast<int64_t>(s.pages.size()));
+            cache->insert(s.tokens, s.pages, full);
+            for (size_t i = static_cast<size_t>(full); i < s.pages.size(); ++i) pool->free(s.pages[i]);
+            if (r.locked) cache->unlock(r.locked);
+        } else {
+            for (int32_t p : s.pages) pool->free(p);
+        }
+        r.locked = nullptr;
+        s.pages.clear();
+        s.tokens.clear();
+        s.n_cached = 0;
+    }
+
+    // ---- admission ----------------------------------------------------------------------------------
+
+    // Matches the prefix cache and sets up the request's state; false when memory is short right now.
+    bool admit(EngineRequest& r) {
+        const int64_t n = static_cast<int64_t>(r.seq.size());
+        RadixCache::Match m;
+        if (cache) m = cache->match(r.seq, (n - 1) / P);
+        const int64_t matched = static_cast<int64_t>(m.pages.size());
+        const int64_t need = model.layout().pages_for(n + 1) - matched;
+        if (need > available_pages()) {
+            if (m.last) cache->unlock(m.last);
+            return false;
+        }
+        r.state = SeqState();
+        r.state.pool = pool->base();
+        r.state.pages = m.pages;
+        r.state.tokens.assign(r.seq.begin(), r.seq.begin() + matched * P);
+        model.restore_state(r.state, matched * P);
+        r.locked = m.last;
+        if (!r.admitted_once) {
+            r.admitted_once = true;
+            r.cached_tokens = std::min(matched * P, r.prompt_len);
+            r.stream->set_usage(r.prompt_len, r.cached_tokens, r.preemptions);
+            std::lock_guard lk(stats_mu);
+            st.prompt_tokens_total += static_cast<uint64_t>(r.prompt_len);
+            st.cached_tokens_total += static_cast<uint64_t>(r.cached_tokens);
+            st.queue_time.observe(seconds(Clock::now() - r.arrival));
+        }
+        r.phase = EngineRequest::Phase::running;
+        return true;
+    }
+
+    void preempt(std::shared_ptr<EngineRequest> r) {
+        release(*r);
+        r->phase = EngineRequest::Phase::preempted;
+        ++r->preemptions;
+        r->stream->set_usage(r->prompt_len, r->cached_tokens, r->preemptions);
+        running.remove(r);
+        waiting.push_front(r);
+        ++queued;
+        std::lock_guard lk(stats_mu);
+        ++st.preemptions_total;
+    }
+
+    // ---- finishing ----------------------------------------------------------------------------------
+
+    void finish(std::shared_ptr<EngineRequest> r, FinishReason why, std::string text, std::string matched = {},
+                std::string error = {}) {
+        if (r->phase == EngineRequest::Phase::running) {
+            release(*r);
+            running.remove(r);
+        } else if (r->phase == EngineRequest::Phase::queued || r->phase == EngineRequest::Phase::preempted) {
+            waiting.erase(std::remove(waiting.begin(), waiting.end(), r), waiting.end());
+            --queued;
+        }
+        r->phase = EngineRequest::Phase::finished;
+        r->stream->set_usage(r->prompt_len, r->cached_tokens, r->preemptions);
+        r->stream->finish(why, std::move(text), std::move(matched), std::move(error), r->completion);
+        std::lock_guard lk(stats_mu);
+        if (why == FinishReason::abort) ++st.requests_aborted;
+        else ++st.requests_finished;
+        st.e2e.observe(seconds(Clock::now() - r->arrival));
+    }
+
+    // ---- the loop -----------------------------------------------------------------------------------
+
+    void loop() {
+        for (;;) {
+            {
+                std::unique_lock lk(mu);
+                const bool idle = running.empty() && waiting.empty();
+                if (idle) cv.wait(lk, [&] { return stop || wake || !incoming.empty() || flush_pending > 0; });
+                if (stop) return;
+                wake = false;
+                while (!incoming.empty()) {
+                    waiting.push_back(std::move(incoming.front()));
+                    incoming.pop_front();
+                }
+            }
+            try {
+                step();
+            } catch (const std::exception& e) {
+                spdlog::error("engine step failed: {}", e.what());
+                auto all = std::vector<std::shared_ptr<EngineRequest>>(running.begin(), running.end());
+                for (auto& r : all) finish(r, FinishReason::error, r->text.flush(), {}, e.what());
+            }
+            publish_gauges();
+        }
+    }
+
+    void serve_flush() {
+        int64_t freed = 0;
+        {
+            std::lock_guard lk(mu);
+            if (flush_pending == 0) return;
+        }
+        if (cache) freed = cache->clear();
+        {
+            std::lock_guard lk(mu);
+            flush_result = freed;
+            flush_pending = 0;
+        }
+        flush_cv.notify_all();
+    }
+
+    void step() {
+        serve_flush();
+        // Cancelled requests leave first, so their pages serve this very step.
+        for (auto r : std::vector<std::shared_ptr<EngineRequest>>(waiting.begin(), waiting.end()))
+            if (r->stream->cancelled()) finish(r, FinishReason::abort, "");
+        for (auto r : std::vector<std::shared_ptr<EngineRequest>>(running.begin(), running.end()))
+            if (r->stream->cancelled()) finish(r, FinishReason::abort, r->text.flush());
+
+        // Admission, first come first served.
+        while (!waiting.empty() && static_cast<int>(running.size()) < opts.max_running_requests) {
+            auto r = waiting.front();
+            if (!admit(*r)) {
+                if (running.empty()) {
+                    finish(r, FinishReason::error, r->text.flush(), {},
+                           fmt::format("the request needs {} tokens of state but the KV memory holds {}",
+                                       r->seq.size() + 1, pool->capacity() * P));
+                    continue;
+                }
+                break;
+            }
+            waiting.pop_front();
+            --queued;
+            running.push_back(r);
+        }
+        if (running.empty()) return;
+
+        // The batch: decodes first (one token each), then prefill chunks, within the token budget.
+        std::vector<std::shared_ptr<EngineRequest>> order;
+        for (auto& r : running)
+            if (r->to_feed() == 1) order.push_back(r);
+        for (auto& r : running)
+            if (r->to_feed() > 1) order.push_back(r);
+        ForwardBatch batch;
+        std::vector<int> logit_rows;
+        std::vector<std::shared_ptr<EngineRequest>> in_batch, sampled;
+        int budget = std::max(1, opts.chunked_prefill_size);
+        for (auto& r : order) {
+            if (budget <= 0) break;
+            if (r->phase != EngineRequest::Phase::running) continue;  // preempted by an earlier one
+            const int take = static_cast<int>(std::min<int64_t>(r->to_feed(), budget));
+            const int64_t start = r->state.n_cached;
+            bool ok = ensure_pages(*r, start + take);
+            while (!ok) {
+                // Preempt the newest running request that is not in this batch (possibly r itself).
+                std::shared_ptr<EngineRequest> victim;
+                for (auto it = running.rbegin(); it != running.rend(); ++it)
+                    if (std::find(in_batch.begin(), in_batch.end(), *it) == in_batch.end()) {
+                        victim = *it;
+                        break;
+                    }
+                if (!victim) break;
+                if (victim == r) {
+                    if (in_batch.empty()) {  // alone and still short: it can never fit
+                        finish(r, FinishReason::length, r->text.flush());
+                    } else {
+                        preempt(r);
+                    }
+                    break;
+                }
+                preempt(victim);
+                ok = ensure_pages(*r, start + take);
+            }
+            if (!ok) continue;
+            const int row0 = batch.rows();
+            batch.seqs.push_back({&r->state, start, take, row0});
+            batch.token_ids.insert(batch.token_ids.end(), r->seq.begin() + start, r->seq.begin() + start + take);
+            in_batch.push_back(r);
+            budget -= take;
+            if (start + take == static_cast<int64_t>(r->seq.size())) {
+                logit_rows.push_back(row0 + take - 1);
+                sampled.push_back(r);
+            }
+        }
+        if (batch.seqs.empty()) return;
+
+        Tensor logits = model.forward(batch, logit_rows);
+        const auto now = Clock::now();
+        uint64_t generated = 0;
+        for (size_t i = 0; i < sampled.size(); ++i) {
+            generated += sample_one(sampled[i], logits.f32() + i * static_cast<size_t>(vocab), now);
+        }
+        std::lock_guard lk(stats_mu);
+        ++st.steps_total;
+        st.generation_tokens_total += generated;
+        tp_tokens += generated;
+        const double window = seconds(now - tp_window);
+        if (window >= 1.0) {
+            st.gen_throughput = static_cast<double>(tp_tokens) / window;
+            tp_tokens = 0;
+            tp_window = now;
+        }
+    }
+
+    // Samples the next token of `r` from its logits row and applies every finishing rule.
+    int sample_one(std::shared_ptr<EngineRequest> r, const float* raw, Clock::time_point now) {
+        const auto& p = r->params;
+        row.assign(raw, raw + vocab);
+        float* l = row.data();
+        if (p.processor) p.processor->process(l, vocab);
+        if (p.sampling.has_penalties() || !p.sampling.logit_bias.empty())
+            apply_logit_adjustments(l, vocab, p.sampling, r->penalties);
+        const int32_t eos = model.config().eos_token_id;
+        if (r->completion < p.min_new_tokens) {
+            if (!p.ignore_eos && eos >= 0 && eos < vocab) l[eos] = -INFINITY;
+            for (int32_t s : p.stop_token_ids)
+                if (s >= 0 && s < vocab) l[s] = -INFINITY;
+        }
+        const int32_t id = r->sampler.sample(l, vocab);
+        TokenOutput out;
+        out.id = id;
+        if (p.logprobs) out.logprob = chosen_logprob(l, vocab, id, &out.top, p.top_logprobs).logprob;
+        if (tok && tok->is_valid(id)) out.text = tok->token_bytes(id);
+
+        ++r->completion;
+        if (p.sampling.has_penalties()) r->penalties.add_generated(id, vocab);
+        if (p.processor) p.processor->accept(id);
+        {
+            std::lock_guard lk(stats_mu);
+            if (!r->got_first) st.ttft.observe(seconds(now - r->arrival));
+            else st.itl.observe(seconds(now - r->last_token));
+        }
+        r->got_first = true;
+        r->last_token = now;
+
+        const bool is_eos = !p.ignore_eos && id == eos;
+        const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), id) != p.stop_token_ids.end();
+        if (is_eos || is_stop_id) {
+            std::string matched = tok && tok->is_valid(id) ? tok->token_text(id) : std::to_string(id);
+            finish(r, FinishReason::stop, r->text.flush(), matched);
+            return 1;
+        }
+        r->seq.push_back(id);
+        std::string text = r->text.push(id);
+        r->stream->push(std::move(out), text, r->completion);
+        if (r->text.stopped()) finish(r, FinishReason::stop, "", r->text.matched());
+        else if (p.processor && p.processor->done()) finish(r, FinishReason::stop, r->text.flush());
+        else if (r->completion >= p.max_new_tokens) finish(r, FinishReason::length, r->text.flush());
+        else if (static_cast<int64_t>(r->seq.size()) >= opts.context_length) finish(r, FinishReason::length, r->text.flush());
+        return 1;
+    }
+
+    void publish_gauges() {
+        std::lock_guard lk(stats_mu);
+        st.running = static_cast<int64_t>(running.size());
+        st.queued = queued.load();
+        st.pages_used = pool->used_pages();
+        st.pages_cached = cache ? cache->stats().cached_pages : 0;
+        st.pages_evictable = cache ? cache->stats().evictable_pages : 0;
+        st.token_usage = static_cast<double>(st.pages_used - st.pages_evictable) / static_cast<double>(st.pages_total);
+        st.cache_hit_rate = st.prompt_tokens_total
+                                ? static_cast<double>(st.cached_tokens_total) / static_cast<double>(st.prompt_tokens_total)
+                                : 0.0;
+    }
+};
+
+Engine::Engine(Model& model, const Tokenizer* tok, EngineOptions opts) : model_(model), tok_(tok), opts_(opts) {
+    if (opts_.context_length <= 0) opts_.context_length = model.config().max_position_embeddings;
+    PEREGRINE_CHECK(opts_.context_length > 1, "context length must be at least 2 tokens");
+    PEREGRINE_CHECK(opts_.kv_pages > 0, "the engine needs at least one state page");
+    PEREGRINE_CHECK(opts_.max_running_requests > 0, "max running requests must be positive");
+    impl_ = std::make_unique<Impl>(*this, model, tok, opts_);
+}
+
+Engine::~Engine() = default;
+
+int64_t Engine::kv_tokens() const { return impl_->pool->capacity() * impl_->P; }
+
+std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt, GenerationParams params) {
+    const int vocab = model_.config().vocab_size;
+    if (prompt.empty()) fail("the prompt is empty");
+    for (int32_t id : prompt)
+        if (id < 0 || id >= vocab) fail("prompt token id {} is outside the model's vocabulary (0..{})", id, vocab - 1);
+    const int64_t n = static_cast<int64_t>(prompt.size());
+    if (n >= opts_.context_length)
+        fail("the prompt has {} tokens but the context length is {} (room for at least one generated token is needed)",
+             n, opts_.context_length);
+    if (model_.layout().pages_for(n + 1) > impl_->pool->capacity())
+        fail("the prompt has {} tokens but the KV memory holds only {}", n, kv_tokens());
+    if (params.max_new_tokens <= 0) fail("max_new_tokens must be positive");
+    for (int32_t id : params.stop_token_ids)
+        if (id < 0) fail("stop token id {} is negative", id);
+
+    auto r = std::make_shared<EngineRequest>(tok_, std::move(params));
+    r->prompt_len = n;
+    r->seq = std::move(prompt);
+    r->arrival = Clock::now();
+    if (r->params.sampling.repetition_penalty != 1.0f) r->penalties.add_prompt(r->seq, vocab);
+    Impl& im = *impl_;
+    {
+        std::lock_guard lk(im.mu);
+        if (im.queued.load() >= opts_.max_queued_requests) {
+            std::lock_guard sl(im.stats_mu);
+            ++im.st.requests_rejected;
+            throw QueueFullError(fmt::format("the queue is full ({} requests waiting)", im.queued.load()));
+        }
+        r->id = im.next_id++;
+        r->stream = std::make_shared<RequestStream>(r->id);
+        r->stream->set_waker([&im] { im.notify(); });
+        ++im.queued;
+        im.incoming.push_back(r);
+    }
+    {
+        std::lock_guard sl(im.stats_mu);
+        ++im.st.requests_total;
+    }
+    im.cv.notify_all();
+    return r->stream;
+}
+
+EngineStats Engine::stats() const {
+    std::lock_guard lk(impl_->stats_mu);
+    EngineStats s = impl_->st;
+    s.queued = impl_->queued.load();
+    return s;
+}
+
+int64_t Engine::flush_cache() {
+    Impl& im = *impl_;
+    std::unique_lock lk(im.mu);
+    ++im.flush_pending;
+    im.cv.notify_all();
+    im.flush_cv.wait(lk, [&] { return im.flush_pending == 0 || im.stop; });
+    return im.flush_result;
+}
+
+}  // namespace peregrine

@@ -1,0 +1,62 @@
+#pragma once
+// The serving engine: one thread owns the model, the page pool and the prefix cache, and runs the
+// scheduler loop (continuous batching: requests join and leave at every step; prefill chunks under a
+// token budget mixed with decodes; preemption when state pages run out). Clients submit prompt ids from
+// any thread and read a RequestStream; cancel() frees the request's memory at the next step.
+#include "engine/metrics.h"
+#include "engine/request.h"
+#include "model/model.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+
+#include <atomic>
+#include <memory>
+#include <thread>
+
+namespace peregrine {
+
+struct EngineOptions {
+    int max_running_requests = 64;
+    int max_queued_requests = 1024;
+    int chunked_prefill_size = 512;  // tokens per step, prefill chunks and decodes together
+    int64_t kv_pages = 0;            // state pages in the pool (required)
+    bool radix_cache = true;
+    int64_t context_length = 0;      // 0: the model's max_position_embeddings
+};
+
+// The waiting queue is full (HTTP 429).
+class QueueFullError : public Error {
+public:
+    using Error::Error;
+};
+
+class Engine {
+public:
+    // `tok` (may be null) turns ids into text and matches stop strings; it must outlive the engine.
+    Engine(Model& model, const Tokenizer* tok, EngineOptions opts);
+    ~Engine();
+    Engine(const Engine&) = delete;
+    Engine& operator=(const Engine&) = delete;
+
+    // Validates and queues a request; throws Error for invalid input and QueueFullError when full.
+    std::shared_ptr<RequestStream> submit(std::vector<int32_t> prompt, GenerationParams params);
+
+    EngineStats stats() const;
+    // Frees every cached page no request uses; returns how many.
+    int64_t flush_cache();
+
+    Model& model() { return model_; }
+    const Tokenizer* tokenizer() const { return tok_; }
+    const EngineOptions& options() const { return opts_; }
+    int64_t context_length() const { return opts_.context_length; }
+    int64_t kv_tokens() const;  // capacity of the page pool in tokens
+
+private:
+    struct Impl;
+    Model& model_;
+    const Tokenizer* tok_;
+    EngineOptions opts_;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace peregrine

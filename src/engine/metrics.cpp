@@ -1,0 +1,34 @@
+#include "engine/metrics.h"
+
+#include <algorithm>
+
+namespace peregrine {
+
+namespace {
+std::vector<double> latency_buckets() {
+    return {0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+            0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0};
+}
+}  // namespace
+
+void Histogram::observe(double v) {
+    size_t i = static_cast<size_t>(std::lower_bound(bounds.begin(), bounds.end(), v) - bounds.begin());
+    ++counts[i];
+    sum += v;
+    ++count;
+}
+
+double Histogram::quantile(double q) const {
+    if (count == 0) return 0.0;
+    uint64_t target = static_cast<uint64_t>(q * static_cast<double>(count)), acc = 0;
+    for (size_t i = 0; i < counts.size(); ++i) {
+        acc += counts[i];
+        if (acc > target) return i < bounds.size() ? bounds[i] : bounds.back();
+    }
+    return bounds.empty() ? 0.0 : bounds.back();
+}
+
+EngineStats::EngineStats()
+    : ttft(latency_buckets()), itl(latency_buckets()), e2e(latency_buckets()), queue_time(latency_buckets()) {}
+
+}  // namespace peregrine

@@ -1,0 +1,39 @@
+#pragma once
+// Engine counters, gauges and latency histograms (Prometheus-style cumulative buckets). The engine thread
+// records; any thread may take a snapshot.
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace peregrine {
+
+struct Histogram {
+    std::vector<double> bounds;     // upper bounds, ascending (+Inf implied)
+    std::vector<uint64_t> counts;   // per bucket (non-cumulative), bounds.size() + 1
+    double sum = 0.0;
+    uint64_t count = 0;
+
+    explicit Histogram(std::vector<double> b = {}) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
+    void observe(double v);
+    double quantile(double q) const;  // bucket upper bound estimate (for logs)
+};
+
+struct EngineStats {
+    // Counters.
+    uint64_t requests_total = 0, requests_finished = 0, requests_aborted = 0, requests_rejected = 0;
+    uint64_t prompt_tokens_total = 0, generation_tokens_total = 0, cached_tokens_total = 0;
+    uint64_t preemptions_total = 0, steps_total = 0;
+    // Gauges.
+    int64_t running = 0, queued = 0;
+    int64_t pages_total = 0, pages_used = 0, pages_cached = 0, pages_evictable = 0, page_tokens = 0;
+    double token_usage = 0.0;  // pages held by live requests / all pages
+    double cache_hit_rate = 0.0;  // cached prompt tokens / prompt tokens, since start
+    double gen_throughput = 0.0;  // generated tokens per second over the last few seconds
+    // Histograms (seconds).
+    Histogram ttft, itl, e2e, queue_time;
+
+    EngineStats();
+};
+
+}  // namespace peregrine

@@ -1,0 +1,97 @@
+#pragma once
+// What a client gives the engine (prompt ids and generation parameters) and what it gets back: a
+// RequestStream the engine thread fills with tokens and text as they are sampled.
+#include "engine/sampling.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace peregrine {
+
+// Per-request hook between the logits and the sampler (e.g. a grammar matcher masking tokens). Runs on
+// the engine thread.
+class LogitProcessor {
+public:
+    virtual ~LogitProcessor() = default;
+    // May set logits of forbidden tokens to -inf.
+    virtual void process(float* logits, int vocab) = 0;
+    // The token that was sampled.
+    virtual void accept(int32_t id) = 0;
+    // True when nothing more may follow (the request then finishes with reason "stop").
+    virtual bool done() const { return false; }
+};
+
+struct GenerationParams {
+    SamplingParams sampling;
+    int64_t max_new_tokens = 128;
+    int64_t min_new_tokens = 0;
+    std::vector<std::string> stop;         // stop strings: text ends before the match
+    std::vector<int32_t> stop_token_ids;   // in addition to EOS
+    bool ignore_eos = false;
+    bool skip_special_tokens = true;       // in the text (ids are always reported)
+    bool logprobs = false;
+    int top_logprobs = 0;
+    std::shared_ptr<LogitProcessor> processor;
+};
+
+struct TokenOutput {
+    int32_t id = 0;
+    float logprob = 0.0f;
+    std::vector<TokenLogprob> top;  // when top_logprobs > 0
+    std::string text;               // the token's own bytes (for logprobs "token" fields)
+};
+
+enum class FinishReason { none, stop, length, abort, error };
+const char* finish_reason_name(FinishReason r);
+
+// Everything produced since the previous read, plus the request's totals.
+struct RequestDelta {
+    std::vector<TokenOutput> tokens;
+    std::string text;  // released text (whole UTF-8 characters, stop strings removed)
+    bool finished = false;
+    FinishReason finish = FinishReason::none;
+    std::string matched_stop;  // the stop string or stop token (as text) that ended it
+    std::string error;         // finish == error
+    int64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
+    int64_t preemptions = 0;
+};
+
+// Shared between the engine thread (writer) and one client thread (reader).
+class RequestStream {
+public:
+    explicit RequestStream(uint64_t id) : id_(id) {}
+    uint64_t id() const { return id_; }
+
+    // Waits up to `timeout` for new output; returns false when there is none yet. Once the finished
+    // delta was read, further reads return false at once.
+    bool next(RequestDelta& out, std::chrono::milliseconds timeout);
+    // Reads everything until the request finishes.
+    RequestDelta wait();
+    // Asks the engine to stop the request and free its memory (at the next step).
+    void cancel();
+    bool cancelled() const { return cancelled_.load(); }
+
+    // Engine side.
+    void push(TokenOutput tok, const std::string& text, int64_t completion_tokens);
+    void finish(FinishReason r, std::string text, std::string matched, std::string error, int64_t completion_tokens);
+    void set_usage(int64_t prompt, int64_t cached, int64_t preemptions);
+    void set_waker(std::function<void()> w) { waker_ = std::move(w); }
+
+private:
+    uint64_t id_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    RequestDelta pending_;
+    bool has_new_ = false, done_ = false, delivered_final_ = false;
+    std::atomic<bool> cancelled_{false};
+    std::function<void()> waker_;
+};
+
+}  // namespace peregrine

@@ -1,0 +1,244 @@
+// The serving engine driven through its C++ API on the tiny fixture models: continuous batching,
+// prefix-cache hits and preemption must not change a single token of greedy (or seeded) output.
+#include "engine/engine.h"
+#include "engine/sequence_runner.h"
+#include "kv/page_pool.h"
+#include "model/fixture.h"
+
+#include <gtest/gtest.h>
+#include <thread>
+
+using namespace peregrine;
+using test::fixture_dir;
+using test::read_ids;
+
+namespace {
+
+Model& model(const std::string& name) {
+    static std::map<std::string, std::unique_ptr<Model>> models;
+    auto& m = models[name];
+    if (!m) m = Model::load(fixture_dir(name));
+    return *m;
+}
+
+std::vector<int32_t> prompt(const std::string& fx, int n, int offset = 0) {
+    auto ids = read_ids(fixture_dir(fx) + "/cases/prefill.ids");
+    std::vector<int32_t> p;
+    for (int i = 0; i < n; ++i) p.push_back(ids[static_cast<size_t>((i + offset) % ids.size())]);
+    return p;
+}
+
+// Greedy continuation computed one sequence at a time, outside the engine.
+std::vector<int32_t> reference_greedy(Model& m, const std::vector<int32_t>& p, int n) {
+    SequenceRunner run(m, static_cast<int64_t>(p.size()) + n);
+    auto logits = run.feed(p);
+    std::vector<int32_t> out;
+    for (int i = 0; i < n; ++i) {
+        int32_t t = argmax(logits.data(), m.config().vocab_size);
+        out.push_back(t);
+        if (i + 1 < n) logits = run.feed({t});
+    }
+    return out;
+}
+
+GenerationParams greedy(int n) {
+    GenerationParams g;
+    g.sampling.temperature = 0.0f;
+    g.max_new_tokens = n;
+    g.ignore_eos = true;
+    return g;
+}
+
+std::vector<int32_t> ids_of(const RequestDelta& d) {
+    std::vector<int32_t> v;
+    for (auto& t : d.tokens) v.push_back(t.id);
+    return v;
+}
+
+EngineOptions opts(int64_t pages, bool cache = true) {
+    EngineOptions o;
+    o.kv_pages = pages;
+    o.radix_cache = cache;
+    o.chunked_prefill_size = 24;
+    return o;
+}
+
+}  // namespace
+
+TEST(Engine, BatchedGreedyMatchesSingleSequence) {
+    for (const char* fx : {"dsv4-tiny-a", "dsv41-tiny-a"}) {
+        Model& m = model(fx);
+        // References first: the model may serve only one thread at a time (the engine's, once it runs).
+        std::vector<std::vector<int32_t>> prompts, refs;
+        for (int i = 0; i < 5; ++i) {
+            prompts.push_back(prompt(fx, 5 + 9 * i, i));  // different lengths: prefill chunks mix with decodes
+            refs.push_back(reference_greedy(m, prompts.back(), 12));
+        }
+        Engine eng(m, nullptr, opts(64));
+        std::vector<std::shared_ptr<RequestStream>> streams;
+        for (auto& p : prompts) streams.push_back(eng.submit(p, greedy(12)));
+        for (int i = 0; i < 5; ++i) {
+            auto d = streams[static_cast<size_t>(i)]->wait();
+            EXPECT_EQ(d.finish, FinishReason::length);
+            EXPECT_EQ(d.completion_tokens, 12);
+            EXPECT_EQ(ids_of(d), refs[static_cast<size_t>(i)]) << fx << " request " << i;
+        }
+    }
+}
+
+TEST(Engine, PrefixCacheHitGivesIdenticalOutput) {
+    for (const char* fx : {"dsv4-tiny-a", "dsv41-tiny-a"}) {
+        Model& m = model(fx);
+        const int P = m.layout().page_tokens;
+        Engine eng(m, nullptr, opts(64));
+        auto p = prompt(fx, 2 * P + 7);
+        auto cold = eng.submit(p, greedy(10))->wait();
+        EXPECT_EQ(cold.cached_tokens, 0);
+        auto warm = eng.submit(p, greedy(10))->wait();
+        EXPECT_EQ(warm.cached_tokens, 2 * P) << fx;  // whole pages of the prompt
+        EXPECT_EQ(ids_of(warm), ids_of(cold)) << fx;
+        // A longer prompt sharing the first page (a new turn that diverges later) hits one page.
+        auto q = p;
+        q[static_cast<size_t>(P + 3)] = (q[static_cast<size_t>(P + 3)] + 1) % m.config().vocab_size;
+        auto other = eng.submit(q, greedy(10))->wait();
+        EXPECT_EQ(other.cached_tokens, P) << fx;
+        EXPECT_EQ(ids_of(other), reference_greedy(m, q, 10)) << fx;
+        // The generated tokens were cached too: the next turn continues from prompt + answer.
+        auto turn2 = p;
+        for (auto t : ids_of(cold)) turn2.push_back(t);
+        turn2.push_back(p[0]);
+        auto t2 = eng.submit(turn2, greedy(6))->wait();
+        EXPECT_EQ(t2.cached_tokens, static_cast<int64_t>((p.size() + 9) / P * P)) << fx;
+        EXPECT_EQ(ids_of(t2), reference_greedy(m, turn2, 6)) << fx;
+        EXPECT_GT(eng.stats().cache_hit_rate, 0.0);
+        EXPECT_GT(eng.flush_cache(), 0);
+        EXPECT_EQ(eng.stats().pages_cached, 0);
+    }
+}
+
+TEST(Engine, PreemptionUnderTinyBudgetLosesNothing) {
+    for (const char* fx : {"dsv4-tiny-a", "dsv41-tiny-a"}) {
+        Model& m = model(fx);
+        const int P = m.layout().page_tokens;
+        for (bool cache : {true, false}) {
+            if (!cache && std::string(fx) == "dsv41-tiny-a") continue;  // keep the suite fast
+            // 6 pages: two requests of up to 3 pages each, so six requests keep preempting each other.
+            Engine eng(m, nullptr, opts(6, cache));
+            std::vector<std::vector<int32_t>> prompts;
+            std::vector<std::shared_ptr<RequestStream>> streams;
+            for (int i = 0; i < 6; ++i) {
+                prompts.push_back(prompt(fx, P + 3 + i, 3 * i));
+                GenerationParams g = greedy(2 * P - 8 - i);
+                if (i % 2) {  // seeded sampling resumes exactly too
+                    g.sampling.temperature = 0.9f;
+                    g.sampling.seed = 100 + i;
+                }
+                streams.push_back(eng.submit(prompts.back(), g));
+            }
+            int64_t preempted = 0;
+            std::vector<RequestDelta> results;
+            for (auto& st : streams) results.push_back(st->wait());
+            for (int i = 0; i < 6; ++i) {
+                const auto& d = results[static_cast<size_t>(i)];
+                ASSERT_EQ(d.finish, FinishReason::length) << d.error;
+                preempted += d.preemptions;
+                if (i % 2 == 0) EXPECT_EQ(ids_of(d), reference_greedy(m, prompts[static_cast<size_t>(i)], 2 * P - 8 - i)) << fx;
+                else {  // same seed alone in a big pool
+                    Engine solo(m, nullptr, opts(64));
+                    GenerationParams g = greedy(2 * P - 8 - i);
+                    g.sampling.temperature = 0.9f;
+                    g.sampling.seed = 100 + i;
+                    EXPECT_EQ(ids_of(d), ids_of(solo.submit(prompts[static_cast<size_t>(i)], g)->wait())) << fx;
+                }
+            }
+            EXPECT_GT(preempted, 0) << fx;
+            EXPECT_EQ(eng.stats().preemptions_total, static_cast<uint64_t>(preempted));
+            EXPECT_EQ(eng.stats().running, 0);
+        }
+    }
+}
+
+TEST(Engine, SeedGivesSameOutputWhateverTheBatch) {
+    Model& m = model("dsv4-tiny-a");
+    GenerationParams g;
+    g.sampling.temperature = 1.0f;
+    g.sampling.top_p = 0.9f;
+    g.sampling.seed = 7;
+    g.max_new_tokens = 16;
+    g.ignore_eos = true;
+    auto p = prompt("dsv4-tiny-a", 20);
+    Engine a(m, nullptr, opts(64));
+    auto alone = ids_of(a.submit(p, g)->wait());
+    Engine b(m, nullptr, opts(64));
+    std::vector<std::shared_ptr<RequestStream>> others;
+    for (int i = 0; i < 4; ++i) others.push_back(b.submit(prompt("dsv4-tiny-a", 30, 5 * i), greedy(16)));
+    auto crowded = ids_of(b.submit(p, g)->wait());
+    for (auto& o : others) o->wait();
+    EXPECT_EQ(alone, crowded);
+    g.sampling.seed = 8;
+    EXPECT_NE(ids_of(a.submit(p, g)->wait()), alone);
+}
+
+TEST(Engine, CancelFreesMemory) {
+    Model& m = model("dsv4-tiny-a");
+    Engine eng(m, nullptr, opts(64, false));
+    auto s = eng.submit(prompt("dsv4-tiny-a", 40), greedy(200));
+    RequestDelta d;
+    while (!s->next(d, std::chrono::milliseconds(1000)) || d.tokens.empty()) {
+    }
+    EXPECT_GT(eng.stats().pages_used, 0);
+    s->cancel();
+    auto rest = s->wait();
+    EXPECT_EQ(rest.finish, FinishReason::abort);
+    for (int i = 0; i < 100 && eng.stats().pages_used != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(eng.stats().pages_used, 0);
+    EXPECT_EQ(eng.stats().running, 0);
+    EXPECT_EQ(eng.stats().requests_aborted, 1u);
+}
+
+TEST(Engine, RejectsWhatCannotRun) {
+    Model& m = model("dsv4-tiny-a");
+    EngineOptions o = opts(4);
+    o.max_queued_requests = 2;
+    o.max_running_requests = 1;
+    Engine eng(m, nullptr, o);
+    EXPECT_THROW(eng.submit({}, greedy(4)), Error);
+    EXPECT_THROW(eng.submit({1, 2, 256}, greedy(4)), Error);                       // outside the vocabulary
+    EXPECT_THROW(eng.submit(prompt("dsv4-tiny-a", 256), greedy(4)), Error);        // the whole context
+    EXPECT_THROW(eng.submit(prompt("dsv4-tiny-a", 4 * 16), greedy(4)), Error);     // more than the KV memory
+    EXPECT_THROW(eng.submit(prompt("dsv4-tiny-a", 4), greedy(0)), Error);
+    // One runs, two wait, the next is refused.
+    std::vector<std::shared_ptr<RequestStream>> s;
+    s.push_back(eng.submit(prompt("dsv4-tiny-a", 8), greedy(40)));
+    RequestDelta d;
+    while (!s[0]->next(d, std::chrono::milliseconds(1000))) {
+    }
+    s.push_back(eng.submit(prompt("dsv4-tiny-a", 8), greedy(4)));
+    s.push_back(eng.submit(prompt("dsv4-tiny-a", 8), greedy(4)));
+    EXPECT_THROW(eng.submit(prompt("dsv4-tiny-a", 8), greedy(4)), QueueFullError);
+    for (auto& x : s) x->wait();
+    EXPECT_EQ(eng.stats().requests_rejected, 1u);
+}
+
+TEST(Engine, StopsOnEosAndStopIdsAndContext) {
+    Model& m = model("dsv4-tiny-a");
+    auto p = prompt("dsv4-tiny-a", 12);
+    auto ref = reference_greedy(m, p, 8);
+    Engine eng(m, nullptr, opts(64));
+    GenerationParams g = greedy(8);
+    g.stop_token_ids = {ref[3]};
+    auto d = eng.submit(p, g)->wait();
+    EXPECT_EQ(d.finish, FinishReason::stop);
+    auto first = std::find(ref.begin(), ref.end(), ref[3]) - ref.begin();
+    EXPECT_EQ(ids_of(d), std::vector<int32_t>(ref.begin(), ref.begin() + first));  // the stop id is not output
+    EXPECT_EQ(d.completion_tokens, first + 1);
+    // min_new_tokens keeps stop ids away until then.
+    g.min_new_tokens = 8;
+    auto e = eng.submit(p, g)->wait();
+    EXPECT_EQ(e.completion_tokens, 8);
+    // The context ends generation with "length".
+    auto near = prompt("dsv4-tiny-a", 250);
+    auto c = eng.submit(near, greedy(100))->wait();
+    EXPECT_EQ(c.finish, FinishReason::length);
+    EXPECT_EQ(c.completion_tokens, 6);
+}

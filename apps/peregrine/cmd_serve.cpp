@@ -1,0 +1,156 @@
+// peregrine serve: the OpenAI-compatible HTTP server over the batching engine.
+#include "commands.h"
+#include "engine/engine.h"
+#include "kv/page_pool.h"
+#include "server/api_server.h"
+#include "tokenizer/byte_tokenizer.h"
+#include "util/error.h"
+#include "util/file.h"
+#include "util/log.h"
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <unistd.h>
+
+namespace peregrine {
+
+std::string default_model_dir();
+
+namespace {
+
+struct ServeArgs {
+    std::string model, tokenizer, host = "127.0.0.1", served_model_name, kv_memory = "0.05", api_key,
+        log_level = "info", device = "cpu";
+    int port = 30000, max_running = 64, max_queued = 1024, chunked_prefill = 512, page_tokens = 16;
+    int64_t context_length = 0, default_max_tokens = 0;
+    bool disable_radix_cache = false, enable_thinking = false;
+};
+
+int64_t host_available_bytes() {
+    std::ifstream f("/proc/meminfo");
+    std::string key;
+    int64_t kb = 0;
+    std::string unit;
+    while (f >> key >> kb >> unit)
+        if (key == "MemAvailable:") return kb * 1024;
+    return static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+}
+
+// "0.3" = a fraction of the available memory; "512M", "2G", "1048576" = bytes.
+int64_t parse_memory(const std::string& s) {
+    PEREGRINE_CHECK(!s.empty(), "--kv-memory is empty");
+    size_t used = 0;
+    double v = std::stod(s, &used);
+    std::string unit = s.substr(used);
+    if (unit.empty() && v > 0 && v <= 1.0 && s.find('.') != std::string::npos) return static_cast<int64_t>(v * static_cast<double>(host_available_bytes()));
+    double mul = 1;
+    if (unit == "K" || unit == "KB" || unit == "KiB") mul = 1024.0;
+    else if (unit == "M" || unit == "MB" || unit == "MiB") mul = 1024.0 * 1024;
+    else if (unit == "G" || unit == "GB" || unit == "GiB") mul = 1024.0 * 1024 * 1024;
+    else if (!unit.empty()) fail("--kv-memory '{}': expected bytes (with K/M/G) or a fraction like 0.3", s);
+    PEREGRINE_CHECK(v > 0, "--kv-memory must be positive");
+    return static_cast<int64_t>(v * mul);
+}
+
+ApiServer* g_server = nullptr;
+void on_signal(int) {
+    if (g_server) g_server->stop();
+}
+
+int run_serve(ServeArgs& a) {
+    log_init(a.log_level);
+    if (a.model.empty()) a.model = default_model_dir();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::fprintf(stderr, "peregrine serve: loading %s (%s)\n", a.model.c_str(), a.device.c_str());
+    ModelOptions mo;
+    mo.device = a.device;
+    mo.page_tokens = a.page_tokens;
+    auto model = Model::load(a.model, mo);
+    std::optional<Tokenizer> tok;
+    std::string tok_source;
+    if (!a.tokenizer.empty()) {
+        tok = Tokenizer::from_file(a.tokenizer);
+        tok_source = a.tokenizer;
+    } else if (file_exists(a.model + "/tokenizer.json")) {
+        tok = Tokenizer::from_model_dir(a.model);
+        tok_source = a.model + "/tokenizer.json";
+    } else {
+        PEREGRINE_CHECK(model->config().vocab_size >= 256, "the model has no tokenizer.json and fewer than 256 ids: give --tokenizer");
+        tok = byte_tokenizer();
+        tok_source = "bytes (the model has no tokenizer.json)";
+    }
+    const auto& cfg = model->config();
+    const int64_t kv_bytes = parse_memory(a.kv_memory);
+    const int64_t pages = PagePool::pages_for_budget(model->layout(), kv_bytes);
+    PEREGRINE_CHECK(pages > 0, "--kv-memory {} holds no state page ({} bytes each)", a.kv_memory, model->layout().page_bytes);
+
+    EngineOptions eo;
+    eo.max_running_requests = a.max_running;
+    eo.max_queued_requests = a.max_queued;
+    eo.chunked_prefill_size = a.chunked_prefill;
+    eo.kv_pages = pages;
+    eo.radix_cache = !a.disable_radix_cache;
+    eo.context_length = a.context_length;
+    Engine engine(*model, &*tok, eo);
+
+    ApiOptions ao;
+    ao.served_model_name = a.served_model_name.empty() ? a.model.substr(a.model.find_last_of('/') + 1) : a.served_model_name;
+    ao.api_key = a.api_key;
+    ao.chat_format = chat_format_from_model_dir(a.model);
+    ao.default_thinking = a.enable_thinking;
+    ao.default_max_tokens = a.default_max_tokens;
+    ApiServer server(engine, *tok, ao);
+    const int port = server.bind(a.host, a.port);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr,
+                 "  model      %s: %s, %d layers, hidden %d, vocab %d\n"
+                 "  tokenizer  %s\n"
+                 "  chat       %s\n"
+                 "  kv memory  %lld pages x %d tokens = %lld tokens (%.1f MiB), prefix cache %s\n"
+                 "  scheduler  context %lld, max running %d, max queued %d, chunked prefill %d\n"
+                 "  loaded in %.2f s\n",
+                 ao.served_model_name.c_str(), cfg.is_v41() ? "DeepSeek-V4.1" : "DeepSeek-V4", cfg.n_layers, cfg.dim,
+                 cfg.vocab_size, tok_source.c_str(), std::string(chat_format_name(ao.chat_format)).c_str(),
+                 static_cast<long long>(pages), model->layout().page_tokens, static_cast<long long>(engine.kv_tokens()),
+                 static_cast<double>(pages * static_cast<int64_t>(model->layout().page_bytes)) / (1 << 20),
+                 eo.radix_cache ? "on" : "off", static_cast<long long>(engine.context_length()), a.max_running, a.max_queued,
+                 a.chunked_prefill, secs);
+    std::printf("peregrine serve: listening on http://%s:%d\n", a.host.c_str(), port);
+    std::fflush(stdout);
+    g_server = &server;
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+    std::signal(SIGPIPE, SIG_IGN);
+    server.run();
+    g_server = nullptr;
+    return 0;
+}
+
+RegisterCommand reg([](CLI::App& app, int& exit_code) {
+    auto a = std::make_shared<ServeArgs>();
+    auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (continuous batching, prefix cache)");
+    cmd->add_option("--model", a->model, "Model directory (default: the embedded demo model)");
+    cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's; bytes when it has none)");
+    cmd->add_option("--host", a->host, "Address to listen on");
+    cmd->add_option("--port", a->port, "Port (0: any free port)")->check(CLI::Range(0, 65535));
+    cmd->add_option("--served-model-name", a->served_model_name, "Model name in the API (default: the directory name)");
+    cmd->add_option("--max-running-requests", a->max_running)->check(CLI::Range(1, 1 << 20));
+    cmd->add_option("--max-queued-requests", a->max_queued, "Waiting requests beyond which new ones get 429")->check(CLI::Range(0, 1 << 24));
+    cmd->add_option("--chunked-prefill-size", a->chunked_prefill, "Tokens per step (prefill chunks and decodes)")->check(CLI::Range(1, 1 << 24));
+    cmd->add_option("--kv-memory", a->kv_memory, "State memory: bytes (512M, 2G) or a fraction of available memory (0.3)");
+    cmd->add_option("--context-length", a->context_length, "Longest sequence (default: max_position_embeddings)");
+    cmd->add_option("--default-max-tokens", a->default_max_tokens, "Chat max_tokens when a request gives none (default: the context)");
+    cmd->add_option("--page-tokens", a->page_tokens, "Tokens per state page (prefix-cache granularity)")->check(CLI::Range(1, 4096));
+    cmd->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY'");
+    cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error");
+    cmd->add_flag("--disable-radix-cache", a->disable_radix_cache, "No prefix cache");
+    cmd->add_flag("--enable-thinking", a->enable_thinking, "Chat requests think unless they say otherwise");
+    cmd->add_option("--device", a->device, "cpu or cuda");
+    cmd->callback([a, &exit_code] { exit_code = run_serve(*a); });
+});
+
+}  // namespace
+}  // namespace peregrine

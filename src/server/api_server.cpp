@@ -1,0 +1,559 @@
+#include "server/api_server.h"
+#include "server/protocol/assistant_message.h"
+#include "server/protocol/chat_request.h"
+#include "server/protocol/output_parser.h"
+#include "server/protocol/prompt_render.h"
+#include "server/request_params.h"
+#include "tokenizer/utf8.h"
+#include "util/log.h"
+
+#include <atomic>
+#include <chrono>
+#include <random>
+
+namespace peregrine {
+
+using ojson = nlohmann::ordered_json;
+using json = nlohmann::json;
+
+namespace {
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+int64_t unix_now() { return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count(); }
+
+std::string random_id(const char* prefix) {
+    static std::atomic<uint64_t> counter{0};
+    thread_local std::mt19937_64 rng(std::random_device{}());
+    return fmt::format("{}{:016x}{:04x}", prefix, rng(), counter++ & 0xffff);
+}
+
+void set_error(HttpResponse& res, const ApiError& e) {
+    res.status = e.status();
+    res.content_type = "application/json";
+    res.body = dump(e.to_json());
+}
+
+bool valid_utf8(const std::string& s) {
+    size_t i = 0;
+    while (i < s.size()) {
+        unsigned char c = static_cast<unsigned char>(s[i]);
+        int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        if (!n || i + static_cast<size_t>(n) > s.size()) return false;
+        uint32_t cp = n == 1 ? c : c & (0x7f >> n);
+        for (int k = 1; k < n; ++k) {
+            unsigned char d = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
+            if ((d & 0xc0) != 0x80) return false;
+            cp = (cp << 6) | (d & 0x3f);
+        }
+        if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+            (cp >= 0xd800 && cp <= 0xdfff))
+            return false;
+        i += static_cast<size_t>(n);
+    }
+    return true;
+}
+
+// Parses a JSON object body; malformed JSON, invalid UTF-8 and non-objects are 400s.
+ojson parse_body(const std::string& body) {
+    if (!valid_utf8(body)) throw ApiError(400, "the request body is not valid UTF-8");
+    ojson j = ojson::parse(body, nullptr, false);
+    if (j.is_discarded()) throw ApiError(400, "the request body is not valid JSON");
+    if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
+    return j;
+}
+
+json usage_json(int64_t prompt, int64_t completion, int64_t cached) {
+    return {{"prompt_tokens", prompt},
+            {"completion_tokens", completion},
+            {"total_tokens", prompt + completion},
+            {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+}
+
+const char* finish_name(const RequestDelta& d) {
+    return d.finish == FinishReason::length ? "length" : d.finish == FinishReason::abort ? "abort" : "stop";
+}
+
+}  // namespace
+
+struct ApiServer::Impl {
+    Engine& engine;
+    const Tokenizer& tok;
+    ApiOptions opts;
+    HttpServer http;
+    ParamLimits limits;
+
+    Impl(Engine& e, const Tokenizer& t, ApiOptions o)
+        : engine(e), tok(t), opts(std::move(o)), http(make_http_options(opts)) {
+        limits.vocab = engine.model().config().vocab_size;
+        limits.context_length = engine.context_length();
+        limits.default_max_tokens = opts.default_max_tokens;
+        route("GET", "/health", [](const HttpRequest&, HttpResponse& r) { r.body = "{\"status\":\"ok\"}"; }, false);
+        route("GET", "/v1/models", [this](const HttpRequest&, HttpResponse& r) { models(r); });
+        route("GET", "/metrics", [this](const HttpRequest&, HttpResponse& r) {
+            r.content_type = "text/plain; version=0.0.4";
+            r.body = prometheus_text(engine.stats(), opts.served_model_name);
+        });
+        route("POST", "/flush_cache", [this](const HttpRequest&, HttpResponse& r) {
+            r.body = dump(json{{"flushed_pages", engine.flush_cache()}});
+        });
+        route("GET", "/flush_cache", [this](const HttpRequest&, HttpResponse& r) {
+            r.body = dump(json{{"flushed_pages", engine.flush_cache()}});
+        });
+        route("POST", "/v1/completions", [this](const HttpRequest& q, HttpResponse& r) { completions(q, r); });
+        route("POST", "/v1/chat/completions", [this](const HttpRequest& q, HttpResponse& r) { chat(q, r); });
+        route("POST", "/generate", [this](const HttpRequest& q, HttpResponse& r) { generate(q, r); });
+    }
+
+    static HttpServerOptions make_http_options(const ApiOptions& o) {
+        HttpServerOptions h;
+        h.max_body_bytes = o.max_body_bytes;
+        h.error_body = [](int status) {
+            if (status == 413) return dump(error_json("the request body is too large", "invalid_request_error", "", "request_too_large"));
+            if (status == 404) return dump(error_json("no such route", "invalid_request_error", "", "not_found"));
+            return dump(error_json(fmt::format("HTTP {}", status), "invalid_request_error", "", ""));
+        };
+        return h;
+    }
+
+    void route(const std::string& method, const std::string& path, HttpHandler h, bool auth = true) {
+        http.route(method, path, [this, h, auth](const HttpRequest& q, HttpResponse& r) {
+            try {
+                if (auth && !opts.api_key.empty() && q.header("Authorization") != "Bearer " + opts.api_key)
+                    throw ApiError(401, "invalid or missing API key", "", "authentication_error", "invalid_api_key");
+                h(q, r);
+            } catch (const ApiError& e) {
+                set_error(r, e);
+            } catch (const RequestError& e) {
+                set_error(r, ApiError(400, e.what(), e.param()));
+            } catch (const QueueFullError& e) {
+                set_error(r, ApiError(429, e.what(), "", "rate_limit_exceeded", "queue_full"));
+            } catch (const std::exception& e) {
+                spdlog::error("{} {}: {}", q.method, q.path, e.what());
+                set_error(r, ApiError(500, e.what(), "", "server_error"));
+            }
+        });
+    }
+
+    void models(HttpResponse& r) {
+        json m = {{"id", opts.served_model_name},
+                  {"object", "model"},
+                  {"created", unix_now()},
+                  {"owned_by", "peregrine"},
+                  {"root", opts.served_model_name},
+                  {"max_model_len", engine.context_length()}};
+        r.body = dump(json{{"object", "list"}, {"data", json::array({m})}});
+    }
+
+    void check_model(const ojson& body) {
+        auto it = body.find("model");
+        if (it == body.end() || it->is_null()) return;
+        if (!it->is_string()) throw ApiError(400, "'model' must be a string", "model");
+        const auto name = it->get<std::string>();
+        if (!name.empty() && name != opts.served_model_name)
+            throw ApiError(404, fmt::format("the model '{}' does not exist (this server serves '{}')", name, opts.served_model_name),
+                           "model", "invalid_request_error", "model_not_found");
+    }
+
+    std::shared_ptr<RequestStream> submit(std::vector<int32_t> ids, GenerationParams g, const char* param) {
+        try {
+            return engine.submit(std::move(ids), std::move(g));
+        } catch (const QueueFullError&) {
+            throw;
+        } catch (const Error& e) {
+            throw ApiError(400, e.what(), param);
+        }
+    }
+
+    std::vector<int32_t> encode_text(const std::string& text) const { return tok.encode(text, true, true); }
+
+    // Logprobs of one token in the chat format.
+    json chat_logprob(const TokenOutput& t) const {
+        auto entry = [&](int32_t id, float lp) {
+            std::string bytes = tok.is_valid(id) ? tok.token_bytes(id) : std::string();
+            json b = json::array();
+            for (unsigned char c : bytes) b.push_back(static_cast<int>(c));
+            return json{{"token", bytes}, {"logprob", lp}, {"bytes", b}};
+        };
+        json e = entry(t.id, t.logprob);
+        json top = json::array();
+        for (auto& x : t.top) top.push_back(entry(x.id, x.logprob));
+        e["top_logprobs"] = top;
+        return e;
+    }
+
+    // ---- /v1/completions -------------------------------------------------------------------------------
+
+    void completions(const HttpRequest& q, HttpResponse& res) {
+        ojson body = parse_body(q.body);
+        check_model(body);
+        std::vector<std::vector<int32_t>> prompts;
+        auto it = body.find("prompt");
+        if (it == body.end() || it->is_null()) throw ApiError(400, "'prompt' is required", "prompt");
+        auto add_prompt = [&](const ojson& p) {
+            if (p.is_string()) {
+                if (p.get<std::string>().empty()) throw ApiError(400, "'prompt' must not be empty", "prompt");
+                prompts.push_back(encode_text(p.get<std::string>()));
+            } else if (p.is_array() && !p.empty() && p[0].is_number()) {
+                std::vector<int32_t> ids;
+                for (auto& x : p) {
+                    if (!x.is_number_integer()) throw ApiError(400, "token id prompts must hold integers", "prompt");
+                    int64_t v = x.get<int64_t>();
+                    if (v < 0 || v >= limits.vocab)
+                        throw ApiError(400, fmt::format("prompt token id {} is outside the vocabulary (0..{})", v, limits.vocab - 1), "prompt");
+                    ids.push_back(static_cast<int32_t>(v));
+                }
+                prompts.push_back(std::move(ids));
+            } else {
+                throw ApiError(400, "'prompt' must be a string, an array of strings or an array of token ids", "prompt");
+            }
+        };
+        if (it->is_array() && !it->empty() && !(*it)[0].is_number()) {
+            for (auto& p : *it) add_prompt(p);
+        } else {
+            add_prompt(*it);
+        }
+        if (prompts.empty()) throw ApiError(400, "'prompt' must not be empty", "prompt");
+        GenerationParams g = read_generation_params(body, limits);
+        if (!body.contains("max_tokens") && !body.contains("max_completion_tokens")) g.max_new_tokens = std::min<int64_t>(g.max_new_tokens, 16);
+        const int n = static_cast<int>(get_int(body, "n", 1, 128).value_or(1));
+        if (auto lp = get_int(body, "logprobs", 0, 20)) {
+            g.logprobs = true;
+            g.top_logprobs = static_cast<int>(*lp);
+        }
+        if (get_bool(body, "echo").value_or(false)) throw ApiError(400, "'echo' is not supported", "echo");
+        const bool stream = get_bool(body, "stream").value_or(false);
+        const bool include_usage = stream && body.contains("stream_options") && body["stream_options"].is_object() &&
+                                   body["stream_options"].value("include_usage", false);
+
+        std::vector<std::shared_ptr<RequestStream>> streams;
+        try {
+            for (auto& p : prompts)
+                for (int i = 0; i < n; ++i) {
+                    GenerationParams gi = g;
+                    if (gi.sampling.seed >= 0) gi.sampling.seed += i;
+                    streams.push_back(submit(p, gi, "prompt"));
+                }
+        } catch (...) {
+            for (auto& s : streams) s->cancel();
+            throw;
+        }
+        const std::string id = random_id("cmpl-");
+        const int64_t created = unix_now();
+        auto lp_json = [&](const std::vector<TokenOutput>& toks, size_t offset0) {
+            json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
+            size_t off = offset0;
+            for (auto& t : toks) {
+                tokens.push_back(t.text);
+                lps.push_back(t.logprob);
+                json top = json::object();
+                for (auto& x : t.top) top[tok.is_valid(x.id) ? tok.token_bytes(x.id) : std::to_string(x.id)] = x.logprob;
+                tops.push_back(top);
+                offs.push_back(off);
+                off += t.text.size();
+            }
+            return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+        };
+        if (!stream) {
+            json choices = json::array();
+            int64_t prompt_tokens = 0, completion = 0, cached = 0;
+            for (size_t i = 0; i < streams.size(); ++i) {
+                RequestDelta d = streams[i]->wait();
+                if (d.finish == FinishReason::error) throw ApiError(500, d.error, "", "server_error");
+                json c = {{"index", i}, {"text", d.text}, {"logprobs", nullptr}, {"finish_reason", finish_name(d)}};
+                if (!d.matched_stop.empty()) c["matched_stop"] = d.matched_stop;
+                if (g.logprobs) c["logprobs"] = lp_json(d.tokens, 0);
+                choices.push_back(c);
+                if (i % static_cast<size_t>(n) == 0) {
+                    prompt_tokens += d.prompt_tokens;
+                    cached += d.cached_tokens;
+                }
+                completion += d.completion_tokens;
+            }
+            res.body = dump(json{{"id", id}, {"object", "text_completion"}, {"created", created},
+                                 {"model", opts.served_model_name}, {"choices", choices},
+                                 {"usage", usage_json(prompt_tokens, completion, cached)}});
+            return;
+        }
+        res.content_type = "text/event-stream";
+        const std::string model = opts.served_model_name;
+        const bool want_lp = g.logprobs;
+        res.stream = [this, streams, id, created, model, include_usage, want_lp, lp_json, n](const ChunkWriter& write) {
+            pump(streams, write, [&](size_t i, const RequestDelta& d) {
+                json c = {{"index", i}, {"text", d.text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+                if (want_lp && !d.tokens.empty()) c["logprobs"] = lp_json(d.tokens, 0);
+                if (d.finished) c["finish_reason"] = finish_name(d);
+                return json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model}, {"choices", json::array({c})}};
+            }, [&](const std::vector<RequestDelta>& totals) {
+                if (!include_usage) return json();
+                int64_t p = 0, c = 0, k = 0;
+                for (size_t i = 0; i < totals.size(); ++i) {
+                    if (i % static_cast<size_t>(n) == 0) {
+                        p += totals[i].prompt_tokens;
+                        k += totals[i].cached_tokens;
+                    }
+                    c += totals[i].completion_tokens;
+                }
+                return json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
+                            {"choices", json::array()}, {"usage", usage_json(p, c, k)}};
+            });
+        };
+    }
+
+    // Streams several requests as SSE: one event per delta, a usage event, then [DONE]. A failed write
+    // (client gone) cancels every request at once.
+    template <typename ChunkFn, typename UsageFn>
+    void pump(const std::vector<std::shared_ptr<RequestStream>>& streams, const ChunkWriter& write, ChunkFn chunk, UsageFn usage) {
+        std::vector<RequestDelta> totals(streams.size());
+        std::vector<bool> done(streams.size(), false);
+        size_t left = streams.size();
+        auto cancel_all = [&] {
+            for (auto& s : streams) s->cancel();
+        };
+        while (left) {
+            bool any = false;
+            for (size_t i = 0; i < streams.size(); ++i) {
+                if (done[i]) continue;
+                RequestDelta d;
+                if (!streams[i]->next(d, std::chrono::milliseconds(streams.size() == 1 ? 200 : 5))) continue;
+                any = true;
+                totals[i].prompt_tokens = d.prompt_tokens;
+                totals[i].cached_tokens = d.cached_tokens;
+                totals[i].completion_tokens = d.completion_tokens;
+                if (d.finished) {
+                    done[i] = true;
+                    --left;
+                    if (d.finish == FinishReason::error) {
+                        write("data: " + dump(error_json(d.error, "server_error", "", "")) + "\n\n");
+                    }
+                }
+                if (d.text.empty() && d.tokens.empty() && !d.finished) continue;
+                if (!write("data: " + dump(chunk(i, d)) + "\n\n")) return cancel_all();
+            }
+            // Nothing new: probe the connection so that a vanished client is noticed while idle.
+            if (!any && !write(": keep-alive\n\n")) return cancel_all();
+        }
+        json u = usage(totals);
+        if (!u.is_null() && !write("data: " + dump(u) + "\n\n")) return;
+        write("data: [DONE]\n\n");
+    }
+
+    // ---- /v1/chat/completions ----------------------------------------------------------------------------
+
+    std::vector<int32_t> encode_rendered(const RenderedPrompt& rp) const {
+        std::vector<int32_t> ids;
+        size_t pos = 0;
+        auto plain = [&](size_t b, size_t e) {
+            if (e <= b) return;
+            auto v = tok.encode(std::string_view(rp.text).substr(b, e - b), false, false);
+            ids.insert(ids.end(), v.begin(), v.end());
+        };
+        for (auto [b, e] : rp.special_ranges) {
+            plain(pos, b);
+            int32_t id = tok.token_id(std::string_view(rp.text).substr(b, e - b));
+            if (id >= 0) ids.push_back(id);
+            else plain(b, e);  // a tokenizer without DeepSeek's special tokens (byte-level) spells them out
+            pos = e;
+        }
+        plain(pos, rp.text.size());
+        return ids;
+    }
+
+    void chat(const HttpRequest& q, HttpResponse& res) {
+        ojson body = parse_body(q.body);
+        check_model(body);
+        RequestOptions ropts;
+        ropts.default_thinking = opts.default_thinking;
+        ChatRequest req = parse_chat_request(body, ropts);
+        const std::vector<int32_t> prompt = encode_rendered(render_prompt(req, opts.chat_format));
+        GenerationParams g = read_generation_params(body, limits);
+        g.logprobs = req.logprobs;
+        g.top_logprobs = req.top_logprobs.value_or(0);
+        const int n = req.n;
+        std::vector<std::shared_ptr<RequestStream>> streams;
+        try {
+            for (int i = 0; i < n; ++i) {
+                GenerationParams gi = g;
+                if (gi.sampling.seed >= 0) gi.sampling.seed += i;
+                streams.push_back(submit(prompt, gi, "messages"));
+            }
+        } catch (...) {
+            for (auto& s : streams) s->cancel();
+            throw;
+        }
+        const OutputParserOptions popts = output_parser_options(req, opts.chat_format);
+        const bool with_reasoning = reports_reasoning(popts.start);
+        const std::string id = random_id("chatcmpl-");
+        const int64_t created = unix_now();
+        const std::string model = opts.served_model_name;
+        if (!req.stream) {
+            json choices = json::array();
+            int64_t completion = 0;
+            RequestDelta first;
+            for (size_t i = 0; i < streams.size(); ++i) {
+                RequestDelta d = streams[i]->wait();
+                if (d.finish == FinishReason::error) throw ApiError(500, d.error, "", "server_error");
+                OutputParser parser(popts);
+                AssistantMessage msg(with_reasoning);
+                msg.add(parser.push(d.text));
+                msg.add(parser.finish());
+                json c = {{"index", i}, {"message", msg.to_openai_json()}, {"logprobs", nullptr},
+                          {"finish_reason", msg.finish_reason(finish_name(d))}};
+                if (!d.matched_stop.empty()) c["matched_stop"] = d.matched_stop;
+                if (g.logprobs) {
+                    json content = json::array();
+                    for (auto& t : d.tokens) content.push_back(chat_logprob(t));
+                    c["logprobs"] = json{{"content", content}};
+                }
+                choices.push_back(c);
+                completion += d.completion_tokens;
+                if (i == 0) first = d;
+            }
+            res.body = dump(json{{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", model},
+                                 {"choices", choices},
+                                 {"usage", usage_json(first.prompt_tokens, completion, first.cached_tokens)}});
+            return;
+        }
+        res.content_type = "text/event-stream";
+        const bool include_usage = req.include_usage, want_lp = g.logprobs;
+        res.stream = [this, streams, popts, with_reasoning, id, created, model, include_usage, want_lp](const ChunkWriter& write) {
+            std::vector<std::unique_ptr<OutputParser>> parsers;
+            std::vector<std::unique_ptr<AssistantMessage>> msgs;
+            for (size_t i = 0; i < streams.size(); ++i) {
+                parsers.push_back(std::make_unique<OutputParser>(popts));
+                msgs.push_back(std::make_unique<AssistantMessage>(with_reasoning));
+                json role = {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
+                             {"choices", json::array({json{{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                                           {"logprobs", nullptr}, {"finish_reason", nullptr}}})}};
+                if (!write("data: " + dump(role) + "\n\n")) {
+                    for (auto& s : streams) s->cancel();
+                    return;
+                }
+            }
+            pump(streams, write, [&](size_t i, const RequestDelta& d) {
+                auto events = parsers[i]->push(d.text);
+                if (d.finished) {
+                    auto rest = parsers[i]->finish();
+                    events.insert(events.end(), rest.begin(), rest.end());
+                }
+                json delta = json::object();
+                for (auto& e : events) {
+                    msgs[i]->add(e);
+                    json od = openai_delta(e);
+                    if (od.is_null()) continue;
+                    for (auto& [k, v] : od.items()) {
+                        if (v.is_string() && delta.contains(k) && delta[k].is_string()) delta[k] = delta[k].get<std::string>() + v.get<std::string>();
+                        else if (v.is_array() && delta.contains(k) && delta[k].is_array()) for (auto& x : v) delta[k].push_back(x);
+                        else delta[k] = v;
+                    }
+                }
+                json c = {{"index", i}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+                if (want_lp && !d.tokens.empty()) {
+                    json content = json::array();
+                    for (auto& t : d.tokens) content.push_back(chat_logprob(t));
+                    c["logprobs"] = json{{"content", content}};
+                }
+                if (d.finished) c["finish_reason"] = msgs[i]->finish_reason(finish_name(d));
+                return json{{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
+                            {"choices", json::array({c})}};
+            }, [&](const std::vector<RequestDelta>& totals) {
+                if (!include_usage) return json();
+                int64_t c = 0;
+                for (auto& t : totals) c += t.completion_tokens;
+                return json{{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
+                            {"choices", json::array()},
+                            {"usage", usage_json(totals[0].prompt_tokens, c, totals[0].cached_tokens)}};
+            });
+        };
+    }
+
+    // ---- /generate (SGLang native) -----------------------------------------------------------------------
+
+    void generate(const HttpRequest& q, HttpResponse& res) {
+        ojson body = parse_body(q.body);
+        std::vector<int32_t> ids;
+        if (body.contains("input_ids") && !body["input_ids"].is_null()) {
+            const auto& a = body["input_ids"];
+            if (!a.is_array() || a.empty()) throw ApiError(400, "'input_ids' must be a non-empty array of token ids", "input_ids");
+            for (auto& x : a) {
+                if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= limits.vocab)
+                    throw ApiError(400, fmt::format("'input_ids' must hold token ids below {}", limits.vocab), "input_ids");
+                ids.push_back(x.get<int32_t>());
+            }
+        } else if (body.contains("text") && body["text"].is_string()) {
+            if (body["text"].get<std::string>().empty()) throw ApiError(400, "'text' must not be empty", "text");
+            ids = encode_text(body["text"].get<std::string>());
+        } else {
+            throw ApiError(400, "give 'text' (a string) or 'input_ids'", "text");
+        }
+        ojson sp = body.contains("sampling_params") ? body["sampling_params"] : ojson::object();
+        if (sp.is_null()) sp = ojson::object();
+        if (!sp.is_object()) throw ApiError(400, "'sampling_params' must be an object", "sampling_params");
+        GenerationParams g = read_generation_params(sp, limits, "sampling_params.", "max_new_tokens");
+        if (!sp.contains("max_new_tokens")) g.max_new_tokens = std::min<int64_t>(g.max_new_tokens, 128);
+        g.logprobs = get_bool(body, "return_logprob").value_or(false);
+        g.top_logprobs = static_cast<int>(get_int(body, "top_logprobs_num", 0, 20).value_or(0));
+        const bool stream = get_bool(body, "stream").value_or(false);
+        auto s = submit(ids, g, "input_ids");
+        const std::string rid = body.contains("rid") && body["rid"].is_string() ? body["rid"].get<std::string>() : random_id("");
+        const auto t0 = std::chrono::steady_clock::now();
+        auto result = [rid, t0, this](const RequestDelta& total, const std::string& text, const std::vector<int32_t>& out_ids, bool logprob) {
+            json meta = {{"id", rid}, {"prompt_tokens", total.prompt_tokens}, {"completion_tokens", total.completion_tokens},
+                         {"cached_tokens", total.cached_tokens},
+                         {"e2e_latency", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
+            meta["finish_reason"] = total.finished ? json{{"type", finish_name(total)}} : json(nullptr);
+            if (total.finished && !total.matched_stop.empty()) meta["finish_reason"]["matched"] = total.matched_stop;
+            if (logprob) {
+                json lps = json::array();
+                for (auto& t : total.tokens) lps.push_back(json::array({t.logprob, t.id, nullptr}));
+                meta["output_token_logprobs"] = lps;
+                json tops = json::array();
+                for (auto& t : total.tokens) {
+                    json row = json::array();
+                    for (auto& x : t.top) row.push_back(json::array({x.logprob, x.id, nullptr}));
+                    tops.push_back(row);
+                }
+                meta["output_top_logprobs"] = tops;
+            }
+            return json{{"text", text}, {"output_ids", out_ids}, {"meta_info", meta}};
+        };
+        if (!stream) {
+            RequestDelta d = s->wait();
+            if (d.finish == FinishReason::error) throw ApiError(500, d.error, "", "server_error");
+            std::vector<int32_t> out;
+            for (auto& t : d.tokens) out.push_back(t.id);
+            res.body = dump(result(d, d.text, out, g.logprobs));
+            return;
+        }
+        res.content_type = "text/event-stream";
+        const bool logprob = g.logprobs;
+        res.stream = [this, s, result, logprob](const ChunkWriter& write) {
+            RequestDelta total;
+            std::string text;
+            std::vector<int32_t> out;
+            pump({s}, write, [&](size_t, const RequestDelta& d) {
+                text += d.text;
+                for (auto& t : d.tokens) {
+                    out.push_back(t.id);
+                    total.tokens.push_back(t);
+                }
+                total.prompt_tokens = d.prompt_tokens;
+                total.cached_tokens = d.cached_tokens;
+                total.completion_tokens = d.completion_tokens;
+                total.finished = d.finished;
+                total.finish = d.finish;
+                total.matched_stop = d.matched_stop;
+                return result(total, text, out, logprob);  // cumulative, as SGLang streams it
+            }, [](const std::vector<RequestDelta>&) { return json(); });
+        };
+    }
+};
+
+ApiServer::ApiServer(Engine& engine, const Tokenizer& tok, ApiOptions opts)
+    : impl_(std::make_unique<Impl>(engine, tok, std::move(opts))) {}
+ApiServer::~ApiServer() = default;
+int ApiServer::bind(const std::string& host, int port) { return impl_->http.bind(host, port); }
+void ApiServer::run() { impl_->http.run(); }
+void ApiServer::stop() { impl_->http.stop(); }
+
+}  // namespace peregrine

@@ -1,0 +1,38 @@
+#pragma once
+// The OpenAI-compatible and native HTTP API over an Engine: /v1/chat/completions, /v1/completions,
+// /v1/models, /generate, /health, /metrics, /flush_cache.
+#include "engine/engine.h"
+#include "server/http_server.h"
+#include "server/protocol/chat_format.h"
+
+#include <memory>
+#include <string>
+
+namespace peregrine {
+
+struct ApiOptions {
+    std::string served_model_name;
+    std::string api_key;            // non-empty: every route but /health needs "Authorization: Bearer KEY"
+    ChatFormat chat_format = ChatFormat::deepseek_v41;
+    bool default_thinking = false;  // thinking off unless the request asks for it
+    int64_t default_max_tokens = 0; // 0: up to the context length
+    size_t max_body_bytes = 32u << 20;
+};
+
+class ApiServer {
+public:
+    ApiServer(Engine& engine, const Tokenizer& tok, ApiOptions opts);
+    ~ApiServer();
+    int bind(const std::string& host, int port);
+    void run();
+    void stop();
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+// Prometheus text exposition of the engine's metrics (names mirror SGLang's, prefix "peregrine:").
+std::string prometheus_text(const EngineStats& s, const std::string& model_name);
+
+}  // namespace peregrine

@@ -19,7 +19,6 @@ using json = nlohmann::json;
 namespace {
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 int64_t unix_now() { return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 std::string random_id(const char* prefix) {
@@ -151,7 +150,7 @@ struct ApiServer::Impl {
         if (!it->is_string()) throw ApiError(400, "'model' must be a string", "model");
         const auto name = it->get<std::string>();
         if (!name.empty() && name != opts.served_model_name)
-            throw ApiError(404, fmt::format("the model '{}' does not exist (this server serves '{}')", name, opts.served_model_name),
+            throw ApiError(400, fmt::format("the model '{}' does not exist (this server serves '{}')", name, opts.served_model_name),
                            "model", "invalid_request_error", "model_not_found");
     }
 

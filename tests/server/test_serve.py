@@ -1,0 +1,270 @@
+"""End-to-end tests of `peregrine serve` on the tiny fixture model (byte-level text), with the official
+openai client for the OpenAI API and raw HTTP for everything a client library would refuse to send."""
+import http.client
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+
+import openai
+import pytest
+
+BIN = os.environ.get("PEREGRINE_BINARY", os.path.join(os.path.dirname(__file__), "../../build/peregrine"))
+FIX = os.environ.get("PEREGRINE_FIXTURES", os.path.join(os.path.dirname(__file__), "../fixtures"))
+MODEL = os.path.join(FIX, "dsv4-tiny-a")
+NAME = "tiny"
+
+
+class Server:
+    def __init__(self, *extra):
+        self.proc = subprocess.Popen([BIN, "serve", "--model", MODEL, "--port", "0", "--served-model-name", NAME,
+                                      *(() if "--context-length" in extra else ("--context-length", "256")), *extra],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = self.proc.stdout.readline()
+        m = re.search(r"http://([\d.]+):(\d+)", line)
+        assert m, f"server did not start: {line!r}"
+        self.port = int(m.group(2))
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def client(self, key="none"):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+    def raw(self, method, path, body=None, headers=None):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+        c.request(method, path, body=body, headers=headers or {"Content-Type": "application/json"})
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return r.status, data
+
+    def metrics(self):
+        status, text = self.raw("GET", "/metrics")
+        assert status == 200
+        out = {}
+        for line in text.decode().splitlines():
+            if line.startswith("peregrine:") and "_bucket" not in line:
+                name, value = line.rsplit(" ", 1)
+                out[name.split("{")[0][len("peregrine:"):]] = float(value)
+        return out
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server("--kv-memory", "64M")
+    yield s
+    s.stop()
+
+
+def test_models_and_health(server):
+    models = server.client().models.list()
+    assert [m.id for m in models.data] == [NAME]
+    assert server.raw("GET", "/health")[0] == 200
+
+
+def test_chat_non_streaming_and_streaming_agree(server):
+    c = server.client()
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    r = c.chat.completions.create(model=NAME, messages=msgs, max_tokens=8, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens <= 8 and r.usage.prompt_tokens > 20
+    text = ""
+    usage = None
+    for chunk in c.chat.completions.create(model=NAME, messages=msgs, max_tokens=8, temperature=0, stream=True,
+                                           stream_options={"include_usage": True}):
+        if chunk.usage:
+            usage = chunk.usage
+        for ch in chunk.choices:
+            text += ch.delta.content or ""
+    assert text == r.choices[0].message.content
+    assert usage.completion_tokens == r.usage.completion_tokens
+    assert usage.prompt_tokens_details.cached_tokens > 0  # same prompt again: a prefix-cache hit
+
+
+def test_completions_stream_and_n(server):
+    c = server.client()
+    r = c.completions.create(model=NAME, prompt="The quick brown fox", max_tokens=6, temperature=0, logprobs=2)
+    assert len(r.choices[0].logprobs.token_logprobs) == r.usage.completion_tokens
+    text = "".join(ch.choices[0].text for ch in c.completions.create(
+        model=NAME, prompt="The quick brown fox", max_tokens=6, temperature=0, stream=True) if ch.choices)
+    assert text == r.choices[0].text
+    r2 = c.completions.create(model=NAME, prompt="abc", max_tokens=5, temperature=1.0, seed=3, n=3)
+    assert sorted(ch.index for ch in r2.choices) == [0, 1, 2]
+    r3 = c.completions.create(model=NAME, prompt="abc", max_tokens=5, temperature=1.0, seed=3, n=3)
+    assert [ch.text for ch in r2.choices] == [ch.text for ch in r3.choices]  # seeded: reproducible
+
+
+def test_prefix_cache_hit_gives_identical_output(server):
+    c = server.client()
+    prompt = "A long shared prefix for the cache test, well over two pages of bytes. " * 2
+    cold = c.completions.create(model=NAME, prompt=prompt, max_tokens=12, temperature=0)
+    warm = c.completions.create(model=NAME, prompt=prompt, max_tokens=12, temperature=0)
+    assert warm.choices[0].text == cold.choices[0].text
+    assert warm.usage.prompt_tokens_details.cached_tokens >= 16 * (len(prompt) // 16 - 1)
+    assert server.metrics()["cache_hit_rate"] > 0
+    # Flushed: the same request is cold again and still identical.
+    assert server.raw("POST", "/flush_cache")[0] == 200
+    again = c.completions.create(model=NAME, prompt=prompt, max_tokens=12, temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.choices[0].text == cold.choices[0].text
+
+
+def test_64_concurrent_streams(server):
+    c = server.client()
+    results = [None] * 64
+
+    def one(i):
+        n = 0
+        for chunk in c.completions.create(model=NAME, prompt=f"stream {i}", max_tokens=8, temperature=0.7, seed=i,
+                                          stream=True, stream_options={"include_usage": True}):
+            if chunk.usage:
+                n = chunk.usage.completion_tokens
+        results[i] = n
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r is not None and r >= 1 for r in results), results
+
+
+def test_disconnect_frees_memory():
+    # A long context so that the request is certainly still generating when the client goes away.
+    server = Server("--context-length", "4096", "--kv-memory", "64M")
+    try:
+        _disconnect(server)
+    finally:
+        server.stop()
+
+
+def _disconnect(server):
+    before = server.metrics()
+    c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    c.request("POST", "/v1/completions", body=json.dumps(
+        {"model": NAME, "prompt": "disconnect me " * 4, "max_tokens": 4000, "ignore_eos": True, "stream": True}),
+        headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    r.fp.readline()  # the first event: the request is running
+    r.close()  # the response holds the socket open too
+    c.close()
+    for _ in range(200):
+        m = server.metrics()
+        if m["num_running_reqs"] == 0 and m["num_used_tokens"] == 0:
+            break
+        time.sleep(0.02)
+    assert m["num_running_reqs"] == 0 and m["num_used_tokens"] == 0
+    assert m["num_aborted_requests_total"] == before["num_aborted_requests_total"] + 1
+    assert m["generation_tokens_total"] - before["generation_tokens_total"] < 4000
+
+
+BAD = [
+    ("/v1/chat/completions", "{not json", None),
+    ("/v1/chat/completions", "[1, 2]", None),
+    ("/v1/chat/completions", {"model": NAME}, "messages"),
+    ("/v1/chat/completions", {"model": NAME, "messages": []}, "messages"),
+    ("/v1/chat/completions", {"model": NAME, "messages": "hi"}, "messages"),
+    ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": 5}]}, None),
+    ("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]}, "model"),
+    ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "x" * 400}]}, "messages"),
+    ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
+    ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "x"}], "max_tokens": 10 ** 12}, "max_tokens"),
+    ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "x"}], "temperature": 5}, "temperature"),
+    ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "x"}], "top_p": "high"}, "top_p"),
+    ("/v1/chat/completions", {"model": NAME, "messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
+    ("/v1/completions", {"model": NAME, "prompt": "x", "presence_penalty": 3}, "presence_penalty"),
+    ("/v1/completions", {"model": NAME, "prompt": "x", "logit_bias": {"999999": 1}}, "logit_bias"),
+    ("/v1/completions", {"model": NAME, "prompt": [1, 2, 100000]}, "prompt"),
+    ("/v1/completions", {"model": NAME, "prompt": ""}, "prompt"),
+    ("/v1/completions", {"model": NAME}, "prompt"),
+    ("/v1/completions", {"model": NAME, "prompt": "x", "stop": 3}, "stop"),
+    ("/generate", {"input_ids": [1, 2, 300]}, "input_ids"),
+    ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
+]
+
+
+@pytest.mark.parametrize("path,body,param", BAD)
+def test_bad_input_is_400_with_openai_error(server, path, body, param):
+    status, data = server.raw("POST", path, body)
+    assert status == 400, data
+    err = json.loads(data)["error"]
+    assert set(err) >= {"message", "type", "param", "code"} and err["message"]
+    if param:
+        assert err["param"] == param, err
+
+
+def test_invalid_utf8_and_oversized_body(server):
+    status, data = server.raw("POST", "/v1/completions", b'{"model":"tiny","prompt":"\xff\xfe"}')
+    assert status == 400 and "error" in json.loads(data)
+    status, data = server.raw("POST", "/v1/completions", b'{"prompt":"' + b"x" * (40 << 20) + b'"}')
+    assert status == 413
+    # ... and the server keeps serving.
+    assert server.client().completions.create(model=NAME, prompt="still here", max_tokens=2).usage.completion_tokens >= 1
+
+
+def test_api_key():
+    s = Server("--api-key", "sekret")
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            s.client("wrong").models.list()
+        assert s.raw("POST", "/v1/completions", {"prompt": "x"})[0] == 401
+        assert s.client("sekret").completions.create(model=NAME, prompt="x", max_tokens=2).choices
+        assert s.raw("GET", "/health")[0] == 200
+    finally:
+        s.stop()
+
+
+def test_full_queue_is_429():
+    s = Server("--max-running-requests", "1", "--max-queued-requests", "1")
+    try:
+        body = {"model": NAME, "prompt": "busy", "max_tokens": 150, "ignore_eos": True}
+        statuses = []
+        threads = [threading.Thread(target=lambda: statuses.append(s.raw("POST", "/v1/completions", body)[0]))
+                   for _ in range(5)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # One runs, at most one waits: a burst of five gets some 429s, and every other request completes.
+        assert statuses.count(429) >= 1 and statuses.count(200) >= 1, statuses
+        assert set(statuses) <= {200, 429}, statuses
+    finally:
+        s.stop()
+
+
+def test_preemption_under_tiny_kv_memory_loses_nothing(server):
+    prompts = [f"request number {i} with some text" for i in range(6)]
+    c = server.client()
+    expect = [c.completions.create(model=NAME, prompt=p, max_tokens=30, temperature=0, extra_body={"ignore_eos": True}).choices[0].text
+              for p in prompts]
+    # 8 pages of 16 tokens: two requests at a time at most.
+    page_bytes = 64 * 2 ** 20 // (server.metrics()["max_total_num_tokens"] // 16)
+    s = Server("--kv-memory", str(8 * page_bytes + 100), "--disable-radix-cache")
+    try:
+        assert s.metrics()["max_total_num_tokens"] == 8 * 16
+        got = [None] * 6
+
+        def one(i):
+            got[i] = s.client().completions.create(model=NAME, prompt=prompts[i], max_tokens=30, temperature=0,
+                                                   extra_body={"ignore_eos": True}).choices[0].text
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert got == expect
+        m = s.metrics()
+        assert m["num_preemptions_total"] > 0 and m["num_finished_requests_total"] == 6
+    finally:
+        s.stop()

@@ -113,7 +113,8 @@ BpeModel BpeModel::from_json(const json& m, bool byte_level) {
         }
     }
 
-    const json& merges = m.at("merges");
+    static const json kNoMerges = json::array();
+    const json& merges = m.contains("merges") ? m["merges"] : kNoMerges;
     std::vector<std::pair<uint64_t, MergeInfo>> items;
     items.reserve(merges.size());
     size_t prefix_len = bpe.continuing_prefix_.size();

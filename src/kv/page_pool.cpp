@@ -1,22 +1,18 @@
 #include "kv/page_pool.h"
 #include "util/error.h"
 
-#include <cstdlib>
-#include <cstring>
 
 namespace peregrine {
 
-PagePool::PagePool(const StateLayout& layout, int64_t n_pages) : layout_(layout), n_pages_(static_cast<size_t>(n_pages)) {
+PagePool::PagePool(Backend& backend, const StateLayout& layout, int64_t n_pages)
+    : backend_(backend), layout_(layout), n_pages_(static_cast<size_t>(n_pages)) {
     PEREGRINE_CHECK(n_pages > 0, "page pool needs at least one page");
-    size_t bytes = n_pages_ * layout_.page_bytes;
-    base_ = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
-    if (!base_) fail("cannot allocate {} bytes for {} state pages", bytes, n_pages);
-    std::memset(base_, 0, bytes);
+    base_ = backend_.alloc_state(n_pages_ * layout_.page_bytes);
     free_.reserve(n_pages_);
     for (int64_t i = n_pages - 1; i >= 0; --i) free_.push_back(static_cast<int32_t>(i));
 }
 
-PagePool::~PagePool() { std::free(base_); }
+PagePool::~PagePool() { backend_.free_state(base_); }
 
 int64_t PagePool::pages_for_budget(const StateLayout& layout, int64_t bytes) {
     return bytes / static_cast<int64_t>(layout.page_bytes);

@@ -1,6 +1,6 @@
 #pragma once
 // A pool of fixed-size state pages carved from one allocation, sized from a memory budget.
-#include "ops/state.h"
+#include "ops/backend.h"
 
 #include <cstdint>
 #include <memory>
@@ -10,7 +10,8 @@ namespace peregrine {
 
 class PagePool {
 public:
-    PagePool(const StateLayout& layout, int64_t n_pages);
+    // Pages live in memory from `backend` (device memory for GPU backends).
+    PagePool(Backend& backend, const StateLayout& layout, int64_t n_pages);
     ~PagePool();
     PagePool(const PagePool&) = delete;
     PagePool& operator=(const PagePool&) = delete;
@@ -33,6 +34,7 @@ public:
     void release(SeqState& s);
 
 private:
+    Backend& backend_;
     StateLayout layout_;
     size_t n_pages_;
     uint8_t* base_ = nullptr;

@@ -156,7 +156,7 @@ void Model::restore_state(SeqState& s, int64_t n_tokens) const {
 }
 
 Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows) {
-    const int T = batch.rows(), hc = cfg_.hc_mult;
+    const int T = batch.rows();
     for (auto& s : batch.seqs) {
         PEREGRINE_CHECK(s.state && s.state->n_cached == s.start_pos, "sequence state holds {} tokens, step starts at {}",
                         s.state ? s.state->n_cached : -1, s.start_pos);
@@ -184,8 +184,7 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows) {
     }
 
     // V4.1's single-pass mHC: a sublayer collapses its input with the previous sublayer's `pre`.
-    Tensor pre = Tensor::zeros(DType::F32, {T, hc});
-    for (int t = 0; t < T; ++t) pre.f32()[t * hc] = 1.0f;
+    Tensor pre = be.first_stream_mix(T);
     for (int l = 0; l < cfg_.n_layers; ++l) {
         BlockWeight& b = w_.layers[static_cast<size_t>(l)];
         if (b.engram) {
@@ -206,15 +205,9 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows) {
     for (auto& s : batch.seqs) s.state->n_cached = s.start_pos + s.n_tokens;
 
     // Final collapse of the requested rows, norm and head.
-    const int64_t D = cfg_.dim, R = static_cast<int64_t>(logit_rows.size());
-    if (R == 0) return Tensor::zeros(DType::F32, {0, cfg_.vocab_size});
-    Tensor hs = Tensor::zeros(DType::F32, {R, hc, D}), ps = Tensor::zeros(DType::F32, {R, hc});
-    for (int64_t r = 0; r < R; ++r) {
-        int row = logit_rows[static_cast<size_t>(r)];
-        PEREGRINE_CHECK(row >= 0 && row < T, "logit row {} out of range", row);
-        std::memcpy(hs.f32() + r * hc * D, h.f32() + static_cast<int64_t>(row) * hc * D, sizeof(float) * hc * D);
-        std::memcpy(ps.f32() + r * hc, pre.f32() + static_cast<int64_t>(row) * hc, sizeof(float) * hc);
-    }
+    if (logit_rows.empty()) return Tensor::zeros(DType::F32, {0, cfg_.vocab_size});
+    for (int row : logit_rows) PEREGRINE_CHECK(row >= 0 && row < T, "logit row {} out of range", row);
+    Tensor hs = be.gather_rows(h, logit_rows), ps = be.gather_rows(pre, logit_rows);
     Tensor x = cfg_.is_v41() ? be.hc_collapse(hs, ps) : be.hc_head(hs, *w_.hc_head);
     return be.logits(be.rms_norm(x, w_.norm), w_.head);
 }

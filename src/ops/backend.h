@@ -59,6 +59,15 @@ public:
 
     virtual std::unique_ptr<StepScratch> begin_step(const ForwardBatch& batch) = 0;
 
+    // Memory for state pages (host for the CPU backend, device memory for CUDA).
+    virtual uint8_t* alloc_state(size_t bytes) = 0;
+    virtual void free_state(uint8_t* p) = 0;
+
+    // [T, hc] mixing weights that select copy 0 (the first sublayer's collapse in V4.1).
+    virtual Tensor first_stream_mix(int T) = 0;
+    // Rows `rows` of a [T, ...] activation.
+    virtual Tensor gather_rows(const Tensor& x, const std::vector<int>& rows) = 0;
+
     // h[T, hc, dim] (bf16 values) = embedding rows repeated over the hc copies.
     virtual Tensor embed(const Tensor& table, const std::vector<int32_t>& ids) = 0;
     // Adds the engram lookup to every copy of h; rows [T, n_cols] are table row ids.
@@ -78,7 +87,7 @@ public:
                              ForwardBatch& batch, StepScratch& scratch) = 0;
     virtual Tensor moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) = 0;
     virtual Tensor linear(const Tensor& x, const LinearWeight& w) = 0;
-    // fp32 logits [rows, vocab] of already normalised rows.
+    // fp32 logits [rows, vocab] of already normalised rows, in host memory.
     virtual Tensor logits(const Tensor& x, const LinearWeight& head) = 0;
 };
 

@@ -108,7 +108,7 @@ TEST(Batching, MixedBatchMatchesSingleSequences) {
     };
     auto ref_a = solo(a), ref_b = solo(b);
 
-    PagePool pool(model->layout(), 64);
+    PagePool pool(model->backend(), model->layout(), 64);
     SeqState sa, sb;
     model->init_state(sa);
     model->init_state(sb);
@@ -148,7 +148,7 @@ TEST(PrefixState, ResumeFromSharedPagesIsExact) {
         SequenceRunner ref(*model, n);
         auto expect = ref.feed({ids.begin(), ids.begin() + n}, 0, true);
 
-        PagePool pool(model->layout(), 16);
+        PagePool pool(model->backend(), model->layout(), 16);
         SeqState a, b;
         model->init_state(a);
         ASSERT_TRUE(pool.reserve(a, n));

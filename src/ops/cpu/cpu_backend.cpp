@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <cstdlib>
 #include <numeric>
 
 namespace peregrine {
@@ -80,6 +81,31 @@ std::unique_ptr<StepScratch> CpuBackend::begin_step(const ForwardBatch& batch) {
     s->topk.resize(static_cast<size_t>(batch.rows()));
     s->candidates.resize(static_cast<size_t>(batch.rows()));
     return s;
+}
+
+uint8_t* CpuBackend::alloc_state(size_t bytes) {
+    auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+    if (!p) fail("cannot allocate {} bytes of state pages", bytes);
+    std::memset(p, 0, bytes);
+    return p;
+}
+
+void CpuBackend::free_state(uint8_t* p) { std::free(p); }
+
+Tensor CpuBackend::first_stream_mix(int T) {
+    Tensor pre = Tensor::zeros(DType::F32, {T, cfg_.hc_mult});
+    for (int t = 0; t < T; ++t) pre.f32()[t * cfg_.hc_mult] = 1.0f;
+    return pre;
+}
+
+Tensor CpuBackend::gather_rows(const Tensor& x, const std::vector<int>& rows) {
+    std::vector<int64_t> shape = x.shape();
+    const int64_t row = x.numel() / shape[0];
+    shape[0] = static_cast<int64_t>(rows.size());
+    Tensor y = Tensor::zeros(DType::F32, shape);
+    for (size_t r = 0; r < rows.size(); ++r)
+        std::memcpy(y.f32() + static_cast<int64_t>(r) * row, x.f32() + rows[r] * row, sizeof(float) * static_cast<size_t>(row));
+    return y;
 }
 
 Tensor CpuBackend::embed(const Tensor& table, const std::vector<int32_t>& ids) {

@@ -21,6 +21,10 @@ public:
     std::string name() const override { return "cpu"; }
 
     std::unique_ptr<StepScratch> begin_step(const ForwardBatch& batch) override;
+    uint8_t* alloc_state(size_t bytes) override;
+    void free_state(uint8_t* p) override;
+    Tensor first_stream_mix(int T) override;
+    Tensor gather_rows(const Tensor& x, const std::vector<int>& rows) override;
     Tensor embed(const Tensor& table, const std::vector<int32_t>& ids) override;
     void engram(Tensor& h, const EngramWeight& w, const std::vector<int64_t>& rows) override;
     HcMix hc_mixes(const Tensor& h, const HcWeight& w) override;

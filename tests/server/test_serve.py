@@ -155,12 +155,13 @@ def _disconnect(server):
         {"model": NAME, "prompt": "disconnect me " * 4, "max_tokens": 4000, "ignore_eos": True, "stream": True}),
         headers={"Content-Type": "application/json"})
     r = c.getresponse()
-    r.fp.readline()  # the first event: the request is running
+    while not r.fp.readline().startswith(b"data:"):  # until the first token: the request is running
+        pass
     r.close()  # the response holds the socket open too
     c.close()
-    for _ in range(200):
+    for _ in range(250):
         m = server.metrics()
-        if m["num_running_reqs"] == 0 and m["num_used_tokens"] == 0:
+        if m["num_aborted_requests_total"] > before["num_aborted_requests_total"]:
             break
         time.sleep(0.02)
     assert m["num_running_reqs"] == 0 and m["num_used_tokens"] == 0

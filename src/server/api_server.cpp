@@ -140,7 +140,8 @@ struct ApiServer::Impl {
                   {"created", unix_now()},
                   {"owned_by", "peregrine"},
                   {"root", opts.served_model_name},
-                  {"max_model_len", engine.context_length()}};
+                  {"max_model_len", engine.context_length()},
+                  {"vocab_size", engine.model().config().vocab_size}};
         r.body = dump(json{{"object", "list"}, {"data", json::array({m})}});
     }
 

@@ -269,3 +269,17 @@ def test_preemption_under_tiny_kv_memory_loses_nothing(server):
         assert m["num_preemptions_total"] > 0 and m["num_finished_requests_total"] == 6
     finally:
         s.stop()
+
+
+def test_bench_serve_reports_sglang_metrics(server, tmp_path):
+    out = tmp_path / "bench.json"
+    r = subprocess.run([BIN, "bench", "serve", "--url", server.url, "--input-len", "24", "--output-len", "6",
+                        "--num-prompts", "8", "--max-concurrency", "4", "--output-file", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "Output token throughput" in r.stdout and "Median TTFT" in r.stdout
+    rep = json.loads(out.read_text())
+    assert rep["completed"] == 8 and rep["total_input_tokens"] == 8 * 24 and rep["total_output_tokens"] == 8 * 6
+    for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms"):
+        assert 0 < rep[k]["median"] <= rep[k]["p99"] + 1e-9
+    assert rep["output_throughput"] > 0 and rep["request_throughput"] > 0

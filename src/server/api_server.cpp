@@ -362,6 +362,20 @@ struct ApiServer::Impl {
     void chat(const HttpRequest& q, HttpResponse& res) {
         ojson body = parse_body(q.body);
         check_model(body);
+        // Thinking is off by default; chat_template_kwargs.thinking (SGLang) or a reasoning_effort other
+        // than "none" turns it on, unless the request's own thinking object says otherwise.
+        if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null()) {
+            if (!it->is_object()) throw ApiError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
+            for (const char* key : {"thinking", "enable_thinking"}) {
+                auto t = it->find(key);
+                if (t == it->end() || t->is_null()) continue;
+                if (!t->is_boolean()) throw ApiError(400, fmt::format("'chat_template_kwargs.{}' must be a boolean", key), fmt::format("chat_template_kwargs.{}", key));
+                if (!body.contains("thinking")) body["thinking"] = {{"type", t->get<bool>() ? "enabled" : "disabled"}};
+            }
+        }
+        if (auto it = body.find("reasoning_effort"); it != body.end() && !body.contains("thinking") &&
+                                                     !(it->is_string() && it->get<std::string>() == "none") && !it->is_null())
+            body["thinking"] = {{"type", "enabled"}};
         RequestOptions ropts;
         ropts.default_thinking = opts.default_thinking;
         ChatRequest req = parse_chat_request(body, ropts);

@@ -283,3 +283,25 @@ def test_bench_serve_reports_sglang_metrics(server, tmp_path):
     for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms"):
         assert 0 < rep[k]["median"] <= rep[k]["p99"] + 1e-9
     assert rep["output_throughput"] > 0 and rep["request_throughput"] > 0
+
+
+def test_thinking_off_by_default_on_when_asked():
+    server = Server("--context-length", "2048", "--kv-memory", "64M")  # V4's effort preamble is long in bytes
+    try:
+        _thinking(server)
+    finally:
+        server.stop()
+
+
+def _thinking(server):
+    c = server.client()
+    msgs = [{"role": "user", "content": "think?"}]
+    off = c.chat.completions.create(model=NAME, messages=msgs, max_tokens=3, temperature=0)
+    on = c.chat.completions.create(model=NAME, messages=msgs, max_tokens=3, temperature=0,
+                                   extra_body={"chat_template_kwargs": {"thinking": True}})
+    effort = c.chat.completions.create(model=NAME, messages=msgs, max_tokens=3, temperature=0, reasoning_effort="high")
+    # The thinking prompt ends with <think> instead of </think> (and V4 adds the effort text).
+    assert on.usage.prompt_tokens != off.usage.prompt_tokens
+    assert effort.usage.prompt_tokens >= on.usage.prompt_tokens
+    assert getattr(off.choices[0].message, "reasoning_content", None) is None
+    assert on.choices[0].message.model_extra.get("reasoning_content") is not None

@@ -8,11 +8,14 @@
 #include "util/file.h"
 #include "util/log.h"
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <optional>
+#include <pthread.h>
+#include <thread>
 #include <unistd.h>
 
 namespace peregrine {
@@ -55,12 +58,15 @@ int64_t parse_memory(const std::string& s) {
     return static_cast<int64_t>(v * mul);
 }
 
-ApiServer* g_server = nullptr;
-void on_signal(int) {
-    if (g_server) g_server->stop();
-}
-
 int run_serve(ServeArgs& a) {
+    // SIGINT/SIGTERM are blocked in every thread (the engine's and the HTTP pool inherit the mask) and
+    // taken by one watcher thread that stops the server, so shutdown never runs inside a signal handler.
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+    std::signal(SIGPIPE, SIG_IGN);
     log_init(a.log_level);
     if (a.model.empty()) a.model = default_model_dir();
     const auto t0 = std::chrono::steady_clock::now();
@@ -120,12 +126,26 @@ int run_serve(ServeArgs& a) {
                  a.chunked_prefill, secs);
     std::printf("peregrine serve: listening on http://%s:%d\n", a.host.c_str(), port);
     std::fflush(stdout);
-    g_server = &server;
-    std::signal(SIGINT, on_signal);
-    std::signal(SIGTERM, on_signal);
-    std::signal(SIGPIPE, SIG_IGN);
+    std::atomic<bool> finished{false};
+    std::thread watcher([&] {
+        int sig = 0;
+        sigwait(&stop_signals, &sig);
+        if (finished) return;
+        server.stop();
+        // Idle keep-alive connections hold pool threads until their timeout; nothing is lost by not
+        // waiting for them (all state is in memory).
+        for (int i = 0; i < 5 && !finished; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (!finished) {
+            std::fprintf(stderr, "peregrine serve: stopped\n");
+            std::fflush(nullptr);
+            std::_Exit(0);
+        }
+    });
     server.run();
-    g_server = nullptr;
+    finished = true;
+    pthread_kill(watcher.native_handle(), SIGTERM);  // wakes the watcher when run() ended another way
+    watcher.join();
+    std::fprintf(stderr, "peregrine serve: stopped\n");
     return 0;
 }
 

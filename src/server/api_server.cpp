@@ -383,7 +383,7 @@ struct ApiServer::Impl {
         GenerationParams g = read_generation_params(body, limits);
         g.logprobs = req.logprobs;
         g.top_logprobs = req.top_logprobs.value_or(0);
-        const int n = req.n;
+        const int n = static_cast<int>(get_int(body, "n", 1, 128).value_or(1));
         std::vector<std::shared_ptr<RequestStream>> streams;
         try {
             for (int i = 0; i < n; ++i) {

@@ -33,6 +33,8 @@ struct EngineRequest {
 
     SeqState state;
     RadixCache::Node* locked = nullptr;
+    int64_t shared_pages = 0;     // leading pages the prefix cache owns (locked for this request)
+    bool sharing_stopped = false; // a concurrent duplicate: the rest of the pages stay private
     int64_t cached_tokens = 0;
     bool admitted_once = false;
     int64_t preemptions = 0;
@@ -137,6 +139,7 @@ struct Engine::Impl {
             for (int32_t p : s.pages) pool->free(p);
         }
         r.locked = nullptr;
+        r.shared_pages = 0;
         s.pages.clear();
         s.tokens.clear();
         s.n_cached = 0;
@@ -161,6 +164,8 @@ struct Engine::Impl {
         r.state.tokens.assign(r.seq.begin(), r.seq.begin() + matched * P);
         model.restore_state(r.state, matched * P);
         r.locked = m.last;
+        r.shared_pages = matched;
+        r.sharing_stopped = false;
         if (!r.admitted_once) {
             r.admitted_once = true;
             r.cached_tokens = std::min(matched * P, r.prompt_len);
@@ -323,6 +328,17 @@ struct Engine::Impl {
         if (batch.seqs.empty()) return;
 
         Tensor logits = model.forward(batch, logit_rows);
+        // Pages completed in this step join the prefix cache at once, so concurrent requests with the same
+        // prefix (a shared system prompt) reuse them while this one is still running.
+        if (cache)
+            for (auto& r : in_batch) {
+                int64_t full = std::min<int64_t>(r->state.n_cached / P, static_cast<int64_t>(r->state.pages.size()));
+                if (r->sharing_stopped || full <= r->shared_pages) continue;
+                const int64_t want = full;
+                r->locked = cache->extend(r->locked, r->state.tokens, r->state.pages, r->shared_pages, full);
+                r->shared_pages = full;
+                if (full < want) r->sharing_stopped = true;
+            }
         const auto now = Clock::now();
         uint64_t generated = 0;
         for (size_t i = 0; i < sampled.size(); ++i) {

@@ -80,6 +80,29 @@ void RadixCache::insert(std::span<const int32_t> tokens, std::span<const int32_t
     }
 }
 
+RadixCache::Node* RadixCache::extend(Node* last, std::span<const int32_t> tokens, std::span<const int32_t> pages,
+                                     int64_t from_page, int64_t& to_page) {
+    Node* n = last ? last : &root_;
+    ++clock_;
+    for (int64_t i = from_page; i < to_page; ++i) {
+        auto k = key(tokens, i);
+        if (n->children.count(k)) {  // computed concurrently by another sequence: keep ours private
+            to_page = i;
+            break;
+        }
+        auto c = std::make_unique<Node>();
+        c->parent = n;
+        c->page = pages[static_cast<size_t>(i)];
+        c->refs = 1;  // locked by the sequence that is still using it
+        c->last_use = clock_;
+        Node* raw = c.get();
+        n->children.emplace(std::move(k), std::move(c));
+        ++stats_.cached_pages;
+        n = raw;
+    }
+    return n == &root_ ? nullptr : n;
+}
+
 int64_t RadixCache::evict(int64_t want) {
     if (want <= 0 || stats_.evictable_pages == 0) return 0;
     auto older = [](Node* a, Node* b) { return a->last_use > b->last_use; };

@@ -51,6 +51,13 @@ public:
     // whose prefix is already cached under another page is returned to the pool.
     void insert(std::span<const int32_t> tokens, std::span<const int32_t> pages, int64_t n_pages);
 
+    // Shares a running sequence's newly completed pages [from_page, to_page) while it keeps using them:
+    // they are added below `last` (the end of the path the sequence has locked, nullptr for none) and
+    // locked for it. Stops at a page whose prefix another sequence already cached under a different page
+    // (that page stays the sequence's own). Returns the new path end; `to_page` becomes the count shared.
+    Node* extend(Node* last, std::span<const int32_t> tokens, std::span<const int32_t> pages, int64_t from_page,
+                 int64_t& to_page);
+
     // Frees up to n unreferenced pages (least recently used leaves first); returns how many were freed.
     int64_t evict(int64_t n);
     // Frees every unreferenced page.

@@ -116,6 +116,35 @@ TEST(Engine, PrefixCacheHitGivesIdenticalOutput) {
     }
 }
 
+TEST(Engine, RunningRequestsShareTheirPrefixPages) {
+    for (const char* fx : {"dsv4-tiny-a", "dsv41-tiny-a"}) {
+        Model& m = model(fx);
+        const int P = m.layout().page_tokens;
+        auto p = prompt(fx, 2 * P + 5);
+        auto ref = reference_greedy(m, p, 20);
+        Engine eng(m, nullptr, opts(64));
+        // Two at once: both compute the prefix in the same step (the second keeps its duplicate pages).
+        auto a = eng.submit(p, greedy(20)), b = eng.submit(p, greedy(20));
+        RequestDelta first;
+        while (!a->next(first, std::chrono::milliseconds(1000))) {
+        }
+        // A third arrives while they run: the prompt's pages are already in the cache.
+        auto c = eng.submit(p, greedy(20))->wait();
+        EXPECT_EQ(c.cached_tokens, 2 * P) << fx;
+        EXPECT_EQ(ids_of(c), ref) << fx;
+        auto da = a->wait(), db = b->wait();
+        auto ia = ids_of(da);
+        ia.insert(ia.begin(), first.tokens[0].id);
+        EXPECT_EQ(ia, ref) << fx;
+        EXPECT_EQ(ids_of(db), ref) << fx;
+        // Everything is released: only unreferenced cached pages remain.
+        for (int i = 0; i < 100 && eng.stats().running; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        auto st = eng.stats();
+        EXPECT_EQ(st.pages_used, st.pages_cached);
+        EXPECT_EQ(st.pages_evictable, st.pages_cached);
+    }
+}
+
 TEST(Engine, PreemptionUnderTinyBudgetLosesNothing) {
     for (const char* fx : {"dsv4-tiny-a", "dsv41-tiny-a"}) {
         Model& m = model(fx);

@@ -133,3 +133,36 @@ TEST(RadixCache, ParentOfLockedChildIsNotEvicted) {
     EXPECT_EQ(cache.evict(1), 1);  // the deepest page first
     EXPECT_EQ(cache.match(a, 100).pages.size(), 2u);
 }
+
+TEST(RadixCache, RunningSequenceSharesPagesAndKeepsDuplicatesPrivate) {
+    PagePool pool(model().backend(), model().layout(), 32);
+    RadixCache cache(pool);
+    auto t = seq(16);  // 4 pages
+    auto a = take(pool, 4);
+    int64_t to = 2;
+    RadixCache::Node* la = cache.extend(nullptr, t, a, 0, to);  // a has finished its first two pages
+    EXPECT_EQ(to, 2);
+    EXPECT_EQ(cache.stats().cached_pages, 2);
+    EXPECT_EQ(cache.stats().evictable_pages, 0);  // locked for a
+    EXPECT_EQ(cache.evict(100), 0);
+    auto m = cache.match(t, 100);  // a newcomer reuses them while a runs
+    EXPECT_EQ(m.pages, std::vector<int32_t>(a.begin(), a.begin() + 2));
+    cache.unlock(m.last);
+
+    auto b = take(pool, 4);  // b computed the same four pages privately
+    to = 4;
+    RadixCache::Node* lb = cache.extend(nullptr, t, b, 0, to);
+    EXPECT_EQ(to, 0);  // its first page is a duplicate: nothing shared
+    EXPECT_EQ(lb, nullptr);
+    to = 4;
+    la = cache.extend(la, t, a, 2, to);
+    EXPECT_EQ(to, 4);
+    EXPECT_EQ(cache.stats().cached_pages, 4);
+
+    cache.insert(t, b, 4);  // b finishes: its duplicates go back to the pool
+    EXPECT_EQ(pool.used_pages(), 4);
+    cache.insert(t, a, 4);  // a finishes: its pages are the cached ones
+    cache.unlock(la);
+    EXPECT_EQ(cache.stats().evictable_pages, 4);
+    EXPECT_EQ(pool.used_pages(), 4);
+}

@@ -58,6 +58,37 @@ int64_t parse_memory(const std::string& s) {
     return static_cast<int64_t>(v * mul);
 }
 
+// Start-up progress on stderr: one bar that fills stage by stage, with each stage's time.
+class StartupProgress {
+public:
+    explicit StartupProgress(int stages) : stages_(stages), t0_(std::chrono::steady_clock::now()), last_(t0_) {}
+    void begin(const std::string& what) {
+        what_ = what;
+        draw(false);
+    }
+    void done() {
+        ++done_;
+        draw(true);
+    }
+
+private:
+    void draw(bool finished) {
+        const auto now = std::chrono::steady_clock::now();
+        const int width = 24, filled = width * done_ / stages_;
+        std::string bar(static_cast<size_t>(filled), '#');
+        bar.resize(static_cast<size_t>(width), '.');
+        std::fprintf(stderr, "\r  [%s] %d/%d %-28s", bar.c_str(), done_, stages_, what_.c_str());
+        if (finished) {
+            std::fprintf(stderr, "%6.2f s\n", std::chrono::duration<double>(now - last_).count());
+            last_ = now;
+        }
+        std::fflush(stderr);
+    }
+    int stages_, done_ = 0;
+    std::string what_;
+    std::chrono::steady_clock::time_point t0_, last_;
+};
+
 int run_serve(ServeArgs& a) {
     // SIGINT/SIGTERM are blocked in every thread (the engine's and the HTTP pool inherit the mask) and
     // taken by one watcher thread that stops the server, so shutdown never runs inside a signal handler.
@@ -71,10 +102,14 @@ int run_serve(ServeArgs& a) {
     if (a.model.empty()) a.model = default_model_dir();
     const auto t0 = std::chrono::steady_clock::now();
     std::fprintf(stderr, "peregrine serve: loading %s (%s)\n", a.model.c_str(), a.device.c_str());
+    StartupProgress progress(4);
+    progress.begin("model weights");
     ModelOptions mo;
     mo.device = a.device;
     mo.page_tokens = a.page_tokens;
     auto model = Model::load(a.model, mo);
+    progress.done();
+    progress.begin("tokenizer");
     std::optional<Tokenizer> tok;
     std::string tok_source;
     if (!a.tokenizer.empty()) {
@@ -88,6 +123,8 @@ int run_serve(ServeArgs& a) {
         tok = byte_tokenizer();
         tok_source = "bytes (the model has no tokenizer.json)";
     }
+    progress.done();
+    progress.begin("state pages");
     const auto& cfg = model->config();
     const int64_t kv_bytes = parse_memory(a.kv_memory);
     const int64_t pages = PagePool::pages_for_budget(model->layout(), kv_bytes);
@@ -101,6 +138,8 @@ int run_serve(ServeArgs& a) {
     eo.radix_cache = !a.disable_radix_cache;
     eo.context_length = a.context_length;
     Engine engine(*model, &*tok, eo);
+    progress.done();
+    progress.begin("http server");
 
     ApiOptions ao;
     ao.served_model_name = a.served_model_name.empty() ? a.model.substr(a.model.find_last_of('/') + 1) : a.served_model_name;
@@ -110,6 +149,7 @@ int run_serve(ServeArgs& a) {
     ao.default_max_tokens = a.default_max_tokens;
     ApiServer server(engine, *tok, ao);
     const int port = server.bind(a.host, a.port);
+    progress.done();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::fprintf(stderr,
                  "  model      %s: %s, %d layers, hidden %d, vocab %d\n"

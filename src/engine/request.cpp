@@ -29,9 +29,19 @@ bool RequestStream::next(RequestDelta& out, std::chrono::milliseconds timeout) {
 }
 
 RequestDelta RequestStream::wait() {
-    RequestDelta all, d;
+    RequestDelta all;
+    while (!wait_for(all, std::chrono::milliseconds(1000))) {
+    }
+    return all;
+}
+
+bool RequestStream::wait_for(RequestDelta& all, std::chrono::milliseconds timeout) {
+    RequestDelta d;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (!all.finished) {
-        if (!next(d, std::chrono::milliseconds(1000))) continue;
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0) break;
+        if (!next(d, left)) break;
         for (auto& t : d.tokens) all.tokens.push_back(std::move(t));
         all.text += d.text;
         all.finished = d.finished;
@@ -43,7 +53,7 @@ RequestDelta RequestStream::wait() {
         all.completion_tokens = d.completion_tokens;
         all.preemptions = d.preemptions;
     }
-    return all;
+    return all.finished;
 }
 
 void RequestStream::cancel() {

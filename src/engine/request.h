@@ -74,6 +74,8 @@ public:
     bool next(RequestDelta& out, std::chrono::milliseconds timeout);
     // Reads everything until the request finishes.
     RequestDelta wait();
+    // Adds what arrives within `timeout` to `acc`; true once the request has finished.
+    bool wait_for(RequestDelta& acc, std::chrono::milliseconds timeout);
     // Asks the engine to stop the request and free its memory (at the next step).
     void cancel();
     bool cancelled() const { return cancelled_.load(); }

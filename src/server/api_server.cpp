@@ -255,24 +255,27 @@ struct ApiServer::Impl {
             return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
         };
         if (!stream) {
-            json choices = json::array();
-            int64_t prompt_tokens = 0, completion = 0, cached = 0;
-            for (size_t i = 0; i < streams.size(); ++i) {
-                RequestDelta d = streams[i]->wait();
-                if (d.finish == FinishReason::error) throw ApiError(500, d.error, "", "server_error");
-                json c = {{"index", i}, {"text", d.text}, {"logprobs", nullptr}, {"finish_reason", finish_name(d)}};
-                if (!d.matched_stop.empty()) c["matched_stop"] = d.matched_stop;
-                if (g.logprobs) c["logprobs"] = lp_json(d.tokens, 0);
-                choices.push_back(c);
-                if (i % static_cast<size_t>(n) == 0) {
-                    prompt_tokens += d.prompt_tokens;
-                    cached += d.cached_tokens;
+            const std::string model = opts.served_model_name;
+            const bool want_lp = g.logprobs;
+            respond_when_done(res, streams, [id, created, model, want_lp, lp_json, n](std::vector<RequestDelta>& ds) {
+                json choices = json::array();
+                int64_t prompt_tokens = 0, completion = 0, cached = 0;
+                for (size_t i = 0; i < ds.size(); ++i) {
+                    const RequestDelta& d = ds[i];
+                    if (d.finish == FinishReason::error) throw ApiError(500, d.error, "", "server_error");
+                    json c = {{"index", i}, {"text", d.text}, {"logprobs", nullptr}, {"finish_reason", finish_name(d)}};
+                    if (!d.matched_stop.empty()) c["matched_stop"] = d.matched_stop;
+                    if (want_lp) c["logprobs"] = lp_json(d.tokens, 0);
+                    choices.push_back(c);
+                    if (i % static_cast<size_t>(n) == 0) {
+                        prompt_tokens += d.prompt_tokens;
+                        cached += d.cached_tokens;
+                    }
+                    completion += d.completion_tokens;
                 }
-                completion += d.completion_tokens;
-            }
-            res.body = dump(json{{"id", id}, {"object", "text_completion"}, {"created", created},
-                                 {"model", opts.served_model_name}, {"choices", choices},
-                                 {"usage", usage_json(prompt_tokens, completion, cached)}});
+                return dump(json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
+                                 {"choices", choices}, {"usage", usage_json(prompt_tokens, completion, cached)}});
+            });
             return;
         }
         res.content_type = "text/event-stream";
@@ -297,6 +300,46 @@ struct ApiServer::Impl {
                 return json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
                             {"choices", json::array()}, {"usage", usage_json(p, c, k)}};
             });
+        };
+    }
+
+    // Non-streaming answers: when every request finishes within a second the answer is an ordinary
+    // response (errors keep their status). Otherwise the body goes out chunked, preceded by spaces (which
+    // JSON ignores) that probe the connection twice a second, so a client that hangs up cancels its
+    // requests instead of leaving them to run.
+    using BodyBuilder = std::function<std::string(std::vector<RequestDelta>&)>;
+    static bool collect(const std::vector<std::shared_ptr<RequestStream>>& streams, std::vector<RequestDelta>& acc,
+                        std::chrono::milliseconds budget) {
+        const auto deadline = std::chrono::steady_clock::now() + budget;
+        for (size_t i = 0; i < streams.size(); ++i)
+            while (!acc[i].finished) {
+                auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+                if (left.count() <= 0) return false;
+                streams[i]->wait_for(acc[i], left);
+            }
+        return true;
+    }
+
+    void respond_when_done(HttpResponse& res, std::vector<std::shared_ptr<RequestStream>> streams, BodyBuilder build) {
+        auto acc = std::make_shared<std::vector<RequestDelta>>(streams.size());
+        if (collect(streams, *acc, std::chrono::milliseconds(1000))) {
+            res.body = build(*acc);
+            return;
+        }
+        res.content_type = "application/json";
+        res.stream = [streams, acc, build](const ChunkWriter& write) {
+            while (!collect(streams, *acc, std::chrono::milliseconds(500)))
+                if (!write(" ")) {
+                    for (auto& s : streams) s->cancel();
+                    return;
+                }
+            std::string body;
+            try {
+                body = build(*acc);
+            } catch (const ApiError& e) {
+                body = dump(e.to_json());
+            }
+            write(body);
         };
     }
 
@@ -401,31 +444,32 @@ struct ApiServer::Impl {
         const int64_t created = unix_now();
         const std::string model = opts.served_model_name;
         if (!req.stream) {
-            json choices = json::array();
-            int64_t completion = 0;
-            RequestDelta first;
-            for (size_t i = 0; i < streams.size(); ++i) {
-                RequestDelta d = streams[i]->wait();
-                if (d.finish == FinishReason::error) throw ApiError(500, d.error, "", "server_error");
-                OutputParser parser(popts);
-                AssistantMessage msg(with_reasoning);
-                msg.add(parser.push(d.text));
-                msg.add(parser.finish());
-                json c = {{"index", i}, {"message", msg.to_openai_json()}, {"logprobs", nullptr},
-                          {"finish_reason", msg.finish_reason(finish_name(d))}};
-                if (!d.matched_stop.empty()) c["matched_stop"] = d.matched_stop;
-                if (g.logprobs) {
-                    json content = json::array();
-                    for (auto& t : d.tokens) content.push_back(chat_logprob(t));
-                    c["logprobs"] = json{{"content", content}};
+            const bool want_lp = g.logprobs;
+            respond_when_done(res, streams, [this, popts, with_reasoning, id, created, model, want_lp](std::vector<RequestDelta>& ds) {
+                json choices = json::array();
+                int64_t completion = 0;
+                for (size_t i = 0; i < ds.size(); ++i) {
+                    const RequestDelta& d = ds[i];
+                    if (d.finish == FinishReason::error) throw ApiError(500, d.error, "", "server_error");
+                    OutputParser parser(popts);
+                    AssistantMessage msg(with_reasoning);
+                    msg.add(parser.push(d.text));
+                    msg.add(parser.finish());
+                    json c = {{"index", i}, {"message", msg.to_openai_json()}, {"logprobs", nullptr},
+                              {"finish_reason", msg.finish_reason(finish_name(d))}};
+                    if (!d.matched_stop.empty()) c["matched_stop"] = d.matched_stop;
+                    if (want_lp) {
+                        json content = json::array();
+                        for (auto& t : d.tokens) content.push_back(chat_logprob(t));
+                        c["logprobs"] = json{{"content", content}};
+                    }
+                    choices.push_back(c);
+                    completion += d.completion_tokens;
                 }
-                choices.push_back(c);
-                completion += d.completion_tokens;
-                if (i == 0) first = d;
-            }
-            res.body = dump(json{{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", model},
+                return dump(json{{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", model},
                                  {"choices", choices},
-                                 {"usage", usage_json(first.prompt_tokens, completion, first.cached_tokens)}});
+                                 {"usage", usage_json(ds[0].prompt_tokens, completion, ds[0].cached_tokens)}});
+            });
             return;
         }
         res.content_type = "text/event-stream";
@@ -532,11 +576,14 @@ struct ApiServer::Impl {
             return json{{"text", text}, {"output_ids", out_ids}, {"meta_info", meta}};
         };
         if (!stream) {
-            RequestDelta d = s->wait();
-            if (d.finish == FinishReason::error) throw ApiError(500, d.error, "", "server_error");
-            std::vector<int32_t> out;
-            for (auto& t : d.tokens) out.push_back(t.id);
-            res.body = dump(result(d, d.text, out, g.logprobs));
+            const bool logprob = g.logprobs;
+            respond_when_done(res, {s}, [result, logprob](std::vector<RequestDelta>& ds) {
+                const RequestDelta& d = ds[0];
+                if (d.finish == FinishReason::error) throw ApiError(500, d.error, "", "server_error");
+                std::vector<int32_t> out;
+                for (auto& t : d.tokens) out.push_back(t.id);
+                return dump(result(d, d.text, out, logprob));
+            });
             return;
         }
         res.content_type = "text/event-stream";

@@ -144,8 +144,31 @@ def test_disconnect_frees_memory():
     server = Server("--context-length", "4096", "--kv-memory", "64M")
     try:
         _disconnect(server)
+        _disconnect_non_streaming(server)
     finally:
         server.stop()
+
+
+def _disconnect_non_streaming(server):
+    """A client waiting for a whole (non-streamed) answer hangs up: the request is cancelled too."""
+    before = server.metrics()
+    c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    c.request("POST", "/v1/completions", body=json.dumps(
+        {"model": NAME, "prompt": "wait for me " * 4, "max_tokens": 4000, "ignore_eos": True}),
+        headers={"Content-Type": "application/json"})
+    for _ in range(200):
+        if server.metrics()["num_running_reqs"] == 1:
+            break
+        time.sleep(0.01)
+    c.close()
+    for _ in range(250):
+        m = server.metrics()
+        if m["num_aborted_requests_total"] > before["num_aborted_requests_total"]:
+            break
+        time.sleep(0.02)
+    assert m["num_aborted_requests_total"] == before["num_aborted_requests_total"] + 1
+    assert m["num_running_reqs"] == 0 and m["num_used_tokens"] == 0
+    assert m["generation_tokens_total"] - before["generation_tokens_total"] < 4000
 
 
 def _disconnect(server):

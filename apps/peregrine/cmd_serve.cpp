@@ -8,6 +8,7 @@
 #include "util/file.h"
 #include "util/log.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -122,6 +123,10 @@ int run_serve(ServeArgs& a) {
         PEREGRINE_CHECK(model->config().vocab_size >= 256, "the model has no tokenizer.json and fewer than 256 ids: give --tokenizer");
         tok = byte_tokenizer();
         tok_source = "bytes (the model has no tokenizer.json)";
+        // A byte per token makes prompts several times longer than a BPE vocabulary would; the tiny
+        // test models declare only the context their goldens used, and RoPE has no hard limit.
+        if (a.context_length == 0)
+            a.context_length = std::max<int64_t>(model->config().max_position_embeddings, 8192);
     }
     progress.done();
     progress.begin("state pages");
@@ -201,7 +206,7 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--max-queued-requests", a->max_queued, "Waiting requests beyond which new ones get 429")->check(CLI::Range(0, 1 << 24));
     cmd->add_option("--chunked-prefill-size", a->chunked_prefill, "Tokens per step (prefill chunks and decodes)")->check(CLI::Range(1, 1 << 24));
     cmd->add_option("--kv-memory", a->kv_memory, "State memory: bytes (512M, 2G) or a fraction of available memory (0.3)");
-    cmd->add_option("--context-length", a->context_length, "Longest sequence (default: max_position_embeddings)");
+    cmd->add_option("--context-length", a->context_length, "Longest sequence (default: max_position_embeddings; at least 8192 with the byte tokenizer)");
     cmd->add_option("--default-max-tokens", a->default_max_tokens, "Chat max_tokens when a request gives none (default: the context)");
     cmd->add_option("--page-tokens", a->page_tokens, "Tokens per state page (prefix-cache granularity)")->check(CLI::Range(1, 4096));
     cmd->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY'");

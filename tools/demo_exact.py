@@ -46,22 +46,24 @@ class ExactV4:
     def __init__(self, cfg: DemoConfig, tensors: dict, device="cpu"):
         self.cfg, self.dev = cfg, torch.device(device)
         self.w = {}
-        for name, t in tensors.items():
-            t = t.to(self.dev)
+        dev = self.dev
+        for name, t in tensors.items():  # decoded on the CPU, moved as float tensors
+            t = t.cpu()
             if name.endswith(".scale"):
                 continue
             base = name[:-len(".weight")] if name.endswith(".weight") else None
             if t.dtype == torch.float8_e4m3fn:
-                s = dq.e8m0_to_f32(tensors[base + ".scale"].to(self.dev))
+                raw_s = tensors[base + ".scale"].cpu()
                 if name.endswith("wo_a.weight"):  # dequantised to bf16 at load, as the official convert/load do
-                    self.w[name] = dq.dequant_fp8_block(t, tensors[base + ".scale"].to(self.dev)).to(BF16)
+                    self.w[name] = dq.dequant_fp8_block(t, raw_s).to(BF16).to(dev)
                 else:
-                    self.w[name] = ("fp8", t.double(), s.repeat_interleave(128, 0)[:t.size(0)])
+                    s = dq.e8m0_to_f32(raw_s).repeat_interleave(128, 0)[:t.size(0)]
+                    self.w[name] = ("fp8", t.double().to(dev), s.to(dev))
             elif t.dtype == torch.int8 and name.endswith(".weight"):
-                s = dq.e8m0_to_f32(tensors[base + ".scale"].to(self.dev))
-                self.w[name] = ("fp4", dq.unpack_fp4(t).double(), s)
+                s = dq.e8m0_to_f32(tensors[base + ".scale"].cpu())
+                self.w[name] = ("fp4", dq.unpack_fp4(t).double().to(dev), s.to(dev))
             else:
-                self.w[name] = t
+                self.w[name] = t.to(dev)
         self.hmat = hadamard_matrix(cfg.index_head_dim, self.dev).double()
         self._rope = {}
 
@@ -135,6 +137,8 @@ class ExactV4:
         q = self.rope_part(q, cos[:s], sin[:s])
         q = dq.qdq_fp4_ue8m0(self.hadamard(q), 32)
         kc = self.compressor(p + "compressor.", x, 4, Di, True, cos, sin)
+        if kc is None:  # no complete window yet: nothing to select
+            return torch.empty(b, s, 0, dtype=torch.long, device=self.dev)
         w = self.linear(p + "weights_proj", x)
         w = (w.float() * torch.tensor(Di ** -0.5 * Hi ** -0.5, dtype=torch.float32, device=self.dev)).to(BF16)
         sc = torch.einsum("bshd,btd->bsht", q.double(), kc.double()).float().to(BF16)

@@ -145,10 +145,6 @@ def stable_topk(x: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(x, dim=-1, descending=True, stable=True)[1][..., :k]
 
 
-def fp32_off_autocast(x):
-    return x.float()
-
-
 # ---------------------------------------------------------------- training modules
 
 class RMSNorm(nn.Module):
@@ -178,7 +174,7 @@ class QLinear(nn.Module):
         if self.qat and self.kind in ("fp8", "fp4"):
             w = dq.fake_fp8_weight(w) if self.kind == "fp8" else dq.fake_fp4_weight(w)
             x = dq.fake_act(x)
-        return F.linear(x, w.to(x.dtype) if not torch.is_autocast_enabled() else w)
+        return F.linear(x, w)  # bf16 under CUDA autocast, fp32 otherwise
 
 
 def _qat_on(m: nn.Module) -> bool:
@@ -331,7 +327,7 @@ class Attention(nn.Module):
         if self.qat:
             wo_a = dq.fake_fp8_weight(wo_a)
         wo_a = wo_a.view(G, self.cfg.o_lora_rank, -1)
-        o = torch.einsum("btgd,grd->btgr", o, wo_a.to(o.dtype) if not torch.is_autocast_enabled() else wo_a)
+        o = torch.einsum("btgd,grd->btgr", o, wo_a)
         return self.wo_b(o.flatten(2))
 
 

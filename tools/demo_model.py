@@ -339,14 +339,21 @@ class Expert(nn.Module):
         self.w3 = QLinear(dim, inter, kind)
         self.limit = limit
 
-    def forward(self, x, weights=None):
-        g, u = self.w1(x).float(), self.w3(x).float()
+    def forward(self, x, weights=None, wq=None):
+        """wq: optional (w1, w2, w3) already fake-quantised for the whole expert set (QAT)."""
+        if wq is not None:
+            xq = dq.fake_act(x)
+            g, u = F.linear(xq, wq[0]).float(), F.linear(xq, wq[2]).float()
+        else:
+            g, u = self.w1(x).float(), self.w3(x).float()
         if self.limit > 0:
             u = u.clamp(-self.limit, self.limit)
             g = g.clamp(max=self.limit)
         a = F.silu(g) * u
         if weights is not None:
             a = a * weights
+        if wq is not None:
+            return F.linear(dq.fake_act(a.to(x.dtype)), wq[1])
         return self.w2(a.to(x.dtype))
 
 
@@ -379,6 +386,11 @@ class Gate(nn.Module):
         return w, idx
 
 
+def fake_fp4_stack(ws):
+    w = torch.stack(ws)
+    return dq.fake_fp4_weight(w.reshape(-1, w.size(-1))).view_as(w)
+
+
 class MoE(nn.Module):
     def __init__(self, cfg: DemoConfig, layer_id: int, gen: torch.Generator, out_std: float):
         super().__init__()
@@ -396,6 +408,9 @@ class MoE(nn.Module):
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
         tok = order // k
+        wq = None
+        if self.experts[0].w1.qat:  # fake-quantise all routed experts at once (one op chain, not one per expert)
+            wq = [fake_fp4_stack([getattr(e, w).weight for e in self.experts]) for w in ("w1", "w2", "w3")]
         y = torch.zeros(x.size(0), shape[-1], dtype=torch.float32, device=x.device)
         start = 0
         wf = w.flatten()
@@ -404,7 +419,7 @@ class MoE(nn.Module):
                 continue
             sl = order[start:start + c]
             t = tok[start:start + c]
-            out = self.experts[e](x[t], wf[sl, None])
+            out = self.experts[e](x[t], wf[sl, None], None if wq is None else (wq[0][e], wq[1][e], wq[2][e]))
             y = y.index_add(0, t, out.float())
             start += c
         y = y + self.shared_experts(x).float()

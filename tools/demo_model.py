@@ -88,7 +88,8 @@ def rope_tables(cfg: DemoConfig, ratio: int, seqlen: int, device=None):
     dim = cfg.rope_head_dim
     base = cfg.compress_rope_theta if ratio else cfg.rope_theta
     orig = cfg.original_seq_len if ratio else 0
-    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    # computed on the target device, as the official code does under its default device
+    freqs = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
     if orig > 0:
         def corr(rot):
             return dim * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(base))
@@ -96,12 +97,12 @@ def rope_tables(cfg: DemoConfig, ratio: int, seqlen: int, device=None):
         high = min(math.ceil(corr(cfg.beta_slow)), dim - 1)
         if low == high:
             high += 0.001
-        ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32, device=device) - low) / (high - low)).clamp(0, 1)
         smooth = 1 - ramp
         freqs = freqs / cfg.rope_factor * (1 - smooth) + freqs * smooth
-    ang = torch.outer(torch.arange(seqlen).float(), freqs)
+    ang = torch.outer(torch.arange(seqlen, device=device), freqs)
     cis = torch.polar(torch.ones_like(ang), ang)
-    return cis.real.contiguous().to(device), cis.imag.contiguous().to(device)
+    return cis.real.contiguous(), cis.imag.contiguous()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:

@@ -167,8 +167,8 @@ def main():
     ap.add_argument("--size", default="demo", choices=["demo", "small"])
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1.5e-3)
-    ap.add_argument("--dropout", type=float, default=0.1)
-    ap.add_argument("--max-epochs", type=float, default=40.0)
+    ap.add_argument("--dropout", type=float, default=0.2)
+    ap.add_argument("--max-epochs", type=float, default=30.0)
     ap.add_argument("--qat", type=int, default=1, help="fake-quantise what the checkpoint stores as FP8/FP4")
     ap.add_argument("--greedy-tokens", type=int, default=32)
     ap.add_argument("--heldout-chunks", type=int, default=0, help="quick checks: evaluate only this many held-out/validation chunks (0 = all)")
@@ -219,15 +219,17 @@ def main():
     planned = max_steps
     best = (float("inf"), -1, None)
     ema = None
-    step, t0 = 0, time.time()
+    step, t0, t10 = 0, time.time(), 0.0
     eval_every = max(10, steps_per_epoch)
     gen = torch.Generator().manual_seed(args.seed)
     model.train()
     while True:
         elapsed = time.time() - t0
-        if step == 20:  # plan the schedule from the measured step time
-            per_step = elapsed / 20
-            planned = max(40, min(max_steps, int(budget / per_step)))
+        if step == 10:
+            t10 = elapsed
+        if step == 30:  # plan the schedule from the step time measured after warm-up
+            per_step = (elapsed - t10) / 20
+            planned = max(40, min(max_steps, 30 + int((budget - elapsed) / per_step)))
             log(f"step time {per_step * 1000:.0f} ms -> {planned} steps planned "
                 f"({planned / steps_per_epoch:.1f} epochs of {steps_per_epoch} steps)")
         if step >= planned or elapsed > budget:

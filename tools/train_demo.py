@@ -5,6 +5,10 @@ Data: the last 5% of the file (by characters) is held out and never trained on; 
 the first 95%; the last 3% of that 95% is a validation slice (not trained on) that picks the best checkpoint.
 Every sequence starts with <｜begin▁of▁sentence｜> followed by a window of the text.
 
+Training runs eagerly in bf16 autocast on CUDA (no torch.compile: MoE routing gives data-dependent shapes),
+with fake quantisation of what the checkpoint stores as FP8/FP4 (see demo_model.py), AdamW, warm-up then cosine
+decay over the steps that fit the time budget (at most --max-epochs), and keeps the best validation checkpoint.
+
 Writes into --out: model.safetensors, config.json, tokenizer.json, generation_config.json, metrics.json
 (parameters, losses and perplexities in training precision and in engine-exact evaluation of the exported
 checkpoint), demo_greedy.json (greedy continuations with token ids, engine-exact) and demo_heldout.json
@@ -127,14 +131,15 @@ def greedy_exact(exact, prompt_ids, n_new):
     """Greedy continuation by re-running the one-shot prefill (the engine's decode equals it row for row);
     records the top-1 margin of every step."""
     ids = list(prompt_ids)
-    margins = []
+    margins, top5 = [], []
     for _ in range(n_new):
         logits, _ = exact.forward(torch.tensor([ids]))
         last = logits[0, -1]
-        top2 = torch.topk(last, 2).values
-        margins.append(float(top2[0] - top2[1]))
+        top = torch.topk(last, 5)
+        margins.append(float(top.values[0] - top.values[1]))
+        top5.append([[int(i), round(float(v), 5)] for v, i in zip(top.values, top.indices)])
         ids.append(int(torch.argmax(last)))
-    return ids[len(prompt_ids):], margins
+    return ids[len(prompt_ids):], margins, top5
 
 
 @torch.no_grad()
@@ -322,11 +327,11 @@ def main():
     greedy = []
     for p in PROMPTS:
         pid = [0] + tok.encode(p).ids
-        out, margins = greedy_exact(exact, pid, args.greedy_tokens)
+        out, margins, top5 = greedy_exact(exact, pid, args.greedy_tokens)
         out_tr = greedy_train(model, pid, args.greedy_tokens, device)
         same = next((i for i, (a, b) in enumerate(zip(out, out_tr)) if a != b), len(out))
         greedy.append({"prompt": p, "prompt_ids": pid, "greedy_ids": out, "text": tok.decode(out),
-                       "top1_margins": [round(m, 5) for m in margins], "train_precision_ids": out_tr,
+                       "top1_margins": [round(m, 5) for m in margins], "top5_logits": top5, "train_precision_ids": out_tr,
                        "train_precision_agree_prefix": same})
         log(f"greedy {p!r} -> {tok.decode(out)!r} (training precision agrees for {same}/{len(out)} tokens)")
     log(f"greedy done ({time.time() - t2:.0f}s)")

@@ -298,6 +298,10 @@ def main():
         json.dump(gen_cfg, f, indent=2)
     size = os.path.getsize(os.path.join(args.out, "model.safetensors"))
     log(f"exported {len(tensors)} tensors, model.safetensors {size / 1e6:.2f} MB")
+    with open(os.path.join(args.out, "metrics.json"), "w") as f:  # replaced below once the exact evaluation is done
+        json.dump({"params": n_params, "steps": step, "best_step": best[1], "partial": True,
+                   "train_precision": {"train_loss": tr_loss, "validation_loss": best[0], "heldout_loss": ho_loss,
+                                       "heldout_ppl": math.exp(ho_loss)}}, f, indent=2)
 
     # ---- engine-exact evaluation of the exported checkpoint
     t1 = time.time()

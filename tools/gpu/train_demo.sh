@@ -3,11 +3,11 @@
 # model.safetensors config.json tokenizer.json generation_config.json metrics.json demo_greedy.json
 # demo_heldout.json train.log (8 files). Needs python3 with torch, tokenizers, safetensors; installs nothing.
 # Also checks the engine-exact torch evaluation against the dsv4-tiny-a goldens on CUDA (appended to train.log).
-# Usage (device, repo root): OUT=$OUT bash tools/gpu/train_demo.sh        [MINUTES=6.5 training budget]
+# Usage (device, repo root): OUT=$OUT bash tools/gpu/train_demo.sh        [MINUTES=6 training budget; about 7.5 min in all]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to the output folder}"
-MINUTES=${MINUTES:-6.5}
+MINUTES=${MINUTES:-6}
 mkdir -p "$OUT"
 start=$(date +%s)
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true

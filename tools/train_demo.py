@@ -37,9 +37,10 @@ PROMPTS = ["ROMEO:\n", "First Citizen:\nWe are", "KING RICHARD III:\nNow is the"
 def model_config(size: str) -> dict:
     """The released config.json key set with the demo's values (dims fit the official 128-blocks)."""
     if size == "demo":
+        # sized so that model.safetensors stays well under 16 MiB (the largest file a device run returns)
         v = dict(vocab_size=4096, hidden_size=256, num_hidden_layers=7, compress_ratios=[0, 0, 4, 128, 4, 128, 4, 0],
                  num_hash_layers=2, num_attention_heads=8, head_dim=128, q_lora_rank=128, o_groups=2, o_lora_rank=128,
-                 n_routed_experts=16, num_experts_per_tok=2, moe_intermediate_size=256, index_n_heads=8,
+                 n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, index_n_heads=8,
                  index_head_dim=128, index_topk=32, sliding_window=128, max_position_embeddings=8192,
                  original_max_position_embeddings=512, seq_len=512)
     elif size == "small":  # for quick end-to-end checks on a CPU
@@ -297,7 +298,8 @@ def main():
     with open(os.path.join(args.out, "generation_config.json"), "w") as f:
         json.dump(gen_cfg, f, indent=2)
     size = os.path.getsize(os.path.join(args.out, "model.safetensors"))
-    log(f"exported {len(tensors)} tensors, model.safetensors {size / 1e6:.2f} MB")
+    log(f"exported {len(tensors)} tensors, model.safetensors {size / 1e6:.2f} MB"
+        + (" (WARNING: over 16 MiB)" if size > 16 * 2 ** 20 else ""))
     with open(os.path.join(args.out, "metrics.json"), "w") as f:  # replaced below once the exact evaluation is done
         json.dump({"params": n_params, "steps": step, "best_step": best[1], "partial": True,
                    "train_precision": {"train_loss": tr_loss, "validation_loss": best[0], "heldout_loss": ho_loss,

@@ -34,7 +34,7 @@ def rjson(rng, depth=0):
     if k == 0:
         return rng.randint(-10**6, 10**6)
     if k == 1:
-        return rng.choice([0.5, -2.25, 1e-7, 3.0, 1e21, 123.456])
+        return rng.choice([0.5, -2.25, 1e-7, 3.0, 1e21, 123.456, 2.5e-5, 1e-5, 9.9e-6, 1e16, 1e15, -0.0, 0.1])
     if k == 2:
         return rng.choice([True, False, None])
     if k in (3, 4):

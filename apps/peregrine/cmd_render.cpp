@@ -2,12 +2,8 @@
 // chat request becomes (text by default; token ids with --ids).
 #include "commands.h"
 #include "server/protocol/prompt_render.h"
-#include "util/file.h"
-
-#if __has_include("tokenizer/tokenizer.h")
 #include "tokenizer/tokenizer.h"
-#define PEREGRINE_RENDER_IDS 1
-#endif
+#include "util/file.h"
 
 #include <nlohmann/json.hpp>
 
@@ -16,7 +12,6 @@
 
 namespace peregrine {
 
-#ifdef PEREGRINE_RENDER_IDS
 // Special-token ranges encode as their token; the text between them never parses special tokens.
 static std::vector<int32_t> prompt_ids(const RenderedPrompt& p, const Tokenizer& tk) {
     std::vector<int32_t> ids;
@@ -37,7 +32,6 @@ static std::vector<int32_t> prompt_ids(const RenderedPrompt& p, const Tokenizer&
     plain(p.text.size());
     return ids;
 }
-#endif
 
 static RegisterCommand reg_render([](CLI::App& app, int& exit_code) {
     auto* cmd = app.add_subcommand("render", "Print the exact prompt an OpenAI chat request renders to");
@@ -67,7 +61,6 @@ static RegisterCommand reg_render([](CLI::App& app, int& exit_code) {
             return;
         }
         if (o->ids) {
-#ifdef PEREGRINE_RENDER_IDS
             std::string tk_path = !o->tokenizer.empty() ? o->tokenizer : o->model + "/tokenizer.json";
             PEREGRINE_CHECK(!o->tokenizer.empty() || !o->model.empty(), "--ids needs --model DIR or --tokenizer FILE");
             auto ids = prompt_ids(p, Tokenizer::from_file(tk_path));
@@ -77,9 +70,6 @@ static RegisterCommand reg_render([](CLI::App& app, int& exit_code) {
                 for (size_t i = 0; i < ids.size(); ++i) std::printf(i ? " %d" : "%d", ids[i]);
                 std::printf("\n");
             }
-#else
-            fail("--ids needs the tokenizer layer, which this build does not have");
-#endif
         } else if (o->json) {
             nlohmann::json j = {{"prompt", p.text}, {"special_ranges", p.special_ranges}};
             std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());

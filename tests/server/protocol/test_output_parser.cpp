@@ -53,7 +53,7 @@ std::vector<ParseEvent> run(const OutputParserOptions& o, const std::string& tex
 json assemble(const std::vector<ParseEvent>& ev, bool with_reasoning) {
     AssistantMessage m(with_reasoning);
     m.add(ev);
-    return {{"message", m.to_openai_json()}, {"finish_reason", m.finish_reason("stop")}};
+    return {{"message", json::parse(m.to_openai_json().dump())}, {"finish_reason", m.finish_reason("stop")}};
 }
 
 bool valid_utf8(const std::string& s) {
@@ -249,9 +249,9 @@ TEST(OutputParser, DefaultIdsAreUniqueAndOpenAIShaped) {
 TEST(OutputParser, OpenAIDeltas) {
     ParseEvent start{ParseEvent::Kind::tool_call_start, "f", 0, "call_x"};
     EXPECT_EQ(openai_delta(start).dump(),
-              R"({"tool_calls":[{"function":{"arguments":"","name":"f"},"id":"call_x","index":0,"type":"function"}]})");
+              R"({"tool_calls":[{"index":0,"id":"call_x","type":"function","function":{"name":"f","arguments":""}}]})");
     EXPECT_EQ(openai_delta(ParseEvent{ParseEvent::Kind::tool_call_arguments, "{}", 0, ""}).dump(),
-              R"({"tool_calls":[{"function":{"arguments":"{}"},"index":0}]})");
+              R"({"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]})");
     EXPECT_EQ(openai_delta(ParseEvent{ParseEvent::Kind::reasoning, "r", -1, ""}).dump(), R"({"reasoning_content":"r"})");
     EXPECT_TRUE(openai_delta(ParseEvent{ParseEvent::Kind::warning, "w", -1, ""}).is_null());
 }

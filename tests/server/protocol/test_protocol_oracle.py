@@ -15,8 +15,8 @@ import gen_protocol_goldens as oracle  # noqa: E402
 
 BINARY = os.environ.get("PEREGRINE_BINARY", os.path.join(os.path.dirname(__file__), "..", "..", "..", "build", "peregrine"))
 FORMATS = ["deepseek_v41", "deepseek_v4"]
-N_RENDER = int(os.environ.get("PROTOCOL_ORACLE_CASES", "150"))
-N_PARSE = int(os.environ.get("PROTOCOL_ORACLE_CASES", "150"))
+N_RENDER = int(os.environ.get("PROTOCOL_ORACLE_CASES", "100"))
+N_PARSE = int(os.environ.get("PROTOCOL_ORACLE_CASES", "100"))
 
 ALPHABET = list("abcdefghij XYZ 0123,.:;!?'\"\\/{}[]()<>|-_=+*&^%$#@~`") + ["\n", "\n\n", "\t", "é", "日本", "😀", "ß", "—", "｜", "<｜", "</", "think", "DSML", "\r\n"]
 
@@ -215,8 +215,7 @@ def v4_tokenizer_json():
     return path if os.path.exists(path) else None
 
 
-@pytest.mark.parametrize("name", ["system_user", "agent_loop_open", "tools_escapes", "special_token_text_in_user", "unicode",
-                                  "tool_choice_named"])
+@pytest.mark.parametrize("name", ["agent_loop_open", "special_token_text_in_user", "tool_choice_named"])
 def test_render_ids_match_oracle(name):
     tk = v4_tokenizer_json()
     if tk is None:

@@ -53,7 +53,7 @@ BENCHMARK(BM_RenderAgentPrompt)->Arg(1)->Arg(20);
 void BM_StreamParse(benchmark::State& st) {
     const std::string text = completion();
     const size_t chunk = static_cast<size_t>(st.range(0));  // ~4 bytes is one token
-    OutputParserOptions o{ChatFormat::deepseek_v41, ParseStart::reasoning, true, {}};
+    OutputParserOptions o{ChatFormat::deepseek_v41, ParseStart::reasoning, true, {}, false};
     for (auto _ : st) {
         OutputParser p(o, [](int i) { return "call_" + std::to_string(i); });
         AssistantMessage m(true);

@@ -336,6 +336,17 @@ def parse_cases():
             "\n answer.")
         add("stop_sequence", {"messages": [U], "stop": ["END", "\n\n\n"], **NOTHINK}, "Some text END more")
         add("stop_sequence_not_in_reasoning", {"messages": [U], "stop": ["END"]}, "think END</think>answer END tail")
+        J = {"messages": [{"role": "user", "content": "Answer in JSON."}], "response_format": {"type": "json_object"}}
+        add("json_mode_fenced", {**J, **NOTHINK}, 'Here you go:\n```json\n{"a": 1, "b": [true]}\n```\nDone.')
+        add("json_mode_plain_fence", {**J, **NOTHINK}, 'x```\n[1, 2]\n```y')
+        add("json_mode_bare_object", {**J, **NOTHINK}, '\n\npre {"a": {"b": "日本"}}\n```\nafter')
+        add("json_mode_bare_unterminated", {**J, **NOTHINK}, '{"a": [1, 2]} trailing words')
+        add("json_mode_no_json", {**J, **NOTHINK}, "no json here at all.")
+        add("json_mode_thinking", J, 'Think {not json}.</think>Sure: {"ok": true}')
+        add("json_mode_think_end_in_text", {**J, **NOTHINK}, 'a</think>b{"x": 1}')
+        add("json_mode_then_tool_call", {**J, **T, **NOTHINK}, 'Sure ```json\n{"a": 1}\n```\n\n' + dsml(fmt, W))
+        add("json_schema_is_plain", {"messages": [U], "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "object"}}}, **NOTHINK}, 'Here: ```json\n{"a": 1}\n```')
         # Malformed DSML: the oracle's output is recorded, but Peregrine deliberately differs (text + warning,
         # never markup in arguments); the C++ test checks Peregrine's own guarantees on these.
         add("malformed_unknown_outer_tag", {"messages": [U], **T, **NOTHINK}, "Hi\n\n<｜DSML｜banana>oops", True)

@@ -167,7 +167,7 @@ std::string joined(const std::vector<ParseEvent>& ev, ParseEvent::Kind k) {
 }
 
 OutputParserOptions v41(ParseStart s, bool tools = true, std::vector<std::string> stop = {}) {
-    return {ChatFormat::deepseek_v41, s, tools, std::move(stop)};
+    return {ChatFormat::deepseek_v41, s, tools, std::move(stop), false};
 }
 
 }  // namespace

@@ -82,7 +82,7 @@ TEST(Render, ToolCallHistoryRoundTrip) {
                                              {"c", "now", "{}"}};
         std::string dsml = render_tool_calls(calls, fmt);
         ASSERT_TRUE(dsml.starts_with("\n\n<"));
-        OutputParserOptions po{fmt, ParseStart::content, true, {}};
+        OutputParserOptions po{fmt, ParseStart::content, true, {}, false};
         OutputParser parser(po, [](int i) { return "id" + std::to_string(i); });
         auto events = parser.push(dsml);
         auto tail = parser.finish();

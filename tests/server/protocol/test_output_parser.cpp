@@ -8,6 +8,7 @@
 
 #include <random>
 #include <regex>
+#include <set>
 
 using namespace peregrine;
 using namespace peregrine::test;
@@ -118,6 +119,12 @@ TEST_P(Parse, EveryByteBoundary) {
     }
 }
 
+// Well-formed completions that still deserve a warning: text the oracle drops, or a tag form the format
+// did not ask for.
+const std::set<std::string> kMayWarn = {"content_after_calls_dropped", "extra_think_end_in_content",
+                                        "think_end_in_nothink_content", "think_tags_in_nothink", "other_tag_form",
+                                        "json_mode_think_end_in_text"};
+
 TEST_P(Parse, Guarantees) {
     std::vector<size_t> bytes;
     for (size_t k = 1; k < text_.size(); ++k) bytes.push_back(k);
@@ -134,12 +141,8 @@ TEST_P(Parse, Guarantees) {
                 (e.kind == ParseEvent::Kind::content || e.kind == ParseEvent::Kind::reasoning)) {
                 EXPECT_EQ(e.text.find(tok::dsml), std::string::npos) << "markup in text: " << e.text;
             }
-            if (!malformed_ && e.kind == ParseEvent::Kind::warning && GetParam().name.find("content_after_calls") == std::string::npos &&
-                GetParam().name.find("extra_think_end") == std::string::npos && GetParam().name.find("think_end_in") == std::string::npos &&
-                GetParam().name.find("think_tags_in") == std::string::npos && GetParam().name.find("other_tag_form") == std::string::npos &&
-                GetParam().name.find("required_starts") == std::string::npos) {
+            if (!malformed_ && e.kind == ParseEvent::Kind::warning && !kMayWarn.count(GetParam().golden["name"]))
                 ADD_FAILURE() << "unexpected warning on well-formed output: " << e.text;
-            }
         }
         for (auto& [i, a] : args) {
             json v = json::parse(a, nullptr, false);

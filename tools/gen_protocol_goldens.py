@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Writes the chat-protocol goldens under tests/server/protocol/golden/ from deepseek-recipe (the oracle).
 
-render.json: OpenAI chat requests and the exact prompt each model format renders (or the 400 it raises).
+render.json: OpenAI chat requests and the exact prompt each model format renders (or the 400 it raises), with
+             V4's prompt token ids under tests/fixtures/tokenizer-small.
 parse.json:  raw completions and the OpenAI assistant message the oracle's stream processor makes of them.
 Run: python3 tools/gen_protocol_goldens.py   (needs `pip install deepseek-recipe==0.2.0`)
 """
 import json
 import os
+import re
 import sys
 
 import deepseek_recipe as dr
@@ -14,6 +16,7 @@ import deepseek_recipe as dr
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "tests", "server", "protocol", "golden")
 MODELS = {"deepseek_v41": "DeepSeek-V4.1-Flash", "deepseek_v4": "DeepSeek-V4-Pro"}
+SMALL_TOKENIZER = dr.Tokenizer.from_file(os.path.join(HERE, "..", "tests", "fixtures", "tokenizer-small", "tokenizer.json"))
 
 
 def convert(body, fmt):
@@ -37,6 +40,9 @@ def render(body, fmt):
     enc = dr.DeepseekV41Encoding() if fmt == "deepseek_v41" else dr.DeepseekV4Encoding()
     rp = enc.render_conversation(cr.conversation)
     po = cr.parsing_options
+    ids = None
+    if fmt == "deepseek_v4":  # the small test tokenizer has V4's special tokens (V4.1's <｜System｜> is missing)
+        ids = enc.with_tokenizer(SMALL_TOKENIZER).encode(cr.conversation)
     stage = po.thinking_initial_stage
     return {
         "prompt": rp.prompt,
@@ -46,6 +52,7 @@ def render(body, fmt):
             "starts_in_tool_calls": po.starts_in_tool_calls,
             "thinking_stage": None if stage is None else str(stage).split(".")[-1],
         },
+        **({"ids_small_tokenizer": ids} if ids is not None else {}),
     }
 
 
@@ -374,8 +381,12 @@ def main():
         parsed.append(case)
     for fname, data in [("render.json", rendered), ("parse.json", parsed)]:
         with open(os.path.join(OUT, fname), "w", encoding="utf-8") as f:
-            json.dump({"oracle": "deepseek-recipe " + dr.__version__, "cases": data}, f, ensure_ascii=False, indent=1)
-            f.write("\n")
+            text = json.dumps({"oracle": "deepseek-recipe " + dr.__version__, "cases": data}, ensure_ascii=False, indent=1)
+            # Number lists (token ids, byte ranges) on one line each, so the files stay readable and small.
+            text = re.sub(r"\[\s*(-?\d+(?:,\s*-?\d+)*)\s*\]", lambda m: "[" + re.sub(r",\s*", ", ", m.group(1)) + "]", text)
+            text = re.sub(r"\[\s*(\[[-\d, ]*\](?:,\s*\[[-\d, ]*\])*)\s*\]",
+                          lambda m: "[" + re.sub(r"\],\s*\[", "], [", m.group(1)) + "]", text)
+            f.write(text + "\n")
     print("wrote %d render and %d parse cases to %s" % (len(rendered), len(parsed), os.path.normpath(OUT)))
 
 

@@ -2,6 +2,7 @@
 // message shape in golden/render.json, for V4.1 and V4; requests the oracle rejects are rejected too.
 #include "golden.h"
 #include "server/protocol/output_parser.h"
+#include "server/protocol/prompt_ids.h"
 #include "server/protocol/prompt_render.h"
 
 #include <gtest/gtest.h>
@@ -59,6 +60,12 @@ TEST_P(Render, MatchesOracle) {
     std::vector<std::pair<size_t, size_t>> want;
     for (auto& r : c.expected["special_ranges"]) want.emplace_back(r[0], r[1]);
     EXPECT_EQ(p.special_ranges, want);
+
+    // Token ids as the oracle's encoder makes them (specials as tokens, the rest without added vocabulary).
+    if (c.expected.contains("ids_small_tokenizer")) {
+        static const Tokenizer tk = Tokenizer::from_file(PEREGRINE_TEST_DATA "/tokenizer-small/tokenizer.json");
+        EXPECT_EQ(prompt_token_ids(p, tk), c.expected["ids_small_tokenizer"].get<std::vector<int32_t>>());
+    }
 
     // The parser starts where the prompt left off, as the oracle's parsing options say.
     OutputParserOptions po = output_parser_options(req, fmt);

@@ -258,3 +258,42 @@ TEST(OutputParser, OpenAIDeltas) {
     EXPECT_EQ(openai_delta(ParseEvent{ParseEvent::Kind::reasoning, "r", -1, ""}).dump(), R"({"reasoning_content":"r"})");
     EXPECT_TRUE(openai_delta(ParseEvent{ParseEvent::Kind::warning, "w", -1, ""}).is_null());
 }
+
+// Random soup of DSML fragments, think tags, quotes, newlines and multi-byte characters: whatever the model
+// writes, parsing never throws, streaming equals one-shot, and started calls end with JSON-object arguments.
+TEST(OutputParser, FuzzedMarkupKeepsTheGuarantees) {
+    const std::vector<std::string> pieces = {
+        "<｜DSML｜ calls>", "<｜DSML｜tool_calls>", "</｜DSML｜ calls>", "</｜DSML｜tool_calls>", "<｜DSML｜ invoke name=\"f\">",
+        "<｜DSML｜invoke name=\"g h\">", "</｜DSML｜ invoke>", "</｜DSML｜invoke>", "<｜DSML｜ parameter name=\"a\" string=\"true\">",
+        "<｜DSML｜parameter name=\"b\" string=\"false\">", "<｜DSML｜ parameter name=\"c\">", "</｜DSML｜ parameter>",
+        "</｜DSML｜parameter>", "<｜DSML｜", "</｜DSML｜", "<｜DS", "｜DSML｜", "</think>", "</thi", "<think>", "\n", "\n\n", " ",
+        "\"", "=", ">", "<", "{\"k\": [1, 2]}", "[true", "null", "42", "text", "日本", "😀", "\\", "```json\n", "\n```", "{", "["};
+    std::mt19937 rng(7);
+    for (int iter = 0; iter < 3000; ++iter) {
+        std::string text;
+        for (int n = rng() % 24; n > 0; --n) text += pieces[rng() % pieces.size()];
+        ParseStart start = static_cast<ParseStart>(rng() % 5);
+        OutputParserOptions o{rng() % 2 ? ChatFormat::deepseek_v41 : ChatFormat::deepseek_v4, start, rng() % 4 != 0,
+                              rng() % 4 == 0 ? std::vector<std::string>{"text"} : std::vector<std::string>{}, rng() % 4 == 0};
+        std::vector<size_t> cuts;
+        for (size_t k = 1; k < text.size(); ++k)
+            if (rng() % 3 == 0) cuts.push_back(k);
+        std::vector<ParseEvent> whole, streamed;
+        ASSERT_NO_THROW(whole = run(o, text, {})) << text;
+        ASSERT_NO_THROW(streamed = run(o, text, cuts)) << text;
+        const bool wr = reports_reasoning(start);
+        ASSERT_EQ(assemble(streamed, wr), assemble(whole, wr)) << text;
+        std::map<int, std::string> args;
+        for (auto& e : streamed) {
+            ASSERT_TRUE(valid_utf8(e.text)) << text;
+            if (e.kind == ParseEvent::Kind::tool_call_start) args[e.index];
+            if (e.kind == ParseEvent::Kind::tool_call_arguments) args[e.index] += e.text;
+        }
+        for (auto& [i, a] : args) {
+            // No tag reaches arguments (a lone ｜DSML｜ token the model put inside a value is its text).
+            ASSERT_EQ(a.find("<" + std::string(tok::dsml)), std::string::npos) << a << "\nin: " << text;
+            ASSERT_EQ(a.find("</" + std::string(tok::dsml)), std::string::npos) << a << "\nin: " << text;
+        }
+        for (auto& [i, a] : args) ASSERT_TRUE(json::parse(a, nullptr, false).is_object()) << "call " << i << ": " << a << "\nin: " << text;
+    }
+}

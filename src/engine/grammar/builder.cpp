@@ -414,6 +414,31 @@ Grammar GrammarBuilder::build(int32_t root_rule) const {
 
     minimize(g);
 
+    // Shortest completion of every state (Bellman-Ford over bytes and calls).
+    const int32_t m = g.num_states();
+    constexpr int32_t kInf = 1 << 29;
+    g.min_to_accept.assign(m, kInf);
+    std::vector<std::vector<int32_t>> targets(m);
+    for (int32_t s = 0; s < m; ++s) {
+        if (g.accepting[s]) g.min_to_accept[s] = 0;
+        if (g.byte_table[s] >= 0) {
+            for (int b = 0; b < 256; ++b)
+                if (int32_t t = g.next[g.byte_table[s] + b]; t >= 0) targets[s].push_back(t);
+            std::sort(targets[s].begin(), targets[s].end());
+            targets[s].erase(std::unique(targets[s].begin(), targets[s].end()), targets[s].end());
+        }
+    }
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int32_t s = 0; s < m; ++s) {
+            int32_t best = g.min_to_accept[s];
+            for (int32_t t : targets[s]) best = std::min(best, g.min_to_accept[t] + 1);
+            for (auto [q, ret] : g.calls[s])
+                best = std::min(best, g.min_to_accept[g.rules[q].start] + g.min_to_accept[ret]);
+            if (best < g.min_to_accept[s]) g.min_to_accept[s] = best, changed = true;
+        }
+    }
+
     // States that can be on top of the stack when matching from the root.
     g.reachable.assign(g.num_states(), 0);
     std::vector<int32_t> work{g.root_start()};

@@ -3,6 +3,7 @@
 // not use the precomputed mask cache at all. Also rollback, EOS/special handling and the grammar cache.
 #include <gtest/gtest.h>
 
+#include "engine/grammar/batch_mask.h"
 #include "engine/grammar/constraint.h"
 #include "grammar_test_util.h"
 #include "util/error.h"
@@ -187,4 +188,25 @@ TEST(ResponseFormat, OpenAiShapes) {
     EXPECT_THROW(constraint_from_response_format({{"type", "xml"}}), Error);
     EXPECT_EQ(constraint_kind_from_name("ebnf"), ConstraintKind::kEbnf);
     EXPECT_THROW(constraint_kind_from_name("yaml"), Error);
+}
+
+TEST(BatchMasks, ParallelAndAsyncFillsEqualSequentialOnes) {
+    auto vocab = synthetic_vocab();
+    GrammarCompiler compiler(vocab);
+    auto g1 = compiler.compile({ConstraintKind::kJsonObject, ""});
+    auto g2 = compiler.compile({ConstraintKind::kRegex, "[a-c]+x"});
+    GrammarMatcher a(g1), b(g2), c(g1);
+    ASSERT_TRUE(a.accept_bytes("{\"k\": ["));
+    ASSERT_TRUE(b.accept_bytes("ab"));
+    const int32_t words = vocab->mask_words();
+    std::vector<GrammarMatcher*> rows = {&a, nullptr, &b, &c};
+    std::vector<uint32_t> batch(rows.size() * words, 0xDEADBEEF), async_batch(batch);
+    fill_next_token_bitmasks(rows, batch.data(), words);
+    fill_next_token_bitmasks_async(rows, async_batch.data(), words).get();
+    EXPECT_EQ(batch, async_batch);
+    for (size_t i = 0; i < rows.size(); ++i) {
+        std::vector<uint32_t> one(words, 0xDEADBEEF);
+        if (rows[i]) rows[i]->fill_next_token_bitmask(one.data());
+        EXPECT_TRUE(std::equal(one.begin(), one.end(), batch.begin() + i * words)) << "row " << i;
+    }
 }

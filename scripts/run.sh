@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-tests/fixtures/dsv41-tiny-a}
-exec ./build/peregrine info --model "$MODEL"
+echo "peregrine generate on $MODEL (greedy):"
+exec ./build/peregrine generate --model "$MODEL" --ids "$(cat "$MODEL/cases/prefill.ids")" --max-tokens 16 --temperature 0

@@ -1,0 +1,284 @@
+#include "model/model.h"
+#include "model/model_weights.h"
+#include "util/error.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace peregrine {
+
+namespace {
+
+bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+// Largest element of v that is <= x, or -1.
+int latest_at_or_before(const std::vector<int>& v, int x) {
+    int best = -1;
+    for (int e : v)
+        if (e <= x) best = std::max(best, e);
+    return best;
+}
+
+}  // namespace
+
+std::vector<AttentionLayerInfo> attention_layer_infos(const ModelConfig& cfg) {
+    std::vector<AttentionLayerInfo> out;
+    std::vector<int> owners;  // V4.1 index-key owners: kv sources that are index sources
+    for (int l : cfg.kv_source_layers)
+        if (contains(cfg.index_source_layers, l)) owners.push_back(l);
+    for (int l = 0; l < cfg.n_layers; ++l) {
+        AttentionLayerInfo a;
+        a.layer = l;
+        a.ratio = cfg.ratio(l);
+        a.yarn = a.ratio > 0 && cfg.original_seq_len > 0;
+        a.rope_theta = a.ratio > 0 ? cfg.compress_rope_theta : cfg.rope_theta;
+        if (a.ratio > 0) {
+            if (cfg.is_v41()) {
+                a.compresses = contains(cfg.kv_source_layers, l);
+                a.comp_source = latest_at_or_before(cfg.kv_source_layers, l);
+                a.has_indexer = contains(cfg.index_source_layers, l);
+                a.owns_index_k = a.has_indexer && a.compresses;
+                a.index_k_source = latest_at_or_before(owners, l);
+                a.candidate_source = a.has_indexer && l == cfg.candidate_source_layer;
+                a.uses_candidates = a.has_indexer && cfg.candidate_source_layer >= 0 && cfg.candidate_source_layer < l;
+                if (a.comp_source < 0) fail("layer {} compresses (ratio {}) but no kv source precedes it", l, a.ratio);
+                if (a.has_indexer && a.index_k_source < 0) fail("index source layer {} has no index-key owner before it", l);
+            } else {
+                a.compresses = true;
+                a.comp_source = l;
+                a.has_indexer = a.ratio == 4;
+                a.attend_all_compressed = !a.has_indexer;
+            }
+        }
+        out.push_back(a);
+    }
+    return out;
+}
+
+StateLayout make_state_layout(const ModelConfig& cfg, int page_tokens) {
+    StateLayout s;
+    s.page_tokens = page_tokens;
+    auto infos = attention_layer_infos(cfg);
+    size_t off = 0;
+    auto section = [&](size_t floats, int per_entry_tokens) {
+        StateSection sec;
+        sec.offset = off;
+        sec.entry_bytes = floats * sizeof(float);
+        sec.per_entry_tokens = per_entry_tokens;
+        if (per_entry_tokens <= page_tokens) {
+            if (page_tokens % per_entry_tokens != 0)
+                fail("page size {} is not a multiple of the compression ratio {}", page_tokens, per_entry_tokens);
+            sec.entries_per_page = page_tokens / per_entry_tokens;
+        } else {
+            if (per_entry_tokens % page_tokens != 0)
+                fail("compression ratio {} is not a multiple of the page size {}", per_entry_tokens, page_tokens);
+            sec.entries_per_page = 1;
+        }
+        off += sec.entry_bytes * static_cast<size_t>(sec.entries_per_page);
+        return sec;
+    };
+    for (const auto& a : infos) {
+        LayerStateLayout L;
+        L.window = section(static_cast<size_t>(cfg.head_dim), 1);
+        if (a.compresses) {
+            L.comp = section(static_cast<size_t>(cfg.head_dim), a.ratio);
+            const int coff = (!cfg.is_v41() && a.ratio == 4) ? 2 : 1;
+            if (a.ratio > 1) {
+                L.carry_offset = s.carry_bytes;
+                L.carry_bytes = 2 * static_cast<size_t>(coff * a.ratio) * static_cast<size_t>(coff * cfg.head_dim) * sizeof(float);
+                s.carry_bytes += L.carry_bytes;
+            }
+            if (!cfg.is_v41() && a.has_indexer) {
+                L.index_carry_offset = s.carry_bytes;
+                s.carry_bytes += 2 * static_cast<size_t>(coff * a.ratio) * static_cast<size_t>(coff * cfg.index_head_dim) * sizeof(float);
+            }
+        }
+        if ((cfg.is_v41() && a.owns_index_k) || (!cfg.is_v41() && a.has_indexer))
+            L.index_k = section(static_cast<size_t>(cfg.index_head_dim), a.ratio);
+        s.layers.push_back(L);
+    }
+    if (cfg.is_v41() && cfg.dspark_block_size > 0)  // DSpark stages keep only a window, fed by the backbone
+        for (int st = 0; st < cfg.n_mtp_layers; ++st) {
+            LayerStateLayout L;
+            L.window = section(static_cast<size_t>(cfg.head_dim), 1);
+            s.layers.push_back(L);
+        }
+    s.snapshot_offset = off;
+    s.page_bytes = (off + s.carry_bytes + 63) / 64 * 64;
+    return s;
+}
+
+std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& opts) {
+    std::unique_ptr<Model> m(new Model());
+    m->dir_ = dir;
+    m->cfg_ = load_model_config(dir);
+    m->st_ = SafeTensors::open_dir(dir);
+    m->w_ = load_model_weights(m->cfg_, m->st_);
+    m->attn_info_ = attention_layer_infos(m->cfg_);
+    m->layout_ = make_state_layout(m->cfg_, opts.page_tokens);
+    if (!m->cfg_.engram_layer_ids.empty()) m->engram_ = load_engram_tables(m->cfg_, dir);
+    if (opts.device == "cpu") m->backend_ = make_cpu_backend(m->cfg_, m->layout_);
+    else fail("device '{}' is not available in this build (use --device cpu)", opts.device);
+    return m;
+}
+
+void Model::init_state(SeqState& s) const {
+    s.tokens.clear();
+    s.n_cached = 0;
+    s.carry.assign(layout_.carry_bytes, 0);
+    // Compressor carry: kv slots start at 0, score slots at -inf (an empty slot never wins the softmax).
+    for (const auto& L : layout_.layers) {
+        auto fill_scores = [&](size_t offset, size_t bytes) {
+            float* f = reinterpret_cast<float*>(s.carry.data() + offset);
+            size_t half = bytes / sizeof(float) / 2;
+            for (size_t i = 0; i < half; ++i) f[half + i] = -INFINITY;
+        };
+        if (L.carry_bytes) fill_scores(L.carry_offset, L.carry_bytes);
+    }
+    const auto infos = attention_layer_infos(cfg_);
+    for (size_t l = 0; l < infos.size(); ++l) {
+        const auto& L = layout_.layers[l];
+        if (!cfg_.is_v41() && infos[l].has_indexer) {
+            const size_t bytes = 2 * static_cast<size_t>(2 * infos[l].ratio) * static_cast<size_t>(2 * cfg_.index_head_dim) * sizeof(float);
+            float* f = reinterpret_cast<float*>(s.carry.data() + L.index_carry_offset);
+            for (size_t i = bytes / sizeof(float) / 2; i < bytes / sizeof(float); ++i) f[i] = -INFINITY;
+        }
+    }
+}
+
+void Model::restore_state(SeqState& s, int64_t n_tokens) const {
+    PEREGRINE_CHECK(n_tokens % layout_.page_tokens == 0, "state can only be restored at a page boundary");
+    PEREGRINE_CHECK(static_cast<int64_t>(s.tokens.size()) >= n_tokens, "restore needs the token history");
+    s.tokens.resize(static_cast<size_t>(n_tokens));
+    s.n_cached = n_tokens;
+    if (n_tokens == 0) {
+        init_state(s);
+        return;
+    }
+    const uint8_t* snap = layout_.page_ptr(s.pool, s.pages.at(static_cast<size_t>(n_tokens / layout_.page_tokens - 1))) +
+                          layout_.snapshot_offset;
+    s.carry.assign(snap, snap + layout_.carry_bytes);
+}
+
+Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows) {
+    const int T = batch.rows();
+    for (auto& s : batch.seqs) {
+        PEREGRINE_CHECK(s.state && s.state->n_cached == s.start_pos, "sequence state holds {} tokens, step starts at {}",
+                        s.state ? s.state->n_cached : -1, s.start_pos);
+        PEREGRINE_CHECK(static_cast<int64_t>(s.state->pages.size()) >= layout_.pages_for(s.start_pos + s.n_tokens),
+                        "sequence needs {} pages, has {}", layout_.pages_for(s.start_pos + s.n_tokens), s.state->pages.size());
+        s.state->tokens.resize(static_cast<size_t>(s.start_pos));
+        for (int i = 0; i < s.n_tokens; ++i) s.state->tokens.push_back(batch.token_ids[static_cast<size_t>(s.row0 + i)]);
+    }
+    Backend& be = *backend_;
+    auto scratch = be.begin_step(batch);
+    Tensor h = be.embed(w_.embed, batch.token_ids);
+
+    // Engram rows of every row, per engram layer.
+    std::vector<std::vector<int64_t>> engram_rows_by_layer;
+    if (engram_) {
+        const int nc = engram_->n_cols();
+        for (size_t li = 0; li < cfg_.engram_layer_ids.size(); ++li) {
+            std::vector<int64_t> rows(static_cast<size_t>(T) * nc);
+            for (auto& s : batch.seqs)
+                for (int i = 0; i < s.n_tokens; ++i)
+                    engram_rows(*engram_, static_cast<int>(li), s.state->tokens, s.start_pos + i,
+                                rows.data() + static_cast<size_t>(s.row0 + i) * nc);
+            engram_rows_by_layer.push_back(std::move(rows));
+        }
+    }
+
+    // V4.1's single-pass mHC: a sublayer collapses its input with the previous sublayer's `pre`.
+    Tensor pre = be.first_stream_mix(T);
+    std::vector<Tensor> main_hidden;
+    for (int l = 0; l < cfg_.n_layers; ++l) {
+        BlockWeight& b = w_.layers[static_cast<size_t>(l)];
+        if (b.engram) {
+            size_t li = static_cast<size_t>(std::find(cfg_.engram_layer_ids.begin(), cfg_.engram_layer_ids.end(), l) -
+                                            cfg_.engram_layer_ids.begin());
+            be.engram(h, *b.engram, engram_rows_by_layer[li]);
+        }
+        if (w_.dspark && std::find(cfg_.dspark_target_layer_ids.begin(), cfg_.dspark_target_layer_ids.end(), l) !=
+                             cfg_.dspark_target_layer_ids.end())
+            main_hidden.push_back(be.hc_mean(h));  // DSpark reads the target layers' attention inputs
+        HcMix am = be.hc_mixes(h, b.hc_attn);
+        Tensor x = be.rms_norm(be.hc_collapse(h, cfg_.is_v41() ? pre : am.pre), b.attn_norm);
+        x = be.attention(x, b.attn, attn_info_[static_cast<size_t>(l)], batch, *scratch);
+        h = be.hc_expand(x, h, am);
+        HcMix fm = be.hc_mixes(h, b.hc_ffn);
+        x = be.rms_norm(be.hc_collapse(h, cfg_.is_v41() ? am.pre : fm.pre), b.ffn_norm);
+        x = be.moe(x, b.ffn, batch.token_ids);
+        h = be.hc_expand(x, h, fm);
+        pre = fm.pre;
+    }
+    if (w_.dspark) {  // feed the DSpark stage windows from the backbone's hidden states
+        const DSparkWeight& d = *w_.dspark;
+        Tensor main_x = be.rms_norm(be.linear(be.concat_cols(main_hidden), d.main_proj), d.main_norm);
+        for (int st = 0; st < cfg_.n_mtp_layers; ++st)
+            be.store_window_kv(main_x, d.stages[static_cast<size_t>(st)].attn, stage_info(st), batch);
+    }
+    for (auto& s : batch.seqs) s.state->n_cached = s.start_pos + s.n_tokens;
+
+    // Final collapse of the requested rows, norm and head.
+    if (logit_rows.empty()) return Tensor::zeros(DType::F32, {0, cfg_.vocab_size});
+    for (int row : logit_rows) PEREGRINE_CHECK(row >= 0 && row < T, "logit row {} out of range", row);
+    Tensor hs = be.gather_rows(h, logit_rows), ps = be.gather_rows(pre, logit_rows);
+    Tensor x = cfg_.is_v41() ? be.hc_collapse(hs, ps) : be.hc_head(hs, *w_.hc_head);
+    return be.logits(be.rms_norm(x, w_.norm), w_.head);
+}
+
+}  // namespace peregrine
+
+namespace peregrine {
+
+AttentionLayerInfo Model::stage_info(int stage) const {
+    AttentionLayerInfo a;
+    a.layer = cfg_.n_layers + stage;
+    a.rope_theta = cfg_.rope_theta;  // window-only: base theta, no YaRN
+    return a;
+}
+
+DraftResult Model::draft(const SeqState& s, int32_t anchor) {
+    PEREGRINE_CHECK(w_.dspark.has_value(), "this model has no DSpark head");
+    PEREGRINE_CHECK(s.n_cached > 0, "draft needs a fed sequence");
+    const DSparkWeight& d = *w_.dspark;
+    Backend& be = *backend_;
+    const int B = cfg_.dspark_block_size, vocab = cfg_.vocab_size;
+    const int64_t pos = s.n_cached - 1;
+    std::vector<int32_t> ids(static_cast<size_t>(B), cfg_.dspark_noise_token_id);
+    ids[0] = anchor;
+    Tensor h = be.embed(w_.embed, ids);
+    Tensor pre = be.first_stream_mix(B);
+    for (int st = 0; st < cfg_.n_mtp_layers; ++st) {  // the pre_mix chain runs on across the stages
+        const BlockWeight& b = d.stages[static_cast<size_t>(st)];
+        HcMix am = be.hc_mixes(h, b.hc_attn);
+        Tensor x = be.rms_norm(be.hc_collapse(h, pre), b.attn_norm);
+        x = be.dspark_attention(x, b.attn, stage_info(st), s, pos);
+        h = be.hc_expand(x, h, am);
+        HcMix fm = be.hc_mixes(h, b.hc_ffn);
+        x = be.rms_norm(be.hc_collapse(h, am.pre), b.ffn_norm);
+        x = be.moe(x, b.ffn, ids);
+        h = be.hc_expand(x, h, fm);
+        pre = fm.pre;
+    }
+    Tensor x = be.hc_collapse(h, pre);
+    Tensor logits = be.logits(be.rms_norm(x, d.norm), w_.head);
+    DraftResult r;
+    r.ids.push_back(anchor);
+    for (int i = 0; i < B; ++i) {  // each draft token biases the next position's logits
+        Tensor bias = be.markov_bias(d, r.ids.back());
+        float* row = logits.f32() + static_cast<int64_t>(i) * vocab;
+        for (int v = 0; v < vocab; ++v) row[v] += bias.f32()[v];
+        int32_t best = 0;
+        for (int v = 1; v < vocab; ++v)
+            if (row[v] > row[best]) best = v;
+        r.ids.push_back(best);
+    }
+    r.logits.assign(logits.f32(), logits.f32() + static_cast<int64_t>(B) * vocab);
+    Tensor conf = be.dspark_confidence(d, x, std::vector<int32_t>(r.ids.begin(), r.ids.end() - 1));
+    r.confidence.assign(conf.f32(), conf.f32() + B);
+    return r;
+}
+
+}  // namespace peregrine

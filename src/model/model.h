@@ -1,0 +1,72 @@
+#pragma once
+// DeepSeek-V4.1 / V4 written once against the ops backends: embedding, hyper-connected blocks (engram,
+// attention, MoE), final collapse and head. Sequences carry their state in pages (ops/state.h).
+#include "io/model_config.h"
+#include "io/safetensors.h"
+#include "model/engram_hash.h"
+#include "ops/backend.h"
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace peregrine {
+
+struct ModelOptions {
+    std::string device = "cpu";
+    int page_tokens = 16;
+};
+
+// A DSpark draft block: ids = [anchor, d1..dB] (greedy), the block's logits [B, vocab] (Markov bias
+// included) and raw confidence logits [B].
+struct DraftResult {
+    std::vector<int32_t> ids;
+    std::vector<float> logits;
+    std::vector<float> confidence;
+};
+
+class Model {
+public:
+    // Loads config.json and the safetensors checkpoint from `dir`, validating every tensor first.
+    static std::unique_ptr<Model> load(const std::string& dir, const ModelOptions& opts = {});
+
+    const ModelConfig& config() const { return cfg_; }
+    const StateLayout& layout() const { return layout_; }
+    const std::string& dir() const { return dir_; }
+    Backend& backend() { return *backend_; }
+
+    // Resets a sequence's carry-over and history (its pages are the caller's).
+    void init_state(SeqState& s) const;
+    // Restores a sequence to the state at the end of page `page` (its first (page+1)*page_tokens tokens).
+    void restore_state(SeqState& s, int64_t n_tokens) const;
+
+    // One forward step. Every sequence's pages must cover start_pos + n_tokens positions and its state must
+    // hold exactly start_pos tokens. Returns fp32 logits [logit_rows.size(), vocab] for the given rows.
+    Tensor forward(ForwardBatch& batch, const std::vector<int>& logit_rows);
+
+    // V4.1's DSpark head: drafts the block after the sequence's last fed position, given the anchor
+    // (the token sampled for the next position). Reads the stage windows, changes no state.
+    bool has_dspark() const { return w_.dspark.has_value(); }
+    DraftResult draft(const SeqState& s, int32_t anchor);
+
+private:
+    Model() = default;
+    AttentionLayerInfo stage_info(int stage) const;
+
+    std::string dir_;
+    ModelConfig cfg_;
+    SafeTensors st_;
+    ModelWeights w_;
+    StateLayout layout_;
+    std::vector<AttentionLayerInfo> attn_info_;
+    std::optional<EngramTables> engram_;
+    std::unique_ptr<Backend> backend_;
+};
+
+// How each attention layer gets its compressed KV and selection (V4.1 sharing roles, V4 layer types).
+std::vector<AttentionLayerInfo> attention_layer_infos(const ModelConfig& cfg);
+// Page layout of the per-sequence state for this model.
+StateLayout make_state_layout(const ModelConfig& cfg, int page_tokens);
+
+}  // namespace peregrine

@@ -1,0 +1,13 @@
+#pragma once
+// Finds, validates and wraps the checkpoint tensors the model needs (no copies, except wo_a, which the
+// reference dequantises to bf16 at load).
+#include "io/model_config.h"
+#include "io/safetensors.h"
+#include "ops/weights.h"
+
+namespace peregrine {
+
+// Every tensor is checked for presence, dtype and shape before use; errors name the tensor and file.
+ModelWeights load_model_weights(const ModelConfig& cfg, const SafeTensors& st);
+
+}  // namespace peregrine

@@ -1,0 +1,447 @@
+// Attention block of DeepSeek-V4.1 and V4: projections, sliding-window K=V, compressor, indexer and the
+// sparse attention with sink, following the official reference's arithmetic and index order.
+#include "ops/cpu/cpu_backend.h"
+#include "ops/cpu/linear.h"
+#include "tensor/quant.h"
+#include "util/error.h"
+#include "util/thread_pool.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace peregrine::cpu {
+
+namespace {
+
+// Where a row sits: its sequence, position and the chunk it belongs to.
+struct RowInfo {
+    BatchSeq* seq;
+    int64_t pos;
+};
+
+std::vector<RowInfo> row_infos(ForwardBatch& batch) {
+    std::vector<RowInfo> rows(static_cast<size_t>(batch.rows()));
+    for (auto& s : batch.seqs)
+        for (int i = 0; i < s.n_tokens; ++i) rows[static_cast<size_t>(s.row0 + i)] = {&s, s.start_pos + i};
+    return rows;
+}
+
+bool is_prefill(const BatchSeq& s) { return s.start_pos == 0; }
+bool is_decode(const BatchSeq& s) { return s.start_pos > 0 && s.n_tokens == 1; }
+
+// Window keys of the query at `pos`, as positions (-1: none), in the reference's order.
+std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int W, bool v41) {
+    std::vector<int64_t> list;
+    if (is_prefill(s)) {
+        int64_t len = std::min<int64_t>(s.n_tokens, W), base = std::max<int64_t>(0, pos - W + 1);
+        for (int64_t j = 0; j < len; ++j) list.push_back(base + j <= pos ? base + j : -1);
+        return list;
+    }
+    if (is_decode(s) && (v41 || pos >= W - 1)) {  // the ring, oldest slot first
+        int64_t oldest = pos % W + 1;
+        for (int64_t j = 0; j < W; ++j) {
+            int64_t slot = (oldest + j) % W;
+            list.push_back(slot <= pos ? pos - ((pos - slot) % W) : -1);
+        }
+        return list;
+    }
+    // V4 decode with a ring still filling, and chunked prefill: ascending positions, then padding.
+    for (int64_t p = std::max<int64_t>(0, pos - W + 1); p <= pos; ++p) list.push_back(p);
+    while (static_cast<int>(list.size()) < W) list.push_back(-1);
+    return list;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------
+// Compressor: pools `ratio` consecutive tokens into one latent with a per-channel softmax gate. Tokens go
+// through the same state machine the reference uses for decode (equivalent to its prefill pooling), so a
+// sequence can be continued from any point; the carry is snapshotted into each page it completes.
+// Emits (group index, latent before RoPE as bf16-normalised values).
+struct Emitted {
+    int row;
+    int64_t group;
+    std::vector<float> latent;
+};
+
+static std::vector<Emitted> run_compressor(const ModelConfig& cfg, const StateLayout& layout, const CompressorWeight& cw,
+                                           size_t carry_offset, const Tensor& x, ForwardBatch& batch, Backend& be) {
+    const int ratio = cw.ratio, d = cw.head_dim, coff = cw.overlap ? 2 : 1, width = coff * d;
+    const float eps = static_cast<float>(cfg.norm_eps);
+    std::vector<Emitted> out;
+    if (ratio == 1) {  // one latent per token: a plain bf16 projection and norm
+        Tensor kv = be.linear(x, cw.wkv);
+        for (auto& s : batch.seqs)
+            for (int i = 0; i < s.n_tokens; ++i) {
+                Emitted e{s.row0 + i, s.start_pos + i, std::vector<float>(static_cast<size_t>(d))};
+                rms_norm_row(kv.f32() + static_cast<int64_t>(s.row0 + i) * d, cw.norm, d, eps, e.latent.data());
+                out.push_back(std::move(e));
+            }
+        return out;
+    }
+    Tensor kv = be.linear(x, cw.wkv), score = be.linear(x, cw.wgate);  // fp32
+    const int slots = coff * ratio;
+    for (auto& s : batch.seqs) {
+        float* kv_state = reinterpret_cast<float*>(s.state->carry.data() + carry_offset);
+        float* sc_state = kv_state + static_cast<size_t>(slots) * width;
+        for (int i = 0; i < s.n_tokens; ++i) {
+            const int64_t pos = s.start_pos + i, row = s.row0 + i;
+            const int slot = static_cast<int>(pos % ratio) + (cw.overlap ? ratio : 0);
+            const float* kr = kv.f32() + row * width;
+            const float* sr = score.f32() + row * width;
+            for (int c = 0; c < width; ++c) {
+                kv_state[slot * width + c] = kr[c];
+                sc_state[slot * width + c] = cw.ape.empty() ? sr[c] : sr[c] + cw.ape.data<float>()[(pos % ratio) * width + c];
+            }
+            if ((pos + 1) % ratio == 0) {
+                // Gather the members: overlap uses the previous window's first halves and this window's second.
+                const int n = cw.overlap ? 2 * ratio : ratio;
+                std::vector<float> pooled(static_cast<size_t>(d));
+                std::vector<float> p(static_cast<size_t>(n));
+                for (int c = 0; c < d; ++c) {
+                    auto kv_at = [&](int j) {
+                        return cw.overlap ? (j < ratio ? kv_state[j * width + c] : kv_state[j * width + d + c])
+                                          : kv_state[j * width + c];
+                    };
+                    auto sc_at = [&](int j) {
+                        return cw.overlap ? (j < ratio ? sc_state[j * width + c] : sc_state[j * width + d + c])
+                                          : sc_state[j * width + c];
+                    };
+                    float mx = -INFINITY;
+                    for (int j = 0; j < n; ++j) mx = std::max(mx, sc_at(j));
+                    float sum = 0.0f;
+                    for (int j = 0; j < n; ++j) sum += (p[j] = std::exp(sc_at(j) - mx));
+                    float acc = 0.0f;
+                    for (int j = 0; j < n; ++j) acc += kv_at(j) * (p[j] / sum);
+                    pooled[c] = round_bf16(acc);
+                }
+                Emitted e{static_cast<int>(row), pos / ratio, std::vector<float>(static_cast<size_t>(d))};
+                rms_norm_row(pooled.data(), cw.norm, d, eps, e.latent.data());
+                out.push_back(std::move(e));
+                if (cw.overlap) {  // this window becomes the previous one
+                    std::memcpy(kv_state, kv_state + ratio * width, sizeof(float) * static_cast<size_t>(ratio * width));
+                    std::memcpy(sc_state, sc_state + ratio * width, sizeof(float) * static_cast<size_t>(ratio * width));
+                }
+            }
+            if ((pos + 1) % layout.page_tokens == 0) {  // snapshot the carry as of this page's end
+                uint8_t* page = layout.page_ptr(s.state->pool, s.state->pages.at(static_cast<size_t>(pos / layout.page_tokens)));
+                std::memcpy(page + layout.snapshot_offset + carry_offset, kv_state,
+                            sizeof(float) * static_cast<size_t>(2 * slots * width));
+            }
+        }
+    }
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Online-softmax attention of one query head over a key list (blocks of 64, probabilities rounded to
+// bf16 before P.V, sink added unscaled to the denominator), as the official sparse_attn kernel.
+static void sparse_attend(const float* q, const std::vector<const float*>& keys, int D, float scale, float sink,
+                          float* out) {
+    constexpr int kBlock = 64;
+    std::vector<double> acc(static_cast<size_t>(D), 0.0);
+    std::vector<float> acc_f(static_cast<size_t>(D), 0.0f);
+    float m = -1e30f, sum = 0.0f;
+    const int n = static_cast<int>(keys.size());
+    float s[kBlock], p[kBlock];
+    for (int b0 = 0; b0 < n; b0 += kBlock) {
+        const int b1 = std::min(n, b0 + kBlock);
+        float bmax = -INFINITY;
+        for (int j = b0; j < b1; ++j) {
+            s[j - b0] = keys[j] ? dot_exact(q, keys[j], D) * scale : -INFINITY;
+            bmax = std::max(bmax, s[j - b0]);
+        }
+        const float m_new = std::max(m, bmax);
+        const float rescale = std::exp(m - m_new);
+        float bsum = 0.0f;
+        for (int j = b0; j < b1; ++j) bsum += (p[j - b0] = std::exp(s[j - b0] - m_new));
+        sum = sum * rescale + bsum;
+        for (int c = 0; c < D; ++c) {
+            double pv = 0.0;
+            for (int j = b0; j < b1; ++j)
+                if (keys[j]) pv += static_cast<double>(round_bf16(p[j - b0])) * keys[j][c];
+            acc_f[c] = acc_f[c] * rescale + static_cast<float>(pv);
+        }
+        m = m_new;
+    }
+    sum += std::exp(sink - m);
+    for (int c = 0; c < D; ++c) out[c] = round_bf16(acc_f[c] / sum);
+}
+
+// ---------------------------------------------------------------------------------------------------
+Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                             ForwardBatch& batch, StepScratch& scratch_base) {
+    auto& scratch = static_cast<CpuScratch&>(scratch_base);
+    const bool v41 = cfg_.is_v41();
+    const int T = batch.rows(), H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim, W = cfg_.window_size;
+    const Rope& rope = rope_for(info);
+    const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
+    auto rows = row_infos(batch);
+
+    std::vector<int64_t> positions(static_cast<size_t>(T));
+    for (int t = 0; t < T; ++t) positions[static_cast<size_t>(t)] = rows[t].pos;
+    Tensor qr = rms_norm(linear(x, w.wq_a), w.q_norm);
+    Tensor q = project_queries(x, qr, w, rope, positions);
+
+    // Sliding-window K=V, stored per token.
+    Tensor kv = window_kv(x, w, rope, positions);
+    for (int t = 0; t < T; ++t) {
+        SeqState& st = *rows[t].seq->state;
+        std::memcpy(layout_.entry<float>(st.pool, st.pages, L.window, rows[t].pos), kv.f32() + static_cast<int64_t>(t) * D,
+                    sizeof(float) * D);
+    }
+
+    // Compressed entries (and, for V4.1 key owners, indexer keys).
+    if (info.compresses) {
+        auto emitted = run_compressor(cfg_, layout_, *w.compressor, L.carry_offset, x, batch, *this);
+        for (auto& e : emitted) {
+            SeqState& st = *rows[e.row].seq->state;
+            const int64_t gpos = e.group * info.ratio;
+            if (v41 && info.owns_index_k) {
+                const IndexerWeight& iw = *w.indexer;
+                const int hd = iw.head_dim;
+                Tensor lat = Tensor::view(DType::F32, {1, D}, e.latent.data());
+                Tensor k = rms_norm(linear(lat, iw.wk), iw.k_norm);
+                rope.apply(k.f32() + hd - rd, gpos);
+                qdq_fp4_ue8m0(k.f32(), hd, 32);
+                std::memcpy(layout_.entry<float>(st.pool, st.pages, L.index_k, e.group), k.f32(), sizeof(float) * hd);
+            }
+            float* lat = e.latent.data();
+            rope.apply(lat + D - rd, gpos);
+            if (v41) qdq_fp4_e4m3(lat, D, 16);
+            else qdq_fp8(lat, D - rd, 64);
+            std::memcpy(layout_.entry<float>(st.pool, st.pages, L.comp, e.group), lat, sizeof(float) * D);
+        }
+    }
+
+    // Which compressed entries each row attends to.
+    std::vector<std::vector<int32_t>> comp_list(static_cast<size_t>(T));
+    if (info.ratio > 0) {
+        const int ratio = info.ratio;
+        if (info.has_indexer) {
+            const IndexerWeight& iw = *w.indexer;
+            const int nh = iw.n_heads, hd = iw.head_dim;
+            const LayerStateLayout& KL = layout_.layers.at(static_cast<size_t>(v41 ? info.index_k_source : info.layer));
+            if (!v41) {  // V4: the indexer's own compressor turns tokens into rotated fp4 keys
+                auto emitted = run_compressor(cfg_, layout_, *iw.compressor, L.index_carry_offset, x, batch, *this);
+                for (auto& e : emitted) {
+                    SeqState& st = *rows[e.row].seq->state;
+                    float* k = e.latent.data();
+                    rope.apply(k + hd - rd, e.group * ratio);
+                    hadamard_bf16(k, hd);
+                    qdq_fp4_ue8m0(k, hd, 32);
+                    std::memcpy(layout_.entry<float>(st.pool, st.pages, L.index_k, e.group), k, sizeof(float) * hd);
+                }
+            }
+            Tensor iq = linear(qr, iw.wq_b);
+            Tensor wts = linear(x, iw.weights_proj);
+            const float wscale = static_cast<float>(std::pow(hd, -0.5) * std::pow(nh, -0.5));
+            for (int t = 0; t < T; ++t) {
+                for (int h = 0; h < nh; ++h) {
+                    float* qh = iq.f32() + (static_cast<int64_t>(t) * nh + h) * hd;
+                    rope.apply(qh + hd - rd, rows[t].pos);
+                    if (!v41) hadamard_bf16(qh, hd);
+                    qdq_fp4_ue8m0(qh, hd, 32);
+                }
+                for (int h = 0; h < nh; ++h) wts.f32()[t * nh + h] = round_bf16(wts.f32()[t * nh + h] * wscale);
+            }
+            parallel_for(T, [&](int64_t t0, int64_t t1) {
+                for (int64_t t = t0; t < t1; ++t) {
+                    const BatchSeq& s = *rows[t].seq;
+                    const int64_t pos = rows[t].pos, end = s.start_pos + s.n_tokens;
+                    const int64_t width = end / ratio, visible = (pos + 1) / ratio;
+                    auto& list = comp_list[static_cast<size_t>(t)];
+                    if (width == 0) continue;
+                    std::vector<float> score(static_cast<size_t>(width));
+                    for (int64_t j = 0; j < width; ++j) {
+                        if (j >= visible) {
+                            score[j] = -INFINITY;
+                            continue;
+                        }
+                        const float* k = v41 ? layout_.entry<float>(s.state->pool, s.state->pages, KL.index_k, j)
+                                             : layout_.entry<float>(s.state->pool, s.state->pages, L.index_k, j);
+                        float acc = 0.0f;
+                        for (int h = 0; h < nh; ++h) {
+                            float d = round_bf16(dot_exact(iq.f32() + (t * nh + h) * hd, k, hd));
+                            acc += round_bf16(std::max(d, 0.0f) * wts.f32()[t * nh + h]);
+                        }
+                        score[j] = round_bf16(acc);
+                    }
+                    if (v41 && info.candidate_source) {  // level 1: best blocks of the candidate source
+                        const int bs = cfg_.candidate_block_size;
+                        const int64_t nb = (width + bs - 1) / bs, last = visible >= 1 ? (visible - 1) / bs : -1;
+                        std::vector<float> bscore(static_cast<size_t>(nb), -INFINITY);
+                        for (int64_t j = 0; j < width; ++j) bscore[j / bs] = std::max(bscore[j / bs], score[j]);
+                        if (last >= 0 && last < nb) bscore[last] = INFINITY;
+                        auto top = topk_desc(bscore.data(), static_cast<int>(nb), cfg_.candidate_topk_blocks);
+                        auto& mask = scratch.candidates[static_cast<size_t>(t)];
+                        mask.assign(static_cast<size_t>(width), 0);
+                        for (int32_t b : top)
+                            if (bscore[b] > -INFINITY)
+                                for (int64_t j = b * bs; j < std::min<int64_t>(width, (b + 1) * bs); ++j) mask[j] = 1;
+                    } else if (v41 && info.uses_candidates) {  // level 2: only inside the candidate blocks
+                        const auto& mask = scratch.candidates[static_cast<size_t>(t)];
+                        for (int64_t j = 0; j < width; ++j)
+                            if (j >= static_cast<int64_t>(mask.size()) || !mask[j]) score[j] = -INFINITY;
+                    }
+                    const int k = static_cast<int>(std::min<int64_t>(iw.topk, width));
+                    auto sel = topk_desc(score.data(), static_cast<int>(width), k);
+                    if (v41) std::sort(sel.begin(), sel.end());
+                    for (int32_t j : sel) list.push_back(j < visible ? j : -1);
+                }
+            });
+            if (v41) scratch.topk = comp_list;
+        } else if (v41) {
+            comp_list = scratch.topk;  // reuse the most recent index source's selection
+        } else {  // V4 HCA: every visible entry
+            for (int t = 0; t < T; ++t) {
+                const BatchSeq& s = *rows[t].seq;
+                const int64_t visible = (rows[t].pos + 1) / ratio;
+                const int64_t width = is_prefill(s) ? (s.start_pos + s.n_tokens) / ratio : visible;
+                for (int64_t j = 0; j < width; ++j) comp_list[t].push_back(j < visible ? static_cast<int32_t>(j) : -1);
+            }
+        }
+    }
+
+    // Sparse attention with sink, then the inverse rotation of the output.
+    const LayerStateLayout& CL = layout_.layers.at(static_cast<size_t>(info.comp_source >= 0 ? info.comp_source : info.layer));
+    Tensor o = Tensor::zeros(DType::F32, {T, H, D});
+    const float scale = static_cast<float>(std::pow(D, -0.5));
+    parallel_for(T, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+            SeqState& st = *rows[t].seq->state;
+            std::vector<const float*> keys;
+            for (int64_t p : window_list(*rows[t].seq, rows[t].pos, W, v41))
+                keys.push_back(p < 0 ? nullptr : layout_.entry<float>(st.pool, st.pages, L.window, p));
+            for (int32_t j : comp_list[static_cast<size_t>(t)])
+                keys.push_back(j < 0 ? nullptr : layout_.entry<float>(st.pool, st.pages, CL.comp, j));
+            for (int h = 0; h < H; ++h)
+                sparse_attend(q.f32() + (t * H + h) * D, keys, D, scale, w.attn_sink.data<float>()[h], o.f32() + (t * H + h) * D);
+        }
+    });
+    return project_output(o, w, rope, positions);
+}
+
+Tensor CpuBackend::project_queries(const Tensor& x, const Tensor& qr, const AttentionWeight& w, const Rope& rope,
+                                   const std::vector<int64_t>& pos) {
+    const bool v41 = cfg_.is_v41();
+    const int H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim;
+    Tensor q = linear(qr, w.wq_b);
+    parallel_for(static_cast<int64_t>(pos.size()), [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t)
+            for (int h = 0; h < H; ++h) {
+                float* qh = q.f32() + (t * H + h) * D;
+                if (!v41) {  // V4: unweighted per-head RMS norm, in bf16 arithmetic
+                    float ss = 0.0f;
+                    for (int c = 0; c < D; ++c) ss += round_bf16(qh[c] * qh[c]);
+                    float mean = round_bf16(ss / static_cast<float>(D));
+                    float r = round_bf16(1.0f / std::sqrt(round_bf16(mean + eps())));
+                    for (int c = 0; c < D; ++c) qh[c] = round_bf16(qh[c] * r);
+                }
+                rope.apply(qh + D - rd, pos[static_cast<size_t>(t)]);
+            }
+    });
+    return q;
+}
+
+Tensor CpuBackend::window_kv(const Tensor& x, const AttentionWeight& w, const Rope& rope, const std::vector<int64_t>& pos) {
+    const int D = cfg_.head_dim, rd = cfg_.rope_head_dim;
+    Tensor kv = rms_norm(linear(x, w.wkv), w.kv_norm);
+    for (size_t t = 0; t < pos.size(); ++t) {
+        float* k = kv.f32() + static_cast<int64_t>(t) * D;
+        rope.apply(k + D - rd, pos[t]);
+        if (cfg_.is_v41()) qdq_fp8(k, D, cfg_.act_block);
+        else qdq_fp8(k, D - rd, 64);  // V4: the rope dims stay bf16
+    }
+    return kv;
+}
+
+Tensor CpuBackend::project_output(Tensor& o, const AttentionWeight& w, const Rope& rope, const std::vector<int64_t>& pos) {
+    const int T = static_cast<int>(pos.size()), H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim;
+    for (int t = 0; t < T; ++t)
+        for (int h = 0; h < H; ++h) rope.apply(o.f32() + (static_cast<int64_t>(t) * H + h) * D + D - rd, pos[t], true);
+    const int G = cfg_.o_groups, R = cfg_.o_lora_rank, GD = H / G * D;
+    Tensor oa = Tensor::zeros(DType::F32, {T, G * R});
+    parallel_for(static_cast<int64_t>(G) * R, [&](int64_t n0, int64_t n1) {
+        std::vector<float> wr(static_cast<size_t>(GD));
+        for (int64_t n = n0; n < n1; ++n) {
+            const int64_t g = n / R;
+            for (int k = 0; k < GD; ++k) wr[k] = bf16_to_f32(w.wo_a.w.data<uint16_t>()[n * GD + k]);
+            for (int t = 0; t < T; ++t)
+                oa.f32()[static_cast<int64_t>(t) * G * R + n] =
+                    round_bf16(dot_exact(o.f32() + (static_cast<int64_t>(t) * G + g) * GD, wr.data(), GD));
+        }
+    });
+    return linear(oa, w.wo_b);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// DSpark.
+
+void CpuBackend::store_window_kv(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                                 ForwardBatch& batch) {
+    const int D = cfg_.head_dim;
+    auto rows = row_infos(batch);
+    std::vector<int64_t> positions;
+    for (auto& r : rows) positions.push_back(r.pos);
+    Tensor kv = window_kv(x, w, rope_for(info), positions);
+    const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
+    for (size_t t = 0; t < rows.size(); ++t) {
+        SeqState& st = *rows[t].seq->state;
+        std::memcpy(layout_.entry<float>(st.pool, st.pages, L.window, rows[t].pos), kv.f32() + static_cast<int64_t>(t) * D,
+                    sizeof(float) * D);
+    }
+}
+
+Tensor CpuBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                                    const SeqState& state, int64_t pos) {
+    const int B = static_cast<int>(x.dim(0)), H = cfg_.n_heads, D = cfg_.head_dim, W = cfg_.window_size;
+    const Rope& rope = rope_for(info);
+    std::vector<int64_t> positions(static_cast<size_t>(B));
+    for (int i = 0; i < B; ++i) positions[static_cast<size_t>(i)] = pos + 1 + i;
+    Tensor qr = rms_norm(linear(x, w.wq_a), w.q_norm);
+    Tensor q = project_queries(x, qr, w, rope, positions);
+    Tensor kv = window_kv(x, w, rope, positions);
+    // Keys: the window ring listed by slot (slot j holds the latest position <= pos with position % W == j),
+    // then every block token.
+    const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
+    std::vector<const float*> keys;
+    for (int64_t j = 0; j < std::min<int64_t>(W, pos + 1); ++j) {
+        int64_t p = pos - ((pos - j) % W + W) % W;
+        keys.push_back(layout_.entry<float>(state.pool, state.pages, L.window, p));
+    }
+    for (int i = 0; i < B; ++i) keys.push_back(kv.f32() + static_cast<int64_t>(i) * D);
+    Tensor o = Tensor::zeros(DType::F32, {B, H, D});
+    const float scale = static_cast<float>(std::pow(D, -0.5));
+    for (int i = 0; i < B; ++i)
+        for (int h = 0; h < H; ++h)
+            sparse_attend(q.f32() + (static_cast<int64_t>(i) * H + h) * D, keys, D, scale, w.attn_sink.data<float>()[h],
+                          o.f32() + (static_cast<int64_t>(i) * H + h) * D);
+    return project_output(o, w, rope, positions);
+}
+
+Tensor CpuBackend::markov_bias(const DSparkWeight& w, int32_t id) {
+    const int64_t V = w.markov_head.dim(0), R = w.markov_head.dim(1);
+    std::vector<float> e(static_cast<size_t>(R)), hr(static_cast<size_t>(R));
+    for (int64_t k = 0; k < R; ++k) e[k] = bf16_to_f32(w.markov_embed.data<uint16_t>()[id * R + k]);
+    Tensor bias = Tensor::zeros(DType::F32, {V});
+    for (int64_t v = 0; v < V; ++v) {
+        for (int64_t k = 0; k < R; ++k) hr[k] = bf16_to_f32(w.markov_head.data<uint16_t>()[v * R + k]);
+        bias.f32()[v] = dot_exact(e.data(), hr.data(), static_cast<int>(R));
+    }
+    return bias;
+}
+
+Tensor CpuBackend::dspark_confidence(const DSparkWeight& w, const Tensor& x, const std::vector<int32_t>& ids) {
+    const int64_t B = x.dim(0), D = x.dim(1), R = w.markov_embed.dim(1);
+    Tensor in = Tensor::zeros(DType::F32, {B, D + R});
+    for (int64_t i = 0; i < B; ++i) {
+        std::memcpy(in.f32() + i * (D + R), x.f32() + i * D, sizeof(float) * static_cast<size_t>(D));
+        for (int64_t k = 0; k < R; ++k)
+            in.f32()[i * (D + R) + D + k] = bf16_to_f32(w.markov_embed.data<uint16_t>()[ids[static_cast<size_t>(i)] * R + k]);
+    }
+    return linear(in, w.confidence).reshaped({B});
+}
+
+}  // namespace peregrine::cpu

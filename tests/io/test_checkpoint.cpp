@@ -1,0 +1,127 @@
+// Checkpoint loading: both released config layouts, and clear errors naming tensor and file.
+#include "io/model_config.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+#include "util/error.h"
+#include "util/file.h"
+
+#include <filesystem>
+#include <functional>
+#include <unistd.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+using namespace peregrine;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fixture(const char* name) { return std::string(PEREGRINE_TEST_DATA) + "/" + name; }
+
+// A scratch copy of a fixture whose files the test may rewrite.
+struct ScratchModel {
+    fs::path dir;
+    explicit ScratchModel(const char* name) {
+        dir = fs::temp_directory_path() / ("peregrine-test-" + std::to_string(::getpid()) + "-" + name);
+        fs::remove_all(dir);
+        fs::copy(fixture(name), dir, fs::copy_options::recursive);
+        for (auto& e : fs::recursive_directory_iterator(dir)) fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);
+    }
+    ~ScratchModel() { fs::remove_all(dir); }
+};
+
+std::string error_of(const std::function<void()>& f) {
+    try {
+        f();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+// Rewrites one tensor's header entry of a safetensors file (same payload).
+void patch_header(const fs::path& file, const std::function<void(nlohmann::json&)>& edit) {
+    std::string b = read_file(file.string());
+    uint64_t n = 0;
+    for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<uint8_t>(b[i])) << (8 * i);
+    auto h = nlohmann::json::parse(b.substr(8, n));
+    edit(h);
+    std::string hs = h.dump();
+    hs.resize(std::max(hs.size(), static_cast<size_t>(n)), ' ');
+    ASSERT_EQ(hs.size(), n) << "patched header must keep its length";
+    std::string out = b.substr(0, 8) + hs + b.substr(8 + n);
+    write_file(file.string(), out.data(), out.size());
+}
+
+}  // namespace
+
+TEST(Config, ReadsBothReleasedLayouts) {
+    ModelConfig a = load_model_config(fixture("dsv41-tiny-a"));
+    EXPECT_TRUE(a.is_v41());
+    EXPECT_EQ(a.dim, 128);
+    EXPECT_EQ(a.weight_block, 32);
+    EXPECT_EQ(a.kv_source_layers, (std::vector<int>{1, 3}));
+    EXPECT_EQ(a.candidate_topk_blocks, 3);
+    EXPECT_EQ(a.n_mtp_layers, 2);
+    ModelConfig b = load_model_config(fixture("dsv4-tiny-a"));
+    EXPECT_FALSE(b.is_v41());
+    EXPECT_EQ(b.weight_block, 128);
+    EXPECT_EQ(b.act_block, 128);
+    EXPECT_EQ(b.n_hash_layers, 1);
+    EXPECT_EQ(b.compress_ratios, (std::vector<int>{0, 4, 128}));
+}
+
+TEST(Config, RefusesUnknownArchitectures) {
+    std::string msg = error_of([] { parse_model_config(R"({"model_type":"llama","architectures":["LlamaForCausalLM"]})"); });
+    EXPECT_NE(msg.find("unsupported architecture"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("llama"), std::string::npos) << msg;
+    EXPECT_NE(error_of([] { parse_model_config("{not json"); }).find("not valid JSON"), std::string::npos);
+}
+
+TEST(Checkpoint, MissingTensorIsNamed) {
+    ScratchModel m("dsv41-tiny-a");
+    patch_header(m.dir / "model.safetensors", [](nlohmann::json& h) {
+        h["layers.2.attn.wq_b.weighX"] = h["layers.2.attn.wq_b.weight"];
+        h.erase("layers.2.attn.wq_b.weight");
+    });
+    std::string msg = error_of([&] { Model::load(m.dir.string()); });
+    EXPECT_NE(msg.find("missing tensor 'layers.2.attn.wq_b.weight'"), std::string::npos) << msg;
+}
+
+TEST(Checkpoint, WrongDtypeAndShapeNameTensorAndFile) {
+    ScratchModel m("dsv4-tiny-a");
+    patch_header(m.dir / "model.safetensors", [](nlohmann::json& h) { h["layers.1.attn_norm.weight"]["dtype"] = "F16"; });
+    std::string msg = error_of([&] { Model::load(m.dir.string()); });
+    EXPECT_NE(msg.find("layers.1.attn_norm.weight"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("model.safetensors"), std::string::npos) << msg;
+
+    ScratchModel m2("dsv4-tiny-a");
+    patch_header(m2.dir / "model.safetensors", [](nlohmann::json& h) {
+        auto& t = h["layers.0.attn.wkv.weight"];
+        t["shape"] = {256, 128};  // same byte count, wrong shape
+    });
+    msg = error_of([&] { Model::load(m2.dir.string()); });
+    EXPECT_NE(msg.find("layers.0.attn.wkv.weight"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("shape"), std::string::npos) << msg;
+}
+
+TEST(Checkpoint, TruncatedFileIsRefused) {
+    ScratchModel m("dsv41-tiny-a");
+    fs::resize_file(m.dir / "model.safetensors", fs::file_size(m.dir / "model.safetensors") - 1000);
+    std::string msg = error_of([&] { SafeTensors::open_dir(m.dir.string()); });
+    EXPECT_NE(msg.find("outside the payload"), std::string::npos) << msg;
+}
+
+TEST(Checkpoint, ShardedIndexIsFollowed) {
+    ScratchModel m("dsv41-tiny-a");
+    // Split: move the file under a shard name and list every tensor in an index.
+    fs::rename(m.dir / "model.safetensors", m.dir / "model-00001-of-00001.safetensors");
+    SafeTensors one;
+    one.add_file((m.dir / "model-00001-of-00001.safetensors").string());
+    nlohmann::json idx;
+    for (auto& [name, t] : one.tensors()) idx["weight_map"][name] = "model-00001-of-00001.safetensors";
+    std::string s = idx.dump();
+    write_file((m.dir / "model.safetensors.index.json").string(), s.data(), s.size());
+    auto model = Model::load(m.dir.string());
+    EXPECT_EQ(model->config().n_layers, 6);
+}

@@ -1,0 +1,61 @@
+#pragma once
+// Reads a golden fixture (tests/fixtures/<name>): ids, logits, prefill length.
+#include "util/file.h"
+
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace peregrine::test {
+
+inline std::string fixture_dir(const std::string& name) { return std::string(PEREGRINE_TEST_DATA) + "/" + name; }
+
+inline std::vector<int32_t> read_ids(const std::string& path) {
+    std::vector<int32_t> ids;
+    std::stringstream ss(read_file(path));
+    std::string item;
+    while (std::getline(ss, item, ',')) ids.push_back(std::stoi(item));
+    return ids;
+}
+
+template <typename T>
+inline std::vector<T> read_raw(const std::string& path) {
+    std::string b = read_file(path);
+    std::vector<T> v(b.size() / sizeof(T));
+    std::memcpy(v.data(), b.data(), v.size() * sizeof(T));
+    return v;
+}
+
+// Per-row max |a - b| and top-1 agreement of [rows, vocab] logits.
+struct RowDiff {
+    std::vector<float> max_abs;
+    double top1 = 0.0;
+    float worst() const {
+        float w = 0.0f;
+        for (float v : max_abs) w = std::max(w, v);
+        return w;
+    }
+};
+
+inline RowDiff compare_logits(const std::vector<float>& a, const std::vector<float>& b, int vocab) {
+    RowDiff d;
+    const size_t rows = a.size() / vocab;
+    int agree = 0;
+    for (size_t r = 0; r < rows; ++r) {
+        float m = 0.0f;
+        size_t ia = 0, ib = 0;
+        for (int v = 0; v < vocab; ++v) {
+            size_t i = r * vocab + v;
+            m = std::max(m, std::abs(a[i] - b[i]));
+            if (a[i] > a[r * vocab + ia]) ia = v;
+            if (b[i] > b[r * vocab + ib]) ib = v;
+        }
+        d.max_abs.push_back(m);
+        agree += ia == ib;
+    }
+    d.top1 = rows ? static_cast<double>(agree) / rows : 1.0;
+    return d;
+}
+
+}  // namespace peregrine::test

@@ -21,14 +21,15 @@ using namespace grammar;
 static RegisterCommand reg_grammar([](CLI::App& app, int& exit_code) {
     auto* cmd = app.add_subcommand("grammar-sample", "Sample constrained outputs with noise logits (grammar engine debug)");
     struct Opts {
-        std::string vocab, kind = "json_schema", spec, spec_file, masks_out;
+        std::string vocab, tokenizer, kind = "json_schema", spec, spec_file, masks_out;
         int n = 10, max_tokens = 400, finish_after = -1;
         uint64_t seed = 1;
         bool compact = false, dump = false, check = false;
         int max_ws = JsonSchemaOptions{}.max_whitespace;
     };
     auto o = std::make_shared<Opts>();
-    cmd->add_option("--vocab", o->vocab, "peregrine-vocab file (tools/grammar/make_vocab.py)")->required();
+    cmd->add_option("--vocab", o->vocab, "peregrine-vocab file (tools/grammar/make_vocab.py)");
+    cmd->add_option("--tokenizer", o->tokenizer, "model/tokenizer directory (tokenizer.json + tokenizer_config.json)");
     cmd->add_option("--kind", o->kind, "json_object | json_schema | regex | ebnf");
     cmd->add_option("--spec", o->spec, "schema / regex / grammar text");
     cmd->add_option("--spec-file", o->spec_file, "read the spec from a file");
@@ -47,7 +48,8 @@ static RegisterCommand reg_grammar([](CLI::App& app, int& exit_code) {
         JsonSchemaOptions jo;
         jo.any_whitespace = !o->compact;
         jo.max_whitespace = o->max_ws;
-        auto vocab = Vocabulary::load(o->vocab);
+        if (o->vocab.empty() == o->tokenizer.empty()) fail("give exactly one of --vocab and --tokenizer");
+        auto vocab = o->vocab.empty() ? Vocabulary::from_model_dir(o->tokenizer) : Vocabulary::load(o->vocab);
         auto t0 = std::chrono::steady_clock::now();
         GrammarCompiler compiler(vocab, jo);
         std::shared_ptr<const CompiledGrammar> cg;

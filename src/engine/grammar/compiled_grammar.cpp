@@ -19,6 +19,14 @@ public:
         size_t max_len = 0;
         for (int32_t id : v.sorted_ids()) max_len = std::max(max_len, v.token_bytes(id).size());
         levels_.resize(max_len + 2);
+        follow_.resize(g.rules.size());
+        for (int32_t st = 0; st < g.num_states(); ++st)
+            for (auto [rule, ret] : g.calls[st])
+                if (g.reachable[st]) follow_[rule].push_back(ret);
+        for (auto& f : follow_) {
+            std::sort(f.begin(), f.end());
+            f.erase(std::unique(f.begin(), f.end()), f.end());
+        }
         plain_.resize(g.num_states());
         loops_.resize(g.num_states());
         for (int32_t st = 0; st < g.num_states(); ++st) {
@@ -35,8 +43,9 @@ public:
         uncertain_ = &uncertain;
         levels_[0].clear();
         StepFlags flags;
+        stepper_.set_follow(bottom == kBottomFrame ? &follow_ : nullptr);
         stepper_.closure(state, bottom, levels_[0], flags);
-        walk(0, 0, false);
+        walk(0, 0, flags.popped);
     }
 
 private:
@@ -45,12 +54,19 @@ private:
         for (int32_t i = a; i < b; ++i) out.push_back(ids[i]);
     }
 
+    // Whether a top lives in a follow context (its stack bottoms out at kFollowFrame).
+    bool in_follow(const Top& t) const {
+        int32_t f = t.frame;
+        while (f >= 0) f = pool_[f].parent;
+        return f == kFollowFrame;
+    }
+
     void walk(int32_t node, size_t depth, bool popped_before) {
         const auto& trie = v_.trie();
         const std::vector<Top>& cur = levels_[depth];
         // One plain state whose self-loops cover every byte below: the whole subtree stays there.
         if (cur.size() == 1 && plain_[cur[0].state] && v_.trie_below()[node].subset_of(loops_[cur[0].state])) {
-            add_range(*accepted_, trie[node].tok_end_here, trie[node].tok_end);
+            add_range(in_follow(cur[0]) ? *uncertain_ : *accepted_, trie[node].tok_end_here, trie[node].tok_end);
             return;
         }
         for (int32_t ci = trie[node].child_begin; ci < trie[node].child_end; ++ci) {
@@ -59,8 +75,12 @@ private:
             StepFlags flags;
             stepper_.step(levels_[depth], c.byte, next, flags);
             bool pb = popped_before || flags.popped;
-            if (!next.empty() || flags.popped || flags.can_end) add_range(*accepted_, c.tok_begin, c.tok_end_here);
-            else if (pb) add_range(*uncertain_, c.tok_begin, c.tok_end_here);
+            bool local = false, follow = false;
+            for (const Top& t : next) (in_follow(t) ? follow : local) = true;
+            // Ends here: valid in any context if consumed inside the rule (or ending it exactly);
+            // otherwise only some callers might take it.
+            if (local || flags.bottom_popped || flags.can_end) add_range(*accepted_, c.tok_begin, c.tok_end_here);
+            else if (follow || pb || flags.follow_end) add_range(*uncertain_, c.tok_begin, c.tok_end_here);
             if (next.empty()) {
                 if (pb) add_range(*uncertain_, c.tok_end_here, c.tok_end);
                 continue;
@@ -74,6 +94,7 @@ private:
     FramePool pool_;
     StackStepper stepper_;
     std::vector<std::vector<Top>> levels_;
+    std::vector<std::vector<int32_t>> follow_;  // per rule: return states of its call sites
     std::vector<uint8_t> plain_;                 // closure of the state is the state itself
     std::vector<Vocabulary::ByteSet> loops_;     // bytes that loop on the state
     std::vector<int32_t>* accepted_ = nullptr;

@@ -85,6 +85,11 @@ ws ::= [ \t\n]{0,2}
     EXPECT_FALSE(accepts(cg2, "<tool>abcde</tool>"));
     EXPECT_FALSE(accepts(cg2, "<tool>ab</tool>   "));
 
+    // GBNF's empty alternative (llama.cpp's json.gbnf writes `ws ::= | " " | ...`).
+    auto cg_ws = compile_bytes(ebnf_grammar("root ::= \"a\" ws \"b\"\nws ::= | \" \" | \"\\n\" [ \\t]{0,2}"));
+    for (auto* s : {"ab", "a b", "a\n\t b"}) EXPECT_TRUE(accepts(cg_ws, s)) << s;
+    for (auto* s : {"a  b", "a\n   b"}) EXPECT_FALSE(accepts(cg_ws, s)) << s;
+
     auto cg3 = compile_bytes(ebnf_grammar("root ::= (\"\\u00e9\" | [\\x41-\\x43] | .)\"\\\"\"?"));
     EXPECT_TRUE(accepts(cg3, "\xc3\xa9\""));
     EXPECT_TRUE(accepts(cg3, "B"));

@@ -443,8 +443,8 @@ private:
         if (s.contains("additionalProperties")) {
             const ojson& ap = s["additionalProperties"];
             if (!(ap.is_boolean() && !ap.get<bool>())) extra = &ap;
-        } else if (!o_.strict) {
-            extra = &kAny;
+        } else if (!o_.strict || (!s.contains("properties") && !s.contains("required"))) {
+            extra = &kAny;  // a bare {"type": "object"} means any object
         }
 
         // States: S[i][e] = before property i, e = whether a member was already written.

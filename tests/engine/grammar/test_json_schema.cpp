@@ -52,6 +52,9 @@ TEST(JsonSchema, AdditionalPropertiesNeverRepeatListedKeys) {
     auto open = schema(R"({"type":"object","properties":{"id":{"type":"integer"}}})", lax);
     EXPECT_TRUE(accepts(open, R"({"id":1,"more":[1,{"a":null}]})"));
     EXPECT_FALSE(accepts(schema(R"({"type":"object","properties":{"id":{"type":"integer"}}})"), R"({"id":1,"x":1})"));
+    auto bare = schema(R"({"type":"object"})");
+    EXPECT_TRUE(accepts(bare, R"({"k":[1,"x"],"j":{}})"));
+    EXPECT_TRUE(accepts(bare, "{}"));
 }
 
 TEST(JsonSchema, ArraysEnumsConstsAndUnions) {

@@ -40,6 +40,21 @@ std::optional<ConstraintSpec> constraint_from_response_format(const nlohmann::js
     fail("unsupported response_format type '{}'", type);
 }
 
+std::optional<ConstraintSpec> constraint_from_sampling_params(const nlohmann::json& params) {
+    std::optional<ConstraintSpec> spec;
+    for (const char* key : {"json_schema", "regex", "ebnf"}) {
+        if (!params.contains(key) || params[key].is_null()) continue;
+        PEREGRINE_CHECK(!spec, "only one of json_schema, regex and ebnf may be given");
+        const auto& v = params[key];
+        std::string text;
+        if (v.is_string()) text = v.get<std::string>();
+        else if (std::string(key) == "json_schema" && (v.is_object() || v.is_boolean())) text = v.dump();
+        else fail("sampling parameter '{}' must be a string", key);
+        spec = ConstraintSpec{constraint_kind_from_name(key), text};
+    }
+    return spec;
+}
+
 Grammar build_grammar(const ConstraintSpec& spec, const JsonSchemaOptions& options) {
     switch (spec.kind) {
         case ConstraintKind::kJsonObject: return json_object_grammar(options);

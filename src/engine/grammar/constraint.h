@@ -33,6 +33,10 @@ const char* constraint_kind_name(ConstraintKind kind);
 // {"type":"json_schema","json_schema":{"name":..,"schema":{..},"strict":..}}.
 std::optional<ConstraintSpec> constraint_from_response_format(const nlohmann::json& response_format);
 
+// Native /generate sampling parameters: at most one of "json_schema" (string or object), "regex",
+// "ebnf"; nullopt when none is given, an error when several are.
+std::optional<ConstraintSpec> constraint_from_sampling_params(const nlohmann::json& params);
+
 Grammar build_grammar(const ConstraintSpec& spec, const JsonSchemaOptions& options = {});
 
 // Compiles constraints for one vocabulary, caching compiled grammars by (kind, text). Thread-safe;

@@ -358,12 +358,14 @@ private:
         int64_t hi = s.contains("maxLength") ? s["maxLength"].get<int64_t>() : -1;
         if (s.contains("pattern")) {
             if (has_len) unsupported("pattern combined with minLength/maxLength", where);
+            if (s.contains("format") && !format_regex(s["format"].get<std::string>()).empty())
+                unsupported("pattern combined with format", where);
             return quoted(build_regex(b_, s["pattern"].get<std::string>(), RegexMode::kSearch, encode_json_chars));
         }
         if (s.contains("format")) {
             std::string re = format_regex(s["format"].get<std::string>());
             if (!re.empty()) {
-                if (has_len) unsupported("format combined with minLength/maxLength", where);
+                if (has_len) re = bounded_format_regex(s["format"].get<std::string>(), re, lo, hi, where);
                 return quoted(regex(re));
             }
         }
@@ -388,6 +390,30 @@ private:
         if (f == "hostname") return label + "(\\." + label + ")*";
         if (f == "uri" || f == "url") return "https?://" + label + "(\\." + label + ")*(/[a-zA-Z0-9._~-]*)*";
         return "";  // unknown formats are annotations
+    }
+
+    // A format under minLength/maxLength: fixed-length formats pass when their length range fits;
+    // open-ended ones get a length-bounded shape (every string it yields is still of that format).
+    static std::string bounded_format_regex(const std::string& f, const std::string& re, int64_t lo, int64_t hi,
+                                            const std::string& where) {
+        struct Span { const char* name; int64_t min, max; };
+        static const Span fixed[] = {{"date", 10, 10}, {"time", 9, 21}, {"date-time", 20, 32},
+                                     {"uuid", 36, 36}, {"ipv4", 7, 15}, {"ipv6", 15, 39}};
+        for (const Span& sp : fixed)
+            if (f == sp.name) {
+                if (lo <= sp.min && (hi < 0 || hi >= sp.max)) return re;
+                unsupported("format '" + f + "' with minLength/maxLength cutting into its lengths", where);
+            }
+        int64_t cap = hi < 0 ? 64 : hi;
+        auto r = [](int64_t a, int64_t b) { return "{" + std::to_string(a) + "," + std::to_string(b) + "}"; };
+        if (f == "email" && lo <= 7 && cap >= 7) {  // local@domain.com: 1+1+1+4 .. cap
+            int64_t local = std::max<int64_t>(1, (cap - 5) / 2), domain = cap - 5 - local;
+            return "[a-zA-Z0-9_+-]" + r(1, local) + "@[a-z0-9]" + r(1, domain) + "\\.(com|org|net)";
+        }
+        if (f == "hostname" && lo <= 5 && cap >= 5) return "[a-z0-9]" + r(1, cap - 4) + "\\.(com|org|net)";
+        if ((f == "uri" || f == "url") && lo <= 13 && cap >= 13)
+            return "https://[a-z0-9]" + r(1, cap - 12) + "\\.com";
+        unsupported("format '" + f + "' with minLength/maxLength", where);
     }
 
     // ---- objects ----

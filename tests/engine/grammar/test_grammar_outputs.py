@@ -76,6 +76,12 @@ SCHEMAS = [
      "required": ["point", "label"]},
     {"type": "object", "properties": {"title": {"type": "string", "description": "anything"}, "any": {},
                                       "flag": {"type": "boolean"}}, "required": ["title", "any", "flag"]},
+    {"type": "object", "properties": {"e": {"type": "string", "format": "email", "maxLength": 20},
+                                      "h": {"type": "string", "format": "hostname", "maxLength": 30},
+                                      "u": {"type": "string", "format": "uri", "maxLength": 40},
+                                      "d": {"type": "string", "format": "date", "minLength": 10}},
+     "required": ["e", "h", "u", "d"]},
+    {"type": "object"},
     {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
                {"properties": {"b": {"type": "string", "pattern": "x+"}}, "required": ["b"]}]},
 ]

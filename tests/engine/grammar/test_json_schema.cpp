@@ -102,6 +102,16 @@ TEST(JsonSchema, StringsPatternsAndFormats) {
     EXPECT_FALSE(accepts(ip, R"("01.1.1.1")"));
 }
 
+TEST(JsonSchema, FormatsUnderLengthBounds) {
+    auto email = schema(R"({"type":"string","format":"email","maxLength":12})");
+    EXPECT_TRUE(accepts(email, R"("ab@cd.com")"));
+    EXPECT_FALSE(accepts(email, R"("abcd@efgh.com")"));  // 13 characters
+    auto date = schema(R"({"type":"string","format":"date","maxLength":10})");
+    EXPECT_TRUE(accepts(date, R"("2024-01-31")"));
+    EXPECT_THROW(schema(R"({"type":"string","format":"date","maxLength":8})"), Error);
+    EXPECT_THROW(schema(R"({"type":"string","format":"email","pattern":"x"})"), Error);
+}
+
 TEST(JsonSchema, RefsIncludingRecursion) {
     auto cg = schema(R"({"$defs":{"t":{"type":"object","properties":{"v":{"type":"integer"},
         "kids":{"type":"array","items":{"$ref":"#/$defs/t"}}},"required":["v"]}},

@@ -187,6 +187,13 @@ TEST(ResponseFormat, OpenAiShapes) {
     EXPECT_EQ(nlohmann::json::parse(js->text), nlohmann::json({{"type", "integer"}}));
     EXPECT_THROW(constraint_from_response_format({{"type", "xml"}}), Error);
     EXPECT_EQ(constraint_kind_from_name("ebnf"), ConstraintKind::kEbnf);
+    auto sp = constraint_from_sampling_params(nlohmann::json::parse(R"({"temperature":0,"json_schema":{"type":"null"}})"));
+    ASSERT_TRUE(sp.has_value());
+    EXPECT_EQ(sp->kind, ConstraintKind::kJsonSchema);
+    EXPECT_EQ(nlohmann::json::parse(sp->text), nlohmann::json::parse(R"({"type":"null"})"));
+    EXPECT_EQ(constraint_from_sampling_params(nlohmann::json::parse(R"({"regex":"a+"})"))->text, "a+");
+    EXPECT_FALSE(constraint_from_sampling_params(nlohmann::json::parse(R"({"top_p":1})")).has_value());
+    EXPECT_THROW(constraint_from_sampling_params(nlohmann::json::parse(R"({"regex":"a","ebnf":"root ::= \"a\""})")), Error);
     EXPECT_THROW(constraint_kind_from_name("yaml"), Error);
 }
 

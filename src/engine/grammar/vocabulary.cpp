@@ -50,10 +50,12 @@ Vocabulary::Vocabulary(std::vector<std::string> token_bytes, const std::vector<i
         trie_[node].child_end = static_cast<int32_t>(trie_.size());
     }
     below_.resize(trie_.size());
+    depth_below_.assign(trie_.size(), 0);
     for (int32_t n = static_cast<int32_t>(trie_.size()) - 1; n >= 0; --n)
         for (int32_t c = trie_[n].child_begin; c < trie_[n].child_end; ++c) {
             below_[n].add(trie_[c].byte);
             for (int k = 0; k < 4; ++k) below_[n].w[k] |= below_[c].w[k];
+            depth_below_[n] = std::max(depth_below_[n], depth_below_[c] + 1);
         }
 }
 

@@ -58,6 +58,8 @@ public:
         }
     };
     const std::vector<ByteSet>& trie_below() const { return below_; }
+    // Longest token below a node, in bytes after the node's prefix.
+    const std::vector<int32_t>& trie_depth_below() const { return depth_below_; }
     const std::vector<int32_t>& sorted_ids() const { return sorted_; }
 
 private:
@@ -67,6 +69,7 @@ private:
     std::vector<int32_t> sorted_;
     std::vector<TrieNode> trie_;
     std::vector<ByteSet> below_;
+    std::vector<int32_t> depth_below_;
 };
 
 }  // namespace peregrine::grammar

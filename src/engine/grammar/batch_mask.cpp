@@ -1,6 +1,6 @@
 #include "engine/grammar/batch_mask.h"
 
-#include "util/thread_pool.h"
+#include "engine/grammar/worker_pools.h"
 
 namespace peregrine::grammar {
 
@@ -13,7 +13,7 @@ void fill_next_token_bitmasks(const std::vector<GrammarMatcher*>& matchers, uint
             matchers[rows[k]]->fill_next_token_bitmask(bitmasks + rows[k] * static_cast<int64_t>(words));
     };
     if (rows.size() <= 1) fill(0, static_cast<int64_t>(rows.size()));
-    else parallel_for(static_cast<int64_t>(rows.size()), fill);
+    else grammar_parallel_for(GrammarPool::kMask, static_cast<int64_t>(rows.size()), fill);
 }
 
 std::future<void> fill_next_token_bitmasks_async(std::vector<GrammarMatcher*> matchers, uint32_t* bitmasks,

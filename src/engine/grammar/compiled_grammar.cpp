@@ -7,7 +7,7 @@
 #include <cstdlib>
 
 #include "engine/grammar/stack.h"
-#include "util/thread_pool.h"
+#include "engine/grammar/worker_pools.h"
 
 namespace peregrine::grammar {
 
@@ -189,7 +189,7 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabula
     for (const auto& cs : grammar_.calls)
         for (auto [rule, ret] : cs) root_called = root_called || rule == grammar_.root_rule;
 
-    parallel_for(static_cast<int64_t>(todo.size()), [&](int64_t begin, int64_t end) {
+    grammar_parallel_for(GrammarPool::kCompile, static_cast<int64_t>(todo.size()), [&](int64_t begin, int64_t end) {
         TrieClassifier cls(grammar_, v);
         std::vector<int32_t> accepted, uncertain;
         for (int64_t i = begin; i < end; ++i) {

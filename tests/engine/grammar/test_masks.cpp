@@ -6,6 +6,8 @@
 #include "engine/grammar/batch_mask.h"
 #include "engine/grammar/constraint.h"
 #include "grammar_test_util.h"
+#include <thread>
+
 #include "util/error.h"
 
 using namespace peregrine;
@@ -216,4 +218,21 @@ TEST(BatchMasks, ParallelAndAsyncFillsEqualSequentialOnes) {
         if (rows[i]) rows[i]->fill_next_token_bitmask(one.data());
         EXPECT_TRUE(std::equal(one.begin(), one.end(), batch.begin() + i * words)) << "row " << i;
     }
+}
+
+TEST(GrammarCache, ConcurrentCompilesAreSafeAndShared) {
+    auto vocab = synthetic_vocab(300);
+    GrammarCompiler compiler(vocab);
+    std::vector<std::string> regexes = {"a+b", "[0-9]{2,4}", "(x|yz)*", "a+b"};
+    std::vector<std::shared_ptr<const CompiledGrammar>> out(8);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 8; ++i)
+        threads.emplace_back([&, i] { out[i] = compiler.compile({ConstraintKind::kRegex, regexes[i % 4]}); });
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < 8; ++i) ASSERT_TRUE(out[i]);
+    EXPECT_EQ(out[0].get(), out[3].get());  // same text, one compilation
+    EXPECT_EQ(out[1].get(), out[5].get());
+    EXPECT_EQ(compiler.cached(), 3u);
+    EXPECT_TRUE(accepts(out[1], "123"));
+    EXPECT_FALSE(accepts(out[1], "1"));
 }

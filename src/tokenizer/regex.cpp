@@ -9,9 +9,9 @@
 namespace peregrine {
 
 namespace {
-// Oniguruma (UTF-8, Ruby syntax) vs PCRE2 with UCP: \s also matches U+0085; \w is L|M|N|Pc;
-// \h is a hex digit; \uHHHH is a code point; \p{X} includes characters assigned after Unicode 14.
-// Oniguruma's \s is exactly White_Space (PCRE2's also takes U+180E and misses U+0085).
+// Oniguruma (UTF-8, Ruby syntax) vs PCRE2 with UCP: \s is exactly White_Space (PCRE2's takes
+// U+180E and misses U+0085); \w is L|M|N|Pc; \h is a hex digit; \uHHHH is a code point; \p{X}
+// includes the characters assigned after Unicode 14.
 const char* kSpace = "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
 const char* kHex = "0-9a-fA-F";
 

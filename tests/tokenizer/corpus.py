@@ -84,13 +84,22 @@ POOLS = [
 ]
 
 
+EDGES = [" ", "  ", "\n", "\r", "\r\n", "\t", "a", "Z", "1", "12345", "!", ".", "'s", "'LL", "中", "ー", "あ",
+         "e\u0301", "\u0301", "😀", "\u00a0", "\u3000", "#", "-", "_", "(", "\\", "\u2028", "\x85", "١", "²", "ǅ",
+         "İ", "ß", "ﬁ", "<", "｜", " <", "\u180e", "\u200d", "\U0001fa77"]
+
+
 def random_string(rng, max_len=40):
-    """A random string over weighted code point pools, sometimes with special-token strings."""
+    """A random string over weighted code point pools, sometimes with special-token strings and
+    characters at regex class boundaries."""
     chars = []
     for _ in range(rng.randint(0, max_len)):
         r = rng.random()
         if r < 0.05:
             chars.append(rng.choice(SPECIAL))
+            continue
+        if r < 0.15:
+            chars.append(rng.choice(EDGES))
             continue
         if r < 0.25:
             chars.append(rng.choice(" \t\n\r  \u00a0\u3000"))

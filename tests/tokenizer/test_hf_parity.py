@@ -169,3 +169,23 @@ def test_roundtrip_is_byte_exact(name, tmp_path):
     assert len(ids) > 1000
     back = run(["detokenize", "--tokenizer", path, "--ids", ",".join(x.decode() for x in ids)])
     assert back == text.encode("utf-8")
+
+
+try:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+except ImportError:  # pragma: no cover
+    st = None
+
+
+if st is not None:
+    @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(texts=st.lists(st.text(min_size=0, max_size=60), min_size=200, max_size=200))
+    def test_hypothesis_text(texts, tmp_path_factory):
+        """Hypothesis' own Unicode text strategy, a batch of 200 strings per example (small tokenizer:
+        the real one gets the larger random batches above)."""
+        path = SMALL
+        tmp = tmp_path_factory.mktemp("hyp")
+        for special in (False, True):
+            ok, n = compare(path, texts, tmp, special)
+            assert ok == n

@@ -45,6 +45,19 @@ def variant(name):
         _, behavior, invert = name.split("_")
         j["pre_tokenizer"] = seq(split(r"\s+|\d", behavior, invert == "inv"), split(r"[a-z]+", behavior, invert == "inv"),
                                  byte_level())
+    elif name == "deepseek_coder_style":
+        j["pre_tokenizer"] = seq(split(r"[\r\n]", "Isolated"), split(r"\s?\p{L}+", "Isolated"),
+                                 split(r"\s?\p{P}+", "Isolated"), split("[一-龥ࠀ-一가-퟿]+", "Isolated"),
+                                 {"type": "Digits", "individual_digits": True}, byte_level())
+    elif name == "digit_runs_punctuation":
+        j["pre_tokenizer"] = seq({"type": "Digits", "individual_digits": False},
+                                 {"type": "Punctuation", "behavior": "MergedWithNext"}, byte_level(prefix=True))
+    elif name == "whitespace":
+        j["pre_tokenizer"] = seq({"type": "Whitespace"}, byte_level())
+    elif name == "whitespace_split_no_bytelevel":
+        j["pre_tokenizer"] = {"type": "WhitespaceSplit"}
+    elif name == "bert_pre_tokenizer":
+        j["pre_tokenizer"] = seq({"type": "BertPreTokenizer"}, byte_level())
     elif name == "string_pattern":
         j["pre_tokenizer"] = seq(split(" ", "MergedWithNext", kind="String"), split("ab", "Isolated", kind="String"),
                                  byte_level(prefix=True))
@@ -83,7 +96,8 @@ def variant(name):
     return j
 
 
-VARIANTS = ["merges_as_strings", "ignore_merges", "gpt2_bytelevel", "bytelevel_regex_noprefix", "llama3_split",
+VARIANTS = ["deepseek_coder_style", "digit_runs_punctuation", "whitespace", "whitespace_split_no_bytelevel",
+            "bert_pre_tokenizer", "merges_as_strings", "ignore_merges", "gpt2_bytelevel", "bytelevel_regex_noprefix", "llama3_split",
             "string_pattern", "norm_nfkc_lower", "norm_nfd_strip_accents", "norm_replace_prepend", "added_flags"] + [
     f"behavior_{b}_{i}" for b in ["Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"]
     for i in ["inv", "noinv"]]
@@ -130,7 +144,8 @@ def test_add_bos_from_tokenizer_config():
 @pytest.mark.parametrize("bad,needle", [
     ({"model": {"type": "WordPiece"}}, "WordPiece"),
     ({"normalizer": {"type": "BertNormalizer"}}, "BertNormalizer"),
-    ({"pre_tokenizer": {"type": "Metaspace"}}, "Metaspace"),
+    ({"pre_tokenizer": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": True}},
+     "Metaspace"),
 ])
 def test_unsupported_features_are_named(bad, needle, tmp_path):
     j = copy.deepcopy(BASE)

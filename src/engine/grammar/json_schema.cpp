@@ -253,8 +253,8 @@ private:
         for (auto& [k, v] : schema.items()) {
             if (kUnsupported.count(k)) unsupported(k, where);
             if (k == "uniqueItems" && v.is_boolean() && v.get<bool>()) unsupported("uniqueItems", where);
-            if (k == "multipleOf" && !(v.is_number() && v.get<double>() == 1.0 && schema.value("type", "") == "integer"))
-                unsupported("multipleOf", where);
+            if (k == "multipleOf" && !(v.is_number() && v.get<double>() == 1.0))
+                unsupported("multipleOf (other than 1)", where);
         }
         if (schema.contains("$ref")) {
             for (auto& [k, v] : schema.items())
@@ -312,6 +312,8 @@ private:
             if (t == "string") alts.push_back(string_value(schema, where));
             else if (t == "integer" && !has_number) alts.push_back(regex(integer_regex(bounds(schema, where))));
             else if (t == "integer") continue;  // covered by number
+            else if (t == "number" && schema.contains("multipleOf"))  // multipleOf 1: whole numbers
+                alts.push_back(regex(integer_regex(bounds(schema, where))));
             else if (t == "number") alts.push_back(regex(number_regex(bounds(schema, where))));
             else if (t == "boolean") alts.push_back(b_.alt({b_.literal("true"), b_.literal("false")}));
             else if (t == "null") alts.push_back(b_.literal("null"));

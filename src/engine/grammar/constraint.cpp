@@ -74,6 +74,11 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const Grammar& g
 
 std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const ConstraintSpec& spec) {
     std::string key = std::string(constraint_kind_name(spec.kind)) + '\0' + spec.text;
+    return compile_cached(key, [&] { return build_grammar(spec, options_); });
+}
+
+std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile_cached(const std::string& key,
+                                                                       const std::function<Grammar()>& build) {
     std::promise<std::shared_ptr<const CompiledGrammar>> promise;
     Future future;
     bool owner = false;
@@ -95,7 +100,7 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const Constraint
     }
     if (owner) {
         try {
-            promise.set_value(compile(build_grammar(spec, options_)));
+            promise.set_value(compile(build()));
         } catch (...) {
             {
                 std::lock_guard<std::mutex> lock(mutex_);

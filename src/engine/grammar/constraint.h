@@ -3,6 +3,7 @@
 // Errors (bad syntax, unsupported schema feature) are peregrine::Error whose message names the
 // problem; the server turns them into HTTP 400.
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <list>
 #include <map>
@@ -47,6 +48,9 @@ public:
                              size_t max_cached = 512);
     std::shared_ptr<const CompiledGrammar> compile(const ConstraintSpec& spec);
     std::shared_ptr<const CompiledGrammar> compile(const Grammar& grammar) const;
+    // A grammar the caller builds (e.g. a tool-call grammar from ebnf_grammar with schema rules),
+    // cached under a caller-chosen key (keys of specs start with their kind name and a NUL).
+    std::shared_ptr<const CompiledGrammar> compile_cached(const std::string& key, const std::function<Grammar()>& build);
     size_t cached() const;
     const std::shared_ptr<const Vocabulary>& vocab() const { return vocab_; }
 

@@ -63,7 +63,15 @@ Frag encode_json_chars(GrammarBuilder& b, const CodepointSet& set) {
 
 class SchemaCompiler {
 public:
-    SchemaCompiler(const ojson& root, const JsonSchemaOptions& o) : root_(root), o_(o) {}
+    SchemaCompiler(const ojson& root, const JsonSchemaOptions& o) : root_(root), o_(o), b_(own_) {}
+    SchemaCompiler(const ojson& root, const JsonSchemaOptions& o, GrammarBuilder& b) : root_(root), o_(o), b_(b) {}
+
+    // The schema's value as a fragment of the caller's builder (rules it needs are added there).
+    Frag fragment() {
+        Frag f = value(root_, "#");
+        finish_rules();
+        return f;
+    }
 
     Grammar build_schema() {
         int32_t r = b_.declare_rule("root");
@@ -600,7 +608,8 @@ private:
 
     const ojson& root_;
     JsonSchemaOptions o_;
-    GrammarBuilder b_;
+    GrammarBuilder own_;
+    GrammarBuilder& b_;
     int32_t any_rule_ = -1;
     bool pending_any_ = false;
     std::map<std::string, int32_t> ref_rules_;
@@ -622,6 +631,16 @@ Grammar json_schema_grammar(const std::string& schema_text, const JsonSchemaOpti
         fail("JSON Schema is not valid JSON: {}", e.what());
     }
     return json_schema_grammar(schema, options);
+}
+
+Frag json_schema_fragment(GrammarBuilder& b, const std::string& schema_text, const JsonSchemaOptions& options) {
+    ojson schema;
+    try {
+        schema = ojson::parse(schema_text);
+    } catch (const std::exception& e) {
+        fail("JSON Schema is not valid JSON: {}", e.what());
+    }
+    return SchemaCompiler(schema, options, b).fragment();
 }
 
 Grammar json_object_grammar(const JsonSchemaOptions& options) {

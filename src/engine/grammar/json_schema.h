@@ -25,6 +25,11 @@ struct JsonSchemaOptions {
 
 Grammar json_schema_grammar(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options = {});
 Grammar json_schema_grammar(const std::string& schema_text, const JsonSchemaOptions& options = {});
+// A JSON value valid under the schema, as a fragment of a larger grammar (EBNF schema rules).
+class GrammarBuilder;
+struct Frag;
+Frag json_schema_fragment(GrammarBuilder& b, const std::string& schema_text, const JsonSchemaOptions& options);
+
 // Any JSON object (OpenAI response_format {"type": "json_object"}).
 Grammar json_object_grammar(const JsonSchemaOptions& options = {});
 

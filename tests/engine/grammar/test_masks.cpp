@@ -5,6 +5,7 @@
 
 #include "engine/grammar/batch_mask.h"
 #include "engine/grammar/constraint.h"
+#include "engine/grammar/regex.h"
 #include "grammar_test_util.h"
 #include <thread>
 
@@ -235,4 +236,15 @@ TEST(GrammarCache, ConcurrentCompilesAreSafeAndShared) {
     EXPECT_EQ(compiler.cached(), 3u);
     EXPECT_TRUE(accepts(out[1], "123"));
     EXPECT_FALSE(accepts(out[1], "1"));
+}
+
+TEST(GrammarCache, CallerBuiltGrammarsAreCachedByKey) {
+    auto vocab = synthetic_vocab(100);
+    GrammarCompiler compiler(vocab);
+    int builds = 0;
+    auto build = [&] { ++builds; return regex_grammar("ab+"); };
+    auto a = compiler.compile_cached("tools:v1", build);
+    auto b = compiler.compile_cached("tools:v1", build);
+    EXPECT_EQ(a.get(), b.get());
+    EXPECT_EQ(builds, 1);
 }

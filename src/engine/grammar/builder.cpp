@@ -197,18 +197,32 @@ struct VecHash {
 static void minimize(Grammar& g) {
     const int32_t n = g.num_states();
     std::vector<int32_t> cls(n), next_cls(n);
-    std::map<std::vector<int32_t>, int32_t> ids;
+    std::unordered_map<std::vector<int32_t>, int32_t, VecHash> ids;
     std::vector<int32_t> sig;
+    // Signature: class, acceptance, byte transitions run-length encoded by target class, calls.
+    // Byte transitions as runs of equal target state, computed once (a few runs per state).
+    std::vector<std::vector<std::pair<int32_t, int32_t>>> runs(n);  // (first byte, target)
+    for (int32_t s = 0; s < n; ++s) {
+        if (g.byte_table[s] < 0) continue;
+        int32_t prev = -3;
+        for (int b = 0; b < 256; ++b) {
+            int32_t t = g.next[g.byte_table[s] + b];
+            if (t != prev) runs[s].push_back({b, t}), prev = t;
+        }
+    }
     auto signature = [&](int32_t s, bool first) {
         sig.clear();
         sig.push_back(first ? g.rule_of[s] : cls[s]);
         sig.push_back(g.accepting[s]);
-        if (g.byte_table[s] >= 0)
-            for (int b = 0; b < 256; ++b) {
-                int32_t t = g.next[g.byte_table[s] + b];
-                sig.push_back(first ? (t >= 0) : (t >= 0 ? cls[t] : -1));
+        if (g.byte_table[s] >= 0) {
+            int32_t prev = -3;
+            for (auto [b, t] : runs[s]) {
+                int32_t c = first ? (t >= 0) : (t >= 0 ? cls[t] : -1);
+                if (c != prev) sig.push_back(b), sig.push_back(c), prev = c;
             }
-        else sig.push_back(-2);
+        } else {
+            sig.push_back(-2);
+        }
         for (auto [q, ret] : g.calls[s]) {
             sig.push_back(q);
             sig.push_back(first ? 0 : cls[ret]);
@@ -413,6 +427,31 @@ Grammar GrammarBuilder::build(int32_t root_rule) const {
         if (color[r] == 0) dfs(r);
 
     minimize(g);
+
+    // Shortest completion of every state (Bellman-Ford over bytes and calls).
+    const int32_t m = g.num_states();
+    constexpr int32_t kInf = 1 << 29;
+    g.min_to_accept.assign(m, kInf);
+    std::vector<std::vector<int32_t>> targets(m);
+    for (int32_t s = 0; s < m; ++s) {
+        if (g.accepting[s]) g.min_to_accept[s] = 0;
+        if (g.byte_table[s] >= 0) {
+            for (int b = 0; b < 256; ++b)
+                if (int32_t t = g.next[g.byte_table[s] + b]; t >= 0) targets[s].push_back(t);
+            std::sort(targets[s].begin(), targets[s].end());
+            targets[s].erase(std::unique(targets[s].begin(), targets[s].end()), targets[s].end());
+        }
+    }
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int32_t s = 0; s < m; ++s) {
+            int32_t best = g.min_to_accept[s];
+            for (int32_t t : targets[s]) best = std::min(best, g.min_to_accept[t] + 1);
+            for (auto [q, ret] : g.calls[s])
+                best = std::min(best, g.min_to_accept[g.rules[q].start] + g.min_to_accept[ret]);
+            if (best < g.min_to_accept[s]) g.min_to_accept[s] = best, changed = true;
+        }
+    }
 
     // States that can be on top of the stack when matching from the root.
     g.reachable.assign(g.num_states(), 0);

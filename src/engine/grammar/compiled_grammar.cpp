@@ -2,11 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <cstdio>
 #include <cstdlib>
 
 #include "engine/grammar/stack.h"
-#include "util/thread_pool.h"
+#include "engine/grammar/worker_pools.h"
 
 namespace peregrine::grammar {
 
@@ -19,13 +20,65 @@ public:
         size_t max_len = 0;
         for (int32_t id : v.sorted_ids()) max_len = std::max(max_len, v.token_bytes(id).size());
         levels_.resize(max_len + 2);
-        plain_.resize(g.num_states());
-        loops_.resize(g.num_states());
-        for (int32_t st = 0; st < g.num_states(); ++st) {
-            plain_[st] = !g.accepting[st] && g.calls[st].empty();
-            for (int b = 0; b < 256; ++b)
-                if (g.step(st, uint8_t(b)) == st) loops_[st].add(uint8_t(b));
+        follow_.resize(g.rules.size());
+        for (int32_t st = 0; st < g.num_states(); ++st)
+            for (auto [rule, ret] : g.calls[st])
+                if (g.reachable[st]) follow_[rule].push_back(ret);
+        for (auto& f : follow_) {
+            std::sort(f.begin(), f.end());
+            f.erase(std::unique(f.begin(), f.end()), f.end());
         }
+        // Runs: from a plain state, the bytes leading to its main successor (a self-loop inside an
+        // unbounded string, the next counter state inside a bounded one) and how many such bytes can
+        // follow one another while staying on plain states with byte edges.
+        const int32_t n = g.num_states();
+        plain_.resize(n);
+        run_bytes_.resize(n);
+        run_next_.assign(n, -1);
+        run_cap_.assign(n, -1);
+        for (int32_t st = 0; st < n; ++st) plain_[st] = !g.accepting[st] && g.calls[st].empty() && g.has_bytes(st);
+        for (int32_t st = 0; st < n; ++st) {
+            if (!plain_[st]) continue;
+            std::map<int32_t, int> count;
+            for (int b = 0; b < 256; ++b)
+                if (int32_t t = g.step(st, uint8_t(b)); t >= 0 && plain_[t]) ++count[t];
+            int best = 0;
+            for (auto [t, c] : count)
+                if (c > best || (c == best && t == st)) best = c, run_next_[st] = t;
+            if (run_next_[st] < 0) continue;
+            for (int b = 0; b < 256; ++b)
+                if (g.step(st, uint8_t(b)) == run_next_[st]) run_bytes_[st].add(uint8_t(b));
+        }
+        for (int32_t st = 0; st < n; ++st) run_capacity(st);
+    }
+
+    int32_t run_capacity(int32_t st) {
+        constexpr int32_t kUnbounded = 1 << 30;
+        if (run_cap_[st] >= 0) return run_cap_[st];
+        if (run_next_[st] < 0) return run_cap_[st] = 0;
+        if (run_next_[st] == st) return run_cap_[st] = kUnbounded;
+        // Follow the chain iteratively (bounded strings give chains of hundreds of states).
+        std::vector<int32_t> chain{st};
+        int32_t cur = st;
+        while (true) {
+            int32_t t = run_next_[cur];
+            if (t < 0 || run_cap_[t] >= 0 || t == cur || !run_bytes_[cur].subset_of(run_bytes_[t]) ||
+                std::find(chain.begin(), chain.end(), t) != chain.end())
+                break;
+            chain.push_back(t);
+            cur = t;
+        }
+        // The last state's successor ends the run: it still has byte edges, so one more byte fits.
+        int32_t last = chain.back(), t = run_next_[last];
+        int32_t cap = 1;
+        if (t == last) cap = kUnbounded;
+        else if (t >= 0 && run_cap_[t] >= 0 && run_bytes_[last].subset_of(run_bytes_[t]))
+            cap = run_cap_[t] >= kUnbounded ? kUnbounded : run_cap_[t] + 1;
+        for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+            run_cap_[*it] = cap;
+            if (cap < kUnbounded) ++cap;
+        }
+        return run_cap_[st];
     }
 
     // bottom: the frame below the state's rule (kRootFrame when the rule can only be the root).
@@ -35,8 +88,9 @@ public:
         uncertain_ = &uncertain;
         levels_[0].clear();
         StepFlags flags;
+        stepper_.set_follow(bottom == kBottomFrame ? &follow_ : nullptr);
         stepper_.closure(state, bottom, levels_[0], flags);
-        walk(0, 0, false);
+        walk(0, 0, flags.popped);
     }
 
 private:
@@ -45,22 +99,55 @@ private:
         for (int32_t i = a; i < b; ++i) out.push_back(ids[i]);
     }
 
+    // Whether a top lives in a follow context (its stack bottoms out at kFollowFrame).
+    bool in_follow(const Top& t) const {
+        int32_t f = t.frame;
+        while (f >= 0) f = pool_[f].parent;
+        return f == kFollowFrame;
+    }
+
     void walk(int32_t node, size_t depth, bool popped_before) {
         const auto& trie = v_.trie();
         const std::vector<Top>& cur = levels_[depth];
-        // One plain state whose self-loops cover every byte below: the whole subtree stays there.
-        if (cur.size() == 1 && plain_[cur[0].state] && v_.trie_below()[node].subset_of(loops_[cur[0].state])) {
-            add_range(*accepted_, trie[node].tok_end_here, trie[node].tok_end);
+        // One plain state whose run covers every byte below, long enough for the deepest token: the whole
+        // subtree stays on plain states with byte edges.
+        if (cur.size() == 1 && run_next_[cur[0].state] >= 0 &&
+            v_.trie_depth_below()[node] <= run_cap_[cur[0].state] &&
+            v_.trie_below()[node].subset_of(run_bytes_[cur[0].state])) {
+            add_range(in_follow(cur[0]) ? *uncertain_ : *accepted_, trie[node].tok_end_here, trie[node].tok_end);
             return;
         }
+        const bool single = cur.size() == 1;
+        const Top top = single ? cur[0] : Top{-1, 0};
+        const bool top_follow = single && in_follow(top);
         for (int32_t ci = trie[node].child_begin; ci < trie[node].child_end; ++ci) {
             const Vocabulary::TrieNode& c = trie[ci];
+            if (single) {
+                // Fast path: one top moving to a plain state (no closure work, no flags).
+                int32_t t = g_.step(top.state, c.byte);
+                if (t < 0) {
+                    if (popped_before) add_range(*uncertain_, c.tok_begin, c.tok_end);
+                    continue;
+                }
+                if (plain_[t]) {
+                    add_range(top_follow ? *uncertain_ : *accepted_, c.tok_begin, c.tok_end_here);
+                    if (c.child_begin < c.child_end) {
+                        levels_[depth + 1].assign(1, Top{t, top.frame});
+                        walk(ci, depth + 1, popped_before);
+                    }
+                    continue;
+                }
+            }
             std::vector<Top>& next = levels_[depth + 1];
             StepFlags flags;
             stepper_.step(levels_[depth], c.byte, next, flags);
             bool pb = popped_before || flags.popped;
-            if (!next.empty() || flags.popped || flags.can_end) add_range(*accepted_, c.tok_begin, c.tok_end_here);
-            else if (pb) add_range(*uncertain_, c.tok_begin, c.tok_end_here);
+            bool local = false, follow = false;
+            for (const Top& t : next) (in_follow(t) ? follow : local) = true;
+            // Ends here: valid in any context if consumed inside the rule (or ending it exactly);
+            // otherwise only some callers might take it.
+            if (local || flags.bottom_popped || flags.can_end) add_range(*accepted_, c.tok_begin, c.tok_end_here);
+            else if (follow || pb || flags.follow_end) add_range(*uncertain_, c.tok_begin, c.tok_end_here);
             if (next.empty()) {
                 if (pb) add_range(*uncertain_, c.tok_end_here, c.tok_end);
                 continue;
@@ -74,8 +161,10 @@ private:
     FramePool pool_;
     StackStepper stepper_;
     std::vector<std::vector<Top>> levels_;
-    std::vector<uint8_t> plain_;                 // closure of the state is the state itself
-    std::vector<Vocabulary::ByteSet> loops_;     // bytes that loop on the state
+    std::vector<std::vector<int32_t>> follow_;  // per rule: return states of its call sites
+    std::vector<uint8_t> plain_;                 // not accepting, no calls, has byte edges
+    std::vector<Vocabulary::ByteSet> run_bytes_; // bytes leading to run_next_
+    std::vector<int32_t> run_next_, run_cap_;
     std::vector<int32_t>* accepted_ = nullptr;
     std::vector<int32_t>* uncertain_ = nullptr;
 };
@@ -100,7 +189,9 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabula
     for (const auto& cs : grammar_.calls)
         for (auto [rule, ret] : cs) root_called = root_called || rule == grammar_.root_rule;
 
-    parallel_for(static_cast<int64_t>(todo.size()), [&](int64_t begin, int64_t end) {
+    // PEREGRINE_GRAMMAR_PROFILE=1 prints each state's walk time and class sizes (compile-time tuning).
+    static const bool profile = std::getenv("PEREGRINE_GRAMMAR_PROFILE") != nullptr;
+    grammar_parallel_for(GrammarPool::kCompile, static_cast<int64_t>(todo.size()), [&](int64_t begin, int64_t end) {
         TrieClassifier cls(grammar_, v);
         std::vector<int32_t> accepted, uncertain;
         for (int64_t i = begin; i < end; ++i) {
@@ -109,8 +200,8 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabula
             int32_t bottom = !root_called && grammar_.rule_of[todo[i]] == grammar_.root_rule ? kRootFrame : kBottomFrame;
             auto c0 = std::chrono::steady_clock::now();
             cls.classify(todo[i], bottom, accepted, uncertain);
-            if (getenv("PEREGRINE_GRAMMAR_PROFILE"))
-                fprintf(stderr, "state %d: %.3f ms acc %zu unc %zu\n", todo[i],
+            if (profile)
+                std::fprintf(stderr, "state %d: %.3f ms acc %zu unc %zu\n", todo[i],
                         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - c0).count(),
                         accepted.size(), uncertain.size());
             StateMask& m = masks_[todo[i]];

@@ -40,6 +40,21 @@ std::optional<ConstraintSpec> constraint_from_response_format(const nlohmann::js
     fail("unsupported response_format type '{}'", type);
 }
 
+std::optional<ConstraintSpec> constraint_from_sampling_params(const nlohmann::json& params) {
+    std::optional<ConstraintSpec> spec;
+    for (const char* key : {"json_schema", "regex", "ebnf"}) {
+        if (!params.contains(key) || params[key].is_null()) continue;
+        PEREGRINE_CHECK(!spec, "only one of json_schema, regex and ebnf may be given");
+        const auto& v = params[key];
+        std::string text;
+        if (v.is_string()) text = v.get<std::string>();
+        else if (std::string(key) == "json_schema" && (v.is_object() || v.is_boolean())) text = v.dump();
+        else fail("sampling parameter '{}' must be a string", key);
+        spec = ConstraintSpec{constraint_kind_from_name(key), text};
+    }
+    return spec;
+}
+
 Grammar build_grammar(const ConstraintSpec& spec, const JsonSchemaOptions& options) {
     switch (spec.kind) {
         case ConstraintKind::kJsonObject: return json_object_grammar(options);
@@ -59,6 +74,11 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const Grammar& g
 
 std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const ConstraintSpec& spec) {
     std::string key = std::string(constraint_kind_name(spec.kind)) + '\0' + spec.text;
+    return compile_cached(key, [&] { return build_grammar(spec, options_); });
+}
+
+std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile_cached(const std::string& key,
+                                                                       const std::function<Grammar()>& build) {
     std::promise<std::shared_ptr<const CompiledGrammar>> promise;
     Future future;
     bool owner = false;
@@ -80,7 +100,7 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const Constraint
     }
     if (owner) {
         try {
-            promise.set_value(compile(build_grammar(spec, options_)));
+            promise.set_value(compile(build()));
         } catch (...) {
             {
                 std::lock_guard<std::mutex> lock(mutex_);

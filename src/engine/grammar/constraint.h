@@ -3,6 +3,7 @@
 // Errors (bad syntax, unsupported schema feature) are peregrine::Error whose message names the
 // problem; the server turns them into HTTP 400.
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <list>
 #include <map>
@@ -33,6 +34,10 @@ const char* constraint_kind_name(ConstraintKind kind);
 // {"type":"json_schema","json_schema":{"name":..,"schema":{..},"strict":..}}.
 std::optional<ConstraintSpec> constraint_from_response_format(const nlohmann::json& response_format);
 
+// Native /generate sampling parameters: at most one of "json_schema" (string or object), "regex",
+// "ebnf"; nullopt when none is given, an error when several are.
+std::optional<ConstraintSpec> constraint_from_sampling_params(const nlohmann::json& params);
+
 Grammar build_grammar(const ConstraintSpec& spec, const JsonSchemaOptions& options = {});
 
 // Compiles constraints for one vocabulary, caching compiled grammars by (kind, text). Thread-safe;
@@ -43,6 +48,9 @@ public:
                              size_t max_cached = 512);
     std::shared_ptr<const CompiledGrammar> compile(const ConstraintSpec& spec);
     std::shared_ptr<const CompiledGrammar> compile(const Grammar& grammar) const;
+    // A grammar the caller builds (e.g. a tool-call grammar from ebnf_grammar with schema rules),
+    // cached under a caller-chosen key (keys of specs start with their kind name and a NUL).
+    std::shared_ptr<const CompiledGrammar> compile_cached(const std::string& key, const std::function<Grammar()>& build);
     size_t cached() const;
     const std::shared_ptr<const Vocabulary>& vocab() const { return vocab_; }
 

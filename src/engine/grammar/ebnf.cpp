@@ -263,11 +263,13 @@ void collect_refs(const Expr& e, std::vector<std::string>& out) {
 
 }  // namespace
 
-Grammar ebnf_grammar(const std::string& text, const std::string& root_rule) {
+Grammar ebnf_grammar(const std::string& text, const std::string& root_rule,
+                     const std::map<std::string, std::string>& schema_rules, const JsonSchemaOptions& schema_options) {
     auto parsed = EbnfParser(text).parse();
     std::map<std::string, const Expr*> defs;
     for (auto& [name, body] : parsed) {
         PEREGRINE_CHECK(!defs.count(name), "EBNF: rule '{}' is defined twice", name);
+        PEREGRINE_CHECK(!schema_rules.count(name), "EBNF: rule '{}' is also given as a JSON Schema", name);
         defs[name] = &body;
     }
     PEREGRINE_CHECK(defs.count(root_rule), "EBNF: no '{}' rule", root_rule);
@@ -275,7 +277,10 @@ Grammar ebnf_grammar(const std::string& text, const std::string& root_rule) {
     for (auto& [name, body] : defs) {
         collect_refs(*body, refs[name]);
         for (const std::string& r : refs[name])
-            PEREGRINE_CHECK(defs.count(r), "EBNF: rule '{}' references undefined rule '{}'", name, r);
+            PEREGRINE_CHECK(defs.count(r) || schema_rules.count(r), "EBNF: rule '{}' references undefined rule '{}'",
+                            name, r);
+        // Schema rules are leaves here: their own recursion is handled by the schema compiler.
+        std::erase_if(refs[name], [&](const std::string& r) { return schema_rules.count(r) > 0; });
     }
     // A rule is recursive if it can reach itself; only those need pushdown calls.
     std::map<std::string, bool> recursive;
@@ -306,6 +311,8 @@ Grammar ebnf_grammar(const std::string& text, const std::string& root_rule) {
             case Expr::kBytes: return b.literal(e.text);
             case Expr::kSet: return b.codepoints(e.set);
             case Expr::kRef:
+                if (auto it = schema_rules.find(e.text); it != schema_rules.end())
+                    return json_schema_fragment(b, it->second, schema_options);
                 if (recursive[e.text] || e.text == root_rule) return b.call(rule_ids[e.text]);
                 return emit(*defs[e.text]);
             case Expr::kSeq: {

@@ -25,6 +25,7 @@ struct Grammar {
     std::vector<int32_t> next;        // byte_table[s] + b -> target state or -1
     std::vector<std::vector<std::pair<int32_t, int32_t>>> calls;  // (called rule, return state)
     std::vector<uint8_t> reachable;   // can be a stack top while matching from the root
+    std::vector<int32_t> min_to_accept;  // fewest bytes from the state to the end of its rule
 
     int32_t num_states() const { return static_cast<int32_t>(rule_of.size()); }
     bool has_bytes(int32_t s) const { return byte_table[s] >= 0; }

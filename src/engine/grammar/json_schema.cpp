@@ -63,7 +63,15 @@ Frag encode_json_chars(GrammarBuilder& b, const CodepointSet& set) {
 
 class SchemaCompiler {
 public:
-    SchemaCompiler(const ojson& root, const JsonSchemaOptions& o) : root_(root), o_(o) {}
+    SchemaCompiler(const ojson& root, const JsonSchemaOptions& o) : root_(root), o_(o), b_(own_) {}
+    SchemaCompiler(const ojson& root, const JsonSchemaOptions& o, GrammarBuilder& b) : root_(root), o_(o), b_(b) {}
+
+    // The schema's value as a fragment of the caller's builder (rules it needs are added there).
+    Frag fragment() {
+        Frag f = value(root_, "#");
+        finish_rules();
+        return f;
+    }
 
     Grammar build_schema() {
         int32_t r = b_.declare_rule("root");
@@ -253,8 +261,8 @@ private:
         for (auto& [k, v] : schema.items()) {
             if (kUnsupported.count(k)) unsupported(k, where);
             if (k == "uniqueItems" && v.is_boolean() && v.get<bool>()) unsupported("uniqueItems", where);
-            if (k == "multipleOf" && !(v.is_number() && v.get<double>() == 1.0 && schema.value("type", "") == "integer"))
-                unsupported("multipleOf", where);
+            if (k == "multipleOf" && !(v.is_number() && v.get<double>() == 1.0))
+                unsupported("multipleOf (other than 1)", where);
         }
         if (schema.contains("$ref")) {
             for (auto& [k, v] : schema.items())
@@ -312,6 +320,8 @@ private:
             if (t == "string") alts.push_back(string_value(schema, where));
             else if (t == "integer" && !has_number) alts.push_back(regex(integer_regex(bounds(schema, where))));
             else if (t == "integer") continue;  // covered by number
+            else if (t == "number" && schema.contains("multipleOf"))  // multipleOf 1: whole numbers
+                alts.push_back(regex(integer_regex(bounds(schema, where))));
             else if (t == "number") alts.push_back(regex(number_regex(bounds(schema, where))));
             else if (t == "boolean") alts.push_back(b_.alt({b_.literal("true"), b_.literal("false")}));
             else if (t == "null") alts.push_back(b_.literal("null"));
@@ -358,12 +368,14 @@ private:
         int64_t hi = s.contains("maxLength") ? s["maxLength"].get<int64_t>() : -1;
         if (s.contains("pattern")) {
             if (has_len) unsupported("pattern combined with minLength/maxLength", where);
+            if (s.contains("format") && !format_regex(s["format"].get<std::string>()).empty())
+                unsupported("pattern combined with format", where);
             return quoted(build_regex(b_, s["pattern"].get<std::string>(), RegexMode::kSearch, encode_json_chars));
         }
         if (s.contains("format")) {
             std::string re = format_regex(s["format"].get<std::string>());
             if (!re.empty()) {
-                if (has_len) unsupported("format combined with minLength/maxLength", where);
+                if (has_len) re = bounded_format_regex(s["format"].get<std::string>(), re, lo, hi, where);
                 return quoted(regex(re));
             }
         }
@@ -388,6 +400,30 @@ private:
         if (f == "hostname") return label + "(\\." + label + ")*";
         if (f == "uri" || f == "url") return "https?://" + label + "(\\." + label + ")*(/[a-zA-Z0-9._~-]*)*";
         return "";  // unknown formats are annotations
+    }
+
+    // A format under minLength/maxLength: fixed-length formats pass when their length range fits;
+    // open-ended ones get a length-bounded shape (every string it yields is still of that format).
+    static std::string bounded_format_regex(const std::string& f, const std::string& re, int64_t lo, int64_t hi,
+                                            const std::string& where) {
+        struct Span { const char* name; int64_t min, max; };
+        static const Span fixed[] = {{"date", 10, 10}, {"time", 9, 21}, {"date-time", 20, 32},
+                                     {"uuid", 36, 36}, {"ipv4", 7, 15}, {"ipv6", 15, 39}};
+        for (const Span& sp : fixed)
+            if (f == sp.name) {
+                if (lo <= sp.min && (hi < 0 || hi >= sp.max)) return re;
+                unsupported("format '" + f + "' with minLength/maxLength cutting into its lengths", where);
+            }
+        int64_t cap = hi < 0 ? 64 : hi;
+        auto r = [](int64_t a, int64_t b) { return "{" + std::to_string(a) + "," + std::to_string(b) + "}"; };
+        if (f == "email" && lo <= 7 && cap >= 7) {  // local@domain.com: 1+1+1+4 .. cap
+            int64_t local = std::max<int64_t>(1, (cap - 5) / 2), domain = cap - 5 - local;
+            return "[a-zA-Z0-9_+-]" + r(1, local) + "@[a-z0-9]" + r(1, domain) + "\\.(com|org|net)";
+        }
+        if (f == "hostname" && lo <= 5 && cap >= 5) return "[a-z0-9]" + r(1, cap - 4) + "\\.(com|org|net)";
+        if ((f == "uri" || f == "url") && lo <= 13 && cap >= 13)
+            return "https://[a-z0-9]" + r(1, cap - 12) + "\\.com";
+        unsupported("format '" + f + "' with minLength/maxLength", where);
     }
 
     // ---- objects ----
@@ -443,8 +479,8 @@ private:
         if (s.contains("additionalProperties")) {
             const ojson& ap = s["additionalProperties"];
             if (!(ap.is_boolean() && !ap.get<bool>())) extra = &ap;
-        } else if (!o_.strict) {
-            extra = &kAny;
+        } else if (!o_.strict || (!s.contains("properties") && !s.contains("required"))) {
+            extra = &kAny;  // a bare {"type": "object"} means any object
         }
 
         // States: S[i][e] = before property i, e = whether a member was already written.
@@ -572,7 +608,8 @@ private:
 
     const ojson& root_;
     JsonSchemaOptions o_;
-    GrammarBuilder b_;
+    GrammarBuilder own_;
+    GrammarBuilder& b_;
     int32_t any_rule_ = -1;
     bool pending_any_ = false;
     std::map<std::string, int32_t> ref_rules_;
@@ -594,6 +631,16 @@ Grammar json_schema_grammar(const std::string& schema_text, const JsonSchemaOpti
         fail("JSON Schema is not valid JSON: {}", e.what());
     }
     return json_schema_grammar(schema, options);
+}
+
+Frag json_schema_fragment(GrammarBuilder& b, const std::string& schema_text, const JsonSchemaOptions& options) {
+    ojson schema;
+    try {
+        schema = ojson::parse(schema_text);
+    } catch (const std::exception& e) {
+        fail("JSON Schema is not valid JSON: {}", e.what());
+    }
+    return SchemaCompiler(schema, options, b).fragment();
 }
 
 Grammar json_object_grammar(const JsonSchemaOptions& options) {

@@ -15,7 +15,7 @@ struct JsonSchemaOptions {
     // characters per gap, so a model cannot loop on whitespace forever. When false the separators
     // below are used verbatim and no other whitespace is allowed.
     bool any_whitespace = true;
-    int max_whitespace = 12;
+    int max_whitespace = 20;
     std::string item_separator = ", ";
     std::string key_separator = ": ";
     // Objects whose schema does not mention additionalProperties get no extra keys (the JSON Schema
@@ -25,6 +25,11 @@ struct JsonSchemaOptions {
 
 Grammar json_schema_grammar(const nlohmann::ordered_json& schema, const JsonSchemaOptions& options = {});
 Grammar json_schema_grammar(const std::string& schema_text, const JsonSchemaOptions& options = {});
+// A JSON value valid under the schema, as a fragment of a larger grammar (EBNF schema rules).
+class GrammarBuilder;
+struct Frag;
+Frag json_schema_fragment(GrammarBuilder& b, const std::string& schema_text, const JsonSchemaOptions& options);
+
 // Any JSON object (OpenAI response_format {"type": "json_object"}).
 Grammar json_object_grammar(const JsonSchemaOptions& options = {});
 

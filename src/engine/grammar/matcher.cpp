@@ -65,6 +65,18 @@ bool GrammarMatcher::accept_token(int32_t id) {
     return accept_bytes(bytes);
 }
 
+int32_t GrammarMatcher::min_bytes_to_end() const {
+    if (cur_.can_end || cur_.stopped) return 0;
+    const Grammar& g = grammar_->grammar();
+    int32_t best = INT32_MAX;
+    for (const Top& t : cur_.tops) {
+        int32_t cost = g.min_to_accept[t.state];
+        for (int32_t f = t.frame; f >= 0; f = pool_[f].parent) cost += g.min_to_accept[pool_[f].ret_state];
+        best = std::min(best, cost);
+    }
+    return best;
+}
+
 void GrammarMatcher::rollback(int n_tokens) {
     PEREGRINE_CHECK(n_tokens >= 0 && n_tokens <= static_cast<int>(history_.size()),
                     "cannot roll back {} tokens (only {} kept)", n_tokens, history_.size());

@@ -31,6 +31,9 @@ public:
     bool can_end() const { return cur_.can_end; }
     // Undoes the last n accepted tokens.
     void rollback(int n_tokens);
+    // Fewest bytes that complete the text so far (0 when it can end): lets a caller steer to a valid end,
+    // e.g. when the token budget runs out.
+    int32_t min_bytes_to_end() const;
     void reset();
     int num_accepted() const { return static_cast<int>(history_.size()); }
 

@@ -36,8 +36,15 @@ void StackStepper::closure_slow(int32_t state, int32_t frame, std::vector<Top>& 
         if (g_.accepting[t.state]) {
             if (t.frame == kRootFrame) {
                 flags.can_end = true;
-            } else if (t.frame == kBottomFrame) {
-                flags.popped = true;
+            } else if (t.frame == kBottomFrame || t.frame == kFollowFrame) {
+                if (t.frame == kBottomFrame) flags.bottom_popped = true;
+                if (follow_) {
+                    int32_t rule = g_.rule_of[t.state];
+                    for (int32_t ret : (*follow_)[rule]) visit(ret, kFollowFrame);
+                    if (rule == g_.root_rule) flags.follow_end = true;
+                } else {
+                    flags.popped = true;
+                }
             } else {
                 Frame f = pool_[t.frame];
                 visit(f.ret_state, f.parent);

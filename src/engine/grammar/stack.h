@@ -12,6 +12,7 @@ namespace peregrine::grammar {
 
 constexpr int32_t kRootFrame = -1;    // below the root rule: popping it means the grammar may end
 constexpr int32_t kBottomFrame = -2;  // unknown caller (mask precomputation): popping it = context needed
+constexpr int32_t kFollowFrame = -3;  // below a follow context (precomputation): popping it = unknown
 
 struct Top {
     int32_t state;
@@ -42,8 +43,10 @@ private:
 };
 
 struct StepFlags {
-    bool can_end = false;  // the root rule completed
-    bool popped = false;   // a rule completed into kBottomFrame
+    bool can_end = false;        // the root rule completed
+    bool bottom_popped = false;  // a rule completed into kBottomFrame
+    bool popped = false;         // completion beyond what is known (kBottomFrame without follow, kFollowFrame)
+    bool follow_end = false;     // the root rule completed in a follow context (the text may end there)
 };
 
 // Adds to `out` every top reachable from (state, frame) without consuming input: rule calls are
@@ -70,6 +73,10 @@ public:
     }
 
     const Grammar& grammar() const { return g_; }
+    // Precomputation: when a rule completes into kBottomFrame or kFollowFrame, continue in every return
+    // state of its call sites (follow[rule]) above kFollowFrame, instead of giving up; completing the
+    // root rule there also means the text may end (follow_end).
+    void set_follow(const std::vector<std::vector<int32_t>>* follow) { follow_ = follow; }
 
 private:
     static void push_unique(std::vector<Top>& out, Top t) {
@@ -81,6 +88,7 @@ private:
 
     const Grammar& g_;
     FramePool& pool_;
+    const std::vector<std::vector<int32_t>>* follow_ = nullptr;
     std::vector<Top> work_, seen_;
 };
 

@@ -4,7 +4,11 @@
 #include <fstream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "util/file.h"
 
 namespace peregrine::grammar {
 
@@ -46,10 +50,12 @@ Vocabulary::Vocabulary(std::vector<std::string> token_bytes, const std::vector<i
         trie_[node].child_end = static_cast<int32_t>(trie_.size());
     }
     below_.resize(trie_.size());
+    depth_below_.assign(trie_.size(), 0);
     for (int32_t n = static_cast<int32_t>(trie_.size()) - 1; n >= 0; --n)
         for (int32_t c = trie_[n].child_begin; c < trie_[n].child_end; ++c) {
             below_[n].add(trie_[c].byte);
             for (int k = 0; k < 4; ++k) below_[n].w[k] |= below_[c].w[k];
+            depth_below_[n] = std::max(depth_below_[n], depth_below_[c] + 1);
         }
 }
 
@@ -86,6 +92,42 @@ std::shared_ptr<const Vocabulary> Vocabulary::load(const std::string& path) {
         else PEREGRINE_CHECK(kind == "n", "{} line {}: unknown token kind '{}'", path, id + 2, kind);
     }
     return std::make_shared<Vocabulary>(std::move(bytes), special, stop);
+}
+
+}  // namespace peregrine::grammar
+
+namespace peregrine::grammar {
+
+std::shared_ptr<const Vocabulary> Vocabulary::from_tokenizer(const Tokenizer& tok, std::vector<int32_t> stop_ids,
+                                                             int32_t vocab_size, const std::vector<int32_t>& text_ids) {
+    int32_t n = vocab_size < 0 ? tok.vocab_size() : vocab_size;
+    PEREGRINE_CHECK(n >= tok.vocab_size(), "vocab_size {} is below the tokenizer's {}", n, tok.vocab_size());
+    std::vector<std::string> bytes(n);
+    std::vector<int32_t> special;
+    for (int32_t id = 0; id < n; ++id) {
+        bool text = tok.is_valid(id) &&
+                    (!tok.is_added(id) || std::find(text_ids.begin(), text_ids.end(), id) != text_ids.end());
+        if (text) bytes[id] = tok.token_bytes(id);
+        else special.push_back(id);
+    }
+    return std::make_shared<Vocabulary>(std::move(bytes), special, std::move(stop_ids));
+}
+
+std::shared_ptr<const Vocabulary> Vocabulary::from_model_dir(const std::string& dir) {
+    Tokenizer tok = Tokenizer::from_model_dir(dir);
+    std::vector<int32_t> stop;
+    std::string cfg_path = dir + "/tokenizer_config.json";
+    if (file_exists(cfg_path)) {
+        auto cfg = nlohmann::json::parse(read_file(cfg_path));
+        if (cfg.contains("eos_token")) {
+            const auto& e = cfg["eos_token"];
+            std::string text = e.is_object() ? e.value("content", "") : e.is_string() ? e.get<std::string>() : "";
+            int32_t id = text.empty() ? -1 : tok.token_id(text);
+            if (id >= 0) stop.push_back(id);
+        }
+    }
+    PEREGRINE_CHECK(!stop.empty(), "{}: no eos_token in tokenizer_config.json", dir);
+    return from_tokenizer(tok, stop);
 }
 
 }  // namespace peregrine::grammar

@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+namespace peregrine {
+class Tokenizer;
+}
+
 namespace peregrine::grammar {
 
 class Vocabulary {
@@ -15,6 +19,15 @@ public:
     // which fixes the bitmask width). Special ids never match grammar text; stop ids are EOS.
     Vocabulary(std::vector<std::string> token_bytes, const std::vector<int32_t>& special_ids,
                std::vector<int32_t> stop_ids);
+
+    // From the model's tokenizer. Added tokens (chat markers, specials) are never grammar text except
+    // those listed in text_ids (e.g. tool-call markers a tool_choice grammar spells out). vocab_size
+    // (the model's logits width, >= the tokenizer's) sets the bitmask width; -1 = the tokenizer's.
+    static std::shared_ptr<const Vocabulary> from_tokenizer(const Tokenizer& tok, std::vector<int32_t> stop_ids,
+                                                            int32_t vocab_size = -1,
+                                                            const std::vector<int32_t>& text_ids = {});
+    // Reads DIR/tokenizer.json; the stop token is tokenizer_config.json's eos_token.
+    static std::shared_ptr<const Vocabulary> from_model_dir(const std::string& dir);
 
     // Loads the text format written by tools/grammar/make_vocab.py (see docs/grammar.md).
     static std::shared_ptr<const Vocabulary> load(const std::string& path);
@@ -45,6 +58,8 @@ public:
         }
     };
     const std::vector<ByteSet>& trie_below() const { return below_; }
+    // Longest token below a node, in bytes after the node's prefix.
+    const std::vector<int32_t>& trie_depth_below() const { return depth_below_; }
     const std::vector<int32_t>& sorted_ids() const { return sorted_; }
 
 private:
@@ -54,6 +69,7 @@ private:
     std::vector<int32_t> sorted_;
     std::vector<TrieNode> trie_;
     std::vector<ByteSet> below_;
+    std::vector<int32_t> depth_below_;
 };
 
 }  // namespace peregrine::grammar

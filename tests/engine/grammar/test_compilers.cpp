@@ -85,6 +85,11 @@ ws ::= [ \t\n]{0,2}
     EXPECT_FALSE(accepts(cg2, "<tool>abcde</tool>"));
     EXPECT_FALSE(accepts(cg2, "<tool>ab</tool>   "));
 
+    // GBNF's empty alternative (llama.cpp's json.gbnf writes `ws ::= | " " | ...`).
+    auto cg_ws = compile_bytes(ebnf_grammar("root ::= \"a\" ws \"b\"\nws ::= | \" \" | \"\\n\" [ \\t]{0,2}"));
+    for (auto* s : {"ab", "a b", "a\n\t b"}) EXPECT_TRUE(accepts(cg_ws, s)) << s;
+    for (auto* s : {"a  b", "a\n   b"}) EXPECT_FALSE(accepts(cg_ws, s)) << s;
+
     auto cg3 = compile_bytes(ebnf_grammar("root ::= (\"\\u00e9\" | [\\x41-\\x43] | .)\"\\\"\"?"));
     EXPECT_TRUE(accepts(cg3, "\xc3\xa9\""));
     EXPECT_TRUE(accepts(cg3, "B"));
@@ -148,4 +153,22 @@ TEST(Numbers, DecimalsStayInBounds) {
     EXPECT_TRUE(accepts(cg, "-1"));
     EXPECT_TRUE(accepts(cg, "1.999"));
     EXPECT_TRUE(accepts(cg, "-0.5"));
+}
+
+TEST(Ebnf, SchemaRulesEmbedJsonSchemas) {
+    // A DSML-like tool call whose arguments follow a JSON Schema, written with literal marker text.
+    const std::string g =
+        "root ::= (\"<｜DSML｜ invoke name=\\\"\" name \"\\\">\" args \"</｜DSML｜ invoke>\")+\n"
+        "name ::= \"get_weather\" | \"get_time\"\n";
+    JsonSchemaOptions compact;
+    compact.any_whitespace = false;
+    auto cg = compile_bytes(ebnf_grammar(
+        g, "root", {{"args", R"({"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer","minimum":1}},"required":["city"]})"}},
+        compact));
+    EXPECT_TRUE(accepts(cg, "<｜DSML｜ invoke name=\"get_weather\">{\"city\": \"Paris\", \"days\": 3}</｜DSML｜ invoke>"));
+    EXPECT_TRUE(accepts(cg, "<｜DSML｜ invoke name=\"get_time\">{\"city\": \"x\"}</｜DSML｜ invoke>"
+                            "<｜DSML｜ invoke name=\"get_time\">{\"city\": \"y\"}</｜DSML｜ invoke>"));
+    EXPECT_FALSE(accepts(cg, "<｜DSML｜ invoke name=\"get_weather\">{\"days\": 3}</｜DSML｜ invoke>"));
+    EXPECT_FALSE(accepts(cg, "<｜DSML｜ invoke name=\"get_weather\">{\"city\": \"P\", \"days\": 0}</｜DSML｜ invoke>"));
+    EXPECT_THROW(ebnf_grammar("root ::= args\nargs ::= \"x\"", "root", {{"args", "{}"}}), Error);
 }

@@ -52,6 +52,9 @@ TEST(JsonSchema, AdditionalPropertiesNeverRepeatListedKeys) {
     auto open = schema(R"({"type":"object","properties":{"id":{"type":"integer"}}})", lax);
     EXPECT_TRUE(accepts(open, R"({"id":1,"more":[1,{"a":null}]})"));
     EXPECT_FALSE(accepts(schema(R"({"type":"object","properties":{"id":{"type":"integer"}}})"), R"({"id":1,"x":1})"));
+    auto bare = schema(R"({"type":"object"})");
+    EXPECT_TRUE(accepts(bare, R"({"k":[1,"x"],"j":{}})"));
+    EXPECT_TRUE(accepts(bare, "{}"));
 }
 
 TEST(JsonSchema, ArraysEnumsConstsAndUnions) {
@@ -97,6 +100,16 @@ TEST(JsonSchema, StringsPatternsAndFormats) {
     EXPECT_TRUE(accepts(ip, R"("192.168.0.255")"));
     EXPECT_FALSE(accepts(ip, R"("256.1.1.1")"));
     EXPECT_FALSE(accepts(ip, R"("01.1.1.1")"));
+}
+
+TEST(JsonSchema, FormatsUnderLengthBounds) {
+    auto email = schema(R"({"type":"string","format":"email","maxLength":12})");
+    EXPECT_TRUE(accepts(email, R"("ab@cd.com")"));
+    EXPECT_FALSE(accepts(email, R"("abcd@efgh.com")"));  // 13 characters
+    auto date = schema(R"({"type":"string","format":"date","maxLength":10})");
+    EXPECT_TRUE(accepts(date, R"("2024-01-31")"));
+    EXPECT_THROW(schema(R"({"type":"string","format":"date","maxLength":8})"), Error);
+    EXPECT_THROW(schema(R"({"type":"string","format":"email","pattern":"x"})"), Error);
 }
 
 TEST(JsonSchema, RefsIncludingRecursion) {

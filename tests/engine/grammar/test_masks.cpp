@@ -3,8 +3,12 @@
 // not use the precomputed mask cache at all. Also rollback, EOS/special handling and the grammar cache.
 #include <gtest/gtest.h>
 
+#include "engine/grammar/batch_mask.h"
 #include "engine/grammar/constraint.h"
+#include "engine/grammar/regex.h"
 #include "grammar_test_util.h"
+#include <thread>
+
 #include "util/error.h"
 
 using namespace peregrine;
@@ -186,5 +190,61 @@ TEST(ResponseFormat, OpenAiShapes) {
     EXPECT_EQ(nlohmann::json::parse(js->text), nlohmann::json({{"type", "integer"}}));
     EXPECT_THROW(constraint_from_response_format({{"type", "xml"}}), Error);
     EXPECT_EQ(constraint_kind_from_name("ebnf"), ConstraintKind::kEbnf);
+    auto sp = constraint_from_sampling_params(nlohmann::json::parse(R"({"temperature":0,"json_schema":{"type":"null"}})"));
+    ASSERT_TRUE(sp.has_value());
+    EXPECT_EQ(sp->kind, ConstraintKind::kJsonSchema);
+    EXPECT_EQ(nlohmann::json::parse(sp->text), nlohmann::json::parse(R"({"type":"null"})"));
+    EXPECT_EQ(constraint_from_sampling_params(nlohmann::json::parse(R"({"regex":"a+"})"))->text, "a+");
+    EXPECT_FALSE(constraint_from_sampling_params(nlohmann::json::parse(R"({"top_p":1})")).has_value());
+    EXPECT_THROW(constraint_from_sampling_params(nlohmann::json::parse(R"({"regex":"a","ebnf":"root ::= \"a\""})")), Error);
     EXPECT_THROW(constraint_kind_from_name("yaml"), Error);
+}
+
+TEST(BatchMasks, ParallelAndAsyncFillsEqualSequentialOnes) {
+    auto vocab = synthetic_vocab();
+    GrammarCompiler compiler(vocab);
+    auto g1 = compiler.compile({ConstraintKind::kJsonObject, ""});
+    auto g2 = compiler.compile({ConstraintKind::kRegex, "[a-c]+x"});
+    GrammarMatcher a(g1), b(g2), c(g1);
+    ASSERT_TRUE(a.accept_bytes("{\"k\": ["));
+    ASSERT_TRUE(b.accept_bytes("ab"));
+    const int32_t words = vocab->mask_words();
+    std::vector<GrammarMatcher*> rows = {&a, nullptr, &b, &c};
+    std::vector<uint32_t> batch(rows.size() * words, 0xDEADBEEF), async_batch(batch);
+    fill_next_token_bitmasks(rows, batch.data(), words);
+    fill_next_token_bitmasks_async(rows, async_batch.data(), words).get();
+    EXPECT_EQ(batch, async_batch);
+    for (size_t i = 0; i < rows.size(); ++i) {
+        std::vector<uint32_t> one(words, 0xDEADBEEF);
+        if (rows[i]) rows[i]->fill_next_token_bitmask(one.data());
+        EXPECT_TRUE(std::equal(one.begin(), one.end(), batch.begin() + i * words)) << "row " << i;
+    }
+}
+
+TEST(GrammarCache, ConcurrentCompilesAreSafeAndShared) {
+    auto vocab = synthetic_vocab(300);
+    GrammarCompiler compiler(vocab);
+    std::vector<std::string> regexes = {"a+b", "[0-9]{2,4}", "(x|yz)*", "a+b"};
+    std::vector<std::shared_ptr<const CompiledGrammar>> out(8);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 8; ++i)
+        threads.emplace_back([&, i] { out[i] = compiler.compile({ConstraintKind::kRegex, regexes[i % 4]}); });
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < 8; ++i) ASSERT_TRUE(out[i]);
+    EXPECT_EQ(out[0].get(), out[3].get());  // same text, one compilation
+    EXPECT_EQ(out[1].get(), out[5].get());
+    EXPECT_EQ(compiler.cached(), 3u);
+    EXPECT_TRUE(accepts(out[1], "123"));
+    EXPECT_FALSE(accepts(out[1], "1"));
+}
+
+TEST(GrammarCache, CallerBuiltGrammarsAreCachedByKey) {
+    auto vocab = synthetic_vocab(100);
+    GrammarCompiler compiler(vocab);
+    int builds = 0;
+    auto build = [&] { ++builds; return regex_grammar("ab+"); };
+    auto a = compiler.compile_cached("tools:v1", build);
+    auto b = compiler.compile_cached("tools:v1", build);
+    EXPECT_EQ(a.get(), b.get());
+    EXPECT_EQ(builds, 1);
 }

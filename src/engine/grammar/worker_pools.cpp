@@ -1,0 +1,37 @@
+#include "engine/grammar/worker_pools.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "util/thread_pool.h"
+
+namespace peregrine::grammar {
+
+namespace {
+
+struct Pool {
+    std::once_flag once;
+    std::unique_ptr<ThreadPool> pool;
+    std::mutex mutex;
+};
+
+int pool_threads(GrammarPool kind) {
+    int n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    if (const char* env = std::getenv("PEREGRINE_GRAMMAR_THREADS")) n = std::max(1, std::atoi(env));
+    return kind == GrammarPool::kMask ? std::min(n, 8) : n;
+}
+
+}  // namespace
+
+void grammar_parallel_for(GrammarPool kind, int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
+    static Pool pools[2];
+    Pool& p = pools[kind == GrammarPool::kCompile ? 0 : 1];
+    std::call_once(p.once, [&] { p.pool = std::make_unique<ThreadPool>(pool_threads(kind)); });
+    std::lock_guard<std::mutex> lock(p.mutex);
+    p.pool->parallel_for(n, fn);
+}
+
+}  // namespace peregrine::grammar

@@ -203,7 +203,7 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--port", a->port, "Port (0: any free port)")->check(CLI::Range(0, 65535));
     cmd->add_option("--served-model-name", a->served_model_name, "Model name in the API (default: the directory name)");
     cmd->add_option("--max-running-requests", a->max_running)->check(CLI::Range(1, 1 << 20));
-    cmd->add_option("--max-queued-requests", a->max_queued, "Waiting requests beyond which new ones get 429")->check(CLI::Range(0, 1 << 24));
+    cmd->add_option("--max-queued-requests", a->max_queued, "Waiting requests beyond which new ones get 429")->check(CLI::Range(1, 1 << 24));
     cmd->add_option("--chunked-prefill-size", a->chunked_prefill, "Tokens per step (prefill chunks and decodes)")->check(CLI::Range(1, 1 << 24));
     cmd->add_option("--kv-memory", a->kv_memory, "State memory: bytes (512M, 2G) or a fraction of available memory (0.3)");
     cmd->add_option("--context-length", a->context_length, "Longest sequence (default: max_position_embeddings; at least 8192 with the byte tokenizer)");

@@ -1,0 +1,109 @@
+#pragma once
+// The CUDA backend: activations are F32 tensors in device memory holding bf16-rounded values, state pages
+// live in device memory with the reference's float layout, weights are uploaded on first use in their
+// stored formats. Every op follows the reference backend's arithmetic (src/ops/cpu), so logits agree with
+// it to rounding noise; logits come back in host memory.
+#include "ops/backend.h"
+#include "ops/cuda/kernels.h"
+
+#include <map>
+#include <memory>
+#include <unordered_map>
+
+namespace peregrine::cuda {
+
+// Device memory of `bytes`, freed in stream order when the last reference goes.
+std::shared_ptr<void> device_alloc(size_t bytes);
+void copy_to_device(void* dst, const void* src, size_t bytes);
+
+// A typed device copy of a host vector (kept alive by `keep`).
+template <typename T>
+struct DevArray {
+    std::shared_ptr<void> keep;
+    T* ptr = nullptr;
+};
+
+struct CudaScratch : StepScratch {
+    // Compressed-entry selection of the most recent index source: [T, k] (-1: none) and counts [T].
+    std::shared_ptr<void> topk, topk_count;
+    int topk_k = 0;
+    // Level-1 candidate mask of the candidate source: [T, mask_stride] and its width per row.
+    std::shared_ptr<void> mask, mask_width;
+    int64_t mask_stride = 0;
+};
+
+enum class EngramPlacement { Device, Host };
+
+class CudaBackend : public Backend {
+public:
+    CudaBackend(const ModelConfig& cfg, const StateLayout& layout, EngramPlacement engram = EngramPlacement::Device);
+    ~CudaBackend() override;
+    std::string name() const override { return "cuda"; }
+
+    std::unique_ptr<StepScratch> begin_step(const ForwardBatch& batch) override;
+    uint8_t* alloc_state(size_t bytes) override;
+    void free_state(uint8_t* p) override;
+    void read_state(const uint8_t* src, size_t bytes, void* dst) override;
+    Tensor first_stream_mix(int T) override;
+    Tensor gather_rows(const Tensor& x, const std::vector<int>& rows) override;
+    Tensor embed(const Tensor& table, const std::vector<int32_t>& ids) override;
+    void engram(Tensor& h, const EngramWeight& w, const std::vector<int64_t>& rows) override;
+    HcMix hc_mixes(const Tensor& h, const HcWeight& w) override;
+    Tensor hc_collapse(const Tensor& h, const Tensor& pre) override;
+    Tensor hc_expand(const Tensor& y, const Tensor& residual, const HcMix& mix) override;
+    Tensor hc_head(const Tensor& h, const HcWeight& w) override;
+    Tensor rms_norm(const Tensor& x, const Tensor& w) override;
+    Tensor hc_mean(const Tensor& h) override;
+    Tensor attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info, ForwardBatch& batch,
+                     StepScratch& scratch) override;
+    Tensor moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) override;
+    Tensor linear(const Tensor& x, const LinearWeight& w) override;
+    Tensor logits(const Tensor& x, const LinearWeight& head) override;
+
+    // Host <-> device copies of F32/any tensors (tests, tools).
+    static Tensor to_device(const Tensor& host);
+    static Tensor to_host(const Tensor& dev);
+    // Uninitialised device tensor.
+    static Tensor empty(DType dtype, std::vector<int64_t> shape);
+    template <typename T>
+    static DevArray<T> upload(const std::vector<T>& v);
+
+private:
+    struct Emitted;  // compressor output
+    Emitted run_compressor(const CompressorWeight& cw, size_t carry_offset, const Tensor& x, ForwardBatch& batch);
+
+    const void* dev_raw(const Tensor& t);    // the stored bytes, uploaded once
+    const float* dev_f32(const Tensor& t);   // a BF16/F32 parameter as floats, uploaded once
+    LinearDev dev_linear(const LinearWeight& w);
+    const float* rope_freqs(const AttentionLayerInfo& info);
+    const float* engram_weight(const EngramWeight& w);
+    // y = x W^T for x [M, in] (device); with experts, row m uses expert row_expert[m].
+    Tensor run_linear(const Tensor& x, const LinearWeight& w, const ExpertTable* experts = nullptr,
+                      const int* row_expert = nullptr);
+    float eps() const { return static_cast<float>(cfg_.norm_eps); }
+
+    struct ExpertTables {
+        std::shared_ptr<void> keep;
+        ExpertTable w1, w2, w3;
+    };
+    const ExpertTables& expert_tables(const MoEWeight& w);
+
+    ModelConfig cfg_;
+    StateLayout layout_;
+    EngramPlacement engram_placement_;
+    std::unordered_map<const void*, std::shared_ptr<void>> raw_, f32_, engram_w_;
+    std::unordered_map<const void*, ExpertTables> experts_;
+    std::map<std::pair<double, bool>, std::shared_ptr<void>> ropes_;
+    std::vector<void*> pinned_;  // host-placed engram tables
+};
+
+template <typename T>
+DevArray<T> CudaBackend::upload(const std::vector<T>& v) {
+    DevArray<T> a;
+    a.keep = device_alloc(sizeof(T) * std::max<size_t>(v.size(), 1));
+    a.ptr = static_cast<T*>(a.keep.get());
+    if (!v.empty()) copy_to_device(a.ptr, v.data(), sizeof(T) * v.size());
+    return a;
+}
+
+}  // namespace peregrine::cuda

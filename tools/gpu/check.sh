@@ -33,7 +33,7 @@ say "== commit ${PEREGRINE_COMMIT:-$(git -C "$here" rev-parse --short HEAD 2>/de
 
 say "== parity: $test_bin"
 export PEREGRINE_TEST_DATA_DIR=$here/tests/fixtures
-( cd "$here" && "$test_bin" --gtest_color=no 2>&1 ) | tee "$out/parity.log" >>"$log"
+( cd "$here" && timeout "${PARITY_TIMEOUT:-1800}" "$test_bin" --gtest_color=no 2>&1 ) | tee "$out/parity.log" >>"$log"
 parity_rc=${PIPESTATUS[0]}
 
 say "== CLI: peregrine generate --device cuda (greedy, tiny fixture) vs --device cpu"
@@ -43,9 +43,11 @@ echo "cuda: $g_cuda" >>"$log"; echo "cpu:  $g_cpu" >>"$log"
 [[ "$g_cuda" == "$g_cpu" ]] && cli=same || cli=DIFFERENT
 
 bench_rc=skipped
-if "$bin/peregrine" bench --help >/dev/null 2>&1; then
+# BENCH_ARGS overrides the benchmark grid (default: the full one of docs/perf); BENCH_TIMEOUT bounds it.
+if "$bin/peregrine" bench engine --help >/dev/null 2>&1; then
   say "== bench engine"
-  "$bin/peregrine" bench engine --device cuda --synthetic v41-flash --json "$out/bench.json" 2>&1 | tee "$out/bench.log" >>"$log"
+  timeout "${BENCH_TIMEOUT:-3000}" "$bin/peregrine" bench engine --device cuda --synthetic v41-flash --balanced-routing \
+    ${BENCH_ARGS:---layers 6} --json "$out/bench.json" 2>&1 | tee "$out/bench.log" >>"$log"
   bench_rc=${PIPESTATUS[0]}
 fi
 

@@ -126,6 +126,7 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
 
 Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                               ForwardBatch& batch, StepScratch& scratch_base) {
+    OpTimer op_(*this, "attention");
     auto& scratch = static_cast<CudaScratch&>(scratch_base);
     const bool v41 = cfg_.is_v41();
     const int T = batch.rows(), H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim, W = cfg_.window_size;
@@ -141,6 +142,7 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     };
 
     // Queries.
+    phase("attn.q+kv projections");
     Tensor qr = rms_norm(run_linear(x, w.wq_a), w.q_norm);
     Tensor q = run_linear(qr, w.wq_b);
     if (!v41) head_norm_bf16(q.f32(), static_cast<int64_t>(T) * H, D, eps());
@@ -160,6 +162,7 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
 
     // Compressed entries (and, for V4.1 key owners, indexer keys).
     if (info.compresses) {
+        phase("attn.compressor");
         Emitted e = run_compressor(*w.compressor, L.carry_offset, x, batch);
         const int n = e.n();
         if (n > 0) {
@@ -206,6 +209,7 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
             max_width = std::max(max_width, width_h[static_cast<size_t>(t)]);
         }
         if (info.has_indexer) {
+            phase("attn.indexer+topk");
             const IndexerWeight& iw = *w.indexer;
             const int nh = iw.n_heads, hd = iw.head_dim;
             const LayerStateLayout& KL = layout_.layers.at(static_cast<size_t>(v41 ? info.index_k_source : info.layer));
@@ -253,9 +257,11 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                 const int bs = cfg_.candidate_block_size;
                 const int64_t max_nb = (max_width + bs - 1) / bs;
                 Tensor bscore = empty(DType::F32, {T, std::max<int64_t>(max_nb, 1)});
+                Tensor bsel = empty(DType::I32, {T, std::max<int64_t>(max_nb, 1)});
                 auto mask = device_alloc(static_cast<size_t>(T) * std::max<int64_t>(max_width, 1));
                 candidate_blocks(scores.f32(), T, max_width, width_d.ptr, visible_d.ptr, bs, cfg_.candidate_topk_blocks,
-                                 bscore.f32(), std::max<int64_t>(max_nb, 1), static_cast<uint8_t*>(mask.get()));
+                                 bscore.f32(), bsel.data<int32_t>(), std::max<int64_t>(max_nb, 1),
+                                 static_cast<uint8_t*>(mask.get()));
                 scratch.mask = mask;
                 scratch.mask_width = width_d.keep;
                 scratch.mask_stride = max_width;
@@ -307,6 +313,7 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
         }
     }
 
+    phase("attn.sparse attention");
     // Key lists: the window entries, then the selected compressed entries.
     const LayerStateLayout& CL = layout_.layers.at(static_cast<size_t>(info.comp_source >= 0 ? info.comp_source : info.layer));
     std::vector<const float*> win(static_cast<size_t>(T) * W, nullptr);
@@ -343,6 +350,7 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                      o.f32());
     rope(o.f32(), T, H, static_cast<int64_t>(H) * D, D, D - rd, pos.ptr, freqs, rd, true);
 
+    phase("attn.output projection");
     // Grouped low-rank output projection: wo_a per head group (bf16), then wo_b.
     const int G = cfg_.o_groups, R = cfg_.o_lora_rank, GD = H / G * D;
     Tensor oa = empty(DType::F32, {T, static_cast<int64_t>(G) * R});

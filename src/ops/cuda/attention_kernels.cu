@@ -5,6 +5,8 @@
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
 
+#include <cub/block/block_scan.cuh>
+
 namespace peregrine::cuda {
 
 namespace {
@@ -77,21 +79,87 @@ __global__ void index_scores_kernel(const float* iq, const float* wts, int64_t T
     scores[i] = round_bf16(acc);
 }
 
-// Rank of element j among n values under (value desc, index asc).
-__device__ __forceinline__ int64_t stable_rank(const float* v, int64_t n, int64_t j) {
-    const float x = v[j];
-    int64_t r = 0;
-    for (int64_t i = 0; i < n; ++i) r += (v[i] > x) || (v[i] == x && i < j);
-    return r;
+// Order-preserving unsigned key of a float (larger value, larger key; -0 and +0 equal).
+__device__ __forceinline__ uint32_t order_key(float x) {
+    if (x == 0.0f) x = 0.0f;
+    const uint32_t u = __float_as_uint(x);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+constexpr int kSelectThreads = 256;
+
+// Block-wide selection of the k largest of v[0..n) with ties to the lower index: a radix search (8 bits a
+// pass) for the k-th largest key, then one ordered pass that keeps everything above it and the first of
+// the equal ones. Writes the chosen indices in ascending index order to sel; returns min(k, n).
+__device__ int block_select(const float* v, int64_t n, int k, int32_t* sel) {
+    using Scan = cub::BlockScan<int, kSelectThreads>;
+    __shared__ typename Scan::TempStorage scan_tmp;
+    __shared__ int hist[256];
+    __shared__ uint32_t s_prefix;
+    __shared__ int s_remaining, s_run_eq, s_run_sel;
+    const int kk = static_cast<int>(min(static_cast<int64_t>(k), n));
+    if (kk <= 0) return 0;
+    uint32_t prefix = 0, mask = 0;
+    int remaining = kk;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+            const uint32_t key = order_key(v[j]);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int cum = 0, b = 255;
+            for (; b > 0; --b) {
+                if (cum + hist[b] >= remaining) break;
+                cum += hist[b];
+            }
+            s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
+            s_remaining = remaining - cum;
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        remaining = s_remaining;
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    const uint32_t thr = prefix;
+    const int need = remaining;  // how many of the keys equal to thr are taken
+    if (threadIdx.x == 0) {
+        s_run_eq = 0;
+        s_run_sel = 0;
+    }
+    __syncthreads();
+    for (int64_t base = 0; base < n; base += blockDim.x) {
+        const int64_t j = base + threadIdx.x;
+        const uint32_t key = j < n ? order_key(v[j]) : 0u;
+        const int gt = j < n && key > thr, eq = j < n && key == thr;
+        int eq_rank, eq_total;
+        Scan(scan_tmp).ExclusiveSum(eq, eq_rank, eq_total);
+        __syncthreads();
+        const int take = gt || (eq && s_run_eq + eq_rank < need);
+        int pos, total;
+        Scan(scan_tmp).ExclusiveSum(take, pos, total);
+        if (take) sel[s_run_sel + pos] = static_cast<int32_t>(j);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            s_run_eq += eq_total;
+            s_run_sel += total;
+        }
+        __syncthreads();
+    }
+    return kk;
 }
 
 __global__ void candidate_kernel(const float* scores, int64_t stride, const int64_t* width, const int64_t* visible,
-                                 int bs, int topb, float* bscore, int64_t bstride, uint8_t* mask) {
+                                 int bs, int topb, float* bscore, int32_t* bsel, int64_t bstride, uint8_t* mask) {
     const int64_t t = blockIdx.x;
     const int64_t w = width[t], vis = visible[t];
     if (w == 0) return;
     const int64_t nb = (w + bs - 1) / bs, last = vis >= 1 ? (vis - 1) / bs : -1;
     float* bsr = bscore + t * bstride;
+    int32_t* sel = bsel + t * bstride;
     uint8_t* mr = mask + t * stride;
     const float* sr = scores + t * stride;
     for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) {
@@ -101,10 +169,13 @@ __global__ void candidate_kernel(const float* scores, int64_t stride, const int6
     }
     for (int64_t j = threadIdx.x; j < w; j += blockDim.x) mr[j] = 0;
     __syncthreads();
-    const int64_t k = min(static_cast<int64_t>(topb), nb);
-    for (int64_t b = threadIdx.x; b < nb; b += blockDim.x)
-        if (bsr[b] > -INFINITY && stable_rank(bsr, nb, b) < k)
+    const int kk = block_select(bsr, nb, topb, sel);
+    __syncthreads();
+    for (int i = threadIdx.x; i < kk; i += blockDim.x) {
+        const int64_t b = sel[i];
+        if (bsr[b] > -INFINITY)
             for (int64_t j = b * bs; j < min(w, (b + 1) * bs); ++j) mr[j] = 1;
+    }
 }
 
 __global__ void apply_candidates_kernel(float* scores, int64_t T, int64_t stride, const int64_t* width,
@@ -116,31 +187,30 @@ __global__ void apply_candidates_kernel(float* scores, int64_t T, int64_t stride
     if (j >= mask_width[t] || !mask[t * mstride + j]) scores[i] = -INFINITY;
 }
 
-__global__ void topk_rank_kernel(const float* scores, int64_t T, int64_t stride, const int64_t* width, int k,
-                                 int32_t* tmp) {
-    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    if (i >= T * stride) return;
-    const int64_t t = i / stride, j = i % stride, w = width[t];
-    if (j >= w) return;
-    const int64_t r = stable_rank(scores + t * stride, w, j);
-    if (r < min(static_cast<int64_t>(k), w)) tmp[t * k + r] = static_cast<int32_t>(j);
-}
-
-__global__ void topk_order_kernel(const int32_t* tmp, int64_t T, const int64_t* width, const int64_t* visible, int k,
-                                  bool ascending, int32_t* out, int32_t* count) {
-    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    if (i >= T * k) return;
-    const int64_t t = i / k, r = i % k;
-    const int64_t kk = min(static_cast<int64_t>(k), width[t]);
-    if (r == 0) count[t] = static_cast<int32_t>(kk);
-    if (r >= kk) return;
-    const int32_t v = tmp[t * k + r];
-    int64_t p = r;
-    if (ascending) {
-        p = 0;
-        for (int64_t q = 0; q < kk; ++q) p += tmp[t * k + q] < v;
+// Per row: the top-k, by index (ascending) or by (value desc, index asc); entries >= visible become -1.
+__global__ void topk_kernel(const float* scores, int64_t stride, const int64_t* width, const int64_t* visible, int k,
+                            bool ascending, int32_t* tmp, int32_t* out, int32_t* count) {
+    const int64_t t = blockIdx.x;
+    const float* v = scores + t * stride;
+    int32_t* sel = tmp + t * k;
+    int32_t* o = out + t * k;
+    const int kk = block_select(v, width[t], k, sel);
+    __syncthreads();
+    if (threadIdx.x == 0) count[t] = kk;
+    const int64_t vis = visible[t];
+    for (int i = threadIdx.x; i < kk; i += blockDim.x) {
+        const int32_t j = sel[i];
+        int p = i;
+        if (!ascending) {
+            const float x = v[j];
+            p = 0;
+            for (int q = 0; q < kk; ++q) {
+                const float y = v[sel[q]];
+                p += (y > x) || (y == x && sel[q] < j);
+            }
+        }
+        o[p] = j < vis ? j : -1;
     }
-    out[t * k + p] = v < visible[t] ? v : -1;
 }
 
 __global__ void build_keys_kernel(int64_t T, const float* const* win, const int32_t* nwin, int W, const int32_t* sel,
@@ -246,9 +316,10 @@ void index_scores(const float* iq, const float* wts, int64_t T, int nh, int hd, 
 }
 
 void candidate_blocks(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible,
-                      int bs, int topb, float* bscore, int64_t bstride, uint8_t* mask) {
+                      int bs, int topb, float* bscore, int32_t* bsel, int64_t bstride, uint8_t* mask) {
     if (T == 0) return;
-    candidate_kernel<<<static_cast<unsigned>(T), 256>>>(scores, stride, width, visible, bs, topb, bscore, bstride, mask);
+    candidate_kernel<<<static_cast<unsigned>(T), kSelectThreads>>>(scores, stride, width, visible, bs, topb, bscore, bsel,
+                                                                    bstride, mask);
     PG_LAUNCHED();
 }
 
@@ -263,11 +334,8 @@ void apply_candidates(float* scores, int64_t T, int64_t stride, const int64_t* w
 void topk_rows(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible, int k,
                bool ascending, int32_t* tmp, int32_t* out, int32_t* count) {
     if (T == 0 || k == 0) return;
-    if (stride > 0) {
-        topk_rank_kernel<<<blocks_for(T * stride), kThreads>>>(scores, T, stride, width, k, tmp);
-        PG_LAUNCHED();
-    }
-    topk_order_kernel<<<blocks_for(T * k), kThreads>>>(tmp, T, width, visible, k, ascending, out, count);
+    topk_kernel<<<static_cast<unsigned>(T), kSelectThreads>>>(scores, stride, width, visible, k, ascending, tmp, out,
+                                                              count);
     PG_LAUNCHED();
 }
 

@@ -147,7 +147,10 @@ Tensor CudaBackend::run_linear(const Tensor& x, const LinearWeight& w, const Exp
     return y;
 }
 
-Tensor CudaBackend::linear(const Tensor& x, const LinearWeight& w) { return run_linear(x, w); }
+Tensor CudaBackend::linear(const Tensor& x, const LinearWeight& w) {
+    OpTimer op_(*this, "linear");
+    return run_linear(x, w);
+}
 
 std::unique_ptr<StepScratch> CudaBackend::begin_step(const ForwardBatch&) { return std::make_unique<CudaScratch>(); }
 
@@ -168,12 +171,14 @@ void CudaBackend::read_state(const uint8_t* src, size_t bytes, void* dst) {
 }
 
 Tensor CudaBackend::first_stream_mix(int T) {
+    OpTimer op_(*this, "first_stream_mix");
     Tensor pre = empty(DType::F32, {T, cfg_.hc_mult});
     cuda::first_stream_mix(T, cfg_.hc_mult, pre.f32());
     return pre;
 }
 
 Tensor CudaBackend::gather_rows(const Tensor& x, const std::vector<int>& rows) {
+    OpTimer op_(*this, "gather_rows");
     std::vector<int64_t> shape = x.shape();
     const int64_t len = x.numel() / shape[0];
     shape[0] = static_cast<int64_t>(rows.size());
@@ -184,6 +189,7 @@ Tensor CudaBackend::gather_rows(const Tensor& x, const std::vector<int>& rows) {
 }
 
 Tensor CudaBackend::embed(const Tensor& table, const std::vector<int32_t>& ids) {
+    OpTimer op_(*this, "embed");
     const int64_t T = static_cast<int64_t>(ids.size());
     for (int32_t id : ids)
         if (id < 0 || id >= table.dim(0)) fail("token id {} is outside the vocabulary (0..{})", id, table.dim(0) - 1);
@@ -195,6 +201,7 @@ Tensor CudaBackend::embed(const Tensor& table, const std::vector<int32_t>& ids) 
 }
 
 HcMix CudaBackend::hc_mixes(const Tensor& h, const HcWeight& w) {
+    OpTimer op_(*this, "hc_mixes");
     const int64_t T = h.dim(0);
     const int hc = cfg_.hc_mult;
     HcMix m{empty(DType::F32, {T, hc}), empty(DType::F32, {T, hc}), empty(DType::F32, {T, hc, hc})};
@@ -205,6 +212,7 @@ HcMix CudaBackend::hc_mixes(const Tensor& h, const HcWeight& w) {
 }
 
 Tensor CudaBackend::hc_collapse(const Tensor& h, const Tensor& pre) {
+    OpTimer op_(*this, "hc_collapse");
     const int64_t T = h.dim(0);
     Tensor y = empty(DType::F32, {T, cfg_.dim});
     cuda::hc_collapse(h.f32(), pre.f32(), T, cfg_.hc_mult, cfg_.dim, y.f32());
@@ -212,6 +220,7 @@ Tensor CudaBackend::hc_collapse(const Tensor& h, const Tensor& pre) {
 }
 
 Tensor CudaBackend::hc_expand(const Tensor& y, const Tensor& residual, const HcMix& mix) {
+    OpTimer op_(*this, "hc_expand");
     const int64_t T = y.dim(0);
     Tensor out = empty(DType::F32, {T, cfg_.hc_mult, cfg_.dim});
     cuda::hc_expand(y.f32(), residual.f32(), mix.post.f32(), mix.comb.f32(), T, cfg_.hc_mult, cfg_.dim, out.f32());
@@ -219,6 +228,7 @@ Tensor CudaBackend::hc_expand(const Tensor& y, const Tensor& residual, const HcM
 }
 
 Tensor CudaBackend::hc_head(const Tensor& h, const HcWeight& w) {
+    OpTimer op_(*this, "hc_head");
     const int64_t T = h.dim(0);
     Tensor pre = empty(DType::F32, {T, cfg_.hc_mult});
     cuda::hc_mixes(h.f32(), T, cfg_.hc_mult, cfg_.dim, dev_f32(w.fn), cfg_.hc_mult, dev_f32(w.base), dev_f32(w.scale),
@@ -227,6 +237,7 @@ Tensor CudaBackend::hc_head(const Tensor& h, const HcWeight& w) {
 }
 
 Tensor CudaBackend::rms_norm(const Tensor& x, const Tensor& w) {
+    OpTimer op_(*this, "rms_norm");
     const int64_t D = x.dim(-1), rows = x.numel() / D;
     Tensor y = empty(DType::F32, x.shape());
     cuda::rms_norm(x.f32(), rows, static_cast<int>(D), dev_f32(w), eps(), y.f32());
@@ -234,6 +245,7 @@ Tensor CudaBackend::rms_norm(const Tensor& x, const Tensor& w) {
 }
 
 Tensor CudaBackend::hc_mean(const Tensor& h) {
+    OpTimer op_(*this, "hc_mean");
     const int64_t T = h.dim(0);
     Tensor y = empty(DType::F32, {T, cfg_.dim});
     cuda::hc_mean(h.f32(), T, cfg_.hc_mult, cfg_.dim, y.f32());
@@ -241,6 +253,7 @@ Tensor CudaBackend::hc_mean(const Tensor& h) {
 }
 
 Tensor CudaBackend::logits(const Tensor& x, const LinearWeight& head) {
+    OpTimer op_(*this, "logits");
     // fp32 on the (bf16-stored) weights, as the reference upcasts them.
     LinearWeight w = head;
     w.kind = LinearWeight::Kind::F32;
@@ -250,3 +263,95 @@ Tensor CudaBackend::logits(const Tensor& x, const LinearWeight& head) {
 
 }  // namespace cuda
 }  // namespace peregrine
+
+namespace peregrine::cuda {
+
+namespace {
+void* record_event() {
+    cudaEvent_t e;
+    PG_CUDA(cudaEventCreate(&e));
+    PG_CUDA(cudaEventRecord(e, 0));
+    return e;
+}
+}  // namespace
+
+OpTimer::OpTimer(CudaBackend& b, const char* name) : b_(b) {
+    record_ = b_.profiling_ && b_.depth_ == 0;
+    ++b_.depth_;
+    if (record_) {
+        index_ = b_.events_.size();
+        b_.events_.push_back({name, record_event(), nullptr});
+    }
+}
+
+OpTimer::~OpTimer() {
+    --b_.depth_;
+    if (!record_) return;
+    if (b_.open_phase_ >= 0) {
+        b_.events_[static_cast<size_t>(b_.open_phase_)].stop = record_event();
+        b_.open_phase_ = -1;
+    }
+    b_.events_[index_].stop = record_event();
+}
+
+void CudaBackend::phase(const char* name) {
+    if (!profiling_ || depth_ != 1) return;
+    if (open_phase_ >= 0) events_[static_cast<size_t>(open_phase_)].stop = record_event();
+    open_phase_ = static_cast<int>(events_.size());
+    events_.push_back({name, record_event(), nullptr});
+}
+
+std::map<std::string, double> CudaBackend::profile() {
+    PG_CUDA(cudaDeviceSynchronize());
+    std::map<std::string, double> ms;
+    for (auto& e : events_) {
+        float t = 0.0f;
+        if (e.stop) PG_CUDA(cudaEventElapsedTime(&t, static_cast<cudaEvent_t>(e.start), static_cast<cudaEvent_t>(e.stop)));
+        ms[e.name] += t;
+        cudaEventDestroy(static_cast<cudaEvent_t>(e.start));
+        if (e.stop) cudaEventDestroy(static_cast<cudaEvent_t>(e.stop));
+    }
+    events_.clear();
+    return ms;
+}
+
+void CudaBackend::fill_state_random(uint8_t* p, size_t bytes, uint64_t seed) {
+    fill_random_bf16(reinterpret_cast<float*>(p), static_cast<int64_t>(bytes / sizeof(float)), seed);
+    PG_CUDA(cudaDeviceSynchronize());
+}
+
+double CudaBackend::copy_bandwidth_gbs(size_t bytes, int reps) {
+    void *a = nullptr, *b = nullptr;
+    PG_CUDA(cudaMalloc(&a, bytes));
+    PG_CUDA(cudaMalloc(&b, bytes));
+    fill_random_bf16(static_cast<float*>(a), static_cast<int64_t>(bytes / 4), 7);
+    PG_CUDA(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+    cudaEvent_t e0, e1;
+    PG_CUDA(cudaEventCreate(&e0));
+    PG_CUDA(cudaEventCreate(&e1));
+    PG_CUDA(cudaEventRecord(e0, 0));
+    for (int i = 0; i < reps; ++i) PG_CUDA(cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice, 0));
+    PG_CUDA(cudaEventRecord(e1, 0));
+    PG_CUDA(cudaEventSynchronize(e1));
+    float ms = 0.0f;
+    PG_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    return 2.0 * static_cast<double>(bytes) * reps / (ms * 1e-3) / 1e9;
+}
+
+size_t CudaBackend::free_device_memory() {
+    size_t free = 0, total = 0;
+    PG_CUDA(cudaMemGetInfo(&free, &total));
+    return free;
+}
+
+std::string CudaBackend::device_name() {
+    cudaDeviceProp p{};
+    PG_CUDA(cudaGetDeviceProperties(&p, 0));
+    return p.name;
+}
+
+}  // namespace peregrine::cuda

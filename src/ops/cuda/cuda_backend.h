@@ -60,6 +60,19 @@ public:
     Tensor linear(const Tensor& x, const LinearWeight& w) override;
     Tensor logits(const Tensor& x, const LinearWeight& head) override;
 
+    // Benchmark support. Profiling records device time per outermost op (and per phase inside attention
+    // and MoE) with events; profile() waits for the device and returns milliseconds by name, then clears.
+    void set_profiling(bool on) { profiling_ = on; }
+    std::map<std::string, double> profile();
+    // Routes row t's slot k to expert (t*K + k) % E: every expert equally loaded (router still computed).
+    void set_balanced_routing(bool on) { balanced_routing_ = on; }
+    // Fills state-page memory with bf16-valued floats in [-1, 1) (a cached context without its prefill).
+    void fill_state_random(uint8_t* p, size_t bytes, uint64_t seed);
+    // Device-to-device copy bandwidth, bytes read plus written per second (GB/s).
+    static double copy_bandwidth_gbs(size_t bytes, int reps);
+    static size_t free_device_memory();
+    static std::string device_name();
+
     // Host <-> device copies of F32/any tensors (tests, tools).
     static Tensor to_device(const Tensor& host);
     static Tensor to_host(const Tensor& dev);
@@ -69,6 +82,18 @@ public:
     static DevArray<T> upload(const std::vector<T>& v);
 
 private:
+    friend class OpTimer;
+    struct TimedEvent {
+        std::string name;
+        void* start;
+        void* stop;
+    };
+    bool profiling_ = false, balanced_routing_ = false;
+    int depth_ = 0, open_phase_ = -1;
+    std::vector<TimedEvent> events_;
+    // Ends the current phase of the outermost op (if any) and starts `name`.
+    void phase(const char* name);
+
     struct Emitted;  // compressor output
     Emitted run_compressor(const CompressorWeight& cw, size_t carry_offset, const Tensor& x, ForwardBatch& batch);
 
@@ -95,6 +120,20 @@ private:
     std::unordered_map<const void*, ExpertTables> experts_;
     std::map<std::pair<double, bool>, std::shared_ptr<void>> ropes_;
     std::vector<void*> pinned_;  // host-placed engram tables
+};
+
+// Scope of one op, timed when profiling and outermost (ops called by other ops count to their caller).
+class OpTimer {
+public:
+    OpTimer(CudaBackend& b, const char* name);
+    ~OpTimer();
+    OpTimer(const OpTimer&) = delete;
+    OpTimer& operator=(const OpTimer&) = delete;
+
+private:
+    CudaBackend& b_;
+    bool record_ = false;
+    size_t index_ = 0;
 };
 
 template <typename T>

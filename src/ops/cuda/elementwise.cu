@@ -86,7 +86,23 @@ __global__ void scale_round_kernel(float* x, int64_t n, float s) {
     if (i < n) x[i] = round_bf16(x[i] * s);
 }
 
+__global__ void fill_random_kernel(float* x, int64_t n, uint64_t seed) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= n) return;
+    uint64_t z = (static_cast<uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ull ^ (seed * 0xD1B54A32D192ED69ull);
+    z ^= z >> 31;
+    z *= 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 29;
+    x[i] = round_bf16(static_cast<float>(static_cast<uint32_t>(z >> 40)) / 16777216.0f * 2.0f - 1.0f);
+}
+
 }  // namespace
+
+void fill_random_bf16(float* x, int64_t n, uint64_t seed) {
+    if (n == 0) return;
+    fill_random_kernel<<<blocks_for(n), kThreads>>>(x, n, seed);
+    PG_LAUNCHED();
+}
 
 void rope(float* x, int64_t rows, int heads, int64_t rs, int64_t hs, int offset, const int64_t* pos, const float* freqs,
           int dim, bool inverse) {

@@ -23,6 +23,7 @@ const float* CudaBackend::engram_weight(const EngramWeight& w) {
 }
 
 void CudaBackend::engram(Tensor& h, const EngramWeight& w, const std::vector<int64_t>& rows) {
+    OpTimer op_(*this, "engram");
     const int64_t T = h.dim(0), hd = w.head_dim, ncol = w.n_cols;
     const uint8_t* table;
     const uint8_t* scale;

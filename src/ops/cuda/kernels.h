@@ -57,6 +57,7 @@ void head_norm_bf16(float* x, int64_t n_heads, int D, float eps);
 // dst[r][0..width) = src[r * width ..]
 void store_rows(const float* src, int64_t rows, int width, float* const* dst);
 void scale_round_bf16(float* x, int64_t n, float s);
+void fill_random_bf16(float* x, int64_t n, uint64_t seed);
 
 // ---- attention_kernels.cu
 // Compressor state machine of one sequence (see cpu attention.cpp run_compressor).
@@ -79,10 +80,11 @@ void index_scores(const float* iq, const float* wts, int64_t T, int nh, int hd, 
                   float* scores);
 // V4.1 level 1: per row, the best `topb` blocks of `bs` entries (the last visible block forced in) -> mask.
 void candidate_blocks(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible,
-                      int bs, int topb, float* bscore, int64_t bstride, uint8_t* mask);
+                      int bs, int topb, float* bscore, int32_t* bsel, int64_t bstride, uint8_t* mask);
 void apply_candidates(float* scores, int64_t T, int64_t stride, const int64_t* width, const uint8_t* mask,
                       const int64_t* mask_width, int64_t mask_stride);
-// Top-k of each row (ties to the lower index), descending or sorted by index; entries >= visible -> -1.
+// Top-k of each row (ties to the lower index; radix select), descending or sorted by index; entries >=
+// visible -> -1. tmp: [T, k].
 void topk_rows(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible, int k,
                bool ascending, int32_t* tmp, int32_t* out, int32_t* count);
 // keys[t, :] = first nwin[t] window addresses, then comp_addr[compbase[t] + sel[t, i]] for i < nsel[t].
@@ -94,7 +96,7 @@ void sparse_attention(const float* q, int64_t T, int H, int D, float scale, cons
 
 // ---- moe_kernels.cu
 void route(const float* logits, int64_t T, int E, int K, int score_func, const float* bias, const int64_t* tid2eid,
-           const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale, int32_t* sel, float* wsel);
+           const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale, bool balanced, int32_t* sel, float* wsel);
 void gather_pairs(const float* x, int64_t T, int K, int D, float* xp);
 void swiglu(const float* g, const float* u, int64_t n, int I, const float* weights, float limit, float* out);
 void moe_combine(const float* ye, const int32_t* sel, const float* shared, int64_t T, int K, int D, float* out);

@@ -43,16 +43,20 @@ Tensor CudaBackend::moe(const Tensor& x, const MoEWeight& w, const std::vector<i
     else if (cfg_.score_func == "sigmoid") score_func = 1;
     else score_func = 2;
 
+    OpTimer op(*this, "moe");
     // Routing.
+    phase("moe.route");
     Tensor logits = run_linear(x, w.gate);
     auto ids_d = upload(ids);
     auto sel = device_alloc(sizeof(int32_t) * static_cast<size_t>(T * K));
     Tensor wsel = empty(DType::F32, {T * K});
     route(logits.f32(), T, E, K, score_func, w.bias.empty() ? nullptr : dev_f32(w.bias),
           w.tid2eid.empty() ? nullptr : static_cast<const int64_t*>(dev_raw(w.tid2eid)), ids_d.ptr, cfg_.is_v41(),
-          cfg_.norm_topk_prob, static_cast<float>(cfg_.route_scale), static_cast<int32_t*>(sel.get()), wsel.f32());
+          cfg_.norm_topk_prob, static_cast<float>(cfg_.route_scale), balanced_routing_, static_cast<int32_t*>(sel.get()),
+          wsel.f32());
 
     // Routed experts over the (row, slot) pairs.
+    phase("moe.routed_experts");
     const ExpertTables& tab = expert_tables(w);
     const int* row_expert = static_cast<const int*>(sel.get());
     Tensor xp = empty(DType::F32, {T * K, D});
@@ -65,6 +69,7 @@ Tensor CudaBackend::moe(const Tensor& x, const MoEWeight& w, const std::vector<i
     Tensor ye = run_linear(a, e0.w2, &tab.w2, row_expert);
 
     // Shared expert, then the combine.
+    phase("moe.shared+combine");
     Tensor gs = run_linear(x, w.shared.w1), us = run_linear(x, w.shared.w3);
     const int Is = w.shared.w1.out;
     Tensor as = empty(DType::F32, {T, Is});

@@ -15,7 +15,7 @@ __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1
 
 __global__ void route_kernel(const float* logits, int64_t T, int E, int K, int score_func, const float* bias,
                              const int64_t* tid2eid, const int32_t* ids, bool v41, bool norm_topk_prob,
-                             float route_scale, int32_t* sel, float* wsel) {
+                             float route_scale, bool balanced, int32_t* sel, float* wsel) {
     const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (t >= T) return;
     float score[kMaxExperts];
@@ -32,7 +32,9 @@ __global__ void route_kernel(const float* logits, int64_t T, int E, int K, int s
         for (int e = 0; e < E; ++e) score[e] /= sum;
     }
     int top[kMaxTopK];
-    if (tid2eid) {
+    if (balanced) {
+        for (int k = 0; k < K; ++k) top[k] = static_cast<int>((t * K + k) % E);
+    } else if (tid2eid) {
         for (int k = 0; k < K; ++k) top[k] = static_cast<int>(tid2eid[static_cast<int64_t>(ids[t]) * K + k]);
     } else {
         for (int k = 0; k < K; ++k) {
@@ -107,11 +109,12 @@ __global__ void combine_kernel(const float* ye, const int32_t* sel, const float*
 }  // namespace
 
 void route(const float* logits, int64_t T, int E, int K, int score_func, const float* bias, const int64_t* tid2eid,
-           const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale, int32_t* sel, float* wsel) {
+           const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale, bool balanced, int32_t* sel,
+           float* wsel) {
     if (T == 0) return;
     if (E > kMaxExperts || K > kMaxTopK) cuda_fail(cudaErrorInvalidValue, "route: too many experts", __FILE__, __LINE__);
     route_kernel<<<blocks_for(T, 64), 64>>>(logits, T, E, K, score_func, bias, tid2eid, ids, v41, norm_topk_prob,
-                                            route_scale, sel, wsel);
+                                            route_scale, balanced, sel, wsel);
     PG_LAUNCHED();
 }
 

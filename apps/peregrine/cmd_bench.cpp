@@ -149,6 +149,7 @@ Measured run_steps(Model& m, cuda::CudaBackend& be, int n_seqs, int64_t ctx, int
 }
 
 int run_bench(const BenchArgs& a) {
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe even if the run is cut short
     PEREGRINE_CHECK(a.synthetic == "v41-flash", "--synthetic: only v41-flash is available");
     PEREGRINE_CHECK(a.device == "cuda", "bench engine measures the CUDA backend (--device cuda)");
     std::string why;
@@ -161,6 +162,7 @@ int run_bench(const BenchArgs& a) {
     auto model = Model::synthetic(cfg, opts);
     auto& be = dynamic_cast<cuda::CudaBackend&>(model->backend());
     be.set_balanced_routing(a.balanced);
+    std::fflush(stdout);
     std::printf("bench engine: %s, %d layers (%d experts), balanced routing %s; synthetic weights in %.1f s\n",
                 cuda::CudaBackend::device_name().c_str(), a.layers, a.experts, a.balanced ? "on" : "off",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -176,6 +178,11 @@ int run_bench(const BenchArgs& a) {
     out["fp8_dense_peak_tflops"] = kFp8DensePeakTflops;
     std::vector<std::string> table;
     char line[512];
+    auto save = [&] {  // after every point, so that a run cut short still leaves its results
+        if (a.json.empty()) return;
+        const std::string text = out.dump(2);
+        write_file(a.json, text.data(), text.size());
+    };
     auto ops_json = [](const std::map<std::string, double>& ops) {
         nlohmann::json j = nlohmann::json::object();
         for (auto& [k, v] : ops) j[k] = v;
@@ -215,6 +222,7 @@ int run_bench(const BenchArgs& a) {
             row.update({{"ms_per_step", r.ms}, {"tokens_per_s", B / sec}, {"bytes", k.weight_bytes + k.state_bytes},
                         {"gb_per_s", gbs}, {"fraction_of_copy_bw", gbs / bw}, {"tflops", tflops}, {"ops_ms", ops_json(r.ops)}});
             out["results"].push_back(row);
+            save();
             skip_rest = slow;
         }
     }
@@ -247,13 +255,10 @@ int run_bench(const BenchArgs& a) {
         row.update({{"ms_per_step", r.ms}, {"tokens_per_s", B / sec}, {"tflops", tflops}, {"gemm_tflops", gemm_tflops},
                     {"fraction_of_fp8_peak", gemm_tflops / kFp8DensePeakTflops}, {"ops_ms", ops_json(r.ops)}});
         out["results"].push_back(row);
+        save();
         skip_rest = slow;
     }
-    if (!a.json.empty()) {
-        const std::string text = out.dump(2);
-        write_file(a.json, text.data(), text.size());
-        std::printf("\nwrote %s\n", a.json.c_str());
-    }
+    if (!a.json.empty()) std::printf("\nwrote %s\n", a.json.c_str());
     return 0;
 }
 #else

@@ -7,6 +7,7 @@ namespace peregrine {
 
 ModelConfig synthetic_v41_flash_config(int layers, int n_routed_experts) {
     PEREGRINE_CHECK(layers >= 1 && layers <= 40, "synthetic V4.1-Flash: 1..40 layers, not {}", layers);
+    PEREGRINE_CHECK(n_routed_experts >= 6, "synthetic V4.1-Flash: at least 6 routed experts (top-6 routing)");
     ModelConfig c;
     c.arch = ModelArch::DeepseekV41;
     c.model_type = "deepseek_v41";

@@ -354,7 +354,39 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     // Grouped low-rank output projection: wo_a per head group (bf16), then wo_b.
     const int G = cfg_.o_groups, R = cfg_.o_lora_rank, GD = H / G * D;
     Tensor oa = empty(DType::F32, {T, static_cast<int64_t>(G) * R});
-    grouped_linear_bf16(o.f32(), T, G, R, GD, static_cast<const uint16_t*>(dev_raw(w.wo_a.w)), oa.f32());
+    const uint16_t* wo_a = static_cast<const uint16_t*>(dev_raw(w.wo_a.w));
+    if (reference_gemm_) {
+        grouped_linear_bf16(o.f32(), T, G, R, GD, wo_a, oa.f32());
+    } else {  // rows (t, g) of length GD through group g's [R, GD] block: a routed GEMM with G "experts"
+        std::vector<const void*> ptrs(static_cast<size_t>(2 * G), nullptr);
+        for (int g = 0; g < G; ++g) ptrs[static_cast<size_t>(g)] = wo_a + static_cast<size_t>(g) * R * GD;
+        auto table = upload(ptrs);
+        ExpertTable groups{reinterpret_cast<const void* const*>(table.ptr),
+                           reinterpret_cast<const uint8_t* const*>(table.ptr + G)};
+        std::vector<int32_t> sel(static_cast<size_t>(T) * G);
+        for (size_t i = 0; i < sel.size(); ++i) sel[i] = static_cast<int32_t>(i % G);
+        auto sel_d = upload(sel);
+        const int64_t rows = static_cast<int64_t>(T) * G;
+        Routed routed;
+        routed.row_expert = sel_d.ptr;
+        routed.routing.tile_rows = routing_tile_rows(rows, G);
+        routed.routing.max_tiles = static_cast<unsigned>((rows + routed.routing.tile_rows - 1) / routed.routing.tile_rows + G);
+        auto row_map = device_alloc(sizeof(int32_t) * static_cast<size_t>(rows));
+        auto tiles = device_alloc(sizeof(int32_t) * 4 * routed.routing.max_tiles);
+        auto n_tiles = device_alloc(sizeof(int32_t));
+        expert_tiles(sel_d.ptr, rows, G, routed.routing.tile_rows, static_cast<int32_t*>(row_map.get()),
+                     static_cast<int32_t*>(tiles.get()), static_cast<int32_t*>(n_tiles.get()));
+        routed.routing.row_map = static_cast<const int32_t*>(row_map.get());
+        routed.routing.tiles = static_cast<const int32_t*>(tiles.get());
+        routed.routing.n_tiles = static_cast<const int32_t*>(n_tiles.get());
+        LinearWeight wg;
+        wg.kind = LinearWeight::Kind::BF16;
+        wg.out = R;
+        wg.in = GD;
+        wg.w = Tensor::view(DType::BF16, {R, GD}, wo_a, Device::CUDA);
+        Tensor oa_rows = run_linear(o.reshaped({rows, GD}), wg, &groups, &routed);
+        oa = oa_rows.reshaped({T, static_cast<int64_t>(G) * R});
+    }
     return run_linear(oa, w.wo_b);
 }
 

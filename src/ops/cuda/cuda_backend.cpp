@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 namespace peregrine {
@@ -74,6 +75,8 @@ Tensor CudaBackend::to_host(const Tensor& dev) {
 CudaBackend::CudaBackend(const ModelConfig& cfg, const StateLayout& layout, EngramPlacement engram)
     : cfg_(cfg), layout_(layout), engram_placement_(engram) {
     PG_CUDA(cudaSetDevice(0));
+    const char* ref = std::getenv("PEREGRINE_CUDA_REFERENCE_GEMM");
+    reference_gemm_ = ref && std::string(ref) == "1";
 }
 
 CudaBackend::~CudaBackend() {
@@ -129,8 +132,16 @@ const float* CudaBackend::rope_freqs(const AttentionLayerInfo& info) {
     return static_cast<const float*>(it->second.get());
 }
 
+void CudaBackend::gemm(const float* x, const float* xs, int64_t M, const LinearDev& d, float* y,
+                       const ExpertTable* experts, const Routed* routed) {
+    if (!reference_gemm_ && linear_tiled_supported(d))
+        linear_tiled(x, xs, M, d, y, experts, routed ? &routed->routing : nullptr);
+    else
+        cuda::linear(x, xs, M, d, y, experts, routed ? routed->row_expert : nullptr);
+}
+
 Tensor CudaBackend::run_linear(const Tensor& x, const LinearWeight& w, const ExpertTable* experts,
-                               const int* row_expert) {
+                               const Routed* routed) {
     const int64_t M = x.numel() / w.in;
     Tensor y = empty(DType::F32, {M, w.out});
     LinearDev d = dev_linear(w);
@@ -140,9 +151,9 @@ Tensor CudaBackend::run_linear(const Tensor& x, const LinearWeight& w, const Exp
                         "linear: input width {} is not a multiple of the activation block {}", w.in, w.act_block);
         Tensor xq = empty(DType::F32, {M, w.in}), xs = empty(DType::F32, {M, w.in / w.act_block});
         act_quant(x.f32(), M, w.in, w.act_block, xq.f32(), xs.f32());
-        cuda::linear(xq.f32(), xs.f32(), M, d, y.f32(), experts, row_expert);
+        gemm(xq.f32(), xs.f32(), M, d, y.f32(), experts, routed);
     } else {
-        cuda::linear(x.f32(), nullptr, M, d, y.f32(), experts, row_expert);
+        gemm(x.f32(), nullptr, M, d, y.f32(), experts, routed);
     }
     return y;
 }

@@ -102,9 +102,17 @@ private:
     LinearDev dev_linear(const LinearWeight& w);
     const float* rope_freqs(const AttentionLayerInfo& info);
     const float* engram_weight(const EngramWeight& w);
-    // y = x W^T for x [M, in] (device); with experts, row m uses expert row_expert[m].
+    // How a routed GEMM finds each row's expert: per row (reference kernel) and grouped (tiled kernel).
+    struct Routed {
+        const int* row_expert = nullptr;
+        LinearRouting routing;
+    };
+    // y = x W^T for x [M, in] (device); with experts, row m uses its expert's weights.
     Tensor run_linear(const Tensor& x, const LinearWeight& w, const ExpertTable* experts = nullptr,
-                      const int* row_expert = nullptr);
+                      const Routed* routed = nullptr);
+    void gemm(const float* x, const float* xs, int64_t M, const LinearDev& d, float* y, const ExpertTable* experts,
+              const Routed* routed);
+    bool reference_gemm_ = false;  // PEREGRINE_CUDA_REFERENCE_GEMM=1: the plain per-output kernel everywhere
     float eps() const { return static_cast<float>(cfg_.norm_eps); }
 
     struct ExpertTables {

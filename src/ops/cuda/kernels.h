@@ -21,6 +21,23 @@ struct ExpertTable {
     const uint8_t* const* scale = nullptr;
 };
 
+// Rows of a routed GEMM grouped by expert: row_map[sorted] = pair row; tiles (expert, first sorted row,
+// rows, -) as int4; at most max_tiles of them, the count in n_tiles (device).
+struct LinearRouting {
+    const int32_t* row_map = nullptr;
+    const int32_t* tiles = nullptr;
+    const int32_t* n_tiles = nullptr;
+    unsigned max_tiles = 0;
+    int tile_rows = 8;
+};
+
+// ---- linear_tiled.cu (the GEMM used wherever the shapes allow; linear.cu is its plain reference)
+bool linear_tiled_supported(const LinearDev& w);
+void linear_tiled(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
+                  const LinearRouting* routing);
+int routing_tile_rows(int64_t pairs, int E);
+void expert_tiles(const int32_t* sel, int64_t n, int E, int mt, int32_t* row_map, int32_t* tiles, int32_t* n_tiles);
+
 // ---- linear.cu
 void act_quant(const float* x, int64_t M, int K, int block, float* q, float* scales);
 // y[M, out] = x W^T; xs: activation scales when quantised (x then holds e4m3 values). With `experts`,

@@ -58,15 +58,27 @@ Tensor CudaBackend::moe(const Tensor& x, const MoEWeight& w, const std::vector<i
     // Routed experts over the (row, slot) pairs.
     phase("moe.routed_experts");
     const ExpertTables& tab = expert_tables(w);
-    const int* row_expert = static_cast<const int*>(sel.get());
+    Routed routed;
+    routed.row_expert = static_cast<const int*>(sel.get());
+    const int64_t pairs = T * K;
+    routed.routing.tile_rows = routing_tile_rows(pairs, E);
+    routed.routing.max_tiles = static_cast<unsigned>((pairs + routed.routing.tile_rows - 1) / routed.routing.tile_rows + E);
+    auto row_map = device_alloc(sizeof(int32_t) * static_cast<size_t>(pairs));
+    auto tiles = device_alloc(sizeof(int32_t) * 4 * routed.routing.max_tiles);
+    auto n_tiles = device_alloc(sizeof(int32_t));
+    expert_tiles(static_cast<const int32_t*>(sel.get()), pairs, E, routed.routing.tile_rows,
+                 static_cast<int32_t*>(row_map.get()), static_cast<int32_t*>(tiles.get()), static_cast<int32_t*>(n_tiles.get()));
+    routed.routing.row_map = static_cast<const int32_t*>(row_map.get());
+    routed.routing.tiles = static_cast<const int32_t*>(tiles.get());
+    routed.routing.n_tiles = static_cast<const int32_t*>(n_tiles.get());
     Tensor xp = empty(DType::F32, {T * K, D});
     gather_pairs(x.f32(), T, K, D, xp.f32());
     const ExpertWeight& e0 = w.experts[0];
-    Tensor g = run_linear(xp, e0.w1, &tab.w1, row_expert), u = run_linear(xp, e0.w3, &tab.w3, row_expert);
+    Tensor g = run_linear(xp, e0.w1, &tab.w1, &routed), u = run_linear(xp, e0.w3, &tab.w3, &routed);
     const int I = e0.w1.out;
     Tensor a = empty(DType::F32, {T * K, I});
     swiglu(g.f32(), u.f32(), T * K, I, wsel.f32(), limit, a.f32());
-    Tensor ye = run_linear(a, e0.w2, &tab.w2, row_expert);
+    Tensor ye = run_linear(a, e0.w2, &tab.w2, &routed);
 
     // Shared expert, then the combine.
     phase("moe.shared+combine");

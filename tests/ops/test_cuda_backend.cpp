@@ -39,8 +39,11 @@ Tensor random_bf16(std::vector<int64_t> shape, uint64_t seed, float scale = 1.0f
     return t;
 }
 
-// Elementwise agreement: |a-b| <= rel*|b| + abs; returns the share of exactly equal elements.
-double expect_close(const Tensor& a, const Tensor& b, float rel, float abs, const std::string& what) {
+// Elementwise agreement: |a-b| <= rel*|b| + abs + of_max*max|b|; returns the share of exactly equal elements.
+double expect_close(const Tensor& a, const Tensor& b, float rel, float abs, const std::string& what, float of_max = 0.0f) {
+    float bmax = 0.0f;
+    for (int64_t i = 0; i < b.numel(); ++i) bmax = std::max(bmax, std::fabs(b.f32()[i]));
+    abs += of_max * bmax;
     EXPECT_EQ(a.numel(), b.numel()) << what;
     int64_t exact = 0, bad = 0;
     float worst = 0.0f;
@@ -456,8 +459,10 @@ TEST(CudaOpsRealDims, AttentionLayers) {
             Tensor x = random_bf16({n, cfg.dim}, seed++);
             Tensor oc = cpu->attention(x, w.layers[static_cast<size_t>(l)].attn, infos[static_cast<size_t>(l)], bc, *scr_c);
             Tensor og = gpu.attention(D(x), w.layers[static_cast<size_t>(l)].attn, infos[static_cast<size_t>(l)], bg, *scr_g);
+            // bf16 outputs after two e4m3-quantised projections: an ulp that flips upstream moves a few
+            // elements by a bf16 step of the tensor's scale, so the bound is 1e-2 of the largest element.
             expect_close(H(og), oc, 1e-2f, 1e-5f,
-                         "synthetic attention layer " + std::to_string(l) + (n == 1 ? " decode" : " prefill"));
+                         "synthetic attention layer " + std::to_string(l) + (n == 1 ? " decode" : " prefill"), 1e-2f);
         }
         sc.n_cached = sg.n_cached = start + n;
     }

@@ -35,9 +35,9 @@ __global__ void compressor_kernel(CompressorArgs a) {
                 float mx = -INFINITY;
                 for (int j = 0; j < n; ++j) mx = fmaxf(mx, at(sc_state, j));
                 float sum = 0.0f;
-                for (int j = 0; j < n; ++j) sum += expf(at(sc_state, j) - mx);
+                for (int j = 0; j < n; ++j) sum += exp_cr(at(sc_state, j) - mx);
                 float acc = 0.0f;
-                for (int j = 0; j < n; ++j) acc += at(kv_state, j) * (expf(at(sc_state, j) - mx) / sum);
+                for (int j = 0; j < n; ++j) acc += at(kv_state, j) * (exp_cr(at(sc_state, j) - mx) / sum);
                 a.pooled[static_cast<int64_t>(e) * d + c] = round_bf16(acc);
             }
             ++e;
@@ -265,10 +265,10 @@ __global__ void sparse_attention_kernel(const float* q, int H, int D, float scal
             float bmax = -INFINITY;
             for (int j = 0; j < cnt; ++j) bmax = fmaxf(bmax, s[j]);
             const float m_new = fmaxf(m_sh, bmax);
-            const float rescale = expf(m_sh - m_new);
+            const float rescale = exp_cr(m_sh - m_new);
             float bsum = 0.0f;
             for (int j = 0; j < cnt; ++j) {
-                const float pj = expf(s[j] - m_new);
+                const float pj = exp_cr(s[j] - m_new);
                 bsum += pj;
                 p[j] = round_bf16(pj);
             }
@@ -289,7 +289,7 @@ __global__ void sparse_attention_kernel(const float* q, int H, int D, float scal
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) sum_sh += expf(sink[h] - m_sh);
+    if (threadIdx.x == 0) sum_sh += exp_cr(sink[h] - m_sh);
     __syncthreads();
     float* o = out + (t * H + h) * D;
     for (int a = 0; a * kAttnThreads + static_cast<int>(threadIdx.x) < D; ++a) {

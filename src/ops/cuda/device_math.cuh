@@ -49,6 +49,13 @@ __device__ __forceinline__ float pow2_round_scale(float amax, float max_inv) {
     return __uint_as_float(static_cast<uint32_t>(l + 127) << 23);
 }
 
+// Transcendentals correctly rounded to float (computed in double, rounded once), so that they agree with
+// the host's (glibc's expf/sinf/cosf are correctly rounded in practice) instead of differing by an ulp.
+__device__ __forceinline__ float exp_cr(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
+__device__ __forceinline__ float log1p_cr(float x) { return static_cast<float>(log1p(static_cast<double>(x))); }
+__device__ __forceinline__ float sin_cr(float x) { return static_cast<float>(sin(static_cast<double>(x))); }
+__device__ __forceinline__ float cos_cr(float x) { return static_cast<float>(cos(static_cast<double>(x))); }
+
 // Sum of a double over a warp.
 __device__ __forceinline__ double warp_sum(double v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

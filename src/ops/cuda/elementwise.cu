@@ -17,8 +17,8 @@ __global__ void rope_kernel(float* x, int64_t rows, int heads, int64_t rs, int64
     const int h = static_cast<int>((i / half) % heads), k = static_cast<int>(i % half);
     float* v = x + r * rs + h * hs + offset + 2 * k;
     const float ang = static_cast<float>(pos[r]) * freqs[k];
-    const float c = cosf(ang);
-    float s = sinf(ang);
+    const float c = cos_cr(ang);
+    float s = sin_cr(ang);
     if (inverse) s = -s;
     const float a = v[0], b = v[1];
     v[0] = round_bf16(a * c - b * s);

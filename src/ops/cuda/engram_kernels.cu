@@ -35,7 +35,7 @@ __global__ void engram_gate_kernel(float* h, const float* kv, const float* wgt, 
     const float inv_sqrt_d = static_cast<float>(pow(static_cast<double>(D), -0.5));
     const float rstd = (1.0f / sqrtf(static_cast<float>(hs) / D + eps)) * (1.0f / sqrtf(static_cast<float>(ks) / D + eps));
     const float d = static_cast<float>(dot) * rstd * inv_sqrt_d;
-    const float g = 1.0f / (1.0f + expf(-copysignf(sqrtf(fmaxf(fabsf(d), 1e-6f)), d)));
+    const float g = 1.0f / (1.0f + exp_cr(-copysignf(sqrtf(fmaxf(fabsf(d), 1e-6f)), d)));
     __syncthreads();
     for (int c = threadIdx.x; c < D; c += blockDim.x) x[c] = round_bf16(x[c] + g * value[c]);
 }

@@ -11,7 +11,7 @@ namespace {
 
 constexpr int kMaxExperts = 1024, kMaxTopK = 16;
 
-__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1p_cr(exp_cr(x)); }
 
 __global__ void route_kernel(const float* logits, int64_t T, int E, int K, int score_func, const float* bias,
                              const int64_t* tid2eid, const int32_t* ids, bool v41, bool norm_topk_prob,
@@ -22,13 +22,13 @@ __global__ void route_kernel(const float* logits, int64_t T, int E, int K, int s
     const float* l = logits + t * E;
     for (int e = 0; e < E; ++e) {
         if (score_func == 0) score[e] = l[e];
-        else if (score_func == 1) score[e] = 1.0f / (1.0f + expf(-l[e]));
+        else if (score_func == 1) score[e] = 1.0f / (1.0f + exp_cr(-l[e]));
         else score[e] = sqrtf(softplus(l[e]));
     }
     if (score_func == 0) {
         float mx = -INFINITY, sum = 0.0f;
         for (int e = 0; e < E; ++e) mx = fmaxf(mx, score[e]);
-        for (int e = 0; e < E; ++e) sum += (score[e] = expf(score[e] - mx));
+        for (int e = 0; e < E; ++e) sum += (score[e] = exp_cr(score[e] - mx));
         for (int e = 0; e < E; ++e) score[e] /= sum;
     }
     int top[kMaxTopK];
@@ -82,7 +82,7 @@ __global__ void swiglu_kernel(const float* g, const float* u, int64_t n, int I, 
         uv = fminf(fmaxf(uv, -limit), limit);
         gv = fminf(gv, limit);
     }
-    float a = gv / (1.0f + expf(-gv)) * uv;
+    float a = gv / (1.0f + exp_cr(-gv)) * uv;
     if (weights) a = weights[i / I] * a;
     out[i] = round_bf16(a);
 }

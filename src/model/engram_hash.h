@@ -19,9 +19,14 @@ struct EngramTables {
     int n_cols() const { return (max_ngram - 1) * n_heads; }
 };
 
-// Primes and offsets are derived from the config; multipliers and the compressed token map come from
-// `engram_tables.json` in the model directory (they need numpy's PCG64 stream and the tokenizer).
+// Primes, offsets and hash multipliers are derived from the config (the multipliers from NumPy's PCG64
+// stream, as the reference draws them); the compressed token map from the model's tokenizer.json. An
+// `engram_tables.json` in the model directory may supply the multipliers and token map instead (tiny test
+// models have no real tokenizer); derived values are cross-checked against it.
 EngramTables load_engram_tables(const ModelConfig& cfg, const std::string& model_dir);
+
+// The reference's hash multipliers of one engram layer: odd, bounded so that id * multiplier fits int64.
+std::vector<int64_t> engram_multipliers(int layer_id, int max_ngram, int64_t compressed_vocab);
 
 // Row ids [n_cols] for layer `layer_index` (index into engram_layer_ids) at position `pos` of `tokens`.
 void engram_rows(const EngramTables& t, int layer_index, const std::vector<int32_t>& tokens, int64_t pos,

@@ -98,6 +98,12 @@ StateLayout make_state_layout(const ModelConfig& cfg, int page_tokens) {
             L.index_k = section(static_cast<size_t>(cfg.index_head_dim), a.ratio);
         s.layers.push_back(L);
     }
+    if (cfg.is_v41() && cfg.dspark_block_size > 0)  // DSpark stages keep only a window, fed by the backbone
+        for (int st = 0; st < cfg.n_mtp_layers; ++st) {
+            LayerStateLayout L;
+            L.window = section(static_cast<size_t>(cfg.head_dim), 1);
+            s.layers.push_back(L);
+        }
     s.snapshot_offset = off;
     s.page_bytes = (off + s.carry_bytes + 63) / 64 * 64;
     return s;
@@ -195,6 +201,7 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows) {
 
     // V4.1's single-pass mHC: a sublayer collapses its input with the previous sublayer's `pre`.
     Tensor pre = be.first_stream_mix(T);
+    std::vector<Tensor> main_hidden;
     for (int l = 0; l < cfg_.n_layers; ++l) {
         BlockWeight& b = w_.layers[static_cast<size_t>(l)];
         if (b.engram) {
@@ -202,6 +209,9 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows) {
                                             cfg_.engram_layer_ids.begin());
             be.engram(h, *b.engram, engram_rows_by_layer[li]);
         }
+        if (w_.dspark && std::find(cfg_.dspark_target_layer_ids.begin(), cfg_.dspark_target_layer_ids.end(), l) !=
+                             cfg_.dspark_target_layer_ids.end())
+            main_hidden.push_back(be.hc_mean(h));  // DSpark reads the target layers' attention inputs
         HcMix am = be.hc_mixes(h, b.hc_attn);
         Tensor x = be.rms_norm(be.hc_collapse(h, cfg_.is_v41() ? pre : am.pre), b.attn_norm);
         x = be.attention(x, b.attn, attn_info_[static_cast<size_t>(l)], batch, *scratch);
@@ -212,6 +222,12 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows) {
         h = be.hc_expand(x, h, fm);
         pre = fm.pre;
     }
+    if (w_.dspark) {  // feed the DSpark stage windows from the backbone's hidden states
+        const DSparkWeight& d = *w_.dspark;
+        Tensor main_x = be.rms_norm(be.linear(be.concat_cols(main_hidden), d.main_proj), d.main_norm);
+        for (int st = 0; st < cfg_.n_mtp_layers; ++st)
+            be.store_window_kv(main_x, d.stages[static_cast<size_t>(st)].attn, stage_info(st), batch);
+    }
     for (auto& s : batch.seqs) s.state->n_cached = s.start_pos + s.n_tokens;
 
     // Final collapse of the requested rows, norm and head.
@@ -220,6 +236,59 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows) {
     Tensor hs = be.gather_rows(h, logit_rows), ps = be.gather_rows(pre, logit_rows);
     Tensor x = cfg_.is_v41() ? be.hc_collapse(hs, ps) : be.hc_head(hs, *w_.hc_head);
     return be.logits(be.rms_norm(x, w_.norm), w_.head);
+}
+
+}  // namespace peregrine
+
+namespace peregrine {
+
+AttentionLayerInfo Model::stage_info(int stage) const {
+    AttentionLayerInfo a;
+    a.layer = cfg_.n_layers + stage;
+    a.rope_theta = cfg_.rope_theta;  // window-only: base theta, no YaRN
+    return a;
+}
+
+DraftResult Model::draft(const SeqState& s, int32_t anchor) {
+    PEREGRINE_CHECK(w_.dspark.has_value(), "this model has no DSpark head");
+    PEREGRINE_CHECK(s.n_cached > 0, "draft needs a fed sequence");
+    const DSparkWeight& d = *w_.dspark;
+    Backend& be = *backend_;
+    const int B = cfg_.dspark_block_size, vocab = cfg_.vocab_size;
+    const int64_t pos = s.n_cached - 1;
+    std::vector<int32_t> ids(static_cast<size_t>(B), cfg_.dspark_noise_token_id);
+    ids[0] = anchor;
+    Tensor h = be.embed(w_.embed, ids);
+    Tensor pre = be.first_stream_mix(B);
+    for (int st = 0; st < cfg_.n_mtp_layers; ++st) {  // the pre_mix chain runs on across the stages
+        const BlockWeight& b = d.stages[static_cast<size_t>(st)];
+        HcMix am = be.hc_mixes(h, b.hc_attn);
+        Tensor x = be.rms_norm(be.hc_collapse(h, pre), b.attn_norm);
+        x = be.dspark_attention(x, b.attn, stage_info(st), s, pos);
+        h = be.hc_expand(x, h, am);
+        HcMix fm = be.hc_mixes(h, b.hc_ffn);
+        x = be.rms_norm(be.hc_collapse(h, am.pre), b.ffn_norm);
+        x = be.moe(x, b.ffn, ids);
+        h = be.hc_expand(x, h, fm);
+        pre = fm.pre;
+    }
+    Tensor x = be.hc_collapse(h, pre);
+    Tensor logits = be.logits(be.rms_norm(x, d.norm), w_.head);
+    DraftResult r;
+    r.ids.push_back(anchor);
+    for (int i = 0; i < B; ++i) {  // each draft token biases the next position's logits
+        Tensor bias = be.markov_bias(d, r.ids.back());
+        float* row = logits.f32() + static_cast<int64_t>(i) * vocab;
+        for (int v = 0; v < vocab; ++v) row[v] += bias.f32()[v];
+        int32_t best = 0;
+        for (int v = 1; v < vocab; ++v)
+            if (row[v] > row[best]) best = v;
+        r.ids.push_back(best);
+    }
+    r.logits.assign(logits.f32(), logits.f32() + static_cast<int64_t>(B) * vocab);
+    Tensor conf = be.dspark_confidence(d, x, std::vector<int32_t>(r.ids.begin(), r.ids.end() - 1));
+    r.confidence.assign(conf.f32(), conf.f32() + B);
+    return r;
 }
 
 }  // namespace peregrine

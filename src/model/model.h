@@ -19,6 +19,14 @@ struct ModelOptions {
     std::string engram_placement = "device";  // cuda: engram tables in "device" or pinned "host" memory
 };
 
+// A DSpark draft block: ids = [anchor, d1..dB] (greedy), the block's logits [B, vocab] (Markov bias
+// included) and raw confidence logits [B].
+struct DraftResult {
+    std::vector<int32_t> ids;
+    std::vector<float> logits;
+    std::vector<float> confidence;
+};
+
 class Model {
 public:
     // Loads config.json and the safetensors checkpoint from `dir`, validating every tensor first.
@@ -41,8 +49,14 @@ public:
     // hold exactly start_pos tokens. Returns fp32 logits [logit_rows.size(), vocab] for the given rows.
     Tensor forward(ForwardBatch& batch, const std::vector<int>& logit_rows);
 
+    // V4.1's DSpark head: drafts the block after the sequence's last fed position, given the anchor
+    // (the token sampled for the next position). Reads the stage windows, changes no state.
+    bool has_dspark() const { return w_.dspark.has_value(); }
+    DraftResult draft(const SeqState& s, int32_t anchor);
+
 private:
     Model() = default;
+    AttentionLayerInfo stage_info(int stage) const;
 
     std::string dir_;
     ModelConfig cfg_;

@@ -166,6 +166,62 @@ ExpertWeight load_expert(Loader& L, const ModelConfig& cfg, const std::string& p
 
 bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 
+
+// Norms, mHC, the attention projections and the MoE of one block (what every layer and DSpark stage has).
+BlockWeight load_block_core(Loader& L, const ModelConfig& cfg, const std::string& p, int n_experts, int top_k, bool hash) {
+    const int D = cfg.dim, H = cfg.n_heads, HD = cfg.head_dim, hc = cfg.hc_mult, n_mix = (2 + hc) * hc;
+    BlockWeight b;
+    b.attn_norm = L.param(p + "attn_norm.weight", {D});
+    b.ffn_norm = L.param(p + "ffn_norm.weight", {D});
+    b.hc_attn = load_hc(L, p, "attn", n_mix, hc * D);
+    b.hc_ffn = load_hc(L, p, "ffn", n_mix, hc * D);
+
+    AttentionWeight& a = b.attn;
+    const std::string ap = p + "attn.";
+    a.attn_sink = L.tensor(ap + "attn_sink", DType::F32, {H});
+    a.wq_a = L.fp8(ap + "wq_a", cfg.q_lora_rank, D);
+    a.q_norm = L.param(ap + "q_norm.weight", {cfg.q_lora_rank});
+    a.wq_b = L.fp8(ap + "wq_b", H * HD, cfg.q_lora_rank);
+    a.wkv = L.fp8(ap + "wkv", HD, D);
+    a.kv_norm = L.param(ap + "kv_norm.weight", {HD});
+    a.wo_a = L.fp8_as_bf16(ap + "wo_a", cfg.o_groups * cfg.o_lora_rank, H * HD / cfg.o_groups);
+    a.wo_b = L.fp8(ap + "wo_b", D, cfg.o_groups * cfg.o_lora_rank);
+
+    MoEWeight& f = b.ffn;
+    const std::string fp = p + "ffn.";
+    f.top_k = top_k;
+    f.gate = L.dense(fp + "gate", n_experts, D, LinearWeight::Kind::F32);
+    if (hash) {
+        f.tid2eid = L.tensor(fp + "gate.tid2eid", DType::I64, {cfg.vocab_size, top_k});
+        const int64_t* t = f.tid2eid.data<int64_t>();
+        for (int64_t i = 0; i < f.tid2eid.numel(); ++i)
+            if (t[i] < 0 || t[i] >= n_experts) fail("tensor '{}gate.tid2eid' routes to expert {} of {}", fp, t[i], n_experts);
+    } else {
+        f.bias = L.tensor(fp + "gate.bias", DType::F32, {n_experts});
+    }
+    for (int e = 0; e < n_experts; ++e)
+        f.experts.push_back(load_expert(L, cfg, fmt::format("{}experts.{}.", fp, e), cfg.fp4_experts));
+    f.shared = load_expert(L, cfg, fp + "shared_experts.", false);
+    return b;
+}
+
+DSparkWeight load_dspark(Loader& L, const ModelConfig& cfg) {
+    DSparkWeight d;
+    const int D = cfg.dim, S = cfg.n_mtp_layers;
+    const int E = cfg.dspark_n_routed_experts ? cfg.dspark_n_routed_experts : cfg.n_routed_experts;
+    const int K = cfg.dspark_n_activated_experts ? cfg.dspark_n_activated_experts : cfg.n_activated_experts;
+    for (int s = 0; s < S; ++s) d.stages.push_back(load_block_core(L, cfg, fmt::format("mtp.{}.", s), E, K, false));
+    const int targets = static_cast<int>(cfg.dspark_target_layer_ids.size());
+    d.main_proj = L.fp8("mtp.0.main_proj", D, targets * D);
+    d.main_norm = L.param("mtp.0.main_norm.weight", {D});
+    const std::string last = fmt::format("mtp.{}.", S - 1);
+    d.norm = L.param(last + "norm.weight", {D});
+    d.markov_embed = L.tensor(last + "markov_head.embed.weight", DType::BF16, {cfg.vocab_size, cfg.dspark_markov_rank});
+    d.markov_head = L.tensor(last + "markov_head.head.weight", DType::BF16, {cfg.vocab_size, cfg.dspark_markov_rank});
+    d.confidence = L.dense(last + "confidence_head.proj", 1, D + cfg.dspark_markov_rank, LinearWeight::Kind::F32);
+    return d;
+}
+
 }  // namespace
 
 namespace {
@@ -184,7 +240,7 @@ ModelWeights synthetic_model_weights(const ModelConfig& cfg, uint64_t seed) {
 
 namespace {
 ModelWeights build_model_weights(const ModelConfig& cfg, Loader& L) {
-    const int D = cfg.dim, H = cfg.n_heads, HD = cfg.head_dim, hc = cfg.hc_mult, n_mix = (2 + hc) * hc;
+    const int D = cfg.dim, HD = cfg.head_dim, hc = cfg.hc_mult;
     ModelWeights m;
     m.embed = L.tensor("embed.weight", DType::BF16, {cfg.vocab_size, D});
     m.norm = L.param("norm.weight", {D});
@@ -193,22 +249,9 @@ ModelWeights build_model_weights(const ModelConfig& cfg, Loader& L) {
 
     for (int l = 0; l < cfg.n_layers; ++l) {
         const std::string p = fmt::format("layers.{}.", l);
-        BlockWeight b;
-        b.attn_norm = L.param(p + "attn_norm.weight", {D});
-        b.ffn_norm = L.param(p + "ffn_norm.weight", {D});
-        b.hc_attn = load_hc(L, p, "attn", n_mix, hc * D);
-        b.hc_ffn = load_hc(L, p, "ffn", n_mix, hc * D);
-
+        BlockWeight b = load_block_core(L, cfg, p, cfg.n_routed_experts, cfg.n_activated_experts, l < cfg.n_hash_layers);
         AttentionWeight& a = b.attn;
         const std::string ap = p + "attn.";
-        a.attn_sink = L.tensor(ap + "attn_sink", DType::F32, {H});
-        a.wq_a = L.fp8(ap + "wq_a", cfg.q_lora_rank, D);
-        a.q_norm = L.param(ap + "q_norm.weight", {cfg.q_lora_rank});
-        a.wq_b = L.fp8(ap + "wq_b", H * HD, cfg.q_lora_rank);
-        a.wkv = L.fp8(ap + "wkv", HD, D);
-        a.kv_norm = L.param(ap + "kv_norm.weight", {HD});
-        a.wo_a = L.fp8_as_bf16(ap + "wo_a", cfg.o_groups * cfg.o_lora_rank, H * HD / cfg.o_groups);
-        a.wo_b = L.fp8(ap + "wo_b", D, cfg.o_groups * cfg.o_lora_rank);
         const int ratio = cfg.ratio(l);
         if (cfg.is_v41()) {
             if (contains(cfg.kv_source_layers, l) && ratio > 0)
@@ -240,24 +283,6 @@ ModelWeights build_model_weights(const ModelConfig& cfg, Loader& L) {
             }
         }
 
-        MoEWeight& f = b.ffn;
-        const std::string fp = p + "ffn.";
-        f.top_k = cfg.n_activated_experts;
-        f.gate = L.dense(fp + "gate", cfg.n_routed_experts, D, LinearWeight::Kind::F32);
-        if (l < cfg.n_hash_layers)
-            f.tid2eid = L.tensor(fp + "gate.tid2eid", DType::I64, {cfg.vocab_size, cfg.n_activated_experts});
-        else
-            f.bias = L.tensor(fp + "gate.bias", DType::F32, {cfg.n_routed_experts});
-        for (int e = 0; e < cfg.n_routed_experts; ++e)
-            f.experts.push_back(load_expert(L, cfg, fmt::format("{}experts.{}.", fp, e), cfg.fp4_experts));
-        f.shared = load_expert(L, cfg, fp + "shared_experts.", false);
-        if (!f.tid2eid.empty()) {
-            const int64_t* t = f.tid2eid.data<int64_t>();
-            for (int64_t i = 0; i < f.tid2eid.numel(); ++i)
-                if (t[i] < 0 || t[i] >= cfg.n_routed_experts)
-                    fail("tensor '{}gate.tid2eid' routes to expert {} of {}", fp, t[i], cfg.n_routed_experts);
-        }
-
         if (cfg.is_engram_layer(l)) {
             size_t idx = static_cast<size_t>(std::find(cfg.engram_layer_ids.begin(), cfg.engram_layer_ids.end(), l) -
                                              cfg.engram_layer_ids.begin());
@@ -274,6 +299,8 @@ ModelWeights build_model_weights(const ModelConfig& cfg, Loader& L) {
         }
         m.layers.push_back(std::move(b));
     }
+    if (cfg.is_v41() && cfg.n_mtp_layers > 0 && cfg.dspark_block_size > 0 && !cfg.dspark_target_layer_ids.empty())
+        m.dspark = load_dspark(L, cfg);
     return m;
 }
 

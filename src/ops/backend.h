@@ -88,6 +88,21 @@ public:
     virtual Tensor attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                              ForwardBatch& batch, StepScratch& scratch) = 0;
     virtual Tensor moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) = 0;
+
+    // DSpark: [T, a] ++ [T, b] ++ ... along columns.
+    virtual Tensor concat_cols(const std::vector<Tensor>& parts) = 0;
+    // Stores this layer's window K=V of rows `x` (kv_norm(wkv(x)), RoPE, fp8) at each row's position
+    // (a DSpark stage's window is fed from the backbone's hidden states).
+    virtual void store_window_kv(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                                 ForwardBatch& batch) = 0;
+    // A DSpark stage's attention for a draft block at positions pos+1.. over its window (positions <= pos)
+    // and the whole block (no causal mask inside the block).
+    virtual Tensor dspark_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                                    const SeqState& state, int64_t pos) = 0;
+    // Markov bias row for the token `id`: markov_head(markov_embed[id]) in fp32, host memory [vocab].
+    virtual Tensor markov_bias(const DSparkWeight& w, int32_t id) = 0;
+    // Raw confidence logits [B] (host) of the collapsed block rows x [B, dim] and the Markov embeddings of ids.
+    virtual Tensor dspark_confidence(const DSparkWeight& w, const Tensor& x, const std::vector<int32_t>& ids) = 0;
     virtual Tensor linear(const Tensor& x, const LinearWeight& w) = 0;
     // fp32 logits [rows, vocab] of already normalised rows, in host memory.
     virtual Tensor logits(const Tensor& x, const LinearWeight& head) = 0;

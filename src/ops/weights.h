@@ -82,12 +82,23 @@ struct BlockWeight {
     std::optional<EngramWeight> engram;
 };
 
+// DSpark draft head of V4.1 (checkpoint namespace mtp.S.): window-only blocks fed by the backbone's hidden
+// states (main_proj of the target layers' inputs), then a Markov bias and a confidence head.
+struct DSparkWeight {
+    std::vector<BlockWeight> stages;
+    LinearWeight main_proj;      // FP8 [dim, targets*dim]
+    Tensor main_norm, norm;      // stage 0 / last stage
+    Tensor markov_embed, markov_head;  // BF16 [vocab, rank]
+    LinearWeight confidence;     // [1, dim + rank], computed in fp32
+};
+
 struct ModelWeights {
     Tensor embed;  // BF16 [vocab, dim]
     Tensor norm;   // final RMSNorm
     LinearWeight head;
     std::optional<HcWeight> hc_head;  // V4 only
     std::vector<BlockWeight> layers;
+    std::optional<DSparkWeight> dspark;
 };
 
 }  // namespace peregrine

@@ -113,29 +113,32 @@ BpeModel BpeModel::from_json(const json& m, bool byte_level) {
         }
     }
 
-    const json& merges = m.at("merges");
+    static const json kNoMerges = json::array();
+    const json& merges = m.contains("merges") ? m["merges"] : kNoMerges;
     std::vector<std::pair<uint64_t, MergeInfo>> items;
     items.reserve(merges.size());
     size_t prefix_len = bpe.continuing_prefix_.size();
+    std::string merged;
     for (size_t r = 0; r < merges.size(); ++r) {
-        std::string a, b;
+        std::string_view a, b;
         const json& e = merges[r];
         if (e.is_string()) {  // "a b"
-            const std::string& s = e.get_ref<const std::string&>();
+            std::string_view s = e.get_ref<const std::string&>();
             size_t sp = s.find(' ');
-            PEREGRINE_CHECK(sp != std::string::npos, "tokenizer.json: merge '{}' has no space", s);
+            PEREGRINE_CHECK(sp != std::string_view::npos, "tokenizer.json: merge '{}' has no space", s);
             a = s.substr(0, sp);
             b = s.substr(sp + 1);
         } else {  // ["a", "b"]
-            PEREGRINE_CHECK(e.is_array() && e.size() == 2, "tokenizer.json: bad merge entry {}", e.dump());
-            a = e[0].get<std::string>();
-            b = e[1].get<std::string>();
+            PEREGRINE_CHECK(e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string(),
+                            "tokenizer.json: bad merge entry {}", e.dump());
+            a = e[0].get_ref<const std::string&>();
+            b = e[1].get_ref<const std::string&>();
         }
         auto ia = bpe.token_to_id_.find(a), ib = bpe.token_to_id_.find(b);
         PEREGRINE_CHECK(ia != bpe.token_to_id_.end() && ib != bpe.token_to_id_.end(),
                         "tokenizer.json: merge '{} {}' uses a token missing from the vocabulary", a, b);
-        std::string merged = a + (prefix_len && b.compare(0, prefix_len, bpe.continuing_prefix_) == 0
-                                      ? b.substr(prefix_len) : b);
+        merged.assign(a);
+        merged.append(prefix_len && b.substr(0, prefix_len) == bpe.continuing_prefix_ ? b.substr(prefix_len) : b);
         auto im = bpe.token_to_id_.find(merged);
         PEREGRINE_CHECK(im != bpe.token_to_id_.end(), "tokenizer.json: merge result '{}' is not in the vocabulary",
                         merged);
@@ -146,7 +149,7 @@ BpeModel BpeModel::from_json(const json& m, bool byte_level) {
 }
 
 std::optional<int32_t> BpeModel::token_to_id(std::string_view token) const {
-    auto it = token_to_id_.find(std::string(token));
+    auto it = token_to_id_.find(token);
     if (it == token_to_id_.end()) return std::nullopt;
     return it->second;
 }

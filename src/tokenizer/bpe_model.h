@@ -53,7 +53,7 @@ private:
     };
 
     std::vector<std::string> id_to_token_;
-    std::unordered_map<std::string, int32_t> token_to_id_;
+    std::unordered_map<std::string, int32_t, Hash, std::equal_to<>> token_to_id_;
     // Key of a piece in "piece space": raw bytes when byte-level, the token text otherwise.
     std::unordered_map<std::string, int32_t, Hash, std::equal_to<>> piece_to_id_;
     std::array<int32_t, 256> byte_id_{};

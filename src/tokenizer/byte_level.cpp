@@ -2,21 +2,21 @@
 
 #include "tokenizer/utf8.h"
 
-#include <unordered_map>
 
 namespace peregrine {
 
 namespace {
 struct Tables {
     std::array<char32_t, 256> to_char{};
-    std::unordered_map<char32_t, uint8_t> to_byte;
+    std::array<int16_t, 0x144> to_byte;  // the mapped code points are all below U+0144
     Tables() {
         // Printable bytes keep their code point; the other 68 are shifted to 256, 257, ... in order.
+        to_byte.fill(-1);
         char32_t next = 256;
         for (int b = 0; b < 256; ++b) {
             bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
             to_char[b] = printable ? static_cast<char32_t>(b) : next++;
-            to_byte[to_char[b]] = static_cast<uint8_t>(b);
+            to_byte[to_char[b]] = static_cast<int16_t>(b);
         }
     }
 };
@@ -29,10 +29,7 @@ const Tables& tables() {
 char32_t byte_to_char(uint8_t b) { return tables().to_char[b]; }
 
 int char_to_byte(char32_t cp) {
-    if (cp > 0x143) return -1;
-    auto& m = tables().to_byte;
-    auto it = m.find(cp);
-    return it == m.end() ? -1 : it->second;
+    return cp < 0x144 ? tables().to_byte[cp] : -1;
 }
 
 void byte_level_encode(std::string_view raw, std::string& out) {

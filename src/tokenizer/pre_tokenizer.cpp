@@ -11,6 +11,10 @@ using json = nlohmann::json;
 namespace {
 const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
+// Rust's Unicode \\w (Alphabetic, marks, decimal digits, connector punctuation, joiners).
+const char* kRustWord = "\\p{L}\\p{Nl}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}";
+const char* kPunct = "[\\p{P}\\x{21}-\\x{2F}\\x{3A}-\\x{40}\\x{5B}-\\x{60}\\x{7B}-\\x{7E}]";
+
 SplitBehavior parse_behavior(const std::string& b) {
     if (b == "Removed") return SplitBehavior::Removed;
     if (b == "Isolated") return SplitBehavior::Isolated;
@@ -96,9 +100,28 @@ void PreTokenizer::parse_one(const json& j, bool last) {
             steps_.push_back({nullptr, SplitBehavior::Isolated, false, true});
         }
         byte_level_ = true;
+    } else if (type == "Digits") {
+        // char::is_numeric per character: one piece per digit, or runs of digits.
+        add_internal(j.value("individual_digits", false) ? "\\p{N}" : "\\p{N}+", SplitBehavior::Isolated, false);
+    } else if (type == "Punctuation") {
+        // ASCII punctuation or general category P, one character per match.
+        add_internal(kPunct, parse_behavior(j.value("behavior", std::string("Isolated"))), false);
+    } else if (type == "WhitespaceSplit") {
+        add_internal("\\s+", SplitBehavior::Removed, false);
+    } else if (type == "Whitespace") {
+        // Rust regex \w+|[^\w\s]+, keeping the matches.
+        add_internal("[" + std::string(kRustWord) + "]+|[^" + kRustWord + "\\s]+", SplitBehavior::Removed, true);
+    } else if (type == "BertPreTokenizer") {
+        add_internal("\\s+", SplitBehavior::Removed, false);
+        add_internal(kPunct, SplitBehavior::Isolated, false);
     } else {
-        fail("tokenizer.json: pre_tokenizer type '{}' is not supported (supported: Sequence, Split, ByteLevel)", type);
+        fail("tokenizer.json: pre_tokenizer type '{}' is not supported (supported: Sequence, Split, ByteLevel, Digits, "
+             "Punctuation, Whitespace, WhitespaceSplit, BertPreTokenizer)", type);
     }
+}
+
+void PreTokenizer::add_internal(const std::string& pattern, SplitBehavior behavior, bool invert) {
+    steps_.push_back({std::make_shared<Regex>(pattern), behavior, invert});
 }
 
 PreTokenizer PreTokenizer::from_json(const json& j) {

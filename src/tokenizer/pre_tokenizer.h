@@ -1,7 +1,8 @@
 #pragma once
 // tokenizer.json "pre_tokenizer": cuts normalized text into the pieces BPE runs on.
-// Supported: Sequence of Split (Regex or String pattern, every behavior, invert) and ByteLevel
-// (add_prefix_space, use_regex with GPT-2's pattern), ByteLevel last.
+// Supported: Sequence of Split (Regex or String pattern, every behavior, invert), Digits,
+// Punctuation, Whitespace, WhitespaceSplit, BertPreTokenizer, and ByteLevel (add_prefix_space,
+// use_regex with GPT-2's pattern) as the last one.
 #include "tokenizer/regex.h"
 
 #include <deque>
@@ -34,6 +35,7 @@ private:
         bool prefix_space = false;  // ByteLevel(add_prefix_space) runs before this step's split
     };
     void parse_one(const nlohmann::json& j, bool last);
+    void add_internal(const std::string& pattern, SplitBehavior behavior, bool invert);
     std::vector<SplitStep> steps_;
     bool byte_level_ = false;
 };

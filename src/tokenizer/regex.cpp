@@ -1,5 +1,6 @@
 #include "tokenizer/regex.h"
 
+#include "tokenizer/unicode_delta.h"
 #include "util/error.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -8,11 +9,21 @@
 namespace peregrine {
 
 namespace {
-// Oniguruma (UTF-8, Ruby syntax) vs PCRE2 with UCP: \s also matches U+0085; \w is L|M|N|Pc;
-// \h is a hex digit; \uHHHH is a code point. Inside a class the positive forms expand in place.
-const char* kSpace = "\\s\\x{85}";
-const char* kWord = "\\p{L}\\p{M}\\p{N}\\p{Pc}";
+// Oniguruma (UTF-8, Ruby syntax) vs PCRE2 with UCP: \s is exactly White_Space (PCRE2's takes
+// U+180E and misses U+0085); \w is L|M|N|Pc; \h is a hex digit; \uHHHH is a code point; \p{X}
+// includes the characters assigned after Unicode 14.
+const char* kSpace = "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
 const char* kHex = "0-9a-fA-F";
+
+// Class body for \p{name}: PCRE2's property plus the code points newer Unicode added to it.
+std::string prop_body(std::string_view name) {
+    std::string out = "\\p{";
+    out.append(name);
+    out += "}";
+    out += unicode_delta_ranges(name);
+    return out;
+}
+std::string word_body() { return prop_body("L") + prop_body("M") + prop_body("N") + prop_body("Pc"); }
 
 bool is_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
 
@@ -53,24 +64,47 @@ std::string Regex::translate(std::string_view p) {
                 i += 5;
                 continue;
             }
-            const char* pos = nullptr;
+            // Class shorthands: body of the positive class, and whether this escape is the negation.
+            std::string body;
             bool neg = false;
-            if (e == 's' || e == 'S') { pos = kSpace; neg = e == 'S'; }
-            if (e == 'w' || e == 'W') { pos = kWord; neg = e == 'W'; }
-            if (e == 'h' || e == 'H') { pos = kHex; neg = e == 'H'; }
-            if (pos) {
+            size_t consumed = 1;
+            if (e == 's' || e == 'S') { body = kSpace; neg = e == 'S'; }
+            if (e == 'w' || e == 'W') { body = word_body(); neg = e == 'W'; }
+            if (e == 'h' || e == 'H') { body = kHex; neg = e == 'H'; }
+            if (e == 'd' || e == 'D') { body = prop_body("Nd"); neg = e == 'D'; }
+            if (e == 'p' || e == 'P') {
+                std::string name;
+                if (i + 2 < p.size() && p[i + 2] == '{') {
+                    size_t close = p.find('}', i + 3);
+                    PEREGRINE_CHECK(close != std::string_view::npos, "tokenizer regex: unclosed \\p{{ in {}", p);
+                    name = std::string(p.substr(i + 3, close - i - 3));
+                    consumed = close - i;
+                } else if (i + 2 < p.size()) {
+                    name = std::string(1, p[i + 2]);
+                    consumed = 2;
+                }
+                neg = e == 'P';
+                if (!name.empty() && name[0] == '^') {
+                    neg = !neg;
+                    name.erase(0, 1);
+                }
+                body = prop_body(name);
+            }
+            if (!body.empty()) {
                 if (!in_class) {
                     out += neg ? "[^" : "[";
-                    out += pos;
+                    out += body;
                     out += "]";
                 } else if (!neg) {
-                    out += pos;
-                } else if (e == 'S') {
-                    out += "\\S";  // differs from Oniguruma only on U+0085
+                    out += body;
+                } else if (e == 'S' || e == 'P' || e == 'D' || e == 'p') {
+                    // Negated shorthand inside a class: PCRE2's own (differs only on U+0085 and on
+                    // characters assigned after Unicode 14).
+                    out.append(p.substr(i, consumed + 1));
                 } else {
                     fail("tokenizer regex: \\{} inside a character class is not supported: {}", e, p);
                 }
-                ++i;
+                i += consumed;
                 continue;
             }
             out += c;

@@ -38,3 +38,9 @@ TEST(EngramHash, PrimesMatchTheReleasedTableSizes) {
     EXPECT_EQ(rows[0], 384006168);
     EXPECT_EQ(rows[1], 384016682);
 }
+
+TEST(EngramHash, MultipliersFollowNumpysStream) {
+    // DeepSeek-V4.1-Flash: layers 1 and 14, compressed vocab 99,092 (values from numpy.random.default_rng).
+    EXPECT_EQ(engram_multipliers(1, 4, 99092), (std::vector<int64_t>{76632096046245, 4839876093313, 35959672319349, 73987337458391}));
+    EXPECT_EQ(engram_multipliers(14, 4, 99092), (std::vector<int64_t>{67716810739261, 51510806800915, 30921347202721, 82619226485591}));
+}

@@ -180,3 +180,50 @@ TEST(PrefixState, ResumeFromSharedPagesIsExact) {
         pool.release(a);
     }
 }
+
+// DSpark drafts after every decode step: identical draft ids, draft logits and confidence within 1e-2.
+TEST(DSpark, DraftsMatchGolden) {
+    const std::string dir = fixture_dir("dsv41-tiny-a") + "/cases/";
+    auto model = Model::load(fixture_dir("dsv41-tiny-a"));
+    ASSERT_TRUE(model->has_dspark());
+    const int vocab = model->config().vocab_size, B = model->config().dspark_block_size;
+    auto ids = read_ids(dir + "decode.ids");
+    const int64_t P = std::stoll(read_file(dir + "decode.prefill_len"));
+    auto golden_logits = read_raw<float>(dir + "decode.dspark.logits.f32");
+    auto golden_conf = read_raw<float>(dir + "decode.dspark.confidence.f32");
+    std::stringstream lines(read_file(dir + "decode.dspark.ids"));
+
+    PagePool pool(model->backend(), model->layout(), 8);
+    SeqState st;
+    model->init_state(st);
+    ASSERT_TRUE(pool.reserve(st, static_cast<int64_t>(ids.size())));
+    auto feed = [&](int64_t start, int n) {
+        ForwardBatch b;
+        b.seqs.push_back({&st, start, n, 0});
+        b.token_ids.assign(ids.begin() + start, ids.begin() + start + n);
+        return model->forward(b, {n - 1});
+    };
+    feed(0, static_cast<int>(P));
+    float worst_logit = 0.0f, worst_conf = 0.0f;
+    for (int64_t p = P, step = 0; p < static_cast<int64_t>(ids.size()); ++p, ++step) {
+        Tensor l = feed(p, 1);
+        int32_t anchor = 0;
+        for (int v = 1; v < vocab; ++v)
+            if (l.f32()[v] > l.f32()[anchor]) anchor = v;
+        DraftResult d = model->draft(st, anchor);
+        std::string line;
+        ASSERT_TRUE(std::getline(lines, line));
+        std::stringstream ls(line);
+        std::vector<int32_t> expect;
+        std::string item;
+        while (std::getline(ls, item, ',')) expect.push_back(std::stoi(item));
+        EXPECT_EQ(d.ids, expect) << "step " << step;
+        for (int i = 0; i < B * vocab; ++i)
+            worst_logit = std::max(worst_logit, std::abs(d.logits[i] - golden_logits[step * B * vocab + i]));
+        for (int i = 0; i < B; ++i) worst_conf = std::max(worst_conf, std::abs(d.confidence[i] - golden_conf[step * B + i]));
+    }
+    EXPECT_LE(worst_logit, 1e-2f);
+    EXPECT_LE(worst_conf, 1e-2f);
+    std::printf("DSpark: draft logits max %.3g, confidence max %.3g\n", worst_logit, worst_conf);
+    pool.release(st);
+}

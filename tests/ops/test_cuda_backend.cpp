@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <algorithm>
 #include <random>
+#include <sstream>
 
 using namespace peregrine;
 using namespace peregrine::test;
@@ -466,6 +467,73 @@ TEST(CudaOpsRealDims, AttentionLayers) {
         }
         sc.n_cached = sg.n_cached = start + n;
     }
+}
+
+}  // namespace
+
+namespace {
+
+// DSpark drafts on the GPU after every decode step of the V4.1 fixture: the official draft ids, draft logits
+// and confidence within 1e-2 (the fixture's acceptance), and the CPU backend's drafts.
+TEST(CudaDSpark, DraftsMatchGoldenAndCpu) {
+    REQUIRE_GPU();
+    const std::string dir = fixture_dir("dsv41-tiny-a") + "/cases/";
+    ModelOptions go;
+    go.device = "cuda";
+    auto gpu = Model::load(fixture_dir("dsv41-tiny-a"), go);
+    auto cpu = Model::load(fixture_dir("dsv41-tiny-a"));
+    ASSERT_TRUE(gpu->has_dspark());
+    const int vocab = gpu->config().vocab_size, B = gpu->config().dspark_block_size;
+    auto ids = read_ids(dir + "decode.ids");
+    const int64_t P = std::stoll(read_file(dir + "decode.prefill_len"));
+    auto golden_logits = read_raw<float>(dir + "decode.dspark.logits.f32");
+    auto golden_conf = read_raw<float>(dir + "decode.dspark.confidence.f32");
+    std::stringstream lines(read_file(dir + "decode.dspark.ids"));
+
+    struct Run {
+        Model* m;
+        std::unique_ptr<PagePool> pool;
+        SeqState st;
+    };
+    Run runs[2] = {{gpu.get(), nullptr, {}}, {cpu.get(), nullptr, {}}};
+    for (Run& r : runs) {
+        r.pool = std::make_unique<PagePool>(r.m->backend(), r.m->layout(), 8);
+        r.m->init_state(r.st);
+        ASSERT_TRUE(r.pool->reserve(r.st, static_cast<int64_t>(ids.size())));
+    }
+    auto feed = [&](Run& r, int64_t start, int n) {
+        ForwardBatch b;
+        b.seqs.push_back({&r.st, start, n, 0});
+        b.token_ids.assign(ids.begin() + start, ids.begin() + start + n);
+        return r.m->forward(b, {n - 1});
+    };
+    for (Run& r : runs) feed(r, 0, static_cast<int>(P));
+    float worst_logit = 0.0f, worst_conf = 0.0f, worst_cpu = 0.0f;
+    for (int64_t p = P, step = 0; p < static_cast<int64_t>(ids.size()); ++p, ++step) {
+        DraftResult d[2];
+        for (int k = 0; k < 2; ++k) {
+            Tensor l = feed(runs[k], p, 1);
+            d[k] = runs[k].m->draft(runs[k].st, argmax(l.f32(), vocab));
+        }
+        std::string line;
+        ASSERT_TRUE(std::getline(lines, line));
+        std::stringstream ls(line);
+        std::vector<int32_t> expect;
+        std::string item;
+        while (std::getline(ls, item, ',')) expect.push_back(std::stoi(item));
+        EXPECT_EQ(d[0].ids, expect) << "step " << step;
+        EXPECT_EQ(d[0].ids, d[1].ids) << "step " << step;
+        for (int i = 0; i < B * vocab; ++i) {
+            worst_logit = std::max(worst_logit, std::abs(d[0].logits[i] - golden_logits[step * B * vocab + i]));
+            worst_cpu = std::max(worst_cpu, std::abs(d[0].logits[i] - d[1].logits[i]));
+        }
+        for (int i = 0; i < B; ++i) worst_conf = std::max(worst_conf, std::abs(d[0].confidence[i] - golden_conf[step * B + i]));
+    }
+    EXPECT_LE(worst_logit, 1e-2f);
+    EXPECT_LE(worst_conf, 1e-2f);
+    EXPECT_LE(worst_cpu, 1e-2f);
+    std::printf("PARITY dspark dsv41-tiny-a drafts: logits vs golden max|d| %.3g, confidence %.3g, logits vs cpu %.3g\n",
+                worst_logit, worst_conf, worst_cpu);
 }
 
 }  // namespace

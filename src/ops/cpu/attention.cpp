@@ -179,33 +179,17 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
     auto rows = row_infos(batch);
 
-    // Queries.
+    std::vector<int64_t> positions(static_cast<size_t>(T));
+    for (int t = 0; t < T; ++t) positions[static_cast<size_t>(t)] = rows[t].pos;
     Tensor qr = rms_norm(linear(x, w.wq_a), w.q_norm);
-    Tensor q = linear(qr, w.wq_b);
-    parallel_for(T, [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t)
-            for (int h = 0; h < H; ++h) {
-                float* qh = q.f32() + (t * H + h) * D;
-                if (!v41) {  // V4: unweighted per-head RMS norm, in bf16 arithmetic
-                    float ss = 0.0f;
-                    for (int c = 0; c < D; ++c) ss += round_bf16(qh[c] * qh[c]);
-                    float mean = round_bf16(ss / static_cast<float>(D));
-                    float r = round_bf16(1.0f / std::sqrt(round_bf16(mean + eps())));
-                    for (int c = 0; c < D; ++c) qh[c] = round_bf16(qh[c] * r);
-                }
-                rope.apply(qh + D - rd, rows[t].pos);
-            }
-    });
+    Tensor q = project_queries(x, qr, w, rope, positions);
 
     // Sliding-window K=V, stored per token.
-    Tensor kv = rms_norm(linear(x, w.wkv), w.kv_norm);
+    Tensor kv = window_kv(x, w, rope, positions);
     for (int t = 0; t < T; ++t) {
-        float* k = kv.f32() + static_cast<int64_t>(t) * D;
-        rope.apply(k + D - rd, rows[t].pos);
-        if (v41) qdq_fp8(k, D, cfg_.act_block);
-        else qdq_fp8(k, D - rd, 64);
         SeqState& st = *rows[t].seq->state;
-        std::memcpy(layout_.entry<float>(st.pool, st.pages, L.window, rows[t].pos), k, sizeof(float) * D);
+        std::memcpy(layout_.entry<float>(st.pool, st.pages, L.window, rows[t].pos), kv.f32() + static_cast<int64_t>(t) * D,
+                    sizeof(float) * D);
     }
 
     // Compressed entries (and, for V4.1 key owners, indexer keys).
@@ -332,15 +316,51 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
                 keys.push_back(p < 0 ? nullptr : layout_.entry<float>(st.pool, st.pages, L.window, p));
             for (int32_t j : comp_list[static_cast<size_t>(t)])
                 keys.push_back(j < 0 ? nullptr : layout_.entry<float>(st.pool, st.pages, CL.comp, j));
-            for (int h = 0; h < H; ++h) {
-                float* oh = o.f32() + (t * H + h) * D;
-                sparse_attend(q.f32() + (t * H + h) * D, keys, D, scale, w.attn_sink.data<float>()[h], oh);
-                rope.apply(oh + D - rd, rows[t].pos, true);
-            }
+            for (int h = 0; h < H; ++h)
+                sparse_attend(q.f32() + (t * H + h) * D, keys, D, scale, w.attn_sink.data<float>()[h], o.f32() + (t * H + h) * D);
         }
     });
+    return project_output(o, w, rope, positions);
+}
 
-    // Grouped low-rank output projection: wo_a per head group (bf16), then wo_b.
+Tensor CpuBackend::project_queries(const Tensor& x, const Tensor& qr, const AttentionWeight& w, const Rope& rope,
+                                   const std::vector<int64_t>& pos) {
+    const bool v41 = cfg_.is_v41();
+    const int H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim;
+    Tensor q = linear(qr, w.wq_b);
+    parallel_for(static_cast<int64_t>(pos.size()), [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t)
+            for (int h = 0; h < H; ++h) {
+                float* qh = q.f32() + (t * H + h) * D;
+                if (!v41) {  // V4: unweighted per-head RMS norm, in bf16 arithmetic
+                    float ss = 0.0f;
+                    for (int c = 0; c < D; ++c) ss += round_bf16(qh[c] * qh[c]);
+                    float mean = round_bf16(ss / static_cast<float>(D));
+                    float r = round_bf16(1.0f / std::sqrt(round_bf16(mean + eps())));
+                    for (int c = 0; c < D; ++c) qh[c] = round_bf16(qh[c] * r);
+                }
+                rope.apply(qh + D - rd, pos[static_cast<size_t>(t)]);
+            }
+    });
+    return q;
+}
+
+Tensor CpuBackend::window_kv(const Tensor& x, const AttentionWeight& w, const Rope& rope, const std::vector<int64_t>& pos) {
+    const int D = cfg_.head_dim, rd = cfg_.rope_head_dim;
+    Tensor kv = rms_norm(linear(x, w.wkv), w.kv_norm);
+    for (size_t t = 0; t < pos.size(); ++t) {
+        float* k = kv.f32() + static_cast<int64_t>(t) * D;
+        rope.apply(k + D - rd, pos[t]);
+        if (cfg_.is_v41()) qdq_fp8(k, D, cfg_.act_block);
+        else qdq_fp8(k, D - rd, 64);  // V4: the rope dims stay bf16
+    }
+    return kv;
+}
+
+Tensor CpuBackend::project_output(Tensor& o, const AttentionWeight& w, const Rope& rope, const std::vector<int64_t>& pos) {
+    const int T = static_cast<int>(pos.size()), H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim;
+    for (int t = 0; t < T; ++t)
+        for (int h = 0; h < H; ++h) rope.apply(o.f32() + (static_cast<int64_t>(t) * H + h) * D + D - rd, pos[t], true);
     const int G = cfg_.o_groups, R = cfg_.o_lora_rank, GD = H / G * D;
     Tensor oa = Tensor::zeros(DType::F32, {T, G * R});
     parallel_for(static_cast<int64_t>(G) * R, [&](int64_t n0, int64_t n1) {
@@ -349,10 +369,79 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
             const int64_t g = n / R;
             for (int k = 0; k < GD; ++k) wr[k] = bf16_to_f32(w.wo_a.w.data<uint16_t>()[n * GD + k]);
             for (int t = 0; t < T; ++t)
-                oa.f32()[static_cast<int64_t>(t) * G * R + n] = round_bf16(dot_exact(o.f32() + (static_cast<int64_t>(t) * G + g) * GD, wr.data(), GD));
+                oa.f32()[static_cast<int64_t>(t) * G * R + n] =
+                    round_bf16(dot_exact(o.f32() + (static_cast<int64_t>(t) * G + g) * GD, wr.data(), GD));
         }
     });
     return linear(oa, w.wo_b);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// DSpark.
+
+void CpuBackend::store_window_kv(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                                 ForwardBatch& batch) {
+    const int D = cfg_.head_dim;
+    auto rows = row_infos(batch);
+    std::vector<int64_t> positions;
+    for (auto& r : rows) positions.push_back(r.pos);
+    Tensor kv = window_kv(x, w, rope_for(info), positions);
+    const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
+    for (size_t t = 0; t < rows.size(); ++t) {
+        SeqState& st = *rows[t].seq->state;
+        std::memcpy(layout_.entry<float>(st.pool, st.pages, L.window, rows[t].pos), kv.f32() + static_cast<int64_t>(t) * D,
+                    sizeof(float) * D);
+    }
+}
+
+Tensor CpuBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                                    const SeqState& state, int64_t pos) {
+    const int B = static_cast<int>(x.dim(0)), H = cfg_.n_heads, D = cfg_.head_dim, W = cfg_.window_size;
+    const Rope& rope = rope_for(info);
+    std::vector<int64_t> positions(static_cast<size_t>(B));
+    for (int i = 0; i < B; ++i) positions[static_cast<size_t>(i)] = pos + 1 + i;
+    Tensor qr = rms_norm(linear(x, w.wq_a), w.q_norm);
+    Tensor q = project_queries(x, qr, w, rope, positions);
+    Tensor kv = window_kv(x, w, rope, positions);
+    // Keys: the window ring listed by slot (slot j holds the latest position <= pos with position % W == j),
+    // then every block token.
+    const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
+    std::vector<const float*> keys;
+    for (int64_t j = 0; j < std::min<int64_t>(W, pos + 1); ++j) {
+        int64_t p = pos - ((pos - j) % W + W) % W;
+        keys.push_back(layout_.entry<float>(state.pool, state.pages, L.window, p));
+    }
+    for (int i = 0; i < B; ++i) keys.push_back(kv.f32() + static_cast<int64_t>(i) * D);
+    Tensor o = Tensor::zeros(DType::F32, {B, H, D});
+    const float scale = static_cast<float>(std::pow(D, -0.5));
+    for (int i = 0; i < B; ++i)
+        for (int h = 0; h < H; ++h)
+            sparse_attend(q.f32() + (static_cast<int64_t>(i) * H + h) * D, keys, D, scale, w.attn_sink.data<float>()[h],
+                          o.f32() + (static_cast<int64_t>(i) * H + h) * D);
+    return project_output(o, w, rope, positions);
+}
+
+Tensor CpuBackend::markov_bias(const DSparkWeight& w, int32_t id) {
+    const int64_t V = w.markov_head.dim(0), R = w.markov_head.dim(1);
+    std::vector<float> e(static_cast<size_t>(R)), hr(static_cast<size_t>(R));
+    for (int64_t k = 0; k < R; ++k) e[k] = bf16_to_f32(w.markov_embed.data<uint16_t>()[id * R + k]);
+    Tensor bias = Tensor::zeros(DType::F32, {V});
+    for (int64_t v = 0; v < V; ++v) {
+        for (int64_t k = 0; k < R; ++k) hr[k] = bf16_to_f32(w.markov_head.data<uint16_t>()[v * R + k]);
+        bias.f32()[v] = dot_exact(e.data(), hr.data(), static_cast<int>(R));
+    }
+    return bias;
+}
+
+Tensor CpuBackend::dspark_confidence(const DSparkWeight& w, const Tensor& x, const std::vector<int32_t>& ids) {
+    const int64_t B = x.dim(0), D = x.dim(1), R = w.markov_embed.dim(1);
+    Tensor in = Tensor::zeros(DType::F32, {B, D + R});
+    for (int64_t i = 0; i < B; ++i) {
+        std::memcpy(in.f32() + i * (D + R), x.f32() + i * D, sizeof(float) * static_cast<size_t>(D));
+        for (int64_t k = 0; k < R; ++k)
+            in.f32()[i * (D + R) + D + k] = bf16_to_f32(w.markov_embed.data<uint16_t>()[ids[static_cast<size_t>(i)] * R + k]);
+    }
+    return linear(in, w.confidence).reshaped({B});
 }
 
 }  // namespace peregrine::cpu

@@ -251,6 +251,21 @@ Tensor CpuBackend::hc_mean(const Tensor& h) {
     return y;
 }
 
+Tensor CpuBackend::concat_cols(const std::vector<Tensor>& parts) {
+    const int64_t T = parts.at(0).dim(0);
+    int64_t width = 0;
+    for (auto& p : parts) width += p.numel() / T;
+    Tensor y = Tensor::zeros(DType::F32, {T, width});
+    int64_t off = 0;
+    for (auto& p : parts) {
+        const int64_t w = p.numel() / T;
+        for (int64_t t = 0; t < T; ++t)
+            std::memcpy(y.f32() + t * width + off, p.f32() + t * w, sizeof(float) * static_cast<size_t>(w));
+        off += w;
+    }
+    return y;
+}
+
 Tensor CpuBackend::linear(const Tensor& x, const LinearWeight& w) {
     const int64_t M = x.numel() / w.in;
     Tensor y = Tensor::zeros(DType::F32, {M, w.out});

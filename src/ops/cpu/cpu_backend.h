@@ -37,11 +37,25 @@ public:
     Tensor attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info, ForwardBatch& batch,
                      StepScratch& scratch) override;
     Tensor moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) override;
+    Tensor concat_cols(const std::vector<Tensor>& parts) override;
+    void store_window_kv(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                         ForwardBatch& batch) override;
+    Tensor dspark_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                            const SeqState& state, int64_t pos) override;
+    Tensor markov_bias(const DSparkWeight& w, int32_t id) override;
+    Tensor dspark_confidence(const DSparkWeight& w, const Tensor& x, const std::vector<int32_t>& ids) override;
     Tensor linear(const Tensor& x, const LinearWeight& w) override;
     Tensor logits(const Tensor& x, const LinearWeight& head) override;
 
 private:
     const Rope& rope_for(const AttentionLayerInfo& info);
+    // q = wq_b(q_norm(wq_a(x))) per head (V4: unweighted head norm), RoPE at each row's position.
+    Tensor project_queries(const Tensor& x, const Tensor& qr, const AttentionWeight& w, const Rope& rope,
+                           const std::vector<int64_t>& pos);
+    // Window K=V rows: kv_norm(wkv(x)), RoPE, fp8 quantise-dequantise.
+    Tensor window_kv(const Tensor& x, const AttentionWeight& w, const Rope& rope, const std::vector<int64_t>& pos);
+    // Inverse RoPE of the attention output, grouped wo_a (bf16), wo_b.
+    Tensor project_output(Tensor& o, const AttentionWeight& w, const Rope& rope, const std::vector<int64_t>& pos);
     float eps() const { return static_cast<float>(cfg_.norm_eps); }
 
     ModelConfig cfg_;

@@ -144,15 +144,10 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     // Queries.
     phase("attn.q+kv projections");
     Tensor qr = rms_norm(run_linear(x, w.wq_a), w.q_norm);
-    Tensor q = run_linear(qr, w.wq_b);
-    if (!v41) head_norm_bf16(q.f32(), static_cast<int64_t>(T) * H, D, eps());
-    rope(q.f32(), T, H, static_cast<int64_t>(H) * D, D, D - rd, pos.ptr, freqs, rd, false);
+    Tensor q = project_queries(qr, w, freqs, pos.ptr, T);
 
     // Sliding-window K=V, stored per token.
-    Tensor kv = rms_norm(run_linear(x, w.wkv), w.kv_norm);
-    rope(kv.f32(), T, 1, D, D, D - rd, pos.ptr, freqs, rd, false);
-    if (v41) qdq_rows(kv.f32(), T, D, D, cfg_.act_block, 0);
-    else qdq_rows(kv.f32(), T, D, D - rd, 64, 0);
+    Tensor kv = window_kv(x, w, freqs, pos.ptr, T);
     {
         std::vector<float*> dst(static_cast<size_t>(T));
         for (int t = 0; t < T; ++t) dst[static_cast<size_t>(t)] = entry(rows[static_cast<size_t>(t)], L.window, rows[static_cast<size_t>(t)].pos);
@@ -348,9 +343,31 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     sparse_attention(q.f32(), T, H, D, static_cast<float>(std::pow(D, -0.5)), dev_f32(w.attn_sink),
                      static_cast<const float* const*>(keys.get()), static_cast<const int32_t*>(nkeys.get()), maxk,
                      o.f32());
-    rope(o.f32(), T, H, static_cast<int64_t>(H) * D, D, D - rd, pos.ptr, freqs, rd, true);
-
     phase("attn.output projection");
+    return project_output(o, w, freqs, pos.ptr, T);
+}
+
+Tensor CudaBackend::project_queries(const Tensor& qr, const AttentionWeight& w, const float* freqs, const int64_t* pos,
+                                    int T) {
+    const int H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim;
+    Tensor q = run_linear(qr, w.wq_b);
+    if (!cfg_.is_v41()) head_norm_bf16(q.f32(), static_cast<int64_t>(T) * H, D, eps());
+    rope(q.f32(), T, H, static_cast<int64_t>(H) * D, D, D - rd, pos, freqs, rd, false);
+    return q;
+}
+
+Tensor CudaBackend::window_kv(const Tensor& x, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T) {
+    const int D = cfg_.head_dim, rd = cfg_.rope_head_dim;
+    Tensor kv = rms_norm(run_linear(x, w.wkv), w.kv_norm);
+    rope(kv.f32(), T, 1, D, D, D - rd, pos, freqs, rd, false);
+    if (cfg_.is_v41()) qdq_rows(kv.f32(), T, D, D, cfg_.act_block, 0);
+    else qdq_rows(kv.f32(), T, D, D - rd, 64, 0);  // V4: the rope dims stay bf16
+    return kv;
+}
+
+Tensor CudaBackend::project_output(Tensor& o, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T) {
+    const int H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim;
+    rope(o.f32(), T, H, static_cast<int64_t>(H) * D, D, D - rd, pos, freqs, rd, true);
     // Grouped low-rank output projection: wo_a per head group (bf16), then wo_b.
     const int G = cfg_.o_groups, R = cfg_.o_lora_rank, GD = H / G * D;
     Tensor oa = empty(DType::F32, {T, static_cast<int64_t>(G) * R});

@@ -57,6 +57,13 @@ public:
     Tensor attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info, ForwardBatch& batch,
                      StepScratch& scratch) override;
     Tensor moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) override;
+    Tensor concat_cols(const std::vector<Tensor>& parts) override;
+    void store_window_kv(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                         ForwardBatch& batch) override;
+    Tensor dspark_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                            const SeqState& state, int64_t pos) override;
+    Tensor markov_bias(const DSparkWeight& w, int32_t id) override;
+    Tensor dspark_confidence(const DSparkWeight& w, const Tensor& x, const std::vector<int32_t>& ids) override;
     Tensor linear(const Tensor& x, const LinearWeight& w) override;
     Tensor logits(const Tensor& x, const LinearWeight& head) override;
 
@@ -93,6 +100,13 @@ private:
     std::vector<TimedEvent> events_;
     // Ends the current phase of the outermost op (if any) and starts `name`.
     void phase(const char* name);
+
+    // q = wq_b(qr) per head (V4: unweighted head norm), RoPE at each row's position.
+    Tensor project_queries(const Tensor& qr, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
+    // Window K=V rows: kv_norm(wkv(x)), RoPE, fp8 quantise-dequantise.
+    Tensor window_kv(const Tensor& x, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
+    // Inverse RoPE of the attention output (in place), grouped wo_a (bf16), wo_b.
+    Tensor project_output(Tensor& o, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
 
     struct Emitted;  // compressor output
     Emitted run_compressor(const CompressorWeight& cw, size_t carry_offset, const Tensor& x, ForwardBatch& batch);

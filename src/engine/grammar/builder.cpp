@@ -1,0 +1,461 @@
+#include "engine/grammar/builder.h"
+
+#include <algorithm>
+#include <map>
+
+#include "util/error.h"
+
+namespace peregrine::grammar {
+
+int32_t GrammarBuilder::new_state() {
+    PEREGRINE_CHECK(static_cast<int32_t>(edges_.size()) < limits_.max_nfa_states,
+                    "grammar too large (more than {} automaton states)", limits_.max_nfa_states);
+    edges_.emplace_back();
+    return static_cast<int32_t>(edges_.size()) - 1;
+}
+
+int32_t GrammarBuilder::declare_rule(const std::string& name) {
+    auto it = by_name_.find(name);
+    if (it != by_name_.end()) return it->second;
+    int32_t id = static_cast<int32_t>(names_.size());
+    names_.push_back(name);
+    bodies_.push_back({});
+    by_name_[name] = id;
+    return id;
+}
+
+int32_t GrammarBuilder::find_rule(const std::string& name) const {
+    auto it = by_name_.find(name);
+    return it == by_name_.end() ? -1 : it->second;
+}
+
+std::string GrammarBuilder::fresh_rule_name(const std::string& base) {
+    if (find_rule(base) < 0) return base;
+    for (int i = 1;; ++i) {
+        std::string n = base + "_" + std::to_string(i);
+        if (find_rule(n) < 0) return n;
+    }
+}
+
+void GrammarBuilder::set_body(int32_t rule, Frag body) {
+    PEREGRINE_CHECK(bodies_[rule].start < 0, "rule '{}' is defined twice", names_[rule]);
+    bodies_[rule] = body;
+}
+
+Frag GrammarBuilder::empty() {
+    int32_t s = new_state(), e = new_state();
+    add_edge(s, {Edge::kEps, 0, 0, e, -1});
+    return {s, e};
+}
+
+Frag GrammarBuilder::byte_range(uint8_t lo, uint8_t hi) {
+    int32_t s = new_state(), e = new_state();
+    add_edge(s, {Edge::kBytes, lo, hi, e, -1});
+    return {s, e};
+}
+
+Frag GrammarBuilder::literal(const std::string& bytes) {
+    int32_t s = new_state(), cur = s;
+    for (unsigned char c : bytes) {
+        int32_t n = new_state();
+        add_edge(cur, {Edge::kBytes, c, c, n, -1});
+        cur = n;
+    }
+    return {s, cur};
+}
+
+Frag GrammarBuilder::codepoints(const CodepointSet& set) {
+    int32_t s = new_state(), e = new_state();
+    for (auto [lo, hi] : set.ranges()) {
+        for (const ByteRangeSeq& seq : utf8_sequences(lo, hi)) {
+            int32_t cur = s;
+            for (size_t i = 0; i < seq.size(); ++i) {
+                int32_t n = i + 1 == seq.size() ? e : new_state();
+                add_edge(cur, {Edge::kBytes, seq[i].first, seq[i].second, n, -1});
+                cur = n;
+            }
+        }
+    }
+    return {s, e};
+}
+
+Frag GrammarBuilder::call(int32_t rule) {
+    int32_t s = new_state(), e = new_state();
+    add_edge(s, {Edge::kCall, 0, 0, e, rule});
+    return {s, e};
+}
+
+Frag GrammarBuilder::seq(Frag a, Frag b) {
+    add_edge(a.end, {Edge::kEps, 0, 0, b.start, -1});
+    return {a.start, b.end};
+}
+
+Frag GrammarBuilder::seq(const std::vector<Frag>& parts) {
+    if (parts.empty()) return empty();
+    Frag f = parts[0];
+    for (size_t i = 1; i < parts.size(); ++i) f = seq(f, parts[i]);
+    return f;
+}
+
+Frag GrammarBuilder::alt(const std::vector<Frag>& alts) {
+    if (alts.size() == 1) return alts[0];
+    int32_t s = new_state(), e = new_state();
+    for (Frag f : alts) {
+        add_edge(s, {Edge::kEps, 0, 0, f.start, -1});
+        add_edge(f.end, {Edge::kEps, 0, 0, e, -1});
+    }
+    return {s, e};
+}
+
+Frag GrammarBuilder::optional(Frag f) {
+    add_edge(f.start, {Edge::kEps, 0, 0, f.end, -1});
+    return f;
+}
+
+Frag GrammarBuilder::star(Frag f) {
+    int32_t s = new_state(), e = new_state();
+    add_edge(s, {Edge::kEps, 0, 0, f.start, -1});
+    add_edge(s, {Edge::kEps, 0, 0, e, -1});
+    add_edge(f.end, {Edge::kEps, 0, 0, f.start, -1});
+    add_edge(f.end, {Edge::kEps, 0, 0, e, -1});
+    return {s, e};
+}
+
+Frag GrammarBuilder::plus(Frag f) {
+    int32_t e = new_state();
+    add_edge(f.end, {Edge::kEps, 0, 0, f.start, -1});
+    add_edge(f.end, {Edge::kEps, 0, 0, e, -1});
+    return {f.start, e};
+}
+
+Frag GrammarBuilder::copy(Frag f) {
+    std::unordered_map<int32_t, int32_t> map;
+    std::vector<int32_t> work{f.start};
+    map[f.start] = new_state();
+    while (!work.empty()) {
+        int32_t old = work.back();
+        work.pop_back();
+        for (size_t i = 0; i < edges_[old].size(); ++i) {
+            Edge e = edges_[old][i];
+            auto it = map.find(e.target);
+            if (it == map.end()) {
+                it = map.emplace(e.target, new_state()).first;
+                work.push_back(e.target);
+            }
+            e.target = it->second;
+            edges_[map[old]].push_back(e);
+        }
+    }
+    if (!map.count(f.end)) map[f.end] = new_state();
+    return {map[f.start], map[f.end]};
+}
+
+int32_t GrammarBuilder::size_of(Frag f) const {
+    std::vector<int32_t> work{f.start};
+    std::unordered_map<int32_t, bool> seen{{f.start, true}};
+    while (!work.empty()) {
+        int32_t s = work.back();
+        work.pop_back();
+        for (const Edge& e : edges_[s])
+            if (seen.emplace(e.target, true).second) work.push_back(e.target);
+    }
+    return static_cast<int32_t>(seen.size());
+}
+
+Frag GrammarBuilder::repeat(Frag f, int64_t min, int64_t max) {
+    PEREGRINE_CHECK(min >= 0 && (max < 0 || max >= min), "invalid repetition bounds {{{},{}}}", min, max);
+    PEREGRINE_CHECK(min <= 10000 && max <= 10000, "repetition bound above 10000 is not supported");
+    if (max == 0) return empty();
+    // Every instance is a copy of the untouched template f (combinators modify their operands).
+    std::vector<Frag> parts;
+    for (int64_t i = 0; i < min; ++i) parts.push_back(copy(f));
+    if (max < 0) {
+        parts.push_back(star(copy(f)));
+    } else if (max > min) {
+        // Nested optionals f(f(f)?)? keep the automaton linear in max - min.
+        Frag tail = optional(copy(f));
+        for (int64_t i = 1; i < max - min; ++i) tail = optional(seq(copy(f), tail));
+        parts.push_back(tail);
+    }
+    return seq(parts);
+}
+
+namespace {
+
+struct VecHash {
+    size_t operator()(const std::vector<int32_t>& v) const {
+        size_t h = 1469598103934665603ull;
+        for (int32_t x : v) h = (h ^ static_cast<uint32_t>(x)) * 1099511628211ull;
+        return h;
+    }
+};
+
+}  // namespace
+
+// Merges equivalent DFA states (Moore's partition refinement over bytes, calls and acceptance): each
+// distinct state costs one vocabulary walk at compile time, so duplicates are worth removing.
+static void minimize(Grammar& g) {
+    const int32_t n = g.num_states();
+    std::vector<int32_t> cls(n), next_cls(n);
+    std::map<std::vector<int32_t>, int32_t> ids;
+    std::vector<int32_t> sig;
+    auto signature = [&](int32_t s, bool first) {
+        sig.clear();
+        sig.push_back(first ? g.rule_of[s] : cls[s]);
+        sig.push_back(g.accepting[s]);
+        if (g.byte_table[s] >= 0)
+            for (int b = 0; b < 256; ++b) {
+                int32_t t = g.next[g.byte_table[s] + b];
+                sig.push_back(first ? (t >= 0) : (t >= 0 ? cls[t] : -1));
+            }
+        else sig.push_back(-2);
+        for (auto [q, ret] : g.calls[s]) {
+            sig.push_back(q);
+            sig.push_back(first ? 0 : cls[ret]);
+        }
+    };
+    int32_t count = 0;
+    for (int round = 0;; ++round) {
+        ids.clear();
+        for (int32_t s = 0; s < n; ++s) {
+            signature(s, round == 0);
+            auto it = ids.emplace(sig, static_cast<int32_t>(ids.size())).first;
+            next_cls[s] = it->second;
+        }
+        int32_t c = static_cast<int32_t>(ids.size());
+        cls.swap(next_cls);
+        if (c == count) break;
+        count = c;
+    }
+    // Rebuild with one representative per class (the lowest state id).
+    std::vector<int32_t> rep(count, -1);
+    for (int32_t s = 0; s < n; ++s)
+        if (rep[cls[s]] < 0) rep[cls[s]] = s;
+    Grammar m;
+    m.rules = g.rules;
+    m.root_rule = g.root_rule;
+    for (auto& r : m.rules) r.start = cls[r.start];
+    m.rule_of.resize(count);
+    m.accepting.resize(count);
+    m.byte_table.assign(count, -1);
+    m.calls.resize(count);
+    for (int32_t c = 0; c < count; ++c) {
+        int32_t s = rep[c];
+        m.rule_of[c] = g.rule_of[s];
+        m.accepting[c] = g.accepting[s];
+        if (g.byte_table[s] >= 0) {
+            m.byte_table[c] = static_cast<int32_t>(m.next.size());
+            for (int b = 0; b < 256; ++b) {
+                int32_t t = g.next[g.byte_table[s] + b];
+                m.next.push_back(t >= 0 ? cls[t] : -1);
+            }
+        }
+        for (auto [q, ret] : g.calls[s]) m.calls[c].push_back({q, cls[ret]});
+    }
+    g = std::move(m);
+}
+
+Grammar GrammarBuilder::build(int32_t root_rule) const {
+    for (int32_t r = 0; r < num_rules(); ++r)
+        PEREGRINE_CHECK(bodies_[r].start >= 0, "rule '{}' is referenced but not defined", names_[r]);
+
+    Grammar g;
+    g.root_rule = root_rule;
+    g.rules.resize(names_.size());
+    std::vector<std::vector<std::pair<int32_t, int32_t>>> calls;
+    std::vector<std::vector<std::pair<std::pair<uint8_t, uint8_t>, int32_t>>> byte_edges;
+
+    auto closure = [&](std::vector<int32_t> set) {
+        std::vector<int32_t> work = set;
+        std::vector<int32_t> seen(set);
+        while (!work.empty()) {
+            int32_t s = work.back();
+            work.pop_back();
+            for (const Edge& e : edges_[s])
+                if (e.kind == Edge::kEps && std::find(seen.begin(), seen.end(), e.target) == seen.end()) {
+                    seen.push_back(e.target);
+                    work.push_back(e.target);
+                }
+        }
+        std::sort(seen.begin(), seen.end());
+        return seen;
+    };
+
+    for (int32_t r = 0; r < num_rules(); ++r) {
+        g.rules[r].name = names_[r];
+        std::unordered_map<std::vector<int32_t>, int32_t, VecHash> ids;
+        std::vector<std::vector<int32_t>> sets;
+        auto intern = [&](std::vector<int32_t> set) {
+            auto it = ids.find(set);
+            if (it != ids.end()) return it->second;
+            int32_t id = static_cast<int32_t>(g.rule_of.size());
+            PEREGRINE_CHECK(id < limits_.max_dfa_states,
+                            "grammar too large: more than {} automaton states after determinization",
+                            limits_.max_dfa_states);
+            g.rule_of.push_back(r);
+            g.accepting.push_back(std::binary_search(set.begin(), set.end(), bodies_[r].end));
+            calls.emplace_back();
+            byte_edges.emplace_back();
+            ids.emplace(set, id);
+            sets.push_back(std::move(set));
+            return id;
+        };
+        int32_t first = static_cast<int32_t>(g.rule_of.size());
+        g.rules[r].start = intern(closure({bodies_[r].start}));
+        for (int32_t k = 0; first + k < static_cast<int32_t>(g.rule_of.size()); ++k) {
+            int32_t d = first + k;
+            std::vector<int32_t> set = sets[k];
+            std::vector<const Edge*> bytes;
+            std::map<int32_t, std::vector<int32_t>> by_rule;
+            std::vector<int> cuts;
+            for (int32_t s : set)
+                for (const Edge& e : edges_[s]) {
+                    if (e.kind == Edge::kBytes) {
+                        bytes.push_back(&e);
+                        cuts.push_back(e.lo);
+                        cuts.push_back(e.hi + 1);
+                    } else if (e.kind == Edge::kCall) {
+                        by_rule[e.rule].push_back(e.target);
+                    }
+                }
+            std::sort(cuts.begin(), cuts.end());
+            cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+            for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+                int lo = cuts[i], hi = cuts[i + 1] - 1;
+                std::vector<int32_t> tgt;
+                for (const Edge* e : bytes)
+                    if (e->lo <= lo && e->hi >= hi) tgt.push_back(e->target);
+                if (tgt.empty()) continue;
+                int32_t t = intern(closure(tgt));
+                byte_edges[d].push_back({{uint8_t(lo), uint8_t(hi)}, t});
+            }
+            for (auto& [rule, tgts] : by_rule) {
+                int32_t t = intern(closure(tgts));
+                calls[d].push_back({rule, t});
+            }
+        }
+    }
+
+    const int32_t n = g.num_states();
+    // Productive states: some path to acceptance exists (through calls of productive rules).
+    std::vector<uint8_t> prod(n, 0);
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int32_t s = 0; s < n; ++s) {
+            if (prod[s]) continue;
+            bool p = g.accepting[s];
+            for (auto& [range, t] : byte_edges[s]) p = p || prod[t];
+            for (auto [q, ret] : calls[s]) p = p || (prod[g.rules[q].start] && prod[ret]);
+            if (p) prod[s] = 1, changed = true;
+        }
+    }
+    PEREGRINE_CHECK(prod[g.root_start()], "grammar matches no string (rule '{}' cannot complete)",
+                    names_[root_rule]);
+
+    g.byte_table.assign(n, -1);
+    g.calls.resize(n);
+    for (int32_t s = 0; s < n; ++s) {
+        for (auto& [range, t] : byte_edges[s]) {
+            if (!prod[t]) continue;
+            if (g.byte_table[s] < 0) {
+                g.byte_table[s] = static_cast<int32_t>(g.next.size());
+                g.next.resize(g.next.size() + 256, -1);
+            }
+            for (int b = range.first; b <= range.second; ++b) g.next[g.byte_table[s] + b] = t;
+        }
+        for (auto [q, ret] : calls[s])
+            if (prod[g.rules[q].start] && prod[ret]) g.calls[s].push_back({q, ret});
+    }
+
+    // Left recursion would make the stack grow without consuming input; reject it.
+    std::vector<uint8_t> nullable(names_.size(), 0);
+    auto eps_reach = [&](int32_t rule) {
+        std::vector<int32_t> seen{g.rules[rule].start}, work{g.rules[rule].start};
+        while (!work.empty()) {
+            int32_t s = work.back();
+            work.pop_back();
+            for (auto [q, ret] : g.calls[s])
+                if (nullable[q] && std::find(seen.begin(), seen.end(), ret) == seen.end())
+                    seen.push_back(ret), work.push_back(ret);
+        }
+        return seen;
+    };
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (int32_t r = 0; r < num_rules(); ++r) {
+            if (nullable[r]) continue;
+            for (int32_t s : eps_reach(r))
+                if (g.accepting[s]) { nullable[r] = 1, changed = true; break; }
+        }
+    }
+    std::vector<std::vector<int32_t>> left(names_.size());
+    for (int32_t r = 0; r < num_rules(); ++r)
+        for (int32_t s : eps_reach(r))
+            for (auto [q, ret] : g.calls[s]) left[r].push_back(q);
+    std::vector<int> color(names_.size(), 0);
+    std::vector<int32_t> path;
+    std::function<void(int32_t)> dfs = [&](int32_t r) {
+        color[r] = 1;
+        path.push_back(r);
+        for (int32_t q : left[r]) {
+            if (color[q] == 1) {
+                std::string cycle;
+                for (auto it = std::find(path.begin(), path.end(), q); it != path.end(); ++it)
+                    cycle += names_[*it] + " -> ";
+                fail("left recursion is not supported: {}{}", cycle, names_[q]);
+            }
+            if (color[q] == 0) dfs(q);
+        }
+        path.pop_back();
+        color[r] = 2;
+    };
+    for (int32_t r = 0; r < num_rules(); ++r)
+        if (color[r] == 0) dfs(r);
+
+    minimize(g);
+
+    // States that can be on top of the stack when matching from the root.
+    g.reachable.assign(g.num_states(), 0);
+    std::vector<int32_t> work{g.root_start()};
+    g.reachable[g.root_start()] = 1;
+    auto visit = [&](int32_t s) {
+        if (!g.reachable[s]) g.reachable[s] = 1, work.push_back(s);
+    };
+    while (!work.empty()) {
+        int32_t s = work.back();
+        work.pop_back();
+        if (g.byte_table[s] >= 0)
+            for (int b = 0; b < 256; ++b)
+                if (int32_t t = g.next[g.byte_table[s] + b]; t >= 0) visit(t);
+        for (auto [q, ret] : g.calls[s]) visit(g.rules[q].start), visit(ret);
+    }
+    return g;
+}
+
+std::string Grammar::describe() const {
+    std::string out;
+    for (size_t r = 0; r < rules.size(); ++r) {
+        out += "rule " + rules[r].name + (int32_t(r) == root_rule ? " (root)" : "") + " start " +
+               std::to_string(rules[r].start) + "\n";
+    }
+    for (int32_t s = 0; s < num_states(); ++s) {
+        if (!reachable[s]) continue;
+        out += "  " + std::to_string(s) + " [" + rules[rule_of[s]].name + "]" + (accepting[s] ? " accept" : "");
+        if (has_bytes(s)) {
+            int b = 0;
+            while (b < 256) {
+                int32_t t = next[byte_table[s] + b];
+                int e = b;
+                while (e + 1 < 256 && next[byte_table[s] + e + 1] == t) ++e;
+                if (t >= 0) out += " " + std::to_string(b) + (e > b ? "-" + std::to_string(e) : "") + "->" +
+                                   std::to_string(t);
+                b = e + 1;
+            }
+        }
+        for (auto [q, ret] : calls[s]) out += " call " + rules[q].name + "->" + std::to_string(ret);
+        out += "\n";
+    }
+    return out;
+}
+
+}  // namespace peregrine::grammar

@@ -1,0 +1,59 @@
+#pragma once
+// The request-facing entry point: a constraint spec (kind + text) -> compiled grammar, with a cache.
+// Errors (bad syntax, unsupported schema feature) are peregrine::Error whose message names the
+// problem; the server turns them into HTTP 400.
+#include <cstdint>
+#include <future>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/grammar/compiled_grammar.h"
+#include "engine/grammar/json_schema.h"
+
+namespace peregrine::grammar {
+
+enum class ConstraintKind { kJsonObject, kJsonSchema, kRegex, kEbnf };
+
+struct ConstraintSpec {
+    ConstraintKind kind = ConstraintKind::kJsonObject;
+    std::string text;  // schema JSON, regex or EBNF source (empty for json_object)
+};
+
+// "json_object" | "json_schema" | "regex" | "ebnf" (the /generate sampling-parameter names).
+ConstraintKind constraint_kind_from_name(const std::string& name);
+const char* constraint_kind_name(ConstraintKind kind);
+
+// OpenAI response_format: {"type":"text"} -> nullopt; {"type":"json_object"};
+// {"type":"json_schema","json_schema":{"name":..,"schema":{..},"strict":..}}.
+std::optional<ConstraintSpec> constraint_from_response_format(const nlohmann::json& response_format);
+
+Grammar build_grammar(const ConstraintSpec& spec, const JsonSchemaOptions& options = {});
+
+// Compiles constraints for one vocabulary, caching compiled grammars by (kind, text). Thread-safe;
+// concurrent requests for the same constraint wait for a single compilation.
+class GrammarCompiler {
+public:
+    explicit GrammarCompiler(std::shared_ptr<const Vocabulary> vocab, JsonSchemaOptions options = {},
+                             size_t max_cached = 512);
+    std::shared_ptr<const CompiledGrammar> compile(const ConstraintSpec& spec);
+    std::shared_ptr<const CompiledGrammar> compile(const Grammar& grammar) const;
+    size_t cached() const;
+    const std::shared_ptr<const Vocabulary>& vocab() const { return vocab_; }
+
+private:
+    using Future = std::shared_future<std::shared_ptr<const CompiledGrammar>>;
+    std::shared_ptr<const Vocabulary> vocab_;
+    JsonSchemaOptions options_;
+    size_t max_cached_;
+    mutable std::mutex mutex_;
+    std::map<std::string, Future> cache_;
+    std::list<std::string> order_;  // insertion order, oldest first (eviction)
+};
+
+}  // namespace peregrine::grammar

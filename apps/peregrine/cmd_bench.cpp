@@ -176,8 +176,6 @@ int run_bench(const BenchArgs& a) {
     out["balanced_routing"] = a.balanced;
     out["copy_bandwidth_gbs"] = bw;
     out["fp8_dense_peak_tflops"] = kFp8DensePeakTflops;
-    std::vector<std::string> table;
-    char line[512];
     auto save = [&] {  // after every point, so that a run cut short still leaves its results
         if (a.json.empty()) return;
         const std::string text = out.dump(2);

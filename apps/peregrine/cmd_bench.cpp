@@ -36,6 +36,7 @@ struct BenchArgs {
     double max_step_seconds = 20.0;
 };
 
+#ifdef PEREGRINE_HAVE_CUDA
 std::vector<int64_t> parse_list(const std::string& s) {
     std::vector<int64_t> v;
     std::stringstream ss(s);
@@ -92,7 +93,6 @@ Cost step_cost(const Model& m, int64_t rows, int64_t ctx, int64_t logit_rows, bo
     return k;
 }
 
-#ifdef PEREGRINE_HAVE_CUDA
 struct Measured {
     double ms = 0;
     std::map<std::string, double> ops;

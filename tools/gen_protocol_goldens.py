@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Writes the chat-protocol goldens under tests/server/protocol/golden/ from deepseek-recipe (the oracle).
 
-render.json: OpenAI chat requests and the exact prompt each model format renders (or the 400 it raises).
+render.json: OpenAI chat requests and the exact prompt each model format renders (or the 400 it raises), with
+             V4's prompt token ids under tests/fixtures/tokenizer-small.
 parse.json:  raw completions and the OpenAI assistant message the oracle's stream processor makes of them.
 Run: python3 tools/gen_protocol_goldens.py   (needs `pip install deepseek-recipe==0.2.0`)
 """
 import json
 import os
+import re
 import sys
 
 import deepseek_recipe as dr
@@ -14,6 +16,7 @@ import deepseek_recipe as dr
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "..", "tests", "server", "protocol", "golden")
 MODELS = {"deepseek_v41": "DeepSeek-V4.1-Flash", "deepseek_v4": "DeepSeek-V4-Pro"}
+SMALL_TOKENIZER = dr.Tokenizer.from_file(os.path.join(HERE, "..", "tests", "fixtures", "tokenizer-small", "tokenizer.json"))
 
 
 def convert(body, fmt):
@@ -37,6 +40,9 @@ def render(body, fmt):
     enc = dr.DeepseekV41Encoding() if fmt == "deepseek_v41" else dr.DeepseekV4Encoding()
     rp = enc.render_conversation(cr.conversation)
     po = cr.parsing_options
+    ids = None
+    if fmt == "deepseek_v4":  # the small test tokenizer has V4's special tokens (V4.1's <｜System｜> is missing)
+        ids = enc.with_tokenizer(SMALL_TOKENIZER).encode(cr.conversation)
     stage = po.thinking_initial_stage
     return {
         "prompt": rp.prompt,
@@ -46,6 +52,7 @@ def render(body, fmt):
             "starts_in_tool_calls": po.starts_in_tool_calls,
             "thinking_stage": None if stage is None else str(stage).split(".")[-1],
         },
+        **({"ids_small_tokenizer": ids} if ids is not None else {}),
     }
 
 
@@ -55,7 +62,8 @@ def parse(body, fmt, completion):
     sp = dr.StreamProcessor(gen, cr.parsing_options)
     out = list(sp.push(dr.InferenceChunk.ready()))
     out += sp.push(dr.InferenceChunk.text(completion))
-    out += sp.push(dr.InferenceChunk.finish(dr.InferenceFinishReason.Stop))
+    if not sp.finished:  # a stop sequence ends processing by itself
+        out += sp.push(dr.InferenceChunk.finish(dr.InferenceFinishReason.Stop))
     out += sp.finish()
     resp = dr.ChatCompletionResponse("id", MODELS[fmt], 0, 0, 0)
     for c in out:
@@ -218,7 +226,35 @@ def render_cases():
         "name": "w", "schema": {"type": "object", "properties": {"t": {"type": "number"}}, "required": ["t"]}}}})
     add("response_format_json_schema_tools", {"messages": [U], "tools": [WEATHER], "response_format": {"type": "json_schema", "json_schema": {
         "name": "w", "schema": {"type": "object"}}}})
+    add("float_layout", {"messages": [U, {"role": "assistant", "content": "", "tool_calls": [call(
+        "c1", "get_weather", '{"a": 1e-7, "b": 1e22, "c": 1.5e300, "d": 0.0001, "e": 1e16, "f": 1e15, "g": 123456789012345678, '
+                             '"h": 1.0, "i": 100.0, "k": 2.5e-5, "l": 0.1, "m": -3.25e-10, "n": 1e-5, "o": 9.9e-6, "p": 1.5e17, '
+                             '"q": 3.0000000000000004e-05, "r": 5e-324}')]},
+                                 {"role": "tool", "tool_call_id": "c1", "content": "ok"}],
+                         "tools": [fn("f", {"type": "object", "properties": {"a": {"type": "number", "default": 1e-7, "b": 1e22,
+                                                                                     "d": 0.0001, "e": 1e16, "f": 1e15}}})]})
+    add("response_format_json_object_tools", {"messages": [SYS, {"role": "user", "content": "JSON please"}], "tools": [WEATHER],
+                                              "response_format": {"type": "json_object"}})
+    add("response_format_json_object_no_system_nothink", {"messages": [{"role": "user", "content": "json please"}],
+                                                          "response_format": {"type": "json_object"}, **NOTHINK})
+    add("empty_system_nothink", {"messages": [{"role": "system", "content": ""}, U], **NOTHINK})
+    add("empty_then_real_system", {"messages": [{"role": "system", "content": ""}, SYS, U]})
+    add("empty_system_between_users", {"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": ""},
+                                                    {"role": "user", "content": "b"}]})
+    add("thinking_enabled_effort_none", {"messages": [U], "thinking": {"type": "enabled"}, "reasoning_effort": "none"})
+    add("reminder_then_user", {"messages": [U, {"role": "latest_reminder", "content": "R"}, {"role": "user", "content": "U2"}]})
+    add("reminder_first", {"messages": [{"role": "latest_reminder", "content": "R"}, U]})
+    add("tool_result_then_reminder", {"messages": AGENT_OPEN + [{"role": "latest_reminder", "content": "Be quick."}], "tools": TOOLS})
+    add("system_after_tool_results", {"messages": AGENT_OPEN + [{"role": "system", "content": "Now summarise."}], "tools": TOOLS})
+    add("assistant_after_assistant", {"messages": [U, {"role": "assistant", "content": "A"}, {"role": "assistant", "content": "B"}]})
+    add("empty_user", {"messages": [{"role": "user", "content": ""}]})
     # Requests the oracle rejects: the C++ side must reject them too.
+    add("err_prefix_with_tools", {"messages": [U, {"role": "assistant", "content": "A", "prefix": True}], "tools": TOOLS})
+    add("err_assistant_without_content", {"messages": [U, {"role": "assistant", "content": None}, U]})
+    add("err_strict_required_mismatch", {"messages": [U], "tools": [fn("s", {"type": "object", "properties": {"a": {}, "b": {}},
+                                                                               "required": ["a"]}, strict=True)]})
+    add("err_strict_additional_true", {"messages": [U], "tools": [fn("s", {"type": "object", "properties": {},
+                                                                             "additionalProperties": True}, strict=True)]})
     add("err_developer_role", {"messages": [{"role": "developer", "content": "d"}, U]})
     add("err_missing_tool_result", {"messages": [U, {"role": "assistant", "content": "", "tool_calls": [call("c1", "now", "{}"), call("c2", "now", "{}")]},
                                                  {"role": "tool", "tool_call_id": "c1", "content": "r"}], "tools": [NOARGS]})
@@ -301,6 +337,23 @@ def parse_cases():
         add("prefix_content_continuation", {"messages": [U, {"role": "assistant", "content": "The", "reasoning_content": "R", "prefix": True}]},
             "\n answer.")
         add("text_lookalike_tags", {"messages": [U], **T, **NOTHINK}, "Use <｜DSM and </thin k> and <DSML｜ freely.\n")
+        add("partial_marker_before_block", {"messages": [U], **T, **NOTHINK}, "a <\n\n\n" + dsml(fmt, W))
+        add("partial_marker_before_think_end", {"messages": [U], **T}, "x </\n</think>y <｜DSML\n\n" + dsml(fmt, W))
+        add("prefix_content_continuation_nothink", {"messages": [U, {"role": "assistant", "content": "The", "prefix": True}], **NOTHINK},
+            "\n answer.")
+        add("stop_sequence", {"messages": [U], "stop": ["END", "\n\n\n"], **NOTHINK}, "Some text END more")
+        add("stop_sequence_not_in_reasoning", {"messages": [U], "stop": ["END"]}, "think END</think>answer END tail")
+        J = {"messages": [{"role": "user", "content": "Answer in JSON."}], "response_format": {"type": "json_object"}}
+        add("json_mode_fenced", {**J, **NOTHINK}, 'Here you go:\n```json\n{"a": 1, "b": [true]}\n```\nDone.')
+        add("json_mode_plain_fence", {**J, **NOTHINK}, 'x```\n[1, 2]\n```y')
+        add("json_mode_bare_object", {**J, **NOTHINK}, '\n\npre {"a": {"b": "日本"}}\n```\nafter')
+        add("json_mode_bare_unterminated", {**J, **NOTHINK}, '{"a": [1, 2]} trailing words')
+        add("json_mode_no_json", {**J, **NOTHINK}, "no json here at all.")
+        add("json_mode_thinking", J, 'Think {not json}.</think>Sure: {"ok": true}')
+        add("json_mode_think_end_in_text", {**J, **NOTHINK}, 'a</think>b{"x": 1}')
+        add("json_mode_then_tool_call", {**J, **T, **NOTHINK}, 'Sure ```json\n{"a": 1}\n```\n\n' + dsml(fmt, W))
+        add("json_schema_is_plain", {"messages": [U], "response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "object"}}}, **NOTHINK}, 'Here: ```json\n{"a": 1}\n```')
         # Malformed DSML: the oracle's output is recorded, but Peregrine deliberately differs (text + warning,
         # never markup in arguments); the C++ test checks Peregrine's own guarantees on these.
         add("malformed_unknown_outer_tag", {"messages": [U], **T, **NOTHINK}, "Hi\n\n<｜DSML｜banana>oops", True)
@@ -328,8 +381,12 @@ def main():
         parsed.append(case)
     for fname, data in [("render.json", rendered), ("parse.json", parsed)]:
         with open(os.path.join(OUT, fname), "w", encoding="utf-8") as f:
-            json.dump({"oracle": "deepseek-recipe " + dr.__version__, "cases": data}, f, ensure_ascii=False, indent=1)
-            f.write("\n")
+            text = json.dumps({"oracle": "deepseek-recipe " + dr.__version__, "cases": data}, ensure_ascii=False, indent=1)
+            # Number lists (token ids, byte ranges) on one line each, so the files stay readable and small.
+            text = re.sub(r"\[\s*(-?\d+(?:,\s*-?\d+)*)\s*\]", lambda m: "[" + re.sub(r",\s*", ", ", m.group(1)) + "]", text)
+            text = re.sub(r"\[\s*(\[[-\d, ]*\](?:,\s*\[[-\d, ]*\])*)\s*\]",
+                          lambda m: "[" + re.sub(r"\],\s*\[", "], [", m.group(1)) + "]", text)
+            f.write(text + "\n")
     print("wrote %d render and %d parse cases to %s" % (len(rendered), len(parsed), os.path.normpath(OUT)))
 
 

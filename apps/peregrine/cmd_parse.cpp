@@ -61,10 +61,10 @@ static RegisterCommand reg_parse([](CLI::App& app, int& exit_code) {
         }
         msg.add(parser.finish());
         for (auto& w : msg.warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
-        nlohmann::json out = msg.to_openai_json();
+        ojson out = msg.to_openai_json();
         if (o->full)
             out = {{"message", out}, {"finish_reason", msg.finish_reason("stop")}, {"warnings", msg.warnings()}};
-        std::printf("%s\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+        std::printf("%s\n", out.dump(2, ' ', false, ojson::error_handler_t::replace).c_str());
         exit_code = 0;
     });
 });

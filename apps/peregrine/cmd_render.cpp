@@ -1,13 +1,8 @@
 // peregrine render (--model DIR | --format F) --request FILE [--ids] [--json]: the exact prompt an OpenAI
 // chat request becomes (text by default; token ids with --ids).
 #include "commands.h"
-#include "server/protocol/prompt_render.h"
+#include "server/protocol/prompt_ids.h"
 #include "util/file.h"
-
-#if __has_include("tokenizer/tokenizer.h")
-#include "tokenizer/tokenizer.h"
-#define PEREGRINE_RENDER_IDS 1
-#endif
 
 #include <nlohmann/json.hpp>
 
@@ -15,29 +10,6 @@
 #include <iostream>
 
 namespace peregrine {
-
-#ifdef PEREGRINE_RENDER_IDS
-// Special-token ranges encode as their token; the text between them never parses special tokens.
-static std::vector<int32_t> prompt_ids(const RenderedPrompt& p, const Tokenizer& tk) {
-    std::vector<int32_t> ids;
-    size_t pos = 0;
-    auto plain = [&](size_t end) {
-        if (end > pos) {
-            auto part = tk.encode(std::string_view(p.text).substr(pos, end - pos), false);
-            ids.insert(ids.end(), part.begin(), part.end());
-        }
-    };
-    for (auto [b, e] : p.special_ranges) {
-        plain(b);
-        auto tok = tk.encode(std::string_view(p.text).substr(b, e - b), true);
-        PEREGRINE_CHECK(tok.size() == 1, "'{}' is not one token in this tokenizer", p.text.substr(b, e - b));
-        ids.push_back(tok[0]);
-        pos = e;
-    }
-    plain(p.text.size());
-    return ids;
-}
-#endif
 
 static RegisterCommand reg_render([](CLI::App& app, int& exit_code) {
     auto* cmd = app.add_subcommand("render", "Print the exact prompt an OpenAI chat request renders to");
@@ -67,19 +39,15 @@ static RegisterCommand reg_render([](CLI::App& app, int& exit_code) {
             return;
         }
         if (o->ids) {
-#ifdef PEREGRINE_RENDER_IDS
             std::string tk_path = !o->tokenizer.empty() ? o->tokenizer : o->model + "/tokenizer.json";
             PEREGRINE_CHECK(!o->tokenizer.empty() || !o->model.empty(), "--ids needs --model DIR or --tokenizer FILE");
-            auto ids = prompt_ids(p, Tokenizer::from_file(tk_path));
+            auto ids = prompt_token_ids(p, Tokenizer::from_file(tk_path));
             if (o->json) {
                 std::printf("%s\n", nlohmann::json(ids).dump().c_str());
             } else {
                 for (size_t i = 0; i < ids.size(); ++i) std::printf(i ? " %d" : "%d", ids[i]);
                 std::printf("\n");
             }
-#else
-            fail("--ids needs the tokenizer layer, which this build does not have");
-#endif
         } else if (o->json) {
             nlohmann::json j = {{"prompt", p.text}, {"special_ranges", p.special_ranges}};
             std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());

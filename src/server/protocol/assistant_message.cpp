@@ -4,7 +4,7 @@
 
 namespace peregrine {
 
-using json = nlohmann::json;
+using json = ojson;  // keys in OpenAI's order: role, content, reasoning_content, tool_calls
 
 json openai_delta(const ParseEvent& e) {
     switch (e.kind) {

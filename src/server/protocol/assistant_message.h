@@ -1,9 +1,8 @@
 #pragma once
 // Turns parser events into OpenAI shapes: per-event chunk deltas for streaming, and the final assistant
 // message for non-streaming. The final message is by construction the sum of the deltas.
+#include "server/protocol/json_text.h"
 #include "server/protocol/output_parser.h"
-
-#include <nlohmann/json.hpp>
 
 #include <string>
 #include <vector>
@@ -11,7 +10,7 @@
 namespace peregrine {
 
 // The "delta" object of a chat.completion.chunk for one event; null for warnings (the server logs them).
-nlohmann::json openai_delta(const ParseEvent& e);
+ojson openai_delta(const ParseEvent& e);
 
 class AssistantMessage {
 public:
@@ -24,7 +23,7 @@ public:
 
     // {"role": "assistant", "content": "...", ["reasoning_content": "..."], ["tool_calls": [...]]}
     // (content is "" rather than null when only tool calls came back, as DeepSeek's API does).
-    nlohmann::json to_openai_json() const;
+    ojson to_openai_json() const;
     // "tool_calls" when the model called tools, else what the engine reported ("stop", "length").
     std::string finish_reason(const std::string& engine_reason) const;
 

@@ -32,7 +32,8 @@ void append_json_escaped(std::string& out, std::string_view s) {
 std::string python_float_repr(double d, FloatExponent fe) {
     if (std::isnan(d)) return "NaN";
     if (std::isinf(d)) return d > 0 ? "Infinity" : "-Infinity";
-    // Shortest round-trip digits, then Python's layout: positional for 1e-4 <= |d| < 1e16, else exponent.
+    // Shortest round-trip digits, then Python's layout: positional for 1e-4 <= |d| < 1e16, else exponent
+    // (V4's encoder: positional from 1e-5 and an unpadded exponent).
     char buf[64];
     auto r = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::scientific);
     std::string sci(buf, r.ptr);
@@ -44,7 +45,7 @@ std::string python_float_repr(double d, FloatExponent fe) {
     for (size_t i = 0; i < e; ++i)
         if (sci[i] != '.') digits += sci[i];
     std::string out = neg ? "-" : "";
-    if (exp >= -4 && exp < 16) {
+    if (exp >= (fe == FloatExponent::python ? -4 : -5) && exp < 16) {
         if (exp < 0) {
             out += "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
         } else if (static_cast<size_t>(exp + 1) >= digits.size()) {

@@ -9,8 +9,8 @@ namespace peregrine {
 
 using ojson = nlohmann::ordered_json;
 
-// How floats write their exponent: V4.1's encoder pads it to two digits like Python ("1e-07"), V4's does
-// not ("1e-7"); both write "1e+22".
+// How floats are written: V4.1's encoder follows Python repr ("1e-05", "1e-07", "1e+22"); V4's writes
+// positional digits down to 1e-5 and an unpadded exponent below ("0.00001", "1e-7", "1e+22").
 enum class FloatExponent { python, unpadded };
 
 // The whole value in prompt layout.

@@ -99,6 +99,7 @@ OutputParserOptions output_parser_options(const ChatRequest& req, ChatFormat fmt
     o.format = fmt;
     o.parse_tool_calls = !req.prompt_tools().empty();
     o.stop = req.stop;
+    o.json_output = req.response_format.type == ResponseFormatType::json_object;
     const ChatMessage& last = req.messages.back();
     const bool prefix = last.role == Role::assistant && last.prefix;
     if (req.tool_choice.mode == ToolChoiceMode::required || req.tool_choice.mode == ToolChoiceMode::named)
@@ -180,7 +181,9 @@ std::vector<ParseEvent> OutputParser::finish() {
 bool OutputParser::step() {
     switch (state_) {
     case State::reasoning:
-    case State::content: return step_text();
+    case State::content:
+    case State::json:
+    case State::json_done: return step_text();
     case State::block:
     case State::invoke: return step_block();
     case State::value: return step_value();
@@ -199,24 +202,54 @@ bool OutputParser::step() {
 bool OutputParser::step_text() {
     const bool reasoning = state_ == State::reasoning;
     const auto kind = reasoning ? ParseEvent::Kind::reasoning : ParseEvent::Kind::content;
+    // JSON output mode (response_format json_object): outside the JSON, each run of other text becomes one space.
+    const bool masked = (state_ == State::content && opts_.json_output) || state_ == State::json_done;
     if (leading_) {
         size_t n = 0;
         while (n < buf_.size() && buf_[n] == '\n') ++n;
         buf_.erase(0, n);
         if (buf_.empty()) return false;
     }
-    // Markers: </think> (reasoning end, or a stray one in content), the DSML block, stop sequences.
+    // Markers: </think> (reasoning end, or a stray one in content), the DSML block, stop sequences, and in
+    // JSON output mode the JSON's start (a ``` fence, or a bare { or [) and end (a closing fence).
     // Newlines right before </think> in reasoning and before a DSML block belong to the marker.
+    enum What { think_end, dsml, stop, fence_open, bare_open, fence_close };
     struct Marker {
         std::string_view text;
         bool absorbs_newlines;
-        int what;  // 0 think end, 1 dsml, 2 stop
+        What what;
     };
     std::vector<Marker> markers;
-    for (auto& s : opts_.stop)
-        if (!reasoning) markers.push_back({s, false, 2});
-    if (opts_.parse_tool_calls) markers.push_back({kOpen, true, 1});
-    markers.push_back({tok::think_close, reasoning, 0});
+    switch (state_) {
+    case State::reasoning:
+        if (opts_.parse_tool_calls) markers.push_back({kOpen, true, dsml});
+        markers.push_back({tok::think_close, true, think_end});
+        break;
+    case State::content:
+        if (opts_.json_output) {
+            for (std::string_view f : {"```json\n", "```\n"}) markers.push_back({f, false, fence_open});
+            for (std::string_view b : {"{", "["}) markers.push_back({b, false, bare_open});
+        } else {
+            for (auto& st : opts_.stop) markers.push_back({st, false, stop});
+        }
+        if (opts_.parse_tool_calls) markers.push_back({kOpen, true, dsml});
+        markers.push_back({tok::think_close, false, think_end});
+        break;
+    case State::json:
+        for (auto& st : opts_.stop) markers.push_back({st, false, stop});
+        markers.push_back({"\n```", false, fence_close});
+        break;
+    default:  // json_done
+        if (opts_.parse_tool_calls) markers.push_back({kOpen, true, dsml});
+        break;
+    }
+    auto emit_text = [&](std::string text) {
+        if (text.empty()) return;
+        leading_ = false;
+        if (!masked) return emit(kind, std::move(text));
+        if (!run_spaced_) emit(kind, " ");
+        run_spaced_ = true;
+    };
 
     size_t best_pos = std::string::npos, best_end = std::string::npos;
     const Marker* best = nullptr;
@@ -237,13 +270,11 @@ bool OutputParser::step_text() {
             if (text_end < best_pos && partial_suffix(tail_ + buf_.substr(0, text_end), best->text) > 0) ++text_end;
         }
         std::string absorbed = buf_.substr(text_end, best_pos - text_end);
-        if (text_end > 0) {
-            emit(kind, buf_.substr(0, text_end));
-            leading_ = false;
-        }
+        emit_text(buf_.substr(0, text_end));
         tail_.clear();
+        run_spaced_ = false;
         switch (best->what) {
-        case 0:
+        case think_end:
             buf_.erase(0, best_end);
             if (reasoning) {
                 state_ = State::content;
@@ -253,7 +284,7 @@ bool OutputParser::step_text() {
                 leading_ = false;
             }
             break;
-        case 1:
+        case dsml:
             buf_.erase(0, best_pos);  // the tag itself is parsed in the block state
             block_origin_ = state_;
             block_raw_ = absorbed;
@@ -261,10 +292,21 @@ bool OutputParser::step_text() {
             outer_tag_pending_ = true;
             state_ = State::block;
             break;
-        default:
+        case stop:
             buf_.clear();
             stopped_ = true;
             state_ = State::finished;
+            break;
+        case fence_open:
+        case bare_open:
+            if (best->what == bare_open) emit(kind, std::string(best->text));
+            buf_.erase(0, best_end);
+            leading_ = false;
+            state_ = State::json;
+            break;
+        case fence_close:
+            buf_.erase(0, best_end);
+            state_ = State::json_done;
             break;
         }
         return true;
@@ -283,9 +325,8 @@ bool OutputParser::step_text() {
     if (hold < buf_.size()) {
         tail_ += std::string_view(buf_).substr(0, buf_.size() - hold);
         if (tail_.size() > 32) tail_.erase(0, tail_.size() - 32);
-        emit(kind, buf_.substr(0, buf_.size() - hold));
+        emit_text(buf_.substr(0, buf_.size() - hold));
         buf_.erase(0, buf_.size() - hold);
-        leading_ = false;
     }
     return false;
 }

@@ -34,6 +34,9 @@ struct OutputParserOptions {
     ParseStart start = ParseStart::content;
     bool parse_tool_calls = false;  // off without tools or with tool_choice "none": DSML is plain text then
     std::vector<std::string> stop;  // matched in answer content only; the text from the match on is dropped
+    // response_format json_object: the answer is the JSON (fenced or starting at a bare { or [); each run of
+    // other text around it becomes one space, as DeepSeek's API does.
+    bool json_output = false;
 };
 
 // Whether the response has a reasoning_content field: only when the output starts in reasoning.
@@ -67,7 +70,7 @@ public:
     int tool_call_count() const { return calls_; }
 
 private:
-    enum class State { reasoning, content, block, invoke, value, finished };
+    enum class State { reasoning, content, json, json_done, block, invoke, value, finished };
     bool step();  // consumes what can be decided; false when more input (or finish) is needed
     bool step_text();
     bool step_block();
@@ -83,6 +86,7 @@ private:
     IdGenerator ids_;
     State state_;
     bool leading_ = true;       // leading newlines are still dropped
+    bool run_spaced_ = false;   // JSON output mode: this run of non-JSON text already gave its space
     bool eof_ = false;
     bool stopped_ = false;
     bool warned_after_end_ = false;

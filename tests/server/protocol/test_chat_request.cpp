@@ -1,7 +1,12 @@
 // Request validation: every rejection names the parameter the client got wrong.
+#include "golden.h"
 #include "server/protocol/chat_request.h"
+#include "server/protocol/output_parser.h"
+#include "server/protocol/prompt_render.h"
 
 #include <gtest/gtest.h>
+
+#include <random>
 
 using namespace peregrine;
 
@@ -121,4 +126,41 @@ TEST(ChatRequest, MessagesAndTools) {
               "messages[0].prefix");
     EXPECT_EQ(param_of(with(R"(, "tools": [{"type": "function", "function": {"name": "f", "strict": true, "parameters":
         {"type": "object", "properties": {"x": {}, "y": {}}, "required": ["x"]}}}])")), "tools[0].function.parameters");
+}
+
+// Any malformed body is a RequestError (a 400), never another exception (a 500): golden requests with one
+// value swapped for a value of another type, at every depth.
+TEST(ChatRequest, MutatedBodiesFailCleanly) {
+    std::mt19937 rng(3);
+    const std::vector<ojson> replacements = {ojson(nullptr), ojson(1), ojson(-1), ojson("x"), ojson::array(),
+                                             ojson::object(), ojson(true), ojson(1e300), ojson(18446744073709551615ull),
+                                             ojson::parse(R"([{"type": "text", "text": "t"}])"), ojson::parse(R"({"type": "object"})")};
+    int accepted = 0, rejected = 0;
+    for (auto& c : test::load_golden("render.json")) {
+        for (int m = 0; m < 40; ++m) {
+            ojson body = c["request"];
+            ojson* node = &body;
+            for (int depth = 0; depth < 6 && (node->is_object() || node->is_array()) && !node->empty(); ++depth) {
+                auto it = node->begin();
+                std::advance(it, rng() % node->size());
+                node = &*it;
+                if (rng() % 3 == 0) break;
+            }
+            *node = replacements[rng() % replacements.size()];
+            try {
+                ChatRequest r = parse_chat_request(body);
+                for (ChatFormat f : {ChatFormat::deepseek_v41, ChatFormat::deepseek_v4}) {
+                    render_prompt(r, f);
+                    output_parser_options(r, f);
+                }
+                ++accepted;
+            } catch (const RequestError&) {
+                ++rejected;
+            } catch (const std::exception& e) {
+                ADD_FAILURE() << "non-request error " << e.what() << " for " << body.dump();
+            }
+        }
+    }
+    EXPECT_GT(accepted, 100);
+    EXPECT_GT(rejected, 100);
 }

@@ -20,7 +20,10 @@ TEST(JsonText, PythonFloatRepr) {
     for (auto& [d, want] : cases) EXPECT_EQ(python_float_repr(d), want) << want;
     EXPECT_EQ(python_float_repr(1e-7, FloatExponent::unpadded), "1e-7");
     EXPECT_EQ(python_float_repr(1e22, FloatExponent::unpadded), "1e+22");
-    EXPECT_EQ(python_float_repr(2.5e-5, FloatExponent::unpadded), "2.5e-5");
+    EXPECT_EQ(python_float_repr(2.5e-5, FloatExponent::unpadded), "0.000025");
+    EXPECT_EQ(python_float_repr(1e-5, FloatExponent::unpadded), "0.00001");
+    EXPECT_EQ(python_float_repr(9.9e-6, FloatExponent::unpadded), "9.9e-6");
+    EXPECT_EQ(python_float_repr(3.0000000000000004e-05, FloatExponent::unpadded), "0.000030000000000000004");
 }
 
 TEST(JsonText, LayoutAndEscapes) {

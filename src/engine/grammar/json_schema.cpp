@@ -22,12 +22,12 @@ namespace {
 const std::set<std::string> kAnnotations = {
     "$schema", "$id", "$comment", "$anchor", "$vocabulary", "title", "description", "default", "examples",
     "deprecated", "readOnly", "writeOnly", "contentEncoding", "contentMediaType", "contentSchema", "$defs",
-    "definitions", "example", "nullable_note", "discriminator", "xml", "externalDocs", "strict", "name"};
+    "definitions", "example", "nullable", "discriminator", "xml", "externalDocs", "strict", "name"};
 // Keywords whose constraint cannot be enforced by this compiler: rejected by name.
 const std::set<std::string> kUnsupported = {
     "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies", "patternProperties",
     "propertyNames", "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
-    "minProperties", "maxProperties", "$dynamicRef", "$recursiveRef", "additionalItems"};
+    "minProperties", "maxProperties", "$dynamicRef", "$recursiveRef"};
 
 [[noreturn]] void unsupported(const std::string& what, const std::string& where) {
     fail("unsupported JSON Schema feature: {} (at {})", what, where.empty() ? "#" : where);
@@ -265,9 +265,13 @@ private:
                 unsupported("multipleOf (other than 1)", where);
         }
         if (schema.contains("$ref")) {
+            ojson siblings = ojson::object();
             for (auto& [k, v] : schema.items())
-                if (k != "$ref" && !kAnnotations.count(k)) unsupported("'" + k + "' beside $ref", where);
-            return ref_value(schema["$ref"].get<std::string>(), where);
+                if (k != "$ref" && !kAnnotations.count(k)) siblings[k] = v;
+            if (siblings.empty()) return ref_value(schema["$ref"].get<std::string>(), where);
+            // Keywords beside $ref apply too (draft 2019+): merge them with the target like allOf.
+            ojson both = {{"allOf", ojson::array({ojson{{"$ref", schema["$ref"]}}, siblings})}};
+            return value(both, where);
         }
         for (const char* key : {"anyOf", "oneOf"}) {
             if (!schema.contains(key)) continue;
@@ -547,8 +551,14 @@ private:
         if (s.contains("items")) {
             const ojson& it = s["items"];
             if (it.is_array()) {
+                // Draft-4/7 tuple form: further items follow additionalItems.
                 for (auto& p : it) prefix.push_back(&p);
-                items = o_.strict ? nullptr : &kAny;
+                if (s.contains("additionalItems")) {
+                    const ojson& ai = s["additionalItems"];
+                    items = ai.is_boolean() && !ai.get<bool>() ? nullptr : &ai;
+                } else {
+                    items = o_.strict ? nullptr : &kAny;
+                }
             } else if (!(it.is_boolean() && !it.get<bool>())) {
                 items = &it;
             }

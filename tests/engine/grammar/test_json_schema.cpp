@@ -122,6 +122,21 @@ TEST(JsonSchema, RefsIncludingRecursion) {
     EXPECT_TRUE(accepts(whole, R"({"next":{"next":{}}})"));
 }
 
+TEST(JsonSchema, TupleItemsRefSiblingsAndNullable) {
+    auto tup = schema(R"({"type":"array","items":[{"type":"integer"},{"type":"boolean"}],"additionalItems":{"type":"string"}})");
+    EXPECT_TRUE(accepts(tup, R"([1,true,"x","y"])"));
+    EXPECT_FALSE(accepts(tup, R"([1,true,2])"));
+    auto closed = schema(R"({"type":"array","items":[{"type":"integer"}],"additionalItems":false})");
+    EXPECT_TRUE(accepts(closed, "[1]"));
+    EXPECT_FALSE(accepts(closed, "[1,2]"));
+    auto sib = schema(R"({"$defs":{"p":{"type":"object","properties":{"a":{"type":"integer"}}}},
+                          "$ref":"#/$defs/p","required":["a"],"description":"x"})");
+    EXPECT_TRUE(accepts(sib, R"({"a":1})"));
+    EXPECT_FALSE(accepts(sib, "{}"));
+    auto nul = schema(R"({"type":"string","nullable":true,"maxLength":2})");
+    EXPECT_TRUE(accepts(nul, R"("ab")"));
+}
+
 TEST(JsonSchema, AllOfMergesCompatibleParts) {
     auto cg = schema(R"({"allOf":[{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]},
                                   {"properties":{"b":{"type":"string"}},"required":["b"]}]})");

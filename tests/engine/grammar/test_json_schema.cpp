@@ -81,6 +81,32 @@ TEST(JsonSchema, ArraysEnumsConstsAndUnions) {
     EXPECT_TRUE(accepts(typed, R"("\u00e9\n")"));
 }
 
+TEST(JsonSchema, OneOfKeepsOnlyProvablyExclusiveAlternatives) {
+    // Discriminated objects: both stay.
+    auto disc = schema(R"({"oneOf":[{"type":"object","properties":{"kind":{"const":"a"},"x":{"type":"integer"}},"required":["kind"]},
+                                    {"type":"object","properties":{"kind":{"const":"b"}},"required":["kind"]}]})");
+    EXPECT_TRUE(accepts(disc, R"({"kind":"a","x":1})"));
+    EXPECT_TRUE(accepts(disc, R"({"kind":"b"})"));
+    // string / integer / number: integers would match both numeric alternatives, so only strings remain.
+    auto mixed = schema(R"({"oneOf":[{"type":"string"},{"type":"integer"},{"type":"number"}]})");
+    EXPECT_TRUE(accepts(mixed, R"("s")"));
+    EXPECT_FALSE(accepts(mixed, "1"));
+    EXPECT_FALSE(accepts(mixed, "1.5"));
+    // Enums against enums and types; required keys one side never writes.
+    auto en = schema(R"({"oneOf":[{"enum":["x","y"]},{"enum":["y","z"]},{"type":"boolean"}]})");
+    EXPECT_FALSE(accepts(en, R"("y")"));
+    EXPECT_TRUE(accepts(en, R"("x")"));
+    EXPECT_TRUE(accepts(en, R"("z")"));
+    EXPECT_TRUE(accepts(en, "true"));
+    auto req = schema(R"({"oneOf":[{"properties":{"a":{"type":"integer"}},"required":["a"]},
+                                   {"properties":{"b":{"type":"integer"}},"required":["b"]}]})");
+    EXPECT_TRUE(accepts(req, R"({"a":1})"));
+    EXPECT_TRUE(accepts(req, R"({"b":1})"));
+    // Nothing provably exclusive: generated like anyOf.
+    auto fallback = schema(R"({"oneOf":[{"type":"integer"},{"type":"number"}]})");
+    EXPECT_TRUE(accepts(fallback, "1"));
+}
+
 TEST(JsonSchema, StringsPatternsAndFormats) {
     auto pat = schema(R"({"type":"string","pattern":"^[A-Z]{2}-\\d{3}$"})");
     EXPECT_TRUE(accepts(pat, R"("AB-123")"));

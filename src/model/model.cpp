@@ -118,8 +118,17 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
     m->attn_info_ = attention_layer_infos(m->cfg_);
     m->layout_ = make_state_layout(m->cfg_, opts.page_tokens);
     if (!m->cfg_.engram_layer_ids.empty()) m->engram_ = load_engram_tables(m->cfg_, dir);
-    if (opts.device == "cpu") m->backend_ = make_cpu_backend(m->cfg_, m->layout_);
-    else fail("device '{}' is not available in this build (use --device cpu)", opts.device);
+    if (opts.device == "cpu") {
+        m->backend_ = make_cpu_backend(m->cfg_, m->layout_);
+    } else if (opts.device == "cuda") {
+#ifdef PEREGRINE_HAVE_CUDA
+        m->backend_ = make_cuda_backend(m->cfg_, m->layout_, opts.engram_placement);
+#else
+        fail("this build has no CUDA backend (nvcc was not found at configure time); use --device cpu");
+#endif
+    } else {
+        fail("unknown device '{}' (cpu or cuda)", opts.device);
+    }
     return m;
 }
 
@@ -158,7 +167,8 @@ void Model::restore_state(SeqState& s, int64_t n_tokens) const {
     }
     const uint8_t* snap = layout_.page_ptr(s.pool, s.pages.at(static_cast<size_t>(n_tokens / layout_.page_tokens - 1))) +
                           layout_.snapshot_offset;
-    s.carry.assign(snap, snap + layout_.carry_bytes);
+    s.carry.resize(layout_.carry_bytes);
+    backend_->read_state(snap, layout_.carry_bytes, s.carry.data());  // pages may be device memory
 }
 
 Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows) {

@@ -16,6 +16,7 @@ namespace peregrine {
 struct ModelOptions {
     std::string device = "cpu";
     int page_tokens = 16;
+    std::string engram_placement = "device";  // cuda: engram tables in "device" or pinned "host" memory
 };
 
 // A DSpark draft block: ids = [anchor, d1..dB] (greedy), the block's logits [B, vocab] (Markov bias
@@ -30,11 +31,14 @@ class Model {
 public:
     // Loads config.json and the safetensors checkpoint from `dir`, validating every tensor first.
     static std::unique_ptr<Model> load(const std::string& dir, const ModelOptions& opts = {});
+    // A model with made-up weights in the released formats (benchmarks at real dimensions); no engram.
+    static std::unique_ptr<Model> synthetic(const ModelConfig& cfg, const ModelOptions& opts = {}, uint64_t seed = 1);
 
     const ModelConfig& config() const { return cfg_; }
     const StateLayout& layout() const { return layout_; }
     const std::string& dir() const { return dir_; }
     Backend& backend() { return *backend_; }
+    const ModelWeights& weights() const { return w_; }
 
     // Resets a sequence's carry-over and history (its pages are the caller's).
     void init_state(SeqState& s) const;
@@ -63,6 +67,11 @@ private:
     std::optional<EngramTables> engram_;
     std::unique_ptr<Backend> backend_;
 };
+
+// DeepSeek-V4.1-Flash's dimensions with `layers` layers that cover its attention roles in order: window
+// only, ratio-2 source (compressor + indexer), ratio-2 reuse, ratio-1 source (+ candidate blocks), ratio-1
+// reuse, then ratio-1 layers with a re-indexing layer every fourth. No engram, no DSpark stages.
+ModelConfig synthetic_v41_flash_config(int layers, int n_routed_experts = 384);
 
 // How each attention layer gets its compressed KV and selection (V4.1 sharing roles, V4 layer types).
 std::vector<AttentionLayerInfo> attention_layer_infos(const ModelConfig& cfg);

@@ -1,5 +1,8 @@
 #include "model/model_weights.h"
 #include "util/error.h"
+#include "util/thread_pool.h"
+
+#include <cmath>
 
 #include <algorithm>
 #include <fmt/format.h>
@@ -13,13 +16,17 @@ int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 class Loader {
 public:
     Loader(const ModelConfig& cfg, const SafeTensors& st) : cfg_(cfg), st_(st) {}
+    // Synthetic weights: every tensor is made up (see synthetic_tensor) instead of read.
+    Loader(const ModelConfig& cfg, uint64_t seed) : cfg_(cfg), st_(empty_), synthetic_(true), seed_(seed) {}
 
     Tensor tensor(const std::string& name, DType dtype, std::vector<int64_t> shape) {
+        if (synthetic_) return synthetic_tensor(name, dtype, std::move(shape), seed_++);
         const TensorView& t = st_.require(name, dtype, shape);
         return Tensor::view(t.dtype, t.shape, t.data);
     }
     // A norm or small parameter stored as BF16 or F32.
     Tensor param(const std::string& name, std::vector<int64_t> shape) {
+        if (synthetic_) return synthetic_tensor(name, DType::BF16, std::move(shape), seed_++);
         const TensorView& t = st_.require(name);
         if (t.dtype != DType::BF16 && t.dtype != DType::F32)
             fail("tensor '{}' in '{}' has dtype {}, expected BF16 or F32", name, *t.file, dtype_name(t.dtype));
@@ -79,8 +86,41 @@ public:
     bool has(const std::string& name) const { return st_.has(name); }
 
 private:
+    // Values in the released formats at sane magnitudes: e4m3 in [2^-3, 2), ue8m0 scales 2^-8, random fp4
+    // nibbles, norms 1, other parameters uniform in +-1/sqrt(fan-in), hash routes spread over the experts.
+    Tensor synthetic_tensor(const std::string& name, DType dtype, std::vector<int64_t> shape, uint64_t seed) {
+        Tensor t = Tensor::zeros(dtype, shape);
+        const int64_t n = t.numel();
+        const int64_t fan_in = shape.empty() ? 1 : shape.back();
+        const float a = shape.size() >= 2 ? 1.0f / std::sqrt(static_cast<float>(fan_in)) : 0.1f;
+        const bool is_norm = name.size() > 11 && name.compare(name.size() - 11, 11, "norm.weight") == 0;
+        parallel_for(n, [&](int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; ++i) {
+                uint64_t x = (static_cast<uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ull ^ (seed * 0xD1B54A32D192ED69ull);
+                x ^= x >> 31;
+                x *= 0xBF58476D1CE4E5B9ull;
+                x ^= x >> 29;
+                const uint32_t r = static_cast<uint32_t>(x >> 16);
+                const float u = static_cast<float>(r & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
+                switch (dtype) {
+                    case DType::E4M3: t.data<uint8_t>()[i] = static_cast<uint8_t>((r & 0x80) | ((4 + (r >> 8) % 4) << 3) | (r & 7)); break;
+                    case DType::E8M0: t.data<uint8_t>()[i] = 119; break;
+                    case DType::I8: case DType::U8: t.data<uint8_t>()[i] = static_cast<uint8_t>(r); break;
+                    case DType::I64: t.data<int64_t>()[i] = static_cast<int64_t>((i * 7919 + i / fan_in) % std::max(1, cfg_.n_routed_experts)); break;
+                    case DType::BF16: t.data<uint16_t>()[i] = f32_to_bf16(is_norm ? 1.0f : a * u); break;
+                    case DType::F32: t.data<float>()[i] = is_norm ? 1.0f : a * u; break;
+                    default: fail("synthetic weights: unsupported dtype {} for '{}'", dtype_name(dtype), name);
+                }
+            }
+        }, 1 << 16);
+        return t;
+    }
+
     const ModelConfig& cfg_;
+    SafeTensors empty_;
     const SafeTensors& st_;
+    bool synthetic_ = false;
+    uint64_t seed_ = 0;
 };
 
 HcWeight load_hc(Loader& L, const std::string& p, const std::string& site, int n_mix, int width) {
@@ -184,8 +224,22 @@ DSparkWeight load_dspark(Loader& L, const ModelConfig& cfg) {
 
 }  // namespace
 
+namespace {
+ModelWeights build_model_weights(const ModelConfig& cfg, Loader& L);
+}
+
 ModelWeights load_model_weights(const ModelConfig& cfg, const SafeTensors& st) {
     Loader L(cfg, st);
+    return build_model_weights(cfg, L);
+}
+
+ModelWeights synthetic_model_weights(const ModelConfig& cfg, uint64_t seed) {
+    Loader L(cfg, seed);
+    return build_model_weights(cfg, L);
+}
+
+namespace {
+ModelWeights build_model_weights(const ModelConfig& cfg, Loader& L) {
     const int D = cfg.dim, HD = cfg.head_dim, hc = cfg.hc_mult;
     ModelWeights m;
     m.embed = L.tensor("embed.weight", DType::BF16, {cfg.vocab_size, D});
@@ -249,5 +303,7 @@ ModelWeights load_model_weights(const ModelConfig& cfg, const SafeTensors& st) {
         m.dspark = load_dspark(L, cfg);
     return m;
 }
+
+}  // namespace
 
 }  // namespace peregrine

@@ -9,5 +9,8 @@ namespace peregrine {
 
 // Every tensor is checked for presence, dtype and shape before use; errors name the tensor and file.
 ModelWeights load_model_weights(const ModelConfig& cfg, const SafeTensors& st);
+// The same tensors, made up (released formats, sane magnitudes, deterministic in seed): benchmarks at
+// real dimensions without a checkpoint.
+ModelWeights synthetic_model_weights(const ModelConfig& cfg, uint64_t seed);
 
 }  // namespace peregrine

@@ -62,6 +62,8 @@ public:
     // Memory for state pages (host for the CPU backend, device memory for CUDA).
     virtual uint8_t* alloc_state(size_t bytes) = 0;
     virtual void free_state(uint8_t* p) = 0;
+    // Copies bytes of state-page memory to host memory (restoring a sequence's carry from a page snapshot).
+    virtual void read_state(const uint8_t* src, size_t bytes, void* dst) = 0;
 
     // [T, hc] mixing weights that select copy 0 (the first sublayer's collapse in V4.1).
     virtual Tensor first_stream_mix(int T) = 0;
@@ -107,5 +109,11 @@ public:
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& cfg, const StateLayout& layout);
+// Only in builds with the CUDA backend (PEREGRINE_HAVE_CUDA). engram_placement: "device" or "host" (the
+// engram tables in pinned host memory, read by the GPU directly).
+std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& cfg, const StateLayout& layout,
+                                           const std::string& engram_placement = "device");
+// Whether a CUDA device is usable in this process (false in builds without the backend), and why not.
+bool cuda_device_available(std::string* why = nullptr);
 
 }  // namespace peregrine

@@ -2,6 +2,7 @@
 // Reads a golden fixture (tests/fixtures/<name>): ids, logits, prefill length.
 #include "util/file.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <string>
@@ -9,7 +10,11 @@
 
 namespace peregrine::test {
 
-inline std::string fixture_dir(const std::string& name) { return std::string(PEREGRINE_TEST_DATA) + "/" + name; }
+// PEREGRINE_TEST_DATA_DIR overrides the build-time path (test binaries built on one machine, run on another).
+inline std::string fixture_dir(const std::string& name) {
+    const char* env = std::getenv("PEREGRINE_TEST_DATA_DIR");
+    return std::string(env && *env ? env : PEREGRINE_TEST_DATA) + "/" + name;
+}
 
 inline std::vector<int32_t> read_ids(const std::string& path) {
     std::vector<int32_t> ids;

@@ -22,12 +22,12 @@ namespace {
 const std::set<std::string> kAnnotations = {
     "$schema", "$id", "$comment", "$anchor", "$vocabulary", "title", "description", "default", "examples",
     "deprecated", "readOnly", "writeOnly", "contentEncoding", "contentMediaType", "contentSchema", "$defs",
-    "definitions", "example", "nullable_note", "discriminator", "xml", "externalDocs", "strict", "name"};
+    "definitions", "example", "nullable", "discriminator", "xml", "externalDocs", "strict", "name"};
 // Keywords whose constraint cannot be enforced by this compiler: rejected by name.
 const std::set<std::string> kUnsupported = {
     "not", "if", "then", "else", "dependentRequired", "dependentSchemas", "dependencies", "patternProperties",
     "propertyNames", "unevaluatedProperties", "unevaluatedItems", "contains", "minContains", "maxContains",
-    "minProperties", "maxProperties", "$dynamicRef", "$recursiveRef", "additionalItems"};
+    "minProperties", "maxProperties", "$dynamicRef", "$recursiveRef"};
 
 [[noreturn]] void unsupported(const std::string& what, const std::string& where) {
     fail("unsupported JSON Schema feature: {} (at {})", what, where.empty() ? "#" : where);
@@ -265,9 +265,13 @@ private:
                 unsupported("multipleOf (other than 1)", where);
         }
         if (schema.contains("$ref")) {
+            ojson siblings = ojson::object();
             for (auto& [k, v] : schema.items())
-                if (k != "$ref" && !kAnnotations.count(k)) unsupported("'" + k + "' beside $ref", where);
-            return ref_value(schema["$ref"].get<std::string>(), where);
+                if (k != "$ref" && !kAnnotations.count(k)) siblings[k] = v;
+            if (siblings.empty()) return ref_value(schema["$ref"].get<std::string>(), where);
+            // Keywords beside $ref apply too (draft 2019+): merge them with the target like allOf.
+            ojson both = {{"allOf", ojson::array({ojson{{"$ref", schema["$ref"]}}, siblings})}};
+            return value(both, where);
         }
         for (const char* key : {"anyOf", "oneOf"}) {
             if (!schema.contains(key)) continue;
@@ -278,9 +282,49 @@ private:
             bool base_constrains = false;
             for (auto& [k, v] : base.items())
                 if (!kAnnotations.count(k)) base_constrains = true;
+            // oneOf: keep the alternatives whose outputs provably fail every other alternative, so an
+            // output matches exactly one; when none can be shown exclusive, generate like anyOf.
+            std::vector<size_t> keep;
+            std::map<size_t, ojson> narrowed;  // literal alternatives reduced to their exclusive values
+            if (std::string(key) == "oneOf") {
+                std::vector<ojson> analysed;
+                for (const ojson& a : alts_in)
+                    analysed.push_back(base_constrains ? merge_all_of({{"allOf", ojson::array({base, a})}}, where) : deref(a));
+                for (size_t i = 0; i < analysed.size(); ++i) {
+                    bool exclusive = true;
+                    for (size_t j = 0; j < analysed.size() && exclusive; ++j)
+                        if (i != j) exclusive = excludes(analysed[i], analysed[j], 0);
+                    if (exclusive) {
+                        keep.push_back(i);
+                        continue;
+                    }
+                    // A literal alternative keeps the values no other alternative accepts.
+                    if (!analysed[i].is_object() || !(analysed[i].contains("const") || analysed[i].contains("enum")))
+                        continue;
+                    ojson vals = ojson::array();
+                    for (const ojson& v : literals(analysed[i])) {
+                        bool only = true;
+                        for (size_t j = 0; j < analysed.size() && only; ++j)
+                            if (i != j) only = value_fails(v, analysed[j]);
+                        if (only) vals.push_back(v);
+                    }
+                    if (vals.empty()) continue;
+                    ojson reduced = analysed[i];
+                    reduced.erase("const");
+                    reduced["enum"] = vals;
+                    narrowed[i] = reduced;
+                    keep.push_back(i);
+                }
+            }
+            if (keep.empty())
+                for (size_t i = 0; i < alts_in.size(); ++i) keep.push_back(i);
             std::vector<Frag> alts;
-            for (size_t i = 0; i < alts_in.size(); ++i) {
+            for (size_t i : keep) {
                 std::string w = where + "/" + key + "/" + std::to_string(i);
+                if (auto it = narrowed.find(i); it != narrowed.end()) {
+                    alts.push_back(value(it->second, w));
+                    continue;
+                }
                 if (!base_constrains) {
                     alts.push_back(value(alts_in[i], w));
                 } else {
@@ -330,6 +374,131 @@ private:
             else fail("JSON Schema: unknown type '{}' (at {})", t, where);
         }
         return b_.alt(alts);
+    }
+
+    // ---- oneOf analysis (sound, incomplete) ----
+    const ojson& deref(const ojson& s) {
+        const ojson* cur = &s;
+        for (int i = 0; i < 8 && cur->is_object() && cur->contains("$ref"); ++i) {
+            bool only_ref = true;
+            for (auto& [k, v] : cur->items())
+                if (k != "$ref" && !kAnnotations.count(k)) only_ref = false;
+            if (!only_ref) break;
+            cur = &resolve((*cur)["$ref"].get<std::string>(), "oneOf");
+        }
+        return *cur;
+    }
+
+    // JSON types our generator may produce for a schema (empty: unknown).
+    std::set<std::string> generated_types(const ojson& s) {
+        std::set<std::string> t;
+        auto type_of = [](const ojson& v) -> std::string {
+            if (v.is_string()) return "string";
+            if (v.is_number_integer() || v.is_number_unsigned()) return "integer";
+            if (v.is_number()) return "number";
+            if (v.is_boolean()) return "boolean";
+            if (v.is_null()) return "null";
+            return v.is_object() ? "object" : "array";
+        };
+        if (!s.is_object() || s.contains("anyOf") || s.contains("oneOf") || s.contains("allOf") || s.contains("$ref"))
+            return t;
+        if (s.contains("const")) t.insert(type_of(s["const"]));
+        else if (s.contains("enum")) for (auto& v : s["enum"]) t.insert(type_of(v));
+        else if (s.contains("type") && s["type"].is_string()) t.insert(s["type"].get<std::string>());
+        else if (s.contains("type")) for (auto& x : s["type"]) t.insert(x.get<std::string>());
+        else if (s.contains("properties") || s.contains("required")) t.insert("object");
+        return t;
+    }
+
+    // True when every output generated for `a` is invalid under `b`.
+    bool excludes(const ojson& a_in, const ojson& b_in, int depth) {
+        const ojson& a = deref(a_in);
+        const ojson& b = deref(b_in);
+        if (b.is_boolean()) return !b.get<bool>();
+        if (depth > 8 || !a.is_object() || !b.is_object()) return false;
+        if (b.contains("anyOf") || b.contains("oneOf") || b.contains("allOf") || b.contains("$ref") || b.contains("not"))
+            return false;
+        // Literal values of `a` against b's literals or types.
+        if (a.contains("const") || a.contains("enum")) {
+            for (const ojson& v : literals(a))
+                if (!value_fails(v, b)) return false;
+            return true;
+        }
+        std::set<std::string> ta = generated_types(a);
+        if (ta.empty()) return false;
+        if (b.contains("const") || b.contains("enum")) {
+            // b admits only its literals: a fails b when no literal has a type a generates.
+            bool possible = false;
+            for (const ojson& v : literals(b))
+                for (const std::string& t : ta) possible = possible || is_type(v, t) || (t == "number" && v.is_number());
+            if (!possible) return true;
+        }
+        if (b.contains("type")) {
+            std::set<std::string> tb;
+            if (b["type"].is_string()) tb.insert(b["type"].get<std::string>());
+            else for (auto& x : b["type"]) tb.insert(x.get<std::string>());
+            bool all_fail = true;
+            for (const std::string& t : ta) {
+                bool accepted = tb.count(t) || (t == "integer" && tb.count("number")) ||
+                                (t == "number" && tb.count("integer"));  // generated numbers may be whole
+                if (accepted) all_fail = false;
+            }
+            if (all_fail) return true;
+        }
+        if (ta == std::set<std::string>{"object"} && (!b.contains("type") || b["type"] == "object")) {
+            bool a_extra = a.contains("additionalProperties")
+                               ? !(a["additionalProperties"].is_boolean() && !a["additionalProperties"].get<bool>())
+                               : (!o_.strict || (!a.contains("properties") && !a.contains("required")));
+            if (a_extra) return false;
+            std::set<std::string> a_keys, a_req;
+            if (a.contains("properties")) for (auto& [k, v] : a["properties"].items()) a_keys.insert(k);
+            if (a.contains("required")) for (auto& k : a["required"]) a_req.insert(k), a_keys.insert(k);
+            if (b.contains("required"))
+                for (auto& k : b["required"])
+                    if (!a_keys.count(k)) return true;  // a never writes a key b requires
+            bool b_closed = b.contains("additionalProperties") && b["additionalProperties"].is_boolean() &&
+                            !b["additionalProperties"].get<bool>();
+            for (const std::string& k : a_req) {
+                bool in_b = b.contains("properties") && b["properties"].contains(k);
+                if (!in_b && b_closed) return true;  // a always writes a key b forbids
+                if (in_b && a.contains("properties") && a["properties"].contains(k) &&
+                    excludes(a["properties"][k], b["properties"][k], depth + 1))
+                    return true;  // e.g. a discriminator const
+            }
+        }
+        return false;
+    }
+
+    static std::vector<ojson> literals(const ojson& s) {
+        if (s.contains("const")) return {s["const"]};
+        return std::vector<ojson>(s["enum"].begin(), s["enum"].end());
+    }
+
+    // True when the value certainly fails b (literal or type mismatch).
+    bool value_fails(const ojson& v, const ojson& b_in) {
+        const ojson& b = deref(b_in);
+        if (b.is_boolean()) return !b.get<bool>();
+        if (!b.is_object()) return false;
+        if (b.contains("anyOf") || b.contains("oneOf") || b.contains("allOf") || b.contains("$ref") || b.contains("not"))
+            return false;
+        if (b.contains("const") && !json_equal(v, b["const"])) return true;
+        if (b.contains("enum")) {
+            bool in = false;
+            for (auto& e : b["enum"]) in = in || json_equal(v, e);
+            if (!in) return true;
+        }
+        if (b.contains("type")) {
+            bool ok = false;
+            if (b["type"].is_string()) ok = is_type(v, b["type"]);
+            else for (auto& t : b["type"]) ok = ok || is_type(v, t);
+            if (!ok) return true;
+        }
+        return false;
+    }
+
+    static bool json_equal(const ojson& x, const ojson& y) {
+        if (x.is_number() && y.is_number()) return x.get<double>() == y.get<double>();
+        return x == y;
     }
 
     Frag literal_values(const std::vector<ojson>& vals, const ojson& schema, const std::string& where) {
@@ -547,8 +716,14 @@ private:
         if (s.contains("items")) {
             const ojson& it = s["items"];
             if (it.is_array()) {
+                // Draft-4/7 tuple form: further items follow additionalItems.
                 for (auto& p : it) prefix.push_back(&p);
-                items = o_.strict ? nullptr : &kAny;
+                if (s.contains("additionalItems")) {
+                    const ojson& ai = s["additionalItems"];
+                    items = ai.is_boolean() && !ai.get<bool>() ? nullptr : &ai;
+                } else {
+                    items = o_.strict ? nullptr : &kAny;
+                }
             } else if (!(it.is_boolean() && !it.get<bool>())) {
                 items = &it;
             }

@@ -92,6 +92,8 @@ uint8_t* CpuBackend::alloc_state(size_t bytes) {
 
 void CpuBackend::free_state(uint8_t* p) { std::free(p); }
 
+void CpuBackend::read_state(const uint8_t* src, size_t bytes, void* dst) { std::memcpy(dst, src, bytes); }
+
 Tensor CpuBackend::first_stream_mix(int T) {
     Tensor pre = Tensor::zeros(DType::F32, {T, cfg_.hc_mult});
     for (int t = 0; t < T; ++t) pre.f32()[t * cfg_.hc_mult] = 1.0f;

@@ -67,6 +67,9 @@ SCHEMAS = [
                {"type": "object", "properties": {"kind": {"const": "rect"}, "w": {"type": "integer"}, "h": {"type": "integer"}},
                 "required": ["kind", "w", "h"], "additionalProperties": False}]},
     {"oneOf": [{"type": "string", "enum": ["red", "green"]}, {"type": "integer", "minimum": 100}, {"type": "null"}]},
+    {"oneOf": [{"enum": ["x", "y"]}, {"enum": ["y", "z"]}, {"type": "number"}, {"type": "integer"},
+               {"type": "object", "properties": {"t": {"const": 1}, "v": {"type": "string"}}, "required": ["t"]},
+               {"type": "object", "properties": {"t": {"const": 2}}, "required": ["t"]}]},
     {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b", 3, None, True]}, "maxItems": 5},
                                       "meta": {"type": "object", "additionalProperties": {"type": "integer"}}},
      "required": ["tags", "meta"]},
@@ -82,6 +85,10 @@ SCHEMAS = [
                                       "d": {"type": "string", "format": "date", "minLength": 10}},
      "required": ["e", "h", "u", "d"]},
     {"type": "object"},
+    {"$schema": "http://json-schema.org/draft-07/schema#", "type": "array",
+     "items": [{"type": "integer"}, {"type": "boolean"}], "additionalItems": {"type": "string", "maxLength": 3}, "minItems": 1},
+    {"$defs": {"p": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "null"}}}},
+     "$ref": "#/$defs/p", "required": ["a", "b"]},
     {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
                {"properties": {"b": {"type": "string", "pattern": "x+"}}, "required": ["b"]}]},
 ]
@@ -91,7 +98,8 @@ SCHEMAS = [
 def test_json_schema_outputs_validate(vocab, index):
     jsonschema = pytest.importorskip("jsonschema")
     schema = SCHEMAS[index]
-    validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
     r, lines = sample(vocab, "json_schema", json.dumps(schema), n=6, seed=index + 1)
     for text in completed(r, lines, 6):
         validator.validate(json.loads(text))

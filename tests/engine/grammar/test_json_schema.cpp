@@ -81,6 +81,32 @@ TEST(JsonSchema, ArraysEnumsConstsAndUnions) {
     EXPECT_TRUE(accepts(typed, R"("\u00e9\n")"));
 }
 
+TEST(JsonSchema, OneOfKeepsOnlyProvablyExclusiveAlternatives) {
+    // Discriminated objects: both stay.
+    auto disc = schema(R"({"oneOf":[{"type":"object","properties":{"kind":{"const":"a"},"x":{"type":"integer"}},"required":["kind"]},
+                                    {"type":"object","properties":{"kind":{"const":"b"}},"required":["kind"]}]})");
+    EXPECT_TRUE(accepts(disc, R"({"kind":"a","x":1})"));
+    EXPECT_TRUE(accepts(disc, R"({"kind":"b"})"));
+    // string / integer / number: integers would match both numeric alternatives, so only strings remain.
+    auto mixed = schema(R"({"oneOf":[{"type":"string"},{"type":"integer"},{"type":"number"}]})");
+    EXPECT_TRUE(accepts(mixed, R"("s")"));
+    EXPECT_FALSE(accepts(mixed, "1"));
+    EXPECT_FALSE(accepts(mixed, "1.5"));
+    // Enums against enums and types; required keys one side never writes.
+    auto en = schema(R"({"oneOf":[{"enum":["x","y"]},{"enum":["y","z"]},{"type":"boolean"}]})");
+    EXPECT_FALSE(accepts(en, R"("y")"));
+    EXPECT_TRUE(accepts(en, R"("x")"));
+    EXPECT_TRUE(accepts(en, R"("z")"));
+    EXPECT_TRUE(accepts(en, "true"));
+    auto req = schema(R"({"oneOf":[{"properties":{"a":{"type":"integer"}},"required":["a"]},
+                                   {"properties":{"b":{"type":"integer"}},"required":["b"]}]})");
+    EXPECT_TRUE(accepts(req, R"({"a":1})"));
+    EXPECT_TRUE(accepts(req, R"({"b":1})"));
+    // Nothing provably exclusive: generated like anyOf.
+    auto fallback = schema(R"({"oneOf":[{"type":"integer"},{"type":"number"}]})");
+    EXPECT_TRUE(accepts(fallback, "1"));
+}
+
 TEST(JsonSchema, StringsPatternsAndFormats) {
     auto pat = schema(R"({"type":"string","pattern":"^[A-Z]{2}-\\d{3}$"})");
     EXPECT_TRUE(accepts(pat, R"("AB-123")"));
@@ -120,6 +146,21 @@ TEST(JsonSchema, RefsIncludingRecursion) {
     EXPECT_FALSE(accepts(cg, R"({"root":{"v":1,"kids":[{"kids":[]}]}})"));
     auto whole = schema(R"({"type":"object","properties":{"next":{"$ref":"#"}}})");
     EXPECT_TRUE(accepts(whole, R"({"next":{"next":{}}})"));
+}
+
+TEST(JsonSchema, TupleItemsRefSiblingsAndNullable) {
+    auto tup = schema(R"({"type":"array","items":[{"type":"integer"},{"type":"boolean"}],"additionalItems":{"type":"string"}})");
+    EXPECT_TRUE(accepts(tup, R"([1,true,"x","y"])"));
+    EXPECT_FALSE(accepts(tup, R"([1,true,2])"));
+    auto closed = schema(R"({"type":"array","items":[{"type":"integer"}],"additionalItems":false})");
+    EXPECT_TRUE(accepts(closed, "[1]"));
+    EXPECT_FALSE(accepts(closed, "[1,2]"));
+    auto sib = schema(R"({"$defs":{"p":{"type":"object","properties":{"a":{"type":"integer"}}}},
+                          "$ref":"#/$defs/p","required":["a"],"description":"x"})");
+    EXPECT_TRUE(accepts(sib, R"({"a":1})"));
+    EXPECT_FALSE(accepts(sib, "{}"));
+    auto nul = schema(R"({"type":"string","nullable":true,"maxLength":2})");
+    EXPECT_TRUE(accepts(nul, R"("ab")"));
 }
 
 TEST(JsonSchema, AllOfMergesCompatibleParts) {

@@ -1,0 +1,287 @@
+// peregrine bench engine: forward-step timings of a synthetic model at real V4.1-Flash dimensions, with
+// the released weight formats: decode steps (batch x cached context) and prefill chunks on top of a
+// cached context, as ms/step, tokens/s, TFLOP/s and GB/s against the card's limits (HBM bandwidth measured
+// by a device-to-device copy in the same run, FP8 dense peak from the datasheet), with a per-op breakdown.
+// The cached context is random state (its prefill is not run). Table to stdout, JSON to --json.
+#include "commands.h"
+#include "kv/page_pool.h"
+#include "model/model.h"
+#include "util/error.h"
+#include "util/file.h"
+
+#ifdef PEREGRINE_HAVE_CUDA
+#include "ops/cuda/cuda_backend.h"
+#endif
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+namespace peregrine {
+namespace {
+
+constexpr double kFp8DensePeakTflops = 1979.0;  // H100/H200 SXM datasheet, dense e4m3
+
+struct BenchArgs {
+    std::string synthetic = "v41-flash", device = "cuda", json;
+    int layers = 6, experts = 384, steps = 3;
+    bool balanced = false;
+    std::string decode_batches = "8,16,32,64,128,256", contexts = "8192,131072", prefill_tokens = "4096,8192,16384,32768,65536";
+    int64_t prefill_context = 131072;
+    double max_step_seconds = 20.0;
+};
+
+#ifdef PEREGRINE_HAVE_CUDA
+std::vector<int64_t> parse_list(const std::string& s) {
+    std::vector<int64_t> v;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ','))
+        if (!item.empty()) v.push_back(std::stoll(item));
+    return v;
+}
+
+int64_t linear_bytes(const LinearWeight& w) {
+    return w.empty() ? 0 : static_cast<int64_t>(w.w.nbytes() + (w.scale.empty() ? 0 : w.scale.nbytes()));
+}
+double linear_flops(const LinearWeight& w) { return w.empty() ? 0.0 : 2.0 * w.out * w.in; }
+
+// Bytes and FLOPs of one forward step, counted from the weights and the layer roles.
+struct Cost {
+    double weight_bytes = 0, state_bytes = 0, gemm_flops = 0, attn_flops = 0;
+};
+
+Cost step_cost(const Model& m, int64_t rows, int64_t ctx, int64_t logit_rows, bool balanced) {
+    const ModelConfig& c = m.config();
+    const ModelWeights& w = m.weights();
+    const auto infos = attention_layer_infos(c);
+    Cost k;
+    const double E = c.n_routed_experts, pairs = static_cast<double>(rows) * c.n_activated_experts;
+    const double experts_hit = balanced ? std::min(E, pairs) : E * (1.0 - std::pow(1.0 - 1.0 / E, pairs));
+    for (int l = 0; l < c.n_layers; ++l) {
+        const BlockWeight& b = w.layers[static_cast<size_t>(l)];
+        const AttentionWeight& a = b.attn;
+        std::vector<const LinearWeight*> lin = {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b, &b.ffn.gate,
+                                                &b.ffn.shared.w1, &b.ffn.shared.w2, &b.ffn.shared.w3};
+        if (a.compressor) lin.insert(lin.end(), {&a.compressor->wkv, &a.compressor->wgate});
+        if (a.indexer) lin.insert(lin.end(), {&a.indexer->wq_b, &a.indexer->weights_proj});
+        for (auto* x : lin) {
+            k.weight_bytes += linear_bytes(*x);
+            k.gemm_flops += linear_flops(*x) * rows;
+        }
+        const ExpertWeight& e0 = b.ffn.experts.at(0);
+        const double expert_bytes = linear_bytes(e0.w1) + linear_bytes(e0.w2) + linear_bytes(e0.w3);
+        k.weight_bytes += experts_hit * expert_bytes;
+        k.gemm_flops += pairs * (linear_flops(e0.w1) + linear_flops(e0.w2) + linear_flops(e0.w3));
+        // Attention reads per row: window keys, selected compressed keys, indexer keys (fp32 state entries).
+        const AttentionLayerInfo& info = infos[static_cast<size_t>(l)];
+        const double width = info.ratio > 0 ? static_cast<double>(ctx) / info.ratio : 0.0;
+        const double keys = std::min<double>(c.window_size, ctx) + (info.ratio > 0 ? std::min<double>(c.index_topk, width) : 0.0);
+        k.attn_flops += rows * 4.0 * c.n_heads * keys * c.head_dim;
+        const double per_row_state = keys * c.head_dim * 4.0 + (info.has_indexer ? width * c.index_head_dim * 4.0 : 0.0);
+        if (info.has_indexer) k.attn_flops += rows * 2.0 * c.index_n_heads * c.index_head_dim * width;
+        // Decode rows read their own state; prefill rows of one sequence share it (count it once).
+        k.state_bytes += (logit_rows == rows ? rows : 1) * per_row_state;
+    }
+    k.weight_bytes += linear_bytes(w.head) + static_cast<double>(rows) * c.dim * 2.0;
+    k.gemm_flops += linear_flops(w.head) * logit_rows;
+    return k;
+}
+
+struct Measured {
+    double ms = 0;
+    std::map<std::string, double> ops;
+};
+
+// Runs `steps` timed forward steps (after one warm-up) of `n_seqs` sequences with cached context `ctx`,
+// feeding `rows_per_seq` tokens each; the last step is profiled per op.
+Measured run_steps(Model& m, cuda::CudaBackend& be, int n_seqs, int64_t ctx, int rows_per_seq, int steps,
+                   double max_step_seconds, bool* too_slow) {
+    const StateLayout& L = m.layout();
+    const int64_t pages_per_seq = L.pages_for(ctx + static_cast<int64_t>(rows_per_seq) * (steps + 2));
+    PagePool pool(be, L, pages_per_seq * n_seqs);
+    be.fill_state_random(pool.base(), static_cast<size_t>(pages_per_seq * n_seqs) * L.page_bytes, 12345);
+    std::vector<SeqState> seqs(static_cast<size_t>(n_seqs));
+    for (int s = 0; s < n_seqs; ++s) {
+        SeqState& st = seqs[static_cast<size_t>(s)];
+        m.init_state(st);
+        PEREGRINE_CHECK(pool.reserve(st, pages_per_seq * L.page_tokens), "bench: page pool too small");
+        st.tokens.resize(static_cast<size_t>(ctx));
+        for (int64_t i = 0; i < ctx; ++i) st.tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + s) % 100000 + 100);
+        st.n_cached = ctx;
+    }
+    Measured r;
+    std::vector<double> times;
+    for (int step = 0; step <= steps; ++step) {
+        ForwardBatch batch;
+        std::vector<int> logit_rows;
+        for (int s = 0; s < n_seqs; ++s) {
+            SeqState& st = seqs[static_cast<size_t>(s)];
+            batch.seqs.push_back({&st, st.n_cached, rows_per_seq, s * rows_per_seq});
+            for (int i = 0; i < rows_per_seq; ++i) batch.token_ids.push_back(static_cast<int32_t>((st.n_cached + i) % 100000 + 100));
+            logit_rows.push_back(s * rows_per_seq + rows_per_seq - 1);
+        }
+        const bool last = step == steps;
+        be.set_profiling(last);
+        auto t0 = std::chrono::steady_clock::now();
+        Tensor logits = m.forward(batch, logit_rows);  // host logits: the step is complete
+        const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        be.set_profiling(false);
+        if (step > 0 || steps == 0) times.push_back(sec);
+        if (last) r.ops = be.profile();
+        if (sec > max_step_seconds) {
+            *too_slow = true;
+            if (step == 0 && steps > 0) {  // no time for the timed steps: report the warm-up alone
+                times.push_back(sec);
+                r.ops = be.profile();
+                break;
+            }
+        }
+    }
+    std::sort(times.begin(), times.end());
+    r.ms = times[times.size() / 2] * 1e3;  // median
+    return r;
+}
+
+int run_bench(const BenchArgs& a) {
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe even if the run is cut short
+    PEREGRINE_CHECK(a.synthetic == "v41-flash", "--synthetic: only v41-flash is available");
+    PEREGRINE_CHECK(a.device == "cuda", "bench engine measures the CUDA backend (--device cuda)");
+    std::string why;
+    PEREGRINE_CHECK(cuda_device_available(&why), "{}", why);
+    const double bw = cuda::CudaBackend::copy_bandwidth_gbs(size_t(2) << 30, 20);
+    ModelConfig cfg = synthetic_v41_flash_config(a.layers, a.experts);
+    ModelOptions opts;
+    opts.device = "cuda";
+    auto t0 = std::chrono::steady_clock::now();
+    auto model = Model::synthetic(cfg, opts);
+    auto& be = dynamic_cast<cuda::CudaBackend&>(model->backend());
+    be.set_balanced_routing(a.balanced);
+    std::fflush(stdout);
+    std::printf("bench engine: %s, %d layers (%d experts), balanced routing %s; synthetic weights in %.1f s\n",
+                cuda::CudaBackend::device_name().c_str(), a.layers, a.experts, a.balanced ? "on" : "off",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    std::printf("measured device-to-device copy: %.0f GB/s (read + write); FP8 dense peak (datasheet): %.0f TFLOP/s\n",
+                bw, kFp8DensePeakTflops);
+
+    nlohmann::json out;
+    out["device"] = cuda::CudaBackend::device_name();
+    out["layers"] = a.layers;
+    out["experts"] = a.experts;
+    out["balanced_routing"] = a.balanced;
+    out["copy_bandwidth_gbs"] = bw;
+    out["fp8_dense_peak_tflops"] = kFp8DensePeakTflops;
+    auto save = [&] {  // after every point, so that a run cut short still leaves its results
+        if (a.json.empty()) return;
+        const std::string text = out.dump(2);
+        write_file(a.json, text.data(), text.size());
+    };
+    auto ops_json = [](const std::map<std::string, double>& ops) {
+        nlohmann::json j = nlohmann::json::object();
+        for (auto& [k, v] : ops) j[k] = v;
+        return j;
+    };
+    auto ops_line = [](const std::map<std::string, double>& ops) {
+        std::string s;
+        for (auto& [k, v] : ops) s += fmt::format(" {}={:.2f}", k, v);
+        return s;
+    };
+    // Warm the weight upload with a one-token step so that it does not land in the first timing.
+    { bool slow = false; run_steps(*model, be, 1, 16, 1, 0, 1e9, &slow); }
+
+    std::printf("\n%-8s %-8s %10s %10s %9s %9s %8s\n", "decode", "context", "ms/step", "tok/s", "GB/s", "of HBM", "TFLOP/s");
+    for (int64_t ctx : parse_list(a.contexts)) {
+        bool skip_rest = false;
+        for (int64_t B : parse_list(a.decode_batches)) {
+            nlohmann::json row{{"mode", "decode"}, {"batch", B}, {"context", ctx}};
+            const int64_t pages = B * model->layout().pages_for(ctx + a.steps + 3);
+            const double need = static_cast<double>(pages) * model->layout().page_bytes;
+            if (skip_rest || need > 0.85 * static_cast<double>(cuda::CudaBackend::free_device_memory())) {
+                row["skipped"] = skip_rest ? "previous batch exceeded --max-step-seconds" : "state pages do not fit";
+                std::printf("%-8lld %-8lld %10s\n", static_cast<long long>(B), static_cast<long long>(ctx),
+                            skip_rest ? "(slow)" : "(no fit)");
+                out["results"].push_back(row);
+                continue;
+            }
+            bool slow = false;
+            Measured r = run_steps(*model, be, static_cast<int>(B), ctx, 1, a.steps, a.max_step_seconds, &slow);
+            Cost k = step_cost(*model, B, ctx, B, a.balanced);
+            const double sec = r.ms * 1e-3;
+            const double gbs = (k.weight_bytes + k.state_bytes) / sec / 1e9;
+            const double tflops = (k.gemm_flops + k.attn_flops) / sec / 1e12;
+            std::printf("%-8lld %-8lld %10.2f %10.1f %9.1f %8.1f%% %8.2f\n", static_cast<long long>(B),
+                        static_cast<long long>(ctx), r.ms, B / sec, gbs, 100.0 * gbs / bw, tflops);
+            std::printf("    ops (ms):%s\n", ops_line(r.ops).c_str());
+            row.update({{"ms_per_step", r.ms}, {"tokens_per_s", B / sec}, {"bytes", k.weight_bytes + k.state_bytes},
+                        {"gb_per_s", gbs}, {"fraction_of_copy_bw", gbs / bw}, {"tflops", tflops}, {"ops_ms", ops_json(r.ops)}});
+            out["results"].push_back(row);
+            save();
+            skip_rest = slow;
+        }
+    }
+
+    std::printf("\n%-8s %-8s %10s %10s %9s %10s %9s\n", "prefill", "context", "ms/step", "tok/s", "TFLOP/s", "GEMM TF/s",
+                "of FP8");
+    bool skip_rest = false;
+    const int64_t ctx = a.prefill_context;
+    for (int64_t B : parse_list(a.prefill_tokens)) {
+        nlohmann::json row{{"mode", "prefill"}, {"new_tokens", B}, {"context", ctx}};
+        if (skip_rest) {
+            row["skipped"] = "previous size exceeded --max-step-seconds";
+            std::printf("%-8lld %-8lld %10s\n", static_cast<long long>(B), static_cast<long long>(ctx), "(slow)");
+            out["results"].push_back(row);
+            continue;
+        }
+        bool slow = false;
+        Measured r = run_steps(*model, be, 1, ctx, static_cast<int>(B), std::min(a.steps, 1), a.max_step_seconds, &slow);
+        Cost k = step_cost(*model, B, ctx + B / 2, 1, a.balanced);
+        const double sec = r.ms * 1e-3;
+        const double tflops = (k.gemm_flops + k.attn_flops) / sec / 1e12;
+        // GEMM share: the GEMM FLOPs over the time of the GEMM-bound ops (MoE and the linear projections).
+        double gemm_ms = 0;
+        for (auto& [name, ms] : r.ops)
+            if (name == "moe" || name == "attn.q+kv projections" || name == "attn.output projection") gemm_ms += ms;
+        const double gemm_tflops = gemm_ms > 0 ? k.gemm_flops / (gemm_ms * 1e-3) / 1e12 : 0.0;
+        std::printf("%-8lld %-8lld %10.1f %10.1f %9.2f %10.2f %8.2f%%\n", static_cast<long long>(B),
+                    static_cast<long long>(ctx), r.ms, B / sec, tflops, gemm_tflops, 100.0 * gemm_tflops / kFp8DensePeakTflops);
+        std::printf("    ops (ms):%s\n", ops_line(r.ops).c_str());
+        row.update({{"ms_per_step", r.ms}, {"tokens_per_s", B / sec}, {"tflops", tflops}, {"gemm_tflops", gemm_tflops},
+                    {"fraction_of_fp8_peak", gemm_tflops / kFp8DensePeakTflops}, {"ops_ms", ops_json(r.ops)}});
+        out["results"].push_back(row);
+        save();
+        skip_rest = slow;
+    }
+    if (!a.json.empty()) std::printf("\nwrote %s\n", a.json.c_str());
+    return 0;
+}
+#else
+int run_bench(const BenchArgs&) { fail("bench engine needs a build with the CUDA backend"); }
+#endif
+
+RegisterCommand reg([](CLI::App& app, int& exit_code) {
+    auto a = std::make_shared<BenchArgs>();
+    auto* bench = app.add_subcommand("bench", "Benchmarks");
+    bench->require_subcommand(1);
+    auto* cmd = bench->add_subcommand("engine", "Forward-step timings of a synthetic model at real dimensions");
+    cmd->add_option("--synthetic", a->synthetic, "Synthetic model (v41-flash)");
+    cmd->add_option("--layers", a->layers, "Layers (cover the attention roles in order)")->check(CLI::Range(1, 40));
+    cmd->add_option("--experts", a->experts, "Routed experts per layer (384 in the release)");
+    cmd->add_flag("--balanced-routing", a->balanced, "Every expert equally loaded");
+    cmd->add_option("--device", a->device, "cuda");
+    cmd->add_option("--decode-batches", a->decode_batches, "Comma-separated decode batch sizes");
+    cmd->add_option("--contexts", a->contexts, "Comma-separated cached contexts for decode");
+    cmd->add_option("--prefill-tokens", a->prefill_tokens, "Comma-separated new tokens per prefill step");
+    cmd->add_option("--prefill-context", a->prefill_context, "Cached context under the prefill steps");
+    cmd->add_option("--steps", a->steps, "Timed steps per point (median)");
+    cmd->add_option("--max-step-seconds", a->max_step_seconds, "Skip larger points once a step takes longer");
+    cmd->add_option("--json", a->json, "Write the results as JSON");
+    cmd->callback([a, &exit_code] { exit_code = run_bench(*a); });
+});
+
+}  // namespace
+}  // namespace peregrine

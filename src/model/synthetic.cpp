@@ -1,0 +1,83 @@
+// Synthetic models for benchmarks: the V4.1-Flash configuration cut to a few layers, weights made up.
+#include "model/model.h"
+#include "model/model_weights.h"
+#include "util/error.h"
+
+namespace peregrine {
+
+ModelConfig synthetic_v41_flash_config(int layers, int n_routed_experts) {
+    PEREGRINE_CHECK(layers >= 1 && layers <= 40, "synthetic V4.1-Flash: 1..40 layers, not {}", layers);
+    PEREGRINE_CHECK(n_routed_experts >= 6, "synthetic V4.1-Flash: at least 6 routed experts (top-6 routing)");
+    ModelConfig c;
+    c.arch = ModelArch::DeepseekV41;
+    c.model_type = "deepseek_v41";
+    c.vocab_size = 129280;
+    c.dim = 5120;
+    c.n_layers = layers;
+    c.n_heads = 64;
+    c.head_dim = 512;
+    c.rope_head_dim = 64;
+    c.q_lora_rank = 1280;
+    c.o_groups = 8;
+    c.o_lora_rank = 1024;
+    c.window_size = 128;
+    c.index_n_heads = 32;
+    c.index_head_dim = 128;
+    c.index_topk = 512;
+    c.candidate_topk_blocks = 2048;
+    c.candidate_block_size = 8;
+    c.rope_theta = 10000;
+    c.compress_rope_theta = 160000;
+    c.original_seq_len = 65536;
+    c.rope_factor = 16;
+    c.beta_fast = 32;
+    c.beta_slow = 1;
+    c.norm_eps = 1e-20;
+    c.n_routed_experts = n_routed_experts;
+    c.n_activated_experts = 6;
+    c.n_shared_experts = 1;
+    c.moe_inter_dim = 2304;
+    c.score_func = "sqrtsoftplus";
+    c.route_scale = 1.5;
+    c.swiglu_limit = 10.0;
+    c.norm_topk_prob = true;
+    c.hc_mult = 4;
+    c.hc_sinkhorn_iters = 20;
+    c.hc_eps = 1e-6;
+    c.weight_block = 32;
+    c.act_block = 32;
+    c.fp4_experts = true;
+    c.max_position_embeddings = 1048576;
+    for (int l = 0; l < layers; ++l) {
+        const int ratio = l == 0 ? 0 : l <= 2 ? 2 : 1;
+        c.compress_ratios.push_back(ratio);
+        if (l == 1 || l == 3) c.kv_source_layers.push_back(l);
+        if (l == 1 || l == 3 || (l >= 5 && (l - 5) % 4 == 0)) c.index_source_layers.push_back(l);
+    }
+    c.candidate_source_layer = layers > 3 ? 3 : -1;
+    return c;
+}
+
+std::unique_ptr<Model> Model::synthetic(const ModelConfig& cfg, const ModelOptions& opts, uint64_t seed) {
+    PEREGRINE_CHECK(cfg.engram_layer_ids.empty(), "synthetic models have no engram tables");
+    std::unique_ptr<Model> m(new Model());
+    m->dir_ = "<synthetic>";
+    m->cfg_ = cfg;
+    m->w_ = synthetic_model_weights(cfg, seed);
+    m->attn_info_ = attention_layer_infos(cfg);
+    m->layout_ = make_state_layout(cfg, opts.page_tokens);
+    if (opts.device == "cpu") {
+        m->backend_ = make_cpu_backend(cfg, m->layout_);
+    } else if (opts.device == "cuda") {
+#ifdef PEREGRINE_HAVE_CUDA
+        m->backend_ = make_cuda_backend(cfg, m->layout_, opts.engram_placement);
+#else
+        fail("this build has no CUDA backend (nvcc was not found at configure time); use --device cpu");
+#endif
+    } else {
+        fail("unknown device '{}' (cpu or cuda)", opts.device);
+    }
+    return m;
+}
+
+}  // namespace peregrine

@@ -1,0 +1,410 @@
+// Attention block on the GPU, step for step the reference's (cpu/attention.cpp): the host works out which
+// state entries each row reads or writes (page addresses, window lists, group emissions), the device does
+// all arithmetic, top-k selections included, so no data comes back to the host.
+#include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/launch_check.h"
+#include "util/error.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace peregrine::cuda {
+
+namespace {
+
+struct RowInfo {
+    BatchSeq* seq;
+    int64_t pos;
+};
+
+std::vector<RowInfo> row_infos(ForwardBatch& batch) {
+    std::vector<RowInfo> rows(static_cast<size_t>(batch.rows()));
+    for (auto& s : batch.seqs)
+        for (int i = 0; i < s.n_tokens; ++i) rows[static_cast<size_t>(s.row0 + i)] = {&s, s.start_pos + i};
+    return rows;
+}
+
+bool is_prefill(const BatchSeq& s) { return s.start_pos == 0; }
+bool is_decode(const BatchSeq& s) { return s.start_pos > 0 && s.n_tokens == 1; }
+
+// Window keys of the query at `pos`, as positions (-1: none), in the reference's order.
+std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int W, bool v41) {
+    std::vector<int64_t> list;
+    if (is_prefill(s)) {
+        int64_t len = std::min<int64_t>(s.n_tokens, W), base = std::max<int64_t>(0, pos - W + 1);
+        for (int64_t j = 0; j < len; ++j) list.push_back(base + j <= pos ? base + j : -1);
+        return list;
+    }
+    if (is_decode(s) && (v41 || pos >= W - 1)) {
+        int64_t oldest = pos % W + 1;
+        for (int64_t j = 0; j < W; ++j) {
+            int64_t slot = (oldest + j) % W;
+            list.push_back(slot <= pos ? pos - ((pos - slot) % W) : -1);
+        }
+        return list;
+    }
+    for (int64_t p = std::max<int64_t>(0, pos - W + 1); p <= pos; ++p) list.push_back(p);
+    while (static_cast<int>(list.size()) < W) list.push_back(-1);
+    return list;
+}
+
+}  // namespace
+
+struct CudaBackend::Emitted {
+    Tensor latent;               // [n, d] normalised, before RoPE
+    std::vector<int> rows;       // row that completed each group
+    std::vector<int64_t> group;  // group index
+    int n() const { return static_cast<int>(rows.size()); }
+};
+
+CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, size_t carry_offset, const Tensor& x,
+                                                 ForwardBatch& batch) {
+    const int ratio = cw.ratio, d = cw.head_dim, coff = cw.overlap ? 2 : 1, width = coff * d, slots = coff * ratio;
+    Emitted out;
+    if (ratio == 1) {
+        Tensor kv = run_linear(x, cw.wkv);
+        for (auto& s : batch.seqs)
+            for (int i = 0; i < s.n_tokens; ++i) {
+                out.rows.push_back(s.row0 + i);
+                out.group.push_back(s.start_pos + i);
+            }
+        // rows are emitted in sequence order; the latents follow the same order
+        std::vector<int> order(out.rows.begin(), out.rows.end());
+        Tensor kv_sorted = gather_rows(kv, order);
+        out.latent = rms_norm(kv_sorted, cw.norm);
+        return out;
+    }
+    Tensor kv = run_linear(x, cw.wkv), score = run_linear(x, cw.wgate);
+    for (auto& s : batch.seqs)
+        for (int i = 0; i < s.n_tokens; ++i)
+            if ((s.start_pos + i + 1) % ratio == 0) {
+                out.rows.push_back(s.row0 + i);
+                out.group.push_back((s.start_pos + i) / ratio);
+            }
+    Tensor pooled = empty(DType::F32, {std::max(out.n(), 1), d});
+    const size_t carry_bytes = 2 * static_cast<size_t>(slots) * width * sizeof(float);
+    const float* ape = cw.ape.empty() ? nullptr : dev_f32(cw.ape);
+    int emit_base = 0;
+    for (auto& s : batch.seqs) {
+        if (s.n_tokens == 0) continue;
+        auto state = device_alloc(carry_bytes);
+        PG_CUDA(cudaMemcpy(state.get(), s.state->carry.data() + carry_offset, carry_bytes, cudaMemcpyHostToDevice));
+        std::vector<float*> snap(static_cast<size_t>(s.n_tokens), nullptr);
+        int emits = 0;
+        for (int i = 0; i < s.n_tokens; ++i) {
+            const int64_t pos = s.start_pos + i;
+            if ((pos + 1) % ratio == 0) ++emits;
+            if ((pos + 1) % layout_.page_tokens == 0) {
+                uint8_t* page = layout_.page_ptr(s.state->pool, s.state->pages.at(static_cast<size_t>(pos / layout_.page_tokens)));
+                snap[static_cast<size_t>(i)] = reinterpret_cast<float*>(page + layout_.snapshot_offset + carry_offset);
+            }
+        }
+        auto snap_d = upload(snap);
+        CompressorArgs a;
+        a.kv = kv.f32();
+        a.score = score.f32();
+        a.ape = ape;
+        a.ratio = ratio;
+        a.d = d;
+        a.overlap = cw.overlap ? 1 : 0;
+        a.state = static_cast<float*>(state.get());
+        a.pooled = pooled.f32();
+        a.emit_base = emit_base;
+        a.start_pos = s.start_pos;
+        a.n_tokens = s.n_tokens;
+        a.row0 = s.row0;
+        a.snapshot = snap_d.ptr;
+        compressor_seq(a);
+        PG_CUDA(cudaMemcpy(s.state->carry.data() + carry_offset, state.get(), carry_bytes, cudaMemcpyDeviceToHost));
+        emit_base += emits;
+    }
+    if (out.n() > 0) out.latent = rms_norm(pooled.reshaped({std::max(out.n(), 1), d}), cw.norm);
+    return out;
+}
+
+Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                              ForwardBatch& batch, StepScratch& scratch_base) {
+    OpTimer op_(*this, "attention");
+    auto& scratch = static_cast<CudaScratch&>(scratch_base);
+    const bool v41 = cfg_.is_v41();
+    const int T = batch.rows(), H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim, W = cfg_.window_size;
+    const float* freqs = rope_freqs(info);
+    const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
+    auto rows = row_infos(batch);
+    std::vector<int64_t> pos_h(static_cast<size_t>(T));
+    for (int t = 0; t < T; ++t) pos_h[static_cast<size_t>(t)] = rows[static_cast<size_t>(t)].pos;
+    auto pos = upload(pos_h);
+    auto entry = [&](const RowInfo& r, const StateSection& sec, int64_t idx) {
+        SeqState& st = *r.seq->state;
+        return layout_.entry<float>(st.pool, st.pages, sec, idx);
+    };
+
+    // Queries.
+    phase("attn.q+kv projections");
+    Tensor qr = rms_norm(run_linear(x, w.wq_a), w.q_norm);
+    Tensor q = project_queries(qr, w, freqs, pos.ptr, T);
+
+    // Sliding-window K=V, stored per token.
+    Tensor kv = window_kv(x, w, freqs, pos.ptr, T);
+    {
+        std::vector<float*> dst(static_cast<size_t>(T));
+        for (int t = 0; t < T; ++t) dst[static_cast<size_t>(t)] = entry(rows[static_cast<size_t>(t)], L.window, rows[static_cast<size_t>(t)].pos);
+        auto dd = upload(dst);
+        store_rows(kv.f32(), T, D, dd.ptr);
+    }
+
+    // Compressed entries (and, for V4.1 key owners, indexer keys).
+    if (info.compresses) {
+        phase("attn.compressor");
+        Emitted e = run_compressor(*w.compressor, L.carry_offset, x, batch);
+        const int n = e.n();
+        if (n > 0) {
+            std::vector<int64_t> gpos(static_cast<size_t>(n));
+            for (int i = 0; i < n; ++i) gpos[static_cast<size_t>(i)] = e.group[static_cast<size_t>(i)] * info.ratio;
+            auto gp = upload(gpos);
+            if (v41 && info.owns_index_k) {
+                const IndexerWeight& iw = *w.indexer;
+                const int hd = iw.head_dim;
+                Tensor k = rms_norm(run_linear(e.latent, iw.wk), iw.k_norm);
+                rope(k.f32(), n, 1, hd, hd, hd - rd, gp.ptr, freqs, rd, false);
+                qdq_rows(k.f32(), n, hd, hd, 32, 1);
+                std::vector<float*> dst(static_cast<size_t>(n));
+                for (int i = 0; i < n; ++i)
+                    dst[static_cast<size_t>(i)] = entry(rows[static_cast<size_t>(e.rows[static_cast<size_t>(i)])], L.index_k, e.group[static_cast<size_t>(i)]);
+                auto dd = upload(dst);
+                store_rows(k.f32(), n, hd, dd.ptr);
+            }
+            rope(e.latent.f32(), n, 1, D, D, D - rd, gp.ptr, freqs, rd, false);
+            if (v41) qdq_rows(e.latent.f32(), n, D, D, 16, 2);
+            else qdq_rows(e.latent.f32(), n, D, D - rd, 64, 0);
+            std::vector<float*> dst(static_cast<size_t>(n));
+            for (int i = 0; i < n; ++i)
+                dst[static_cast<size_t>(i)] = entry(rows[static_cast<size_t>(e.rows[static_cast<size_t>(i)])], L.comp, e.group[static_cast<size_t>(i)]);
+            auto dd = upload(dst);
+            store_rows(e.latent.f32(), n, D, dd.ptr);
+        }
+    }
+
+    // Which compressed entries each row attends to: sel [T, kmax] (-1: none) and counts [T] on the device.
+    const int32_t* sel = nullptr;
+    const int32_t* nsel = nullptr;
+    int kmax = 0;
+    std::shared_ptr<void> sel_keep, nsel_keep;
+    if (info.ratio > 0) {
+        const int ratio = info.ratio;
+        // Per row: width (entries of its sequence at the end of this step) and visible entries.
+        std::vector<int64_t> width_h(static_cast<size_t>(T)), visible_h(static_cast<size_t>(T));
+        int64_t max_width = 0;
+        for (int t = 0; t < T; ++t) {
+            const BatchSeq& s = *rows[static_cast<size_t>(t)].seq;
+            width_h[static_cast<size_t>(t)] = (s.start_pos + s.n_tokens) / ratio;
+            visible_h[static_cast<size_t>(t)] = (rows[static_cast<size_t>(t)].pos + 1) / ratio;
+            max_width = std::max(max_width, width_h[static_cast<size_t>(t)]);
+        }
+        if (info.has_indexer) {
+            phase("attn.indexer+topk");
+            const IndexerWeight& iw = *w.indexer;
+            const int nh = iw.n_heads, hd = iw.head_dim;
+            const LayerStateLayout& KL = layout_.layers.at(static_cast<size_t>(v41 ? info.index_k_source : info.layer));
+            if (!v41) {  // V4: the indexer's own compressor turns tokens into rotated fp4 keys
+                Emitted e = run_compressor(*iw.compressor, L.index_carry_offset, x, batch);
+                const int n = e.n();
+                if (n > 0) {
+                    std::vector<int64_t> gpos(static_cast<size_t>(n));
+                    for (int i = 0; i < n; ++i) gpos[static_cast<size_t>(i)] = e.group[static_cast<size_t>(i)] * ratio;
+                    auto gp = upload(gpos);
+                    rope(e.latent.f32(), n, 1, hd, hd, hd - rd, gp.ptr, freqs, rd, false);
+                    hadamard_rows(e.latent.f32(), n, hd, hd);
+                    qdq_rows(e.latent.f32(), n, hd, hd, 32, 1);
+                    std::vector<float*> dst(static_cast<size_t>(n));
+                    for (int i = 0; i < n; ++i)
+                        dst[static_cast<size_t>(i)] = entry(rows[static_cast<size_t>(e.rows[static_cast<size_t>(i)])], L.index_k, e.group[static_cast<size_t>(i)]);
+                    auto dd = upload(dst);
+                    store_rows(e.latent.f32(), n, hd, dd.ptr);
+                }
+            }
+            Tensor iq = run_linear(qr, iw.wq_b);
+            Tensor wts = run_linear(x, iw.weights_proj);
+            rope(iq.f32(), T, nh, static_cast<int64_t>(nh) * hd, hd, hd - rd, pos.ptr, freqs, rd, false);
+            if (!v41) hadamard_rows(iq.f32(), static_cast<int64_t>(T) * nh, hd, hd);
+            qdq_rows(iq.f32(), static_cast<int64_t>(T) * nh, hd, hd, 32, 1);
+            scale_round_bf16(wts.f32(), static_cast<int64_t>(T) * nh,
+                             static_cast<float>(std::pow(hd, -0.5) * std::pow(nh, -0.5)));
+
+            // Key addresses per sequence, then scores [T, max_width].
+            std::vector<const float*> keys_h;
+            std::vector<int64_t> keybase(static_cast<size_t>(T));
+            const StateSection& ks = v41 ? KL.index_k : L.index_k;
+            for (auto& s : batch.seqs) {
+                const int64_t base = static_cast<int64_t>(keys_h.size()), wseq = (s.start_pos + s.n_tokens) / ratio;
+                for (int64_t j = 0; j < wseq; ++j)
+                    keys_h.push_back(layout_.entry<float>(s.state->pool, s.state->pages, ks, j));
+                for (int i = 0; i < s.n_tokens; ++i) keybase[static_cast<size_t>(s.row0 + i)] = base;
+            }
+            auto keys_d = upload(keys_h);
+            auto width_d = upload(width_h), visible_d = upload(visible_h), keybase_d = upload(keybase);
+            Tensor scores = empty(DType::F32, {T, std::max<int64_t>(max_width, 1)});
+            index_scores(iq.f32(), wts.f32(), T, nh, hd, width_d.ptr, visible_d.ptr, keybase_d.ptr, keys_d.ptr,
+                         max_width, scores.f32());
+            if (v41 && info.candidate_source) {
+                const int bs = cfg_.candidate_block_size;
+                const int64_t max_nb = (max_width + bs - 1) / bs;
+                Tensor bscore = empty(DType::F32, {T, std::max<int64_t>(max_nb, 1)});
+                Tensor bsel = empty(DType::I32, {T, std::max<int64_t>(max_nb, 1)});
+                auto mask = device_alloc(static_cast<size_t>(T) * std::max<int64_t>(max_width, 1));
+                candidate_blocks(scores.f32(), T, max_width, width_d.ptr, visible_d.ptr, bs, cfg_.candidate_topk_blocks,
+                                 bscore.f32(), bsel.data<int32_t>(), std::max<int64_t>(max_nb, 1),
+                                 static_cast<uint8_t*>(mask.get()));
+                scratch.mask = mask;
+                scratch.mask_width = width_d.keep;
+                scratch.mask_stride = max_width;
+            } else if (v41 && info.uses_candidates) {
+                if (!scratch.mask) {  // no candidate source ran: nothing is a candidate
+                    scratch.mask = device_alloc(1);
+                    scratch.mask_width = upload(std::vector<int64_t>(static_cast<size_t>(T), 0)).keep;
+                    scratch.mask_stride = 0;
+                }
+                apply_candidates(scores.f32(), T, max_width, width_d.ptr, static_cast<const uint8_t*>(scratch.mask.get()),
+                                 static_cast<const int64_t*>(scratch.mask_width.get()), scratch.mask_stride);
+            }
+            kmax = iw.topk;
+            sel_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(T) * kmax);
+            nsel_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(T));
+            auto tmp = device_alloc(sizeof(int32_t) * static_cast<size_t>(T) * kmax);
+            topk_rows(scores.f32(), T, max_width, width_d.ptr, visible_d.ptr, kmax, v41, static_cast<int32_t*>(tmp.get()),
+                      static_cast<int32_t*>(sel_keep.get()), static_cast<int32_t*>(nsel_keep.get()));
+            if (v41) {
+                scratch.topk = sel_keep;
+                scratch.topk_count = nsel_keep;
+                scratch.topk_k = kmax;
+            }
+        } else if (v41) {  // reuse the most recent index source's selection
+            sel_keep = scratch.topk;
+            nsel_keep = scratch.topk_count;
+            kmax = sel_keep ? scratch.topk_k : 0;
+        } else {  // V4 HCA: every visible entry
+            std::vector<int32_t> counts(static_cast<size_t>(T));
+            for (int t = 0; t < T; ++t) {
+                const BatchSeq& s = *rows[static_cast<size_t>(t)].seq;
+                counts[static_cast<size_t>(t)] = static_cast<int32_t>(is_prefill(s) ? width_h[static_cast<size_t>(t)] : visible_h[static_cast<size_t>(t)]);
+                kmax = std::max(kmax, counts[static_cast<size_t>(t)]);
+            }
+            std::vector<int32_t> list(static_cast<size_t>(T) * std::max(kmax, 1), -1);
+            for (int t = 0; t < T; ++t)
+                for (int32_t j = 0; j < counts[static_cast<size_t>(t)]; ++j)
+                    list[static_cast<size_t>(t) * kmax + j] = j < visible_h[static_cast<size_t>(t)] ? j : -1;
+            auto l = upload(list);
+            auto c = upload(counts);
+            sel_keep = l.keep;
+            nsel_keep = c.keep;
+        }
+        if (sel_keep && kmax > 0) {
+            sel = static_cast<const int32_t*>(sel_keep.get());
+            nsel = static_cast<const int32_t*>(nsel_keep.get());
+        } else {
+            kmax = 0;
+        }
+    }
+
+    phase("attn.sparse attention");
+    // Key lists: the window entries, then the selected compressed entries.
+    const LayerStateLayout& CL = layout_.layers.at(static_cast<size_t>(info.comp_source >= 0 ? info.comp_source : info.layer));
+    std::vector<const float*> win(static_cast<size_t>(T) * W, nullptr);
+    std::vector<int32_t> nwin(static_cast<size_t>(T));
+    for (int t = 0; t < T; ++t) {
+        auto list = window_list(*rows[static_cast<size_t>(t)].seq, rows[static_cast<size_t>(t)].pos, W, v41);
+        nwin[static_cast<size_t>(t)] = static_cast<int32_t>(list.size());
+        for (size_t j = 0; j < list.size(); ++j)
+            if (list[j] >= 0) win[static_cast<size_t>(t) * W + j] = entry(rows[static_cast<size_t>(t)], L.window, list[j]);
+    }
+    std::vector<const float*> comp_addr;
+    std::vector<int64_t> compbase(static_cast<size_t>(T), 0);
+    if (sel) {
+        for (auto& s : batch.seqs) {
+            const int64_t base = static_cast<int64_t>(comp_addr.size()), wseq = (s.start_pos + s.n_tokens) / info.ratio;
+            for (int64_t j = 0; j < wseq; ++j) comp_addr.push_back(layout_.entry<float>(s.state->pool, s.state->pages, CL.comp, j));
+            for (int i = 0; i < s.n_tokens; ++i) compbase[static_cast<size_t>(s.row0 + i)] = base;
+        }
+    }
+    auto win_d = upload(win);
+    auto nwin_d = upload(nwin);
+    auto comp_d = upload(comp_addr);
+    auto compbase_d = upload(compbase);
+    const int maxk = W + kmax;
+    auto keys = device_alloc(sizeof(float*) * static_cast<size_t>(T) * maxk);
+    auto nkeys = device_alloc(sizeof(int32_t) * static_cast<size_t>(T));
+    build_keys(T, win_d.ptr, nwin_d.ptr, W, sel, nsel, kmax, comp_d.ptr, compbase_d.ptr,
+               static_cast<const float**>(keys.get()), static_cast<int32_t*>(nkeys.get()), maxk);
+
+    // Sparse attention with sink, then the inverse rotation of the output.
+    Tensor o = empty(DType::F32, {T, H, D});
+    sparse_attention(q.f32(), T, H, D, static_cast<float>(std::pow(D, -0.5)), dev_f32(w.attn_sink),
+                     static_cast<const float* const*>(keys.get()), static_cast<const int32_t*>(nkeys.get()), maxk,
+                     o.f32());
+    phase("attn.output projection");
+    return project_output(o, w, freqs, pos.ptr, T);
+}
+
+Tensor CudaBackend::project_queries(const Tensor& qr, const AttentionWeight& w, const float* freqs, const int64_t* pos,
+                                    int T) {
+    const int H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim;
+    Tensor q = run_linear(qr, w.wq_b);
+    if (!cfg_.is_v41()) head_norm_bf16(q.f32(), static_cast<int64_t>(T) * H, D, eps());
+    rope(q.f32(), T, H, static_cast<int64_t>(H) * D, D, D - rd, pos, freqs, rd, false);
+    return q;
+}
+
+Tensor CudaBackend::window_kv(const Tensor& x, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T) {
+    const int D = cfg_.head_dim, rd = cfg_.rope_head_dim;
+    Tensor kv = rms_norm(run_linear(x, w.wkv), w.kv_norm);
+    rope(kv.f32(), T, 1, D, D, D - rd, pos, freqs, rd, false);
+    if (cfg_.is_v41()) qdq_rows(kv.f32(), T, D, D, cfg_.act_block, 0);
+    else qdq_rows(kv.f32(), T, D, D - rd, 64, 0);  // V4: the rope dims stay bf16
+    return kv;
+}
+
+Tensor CudaBackend::project_output(Tensor& o, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T) {
+    const int H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim;
+    rope(o.f32(), T, H, static_cast<int64_t>(H) * D, D, D - rd, pos, freqs, rd, true);
+    // Grouped low-rank output projection: wo_a per head group (bf16), then wo_b.
+    const int G = cfg_.o_groups, R = cfg_.o_lora_rank, GD = H / G * D;
+    Tensor oa = empty(DType::F32, {T, static_cast<int64_t>(G) * R});
+    const uint16_t* wo_a = static_cast<const uint16_t*>(dev_raw(w.wo_a.w));
+    if (reference_gemm_) {
+        grouped_linear_bf16(o.f32(), T, G, R, GD, wo_a, oa.f32());
+    } else {  // rows (t, g) of length GD through group g's [R, GD] block: a routed GEMM with G "experts"
+        std::vector<const void*> ptrs(static_cast<size_t>(2 * G), nullptr);
+        for (int g = 0; g < G; ++g) ptrs[static_cast<size_t>(g)] = wo_a + static_cast<size_t>(g) * R * GD;
+        auto table = upload(ptrs);
+        ExpertTable groups{reinterpret_cast<const void* const*>(table.ptr),
+                           reinterpret_cast<const uint8_t* const*>(table.ptr + G)};
+        std::vector<int32_t> sel(static_cast<size_t>(T) * G);
+        for (size_t i = 0; i < sel.size(); ++i) sel[i] = static_cast<int32_t>(i % G);
+        auto sel_d = upload(sel);
+        const int64_t rows = static_cast<int64_t>(T) * G;
+        Routed routed;
+        routed.row_expert = sel_d.ptr;
+        routed.routing.tile_rows = routing_tile_rows(rows, G);
+        routed.routing.max_tiles = static_cast<unsigned>((rows + routed.routing.tile_rows - 1) / routed.routing.tile_rows + G);
+        auto row_map = device_alloc(sizeof(int32_t) * static_cast<size_t>(rows));
+        auto tiles = device_alloc(sizeof(int32_t) * 4 * routed.routing.max_tiles);
+        auto n_tiles = device_alloc(sizeof(int32_t));
+        expert_tiles(sel_d.ptr, rows, G, routed.routing.tile_rows, static_cast<int32_t*>(row_map.get()),
+                     static_cast<int32_t*>(tiles.get()), static_cast<int32_t*>(n_tiles.get()));
+        routed.routing.row_map = static_cast<const int32_t*>(row_map.get());
+        routed.routing.tiles = static_cast<const int32_t*>(tiles.get());
+        routed.routing.n_tiles = static_cast<const int32_t*>(n_tiles.get());
+        LinearWeight wg;
+        wg.kind = LinearWeight::Kind::BF16;
+        wg.out = R;
+        wg.in = GD;
+        wg.w = Tensor::view(DType::BF16, {R, GD}, wo_a, Device::CUDA);
+        Tensor oa_rows = run_linear(o.reshaped({rows, GD}), wg, &groups, &routed);
+        oa = oa_rows.reshaped({T, static_cast<int64_t>(G) * R});
+    }
+    return run_linear(oa, w.wo_b);
+}
+
+}  // namespace peregrine::cuda

@@ -1,0 +1,360 @@
+// Attention-path kernels: the compressor's state machine, indexer scoring, the V4.1 two-level candidate
+// blocks, stable top-k, key-list assembly and the sparse online-softmax attention with sink
+// (cf. cpu/attention.cpp; the key order, 64-key blocks and bf16 probabilities are the reference's).
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch_check.h"
+
+#include <cub/block/block_scan.cuh>
+
+namespace peregrine::cuda {
+
+namespace {
+
+__global__ void compressor_kernel(CompressorArgs a) {
+    const int ratio = a.ratio, d = a.d, width = (a.overlap ? 2 : 1) * d, slots = (a.overlap ? 2 : 1) * ratio;
+    float* kv_state = a.state;
+    float* sc_state = a.state + static_cast<int64_t>(slots) * width;
+    int e = a.emit_base;
+    for (int i = 0; i < a.n_tokens; ++i) {
+        const int64_t pos = a.start_pos + i, row = a.row0 + i;
+        const int slot = static_cast<int>(pos % ratio) + (a.overlap ? ratio : 0);
+        const float* kr = a.kv + row * width;
+        const float* sr = a.score + row * width;
+        for (int c = threadIdx.x; c < width; c += blockDim.x) {
+            kv_state[slot * width + c] = kr[c];
+            sc_state[slot * width + c] = a.ape ? sr[c] + a.ape[(pos % ratio) * width + c] : sr[c];
+        }
+        __syncthreads();
+        if ((pos + 1) % ratio == 0) {
+            const int n = a.overlap ? 2 * ratio : ratio;
+            for (int c = threadIdx.x; c < d; c += blockDim.x) {
+                auto at = [&](const float* st, int j) {
+                    return a.overlap ? (j < ratio ? st[j * width + c] : st[j * width + d + c]) : st[j * width + c];
+                };
+                float mx = -INFINITY;
+                for (int j = 0; j < n; ++j) mx = fmaxf(mx, at(sc_state, j));
+                float sum = 0.0f;
+                for (int j = 0; j < n; ++j) sum += exp_cr(at(sc_state, j) - mx);
+                float acc = 0.0f;
+                for (int j = 0; j < n; ++j) acc += at(kv_state, j) * (exp_cr(at(sc_state, j) - mx) / sum);
+                a.pooled[static_cast<int64_t>(e) * d + c] = round_bf16(acc);
+            }
+            ++e;
+            __syncthreads();
+            if (a.overlap) {
+                for (int c = threadIdx.x; c < ratio * width; c += blockDim.x) {
+                    kv_state[c] = kv_state[ratio * width + c];
+                    sc_state[c] = sc_state[ratio * width + c];
+                }
+                __syncthreads();
+            }
+        }
+        if (a.snapshot && a.snapshot[i]) {
+            for (int c = threadIdx.x; c < 2 * slots * width; c += blockDim.x) a.snapshot[i][c] = a.state[c];
+            __syncthreads();
+        }
+    }
+}
+
+__global__ void index_scores_kernel(const float* iq, const float* wts, int64_t T, int nh, int hd, const int64_t* width,
+                                    const int64_t* visible, const int64_t* keybase, const float* const* keys,
+                                    int64_t stride, float* scores) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= T * stride) return;
+    const int64_t t = i / stride, j = i % stride;
+    if (j >= width[t] || j >= visible[t]) {
+        scores[i] = -INFINITY;
+        return;
+    }
+    const float* k = keys[keybase[t] + j];
+    float acc = 0.0f;
+    for (int h = 0; h < nh; ++h) {
+        const float* q = iq + (t * nh + h) * hd;
+        double s = 0.0;
+        for (int c = 0; c < hd; ++c) s += static_cast<double>(q[c]) * static_cast<double>(k[c]);
+        const float dd = round_bf16(static_cast<float>(s));
+        acc += round_bf16(fmaxf(dd, 0.0f) * wts[t * nh + h]);
+    }
+    scores[i] = round_bf16(acc);
+}
+
+// Order-preserving unsigned key of a float (larger value, larger key; -0 and +0 equal).
+__device__ __forceinline__ uint32_t order_key(float x) {
+    if (x == 0.0f) x = 0.0f;
+    const uint32_t u = __float_as_uint(x);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+constexpr int kSelectThreads = 256;
+
+// Block-wide selection of the k largest of v[0..n) with ties to the lower index: a radix search (8 bits a
+// pass) for the k-th largest key, then one ordered pass that keeps everything above it and the first of
+// the equal ones. Writes the chosen indices in ascending index order to sel; returns min(k, n).
+__device__ int block_select(const float* v, int64_t n, int k, int32_t* sel) {
+    using Scan = cub::BlockScan<int, kSelectThreads>;
+    __shared__ typename Scan::TempStorage scan_tmp;
+    __shared__ int hist[256];
+    __shared__ uint32_t s_prefix;
+    __shared__ int s_remaining, s_run_eq, s_run_sel;
+    const int kk = static_cast<int>(min(static_cast<int64_t>(k), n));
+    if (kk <= 0) return 0;
+    uint32_t prefix = 0, mask = 0;
+    int remaining = kk;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+            const uint32_t key = order_key(v[j]);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int cum = 0, b = 255;
+            for (; b > 0; --b) {
+                if (cum + hist[b] >= remaining) break;
+                cum += hist[b];
+            }
+            s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
+            s_remaining = remaining - cum;
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        remaining = s_remaining;
+        mask |= 255u << shift;
+        __syncthreads();
+    }
+    const uint32_t thr = prefix;
+    const int need = remaining;  // how many of the keys equal to thr are taken
+    if (threadIdx.x == 0) {
+        s_run_eq = 0;
+        s_run_sel = 0;
+    }
+    __syncthreads();
+    for (int64_t base = 0; base < n; base += blockDim.x) {
+        const int64_t j = base + threadIdx.x;
+        const uint32_t key = j < n ? order_key(v[j]) : 0u;
+        const int gt = j < n && key > thr, eq = j < n && key == thr;
+        int eq_rank, eq_total;
+        Scan(scan_tmp).ExclusiveSum(eq, eq_rank, eq_total);
+        __syncthreads();
+        const int take = gt || (eq && s_run_eq + eq_rank < need);
+        int pos, total;
+        Scan(scan_tmp).ExclusiveSum(take, pos, total);
+        if (take) sel[s_run_sel + pos] = static_cast<int32_t>(j);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            s_run_eq += eq_total;
+            s_run_sel += total;
+        }
+        __syncthreads();
+    }
+    return kk;
+}
+
+__global__ void candidate_kernel(const float* scores, int64_t stride, const int64_t* width, const int64_t* visible,
+                                 int bs, int topb, float* bscore, int32_t* bsel, int64_t bstride, uint8_t* mask) {
+    const int64_t t = blockIdx.x;
+    const int64_t w = width[t], vis = visible[t];
+    if (w == 0) return;
+    const int64_t nb = (w + bs - 1) / bs, last = vis >= 1 ? (vis - 1) / bs : -1;
+    float* bsr = bscore + t * bstride;
+    int32_t* sel = bsel + t * bstride;
+    uint8_t* mr = mask + t * stride;
+    const float* sr = scores + t * stride;
+    for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) {
+        float m = -INFINITY;
+        for (int64_t j = b * bs; j < min(w, (b + 1) * bs); ++j) m = fmaxf(m, sr[j]);
+        bsr[b] = b == last ? INFINITY : m;
+    }
+    for (int64_t j = threadIdx.x; j < w; j += blockDim.x) mr[j] = 0;
+    __syncthreads();
+    const int kk = block_select(bsr, nb, topb, sel);
+    __syncthreads();
+    for (int i = threadIdx.x; i < kk; i += blockDim.x) {
+        const int64_t b = sel[i];
+        if (bsr[b] > -INFINITY)
+            for (int64_t j = b * bs; j < min(w, (b + 1) * bs); ++j) mr[j] = 1;
+    }
+}
+
+__global__ void apply_candidates_kernel(float* scores, int64_t T, int64_t stride, const int64_t* width,
+                                        const uint8_t* mask, const int64_t* mask_width, int64_t mstride) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= T * stride) return;
+    const int64_t t = i / stride, j = i % stride;
+    if (j >= width[t]) return;
+    if (j >= mask_width[t] || !mask[t * mstride + j]) scores[i] = -INFINITY;
+}
+
+// Per row: the top-k, by index (ascending) or by (value desc, index asc); entries >= visible become -1.
+__global__ void topk_kernel(const float* scores, int64_t stride, const int64_t* width, const int64_t* visible, int k,
+                            bool ascending, int32_t* tmp, int32_t* out, int32_t* count) {
+    const int64_t t = blockIdx.x;
+    const float* v = scores + t * stride;
+    int32_t* sel = tmp + t * k;
+    int32_t* o = out + t * k;
+    const int kk = block_select(v, width[t], k, sel);
+    __syncthreads();
+    if (threadIdx.x == 0) count[t] = kk;
+    const int64_t vis = visible[t];
+    for (int i = threadIdx.x; i < kk; i += blockDim.x) {
+        const int32_t j = sel[i];
+        int p = i;
+        if (!ascending) {
+            const float x = v[j];
+            p = 0;
+            for (int q = 0; q < kk; ++q) {
+                const float y = v[sel[q]];
+                p += (y > x) || (y == x && sel[q] < j);
+            }
+        }
+        o[p] = j < vis ? j : -1;
+    }
+}
+
+__global__ void build_keys_kernel(int64_t T, const float* const* win, const int32_t* nwin, int W, const int32_t* sel,
+                                  const int32_t* nsel, int kmax, const float* const* comp_addr, const int64_t* compbase,
+                                  const float** keys, int32_t* nkeys, int maxk) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= T * maxk) return;
+    const int64_t t = i / maxk, s = i % maxk;
+    const int nw = nwin[t], ns = sel ? nsel[t] : 0;
+    if (s == 0) nkeys[t] = nw + ns;
+    if (s < nw) {
+        keys[i] = win[t * W + s];
+    } else if (s - nw < ns) {
+        const int32_t idx = sel[t * kmax + (s - nw)];
+        keys[i] = idx < 0 ? nullptr : comp_addr[compbase[t] + idx];
+    }
+}
+
+constexpr int kAttnThreads = 128, kKeyBlock = 64, kMaxHeadDim = 512;
+
+__global__ void sparse_attention_kernel(const float* q, int H, int D, float scale, const float* sink,
+                                        const float* const* keys, const int32_t* nkeys, int maxk, float* out) {
+    __shared__ float qs[kMaxHeadDim];
+    __shared__ float s[kKeyBlock], p[kKeyBlock];
+    __shared__ float m_sh, sum_sh, rescale_sh;
+    const int64_t t = blockIdx.x / H;
+    const int h = blockIdx.x % H;
+    const float* qh = q + (t * H + h) * D;
+    for (int c = threadIdx.x; c < D; c += blockDim.x) qs[c] = qh[c];
+    if (threadIdx.x == 0) {
+        m_sh = -1e30f;
+        sum_sh = 0.0f;
+    }
+    float acc[kMaxHeadDim / kAttnThreads];
+    for (float& v : acc) v = 0.0f;
+    __syncthreads();
+    const int n = nkeys[t];
+    const float* const* kr = keys + t * maxk;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int b0 = 0; b0 < n; b0 += kKeyBlock) {
+        const int cnt = min(kKeyBlock, n - b0);
+        for (int j = warp; j < cnt; j += nw) {
+            const float* k = kr[b0 + j];
+            double d = 0.0;
+            if (k)
+                for (int c = lane; c < D; c += 32) d += static_cast<double>(qs[c]) * static_cast<double>(k[c]);
+            d = warp_sum(d);
+            if (lane == 0) s[j] = k ? static_cast<float>(d) * scale : -INFINITY;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float bmax = -INFINITY;
+            for (int j = 0; j < cnt; ++j) bmax = fmaxf(bmax, s[j]);
+            const float m_new = fmaxf(m_sh, bmax);
+            const float rescale = exp_cr(m_sh - m_new);
+            float bsum = 0.0f;
+            for (int j = 0; j < cnt; ++j) {
+                const float pj = exp_cr(s[j] - m_new);
+                bsum += pj;
+                p[j] = round_bf16(pj);
+            }
+            sum_sh = sum_sh * rescale + bsum;
+            rescale_sh = rescale;
+            m_sh = m_new;
+        }
+        __syncthreads();
+        const float rescale = rescale_sh;
+        for (int a = 0; a * kAttnThreads + static_cast<int>(threadIdx.x) < D; ++a) {
+            const int c = a * kAttnThreads + threadIdx.x;
+            double pv = 0.0;
+            for (int j = 0; j < cnt; ++j) {
+                const float* k = kr[b0 + j];
+                if (k) pv += static_cast<double>(p[j]) * k[c];
+            }
+            acc[a] = acc[a] * rescale + static_cast<float>(pv);
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) sum_sh += exp_cr(sink[h] - m_sh);
+    __syncthreads();
+    float* o = out + (t * H + h) * D;
+    for (int a = 0; a * kAttnThreads + static_cast<int>(threadIdx.x) < D; ++a) {
+        const int c = a * kAttnThreads + threadIdx.x;
+        o[c] = round_bf16(acc[a] / sum_sh);
+    }
+}
+
+}  // namespace
+
+void compressor_seq(const CompressorArgs& a) {
+    if (a.n_tokens == 0) return;
+    compressor_kernel<<<1, 256>>>(a);
+    PG_LAUNCHED();
+}
+
+void index_scores(const float* iq, const float* wts, int64_t T, int nh, int hd, const int64_t* width,
+                  const int64_t* visible, const int64_t* keybase, const float* const* keys, int64_t stride,
+                  float* scores) {
+    if (T * stride == 0) return;
+    index_scores_kernel<<<blocks_for(T * stride), kThreads>>>(iq, wts, T, nh, hd, width, visible, keybase, keys, stride,
+                                                              scores);
+    PG_LAUNCHED();
+}
+
+void candidate_blocks(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible,
+                      int bs, int topb, float* bscore, int32_t* bsel, int64_t bstride, uint8_t* mask) {
+    if (T == 0) return;
+    candidate_kernel<<<static_cast<unsigned>(T), kSelectThreads>>>(scores, stride, width, visible, bs, topb, bscore, bsel,
+                                                                    bstride, mask);
+    PG_LAUNCHED();
+}
+
+void apply_candidates(float* scores, int64_t T, int64_t stride, const int64_t* width, const uint8_t* mask,
+                      const int64_t* mask_width, int64_t mask_stride) {
+    if (T * stride == 0) return;
+    apply_candidates_kernel<<<blocks_for(T * stride), kThreads>>>(scores, T, stride, width, mask, mask_width,
+                                                                  mask_stride);
+    PG_LAUNCHED();
+}
+
+void topk_rows(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible, int k,
+               bool ascending, int32_t* tmp, int32_t* out, int32_t* count) {
+    if (T == 0 || k == 0) return;
+    topk_kernel<<<static_cast<unsigned>(T), kSelectThreads>>>(scores, stride, width, visible, k, ascending, tmp, out,
+                                                              count);
+    PG_LAUNCHED();
+}
+
+void build_keys(int64_t T, const float* const* win, const int32_t* nwin, int W, const int32_t* sel,
+                const int32_t* nsel, int kmax, const float* const* comp_addr, const int64_t* compbase,
+                const float** keys, int32_t* nkeys, int maxk) {
+    if (T * maxk == 0) return;
+    build_keys_kernel<<<blocks_for(T * maxk), kThreads>>>(T, win, nwin, W, sel, nsel, kmax, comp_addr, compbase, keys,
+                                                          nkeys, maxk);
+    PG_LAUNCHED();
+}
+
+void sparse_attention(const float* q, int64_t T, int H, int D, float scale, const float* sink, const float* const* keys,
+                      const int32_t* nkeys, int maxk, float* out) {
+    if (T == 0) return;
+    if (D > kMaxHeadDim) cuda_fail(cudaErrorInvalidValue, "sparse_attention: head_dim > 512", __FILE__, __LINE__);
+    sparse_attention_kernel<<<static_cast<unsigned>(T * H), kAttnThreads>>>(q, H, D, scale, sink, keys, nkeys, maxk,
+                                                                            out);
+    PG_LAUNCHED();
+}
+
+}  // namespace peregrine::cuda

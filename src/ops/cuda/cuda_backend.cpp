@@ -1,0 +1,368 @@
+#include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/launch_check.h"
+#include "ops/cuda/rope_table.h"
+#include "util/error.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+namespace peregrine {
+
+std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& cfg, const StateLayout& layout,
+                                           const std::string& engram_placement) {
+    cuda::EngramPlacement p;
+    if (engram_placement == "device") p = cuda::EngramPlacement::Device;
+    else if (engram_placement == "host") p = cuda::EngramPlacement::Host;
+    else fail("unknown engram placement '{}' (device or host)", engram_placement);
+    std::string why;
+    if (!cuda_device_available(&why)) fail("--device cuda: {}", why);
+    return std::make_unique<cuda::CudaBackend>(cfg, layout, p);
+}
+
+bool cuda_device_available(std::string* why) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        if (why) *why = e != cudaSuccess ? std::string("no usable CUDA device: ") + cudaGetErrorString(e)
+                                         : std::string("no CUDA device found");
+        cudaGetLastError();
+        return false;
+    }
+    return true;
+}
+
+namespace cuda {
+
+void cuda_fail(cudaError_t e, const char* what, const char* file, int line) {
+    fail("CUDA error '{}' in {} at {}:{}", cudaGetErrorString(e), what, file, line);
+}
+
+std::shared_ptr<void> device_alloc(size_t bytes) {
+    void* p = nullptr;
+    PG_CUDA(cudaMallocAsync(&p, std::max<size_t>(bytes, 16), 0));
+    return std::shared_ptr<void>(p, [](void* q) { cudaFreeAsync(q, 0); });
+}
+
+void copy_to_device(void* dst, const void* src, size_t bytes) {
+    PG_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, 0));
+}
+
+Tensor CudaBackend::empty(DType dtype, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    auto keep = device_alloc(static_cast<size_t>(n) * dtype_size(dtype));
+    void* p = keep.get();
+    return Tensor::view(dtype, std::move(shape), p, Device::CUDA, std::move(keep));
+}
+
+Tensor CudaBackend::to_device(const Tensor& host) {
+    PEREGRINE_CHECK(host.device() == Device::CPU, "to_device: tensor is already on the device");
+    Tensor t = empty(host.dtype(), host.shape());
+    if (host.nbytes()) PG_CUDA(cudaMemcpy(t.raw(), host.raw(), host.nbytes(), cudaMemcpyHostToDevice));
+    return t;
+}
+
+Tensor CudaBackend::to_host(const Tensor& dev) {
+    PEREGRINE_CHECK(dev.device() == Device::CUDA, "to_host: tensor is not on the device");
+    Tensor t = Tensor::zeros(dev.dtype(), dev.shape());
+    if (dev.nbytes()) PG_CUDA(cudaMemcpy(t.raw(), dev.raw(), dev.nbytes(), cudaMemcpyDeviceToHost));
+    return t;
+}
+
+CudaBackend::CudaBackend(const ModelConfig& cfg, const StateLayout& layout, EngramPlacement engram)
+    : cfg_(cfg), layout_(layout), engram_placement_(engram) {
+    PG_CUDA(cudaSetDevice(0));
+    const char* ref = std::getenv("PEREGRINE_CUDA_REFERENCE_GEMM");
+    reference_gemm_ = ref && std::string(ref) == "1";
+}
+
+CudaBackend::~CudaBackend() {
+    cudaDeviceSynchronize();
+    for (void* p : pinned_) cudaFreeHost(p);
+}
+
+const void* CudaBackend::dev_raw(const Tensor& t) {
+    if (t.device() == Device::CUDA) return t.raw();
+    auto it = raw_.find(t.raw());
+    if (it != raw_.end()) return it->second.get();
+    auto keep = device_alloc(t.nbytes());
+    PG_CUDA(cudaMemcpy(keep.get(), t.raw(), t.nbytes(), cudaMemcpyHostToDevice));
+    return raw_.emplace(t.raw(), keep).first->second.get();
+}
+
+const float* CudaBackend::dev_f32(const Tensor& t) {
+    auto it = f32_.find(t.raw());
+    if (it != f32_.end()) return static_cast<const float*>(it->second.get());
+    std::vector<float> v(static_cast<size_t>(t.numel()));
+    for (int64_t i = 0; i < t.numel(); ++i) {
+        switch (t.dtype()) {
+            case DType::F32: v[i] = t.data<float>()[i]; break;
+            case DType::BF16: v[i] = bf16_to_f32(t.data<uint16_t>()[i]); break;
+            default: fail("unsupported parameter dtype {}", dtype_name(t.dtype()));
+        }
+    }
+    auto a = upload(v);
+    return static_cast<const float*>(f32_.emplace(t.raw(), a.keep).first->second.get());
+}
+
+LinearDev CudaBackend::dev_linear(const LinearWeight& w) {
+    LinearDev d;
+    d.kind = static_cast<int>(w.kind);
+    d.out = w.out;
+    d.in = w.in;
+    d.weight_block = w.weight_block;
+    d.act_block = w.act_block;
+    d.w_bf16 = w.w.dtype() == DType::BF16;
+    d.w = dev_raw(w.w);
+    d.scale = w.scale.empty() ? nullptr : static_cast<const uint8_t*>(dev_raw(w.scale));
+    return d;
+}
+
+const float* CudaBackend::rope_freqs(const AttentionLayerInfo& info) {
+    auto key = std::make_pair(info.rope_theta, info.yarn);
+    auto it = ropes_.find(key);
+    if (it == ropes_.end()) {
+        auto f = rope_frequencies(cfg_.rope_head_dim, info.rope_theta, info.yarn ? cfg_.original_seq_len : 0,
+                                  cfg_.rope_factor, cfg_.beta_fast, cfg_.beta_slow, cfg_.is_v41());
+        it = ropes_.emplace(key, upload(f).keep).first;
+    }
+    return static_cast<const float*>(it->second.get());
+}
+
+void CudaBackend::gemm(const float* x, const float* xs, int64_t M, const LinearDev& d, float* y,
+                       const ExpertTable* experts, const Routed* routed) {
+    if (!reference_gemm_ && linear_tiled_supported(d))
+        linear_tiled(x, xs, M, d, y, experts, routed ? &routed->routing : nullptr);
+    else
+        cuda::linear(x, xs, M, d, y, experts, routed ? routed->row_expert : nullptr);
+}
+
+Tensor CudaBackend::run_linear(const Tensor& x, const LinearWeight& w, const ExpertTable* experts,
+                               const Routed* routed) {
+    const int64_t M = x.numel() / w.in;
+    Tensor y = empty(DType::F32, {M, w.out});
+    LinearDev d = dev_linear(w);
+    const bool quantised = w.kind == LinearWeight::Kind::FP8 || w.kind == LinearWeight::Kind::FP4;
+    if (quantised) {
+        PEREGRINE_CHECK(w.act_block > 0 && w.in % w.act_block == 0,
+                        "linear: input width {} is not a multiple of the activation block {}", w.in, w.act_block);
+        Tensor xq = empty(DType::F32, {M, w.in}), xs = empty(DType::F32, {M, w.in / w.act_block});
+        act_quant(x.f32(), M, w.in, w.act_block, xq.f32(), xs.f32());
+        gemm(xq.f32(), xs.f32(), M, d, y.f32(), experts, routed);
+    } else {
+        gemm(x.f32(), nullptr, M, d, y.f32(), experts, routed);
+    }
+    return y;
+}
+
+Tensor CudaBackend::linear(const Tensor& x, const LinearWeight& w) {
+    OpTimer op_(*this, "linear");
+    return run_linear(x, w);
+}
+
+std::unique_ptr<StepScratch> CudaBackend::begin_step(const ForwardBatch&) { return std::make_unique<CudaScratch>(); }
+
+uint8_t* CudaBackend::alloc_state(size_t bytes) {
+    void* p = nullptr;
+    PG_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 64)));
+    PG_CUDA(cudaMemset(p, 0, bytes));
+    return static_cast<uint8_t*>(p);
+}
+
+void CudaBackend::free_state(uint8_t* p) {
+    cudaDeviceSynchronize();
+    cudaFree(p);
+}
+
+void CudaBackend::read_state(const uint8_t* src, size_t bytes, void* dst) {
+    PG_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+Tensor CudaBackend::first_stream_mix(int T) {
+    OpTimer op_(*this, "first_stream_mix");
+    Tensor pre = empty(DType::F32, {T, cfg_.hc_mult});
+    cuda::first_stream_mix(T, cfg_.hc_mult, pre.f32());
+    return pre;
+}
+
+Tensor CudaBackend::gather_rows(const Tensor& x, const std::vector<int>& rows) {
+    OpTimer op_(*this, "gather_rows");
+    std::vector<int64_t> shape = x.shape();
+    const int64_t len = x.numel() / shape[0];
+    shape[0] = static_cast<int64_t>(rows.size());
+    Tensor y = empty(DType::F32, shape);
+    auto r = upload(std::vector<int32_t>(rows.begin(), rows.end()));
+    cuda::gather_rows(x.f32(), r.ptr, static_cast<int64_t>(rows.size()), len, y.f32());
+    return y;
+}
+
+Tensor CudaBackend::embed(const Tensor& table, const std::vector<int32_t>& ids) {
+    OpTimer op_(*this, "embed");
+    const int64_t T = static_cast<int64_t>(ids.size());
+    for (int32_t id : ids)
+        if (id < 0 || id >= table.dim(0)) fail("token id {} is outside the vocabulary (0..{})", id, table.dim(0) - 1);
+    PEREGRINE_CHECK(table.dtype() == DType::BF16 || table.dtype() == DType::F32, "embedding must be bf16 or f32");
+    Tensor h = empty(DType::F32, {T, cfg_.hc_mult, cfg_.dim});
+    auto d = upload(ids);
+    cuda::embed(dev_raw(table), table.dtype() == DType::BF16, d.ptr, T, cfg_.hc_mult, cfg_.dim, h.f32());
+    return h;
+}
+
+HcMix CudaBackend::hc_mixes(const Tensor& h, const HcWeight& w) {
+    OpTimer op_(*this, "hc_mixes");
+    const int64_t T = h.dim(0);
+    const int hc = cfg_.hc_mult;
+    HcMix m{empty(DType::F32, {T, hc}), empty(DType::F32, {T, hc}), empty(DType::F32, {T, hc, hc})};
+    cuda::hc_mixes(h.f32(), T, hc, cfg_.dim, dev_f32(w.fn), static_cast<int>(w.fn.dim(0)), dev_f32(w.base),
+                   dev_f32(w.scale), eps(), static_cast<float>(cfg_.hc_eps), cfg_.hc_sinkhorn_iters, 0, m.pre.f32(),
+                   m.post.f32(), m.comb.f32());
+    return m;
+}
+
+Tensor CudaBackend::hc_collapse(const Tensor& h, const Tensor& pre) {
+    OpTimer op_(*this, "hc_collapse");
+    const int64_t T = h.dim(0);
+    Tensor y = empty(DType::F32, {T, cfg_.dim});
+    cuda::hc_collapse(h.f32(), pre.f32(), T, cfg_.hc_mult, cfg_.dim, y.f32());
+    return y;
+}
+
+Tensor CudaBackend::hc_expand(const Tensor& y, const Tensor& residual, const HcMix& mix) {
+    OpTimer op_(*this, "hc_expand");
+    const int64_t T = y.dim(0);
+    Tensor out = empty(DType::F32, {T, cfg_.hc_mult, cfg_.dim});
+    cuda::hc_expand(y.f32(), residual.f32(), mix.post.f32(), mix.comb.f32(), T, cfg_.hc_mult, cfg_.dim, out.f32());
+    return out;
+}
+
+Tensor CudaBackend::hc_head(const Tensor& h, const HcWeight& w) {
+    OpTimer op_(*this, "hc_head");
+    const int64_t T = h.dim(0);
+    Tensor pre = empty(DType::F32, {T, cfg_.hc_mult});
+    cuda::hc_mixes(h.f32(), T, cfg_.hc_mult, cfg_.dim, dev_f32(w.fn), cfg_.hc_mult, dev_f32(w.base), dev_f32(w.scale),
+                   eps(), static_cast<float>(cfg_.hc_eps), 0, 1, pre.f32(), nullptr, nullptr);
+    return hc_collapse(h, pre);
+}
+
+Tensor CudaBackend::rms_norm(const Tensor& x, const Tensor& w) {
+    OpTimer op_(*this, "rms_norm");
+    const int64_t D = x.dim(-1), rows = x.numel() / D;
+    Tensor y = empty(DType::F32, x.shape());
+    cuda::rms_norm(x.f32(), rows, static_cast<int>(D), dev_f32(w), eps(), y.f32());
+    return y;
+}
+
+Tensor CudaBackend::hc_mean(const Tensor& h) {
+    OpTimer op_(*this, "hc_mean");
+    const int64_t T = h.dim(0);
+    Tensor y = empty(DType::F32, {T, cfg_.dim});
+    cuda::hc_mean(h.f32(), T, cfg_.hc_mult, cfg_.dim, y.f32());
+    return y;
+}
+
+Tensor CudaBackend::logits(const Tensor& x, const LinearWeight& head) {
+    OpTimer op_(*this, "logits");
+    // fp32 on the (bf16-stored) weights, as the reference upcasts them.
+    LinearWeight w = head;
+    w.kind = LinearWeight::Kind::F32;
+    Tensor y = run_linear(x, w);
+    return to_host(y);
+}
+
+}  // namespace cuda
+}  // namespace peregrine
+
+namespace peregrine::cuda {
+
+namespace {
+void* record_event() {
+    cudaEvent_t e;
+    PG_CUDA(cudaEventCreate(&e));
+    PG_CUDA(cudaEventRecord(e, 0));
+    return e;
+}
+}  // namespace
+
+OpTimer::OpTimer(CudaBackend& b, const char* name) : b_(b) {
+    record_ = b_.profiling_ && b_.depth_ == 0;
+    ++b_.depth_;
+    if (record_) {
+        index_ = b_.events_.size();
+        b_.events_.push_back({name, record_event(), nullptr});
+    }
+}
+
+OpTimer::~OpTimer() {
+    --b_.depth_;
+    if (!record_) return;
+    if (b_.open_phase_ >= 0) {
+        b_.events_[static_cast<size_t>(b_.open_phase_)].stop = record_event();
+        b_.open_phase_ = -1;
+    }
+    b_.events_[index_].stop = record_event();
+}
+
+void CudaBackend::phase(const char* name) {
+    if (!profiling_ || depth_ != 1) return;
+    if (open_phase_ >= 0) events_[static_cast<size_t>(open_phase_)].stop = record_event();
+    open_phase_ = static_cast<int>(events_.size());
+    events_.push_back({name, record_event(), nullptr});
+}
+
+std::map<std::string, double> CudaBackend::profile() {
+    PG_CUDA(cudaDeviceSynchronize());
+    std::map<std::string, double> ms;
+    for (auto& e : events_) {
+        float t = 0.0f;
+        if (e.stop) PG_CUDA(cudaEventElapsedTime(&t, static_cast<cudaEvent_t>(e.start), static_cast<cudaEvent_t>(e.stop)));
+        ms[e.name] += t;
+        cudaEventDestroy(static_cast<cudaEvent_t>(e.start));
+        if (e.stop) cudaEventDestroy(static_cast<cudaEvent_t>(e.stop));
+    }
+    events_.clear();
+    return ms;
+}
+
+void CudaBackend::fill_state_random(uint8_t* p, size_t bytes, uint64_t seed) {
+    fill_random_bf16(reinterpret_cast<float*>(p), static_cast<int64_t>(bytes / sizeof(float)), seed);
+    PG_CUDA(cudaDeviceSynchronize());
+}
+
+double CudaBackend::copy_bandwidth_gbs(size_t bytes, int reps) {
+    void *a = nullptr, *b = nullptr;
+    PG_CUDA(cudaMalloc(&a, bytes));
+    PG_CUDA(cudaMalloc(&b, bytes));
+    fill_random_bf16(static_cast<float*>(a), static_cast<int64_t>(bytes / 4), 7);
+    PG_CUDA(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+    cudaEvent_t e0, e1;
+    PG_CUDA(cudaEventCreate(&e0));
+    PG_CUDA(cudaEventCreate(&e1));
+    PG_CUDA(cudaEventRecord(e0, 0));
+    for (int i = 0; i < reps; ++i) PG_CUDA(cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice, 0));
+    PG_CUDA(cudaEventRecord(e1, 0));
+    PG_CUDA(cudaEventSynchronize(e1));
+    float ms = 0.0f;
+    PG_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    return 2.0 * static_cast<double>(bytes) * reps / (ms * 1e-3) / 1e9;
+}
+
+size_t CudaBackend::free_device_memory() {
+    size_t free = 0, total = 0;
+    PG_CUDA(cudaMemGetInfo(&free, &total));
+    return free;
+}
+
+std::string CudaBackend::device_name() {
+    cudaDeviceProp p{};
+    PG_CUDA(cudaGetDeviceProperties(&p, 0));
+    return p.name;
+}
+
+}  // namespace peregrine::cuda

@@ -1,0 +1,170 @@
+#pragma once
+// The CUDA backend: activations are F32 tensors in device memory holding bf16-rounded values, state pages
+// live in device memory with the reference's float layout, weights are uploaded on first use in their
+// stored formats. Every op follows the reference backend's arithmetic (src/ops/cpu), so logits agree with
+// it to rounding noise; logits come back in host memory.
+#include "ops/backend.h"
+#include "ops/cuda/kernels.h"
+
+#include <map>
+#include <memory>
+#include <unordered_map>
+
+namespace peregrine::cuda {
+
+// Device memory of `bytes`, freed in stream order when the last reference goes.
+std::shared_ptr<void> device_alloc(size_t bytes);
+void copy_to_device(void* dst, const void* src, size_t bytes);
+
+// A typed device copy of a host vector (kept alive by `keep`).
+template <typename T>
+struct DevArray {
+    std::shared_ptr<void> keep;
+    T* ptr = nullptr;
+};
+
+struct CudaScratch : StepScratch {
+    // Compressed-entry selection of the most recent index source: [T, k] (-1: none) and counts [T].
+    std::shared_ptr<void> topk, topk_count;
+    int topk_k = 0;
+    // Level-1 candidate mask of the candidate source: [T, mask_stride] and its width per row.
+    std::shared_ptr<void> mask, mask_width;
+    int64_t mask_stride = 0;
+};
+
+enum class EngramPlacement { Device, Host };
+
+class CudaBackend : public Backend {
+public:
+    CudaBackend(const ModelConfig& cfg, const StateLayout& layout, EngramPlacement engram = EngramPlacement::Device);
+    ~CudaBackend() override;
+    std::string name() const override { return "cuda"; }
+
+    std::unique_ptr<StepScratch> begin_step(const ForwardBatch& batch) override;
+    uint8_t* alloc_state(size_t bytes) override;
+    void free_state(uint8_t* p) override;
+    void read_state(const uint8_t* src, size_t bytes, void* dst) override;
+    Tensor first_stream_mix(int T) override;
+    Tensor gather_rows(const Tensor& x, const std::vector<int>& rows) override;
+    Tensor embed(const Tensor& table, const std::vector<int32_t>& ids) override;
+    void engram(Tensor& h, const EngramWeight& w, const std::vector<int64_t>& rows) override;
+    HcMix hc_mixes(const Tensor& h, const HcWeight& w) override;
+    Tensor hc_collapse(const Tensor& h, const Tensor& pre) override;
+    Tensor hc_expand(const Tensor& y, const Tensor& residual, const HcMix& mix) override;
+    Tensor hc_head(const Tensor& h, const HcWeight& w) override;
+    Tensor rms_norm(const Tensor& x, const Tensor& w) override;
+    Tensor hc_mean(const Tensor& h) override;
+    Tensor attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info, ForwardBatch& batch,
+                     StepScratch& scratch) override;
+    Tensor moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) override;
+    Tensor concat_cols(const std::vector<Tensor>& parts) override;
+    void store_window_kv(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                         ForwardBatch& batch) override;
+    Tensor dspark_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                            const SeqState& state, int64_t pos) override;
+    Tensor markov_bias(const DSparkWeight& w, int32_t id) override;
+    Tensor dspark_confidence(const DSparkWeight& w, const Tensor& x, const std::vector<int32_t>& ids) override;
+    Tensor linear(const Tensor& x, const LinearWeight& w) override;
+    Tensor logits(const Tensor& x, const LinearWeight& head) override;
+
+    // Benchmark support. Profiling records device time per outermost op (and per phase inside attention
+    // and MoE) with events; profile() waits for the device and returns milliseconds by name, then clears.
+    void set_profiling(bool on) { profiling_ = on; }
+    std::map<std::string, double> profile();
+    // Routes row t's slot k to expert (t*K + k) % E: every expert equally loaded (router still computed).
+    void set_balanced_routing(bool on) { balanced_routing_ = on; }
+    // Fills state-page memory with bf16-valued floats in [-1, 1) (a cached context without its prefill).
+    void fill_state_random(uint8_t* p, size_t bytes, uint64_t seed);
+    // Device-to-device copy bandwidth, bytes read plus written per second (GB/s).
+    static double copy_bandwidth_gbs(size_t bytes, int reps);
+    static size_t free_device_memory();
+    static std::string device_name();
+
+    // Host <-> device copies of F32/any tensors (tests, tools).
+    static Tensor to_device(const Tensor& host);
+    static Tensor to_host(const Tensor& dev);
+    // Uninitialised device tensor.
+    static Tensor empty(DType dtype, std::vector<int64_t> shape);
+    template <typename T>
+    static DevArray<T> upload(const std::vector<T>& v);
+
+private:
+    friend class OpTimer;
+    struct TimedEvent {
+        std::string name;
+        void* start;
+        void* stop;
+    };
+    bool profiling_ = false, balanced_routing_ = false;
+    int depth_ = 0, open_phase_ = -1;
+    std::vector<TimedEvent> events_;
+    // Ends the current phase of the outermost op (if any) and starts `name`.
+    void phase(const char* name);
+
+    // q = wq_b(qr) per head (V4: unweighted head norm), RoPE at each row's position.
+    Tensor project_queries(const Tensor& qr, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
+    // Window K=V rows: kv_norm(wkv(x)), RoPE, fp8 quantise-dequantise.
+    Tensor window_kv(const Tensor& x, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
+    // Inverse RoPE of the attention output (in place), grouped wo_a (bf16), wo_b.
+    Tensor project_output(Tensor& o, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
+
+    struct Emitted;  // compressor output
+    Emitted run_compressor(const CompressorWeight& cw, size_t carry_offset, const Tensor& x, ForwardBatch& batch);
+
+    const void* dev_raw(const Tensor& t);    // the stored bytes, uploaded once
+    const float* dev_f32(const Tensor& t);   // a BF16/F32 parameter as floats, uploaded once
+    LinearDev dev_linear(const LinearWeight& w);
+    const float* rope_freqs(const AttentionLayerInfo& info);
+    const float* engram_weight(const EngramWeight& w);
+    // How a routed GEMM finds each row's expert: per row (reference kernel) and grouped (tiled kernel).
+    struct Routed {
+        const int* row_expert = nullptr;
+        LinearRouting routing;
+    };
+    // y = x W^T for x [M, in] (device); with experts, row m uses its expert's weights.
+    Tensor run_linear(const Tensor& x, const LinearWeight& w, const ExpertTable* experts = nullptr,
+                      const Routed* routed = nullptr);
+    void gemm(const float* x, const float* xs, int64_t M, const LinearDev& d, float* y, const ExpertTable* experts,
+              const Routed* routed);
+    bool reference_gemm_ = false;  // PEREGRINE_CUDA_REFERENCE_GEMM=1: the plain per-output kernel everywhere
+    float eps() const { return static_cast<float>(cfg_.norm_eps); }
+
+    struct ExpertTables {
+        std::shared_ptr<void> keep;
+        ExpertTable w1, w2, w3;
+    };
+    const ExpertTables& expert_tables(const MoEWeight& w);
+
+    ModelConfig cfg_;
+    StateLayout layout_;
+    EngramPlacement engram_placement_;
+    std::unordered_map<const void*, std::shared_ptr<void>> raw_, f32_, engram_w_;
+    std::unordered_map<const void*, ExpertTables> experts_;
+    std::map<std::pair<double, bool>, std::shared_ptr<void>> ropes_;
+    std::vector<void*> pinned_;  // host-placed engram tables
+};
+
+// Scope of one op, timed when profiling and outermost (ops called by other ops count to their caller).
+class OpTimer {
+public:
+    OpTimer(CudaBackend& b, const char* name);
+    ~OpTimer();
+    OpTimer(const OpTimer&) = delete;
+    OpTimer& operator=(const OpTimer&) = delete;
+
+private:
+    CudaBackend& b_;
+    bool record_ = false;
+    size_t index_ = 0;
+};
+
+template <typename T>
+DevArray<T> CudaBackend::upload(const std::vector<T>& v) {
+    DevArray<T> a;
+    a.keep = device_alloc(sizeof(T) * std::max<size_t>(v.size(), 1));
+    a.ptr = static_cast<T*>(a.keep.get());
+    if (!v.empty()) copy_to_device(a.ptr, v.data(), sizeof(T) * v.size());
+    return a;
+}
+
+}  // namespace peregrine::cuda

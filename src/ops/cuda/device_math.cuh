@@ -1,0 +1,90 @@
+#pragma once
+// Scalar numerics on the device, bit-compatible with the reference's host conversions (tensor/dtype.h,
+// tensor/quant.h): bf16 and e4m3 round to nearest even, e4m3 saturates, ue8m0 scales are powers of two.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cstdint>
+
+namespace peregrine::cuda {
+
+__device__ __forceinline__ float round_bf16(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
+__device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
+
+__device__ __forceinline__ float e4m3_to_f32(uint8_t b) {
+    __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3);
+    return __half2float(__half(h));
+}
+__device__ __forceinline__ float round_e4m3(float x) {
+    return e4m3_to_f32(static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)));
+}
+__device__ __forceinline__ float e8m0_to_f32(uint8_t b) {
+    if (b == 0) return __uint_as_float(0x00400000u);
+    if (b == 255) return __uint_as_float(0x7fc00000u);
+    return __uint_as_float(static_cast<uint32_t>(b) << 23);
+}
+__device__ __forceinline__ float e2m1_to_f32(uint8_t code) {
+    const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    float m = mag[code & 7];
+    return (code & 8) ? -m : m;
+}
+__device__ __forceinline__ uint8_t f32_to_e2m1(float x) {
+    float m = fabsf(x);
+    uint8_t c;
+    if (m <= 0.25f) c = 0;
+    else if (m < 0.75f) c = 1;
+    else if (m <= 1.25f) c = 2;
+    else if (m < 1.75f) c = 3;
+    else if (m <= 2.5f) c = 4;
+    else if (m < 3.5f) c = 5;
+    else if (m <= 5.0f) c = 6;
+    else c = 7;
+    return static_cast<uint8_t>(c | (signbit(x) ? 8 : 0));
+}
+// 2^ceil(log2(amax * max_inv)) from the IEEE bits, as the official kernels compute it.
+__device__ __forceinline__ float pow2_round_scale(float amax, float max_inv) {
+    uint32_t bits = __float_as_uint(amax * max_inv);
+    int32_t e = static_cast<int32_t>((bits >> 23) & 0xff);
+    uint32_t man = bits & 0x7fffffu;
+    int32_t l = e - 127 + (man != 0 ? 1 : 0);
+    return __uint_as_float(static_cast<uint32_t>(l + 127) << 23);
+}
+
+// Transcendentals correctly rounded to float (computed in double, rounded once), so that they agree with
+// the host's (glibc's expf/sinf/cosf are correctly rounded in practice) instead of differing by an ulp.
+__device__ __forceinline__ float exp_cr(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
+__device__ __forceinline__ float log1p_cr(float x) { return static_cast<float>(log1p(static_cast<double>(x))); }
+__device__ __forceinline__ float sin_cr(float x) { return static_cast<float>(sin(static_cast<double>(x))); }
+__device__ __forceinline__ float cos_cr(float x) { return static_cast<float>(cos(static_cast<double>(x))); }
+
+// Sum of a double over a warp.
+__device__ __forceinline__ double warp_sum(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+// Sum of a double over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+__device__ __forceinline__ double block_sum(double v) {
+    __shared__ double part[32];
+    __shared__ double total;
+    v = warp_sum(v);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads();
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        double s = lane < static_cast<int>(blockDim.x >> 5) ? part[lane] : 0.0;
+        s = warp_sum(s);
+        if (lane == 0) total = s;
+    }
+    __syncthreads();
+    return total;
+}
+
+// Reads element i of a parameter stored as bf16 (is_bf16) or f32.
+__device__ __forceinline__ float param_at(const void* p, bool is_bf16, int64_t i) {
+    return is_bf16 ? bf16_bits_to_f32(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+
+constexpr int kThreads = 256;
+inline unsigned blocks_for(int64_t n, int threads = kThreads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+
+}  // namespace peregrine::cuda

@@ -1,0 +1,148 @@
+// Row-wise transforms of the attention path: RoPE/YaRN rotation, KV and indexer quantise-dequantise
+// (fp8 / fp4 with ue8m0 or e4m3 scales), Hadamard rotation, V4's bf16 head norm and scattered row stores.
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch_check.h"
+
+namespace peregrine::cuda {
+
+namespace {
+
+__global__ void rope_kernel(float* x, int64_t rows, int heads, int64_t rs, int64_t hs, int offset, const int64_t* pos,
+                            const float* freqs, int dim, bool inverse) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    const int half = dim / 2;
+    if (i >= rows * heads * half) return;
+    const int64_t r = i / (heads * half);
+    const int h = static_cast<int>((i / half) % heads), k = static_cast<int>(i % half);
+    float* v = x + r * rs + h * hs + offset + 2 * k;
+    const float ang = static_cast<float>(pos[r]) * freqs[k];
+    const float c = cos_cr(ang);
+    float s = sin_cr(ang);
+    if (inverse) s = -s;
+    const float a = v[0], b = v[1];
+    v[0] = round_bf16(a * c - b * s);
+    v[1] = round_bf16(a * s + b * c);
+}
+
+__global__ void qdq_kernel(float* x, int64_t rows, int64_t rs, int n, int block, int kind) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    const int nb = n / block;
+    if (i >= rows * nb) return;
+    float* xb = x + (i / nb) * rs + (i % nb) * block;
+    float amax = 0.0f;
+    for (int j = 0; j < block; ++j) amax = fmaxf(amax, fabsf(xb[j]));
+    if (kind == 0) {
+        const float s = pow2_round_scale(fmaxf(amax, 1e-4f), 1.0f / 448.0f);
+        for (int j = 0; j < block; ++j) xb[j] = round_bf16(round_e4m3(fminf(fmaxf(xb[j] / s, -448.0f), 448.0f)) * s);
+    } else {
+        float s;
+        if (kind == 1) s = pow2_round_scale(fmaxf(amax, 6.0f * ldexpf(1.0f, -126)), 1.0f / 6.0f);
+        else s = round_e4m3(fmaxf(amax, 6.0f * ldexpf(1.0f, -9)) / 6.0f);
+        for (int j = 0; j < block; ++j)
+            xb[j] = round_bf16(e2m1_to_f32(f32_to_e2m1(fminf(fmaxf(xb[j] / s, -6.0f), 6.0f))) * s);
+    }
+}
+
+constexpr int kMaxHadamard = 1024;
+
+__global__ void hadamard_kernel(float* x, int64_t rows, int64_t rs, int n) {
+    __shared__ double v[kMaxHadamard];
+    float* xr = x + static_cast<int64_t>(blockIdx.x) * rs;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = xr[i];
+    __syncthreads();
+    for (int len = 1; len < n; len <<= 1) {
+        for (int p = threadIdx.x; p < n / 2; p += blockDim.x) {
+            const int i = (p / len) * 2 * len + p % len;
+            const double a = v[i], b = v[i + len];
+            v[i] = a + b;
+            v[i + len] = a - b;
+        }
+        __syncthreads();
+    }
+    const float scale = static_cast<float>(pow(static_cast<double>(n), -0.5));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) xr[i] = round_bf16(static_cast<float>(v[i]) * scale);
+}
+
+__global__ void head_norm_kernel(float* x, int64_t n_heads, int D, float eps) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= n_heads) return;
+    float* q = x + i * D;
+    float ss = 0.0f;
+    for (int c = 0; c < D; ++c) ss += round_bf16(q[c] * q[c]);
+    const float mean = round_bf16(ss / static_cast<float>(D));
+    const float r = round_bf16(1.0f / sqrtf(round_bf16(mean + eps)));
+    for (int c = 0; c < D; ++c) q[c] = round_bf16(q[c] * r);
+}
+
+__global__ void store_rows_kernel(const float* src, int64_t rows, int width, float* const* dst) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= rows * width) return;
+    dst[i / width][i % width] = src[i];
+}
+
+__global__ void scale_round_kernel(float* x, int64_t n, float s) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i < n) x[i] = round_bf16(x[i] * s);
+}
+
+__global__ void fill_random_kernel(float* x, int64_t n, uint64_t seed) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= n) return;
+    uint64_t z = (static_cast<uint64_t>(i) + 1) * 0x9E3779B97F4A7C15ull ^ (seed * 0xD1B54A32D192ED69ull);
+    z ^= z >> 31;
+    z *= 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 29;
+    x[i] = round_bf16(static_cast<float>(static_cast<uint32_t>(z >> 40)) / 16777216.0f * 2.0f - 1.0f);
+}
+
+}  // namespace
+
+void fill_random_bf16(float* x, int64_t n, uint64_t seed) {
+    if (n == 0) return;
+    fill_random_kernel<<<blocks_for(n), kThreads>>>(x, n, seed);
+    PG_LAUNCHED();
+}
+
+void rope(float* x, int64_t rows, int heads, int64_t rs, int64_t hs, int offset, const int64_t* pos, const float* freqs,
+          int dim, bool inverse) {
+    const int64_t n = rows * heads * (dim / 2);
+    if (n == 0) return;
+    rope_kernel<<<blocks_for(n), kThreads>>>(x, rows, heads, rs, hs, offset, pos, freqs, dim, inverse);
+    PG_LAUNCHED();
+}
+
+void qdq_rows(float* x, int64_t rows, int64_t rs, int n, int block, int kind) {
+    const int64_t m = rows * (n / block);
+    if (m == 0) return;
+    qdq_kernel<<<blocks_for(m), kThreads>>>(x, rows, rs, n, block, kind);
+    PG_LAUNCHED();
+}
+
+void hadamard_rows(float* x, int64_t rows, int64_t rs, int n) {
+    if (rows == 0) return;
+    if (n > kMaxHadamard || (n & (n - 1)) != 0)
+        cuda_fail(cudaErrorInvalidValue, "hadamard: width must be a power of two <= 1024", __FILE__, __LINE__);
+    hadamard_kernel<<<static_cast<unsigned>(rows), 128>>>(x, rows, rs, n);
+    PG_LAUNCHED();
+}
+
+void head_norm_bf16(float* x, int64_t n_heads, int D, float eps) {
+    if (n_heads == 0) return;
+    head_norm_kernel<<<blocks_for(n_heads), kThreads>>>(x, n_heads, D, eps);
+    PG_LAUNCHED();
+}
+
+void store_rows(const float* src, int64_t rows, int width, float* const* dst) {
+    if (rows * width == 0) return;
+    store_rows_kernel<<<blocks_for(rows * width), kThreads>>>(src, rows, width, dst);
+    PG_LAUNCHED();
+}
+
+void scale_round_bf16(float* x, int64_t n, float s) {
+    if (n == 0) return;
+    scale_round_kernel<<<blocks_for(n), kThreads>>>(x, n, s);
+    PG_LAUNCHED();
+}
+
+}  // namespace peregrine::cuda

@@ -1,0 +1,125 @@
+#pragma once
+// Launchers of the CUDA kernels (plain pointers, device memory, the current stream). The backend in
+// cuda_backend.cpp composes them; each kernel follows the reference backend's arithmetic (src/ops/cpu)
+// step for step, with double accumulation where the reference sums exactly.
+#include <cstdint>
+
+namespace peregrine::cuda {
+
+// A linear layer's weights in device memory (see LinearWeight for the formats).
+struct LinearDev {
+    int kind = 0;  // 0 F32 compute, 1 BF16, 2 FP8, 3 FP4 (LinearWeight::Kind order)
+    int out = 0, in = 0, weight_block = 0, act_block = 0;
+    bool w_bf16 = false;  // F32 kind: weights stored as bf16
+    const void* w = nullptr;
+    const uint8_t* scale = nullptr;
+};
+
+// Experts of one layer for the routed GEMM: per-expert weight and scale pointers (device arrays).
+struct ExpertTable {
+    const void* const* w = nullptr;
+    const uint8_t* const* scale = nullptr;
+};
+
+// Rows of a routed GEMM grouped by expert: row_map[sorted] = pair row; tiles (expert, first sorted row,
+// rows, -) as int4; at most max_tiles of them, the count in n_tiles (device).
+struct LinearRouting {
+    const int32_t* row_map = nullptr;
+    const int32_t* tiles = nullptr;
+    const int32_t* n_tiles = nullptr;
+    unsigned max_tiles = 0;
+    int tile_rows = 8;
+};
+
+// ---- linear_tiled.cu (the GEMM used wherever the shapes allow; linear.cu is its plain reference)
+bool linear_tiled_supported(const LinearDev& w);
+void linear_tiled(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
+                  const LinearRouting* routing);
+int routing_tile_rows(int64_t pairs, int E);
+void expert_tiles(const int32_t* sel, int64_t n, int E, int mt, int32_t* row_map, int32_t* tiles, int32_t* n_tiles);
+
+// ---- linear.cu
+void act_quant(const float* x, int64_t M, int K, int block, float* q, float* scales);
+// y[M, out] = x W^T; xs: activation scales when quantised (x then holds e4m3 values). With `experts`,
+// row m uses expert row_expert[m]'s weights (the layout of `w` gives the shared shapes).
+void linear(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
+            const ExpertTable* experts = nullptr, const int* row_expert = nullptr);
+// Grouped bf16 projection: y[t, n] = bf16(x[t, (n / R) * GD .. +GD] . w[n]), w bf16 [G*R, GD].
+void grouped_linear_bf16(const float* x, int64_t T, int G, int R, int GD, const uint16_t* w, float* y);
+
+// ---- norm_hc.cu
+void rms_norm(const float* x, int64_t rows, int D, const float* w, float eps, float* y);
+// mode 0: pre/post/comb with Sinkhorn; mode 1: V4 head (pre only, n_mix = hc).
+void hc_mixes(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
+              const float* scale, float eps, float hc_eps, int sinkhorn_iters, int mode, float* pre, float* post,
+              float* comb);
+void hc_collapse(const float* h, const float* pre, int64_t T, int hc, int D, float* y);
+void hc_expand(const float* y, const float* residual, const float* post, const float* comb, int64_t T, int hc, int D,
+               float* out);
+void hc_mean(const float* h, int64_t T, int hc, int D, float* y);
+void embed(const void* table, bool bf16, const int32_t* ids, int64_t T, int hc, int D, float* h);
+void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t row_len, float* y);
+void first_stream_mix(int64_t T, int hc, float* pre);
+
+// ---- elementwise.cu
+// Rotates values [offset, offset+dim) of each head (rows x heads, head stride hs, row stride rs).
+void rope(float* x, int64_t rows, int heads, int64_t rs, int64_t hs, int offset, const int64_t* pos,
+          const float* freqs, int dim, bool inverse);
+// Quantise-dequantise the first n values of each row (stride rs) in blocks. kind 0: fp8 ue8m0, 1: fp4
+// ue8m0, 2: fp4 e4m3 scales.
+void qdq_rows(float* x, int64_t rows, int64_t rs, int n, int block, int kind);
+void hadamard_rows(float* x, int64_t rows, int64_t rs, int n);
+// V4: unweighted per-head RMS norm in bf16 arithmetic, for rows x heads heads of width D.
+void head_norm_bf16(float* x, int64_t n_heads, int D, float eps);
+// dst[r][0..width) = src[r * width ..]
+void store_rows(const float* src, int64_t rows, int width, float* const* dst);
+void scale_round_bf16(float* x, int64_t n, float s);
+void fill_random_bf16(float* x, int64_t n, uint64_t seed);
+
+// ---- attention_kernels.cu
+// Compressor state machine of one sequence (see cpu attention.cpp run_compressor).
+struct CompressorArgs {
+    const float* kv = nullptr;     // [T, width] fp32 projections
+    const float* score = nullptr;  // [T, width]
+    const float* ape = nullptr;    // [ratio, width] or null
+    int ratio = 0, d = 0, overlap = 0;
+    float* state = nullptr;        // carry: kv slots then score slots
+    float* pooled = nullptr;       // [n_emitted_total, d]
+    int emit_base = 0;
+    int64_t start_pos = 0;
+    int n_tokens = 0, row0 = 0;
+    float* const* snapshot = nullptr;  // per token of the sequence: page snapshot address or null
+};
+void compressor_seq(const CompressorArgs& a);
+// scores[t, j] for j < width[t] (j >= visible[t]: -inf); keys[keybase[t] + j] are indexer keys.
+void index_scores(const float* iq, const float* wts, int64_t T, int nh, int hd, const int64_t* width,
+                  const int64_t* visible, const int64_t* keybase, const float* const* keys, int64_t stride,
+                  float* scores);
+// V4.1 level 1: per row, the best `topb` blocks of `bs` entries (the last visible block forced in) -> mask.
+void candidate_blocks(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible,
+                      int bs, int topb, float* bscore, int32_t* bsel, int64_t bstride, uint8_t* mask);
+void apply_candidates(float* scores, int64_t T, int64_t stride, const int64_t* width, const uint8_t* mask,
+                      const int64_t* mask_width, int64_t mask_stride);
+// Top-k of each row (ties to the lower index; radix select), descending or sorted by index; entries >=
+// visible -> -1. tmp: [T, k].
+void topk_rows(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible, int k,
+               bool ascending, int32_t* tmp, int32_t* out, int32_t* count);
+// keys[t, :] = first nwin[t] window addresses, then comp_addr[compbase[t] + sel[t, i]] for i < nsel[t].
+void build_keys(int64_t T, const float* const* win, const int32_t* nwin, int W, const int32_t* sel,
+                const int32_t* nsel, int kmax, const float* const* comp_addr, const int64_t* compbase,
+                const float** keys, int32_t* nkeys, int maxk);
+void sparse_attention(const float* q, int64_t T, int H, int D, float scale, const float* sink, const float* const* keys,
+                      const int32_t* nkeys, int maxk, float* out);
+
+// ---- moe_kernels.cu
+void route(const float* logits, int64_t T, int E, int K, int score_func, const float* bias, const int64_t* tid2eid,
+           const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale, bool balanced, int32_t* sel, float* wsel);
+void gather_pairs(const float* x, int64_t T, int K, int D, float* xp);
+void swiglu(const float* g, const float* u, int64_t n, int I, const float* weights, float limit, float* out);
+void moe_combine(const float* ye, const int32_t* sel, const float* shared, int64_t T, int K, int D, float* out);
+
+// ---- engram_kernels.cu
+void engram_gather(const uint8_t* table, const uint8_t* scale, const int64_t* rows, int64_t n, int hd, float* emb);
+void engram_gate(float* h, const float* kv, const float* wgt, int64_t T, int hc, int D, float eps);
+
+}  // namespace peregrine::cuda

@@ -1,0 +1,124 @@
+// GEMMs in the checkpoint formats, following cpu/linear.cpp: activations quantised to e4m3 per act_block
+// with ue8m0 scales, each weight block's dot product summed exactly (double) and added in K order in fp32
+// after scaling; bf16 output for BF16/FP8/FP4, fp32 for F32.
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch_check.h"
+
+namespace peregrine::cuda {
+
+namespace {
+
+__global__ void act_quant_kernel(const float* x, int64_t M, int K, int block, float* q, float* scales) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    const int nb = K / block;
+    if (i >= M * nb) return;
+    const int64_t m = i / nb;
+    const int b = static_cast<int>(i % nb);
+    const float* xb = x + m * K + static_cast<int64_t>(b) * block;
+    float amax = 0.0f;
+    for (int j = 0; j < block; ++j) amax = fmaxf(amax, fabsf(xb[j]));
+    const float s = pow2_round_scale(fmaxf(amax, 1e-4f), 1.0f / 448.0f);
+    scales[m * nb + b] = s;
+    float* qb = q + m * K + static_cast<int64_t>(b) * block;
+    for (int j = 0; j < block; ++j) qb[j] = round_e4m3(fminf(fmaxf(xb[j] / s, -448.0f), 448.0f));
+}
+
+// Weight value k of row n (without its block scale).
+__device__ __forceinline__ float weight_at(const LinearDev& w, const void* base, int64_t n, int k) {
+    const int K = w.in;
+    switch (w.kind) {
+        case 0: return param_at(base, w.w_bf16, n * K + k);
+        case 1: return bf16_bits_to_f32(static_cast<const uint16_t*>(base)[n * K + k]);
+        case 2: return e4m3_to_f32(static_cast<const uint8_t*>(base)[n * K + k]);
+        default: {
+            uint8_t byte = static_cast<const uint8_t*>(base)[n * (K / 2) + k / 2];
+            return e2m1_to_f32((k & 1) ? (byte >> 4) : (byte & 0xf));
+        }
+    }
+}
+
+__global__ void linear_kernel(const float* x, const float* xs, int64_t M, LinearDev w, float* y, ExpertTable experts,
+                              const int* row_expert) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    const int N = w.out, K = w.in;
+    if (i >= M * N) return;
+    const int64_t m = i / N, n = i % N;
+    const void* wb = w.w;
+    const uint8_t* sb = w.scale;
+    if (row_expert) {
+        const int e = row_expert[m];
+        wb = experts.w[e];
+        sb = experts.scale[e];
+    }
+    const float* a = x + m * K;
+    float out;
+    if (w.kind <= 1) {
+        double s = 0.0;
+        for (int k = 0; k < K; ++k) s += static_cast<double>(a[k]) * static_cast<double>(weight_at(w, wb, n, k));
+        out = w.kind == 1 ? round_bf16(static_cast<float>(s)) : static_cast<float>(s);
+    } else if (w.kind == 2) {
+        const int b = w.weight_block, ab = w.act_block;
+        const uint8_t* ws = sb + (n / b) * ((K + b - 1) / b);
+        const float* as = xs + m * (K / ab);
+        float acc = 0.0f;
+        for (int kb = 0; kb < K / b; ++kb) {
+            double s = 0.0;
+            for (int k = kb * b; k < (kb + 1) * b; ++k)
+                s += static_cast<double>(a[k]) * static_cast<double>(weight_at(w, wb, n, k));
+            acc += static_cast<float>(s) * as[kb * b / ab] * e8m0_to_f32(ws[kb]);
+        }
+        out = round_bf16(acc);
+    } else {
+        const int ab = w.act_block, per = ab / 32;
+        const uint8_t* ws = sb + n * (K / 32);
+        const float* as = xs + m * (K / ab);
+        float acc = 0.0f;
+        for (int kb = 0; kb < K / 32; ++kb) {
+            double s = 0.0;
+            for (int k = kb * 32; k < (kb + 1) * 32; ++k)
+                s += static_cast<double>(a[k]) * static_cast<double>(weight_at(w, wb, n, k));
+            acc += static_cast<float>(s) * as[kb / per] * e8m0_to_f32(ws[kb]);
+        }
+        out = round_bf16(acc);
+    }
+    y[m * N + n] = out;
+}
+
+__global__ void grouped_linear_kernel(const float* x, int64_t T, int G, int R, int GD, const uint16_t* w, float* y) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    const int64_t N = static_cast<int64_t>(G) * R;
+    if (i >= T * N) return;
+    const int64_t t = i / N, n = i % N, g = n / R;
+    const float* a = x + (t * G + g) * GD;
+    const uint16_t* wr = w + n * GD;
+    double s = 0.0;
+    for (int k = 0; k < GD; ++k) s += static_cast<double>(a[k]) * static_cast<double>(bf16_bits_to_f32(wr[k]));
+    y[t * N + n] = round_bf16(static_cast<float>(s));
+}
+
+}  // namespace
+
+void act_quant(const float* x, int64_t M, int K, int block, float* q, float* scales) {
+    const int64_t n = M * (K / block);
+    if (n == 0) return;
+    act_quant_kernel<<<blocks_for(n), kThreads>>>(x, M, K, block, q, scales);
+    PG_LAUNCHED();
+}
+
+void linear(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
+            const int* row_expert) {
+    const int64_t n = M * w.out;
+    if (n == 0) return;
+    linear_kernel<<<blocks_for(n), kThreads>>>(x, xs, M, w, y, experts ? *experts : ExpertTable{}, row_expert);
+    PG_LAUNCHED();
+}
+
+void grouped_linear_bf16(const float* x, int64_t T, int G, int R, int GD, const uint16_t* w, float* y) {
+    const int64_t n = T * G * R;
+    if (n == 0) return;
+    grouped_linear_kernel<<<blocks_for(n), kThreads>>>(x, T, G, R, GD, w, y);
+    PG_LAUNCHED();
+}
+
+}  // namespace peregrine::cuda

@@ -1,0 +1,167 @@
+// Tiled GEMM for every checkpoint format with the reference's exact numerics: a block computes an MT x NT
+// output tile; each 32-wide K step stages the decoded weights and activations in shared memory, each
+// thread sums its outputs' products in double (exact block sums) and folds every finished scale block into
+// its fp32 accumulator in K order, exactly as cpu/linear.cpp. Routed (MoE) GEMMs run over tiles of rows
+// grouped by expert, so each expert's weights are read once per tile.
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch_check.h"
+
+namespace peregrine::cuda {
+
+namespace {
+
+constexpr int kTileThreads = 256, kKStep = 32;
+
+__device__ __forceinline__ float weight_value(const LinearDev& w, const void* base, int64_t n, int k) {
+    const int K = w.in;
+    switch (w.kind) {
+        case 0: return param_at(base, w.w_bf16, n * K + k);
+        case 1: return bf16_bits_to_f32(static_cast<const uint16_t*>(base)[n * K + k]);
+        case 2: return e4m3_to_f32(static_cast<const uint8_t*>(base)[n * K + k]);
+        default: {
+            const uint8_t byte = static_cast<const uint8_t*>(base)[n * (K / 2) + k / 2];
+            return e2m1_to_f32((k & 1) ? (byte >> 4) : (byte & 0xf));
+        }
+    }
+}
+
+template <int MT, int NT>
+__global__ void __launch_bounds__(kTileThreads) linear_tiled_kernel(const float* x, const float* xs, int64_t M,
+                                                                    LinearDev w, float* y, ExpertTable experts,
+                                                                    const int32_t* row_map, const int4* tiles,
+                                                                    const int32_t* n_tiles) {
+    constexpr int OUT = MT * NT / kTileThreads;
+    __shared__ float w_s[NT][kKStep + 1];
+    __shared__ float a_s[MT][kKStep + 1];
+    __shared__ int64_t row_s[MT];
+    const int N = w.out, K = w.in;
+    int64_t m0;
+    int rows;
+    const void* wb = w.w;
+    const uint8_t* sb = w.scale;
+    if (tiles) {
+        if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
+        const int4 t = tiles[blockIdx.y];
+        wb = experts.w[t.x];
+        sb = experts.scale[t.x];
+        m0 = t.y;
+        rows = t.z;
+    } else {
+        m0 = static_cast<int64_t>(blockIdx.y) * MT;
+        rows = static_cast<int>(min(static_cast<int64_t>(MT), M - m0));
+    }
+    const int n0 = blockIdx.x * NT;
+    if (threadIdx.x < MT)
+        row_s[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? (row_map ? row_map[m0 + threadIdx.x] : m0 + threadIdx.x) : -1;
+    // Scale block along K: FP8 weight tiles, FP4 groups of 32; none (whole row) for F32/BF16.
+    const int blk = w.kind == 2 ? w.weight_block : w.kind == 3 ? 32 : K;
+    const int ab = w.act_block > 0 ? w.act_block : 1;
+    float acc[OUT];
+    double part[OUT];
+#pragma unroll
+    for (int i = 0; i < OUT; ++i) {
+        acc[i] = 0.0f;
+        part[i] = 0.0;
+    }
+    for (int k0 = 0; k0 < K; k0 += kKStep) {
+        __syncthreads();
+        for (int e = threadIdx.x; e < NT * kKStep; e += kTileThreads) {
+            const int c = e / kKStep, kk = e % kKStep, n = n0 + c;
+            w_s[c][kk] = n < N ? weight_value(w, wb, n, k0 + kk) : 0.0f;
+        }
+        for (int e = threadIdx.x; e < MT * kKStep; e += kTileThreads) {
+            const int r = e / kKStep, kk = e % kKStep;
+            const int64_t m = row_s[r];
+            a_s[r][kk] = m >= 0 ? x[m * K + k0 + kk] : 0.0f;
+        }
+        __syncthreads();
+        const bool flush = w.kind >= 2 && (k0 + kKStep) % blk == 0;
+        const int kb = (k0 + kKStep - blk) / blk;  // the scale block that ends here (when flushing)
+#pragma unroll
+        for (int i = 0; i < OUT; ++i) {
+            const int o = threadIdx.x + i * kTileThreads, r = o / NT, c = o % NT;
+            if (r >= rows || n0 + c >= N) continue;
+            double s = 0.0;
+#pragma unroll 8
+            for (int kk = 0; kk < kKStep; ++kk) s += static_cast<double>(a_s[r][kk]) * static_cast<double>(w_s[c][kk]);
+            part[i] += s;
+            if (flush) {
+                const int64_t n = n0 + c, m = row_s[r];
+                const float ws = w.kind == 2 ? e8m0_to_f32(sb[(n / blk) * ((K + blk - 1) / blk) + kb])
+                                             : e8m0_to_f32(sb[n * (K / 32) + kb]);
+                acc[i] += static_cast<float>(part[i]) * xs[m * (K / ab) + static_cast<int64_t>(kb) * blk / ab] * ws;
+                part[i] = 0.0;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < OUT; ++i) {
+        const int o = threadIdx.x + i * kTileThreads, r = o / NT, c = o % NT;
+        if (r >= rows || n0 + c >= N) continue;
+        const int64_t m = row_s[r];
+        float out;
+        if (w.kind == 0) out = static_cast<float>(part[i]);
+        else if (w.kind == 1) out = round_bf16(static_cast<float>(part[i]));
+        else out = round_bf16(acc[i]);
+        y[m * N + n0 + c] = out;
+    }
+}
+
+// Counting sort of the (row, slot) pairs by expert (stable), and tiles of at most mt rows per expert.
+__global__ void expert_tiles_kernel(const int32_t* sel, int64_t n, int E, int mt, int32_t* row_map, int4* tiles,
+                                    int32_t* n_tiles) {
+    extern __shared__ int32_t count[];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&count[sel[i]], 1);
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    int nt = 0, off = 0;
+    for (int e = 0; e < E; ++e) {
+        const int c = count[e];
+        for (int r = 0; r < c; r += mt) tiles[nt++] = make_int4(e, off + r, min(mt, c - r), 0);
+        count[e] = off;  // becomes the next free slot of expert e
+        off += c;
+    }
+    *n_tiles = nt;
+    for (int64_t i = 0; i < n; ++i) row_map[count[sel[i]]++] = static_cast<int32_t>(i);
+}
+
+template <int MT, int NT>
+void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
+            const LinearRouting* routing) {
+    dim3 grid((w.out + NT - 1) / NT, routing ? routing->max_tiles : static_cast<unsigned>((M + MT - 1) / MT));
+    linear_tiled_kernel<MT, NT><<<grid, kTileThreads>>>(x, xs, M, w, y, experts ? *experts : ExpertTable{},
+                                                         routing ? routing->row_map : nullptr,
+                                                         routing ? reinterpret_cast<const int4*>(routing->tiles) : nullptr,
+                                                         routing ? routing->n_tiles : nullptr);
+    PG_LAUNCHED();
+}
+
+}  // namespace
+
+bool linear_tiled_supported(const LinearDev& w) {
+    if (w.in % kKStep != 0) return false;
+    if (w.kind == 2 && (w.weight_block % kKStep != 0 || w.act_block % w.weight_block != 0 && w.weight_block % w.act_block != 0))
+        return false;
+    if (w.kind == 3 && w.act_block % 32 != 0) return false;
+    return true;
+}
+
+int routing_tile_rows(int64_t pairs, int E) { return pairs <= static_cast<int64_t>(8) * E ? 8 : 32; }
+
+void expert_tiles(const int32_t* sel, int64_t n, int E, int mt, int32_t* row_map, int32_t* tiles, int32_t* n_tiles) {
+    expert_tiles_kernel<<<1, 1024, sizeof(int32_t) * E>>>(sel, n, E, mt, row_map, reinterpret_cast<int4*>(tiles), n_tiles);
+    PG_LAUNCHED();
+}
+
+void linear_tiled(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
+                  const LinearRouting* routing) {
+    if (M == 0 || w.out == 0) return;
+    const int mt = routing ? routing->tile_rows : (M <= 8 ? 8 : 32);
+    if (mt == 8) launch<8, 128>(x, xs, M, w, y, experts, routing);
+    else launch<32, 64>(x, xs, M, w, y, experts, routing);
+}
+
+}  // namespace peregrine::cuda

@@ -1,0 +1,95 @@
+// Mixture of experts on the GPU without a host round trip: routing on the device, then every (row, slot)
+// pair runs through its expert in one routed GEMM per projection (each row reads its own expert's FP4/FP8
+// weights), clamped SwiGLU with the routing weight, and a combine in ascending expert order (cpu/moe.cpp).
+#include "ops/cuda/cuda_backend.h"
+#include "util/error.h"
+
+namespace peregrine::cuda {
+
+const CudaBackend::ExpertTables& CudaBackend::expert_tables(const MoEWeight& w) {
+    const void* key = w.experts.at(0).w1.w.raw();
+    auto it = experts_.find(key);
+    if (it != experts_.end()) return it->second;
+    const size_t E = w.experts.size();
+    std::vector<const void*> ptrs(6 * E);
+    for (size_t e = 0; e < E; ++e) {
+        const ExpertWeight& x = w.experts[e];
+        for (const LinearWeight* l : {&x.w1, &x.w2, &x.w3})
+            PEREGRINE_CHECK(l->kind == x.w1.kind && l->in == (l == &x.w2 ? w.experts[0].w2.in : w.experts[0].w1.in),
+                            "experts of one layer must share formats and shapes");
+        ptrs[e] = dev_raw(x.w1.w);
+        ptrs[E + e] = x.w1.scale.empty() ? nullptr : dev_raw(x.w1.scale);
+        ptrs[2 * E + e] = dev_raw(x.w2.w);
+        ptrs[3 * E + e] = x.w2.scale.empty() ? nullptr : dev_raw(x.w2.scale);
+        ptrs[4 * E + e] = dev_raw(x.w3.w);
+        ptrs[5 * E + e] = x.w3.scale.empty() ? nullptr : dev_raw(x.w3.scale);
+    }
+    auto d = upload(ptrs);
+    auto p = reinterpret_cast<const void* const*>(d.ptr);
+    ExpertTables t;
+    t.keep = d.keep;
+    t.w1 = {p, reinterpret_cast<const uint8_t* const*>(p + E)};
+    t.w2 = {p + 2 * E, reinterpret_cast<const uint8_t* const*>(p + 3 * E)};
+    t.w3 = {p + 4 * E, reinterpret_cast<const uint8_t* const*>(p + 5 * E)};
+    return experts_.emplace(key, t).first->second;
+}
+
+Tensor CudaBackend::moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) {
+    const int64_t T = x.dim(0);
+    const int D = cfg_.dim, E = static_cast<int>(w.experts.size()), K = w.top_k;
+    const float limit = static_cast<float>(cfg_.swiglu_limit);
+    int score_func;
+    if (cfg_.score_func == "softmax") score_func = 0;
+    else if (cfg_.score_func == "sigmoid") score_func = 1;
+    else score_func = 2;
+
+    OpTimer op(*this, "moe");
+    // Routing.
+    phase("moe.route");
+    Tensor logits = run_linear(x, w.gate);
+    auto ids_d = upload(ids);
+    auto sel = device_alloc(sizeof(int32_t) * static_cast<size_t>(T * K));
+    Tensor wsel = empty(DType::F32, {T * K});
+    route(logits.f32(), T, E, K, score_func, w.bias.empty() ? nullptr : dev_f32(w.bias),
+          w.tid2eid.empty() ? nullptr : static_cast<const int64_t*>(dev_raw(w.tid2eid)), ids_d.ptr, cfg_.is_v41(),
+          cfg_.norm_topk_prob, static_cast<float>(cfg_.route_scale), balanced_routing_, static_cast<int32_t*>(sel.get()),
+          wsel.f32());
+
+    // Routed experts over the (row, slot) pairs.
+    phase("moe.routed_experts");
+    const ExpertTables& tab = expert_tables(w);
+    Routed routed;
+    routed.row_expert = static_cast<const int*>(sel.get());
+    const int64_t pairs = T * K;
+    routed.routing.tile_rows = routing_tile_rows(pairs, E);
+    routed.routing.max_tiles = static_cast<unsigned>((pairs + routed.routing.tile_rows - 1) / routed.routing.tile_rows + E);
+    auto row_map = device_alloc(sizeof(int32_t) * static_cast<size_t>(pairs));
+    auto tiles = device_alloc(sizeof(int32_t) * 4 * routed.routing.max_tiles);
+    auto n_tiles = device_alloc(sizeof(int32_t));
+    expert_tiles(static_cast<const int32_t*>(sel.get()), pairs, E, routed.routing.tile_rows,
+                 static_cast<int32_t*>(row_map.get()), static_cast<int32_t*>(tiles.get()), static_cast<int32_t*>(n_tiles.get()));
+    routed.routing.row_map = static_cast<const int32_t*>(row_map.get());
+    routed.routing.tiles = static_cast<const int32_t*>(tiles.get());
+    routed.routing.n_tiles = static_cast<const int32_t*>(n_tiles.get());
+    Tensor xp = empty(DType::F32, {T * K, D});
+    gather_pairs(x.f32(), T, K, D, xp.f32());
+    const ExpertWeight& e0 = w.experts[0];
+    Tensor g = run_linear(xp, e0.w1, &tab.w1, &routed), u = run_linear(xp, e0.w3, &tab.w3, &routed);
+    const int I = e0.w1.out;
+    Tensor a = empty(DType::F32, {T * K, I});
+    swiglu(g.f32(), u.f32(), T * K, I, wsel.f32(), limit, a.f32());
+    Tensor ye = run_linear(a, e0.w2, &tab.w2, &routed);
+
+    // Shared expert, then the combine.
+    phase("moe.shared+combine");
+    Tensor gs = run_linear(x, w.shared.w1), us = run_linear(x, w.shared.w3);
+    const int Is = w.shared.w1.out;
+    Tensor as = empty(DType::F32, {T, Is});
+    swiglu(gs.f32(), us.f32(), T, Is, nullptr, limit, as.f32());
+    Tensor ys = run_linear(as, w.shared.w2);
+    Tensor out = empty(DType::F32, {T, D});
+    moe_combine(ye.f32(), static_cast<const int32_t*>(sel.get()), ys.f32(), T, K, D, out.f32());
+    return out;
+}
+
+}  // namespace peregrine::cuda

@@ -1,0 +1,139 @@
+// Mixture-of-experts kernels: routing (score function, bias for selection only or hash routing, top-k with
+// ties to the lower id, normalisation and route scale), clamped SwiGLU with the routing weight applied before
+// w2, and the combine that adds expert outputs in ascending expert order (cf. cpu/moe.cpp).
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch_check.h"
+
+namespace peregrine::cuda {
+
+namespace {
+
+constexpr int kMaxExperts = 1024, kMaxTopK = 16;
+
+__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1p_cr(exp_cr(x)); }
+
+__global__ void route_kernel(const float* logits, int64_t T, int E, int K, int score_func, const float* bias,
+                             const int64_t* tid2eid, const int32_t* ids, bool v41, bool norm_topk_prob,
+                             float route_scale, bool balanced, int32_t* sel, float* wsel) {
+    const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (t >= T) return;
+    float score[kMaxExperts];
+    const float* l = logits + t * E;
+    for (int e = 0; e < E; ++e) {
+        if (score_func == 0) score[e] = l[e];
+        else if (score_func == 1) score[e] = 1.0f / (1.0f + exp_cr(-l[e]));
+        else score[e] = sqrtf(softplus(l[e]));
+    }
+    if (score_func == 0) {
+        float mx = -INFINITY, sum = 0.0f;
+        for (int e = 0; e < E; ++e) mx = fmaxf(mx, score[e]);
+        for (int e = 0; e < E; ++e) sum += (score[e] = exp_cr(score[e] - mx));
+        for (int e = 0; e < E; ++e) score[e] /= sum;
+    }
+    int top[kMaxTopK];
+    if (balanced) {
+        for (int k = 0; k < K; ++k) top[k] = static_cast<int>((t * K + k) % E);
+    } else if (tid2eid) {
+        for (int k = 0; k < K; ++k) top[k] = static_cast<int>(tid2eid[static_cast<int64_t>(ids[t]) * K + k]);
+    } else {
+        for (int k = 0; k < K; ++k) {
+            int best = -1;
+            float bv = 0.0f;
+            for (int e = 0; e < E; ++e) {
+                bool taken = false;
+                for (int q = 0; q < k; ++q) taken |= top[q] == e;
+                if (taken) continue;
+                const float v = bias ? score[e] + bias[e] : score[e];
+                if (best < 0 || v > bv) {
+                    best = e;
+                    bv = v;
+                }
+            }
+            top[k] = best;
+        }
+    }
+    float sum = 0.0f;
+    for (int k = 0; k < K; ++k) sum += score[top[k]];
+    for (int k = 0; k < K; ++k) {
+        float v = score[top[k]];
+        if (v41) {
+            if (norm_topk_prob && K > 1) v = v / (sum + 1e-20f);
+        } else if (score_func != 0) {
+            v = v / sum;
+        }
+        sel[t * K + k] = top[k];
+        wsel[t * K + k] = v * route_scale;
+    }
+}
+
+__global__ void gather_pairs_kernel(const float* x, int64_t T, int K, int D, float* xp) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= T * K * D) return;
+    xp[i] = x[(i / (static_cast<int64_t>(K) * D)) * D + i % D];
+}
+
+__global__ void swiglu_kernel(const float* g, const float* u, int64_t n, int I, const float* weights, float limit,
+                              float* out) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= n * I) return;
+    float gv = g[i], uv = u[i];
+    if (limit > 0.0f) {
+        uv = fminf(fmaxf(uv, -limit), limit);
+        gv = fminf(gv, limit);
+    }
+    float a = gv / (1.0f + exp_cr(-gv)) * uv;
+    if (weights) a = weights[i / I] * a;
+    out[i] = round_bf16(a);
+}
+
+__global__ void combine_kernel(const float* ye, const int32_t* sel, const float* shared, int64_t T, int K, int D,
+                               float* out) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= T * D) return;
+    const int64_t t = i / D, c = i % D;
+    int order[kMaxTopK];
+    for (int k = 0; k < K; ++k) {  // stable insertion sort of the slots by expert id
+        int q = k;
+        while (q > 0 && sel[t * K + order[q - 1]] > sel[t * K + k]) {
+            order[q] = order[q - 1];
+            --q;
+        }
+        order[q] = k;
+    }
+    float y = 0.0f;
+    for (int k = 0; k < K; ++k) y += ye[(t * K + order[k]) * D + c];
+    out[i] = round_bf16(y + shared[i]);
+}
+
+}  // namespace
+
+void route(const float* logits, int64_t T, int E, int K, int score_func, const float* bias, const int64_t* tid2eid,
+           const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale, bool balanced, int32_t* sel,
+           float* wsel) {
+    if (T == 0) return;
+    if (E > kMaxExperts || K > kMaxTopK) cuda_fail(cudaErrorInvalidValue, "route: too many experts", __FILE__, __LINE__);
+    route_kernel<<<blocks_for(T, 64), 64>>>(logits, T, E, K, score_func, bias, tid2eid, ids, v41, norm_topk_prob,
+                                            route_scale, balanced, sel, wsel);
+    PG_LAUNCHED();
+}
+
+void gather_pairs(const float* x, int64_t T, int K, int D, float* xp) {
+    if (T == 0) return;
+    gather_pairs_kernel<<<blocks_for(T * K * D), kThreads>>>(x, T, K, D, xp);
+    PG_LAUNCHED();
+}
+
+void swiglu(const float* g, const float* u, int64_t n, int I, const float* weights, float limit, float* out) {
+    if (n == 0) return;
+    swiglu_kernel<<<blocks_for(n * I), kThreads>>>(g, u, n, I, weights, limit, out);
+    PG_LAUNCHED();
+}
+
+void moe_combine(const float* ye, const int32_t* sel, const float* shared, int64_t T, int K, int D, float* out) {
+    if (T == 0) return;
+    combine_kernel<<<blocks_for(T * D), kThreads>>>(ye, sel, shared, T, K, D, out);
+    PG_LAUNCHED();
+}
+
+}  // namespace peregrine::cuda

@@ -1,0 +1,190 @@
+// RMSNorm and the hyper-connection (mHC) kernels: mixing coefficients with the Sinkhorn normalisation fused
+// into the same kernel, collapse, expand, mean, embedding and row gathers (cf. cpu/cpu_backend.cpp).
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch_check.h"
+
+namespace peregrine::cuda {
+
+namespace {
+
+__global__ void rms_norm_kernel(const float* x, int D, const float* w, float eps, float* y) {
+    const float* xr = x + static_cast<int64_t>(blockIdx.x) * D;
+    float* yr = y + static_cast<int64_t>(blockIdx.x) * D;
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) ss += static_cast<double>(xr[i] * xr[i]);
+    ss = block_sum(ss);
+    const float var = static_cast<float>(ss) / static_cast<float>(D);
+    const float r = 1.0f / sqrtf(var + eps);
+    for (int i = threadIdx.x; i < D; i += blockDim.x) yr[i] = round_bf16(w[i] * (xr[i] * r));
+}
+
+constexpr int kMaxMix = 64;
+
+__global__ void hc_mixes_kernel(const float* h, int hc, int D, const float* fn, int n_mix, const float* base,
+                                const float* scale, float eps, float hc_eps, int iters, int mode, float* pre_out,
+                                float* post_out, float* comb_out) {
+    __shared__ float mixes[kMaxMix];
+    const int64_t t = blockIdx.x;
+    const int W = hc * D;
+    const float* x = h + t * W;
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < W; i += blockDim.x) ss += static_cast<double>(x[i] * x[i]);
+    ss = block_sum(ss);
+    const float r = 1.0f / sqrtf(static_cast<float>(ss) / static_cast<float>(W) + eps);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int j = warp; j < n_mix; j += nw) {
+        const float* f = fn + static_cast<int64_t>(j) * W;
+        double s = 0.0;
+        for (int i = lane; i < W; i += 32) s += static_cast<double>(x[i]) * static_cast<double>(f[i]);
+        s = warp_sum(s);
+        if (lane == 0) mixes[j] = static_cast<float>(s) * r;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    float* pre = pre_out + t * hc;
+    if (mode == 1) {
+        for (int j = 0; j < hc; ++j) pre[j] = 1.0f / (1.0f + exp_cr(-(mixes[j] * scale[0] + base[j]))) + hc_eps;
+        return;
+    }
+    float* post = post_out + t * hc;
+    float* comb = comb_out + t * hc * hc;
+    for (int i = 0; i < hc; ++i) {
+        pre[i] = 1.0f / (1.0f + exp_cr(-(mixes[i] * scale[0] + base[i]))) + hc_eps;
+        post[i] = 2.0f / (1.0f + exp_cr(-(mixes[hc + i] * scale[1] + base[hc + i])));
+    }
+    for (int a = 0; a < hc; ++a) {
+        float* row = comb + a * hc;
+        float mx = -INFINITY;
+        for (int b = 0; b < hc; ++b) {
+            row[b] = mixes[2 * hc + a * hc + b] * scale[2] + base[2 * hc + a * hc + b];
+            mx = fmaxf(mx, row[b]);
+        }
+        float sum = 0.0f;
+        for (int b = 0; b < hc; ++b) sum += (row[b] = exp_cr(row[b] - mx));
+        for (int b = 0; b < hc; ++b) row[b] = row[b] / sum + hc_eps;
+    }
+    auto col_norm = [&] {
+        for (int b = 0; b < hc; ++b) {
+            float s = 0.0f;
+            for (int a = 0; a < hc; ++a) s += comb[a * hc + b];
+            for (int a = 0; a < hc; ++a) comb[a * hc + b] /= (s + hc_eps);
+        }
+    };
+    col_norm();
+    for (int it = 0; it < iters - 1; ++it) {
+        for (int a = 0; a < hc; ++a) {
+            float s = 0.0f;
+            for (int b = 0; b < hc; ++b) s += comb[a * hc + b];
+            for (int b = 0; b < hc; ++b) comb[a * hc + b] /= (s + hc_eps);
+        }
+        col_norm();
+    }
+}
+
+__global__ void hc_collapse_kernel(const float* h, const float* pre, int64_t T, int hc, int D, float* y) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= T * D) return;
+    const int64_t t = i / D, c = i % D;
+    const float* x = h + t * hc * D;
+    const float* p = pre + t * hc;
+    float s = 0.0f;
+    for (int k = 0; k < hc; ++k) s += p[k] * x[k * D + c];
+    y[i] = round_bf16(s);
+}
+
+__global__ void hc_expand_kernel(const float* y, const float* res, const float* post, const float* comb, int64_t T,
+                                 int hc, int D, float* out) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= T * hc * D) return;
+    const int64_t t = i / (hc * D), j = (i / D) % hc, c = i % D;
+    const float* r = res + t * hc * D;
+    const float* cb = comb + t * hc * hc;
+    float s = 0.0f;
+    for (int k = 0; k < hc; ++k) s += cb[k * hc + j] * r[k * D + c];
+    out[i] = round_bf16(post[t * hc + j] * y[t * D + c] + s);
+}
+
+__global__ void hc_mean_kernel(const float* h, int64_t T, int hc, int D, float* y) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= T * D) return;
+    const int64_t t = i / D, c = i % D;
+    float s = 0.0f;
+    for (int k = 0; k < hc; ++k) s += h[(t * hc + k) * D + c];
+    y[i] = round_bf16(s / static_cast<float>(hc));
+}
+
+__global__ void embed_kernel(const void* table, bool bf16, const int32_t* ids, int64_t T, int hc, int D, float* h) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= T * hc * D) return;
+    const int64_t t = i / (hc * D), c = i % D;
+    h[i] = param_at(table, bf16, static_cast<int64_t>(ids[t]) * D + c);
+}
+
+__global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t n, int64_t len, float* y) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= n * len) return;
+    y[i] = x[static_cast<int64_t>(rows[i / len]) * len + i % len];
+}
+
+__global__ void first_stream_kernel(int64_t T, int hc, float* pre) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= T * hc) return;
+    pre[i] = (i % hc) == 0 ? 1.0f : 0.0f;
+}
+
+}  // namespace
+
+void rms_norm(const float* x, int64_t rows, int D, const float* w, float eps, float* y) {
+    if (rows == 0) return;
+    rms_norm_kernel<<<static_cast<unsigned>(rows), 256>>>(x, D, w, eps, y);
+    PG_LAUNCHED();
+}
+
+void hc_mixes(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
+              const float* scale, float eps, float hc_eps, int iters, int mode, float* pre, float* post, float* comb) {
+    if (T == 0) return;
+    if (n_mix > kMaxMix) cuda_fail(cudaErrorInvalidValue, "hc_mixes: too many mixes", __FILE__, __LINE__);
+    hc_mixes_kernel<<<static_cast<unsigned>(T), 256>>>(h, hc, D, fn, n_mix, base, scale, eps, hc_eps, iters, mode, pre,
+                                                       post, comb);
+    PG_LAUNCHED();
+}
+
+void hc_collapse(const float* h, const float* pre, int64_t T, int hc, int D, float* y) {
+    if (T == 0) return;
+    hc_collapse_kernel<<<blocks_for(T * D), kThreads>>>(h, pre, T, hc, D, y);
+    PG_LAUNCHED();
+}
+
+void hc_expand(const float* y, const float* residual, const float* post, const float* comb, int64_t T, int hc, int D,
+               float* out) {
+    if (T == 0) return;
+    hc_expand_kernel<<<blocks_for(T * hc * D), kThreads>>>(y, residual, post, comb, T, hc, D, out);
+    PG_LAUNCHED();
+}
+
+void hc_mean(const float* h, int64_t T, int hc, int D, float* y) {
+    if (T == 0) return;
+    hc_mean_kernel<<<blocks_for(T * D), kThreads>>>(h, T, hc, D, y);
+    PG_LAUNCHED();
+}
+
+void embed(const void* table, bool bf16, const int32_t* ids, int64_t T, int hc, int D, float* h) {
+    if (T == 0) return;
+    embed_kernel<<<blocks_for(T * hc * D), kThreads>>>(table, bf16, ids, T, hc, D, h);
+    PG_LAUNCHED();
+}
+
+void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t len, float* y) {
+    if (n * len == 0) return;
+    gather_rows_kernel<<<blocks_for(n * len), kThreads>>>(x, rows, n, len, y);
+    PG_LAUNCHED();
+}
+
+void first_stream_mix(int64_t T, int hc, float* pre) {
+    if (T == 0) return;
+    first_stream_kernel<<<blocks_for(T * hc), kThreads>>>(T, hc, pre);
+    PG_LAUNCHED();
+}
+
+}  // namespace peregrine::cuda

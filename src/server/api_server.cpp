@@ -4,6 +4,7 @@
 #include "server/protocol/output_parser.h"
 #include "server/protocol/prompt_render.h"
 #include "server/request_params.h"
+#include "server/structured_output.h"
 #include "tokenizer/utf8.h"
 #include "util/log.h"
 
@@ -81,9 +82,11 @@ struct ApiServer::Impl {
     ApiOptions opts;
     HttpServer http;
     ParamLimits limits;
+    StructuredOutput structured;
 
     Impl(Engine& e, const Tokenizer& t, ApiOptions o)
-        : engine(e), tok(t), opts(std::move(o)), http(make_http_options(opts)) {
+        : engine(e), tok(t), opts(std::move(o)), http(make_http_options(opts)),
+          structured(t, e.model().config().vocab_size, e.model().config().eos_token_id) {
         limits.vocab = engine.model().config().vocab_size;
         limits.context_length = engine.context_length();
         limits.default_max_tokens = opts.default_max_tokens;
@@ -167,6 +170,38 @@ struct ApiServer::Impl {
 
     std::vector<int32_t> encode_text(const std::string& text) const { return tok.encode(text, true, true); }
 
+    // Compiles a request's constraint here, on the HTTP thread (cached), so the engine loop never waits
+    // on it; errors (bad syntax, unsupported schema features) are 400s naming `param`.
+    std::shared_ptr<const grammar::CompiledGrammar> compile_constraint(const std::optional<grammar::ConstraintSpec>& spec,
+                                                                       const std::string& param) {
+        if (!spec) return nullptr;
+        try {
+            return structured.compile(*spec);
+        } catch (const Error& e) {
+            throw ApiError(400, fmt::format("invalid {}: {}", param, e.what()), param);
+        }
+    }
+
+    // OpenAI response_format on /v1/completions (chat reads it through the protocol library).
+    std::optional<grammar::ConstraintSpec> response_format_spec(const ojson& body) {
+        auto it = body.find("response_format");
+        if (it == body.end() || it->is_null()) return std::nullopt;
+        std::optional<grammar::ConstraintSpec> spec;
+        try {
+            spec = grammar::constraint_from_response_format(json::parse(it->dump()));
+        } catch (const Error& e) {
+            throw ApiError(400, e.what(), "response_format");
+        }
+        // Keep the schema's own key order (properties are generated in schema order).
+        if (spec && spec->kind == grammar::ConstraintKind::kJsonSchema) spec->text = (*it)["json_schema"]["schema"].dump();
+        return spec;
+    }
+
+    // A grammar per sequence: each choice of an n > 1 request has its own matcher.
+    void constrain(GenerationParams& g, const std::shared_ptr<const grammar::CompiledGrammar>& grammar) const {
+        if (grammar) g.processor = structured.processor(grammar, g.max_new_tokens);
+    }
+
     // Logprobs of one token in the chat format.
     json chat_logprob(const TokenOutput& t) const {
         auto entry = [&](int32_t id, float lp) {
@@ -222,6 +257,7 @@ struct ApiServer::Impl {
             g.top_logprobs = static_cast<int>(*lp);
         }
         if (get_bool(body, "echo").value_or(false)) throw ApiError(400, "'echo' is not supported", "echo");
+        const auto grammar = compile_constraint(response_format_spec(body), "response_format");
         const bool stream = get_bool(body, "stream").value_or(false);
         const bool include_usage = stream && body.contains("stream_options") && body["stream_options"].is_object() &&
                                    body["stream_options"].value("include_usage", false);
@@ -232,6 +268,7 @@ struct ApiServer::Impl {
                 for (int i = 0; i < n; ++i) {
                     GenerationParams gi = g;
                     if (gi.sampling.seed >= 0) gi.sampling.seed += i;
+                    constrain(gi, grammar);
                     streams.push_back(submit(p, gi, "prompt"));
                 }
         } catch (...) {
@@ -427,11 +464,22 @@ struct ApiServer::Impl {
         g.logprobs = req.logprobs;
         g.top_logprobs = req.top_logprobs.value_or(0);
         const int n = static_cast<int>(get_int(body, "n", 1, 128).value_or(1));
+        std::optional<grammar::ConstraintSpec> spec;
+        if (req.response_format.type == ResponseFormatType::json_object) spec = grammar::ConstraintSpec{grammar::ConstraintKind::kJsonObject, ""};
+        if (req.response_format.type == ResponseFormatType::json_schema)
+            spec = grammar::ConstraintSpec{grammar::ConstraintKind::kJsonSchema, req.response_format.schema.dump()};
+        // The grammar constrains the whole output, so it cannot follow a reasoning block: a constrained
+        // request must turn thinking off.
+        if (spec && req.thinking)
+            throw ApiError(400, "response_format cannot be combined with thinking: turn thinking off (thinking: {type: disabled})",
+                           "response_format");
+        const auto grammar = compile_constraint(spec, "response_format");
         std::vector<std::shared_ptr<RequestStream>> streams;
         try {
             for (int i = 0; i < n; ++i) {
                 GenerationParams gi = g;
                 if (gi.sampling.seed >= 0) gi.sampling.seed += i;
+                constrain(gi, grammar);
                 streams.push_back(submit(prompt, gi, "messages"));
             }
         } catch (...) {
@@ -551,6 +599,18 @@ struct ApiServer::Impl {
         if (!sp.contains("max_new_tokens")) g.max_new_tokens = std::min<int64_t>(g.max_new_tokens, 128);
         g.logprobs = get_bool(body, "return_logprob").value_or(false);
         g.top_logprobs = static_cast<int>(get_int(body, "top_logprobs_num", 0, 20).value_or(0));
+        std::optional<grammar::ConstraintSpec> spec;
+        try {
+            spec = grammar::constraint_from_sampling_params(json::parse(sp.dump()));
+        } catch (const Error& e) {
+            throw ApiError(400, e.what(), "sampling_params");
+        }
+        std::string cparam = "sampling_params";
+        if (spec) {
+            cparam += std::string(".") + grammar::constraint_kind_name(spec->kind);
+            if (spec->kind == grammar::ConstraintKind::kJsonSchema && sp["json_schema"].is_object()) spec->text = sp["json_schema"].dump();
+        }
+        constrain(g, compile_constraint(spec, cparam));
         const bool stream = get_bool(body, "stream").value_or(false);
         auto s = submit(ids, g, "input_ids");
         const std::string rid = body.contains("rid") && body["rid"].is_string() ? body["rid"].get<std::string>() : random_id("");

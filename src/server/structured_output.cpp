@@ -1,0 +1,102 @@
+#include "server/structured_output.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace peregrine {
+
+using grammar::CompiledGrammar;
+using grammar::GrammarCompiler;
+using grammar::Vocabulary;
+
+GrammarLogitProcessor::GrammarLogitProcessor(std::shared_ptr<const CompiledGrammar> g, int64_t max_new_tokens,
+                                             int32_t steer_margin)
+    : matcher_(std::move(g), 1), max_new_tokens_(max_new_tokens), steer_margin_(steer_margin) {
+    mask_.resize(static_cast<size_t>(matcher_.compiled().vocab().mask_words()));
+}
+
+void GrammarLogitProcessor::process(float* logits, int vocab) {
+    matcher_.fill_next_token_bitmask(mask_.data());
+    const int width = std::min<int>(vocab, matcher_.compiled().vocab().size());
+    for (int i = 0; i < width; ++i)
+        if (!(mask_[static_cast<size_t>(i) >> 5] >> (i & 31) & 1u)) logits[i] = -INFINITY;
+    for (int i = width; i < vocab; ++i) logits[i] = -INFINITY;
+    const int64_t remaining = max_new_tokens_ - generated_;  // tokens left, this one included
+    if (remaining <= static_cast<int64_t>(matcher_.min_bytes_to_end()) + 1 + steer_margin_) steer(logits, vocab, remaining);
+}
+
+bool GrammarLogitProcessor::feasible(int32_t id, int64_t budget) {
+    if (matcher_.compiled().vocab().is_stop(id)) return true;  // allowed only where the grammar can end
+    if (!matcher_.accept_token(id)) return false;
+    const bool ok = matcher_.is_terminated() || static_cast<int64_t>(matcher_.min_bytes_to_end()) + 1 <= budget;
+    matcher_.rollback(1);
+    return ok;
+}
+
+// Keeps only tokens that leave the text completable within the budget: the best allowed tokens by logit
+// first, then single-byte tokens (one of them always continues a shortest completion), then all.
+void GrammarLogitProcessor::steer(float* logits, int vocab, int64_t remaining) {
+    const int64_t budget = remaining - 1;  // tokens left after this one
+    std::vector<int32_t> allowed;
+    for (int32_t i = 0; i < vocab; ++i)
+        if (logits[i] != -INFINITY) allowed.push_back(i);
+    if (allowed.empty()) return;
+    const size_t top = std::min<size_t>(allowed.size(), 256);
+    std::partial_sort(allowed.begin(), allowed.begin() + static_cast<std::ptrdiff_t>(top), allowed.end(),
+                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    std::vector<uint8_t> keep(static_cast<size_t>(vocab), 0), tested(static_cast<size_t>(vocab), 0);
+    bool any = false;
+    auto test = [&](int32_t id) {
+        if (tested[static_cast<size_t>(id)]) return;
+        tested[static_cast<size_t>(id)] = 1;
+        if (feasible(id, budget)) keep[static_cast<size_t>(id)] = 1, any = true;
+    };
+    for (size_t k = 0; k < top; ++k) test(allowed[k]);
+    const auto& voc = matcher_.compiled().vocab();
+    if (!any)
+        for (int32_t id : allowed)
+            if (id < voc.size() && voc.token_bytes(id).size() == 1) test(id);
+    if (!any)
+        for (int32_t id : allowed) test(id);
+    if (!any) return;  // the budget cannot be met: leave the grammar mask alone (the output is cut)
+    for (int32_t id : allowed)
+        if (!keep[static_cast<size_t>(id)]) logits[id] = -INFINITY;
+}
+
+void GrammarLogitProcessor::accept(int32_t id) {
+    ++generated_;
+    matcher_.accept_token(id);  // the mask allowed only accepted tokens
+}
+
+StructuredOutput::StructuredOutput(const Tokenizer& tok, int32_t vocab_size, int32_t eos_id)
+    : tok_(tok), vocab_size_(vocab_size), eos_(eos_id) {}
+
+GrammarCompiler& StructuredOutput::compiler() {
+    // Built on first use: a 128K vocabulary takes a moment to sort into the trie.
+    std::call_once(once_, [&] {
+        const int32_t n = std::max<int32_t>(vocab_size_, tok_.vocab_size());
+        std::vector<std::string> bytes(static_cast<size_t>(n));
+        std::vector<int32_t> special;
+        for (int32_t id = 0; id < n; ++id) {
+            // The EOS id is never text, even where a byte-level tokenizer gives it a byte.
+            if (id != eos_ && tok_.is_valid(id) && !tok_.is_added(id)) bytes[static_cast<size_t>(id)] = tok_.token_bytes(id);
+            else special.push_back(id);
+        }
+        std::vector<int32_t> stop;
+        if (eos_ >= 0 && eos_ < n) stop.push_back(eos_);
+        compiler_ = std::make_unique<GrammarCompiler>(std::make_shared<Vocabulary>(std::move(bytes), special, std::move(stop)));
+    });
+    return *compiler_;
+}
+
+std::shared_ptr<const CompiledGrammar> StructuredOutput::compile(const grammar::ConstraintSpec& spec) {
+    return compiler().compile(spec);
+}
+
+std::shared_ptr<LogitProcessor> StructuredOutput::processor(std::shared_ptr<const CompiledGrammar> g,
+                                                            int64_t max_new_tokens) const {
+    return std::make_shared<GrammarLogitProcessor>(std::move(g), max_new_tokens);
+}
+
+}  // namespace peregrine

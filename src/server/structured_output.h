@@ -1,0 +1,60 @@
+#pragma once
+// Structured output for the HTTP API: a request's constraint (OpenAI response_format, /generate's
+// regex / ebnf / json_schema) is compiled on the HTTP thread (cached per constraint, so the engine loop
+// never waits on a compilation) and applied in the engine through a GrammarLogitProcessor per sequence.
+#include "engine/grammar/constraint.h"
+#include "engine/grammar/matcher.h"
+#include "engine/request.h"
+#include "tokenizer/tokenizer.h"
+
+#include <memory>
+#include <mutex>
+
+namespace peregrine {
+
+// Masks the logits with a grammar matcher; EOS is allowed only where the grammar can end, and the
+// request stops once the matcher is terminated. Near the token budget it steers to the nearest valid
+// end: once the remaining budget comes within `steer_margin` tokens of min_bytes_to_end(), only tokens
+// after which the text can still be completed one byte per token within the budget are allowed
+// (checked in logit order), so an output completes within max_tokens whenever the budget allows it.
+class GrammarLogitProcessor : public LogitProcessor {
+public:
+    GrammarLogitProcessor(std::shared_ptr<const grammar::CompiledGrammar> g, int64_t max_new_tokens,
+                          int32_t steer_margin = 64);
+    void process(float* logits, int vocab) override;
+    void accept(int32_t id) override;
+    bool done() const override { return matcher_.is_terminated(); }
+
+    const grammar::GrammarMatcher& matcher() const { return matcher_; }
+
+private:
+    // True when after `id` the text can still end within `budget` more tokens (EOS included).
+    bool feasible(int32_t id, int64_t budget);
+    void steer(float* logits, int vocab, int64_t remaining);
+
+    grammar::GrammarMatcher matcher_;
+    int64_t max_new_tokens_;
+    int32_t steer_margin_;
+    int64_t generated_ = 0;
+    std::vector<uint32_t> mask_;
+};
+
+// One per server: the grammar vocabulary (the tokenizer's text tokens, the model's EOS as stop token)
+// and the compile cache. Thread-safe.
+class StructuredOutput {
+public:
+    StructuredOutput(const Tokenizer& tok, int32_t vocab_size, int32_t eos_id);
+    // Compiles (or finds in the cache); throws peregrine::Error naming unsupported features.
+    std::shared_ptr<const grammar::CompiledGrammar> compile(const grammar::ConstraintSpec& spec);
+    // A processor for one sequence of a request.
+    std::shared_ptr<LogitProcessor> processor(std::shared_ptr<const grammar::CompiledGrammar> g, int64_t max_new_tokens) const;
+
+private:
+    grammar::GrammarCompiler& compiler();
+    const Tokenizer& tok_;
+    int32_t vocab_size_, eos_;
+    std::once_flag once_;
+    std::unique_ptr<grammar::GrammarCompiler> compiler_;
+};
+
+}  // namespace peregrine

@@ -1,0 +1,164 @@
+"""Structured output through a real `peregrine serve` on the tiny random fixture model (byte-level
+tokenizer): response_format on /v1/chat/completions and /v1/completions (official openai client), native
+regex / ebnf / json_schema in /generate. The model's logits are noise, so every output is what the grammar
+mask and the end-of-budget steering make of them: each must be complete (finish_reason "stop") and valid
+(jsonschema with format checking, re.fullmatch, xgrammar's EBNF parser). Unsupported features are 400s
+naming them."""
+import json
+import os
+import re
+import sys
+
+import jsonschema
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from test_serve import NAME, Server  # noqa: E402
+
+MAX_TOKENS = 160
+NO_THINKING = {"thinking": {"type": "disabled"}}
+
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 130}},
+     "required": ["name", "age"], "additionalProperties": False},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "bb", "ccc"]}, "maxItems": 3}},
+     "required": ["ok", "tags"]},
+    {"type": "object", "properties": {"id": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"}, "score": {"type": "number", "minimum": -1, "maximum": 1},
+                                      "when": {"type": "string", "format": "date"}}, "required": ["id", "score", "when"]},
+    {"$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}},
+                        "required": ["v", "next"]}}, "$ref": "#/$defs/node"},
+    {"type": "array", "items": {"type": "object", "properties": {"k": {"const": "x"}, "ip": {"type": "string", "format": "ipv4"}}, "required": ["k", "ip"]},
+     "minItems": 1, "maxItems": 2},
+    {"oneOf": [{"type": "integer"}, {"type": "string", "maxLength": 5}, {"type": "null"}]},
+]
+REGEXES = [r"\(\d{3}\) \d{3}-\d{4}", r"[a-z]+@[a-z]+\.(com|org)", r"(yes|no|maybe)( because [a-z ]{1,20})?", r"-?\d+(\.\d+)?"]
+EBNFS = [
+    'root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= factor (("*" | "/") factor)*\nfactor ::= [0-9]+ | "(" expr ")"',
+    'root ::= "[" (item ("," item)*)? "]"\nitem ::= "true" | "false" | [a-z]{1,6}',
+]
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server("--kv-memory", "64M", "--context-length", "1024")
+    yield s
+    s.stop()
+
+
+def validate(schema, text):
+    jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())
+
+
+@pytest.mark.parametrize("index", range(len(SCHEMAS)))
+def test_chat_json_schema_outputs_are_valid(server, index):
+    schema = SCHEMAS[index]
+    r = server.client().chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": "answer in json"}], max_tokens=MAX_TOKENS, n=3, seed=index,
+        response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}}, extra_body=NO_THINKING)
+    assert len(r.choices) == 3
+    for c in r.choices:
+        assert c.finish_reason == "stop", c.message.content
+        validate(schema, c.message.content)
+
+
+def test_chat_json_object_and_streaming(server):
+    c = server.client()
+    r = c.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "json please"}], max_tokens=MAX_TOKENS, seed=7,
+                                  response_format={"type": "json_object"}, extra_body=NO_THINKING)
+    assert r.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    schema = SCHEMAS[0]
+    text, finish = "", None
+    for chunk in c.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "json"}], max_tokens=MAX_TOKENS, seed=3, stream=True,
+                                           response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}, extra_body=NO_THINKING):
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+    assert finish == "stop"
+    validate(schema, text)
+
+
+def test_completions_response_format(server):
+    schema = SCHEMAS[1]
+    r = server.client().completions.create(model=NAME, prompt="json: ", max_tokens=MAX_TOKENS, n=2, seed=1,
+                                           extra_body={"response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}})
+    for c in r.choices:
+        assert c.finish_reason == "stop"
+        validate(schema, c.text)
+
+
+def generate(server, sp, text="x"):
+    status, data = server.raw("POST", "/generate", {"text": text, "sampling_params": {"max_new_tokens": MAX_TOKENS, **sp}})
+    return status, json.loads(data)
+
+
+@pytest.mark.parametrize("index", range(len(REGEXES)))
+def test_generate_regex_fullmatch(server, index):
+    for seed in range(3):
+        status, out = generate(server, {"regex": REGEXES[index], "seed": seed})
+        assert status == 200, out
+        assert out["meta_info"]["finish_reason"]["type"] == "stop"
+        assert re.fullmatch(REGEXES[index], out["text"]), out["text"]
+
+
+@pytest.mark.parametrize("index", range(len(EBNFS)))
+def test_generate_ebnf_parses(server, index):
+    testing = pytest.importorskip("xgrammar.testing")
+    for seed in range(3):
+        status, out = generate(server, {"ebnf": EBNFS[index], "seed": seed})
+        assert status == 200, out
+        assert out["meta_info"]["finish_reason"]["type"] == "stop"
+        assert testing._is_grammar_accept_string(EBNFS[index], out["text"]), out["text"]
+
+
+def test_generate_json_schema_object_and_string(server):
+    schema = SCHEMAS[2]
+    for sp in ({"json_schema": schema}, {"json_schema": json.dumps(schema)}):
+        status, out = generate(server, {**sp, "seed": 5})
+        assert status == 200, out
+        assert out["meta_info"]["finish_reason"]["type"] == "stop"
+        validate(schema, out["text"])
+
+
+def test_short_budget_still_completes(server):
+    # The shortest valid output of SCHEMAS[0] is 20 bytes: steering must land on it within 24 tokens.
+    for seed in range(4):
+        status, out = generate(server, {"json_schema": SCHEMAS[0], "seed": seed, "max_new_tokens": 24})
+        assert status == 200 and out["meta_info"]["finish_reason"]["type"] == "stop", out
+        validate(SCHEMAS[0], out["text"])
+
+
+def error_of(status, data):
+    assert status == 400, data
+    return json.loads(data)["error"] if isinstance(data, (bytes, str)) else data["error"]
+
+
+def test_unsupported_features_are_400s_naming_them(server):
+    bad = {"type": "object", "patternProperties": {"^x": {"type": "string"}}}
+    status, data = server.raw("POST", "/v1/chat/completions", {
+        "model": NAME, "messages": [{"role": "user", "content": "json"}], "thinking": {"type": "disabled"},
+        "response_format": {"type": "json_schema", "json_schema": {"name": "b", "schema": bad}}})
+    e = error_of(status, data)
+    assert e["param"] == "response_format" and "patternProperties" in e["message"]
+    status, data = server.raw("POST", "/v1/completions", {"model": NAME, "prompt": "x",
+                                                         "response_format": {"type": "json_schema", "json_schema": {"name": "b", "schema": {"not": {}}}}})
+    e = error_of(status, data)
+    assert e["param"] == "response_format" and "not" in e["message"]
+    status, out = generate(server, {"json_schema": {"type": "array", "uniqueItems": True}})
+    e = error_of(status, out)
+    assert e["param"] == "sampling_params.json_schema" and "uniqueItems" in e["message"]
+    status, out = generate(server, {"regex": "a(?=b)"})
+    e = error_of(status, out)
+    assert e["param"] == "sampling_params.regex" and "lookaround" in e["message"].lower()
+    status, out = generate(server, {"ebnf": "root ::= root \"a\""})
+    assert error_of(status, out)["param"] == "sampling_params.ebnf"
+    status, out = generate(server, {"regex": "a", "ebnf": 'root ::= "a"'})
+    assert error_of(status, out)["param"] == "sampling_params"
+
+
+def test_thinking_with_response_format_is_rejected(server):
+    status, data = server.raw("POST", "/v1/chat/completions", {
+        "model": NAME, "messages": [{"role": "user", "content": "json"}], "thinking": {"type": "enabled"},
+        "response_format": {"type": "json_object"}})
+    e = error_of(status, data)
+    assert e["param"] == "response_format" and "thinking" in e["message"]

@@ -5,6 +5,7 @@
 #include "server/protocol/prompt_render.h"
 #include "server/request_params.h"
 #include "server/structured_output.h"
+#include "server/tool_call_grammar.h"
 #include "tokenizer/utf8.h"
 #include "util/log.h"
 
@@ -473,7 +474,18 @@ struct ApiServer::Impl {
         if (spec && req.thinking)
             throw ApiError(400, "response_format cannot be combined with thinking: turn thinking off (thinking: {type: disabled})",
                            "response_format");
-        const auto grammar = compile_constraint(spec, "response_format");
+        auto grammar = compile_constraint(spec, "response_format");
+        if (req.tool_choice.mode == ToolChoiceMode::required || req.tool_choice.mode == ToolChoiceMode::named) {
+            if (grammar) throw ApiError(400, "response_format cannot be combined with tool_choice required or a named function", "response_format");
+            const std::string key = tool_call_grammar_key(req, opts.chat_format);
+            try {
+                grammar = structured.compile_tool_calls(key, [&] { return tool_call_grammar(req, opts.chat_format); });
+            } catch (const ApiError&) {
+                throw;
+            } catch (const Error& e) {
+                throw ApiError(400, fmt::format("invalid tools: {}", e.what()), "tools");
+            }
+        }
         std::vector<std::shared_ptr<RequestStream>> streams;
         try {
             for (int i = 0; i < n; ++i) {

@@ -72,26 +72,36 @@ void GrammarLogitProcessor::accept(int32_t id) {
 StructuredOutput::StructuredOutput(const Tokenizer& tok, int32_t vocab_size, int32_t eos_id)
     : tok_(tok), vocab_size_(vocab_size), eos_(eos_id) {}
 
-GrammarCompiler& StructuredOutput::compiler() {
-    // Built on first use: a 128K vocabulary takes a moment to sort into the trie.
-    std::call_once(once_, [&] {
-        const int32_t n = std::max<int32_t>(vocab_size_, tok_.vocab_size());
-        std::vector<std::string> bytes(static_cast<size_t>(n));
-        std::vector<int32_t> special;
-        for (int32_t id = 0; id < n; ++id) {
-            // The EOS id is never text, even where a byte-level tokenizer gives it a byte.
-            if (id != eos_ && tok_.is_valid(id) && !tok_.is_added(id)) bytes[static_cast<size_t>(id)] = tok_.token_bytes(id);
-            else special.push_back(id);
-        }
-        std::vector<int32_t> stop;
-        if (eos_ >= 0 && eos_ < n) stop.push_back(eos_);
-        compiler_ = std::make_unique<GrammarCompiler>(std::make_shared<Vocabulary>(std::move(bytes), special, std::move(stop)));
-    });
-    return *compiler_;
+// Built on first use: a 128K vocabulary takes a moment to sort into the trie.
+std::unique_ptr<GrammarCompiler> StructuredOutput::make_compiler(const std::vector<int32_t>& text_ids) const {
+    const int32_t n = std::max<int32_t>(vocab_size_, tok_.vocab_size());
+    std::vector<std::string> bytes(static_cast<size_t>(n));
+    std::vector<int32_t> special;
+    for (int32_t id = 0; id < n; ++id) {
+        // The EOS id is never text, even where a byte-level tokenizer gives it a byte.
+        const bool text = id != eos_ && tok_.is_valid(id) &&
+                          (!tok_.is_added(id) || std::find(text_ids.begin(), text_ids.end(), id) != text_ids.end());
+        if (text) bytes[static_cast<size_t>(id)] = tok_.token_bytes(id);
+        else special.push_back(id);
+    }
+    std::vector<int32_t> stop;
+    if (eos_ >= 0 && eos_ < n) stop.push_back(eos_);
+    return std::make_unique<GrammarCompiler>(std::make_shared<Vocabulary>(std::move(bytes), special, std::move(stop)));
 }
 
 std::shared_ptr<const CompiledGrammar> StructuredOutput::compile(const grammar::ConstraintSpec& spec) {
-    return compiler().compile(spec);
+    std::call_once(once_, [&] { compiler_ = make_compiler({}); });
+    return compiler_->compile(spec);
+}
+
+std::shared_ptr<const CompiledGrammar> StructuredOutput::compile_tool_calls(const std::string& key,
+                                                                            const std::function<grammar::Grammar()>& build) {
+    std::call_once(tools_once_, [&] {
+        std::vector<int32_t> text_ids;
+        if (int32_t dsml = tok_.token_id("｜DSML｜"); dsml >= 0) text_ids.push_back(dsml);
+        tools_compiler_ = make_compiler(text_ids);
+    });
+    return tools_compiler_->compile_cached(key, build);
 }
 
 std::shared_ptr<LogitProcessor> StructuredOutput::processor(std::shared_ptr<const CompiledGrammar> g,

@@ -7,6 +7,7 @@
 #include "engine/request.h"
 #include "tokenizer/tokenizer.h"
 
+#include <functional>
 #include <memory>
 #include <mutex>
 
@@ -46,15 +47,19 @@ public:
     StructuredOutput(const Tokenizer& tok, int32_t vocab_size, int32_t eos_id);
     // Compiles (or finds in the cache); throws peregrine::Error naming unsupported features.
     std::shared_ptr<const grammar::CompiledGrammar> compile(const grammar::ConstraintSpec& spec);
+    // A grammar the caller builds, cached under `key`, over the vocabulary in which the DSML marker token
+    // is text (tool-call grammars spell it); throws as compile().
+    std::shared_ptr<const grammar::CompiledGrammar> compile_tool_calls(const std::string& key,
+                                                                       const std::function<grammar::Grammar()>& build);
     // A processor for one sequence of a request.
     std::shared_ptr<LogitProcessor> processor(std::shared_ptr<const grammar::CompiledGrammar> g, int64_t max_new_tokens) const;
 
 private:
-    grammar::GrammarCompiler& compiler();
+    std::unique_ptr<grammar::GrammarCompiler> make_compiler(const std::vector<int32_t>& text_ids) const;
     const Tokenizer& tok_;
     int32_t vocab_size_, eos_;
-    std::once_flag once_;
-    std::unique_ptr<grammar::GrammarCompiler> compiler_;
+    std::once_flag once_, tools_once_;
+    std::unique_ptr<grammar::GrammarCompiler> compiler_, tools_compiler_;
 };
 
 }  // namespace peregrine

@@ -76,7 +76,7 @@ EBNF_CHECKS = [parses_arithmetic, lambda t: re.fullmatch(r"\[([a-z]{1,6}(,[a-z]{
 
 @pytest.fixture(scope="module")
 def server():
-    s = Server("--kv-memory", "64M", "--context-length", "1024")
+    s = Server("--kv-memory", "64M", "--context-length", "2048")
     yield s
     s.stop()
 
@@ -202,3 +202,26 @@ def test_thinking_with_response_format_is_rejected(server):
 def test_ebnf_checkers_can_fail():
     assert parses_arithmetic("(1+23)*4-5") and not parses_arithmetic("(1+2") and not parses_arithmetic("1+")
     assert EBNF_CHECKS[1]("[ab,true]") and not EBNF_CHECKS[1]("[ab,]")
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}, "days": {"type": "integer", "minimum": 1, "maximum": 7},
+                                         "unit": {"enum": ["c", "f"]}}, "required": ["city", "days"]}}},
+    {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}},
+]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_tool_choice_forces_valid_tool_calls(server, choice):
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    r = server.client().chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": "weather?"}], tools=TOOLS, tool_choice=choice, max_tokens=400, n=2,
+        seed=11, parallel_tool_calls=False, extra_body=NO_THINKING)
+    for c in r.choices:
+        assert c.finish_reason == "tool_calls", c.message
+        assert len(c.message.tool_calls) == 1, c.message
+        for call in c.message.tool_calls:
+            if isinstance(choice, dict):
+                assert call.function.name == "get_weather"
+            jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])

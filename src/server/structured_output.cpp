@@ -14,6 +14,9 @@ GrammarLogitProcessor::GrammarLogitProcessor(std::shared_ptr<const CompiledGramm
                                              int32_t steer_margin)
     : matcher_(std::move(g), 1), max_new_tokens_(max_new_tokens), steer_margin_(steer_margin) {
     mask_.resize(static_cast<size_t>(matcher_.compiled().vocab().mask_words()));
+    // One token can raise the distance to the end by about a whole sentence (a second tool call, a nested
+    // object): the steering zone must be wider than that jump.
+    steer_margin_ = std::max<int32_t>(steer_margin_, 2 * std::min<int32_t>(matcher_.min_bytes_to_end(), 1 << 20));
 }
 
 void GrammarLogitProcessor::process(float* logits, int vocab) {

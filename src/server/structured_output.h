@@ -15,7 +15,8 @@ namespace peregrine {
 
 // Masks the logits with a grammar matcher; EOS is allowed only where the grammar can end, and the
 // request stops once the matcher is terminated. Near the token budget it steers to the nearest valid
-// end: once the remaining budget comes within `steer_margin` tokens of min_bytes_to_end(), only tokens
+// end: once the remaining budget comes within a margin of min_bytes_to_end() (`steer_margin` tokens, at
+// least twice the grammar's shortest sentence, since one token can open a whole new part), only tokens
 // after which the text can still be completed one byte per token within the budget are allowed
 // (checked in logit order), so an output completes within max_tokens whenever the budget allows it.
 class GrammarLogitProcessor : public LogitProcessor {

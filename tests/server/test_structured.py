@@ -217,10 +217,10 @@ def test_tool_choice_forces_valid_tool_calls(server, choice):
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
     r = server.client().chat.completions.create(
         model=NAME, messages=[{"role": "user", "content": "weather?"}], tools=TOOLS, tool_choice=choice, max_tokens=400, n=2,
-        seed=11, parallel_tool_calls=False, extra_body=NO_THINKING)
+        seed=11, extra_body=NO_THINKING)
     for c in r.choices:
         assert c.finish_reason == "tool_calls", c.message
-        assert len(c.message.tool_calls) == 1, c.message
+        assert c.message.tool_calls, c.message
         for call in c.message.tool_calls:
             if isinstance(choice, dict):
                 assert call.function.name == "get_weather"

@@ -15,13 +15,13 @@ namespace {
 
 constexpr int32_t kEos = 1;
 
-struct Run {
+struct Output {
     std::string text;
     bool complete = false;  // ended by EOS or by the grammar
     int64_t tokens = 0;
 };
 
-Run generate(StructuredOutput& so, const grammar::ConstraintSpec& spec, int64_t budget, uint64_t seed) {
+Output generate(StructuredOutput& so, const grammar::ConstraintSpec& spec, int64_t budget, uint64_t seed) {
     auto g = so.compile(spec);
     auto proc = so.processor(g, budget);
     std::mt19937_64 rng(seed);
@@ -30,7 +30,7 @@ Run generate(StructuredOutput& so, const grammar::ConstraintSpec& spec, int64_t 
     sp.seed = static_cast<int64_t>(seed);
     Sampler sampler(sp);
     std::vector<float> logits(256);
-    Run r;
+    Output r;
     while (r.tokens < budget) {
         for (auto& x : logits) x = noise(rng);
         proc->process(logits.data(), 256);
@@ -62,7 +62,7 @@ TEST(StructuredOutput, SteersToACompleteSentenceWithinTheBudget) {
     for (auto [spec, shortest] : {std::pair{person, 20}, std::pair{phone, 14}, std::pair{expr, 1}}) {
         for (int64_t budget = shortest + 1; budget < shortest + 90; budget += 7) {
             for (uint64_t seed = 0; seed < 4; ++seed) {
-                Run r = generate(so, spec, budget, seed * 1000 + static_cast<uint64_t>(budget));
+                Output r = generate(so, spec, budget, seed * 1000 + static_cast<uint64_t>(budget));
                 EXPECT_TRUE(r.complete) << "budget " << budget << ": " << r.text;
                 EXPECT_LE(r.tokens, budget);
                 EXPECT_TRUE(matches(so, spec, r.text)) << r.text;
@@ -70,7 +70,7 @@ TEST(StructuredOutput, SteersToACompleteSentenceWithinTheBudget) {
         }
     }
     // A budget below the shortest sentence cannot complete; the output is still a prefix of one.
-    Run r = generate(so, person, 10, 1);
+    Output r = generate(so, person, 10, 1);
     EXPECT_FALSE(r.complete);
     grammar::GrammarMatcher m(so.compile(person));
     EXPECT_TRUE(m.accept_bytes(r.text));

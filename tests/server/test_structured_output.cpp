@@ -4,6 +4,7 @@
 #include "engine/sampling.h"
 #include "server/structured_output.h"
 #include "tokenizer/byte_tokenizer.h"
+#include "util/error.h"
 
 #include <gtest/gtest.h>
 

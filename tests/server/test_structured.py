@@ -225,3 +225,41 @@ def test_tool_choice_forces_valid_tool_calls(server, choice):
             if isinstance(choice, dict):
                 assert call.function.name == "get_weather"
             jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+
+
+@pytest.fixture(scope="module")
+def demo():
+    """The embedded demo model: a real byte-level BPE tokenizer (4096 ids, multi-byte tokens, ｜DSML｜ as an
+    added token that only the tool-call grammar may spell)."""
+    import test_serve
+    saved = test_serve.MODEL
+    test_serve.MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../models/peregrine-demo-v4")
+    try:
+        s = Server("--kv-memory", "64M", "--context-length", "2048")
+    finally:
+        test_serve.MODEL = saved
+    yield s
+    s.stop()
+
+
+def test_demo_model_real_tokenizer(demo):
+    c = demo.client()
+    for schema in (SCHEMAS[2],):
+        r = c.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "answer in json"}], max_tokens=MAX_TOKENS, n=2, seed=2,
+                                      response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}, extra_body=NO_THINKING)
+        for ch in r.choices:
+            assert ch.finish_reason == "stop", ch.message.content
+            validate(schema, ch.message.content)
+    status, out = generate(demo, {"regex": REGEXES[1], "seed": 3}, text="ROMEO:")
+    assert status == 200 and out["meta_info"]["finish_reason"]["type"] == "stop", out
+    assert re.fullmatch(REGEXES[1], out["text"]), out["text"]
+    schema = TOOLS[0]["function"]["parameters"]
+    r = c.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "weather?"}], tools=TOOLS, tool_choice="required",
+                                  max_tokens=200, seed=4, extra_body=NO_THINKING)
+    for ch in r.choices:
+        assert ch.finish_reason == "tool_calls" and ch.message.tool_calls, ch.message
+        for call in ch.message.tool_calls:
+            if call.function.name == "get_weather":
+                jsonschema.validate(json.loads(call.function.arguments), schema)
+            else:
+                assert call.function.name == "ping" and json.loads(call.function.arguments) == {}

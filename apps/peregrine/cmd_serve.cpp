@@ -154,7 +154,7 @@ int run_serve(ServeArgs& a) {
     ao.default_max_tokens = a.default_max_tokens;
     if (!a.scripted_output.empty()) {
         ao.scripted_output = ScriptedOutput::from_file(a.scripted_output);
-        spdlog::warn("--scripted-output {}: completions are forced from the script (a testing aid)", a.scripted_output);
+        std::fprintf(stderr, "  --scripted-output %s: completions are forced from the script (a testing aid)\n", a.scripted_output.c_str());
     }
     ApiServer server(engine, *tok, ao);
     const int port = server.bind(a.host, a.port);

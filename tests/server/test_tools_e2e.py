@@ -4,6 +4,7 @@ with ｜DSML｜, <think>, </think> as added tokens), driven by the official open
 The completions are forced with `--scripted-output` (a testing aid: each generating request emits the next
 scripted text token by token through the normal engine path), so tool calls and reasoning occur for sure
 and the assertions check the server's protocol handling, not the model's choices."""
+import http.client
 import json
 import os
 import re
@@ -70,6 +71,14 @@ class Server:
 
     def anthropic(self):
         return anthropic.Anthropic(base_url=self.url, api_key="none", max_retries=0, timeout=60)
+
+    def post(self, path, body):
+        c = http.client.HTTPConnection(self.url.split("//")[1].split(":")[0], int(self.url.rsplit(":", 1)[1]), timeout=60)
+        c.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        data = json.loads(r.read())
+        c.close()
+        return r.status, data
 
     def stop(self):
         self.proc.terminate()
@@ -225,7 +234,7 @@ def test_anthropic_tool_use_round_trip(serve):
 def test_anthropic_streaming_blocks(serve):
     s = serve("Hmm 日本.</think>Here:" + dsml(PARALLEL[:2]))
     c = s.anthropic()
-    with c.messages.stream(model=NAME, max_tokens=2000, tools=[A_WEATHER, {"name": "search", "input_schema": SEARCH["function"]["parameters"]}],
+    with c.messages.stream(model=NAME, max_tokens=4000, tools=[A_WEATHER, {"name": "search", "input_schema": SEARCH["function"]["parameters"]}],
                            thinking={"type": "enabled", "budget_tokens": 2000},
                            messages=[{"role": "user", "content": [{"type": "text", "text": "Go"}]}]) as st:
         events = list(st)
@@ -272,8 +281,7 @@ def test_anthropic_errors(serve):
             {"role": "user", "content": "x"},
             {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}]},
             {"role": "user", "content": "y"}])
-    import httpx
-    r = httpx.post(s.url + "/v1/messages", json={"model": NAME, "messages": [{"role": "user", "content": "x"}]})
-    assert r.status_code == 400 and r.json()["error"]["message"].startswith("max_tokens")
-    r = httpx.post(s.url + "/v1/messages", content=b"{not json")
-    assert r.status_code == 400 and r.json()["type"] == "error"
+    status, body = s.post("/v1/messages", json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x"}]}))
+    assert status == 400 and body["error"]["message"].startswith("max_tokens")
+    status, body = s.post("/v1/messages", "{not json")
+    assert status == 400 and body["type"] == "error" and body["error"]["type"] == "invalid_request_error"

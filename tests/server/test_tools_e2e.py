@@ -29,6 +29,9 @@ SEARCH = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
 A_WEATHER = {"name": "get_weather", "description": "Weather forecast",
              "input_schema": WEATHER["function"]["parameters"]}
+A_SEARCH = {"name": "search", "description": "Search the web", "input_schema": SEARCH["function"]["parameters"]}
+TOOLS = [WEATHER, SEARCH]
+A_TOOLS = [A_WEATHER, A_SEARCH]
 
 
 def param(name, value, v41=False):
@@ -90,22 +93,28 @@ class Server:
             os.unlink(self.script_file.name)
 
 
-@pytest.fixture
-def serve():
-    servers = []
 
-    def start(*script):
-        s = Server(list(script))
-        servers.append(s)
-        return s
-
-    yield start
-    for s in servers:
-        s.stop()
+# One server for the module, so that the long tool-listing prompt is prefilled once and then served from the
+# prefix cache (every request lists the same tools and uses effort "low", which V4 does not write). The script
+# holds every test's completions in the order the tests run (pytest runs a file top to bottom).
+SCRIPT = []
 
 
-NESTED = {"city": "Zürich 日本 😀 \"q\" \\ /", "days": 3, "opts": {"units": ["C", "F"], "deep": {"x": None, "y": 1.5, "z": True}}}
-PARALLEL = [("get_weather", NESTED), ("search", {"query": "Paris"}), ("get_weather", {"city": "Oslo", "days": 1})]
+def script(*completions):
+    SCRIPT.extend(completions)
+    return completions
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server(SCRIPT)
+    yield s
+    s.stop()
+
+
+NESTED = {"city": "Zürich 😀 \"q\" \\", "opts": {"u": ["C", "F"], "d": {"x": None, "y": 1.5, "z": True}}}
+PARALLEL = [("get_weather", NESTED), ("search", {"query": "日本"}), ("get_weather", {"city": "Oslo", "days": 1})]
+SHORT = [("search", {"query": "日本"}), ("get_weather", {"city": "Oslo", "days": 1})]
 USER = [{"role": "user", "content": "Weather?"}]
 
 
@@ -116,20 +125,24 @@ def check_calls(calls, expected):
     assert all(i.startswith("call_") for i in ids) and len(set(ids)) == len(ids)
 
 
+script("Checking." + dsml(PARALLEL), "Checking." + dsml(SHORT, v41=True))
+
+
 @pytest.mark.parametrize("v41", [False, True])
-def test_openai_parallel_tool_calls_non_streaming(serve, v41):
-    s = serve("Checking." + dsml(PARALLEL, v41))
-    r = s.openai().chat.completions.create(model=NAME, messages=USER, tools=[WEATHER, SEARCH], max_tokens=400)
+def test_openai_parallel_tool_calls_non_streaming(server, v41):
+    r = server.openai().chat.completions.create(model=NAME, messages=USER, tools=TOOLS, max_tokens=400)
     c = r.choices[0]
     assert c.finish_reason == "tool_calls"
     assert c.message.content == "Checking."
-    check_calls(c.message.tool_calls, PARALLEL)
+    check_calls(c.message.tool_calls, SHORT if v41 else PARALLEL)
 
 
-def test_openai_tool_calls_streaming(serve):
-    s = serve(dsml(PARALLEL))
-    chunks = list(s.openai().chat.completions.create(model=NAME, messages=USER, tools=[WEATHER, SEARCH],
-                                                     max_tokens=400, stream=True))
+script(dsml(PARALLEL))
+
+
+def test_openai_tool_calls_streaming(server):
+    chunks = list(server.openai().chat.completions.create(model=NAME, messages=USER, tools=TOOLS,
+                                                          max_tokens=400, stream=True))
     deltas = [tc for ch in chunks for c in ch.choices for tc in (c.delta.tool_calls or [])]
     assert deltas, "no tool-call deltas streamed"
     calls = {}
@@ -145,60 +158,69 @@ def test_openai_tool_calls_streaming(serve):
     assert sorted(calls) == [0, 1, 2]
     assert max(fragments.values()) > 2, "arguments should arrive in several fragments"
     assert [(calls[i]["name"], json.loads(calls[i]["args"])) for i in range(3)] == PARALLEL
-    assert chunks[-1].choices[0].finish_reason == "tool_calls" or any(
-        c.finish_reason == "tool_calls" for ch in chunks for c in ch.choices)
+    finishes = [c.finish_reason for ch in chunks for c in ch.choices if c.finish_reason]
+    assert finishes == ["tool_calls"]
 
 
-def test_openai_thinking_split(serve):
-    s = serve("Let me think about 日本.\n</think>\n\nIt is sunny.", "Plan 😀</think>Done.")
-    c = s.openai()
-    r = c.chat.completions.create(model=NAME, messages=USER, max_tokens=100, reasoning_effort="high")
+script("Let me think about 日本.\n</think>\n\nIt is sunny.", "Plan 😀</think>Done.")
+
+
+def test_openai_thinking_split(server):
+    c = server.openai()
+    kw = dict(model=NAME, messages=USER, tools=TOOLS, max_tokens=100, reasoning_effort="low")
+    r = c.chat.completions.create(**kw)
     m = r.choices[0].message
     assert m.content == "It is sunny." and m.reasoning_content == "Let me think about 日本."
     assert r.choices[0].finish_reason == "stop"
-    chunks = list(c.chat.completions.create(model=NAME, messages=USER, max_tokens=100, reasoning_effort="high", stream=True))
+    chunks = list(c.chat.completions.create(stream=True, **kw))
     reasoning = "".join(getattr(ch.choices[0].delta, "reasoning_content", None) or "" for ch in chunks if ch.choices)
     content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert (reasoning, content) == ("Plan 😀", "Done.")
 
 
-def test_openai_malformed_dsml_is_text(serve):
-    bad = f'Hi <{D}tool_calls>\n<{D}bogus name="x">'
-    s = serve(bad)
-    r = s.openai().chat.completions.create(model=NAME, messages=USER, tools=[WEATHER], max_tokens=200)
+script(f'Hi <{D}tool_calls>\n<{D}bogus name="x">')
+
+
+def test_openai_malformed_dsml_is_text(server):
+    r = server.openai().chat.completions.create(model=NAME, messages=USER, tools=TOOLS, max_tokens=200)
     m = r.choices[0].message
     assert not m.tool_calls and r.choices[0].finish_reason == "stop"
     assert m.content.startswith("Hi") and D in m.content
 
 
-def test_openai_tool_choice(serve):
-    invoke = dsml([("search", {"query": "x"})])
-    after_open = invoke[invoke.index(">\n") + 2:]  # the prompt already opened the block
-    s = serve(after_open, after_open, invoke)
-    c = s.openai()
-    r = c.chat.completions.create(model=NAME, messages=USER, tools=[WEATHER, SEARCH], tool_choice="required", max_tokens=200)
+INVOKE = dsml([("search", {"query": "x"})])
+AFTER_OPEN = INVOKE[INVOKE.index(">\n") + 2:]  # the prompt already opened the block
+script(AFTER_OPEN, AFTER_OPEN, INVOKE)
+
+
+def test_openai_tool_choice(server):
+    c = server.openai()
+    r = c.chat.completions.create(model=NAME, messages=USER, tools=TOOLS, tool_choice="required", max_tokens=200)
     check_calls(r.choices[0].message.tool_calls, [("search", {"query": "x"})])
-    r = c.chat.completions.create(model=NAME, messages=USER, tools=[WEATHER, SEARCH],
+    r = c.chat.completions.create(model=NAME, messages=USER, tools=TOOLS,
                                   tool_choice={"type": "function", "function": {"name": "search"}}, max_tokens=200)
     check_calls(r.choices[0].message.tool_calls, [("search", {"query": "x"})])
-    r = c.chat.completions.create(model=NAME, messages=USER, tools=[WEATHER, SEARCH], tool_choice="none", max_tokens=200)
+    r = c.chat.completions.create(model=NAME, messages=USER, tools=TOOLS, tool_choice="none", max_tokens=200)
     assert not r.choices[0].message.tool_calls and D in r.choices[0].message.content
     with pytest.raises(openai.BadRequestError):
-        c.chat.completions.create(model=NAME, messages=USER, tools=[WEATHER], tool_choice="required",
-                                  reasoning_effort="high", max_tokens=10)
+        c.chat.completions.create(model=NAME, messages=USER, tools=TOOLS, tool_choice="required",
+                                  reasoning_effort="low", max_tokens=10)
 
 
-def test_openai_agent_loop_hits_prefix_cache(serve):
-    call = [("get_weather", {"city": "Paris", "days": 2})]
-    s = serve("Thinking it over.</think>" + dsml(call), "Sunny, 20 degrees.</think>It will be sunny.")
-    c = s.openai()
-    kw = dict(model=NAME, tools=[WEATHER], max_tokens=300, reasoning_effort="high", parallel_tool_calls=True)
-    r1 = c.chat.completions.create(messages=USER, **kw)
+script("Thinking it over.</think>" + dsml([("get_weather", {"city": "Paris", "days": 2})]),
+       "Sunny, 20 degrees.</think>It will be sunny.")
+
+
+def test_openai_agent_loop_hits_prefix_cache(server):
+    c = server.openai()
+    kw = dict(model=NAME, tools=TOOLS, max_tokens=300, reasoning_effort="low", parallel_tool_calls=True)
+    r1 = c.chat.completions.create(messages=[{"role": "user", "content": "Paris?"}], **kw)
     m = r1.choices[0].message
     assert r1.choices[0].finish_reason == "tool_calls" and m.reasoning_content == "Thinking it over."
-    history = USER + [{"role": "assistant", "content": m.content, "reasoning_content": m.reasoning_content,
-                       "tool_calls": [t.model_dump() for t in m.tool_calls]},
-                      {"role": "tool", "tool_call_id": m.tool_calls[0].id, "content": "sunny, 20 C"}]
+    history = [{"role": "user", "content": "Paris?"},
+               {"role": "assistant", "content": m.content, "reasoning_content": m.reasoning_content,
+                "tool_calls": [t.model_dump() for t in m.tool_calls]},
+               {"role": "tool", "tool_call_id": m.tool_calls[0].id, "content": "sunny, 20 C"}]
     r2 = c.chat.completions.create(messages=history, **kw)
     assert r2.choices[0].message.content == "It will be sunny."
     cached = r2.usage.prompt_tokens_details.cached_tokens
@@ -208,12 +230,12 @@ def test_openai_agent_loop_hits_prefix_cache(serve):
 
 # ---- Anthropic Messages API -------------------------------------------------------------------------------
 
-def test_anthropic_tool_use_round_trip(serve):
-    s = serve("I should check.</think>Let me look." + dsml([("get_weather", NESTED)]),
-              "Fine.</think>It is sunny in Zürich.")
-    c = s.anthropic()
-    kw = dict(model=NAME, max_tokens=2000, tools=[A_WEATHER], system=[{"type": "text", "text": "Be brief."}],
-              thinking={"type": "enabled", "budget_tokens": 1024})
+script("I should check.</think>Let me look." + dsml([("get_weather", NESTED)]), "Fine.</think>It is sunny in Zürich.")
+
+
+def test_anthropic_tool_use_round_trip(server):
+    c = server.anthropic()
+    kw = dict(model=NAME, max_tokens=2000, tools=A_TOOLS, thinking={"type": "enabled", "budget_tokens": 1024})
     msgs = [{"role": "user", "content": "Weather in Zürich?"}]
     r1 = c.messages.create(messages=msgs, **kw)
     assert r1.stop_reason == "tool_use"
@@ -225,18 +247,19 @@ def test_anthropic_tool_use_round_trip(serve):
              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tu.id, "content": "sunny"}]}]
     r2 = c.messages.create(messages=msgs, **kw)
     assert r2.stop_reason == "end_turn" and r2.content[-1].text == "It is sunny in Zürich."
-    assert r2.usage.cache_read_input_tokens >= r1.usage.input_tokens + r1.usage.output_tokens - 16
-    count = c.messages.count_tokens(model=NAME, messages=msgs, tools=[A_WEATHER], system=kw["system"],
-                                    thinking=kw["thinking"])
+    r1_tokens = r1.usage.input_tokens + r1.usage.cache_read_input_tokens + r1.usage.output_tokens
+    assert r2.usage.cache_read_input_tokens >= r1_tokens - 16
+    count = c.messages.count_tokens(model=NAME, messages=msgs, tools=A_TOOLS, thinking=kw["thinking"])
     assert count.input_tokens == r2.usage.input_tokens + r2.usage.cache_read_input_tokens
 
 
-def test_anthropic_streaming_blocks(serve):
-    s = serve("Hmm 日本.</think>Here:" + dsml(PARALLEL[:2]))
-    c = s.anthropic()
-    with c.messages.stream(model=NAME, max_tokens=4000, tools=[A_WEATHER, {"name": "search", "input_schema": SEARCH["function"]["parameters"]}],
-                           thinking={"type": "enabled", "budget_tokens": 2000},
-                           messages=[{"role": "user", "content": [{"type": "text", "text": "Go"}]}]) as st:
+script("Hmm 日本.</think>Here:" + dsml(SHORT))
+
+
+def test_anthropic_streaming_blocks(server):
+    with server.anthropic().messages.stream(model=NAME, max_tokens=4000, tools=A_TOOLS,
+                                            thinking={"type": "enabled", "budget_tokens": 2000},
+                                            messages=[{"role": "user", "content": [{"type": "text", "text": "Go"}]}]) as st:
         events = list(st)
         final = st.get_final_message()
     kinds = [e.type for e in events]
@@ -249,27 +272,28 @@ def test_anthropic_streaming_blocks(serve):
     delta = [e for e in events if e.type == "message_delta"][0]
     assert delta.delta.stop_reason == "tool_use" and delta.usage.output_tokens > 10
     assert final.content[0].thinking == "Hmm 日本." and final.content[1].text == "Here:"
-    assert [(b.name, b.input) for b in final.content[2:]] == PARALLEL[:2]
+    assert [(b.name, b.input) for b in final.content[2:]] == SHORT
 
 
-def test_anthropic_stop_reasons_and_choice(serve):
-    invoke = dsml([("get_weather", {"city": "Rome"})])
-    s = serve("one two STOP three", "a b c d e f g h i j k l m n o p", invoke[invoke.index(">\n") + 2:], invoke)
-    c = s.anthropic()
+A_INVOKE = dsml([("get_weather", {"city": "Rome"})])
+script("one two STOP three", "a b c d e f g h i j k l m n o p", A_INVOKE[A_INVOKE.index(">\n") + 2:], A_INVOKE)
+
+
+def test_anthropic_stop_reasons_and_choice(server):
+    c = server.anthropic()
     msgs = [{"role": "user", "content": "count"}]
-    r = c.messages.create(model=NAME, max_tokens=50, messages=msgs, stop_sequences=["STOP"])
+    r = c.messages.create(model=NAME, max_tokens=50, messages=msgs, stop_sequences=["STOP"], system="Be brief.")
     assert r.stop_reason == "stop_sequence" and r.stop_sequence == "STOP" and r.content[0].text == "one two "
-    r = c.messages.create(model=NAME, max_tokens=3, messages=msgs)
+    r = c.messages.create(model=NAME, max_tokens=3, messages=msgs, system=[{"type": "text", "text": "Be brief."}])
     assert r.stop_reason == "max_tokens" and r.usage.output_tokens == 3
-    r = c.messages.create(model=NAME, max_tokens=200, messages=msgs, tools=[A_WEATHER], tool_choice={"type": "any"})
+    r = c.messages.create(model=NAME, max_tokens=200, messages=msgs, tools=A_TOOLS, tool_choice={"type": "any"})
     assert r.stop_reason == "tool_use" and r.content[0].input == {"city": "Rome"}
-    r = c.messages.create(model=NAME, max_tokens=200, messages=msgs, tools=[A_WEATHER], tool_choice={"type": "none"})
+    r = c.messages.create(model=NAME, max_tokens=200, messages=msgs, tools=A_TOOLS, tool_choice={"type": "none"})
     assert r.stop_reason == "end_turn" and D in r.content[0].text
 
 
-def test_anthropic_errors(serve):
-    s = serve()
-    c = s.anthropic()
+def test_anthropic_errors(server):
+    c = server.anthropic()
     with pytest.raises(anthropic.BadRequestError) as e:
         c.messages.create(model=NAME, max_tokens=0, messages=[{"role": "user", "content": "x"}])
     body = e.value.body
@@ -277,11 +301,11 @@ def test_anthropic_errors(serve):
     with pytest.raises(anthropic.BadRequestError):
         c.messages.create(model="other-model", max_tokens=5, messages=[{"role": "user", "content": "x"}])
     with pytest.raises(anthropic.BadRequestError) as e:  # a tool_use left unanswered
-        c.messages.create(model=NAME, max_tokens=5, tools=[A_WEATHER], messages=[
+        c.messages.create(model=NAME, max_tokens=5, tools=A_TOOLS, messages=[
             {"role": "user", "content": "x"},
             {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}]},
             {"role": "user", "content": "y"}])
-    status, body = s.post("/v1/messages", json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x"}]}))
+    status, body = server.post("/v1/messages", json.dumps({"model": NAME, "messages": [{"role": "user", "content": "x"}]}))
     assert status == 400 and body["error"]["message"].startswith("max_tokens")
-    status, body = s.post("/v1/messages", "{not json")
+    status, body = server.post("/v1/messages", "{not json")
     assert status == 400 and body["type"] == "error" and body["error"]["type"] == "invalid_request_error"

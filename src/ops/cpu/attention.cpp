@@ -1,5 +1,6 @@
 // Attention block of DeepSeek-V4.1 and V4: projections, sliding-window K=V, compressor, indexer and the
 // sparse attention with sink, following the official reference's arithmetic and index order.
+#include "ops/attention_plan.h"
 #include "ops/cpu/cpu_backend.h"
 #include "ops/cpu/linear.h"
 #include "tensor/quant.h"
@@ -11,48 +12,6 @@
 #include <cstring>
 
 namespace peregrine::cpu {
-
-namespace {
-
-// Where a row sits: its sequence, position and the chunk it belongs to.
-struct RowInfo {
-    BatchSeq* seq;
-    int64_t pos;
-};
-
-std::vector<RowInfo> row_infos(ForwardBatch& batch) {
-    std::vector<RowInfo> rows(static_cast<size_t>(batch.rows()));
-    for (auto& s : batch.seqs)
-        for (int i = 0; i < s.n_tokens; ++i) rows[static_cast<size_t>(s.row0 + i)] = {&s, s.start_pos + i};
-    return rows;
-}
-
-bool is_prefill(const BatchSeq& s) { return s.start_pos == 0; }
-bool is_decode(const BatchSeq& s) { return s.start_pos > 0 && s.n_tokens == 1; }
-
-// Window keys of the query at `pos`, as positions (-1: none), in the reference's order.
-std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int W, bool v41) {
-    std::vector<int64_t> list;
-    if (is_prefill(s)) {
-        int64_t len = std::min<int64_t>(s.n_tokens, W), base = std::max<int64_t>(0, pos - W + 1);
-        for (int64_t j = 0; j < len; ++j) list.push_back(base + j <= pos ? base + j : -1);
-        return list;
-    }
-    if (is_decode(s) && (v41 || pos >= W - 1)) {  // the ring, oldest slot first
-        int64_t oldest = pos % W + 1;
-        for (int64_t j = 0; j < W; ++j) {
-            int64_t slot = (oldest + j) % W;
-            list.push_back(slot <= pos ? pos - ((pos - slot) % W) : -1);
-        }
-        return list;
-    }
-    // V4 decode with a ring still filling, and chunked prefill: ascending positions, then padding.
-    for (int64_t p = std::max<int64_t>(0, pos - W + 1); p <= pos; ++p) list.push_back(p);
-    while (static_cast<int>(list.size()) < W) list.push_back(-1);
-    return list;
-}
-
-}  // namespace
 
 // ---------------------------------------------------------------------------------------------------
 // Compressor: pools `ratio` consecutive tokens into one latent with a per-channel softmax gate. Tokens go

@@ -1,6 +1,7 @@
 // Attention block on the GPU, step for step the reference's (cpu/attention.cpp): the host works out which
 // state entries each row reads or writes (page addresses, window lists, group emissions), the device does
 // all arithmetic, top-k selections included, so no data comes back to the host.
+#include "ops/attention_plan.h"
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/launch_check.h"
 #include "util/error.h"
@@ -12,45 +13,6 @@
 
 namespace peregrine::cuda {
 
-namespace {
-
-struct RowInfo {
-    BatchSeq* seq;
-    int64_t pos;
-};
-
-std::vector<RowInfo> row_infos(ForwardBatch& batch) {
-    std::vector<RowInfo> rows(static_cast<size_t>(batch.rows()));
-    for (auto& s : batch.seqs)
-        for (int i = 0; i < s.n_tokens; ++i) rows[static_cast<size_t>(s.row0 + i)] = {&s, s.start_pos + i};
-    return rows;
-}
-
-bool is_prefill(const BatchSeq& s) { return s.start_pos == 0; }
-bool is_decode(const BatchSeq& s) { return s.start_pos > 0 && s.n_tokens == 1; }
-
-// Window keys of the query at `pos`, as positions (-1: none), in the reference's order.
-std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int W, bool v41) {
-    std::vector<int64_t> list;
-    if (is_prefill(s)) {
-        int64_t len = std::min<int64_t>(s.n_tokens, W), base = std::max<int64_t>(0, pos - W + 1);
-        for (int64_t j = 0; j < len; ++j) list.push_back(base + j <= pos ? base + j : -1);
-        return list;
-    }
-    if (is_decode(s) && (v41 || pos >= W - 1)) {
-        int64_t oldest = pos % W + 1;
-        for (int64_t j = 0; j < W; ++j) {
-            int64_t slot = (oldest + j) % W;
-            list.push_back(slot <= pos ? pos - ((pos - slot) % W) : -1);
-        }
-        return list;
-    }
-    for (int64_t p = std::max<int64_t>(0, pos - W + 1); p <= pos; ++p) list.push_back(p);
-    while (static_cast<int>(list.size()) < W) list.push_back(-1);
-    return list;
-}
-
-}  // namespace
 
 struct CudaBackend::Emitted {
     Tensor latent;               // [n, d] normalised, before RoPE

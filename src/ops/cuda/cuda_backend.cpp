@@ -1,6 +1,6 @@
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/launch_check.h"
-#include "ops/cuda/rope_table.h"
+#include "ops/attention_plan.h"
 #include "util/error.h"
 
 #include <cuda_runtime.h>

@@ -1,9 +1,36 @@
-#include "ops/cuda/rope_table.h"
+#include "ops/attention_plan.h"
 
 #include <algorithm>
 #include <cmath>
 
-namespace peregrine::cuda {
+namespace peregrine {
+
+std::vector<RowInfo> row_infos(ForwardBatch& batch) {
+    std::vector<RowInfo> rows(static_cast<size_t>(batch.rows()));
+    for (auto& s : batch.seqs)
+        for (int i = 0; i < s.n_tokens; ++i) rows[static_cast<size_t>(s.row0 + i)] = {&s, s.start_pos + i};
+    return rows;
+}
+
+std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int W, bool v41) {
+    std::vector<int64_t> list;
+    if (is_prefill(s)) {
+        int64_t len = std::min<int64_t>(s.n_tokens, W), base = std::max<int64_t>(0, pos - W + 1);
+        for (int64_t j = 0; j < len; ++j) list.push_back(base + j <= pos ? base + j : -1);
+        return list;
+    }
+    if (is_decode(s) && (v41 || pos >= W - 1)) {  // the ring, oldest slot first
+        int64_t oldest = pos % W + 1;
+        for (int64_t j = 0; j < W; ++j) {
+            int64_t slot = (oldest + j) % W;
+            list.push_back(slot <= pos ? pos - ((pos - slot) % W) : -1);
+        }
+        return list;
+    }
+    for (int64_t p = std::max<int64_t>(0, pos - W + 1); p <= pos; ++p) list.push_back(p);
+    while (static_cast<int>(list.size()) < W) list.push_back(-1);
+    return list;
+}
 
 std::vector<float> rope_frequencies(int dim, double theta, int original_seq_len, double factor, double beta_fast,
                                     double beta_slow, bool arch_v41) {
@@ -33,4 +60,4 @@ std::vector<float> rope_frequencies(int dim, double theta, int original_seq_len,
     return freqs;
 }
 
-}  // namespace peregrine::cuda
+}  // namespace peregrine

@@ -309,3 +309,10 @@ def test_anthropic_errors(server):
     assert status == 400 and body["error"]["message"].startswith("max_tokens")
     status, body = server.post("/v1/messages", "{not json")
     assert status == 400 and body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+
+
+def test_script_used_up_samples_normally(server):
+    # Every scripted completion was consumed above; the model samples on its own now.
+    r = server.anthropic().messages.create(model=NAME, max_tokens=4, messages=[{"role": "user", "content": "Hi"}])
+    assert r.stop_reason in ("max_tokens", "end_turn") and 1 <= r.usage.output_tokens <= 4
+    assert all(b.type == "text" for b in r.content)

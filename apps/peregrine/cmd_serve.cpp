@@ -27,7 +27,7 @@ namespace {
 
 struct ServeArgs {
     std::string model, tokenizer, host = "127.0.0.1", served_model_name, kv_memory = "0.05", api_key,
-        log_level = "info", device = "cpu";
+        log_level = "info", device = "cpu", scripted_output;
     int port = 30000, max_running = 64, max_queued = 1024, chunked_prefill = 512, page_tokens = 16;
     int64_t context_length = 0, default_max_tokens = 0;
     bool disable_radix_cache = false, enable_thinking = false;
@@ -152,6 +152,10 @@ int run_serve(ServeArgs& a) {
     ao.chat_format = chat_format_from_model_dir(a.model);
     ao.default_thinking = a.enable_thinking;
     ao.default_max_tokens = a.default_max_tokens;
+    if (!a.scripted_output.empty()) {
+        ao.scripted_output = ScriptedOutput::from_file(a.scripted_output);
+        std::fprintf(stderr, "  --scripted-output %s: completions are forced from the script (a testing aid)\n", a.scripted_output.c_str());
+    }
     ApiServer server(engine, *tok, ao);
     const int port = server.bind(a.host, a.port);
     progress.done();
@@ -214,6 +218,9 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_flag("--disable-radix-cache", a->disable_radix_cache, "No prefix cache");
     cmd->add_flag("--enable-thinking", a->enable_thinking, "Chat requests think unless they say otherwise");
     cmd->add_option("--device", a->device, "cpu or cuda");
+    cmd->add_option("--scripted-output", a->scripted_output,
+                    "Testing aid: JSON list of completion texts; each chat/messages request is forced to emit the next "
+                    "one token by token (normal sampling once the list is used up)");
     cmd->callback([a, &exit_code] { exit_code = run_serve(*a); });
 });
 

@@ -1,9 +1,11 @@
 #include "server/api_server.h"
+#include "server/anthropic_api.h"
 #include "server/protocol/assistant_message.h"
 #include "server/protocol/chat_request.h"
 #include "server/protocol/output_parser.h"
 #include "server/protocol/prompt_render.h"
 #include "server/request_params.h"
+#include "server/scripted_output.h"
 #include "server/structured_output.h"
 #include "server/tool_call_grammar.h"
 #include "tokenizer/utf8.h"
@@ -71,6 +73,29 @@ json usage_json(int64_t prompt, int64_t completion, int64_t cached) {
             {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
+// Adds tool-call delta entries to a chunk's list: one entry per call index, argument fragments joined.
+void merge_tool_calls(json& into, const json& add) {
+    for (auto& x : add) {
+        json* same = nullptr;
+        for (auto& y : into)
+            if (y.value("index", -1) == x.value("index", -2)) same = &y;
+        if (!same) {
+            into.push_back(x);
+            continue;
+        }
+        for (auto& [k, v] : x.items()) {
+            if (k != "function") {
+                (*same)[k] = v;
+                continue;
+            }
+            json& f = (*same)["function"];
+            for (auto& [fk, fv] : v.items())
+                if (fk == "arguments" && f.contains("arguments")) f["arguments"] = f["arguments"].get<std::string>() + fv.get<std::string>();
+                else f[fk] = fv;
+        }
+    }
+}
+
 const char* finish_name(const RequestDelta& d) {
     return d.finish == FinishReason::length ? "length" : d.finish == FinishReason::abort ? "abort" : "stop";
 }
@@ -106,6 +131,8 @@ struct ApiServer::Impl {
         route("POST", "/v1/completions", [this](const HttpRequest& q, HttpResponse& r) { completions(q, r); });
         route("POST", "/v1/chat/completions", [this](const HttpRequest& q, HttpResponse& r) { chat(q, r); });
         route("POST", "/generate", [this](const HttpRequest& q, HttpResponse& r) { generate(q, r); });
+        route("POST", "/v1/messages", [this](const HttpRequest& q, HttpResponse& r) { messages(q, r); }, true, true);
+        route("POST", "/v1/messages/count_tokens", [this](const HttpRequest& q, HttpResponse& r) { count_tokens(q, r); }, true, true);
     }
 
     static HttpServerOptions make_http_options(const ApiOptions& o) {
@@ -119,21 +146,30 @@ struct ApiServer::Impl {
         return h;
     }
 
-    void route(const std::string& method, const std::string& path, HttpHandler h, bool auth = true) {
-        http.route(method, path, [this, h, auth](const HttpRequest& q, HttpResponse& r) {
+    // `anthropic`: errors in Anthropic's shape ({"type": "error", "error": {"type", "message"}}), and the
+    // key may also come as "x-api-key".
+    void route(const std::string& method, const std::string& path, HttpHandler h, bool auth = true, bool anthropic = false) {
+        http.route(method, path, [this, h, auth, anthropic](const HttpRequest& q, HttpResponse& r) {
+            auto error = [&](const ApiError& e) {
+                if (!anthropic) return set_error(r, e);
+                r.status = e.status();
+                r.content_type = "application/json";
+                r.body = dump(anthropic_error_json(e.status(), e.what()));
+            };
             try {
-                if (auth && !opts.api_key.empty() && q.header("Authorization") != "Bearer " + opts.api_key)
+                if (auth && !opts.api_key.empty() && q.header("Authorization") != "Bearer " + opts.api_key &&
+                    !(anthropic && q.header("x-api-key") == opts.api_key))
                     throw ApiError(401, "invalid or missing API key", "", "authentication_error", "invalid_api_key");
                 h(q, r);
             } catch (const ApiError& e) {
-                set_error(r, e);
+                error(e);
             } catch (const RequestError& e) {
-                set_error(r, ApiError(400, e.what(), e.param()));
+                error(ApiError(400, anthropic && !e.param().empty() ? e.param() + ": " + e.what() : e.what(), e.param()));
             } catch (const QueueFullError& e) {
-                set_error(r, ApiError(429, e.what(), "", "rate_limit_exceeded", "queue_full"));
+                error(ApiError(anthropic ? 529 : 429, e.what(), "", "rate_limit_exceeded", "queue_full"));
             } catch (const std::exception& e) {
                 spdlog::error("{} {}: {}", q.method, q.path, e.what());
-                set_error(r, ApiError(500, e.what(), "", "server_error"));
+                error(ApiError(500, e.what(), "", "server_error"));
             }
         });
     }
@@ -196,6 +232,19 @@ struct ApiServer::Impl {
         // Keep the schema's own key order (properties are generated in schema order).
         if (spec && spec->kind == grammar::ConstraintKind::kJsonSchema) spec->text = (*it)["json_schema"]["schema"].dump();
         return spec;
+    }
+
+    // tool_choice required / a named function: the DSML grammar of the allowed calls (nullptr otherwise).
+    std::shared_ptr<const grammar::CompiledGrammar> tool_choice_grammar(const ChatRequest& req) {
+        if (req.tool_choice.mode != ToolChoiceMode::required && req.tool_choice.mode != ToolChoiceMode::named) return nullptr;
+        const std::string key = tool_call_grammar_key(req, opts.chat_format);
+        try {
+            return structured.compile_tool_calls(key, [&] { return tool_call_grammar(req, opts.chat_format); });
+        } catch (const ApiError&) {
+            throw;
+        } catch (const Error& e) {
+            throw ApiError(400, fmt::format("invalid tools: {}", e.what()), "tools");
+        }
     }
 
     // A grammar per sequence: each choice of an n > 1 request has its own matcher.
@@ -475,16 +524,9 @@ struct ApiServer::Impl {
             throw ApiError(400, "response_format cannot be combined with thinking: turn thinking off (thinking: {type: disabled})",
                            "response_format");
         auto grammar = compile_constraint(spec, "response_format");
-        if (req.tool_choice.mode == ToolChoiceMode::required || req.tool_choice.mode == ToolChoiceMode::named) {
+        if (auto tg = tool_choice_grammar(req)) {
             if (grammar) throw ApiError(400, "response_format cannot be combined with tool_choice required or a named function", "response_format");
-            const std::string key = tool_call_grammar_key(req, opts.chat_format);
-            try {
-                grammar = structured.compile_tool_calls(key, [&] { return tool_call_grammar(req, opts.chat_format); });
-            } catch (const ApiError&) {
-                throw;
-            } catch (const Error& e) {
-                throw ApiError(400, fmt::format("invalid tools: {}", e.what()), "tools");
-            }
+            grammar = std::move(tg);
         }
         std::vector<std::shared_ptr<RequestStream>> streams;
         try {
@@ -492,6 +534,7 @@ struct ApiServer::Impl {
                 GenerationParams gi = g;
                 if (gi.sampling.seed >= 0) gi.sampling.seed += i;
                 constrain(gi, grammar);
+                if (opts.scripted_output) gi.processor = opts.scripted_output->next(tok);  // a testing aid wins
                 streams.push_back(submit(prompt, gi, "messages"));
             }
         } catch (...) {
@@ -561,7 +604,7 @@ struct ApiServer::Impl {
                     if (od.is_null()) continue;
                     for (auto& [k, v] : od.items()) {
                         if (v.is_string() && delta.contains(k) && delta[k].is_string()) delta[k] = delta[k].get<std::string>() + v.get<std::string>();
-                        else if (v.is_array() && delta.contains(k) && delta[k].is_array()) for (auto& x : v) delta[k].push_back(x);
+                        else if (v.is_array() && delta.contains(k) && delta[k].is_array()) merge_tool_calls(delta[k], v);
                         else delta[k] = v;
                     }
                 }
@@ -582,6 +625,122 @@ struct ApiServer::Impl {
                             {"choices", json::array()},
                             {"usage", usage_json(totals[0].prompt_tokens, c, totals[0].cached_tokens)}};
             });
+        };
+    }
+
+    // ---- /v1/messages (Anthropic) ------------------------------------------------------------------------
+
+    struct PreparedMessages {
+        ChatRequest req;
+        ojson chat_body;
+        std::vector<int32_t> prompt;
+    };
+
+    PreparedMessages prepare_messages(const HttpRequest& q, bool count_only) {
+        ojson body = parse_body(q.body);
+        PreparedMessages p;
+        p.chat_body = anthropic_to_chat_body(body, count_only);
+        check_model(p.chat_body);
+        RequestOptions ropts;
+        ropts.default_thinking = opts.default_thinking;
+        p.req = parse_chat_request(p.chat_body, ropts);
+        p.prompt = encode_rendered(render_prompt(p.req, opts.chat_format));
+        return p;
+    }
+
+    void count_tokens(const HttpRequest& q, HttpResponse& res) {
+        PreparedMessages p = prepare_messages(q, true);
+        res.body = dump(json{{"input_tokens", p.prompt.size()}});
+    }
+
+    static json anthropic_usage(const RequestDelta& d) {
+        return {{"input_tokens", d.prompt_tokens - d.cached_tokens},
+                {"cache_creation_input_tokens", 0},
+                {"cache_read_input_tokens", d.cached_tokens},
+                {"output_tokens", d.completion_tokens}};
+    }
+
+    // stop_reason and stop_sequence of a finished request.
+    static std::pair<std::string, json> anthropic_stop(const RequestDelta& d, const OutputParser& parser,
+                                                       const AnthropicBlocks& blocks, const std::vector<std::string>& stops) {
+        if (blocks.has_tool_use()) return {"tool_use", nullptr};
+        if (!d.matched_stop.empty() && std::find(stops.begin(), stops.end(), d.matched_stop) != stops.end())
+            return {"stop_sequence", d.matched_stop};
+        if (parser.stopped_by_sequence()) return {"stop_sequence", nullptr};
+        if (d.finish == FinishReason::length) return {"max_tokens", nullptr};
+        return {"end_turn", nullptr};
+    }
+
+    void messages(const HttpRequest& q, HttpResponse& res) {
+        PreparedMessages p = prepare_messages(q, false);
+        GenerationParams g = read_generation_params(p.chat_body, limits);
+        constrain(g, tool_choice_grammar(p.req));
+        if (opts.scripted_output) g.processor = opts.scripted_output->next(tok);
+        auto s = submit(p.prompt, g, "messages");
+        const OutputParserOptions popts = output_parser_options(p.req, opts.chat_format);
+        const std::vector<std::string> stops = p.req.stop;
+        const std::string id = random_id("msg_");
+        const std::string model = opts.served_model_name;
+        auto tool_ids = [](int) { return random_id("toolu_"); };
+        if (!p.req.stream) {
+            respond_when_done(res, {s}, [popts, stops, id, model, tool_ids](std::vector<RequestDelta>& ds) {
+                const RequestDelta& d = ds[0];
+                if (d.finish == FinishReason::error) throw ApiError(500, d.error, "", "server_error");
+                OutputParser parser(popts, tool_ids);
+                AnthropicBlocks blocks;
+                for (auto& e : parser.push(d.text)) blocks.add(e, nullptr);
+                for (auto& e : parser.finish()) blocks.add(e, nullptr);
+                auto [reason, seq] = anthropic_stop(d, parser, blocks, stops);
+                ojson m = {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", model},
+                           {"content", blocks.content()}, {"stop_reason", reason}, {"stop_sequence", seq},
+                           {"usage", anthropic_usage(d)}};
+                return m.dump(-1, ' ', false, json::error_handler_t::replace);
+            });
+            return;
+        }
+        res.content_type = "text/event-stream";
+        const int64_t prompt_tokens = static_cast<int64_t>(p.prompt.size());
+        res.stream = [s, popts, stops, id, model, tool_ids, prompt_tokens](const ChunkWriter& write) {
+            OutputParser parser(popts, tool_ids);
+            AnthropicBlocks blocks;
+            RequestDelta total;
+            total.prompt_tokens = prompt_tokens;
+            ojson start = {{"type", "message_start"},
+                           {"message", {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", model},
+                                        {"content", ojson::array()}, {"stop_reason", nullptr}, {"stop_sequence", nullptr},
+                                        {"usage", anthropic_usage(total)}}}};
+            if (!write(sse_event("message_start", start))) return s->cancel();
+            for (;;) {
+                RequestDelta d;
+                if (!s->next(d, std::chrono::milliseconds(500))) {
+                    // Idle: a ping probes the connection so that a vanished client is noticed.
+                    if (!write(sse_event("ping", {{"type", "ping"}}))) return s->cancel();
+                    continue;
+                }
+                total.prompt_tokens = d.prompt_tokens;
+                total.cached_tokens = d.cached_tokens;
+                total.completion_tokens = d.completion_tokens;
+                std::string out;
+                for (auto& e : parser.push(d.text)) blocks.add(e, &out);
+                if (d.finished) {
+                    if (d.finish == FinishReason::error) {
+                        write(sse_event("error", anthropic_error_json(500, d.error)));
+                        return;
+                    }
+                    for (auto& e : parser.finish()) blocks.add(e, &out);
+                    blocks.close(&out);
+                    total.finish = d.finish;
+                    total.matched_stop = d.matched_stop;
+                    auto [reason, seq] = anthropic_stop(total, parser, blocks, stops);
+                    out += sse_event("message_delta", {{"type", "message_delta"},
+                                                       {"delta", {{"stop_reason", reason}, {"stop_sequence", seq}}},
+                                                       {"usage", anthropic_usage(total)}});
+                    out += sse_event("message_stop", {{"type", "message_stop"}});
+                    write(out);
+                    return;
+                }
+                if (!out.empty() && !write(out)) return s->cancel();
+            }
         };
     }
 

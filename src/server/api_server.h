@@ -1,9 +1,10 @@
 #pragma once
 // The OpenAI-compatible and native HTTP API over an Engine: /v1/chat/completions, /v1/completions,
-// /v1/models, /generate, /health, /metrics, /flush_cache.
+// /v1/models, /generate, /health, /metrics, /flush_cache, and Anthropic's /v1/messages (+ /count_tokens).
 #include "engine/engine.h"
 #include "server/http_server.h"
 #include "server/protocol/chat_format.h"
+#include "server/scripted_output.h"
 
 #include <memory>
 #include <string>
@@ -17,6 +18,8 @@ struct ApiOptions {
     bool default_thinking = false;  // thinking off unless the request asks for it
     int64_t default_max_tokens = 0; // 0: up to the context length
     size_t max_body_bytes = 32u << 20;
+    // Testing aid: completions forced token by token (see scripted_output.h); null in normal serving.
+    std::shared_ptr<ScriptedOutput> scripted_output;
 };
 
 class ApiServer {

@@ -203,12 +203,14 @@ struct Engine::Impl {
             --queued;
         }
         r->phase = EngineRequest::Phase::finished;
+        {  // counted before the client hears of it, so /metrics never lags a delivered response
+            std::lock_guard lk(stats_mu);
+            if (why == FinishReason::abort) ++st.requests_aborted;
+            else ++st.requests_finished;
+            st.e2e.observe(seconds(Clock::now() - r->arrival));
+        }
         r->stream->set_usage(r->prompt_len, r->cached_tokens, r->preemptions);
         r->stream->finish(why, std::move(text), std::move(matched), std::move(error), r->completion);
-        std::lock_guard lk(stats_mu);
-        if (why == FinishReason::abort) ++st.requests_aborted;
-        else ++st.requests_finished;
-        st.e2e.observe(seconds(Clock::now() - r->arrival));
     }
 
     // ---- the loop -----------------------------------------------------------------------------------

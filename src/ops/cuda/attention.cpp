@@ -334,7 +334,7 @@ Tensor CudaBackend::project_output(Tensor& o, const AttentionWeight& w, const fl
     const int G = cfg_.o_groups, R = cfg_.o_lora_rank, GD = H / G * D;
     Tensor oa = empty(DType::F32, {T, static_cast<int64_t>(G) * R});
     const uint16_t* wo_a = static_cast<const uint16_t*>(dev_raw(w.wo_a.w));
-    if (reference_gemm_) {
+    if (numerics_ == Numerics::Reference) {
         grouped_linear_bf16(o.f32(), T, G, R, GD, wo_a, oa.f32());
     } else {  // rows (t, g) of length GD through group g's [R, GD] block: a routed GEMM with G "experts"
         std::vector<const void*> ptrs(static_cast<size_t>(2 * G), nullptr);

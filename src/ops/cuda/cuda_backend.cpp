@@ -75,8 +75,12 @@ Tensor CudaBackend::to_host(const Tensor& dev) {
 CudaBackend::CudaBackend(const ModelConfig& cfg, const StateLayout& layout, EngramPlacement engram)
     : cfg_(cfg), layout_(layout), engram_placement_(engram) {
     PG_CUDA(cudaSetDevice(0));
-    const char* ref = std::getenv("PEREGRINE_CUDA_REFERENCE_GEMM");
-    reference_gemm_ = ref && std::string(ref) == "1";
+    if (const char* n = std::getenv("PEREGRINE_CUDA_NUMERICS")) {
+        const std::string v = n;
+        if (v == "exact") numerics_ = Numerics::Exact;
+        else if (v == "reference") numerics_ = Numerics::Reference;
+        else if (v != "fast") fail("PEREGRINE_CUDA_NUMERICS='{}': expected fast, exact or reference", v);
+    }
 }
 
 CudaBackend::~CudaBackend() {
@@ -134,7 +138,7 @@ const float* CudaBackend::rope_freqs(const AttentionLayerInfo& info) {
 
 void CudaBackend::gemm(const float* x, const float* xs, int64_t M, const LinearDev& d, float* y,
                        const ExpertTable* experts, const Routed* routed) {
-    if (!reference_gemm_ && linear_tiled_supported(d))
+    if (numerics_ != Numerics::Reference && linear_tiled_supported(d))
         linear_tiled(x, xs, M, d, y, experts, routed ? &routed->routing : nullptr);
     else
         cuda::linear(x, xs, M, d, y, experts, routed ? routed->row_expert : nullptr);

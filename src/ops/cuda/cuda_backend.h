@@ -126,7 +126,12 @@ private:
                       const Routed* routed = nullptr);
     void gemm(const float* x, const float* xs, int64_t M, const LinearDev& d, float* y, const ExpertTable* experts,
               const Routed* routed);
-    bool reference_gemm_ = false;  // PEREGRINE_CUDA_REFERENCE_GEMM=1: the plain per-output kernel everywhere
+    // PEREGRINE_CUDA_NUMERICS: "fast" (default: tensor-core and memory-bound kernels summing in fp32; parity
+    // with the CPU reference within the fixtures' tolerances), "exact" (tiled kernels with exact block sums:
+    // bit-identical to the CPU reference), "reference" (plain one-thread-per-output kernels, to A/B the
+    // tiled ones).
+    enum class Numerics { Fast, Exact, Reference };
+    Numerics numerics_ = Numerics::Fast;
     float eps() const { return static_cast<float>(cfg_.norm_eps); }
 
     struct ExpertTables {

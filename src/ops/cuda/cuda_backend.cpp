@@ -138,6 +138,12 @@ const float* CudaBackend::rope_freqs(const AttentionLayerInfo& info) {
 
 void CudaBackend::gemm(const float* x, const float* xs, int64_t M, const LinearDev& d, float* y,
                        const ExpertTable* experts, const Routed* routed) {
+    // Fast numerics, decode-sized calls: the memory-bound GEMV (dense M <= 32, or routed tiles of <= 8 rows).
+    if (numerics_ == Numerics::Fast && linear_gemv_supported(d) &&
+        (routed ? routed->routing.tile_rows == 8 : M <= 32)) {
+        linear_gemv(x, xs, M, d, y, experts, routed ? &routed->routing : nullptr);
+        return;
+    }
     if (numerics_ != Numerics::Reference && linear_tiled_supported(d))
         linear_tiled(x, xs, M, d, y, experts, routed ? &routed->routing : nullptr);
     else

@@ -38,6 +38,12 @@ void linear_tiled(const float* x, const float* xs, int64_t M, const LinearDev& w
 int routing_tile_rows(int64_t pairs, int E);
 void expert_tiles(const int32_t* sel, int64_t n, int E, int mt, int32_t* row_map, int32_t* tiles, int32_t* n_tiles);
 
+// ---- linear_gemv.cu (Numerics::Fast, few rows per weight read: decode). Same contract as linear_tiled; sums
+// in fp32 in its own order (bf16 output rounding as the reference). Routed tiles of at most 8 rows.
+bool linear_gemv_supported(const LinearDev& w);
+void linear_gemv(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
+                 const LinearRouting* routing);
+
 // ---- linear.cu
 void act_quant(const float* x, int64_t M, int K, int block, float* q, float* scales);
 // y[M, out] = x W^T; xs: activation scales when quantised (x then holds e4m3 values). With `experts`,

@@ -1,0 +1,343 @@
+// Memory-bound GEMM for decode (few activation rows per weight read), every checkpoint format. Each weight
+// byte is read from HBM once per call with 16-byte non-caching loads and dequantised in registers; the
+// activations of a block's rows (at most 8: a dense row tile or a routed expert tile) and its K slice are
+// staged once in shared memory, already multiplied by their e4m3 block scales. A warp owns kRows weight
+// rows; each lane walks 16-byte chunks of them (a chunk never straddles a scale block), sums the chunk's
+// products in fp32 per row, folds them into its accumulator after the weight scale, and the warp reduces
+// over lanes at the end. Small N gets a K split (partial sums, then a reduction kernel in slice order), so
+// enough blocks stream weights to fill HBM. Products are exact (e4m3 x e4m3/e2m1 and the power-of-two
+// scales); only the fp32 summation order differs from the exact kernels, before the same bf16 rounding.
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch_check.h"
+#include "util/error.h"
+
+#include <algorithm>
+
+namespace peregrine::cuda {
+
+namespace {
+
+enum Fmt { kF32 = 0, kBF16 = 1, kFP8 = 2, kFP4 = 3 };  // stored weight format (F32 kind may store bf16)
+
+constexpr int kWarps = 8, kRows = 4, kThreadsPerBlock = kWarps * 32, kBlockRows = kWarps * kRows;
+constexpr int kMaxTileRows = 8;
+constexpr int kSmemBytes = 46 * 1024;  // activation slice budget (static + dynamic stay under 48 KB: no opt-in)
+
+// Values per 32-bit word of a 16-byte chunk.
+template <int F>
+__host__ __device__ constexpr int word_values() {
+    return F == kF32 ? 1 : F == kBF16 ? 2 : F == kFP8 ? 4 : 8;
+}
+template <int F>
+__host__ __device__ constexpr int chunk_values() {
+    return 4 * word_values<F>();
+}
+
+// Decodes one 32-bit word of weights into WV floats (FP4: the values x 2^-6, see below).
+template <int F>
+__device__ __forceinline__ void decode_word(uint32_t w, float* f) {
+    if constexpr (F == kF32) {
+        f[0] = __uint_as_float(w);
+    } else if constexpr (F == kBF16) {
+        f[0] = __uint_as_float(w << 16);
+        f[1] = __uint_as_float(w & 0xffff0000u);
+    } else if constexpr (F == kFP8) {
+        const float2 lo = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3)));
+        const float2 hi = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3)));
+        f[0] = lo.x;
+        f[1] = lo.y;
+        f[2] = hi.x;
+        f[3] = hi.y;
+    } else {
+        // An e2m1 nibble s.ee.m placed as the e4m3 byte s.0 0ee.m00 is exactly its value x 2^-6 (normal and
+        // subnormal alike), so the hardware e4m3 conversion decodes it; the 2^6 goes into the weight scale.
+        const uint32_t even = ((w & 0x07070707u) << 2) | ((w & 0x08080808u) << 4);  // k0 k2 k4 k6
+        const uint32_t odd = ((w >> 2) & 0x1c1c1c1cu) | (w & 0x80808080u);         // k1 k3 k5 k7
+        const uint32_t p = __byte_perm(even, odd, 0x5140), q = __byte_perm(even, odd, 0x7362);
+        const uint32_t pairs[4] = {p & 0xffffu, p >> 16, q & 0xffffu, q >> 16};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pairs[i]), __NV_E4M3)));
+            f[2 * i] = v.x;
+            f[2 * i + 1] = v.y;
+        }
+    }
+}
+
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// Block work: rows of x (a dense tile of <= MR rows or a routed tile), kBlockRows weight rows from n0, and
+// chunks [c0, c1) of K. Activation layout in shared memory, per row, word q and sub-vector h of AV floats:
+// [(m*4 + q)*NS + h][chunk][AV], so consecutive lanes (consecutive chunks) read consecutive addresses.
+template <int F, int MR>
+__global__ void __launch_bounds__(kThreadsPerBlock) gemv_kernel(const float* x, const float* xs, int64_t M, LinearDev w,
+                                                                 float* y, float* partial, int splits, int mtiles,
+                                                                 ExpertTable experts, const int32_t* row_map,
+                                                                 const int4* tiles, const int32_t* n_tiles) {
+    constexpr int WV = word_values<F>(), VEC = chunk_values<F>(), AV = WV < 4 ? WV : 4, NS = WV / AV;
+    constexpr int EB = F == kF32 ? 4 : F == kBF16 ? 2 : 1;  // bytes per element (FP4: handled by VEC)
+    constexpr bool kScaled = F >= kFP8;
+    extern __shared__ float4 smem4[];
+    float* act = reinterpret_cast<float*>(smem4);
+    __shared__ int64_t row_s[MR];
+
+    const int N = w.out, K = w.in;
+    // Block coordinates: dense tiles vary fastest (they share weights, so their reads meet in L2).
+    int bx = static_cast<int>(blockIdx.x);
+    const int mt = bx % mtiles;
+    bx /= mtiles;
+    const int split = bx % splits;
+    const int nb = bx / splits;
+    int64_t m0;
+    int rows;
+    const void* wb = w.w;
+    const uint8_t* sb = w.scale;
+    if (tiles) {
+        if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
+        const int4 t = tiles[blockIdx.y];
+        wb = experts.w[t.x];
+        sb = experts.scale[t.x];
+        m0 = t.y;
+        rows = t.z;
+    } else {
+        m0 = static_cast<int64_t>(mt) * MR;
+        rows = static_cast<int>(min(static_cast<int64_t>(MR), M - m0));
+    }
+    if (threadIdx.x < MR)
+        row_s[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? (row_map ? row_map[m0 + threadIdx.x] : m0 + threadIdx.x) : 0;
+
+    // This block's K chunks.
+    const int chunks = K / VEC, per = (chunks + splits - 1) / splits;
+    const int c0 = split * per, c1 = min(chunks, c0 + per), C = c1 - c0;
+    const int ab = kScaled ? w.act_block : 1;
+    __syncthreads();
+
+    // Stage activations (times their scales) for the block's rows and K slice.
+    for (int e = threadIdx.x; e < rows * C * VEC; e += kThreadsPerBlock) {
+        const int m = e / (C * VEC), kl = e % (C * VEC);
+        const int c = kl / VEC, within = kl % VEC, q = within / WV, h = (within % WV) / AV, i = within % AV;
+        const int k = c0 * VEC + kl;
+        const int64_t r = row_s[m];
+        float v = x[r * K + k];
+        if constexpr (kScaled) v *= xs[r * (K / ab) + k / ab];
+        act[(((m * 4 + q) * NS + h) * C + c) * AV + i] = v;
+    }
+    __syncthreads();
+    if (C <= 0) return;
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nw = nb * kBlockRows + warp * kRows;  // first weight row of this warp
+    const int64_t row_bytes = static_cast<int64_t>(K) * EB / (F == kFP4 ? 2 : 1);
+    const uint8_t* wrow[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+        wrow[r] = static_cast<const uint8_t*>(wb) + static_cast<int64_t>(min(nw + r, N - 1)) * row_bytes;
+    const int wblk = F == kFP8 ? w.weight_block : 32, nkb = (K + wblk - 1) / wblk;
+
+    float acc[kRows][MR];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int m = 0; m < MR; ++m) acc[r][m] = 0.0f;
+
+    uint4 cur[kRows], nxt[kRows];
+    int c = lane;
+    if (c < C) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) cur[r] = load_stream(wrow[r] + static_cast<int64_t>(c0 + c) * 16);
+    }
+    for (; c < C; c += 32) {
+        if (c + 32 < C) {
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) nxt[r] = load_stream(wrow[r] + static_cast<int64_t>(c0 + c + 32) * 16);
+        }
+        float part[kRows][MR];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+#pragma unroll
+            for (int m = 0; m < MR; ++m) part[r][m] = 0.0f;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            float wf[kRows][WV];
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+                const uint32_t word = q == 0 ? cur[r].x : q == 1 ? cur[r].y : q == 2 ? cur[r].z : cur[r].w;
+                decode_word<F>(word, wf[r]);
+            }
+#pragma unroll
+            for (int m = 0; m < MR; ++m) {
+                if (m >= rows) break;
+                float a[WV];
+#pragma unroll
+                for (int h = 0; h < NS; ++h) {
+                    const float* src = act + (((m * 4 + q) * NS + h) * C + c) * AV;
+                    if constexpr (AV == 4) {
+                        const float4 v = *reinterpret_cast<const float4*>(src);
+                        a[h * 4] = v.x;
+                        a[h * 4 + 1] = v.y;
+                        a[h * 4 + 2] = v.z;
+                        a[h * 4 + 3] = v.w;
+                    } else if constexpr (AV == 2) {
+                        const float2 v = *reinterpret_cast<const float2*>(src);
+                        a[0] = v.x;
+                        a[1] = v.y;
+                    } else {
+                        a[0] = src[0];
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < kRows; ++r)
+#pragma unroll
+                    for (int i = 0; i < WV; ++i) part[r][m] = __fmaf_rn(wf[r][i], a[i], part[r][m]);
+            }
+        }
+        // Fold the chunk in after its weight scale (FP4: times the 2^6 of the decode).
+        const int kb = (c0 + c) * VEC / wblk;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+            float s = 1.0f;
+            if constexpr (F == kFP8) s = e8m0_to_f32(__ldg(sb + static_cast<int64_t>(min(nw + r, N - 1) / wblk) * nkb + kb));
+            if constexpr (F == kFP4) s = e8m0_to_f32(__ldg(sb + static_cast<int64_t>(min(nw + r, N - 1)) * (K / 32) + kb)) * 64.0f;
+#pragma unroll
+            for (int m = 0; m < MR; ++m) acc[r][m] = kScaled ? __fmaf_rn(part[r][m], s, acc[r][m]) : acc[r][m] + part[r][m];
+        }
+        if (c + 32 < C) {
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) cur[r] = nxt[r];
+        }
+    }
+
+    // Reduce over the warp's lanes; lane (r*MR + m) % 32 writes output (r, m).
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int m = 0; m < MR; ++m) {
+            if (m >= rows) break;
+            float v = acc[r][m];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            const int n = nw + r;
+            if (lane == (r * MR + m) % 32 && n < N) {
+                const int64_t idx = row_s[m] * N + n;
+                if (splits > 1) partial[static_cast<int64_t>(split) * M * N + idx] = v;
+                else y[idx] = w.kind == 0 ? v : round_bf16(v);
+            }
+        }
+}
+
+// y = sum of the slices' partial sums in slice order, then the output rounding.
+__global__ void gemv_reduce_kernel(const float* partial, int splits, int64_t n, bool round, float* y) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= n) return;
+    float s = partial[i];
+    for (int k = 1; k < splits; ++k) s += partial[k * n + i];
+    y[i] = round ? round_bf16(s) : s;
+}
+
+int stored_format(const LinearDev& w) {
+    if (w.kind == 0) return w.w_bf16 ? kBF16 : kF32;
+    return w.kind;
+}
+
+int sm_count() {
+    static int n = [] {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            v = 132;
+        return v;
+    }();
+    return n;
+}
+
+template <int F, int MR>
+void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
+            const LinearRouting* routing) {
+    constexpr int VEC = chunk_values<F>();
+    const int N = w.out, chunks = w.in / VEC;
+    const int nblocks = (N + kBlockRows - 1) / kBlockRows;
+    const int mtiles = routing ? 1 : static_cast<int>((M + MR - 1) / MR);
+    // Routed: at most one tile per row, and the launch covers max_tiles (blocks past n_tiles exit at once).
+    const int64_t tiles = routing ? std::min<int64_t>(routing->max_tiles, M) : 1;
+    if (tiles > 65535) fail("linear_gemv: {} routed tiles exceed the grid limit", tiles);
+    // K split: the activation slice must fit shared memory; beyond that, split until ~4 blocks per SM
+    // stream weights, keeping at least one chunk per lane and slice.
+    const int max_chunks_smem = kSmemBytes / (MR * VEC * static_cast<int>(sizeof(float)));
+    const int min_splits = (chunks + max_chunks_smem - 1) / max_chunks_smem;
+    const int64_t blocks = static_cast<int64_t>(nblocks) * mtiles * tiles;
+    const int64_t want = (4 * static_cast<int64_t>(sm_count()) + blocks - 1) / blocks;
+    const int max_splits = std::max(min_splits, chunks / 32);
+    int splits = static_cast<int>(std::clamp<int64_t>(want, min_splits, std::max(min_splits, std::min(max_splits, 32))));
+    // Re-balance so that no slice is empty.
+    const int per = (chunks + splits - 1) / splits;
+    splits = (chunks + per - 1) / per;
+    const size_t smem = static_cast<size_t>(MR) * per * VEC * sizeof(float);
+
+    std::shared_ptr<void> keep;
+    float* partial = nullptr;
+    if (splits > 1) {
+        const size_t bytes = sizeof(float) * static_cast<size_t>(splits) * static_cast<size_t>(M) * N;
+        void* p = nullptr;
+        PG_CUDA(cudaMallocAsync(&p, bytes, 0));
+        partial = static_cast<float*>(p);
+    }
+    const int64_t gx = static_cast<int64_t>(nblocks) * splits * mtiles;
+    if (gx > 0x7fffffff) fail("linear_gemv: grid of {} blocks is too large", gx);
+    dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(tiles));
+    gemv_kernel<F, MR><<<grid, kThreadsPerBlock, smem>>>(
+        x, xs, M, w, y, partial, splits, mtiles, experts ? *experts : ExpertTable{}, routing ? routing->row_map : nullptr,
+        routing ? reinterpret_cast<const int4*>(routing->tiles) : nullptr, routing ? routing->n_tiles : nullptr);
+    PG_LAUNCHED();
+    if (splits > 1) {
+        const int64_t n = M * N;
+        gemv_reduce_kernel<<<blocks_for(n), kThreads>>>(partial, splits, n, w.kind != 0, y);
+        PG_LAUNCHED();
+        PG_CUDA(cudaFreeAsync(partial, 0));
+    }
+}
+
+template <int F>
+void launch_rows(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
+                 const LinearRouting* routing) {
+    const int64_t rows = routing ? routing->tile_rows : M;
+    if (rows <= 1) launch<F, 1>(x, xs, M, w, y, experts, routing);
+    else if (rows <= 2) launch<F, 2>(x, xs, M, w, y, experts, routing);
+    else if (rows <= 4) launch<F, 4>(x, xs, M, w, y, experts, routing);
+    else launch<F, 8>(x, xs, M, w, y, experts, routing);
+}
+
+}  // namespace
+
+bool linear_gemv_supported(const LinearDev& w) {
+    if (w.out <= 0 || w.in <= 0) return false;
+    switch (stored_format(w)) {
+        case kF32: return w.in % 4 == 0;
+        case kBF16: return w.in % 8 == 0;
+        case kFP8:  // one activation scale per weight block (the reference's pairing), chunks inside a block
+            return w.in % 16 == 0 && w.weight_block % 16 == 0 && w.act_block == w.weight_block && w.in % w.act_block == 0;
+        default: return w.in % 32 == 0 && w.act_block > 0 && w.act_block % 32 == 0 && w.in % w.act_block == 0;
+    }
+}
+
+void linear_gemv(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
+                 const LinearRouting* routing) {
+    if (M == 0 || w.out == 0) return;
+    if (!linear_gemv_supported(w)) fail("linear_gemv: unsupported linear (kind {}, in {}, blocks {}/{})", w.kind, w.in,
+                                        w.weight_block, w.act_block);
+    if (routing && routing->tile_rows > kMaxTileRows)
+        fail("linear_gemv: routed tiles of {} rows (at most {})", routing->tile_rows, kMaxTileRows);
+    switch (stored_format(w)) {
+        case kF32: launch_rows<kF32>(x, xs, M, w, y, experts, routing); break;
+        case kBF16: launch_rows<kBF16>(x, xs, M, w, y, experts, routing); break;
+        case kFP8: launch_rows<kFP8>(x, xs, M, w, y, experts, routing); break;
+        default: launch_rows<kFP4>(x, xs, M, w, y, experts, routing); break;
+    }
+}
+
+}  // namespace peregrine::cuda

@@ -4,7 +4,7 @@
 #
 #   tools/gpu/check.sh [BIN_DIR] [OUT_DIR]
 #
-# BIN_DIR holds peregrine and test_cuda_backend built on the CPU machine (default: build/, or build/tests/ops
+# BIN_DIR holds peregrine, test_cuda_backend and test_cuda_gemv built on the CPU machine (default: build/, or build/tests/ops
 # for the test), and optionally lib/ with shared libraries the GPU image lacks (spdlog, fmt, ...).
 # Without prebuilt binaries it configures and builds with the system compilers (the GPU image's default
 # CXX breaks libstdc++ ABI, see docs), which needs the Debian build dependencies there.
@@ -35,6 +35,14 @@ say "== parity: $test_bin"
 export PEREGRINE_TEST_DATA_DIR=$here/tests/fixtures
 ( cd "$here" && timeout "${PARITY_TIMEOUT:-1800}" "$test_bin" --gtest_color=no 2>&1 ) | tee "$out/parity.log" >>"$log"
 parity_rc=${PIPESTATUS[0]}
+
+gemv_bin=$bin/test_cuda_gemv
+[[ -x $gemv_bin ]] || gemv_bin=$bin/tests/ops/test_cuda_gemv
+if [[ -x $gemv_bin ]]; then
+  say "== fast GEMV vs exact: $gemv_bin"
+  ( cd "$here" && timeout "${PARITY_TIMEOUT:-1800}" "$gemv_bin" --gtest_color=no 2>&1 ) | tee -a "$out/parity.log" >>"$log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || parity_rc=1
+fi
 
 say "== CLI: peregrine generate --device cuda (greedy, tiny fixture) vs --device cpu"
 gen() { "$bin/peregrine" generate --model "$here/tests/fixtures/dsv41-tiny-a" --ids 5,17,42,9,33 --max-tokens 24 --temperature 0 --ignore-eos --print-ids --device "$1" 2>&1; }

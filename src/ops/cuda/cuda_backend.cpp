@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -139,7 +140,7 @@ const float* CudaBackend::rope_freqs(const AttentionLayerInfo& info) {
 void CudaBackend::gemm(const float* x, const float* xs, int64_t M, const LinearDev& d, float* y,
                        const ExpertTable* experts, const Routed* routed) {
     // Fast numerics, decode-sized calls: the memory-bound GEMV (dense M <= 32, or routed tiles of <= 8 rows).
-    if (numerics_ == Numerics::Fast && linear_gemv_supported(d) &&
+    if (numerics_ == Numerics::Fast && linear_gemv_supported(d) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
         (routed ? routed->routing.tile_rows == 8 : M <= 32)) {
         linear_gemv(x, xs, M, d, y, experts, routed ? &routed->routing : nullptr);
         return;

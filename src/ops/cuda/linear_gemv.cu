@@ -13,6 +13,7 @@
 #include "util/error.h"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace peregrine::cuda {
 
@@ -22,7 +23,7 @@ enum Fmt { kF32 = 0, kBF16 = 1, kFP8 = 2, kFP4 = 3 };  // stored weight format (
 
 constexpr int kWarps = 8, kRows = 4, kThreadsPerBlock = kWarps * 32, kBlockRows = kWarps * kRows;
 constexpr int kMaxTileRows = 8;
-constexpr int kSmemBytes = 46 * 1024;  // activation slice budget (static + dynamic stay under 48 KB: no opt-in)
+constexpr int kSmemBytes = 96 * 1024;  // activation slice budget (dynamic shared memory, opted in)
 
 // Values per 32-bit word of a 16-byte chunk.
 template <int F>
@@ -67,7 +68,7 @@ __device__ __forceinline__ void decode_word(uint32_t w, float* f) {
 
 __device__ __forceinline__ uint4 load_stream(const void* p) {
     uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
@@ -119,15 +120,35 @@ __global__ void __launch_bounds__(kThreadsPerBlock) gemv_kernel(const float* x, 
     const int ab = kScaled ? w.act_block : 1;
     __syncthreads();
 
-    // Stage activations (times their scales) for the block's rows and K slice.
-    for (int e = threadIdx.x; e < rows * C * VEC; e += kThreadsPerBlock) {
-        const int m = e / (C * VEC), kl = e % (C * VEC);
-        const int c = kl / VEC, within = kl % VEC, q = within / WV, h = (within % WV) / AV, i = within % AV;
-        const int k = c0 * VEC + kl;
+    // Stage activations (times their scales) for the block's rows and K slice, AV floats at a time (one
+    // activation block: AV <= 4 divides every act_block).
+    constexpr int UPC = VEC / AV;  // units per chunk
+    const int per_row = C * UPC;
+    for (int u = threadIdx.x; u < rows * per_row; u += kThreadsPerBlock) {
+        const int m = u / per_row, ul = u - m * per_row;
+        const int c = ul / UPC, within = ul % UPC, q = within / NS, h = within % NS;
+        const int k = c0 * VEC + ul * AV;
         const int64_t r = row_s[m];
-        float v = x[r * K + k];
-        if constexpr (kScaled) v *= xs[r * (K / ab) + k / ab];
-        act[(((m * 4 + q) * NS + h) * C + c) * AV + i] = v;
+        float v[AV];
+        if constexpr (AV == 4) {
+            const float4 t = *reinterpret_cast<const float4*>(x + r * K + k);
+            v[0] = t.x;
+            v[1] = t.y;
+            v[2] = t.z;
+            v[3] = t.w;
+        } else if constexpr (AV == 2) {
+            const float2 t = *reinterpret_cast<const float2*>(x + r * K + k);
+            v[0] = t.x;
+            v[1] = t.y;
+        } else {
+            v[0] = x[r * K + k];
+        }
+        float* dst = act + (((m * 4 + q) * NS + h) * C + c) * AV;
+#pragma unroll
+        for (int i = 0; i < AV; ++i) {
+            if constexpr (kScaled) v[i] *= xs[r * (K / ab) + k / ab];
+            dst[i] = v[i];
+        }
     }
     __syncthreads();
     if (C <= 0) return;
@@ -206,7 +227,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock) gemv_kernel(const float* x, 
             if constexpr (F == kFP8) s = e8m0_to_f32(__ldg(sb + static_cast<int64_t>(min(nw + r, N - 1) / wblk) * nkb + kb));
             if constexpr (F == kFP4) s = e8m0_to_f32(__ldg(sb + static_cast<int64_t>(min(nw + r, N - 1)) * (K / 32) + kb)) * 64.0f;
 #pragma unroll
-            for (int m = 0; m < MR; ++m) acc[r][m] = kScaled ? __fmaf_rn(part[r][m], s, acc[r][m]) : acc[r][m] + part[r][m];
+            for (int m = 0; m < MR; ++m) {
+                if (m >= rows) break;
+                acc[r][m] = kScaled ? __fmaf_rn(part[r][m], s, acc[r][m]) : acc[r][m] + part[r][m];
+            }
         }
         if (c + 32 < C) {
 #pragma unroll
@@ -274,10 +298,16 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     const int64_t want = (4 * static_cast<int64_t>(sm_count()) + blocks - 1) / blocks;
     const int max_splits = std::max(min_splits, chunks / 32);
     int splits = static_cast<int>(std::clamp<int64_t>(want, min_splits, std::max(min_splits, std::min(max_splits, 32))));
-    // Re-balance so that no slice is empty.
-    const int per = (chunks + splits - 1) / splits;
+    // Slices of whole rounds of 32 chunks where shared memory allows (every lane busy), none empty.
+    int per = (chunks + splits - 1) / splits;
+    if (per > 32 && (per + 31) / 32 * 32 <= max_chunks_smem) per = (per + 31) / 32 * 32;
     splits = (chunks + per - 1) / per;
     const size_t smem = static_cast<size_t>(MR) * per * VEC * sizeof(float);
+    static const bool opted_in = [] {
+        PG_CUDA(cudaFuncSetAttribute(gemv_kernel<F, MR>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+        return true;
+    }();
+    (void)opted_in;
 
     std::shared_ptr<void> keep;
     float* partial = nullptr;
@@ -316,6 +346,7 @@ void launch_rows(const float* x, const float* xs, int64_t M, const LinearDev& w,
 
 bool linear_gemv_supported(const LinearDev& w) {
     if (w.out <= 0 || w.in <= 0) return false;
+    if (reinterpret_cast<uintptr_t>(w.w) % 16 != 0) return false;  // 16-byte weight loads
     switch (stored_format(w)) {
         case kF32: return w.in % 4 == 0;
         case kBF16: return w.in % 8 == 0;
@@ -328,6 +359,7 @@ bool linear_gemv_supported(const LinearDev& w) {
 void linear_gemv(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
                  const LinearRouting* routing) {
     if (M == 0 || w.out == 0) return;
+    if (reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("linear_gemv: activations must be 16-byte aligned");
     if (!linear_gemv_supported(w)) fail("linear_gemv: unsupported linear (kind {}, in {}, blocks {}/{})", w.kind, w.in,
                                         w.weight_block, w.act_block);
     if (routing && routing->tile_rows > kMaxTileRows)

@@ -54,6 +54,20 @@ g_cuda=$(gen cuda); g_cpu=$(gen cpu)
 echo "cuda: $g_cuda" >>"$log"; echo "cpu:  $g_cpu" >>"$log"
 [[ "$g_cuda" == "$g_cpu" ]] && cli=same || cli=DIFFERENT
 
+say "== serve --device cuda: /generate (greedy, demo model) vs generate --device cpu"
+serve_log=$out/serve.log
+"$bin/peregrine" serve --device cuda --port 30123 --host 127.0.0.1 >"$serve_log" 2>&1 &
+serve_pid=$!
+for _ in $(seq 1 120); do curl -sf http://127.0.0.1:30123/health >/dev/null 2>&1 && break; sleep 0.5; done
+s_cuda=$(curl -s http://127.0.0.1:30123/generate -H 'Content-Type: application/json' \
+  -d '{"input_ids":[0,849,271],"sampling_params":{"temperature":0,"max_new_tokens":24,"ignore_eos":true}}' |
+  python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["output_ids"])))' 2>&1)
+kill $serve_pid 2>/dev/null; wait $serve_pid 2>/dev/null
+s_cpu=$("$bin/peregrine" generate --ids 0,849,271 --max-tokens 24 --temperature 0 --ignore-eos --print-ids --device cpu 2>&1 |
+  tr -s ' \n' ',' | sed 's/^,//; s/,$//')
+echo "serve cuda: $s_cuda" >>"$log"; echo "cpu:        $s_cpu" >>"$log"
+[[ -n $s_cuda && "$s_cuda" == "$s_cpu" ]] && serve=same || serve=DIFFERENT
+
 bench_rc=skipped
 # BENCH_ARGS overrides the benchmark grid (default: the full one of docs/perf); BENCH_TIMEOUT bounds it.
 if "$bin/peregrine" bench engine --help >/dev/null 2>&1; then
@@ -68,5 +82,6 @@ echo "================ summary ================"
 grep '^PARITY' "$out/parity.log" | sed 's/^PARITY //'
 grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/parity.log"
 [[ -f $out/bench.log ]] && tail -n 40 "$out/bench.log"
-printf '%-28s %s\n' "gtest exit code" "$parity_rc" "CLI generate cuda vs cpu" "$cli" "bench" "$bench_rc"
-[[ $parity_rc == 0 && $cli == same ]]
+printf '%-28s %s\n' "gtest exit code" "$parity_rc" "CLI generate cuda vs cpu" "$cli" "serve cuda vs generate cpu" "$serve" \
+  "bench" "$bench_rc"
+[[ $parity_rc == 0 && $cli == same && $serve == same ]]

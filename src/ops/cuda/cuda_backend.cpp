@@ -85,6 +85,7 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const StateLayout& layout, Engr
 
 CudaBackend::~CudaBackend() {
     cudaDeviceSynchronize();
+    linear_cublas_release();
     for (void* p : pinned_) cudaFreeHost(p);
 }
 
@@ -138,6 +139,13 @@ const float* CudaBackend::rope_freqs(const AttentionLayerInfo& info) {
 
 void CudaBackend::gemm(const float* x, const float* xs, int64_t M, const LinearDev& d, float* y,
                        const ExpertTable* experts, const Routed* routed) {
+    // Prefill-sized GEMMs on the tensor cores (cuBLAS): dense with many rows, routed with many rows per
+    // expert (32-row tiles; see routing_tile_rows).
+    if (numerics_ == Numerics::Fast && linear_cublas_supported(d) &&
+        (routed ? routed->routing.tile_rows != 8 : M >= kCublasMinRows)) {
+        linear_cublas(x, xs, M, d, y, experts, routed ? &routed->routing : nullptr);
+        return;
+    }
     if (numerics_ != Numerics::Reference && linear_tiled_supported(d))
         linear_tiled(x, xs, M, d, y, experts, routed ? &routed->routing : nullptr);
     else

@@ -126,6 +126,7 @@ private:
                       const Routed* routed = nullptr);
     void gemm(const float* x, const float* xs, int64_t M, const LinearDev& d, float* y, const ExpertTable* experts,
               const Routed* routed);
+    static constexpr int64_t kCublasMinRows = 64;  // dense GEMMs from this many rows go to cuBLAS (Fast)
     // PEREGRINE_CUDA_NUMERICS: "fast" (default: tensor-core and memory-bound kernels summing in fp32; parity
     // with the CPU reference within the fixtures' tolerances), "exact" (tiled kernels with exact block sums:
     // bit-identical to the CPU reference), "reference" (plain one-thread-per-output kernels, to A/B the

@@ -36,6 +36,16 @@ export PEREGRINE_TEST_DATA_DIR=$here/tests/fixtures
 ( cd "$here" && timeout "${PARITY_TIMEOUT:-1800}" "$test_bin" --gtest_color=no 2>&1 ) | tee "$out/parity.log" >>"$log"
 parity_rc=${PIPESTATUS[0]}
 
+# The prefill GEMM path (cuBLAS) against the exact kernels at V4.1-Flash shapes, and its TFLOP/s.
+gemm_bin=$bin/test_cuda_gemm
+[[ -x $gemm_bin ]] || gemm_bin=$bin/tests/ops/test_cuda_gemm
+gemm_rc=skipped
+if [[ -x $gemm_bin ]]; then
+  say "== gemm: $gemm_bin"
+  ( cd "$here" && timeout "${PARITY_TIMEOUT:-1800}" "$gemm_bin" --gtest_color=no 2>&1 ) | tee -a "$out/parity.log" >>"$log"
+  gemm_rc=${PIPESTATUS[0]}
+fi
+
 say "== CLI: peregrine generate --device cuda (greedy, tiny fixture) vs --device cpu"
 gen() { "$bin/peregrine" generate --model "$here/tests/fixtures/dsv41-tiny-a" --ids 5,17,42,9,33 --max-tokens 24 --temperature 0 --ignore-eos --print-ids --device "$1" 2>&1; }
 g_cuda=$(gen cuda); g_cpu=$(gen cpu)
@@ -56,5 +66,6 @@ echo "================ summary ================"
 grep '^PARITY' "$out/parity.log" | sed 's/^PARITY //'
 grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/parity.log"
 [[ -f $out/bench.log ]] && tail -n 40 "$out/bench.log"
-printf '%-28s %s\n' "gtest exit code" "$parity_rc" "CLI generate cuda vs cpu" "$cli" "bench" "$bench_rc"
-[[ $parity_rc == 0 && $cli == same ]]
+printf '%-28s %s\n' "gtest exit code" "$parity_rc" "gemm gtest exit code" "$gemm_rc" "CLI generate cuda vs cpu" "$cli" \
+  "bench" "$bench_rc"
+[[ $parity_rc == 0 && ($gemm_rc == 0 || $gemm_rc == skipped) && $cli == same ]]

@@ -53,6 +53,13 @@ __device__ __forceinline__ void load8_bf16(const uint16_t* p, float (&v)[8]) {
     }
 }
 
+// e2m1 code -> value without a lookup table (0, 0.5, then 2^(e-1) * (1 + m/2) for e = code >> 1 >= 1).
+__device__ __forceinline__ float e2m1_value(uint32_t code) {
+    const uint32_t mag = code & 7, e = mag >> 1;
+    const float v = e == 0 ? 0.5f * static_cast<float>(mag) : __uint_as_float(((e + 126u) << 23) | ((mag & 1u) << 22));
+    return (code & 8) ? -v : v;
+}
+
 // Values k .. k+7 of weight row n, scaled (k % 8 == 0; FP8 blocks and FP4 groups are multiples of 8 wide).
 __device__ __forceinline__ void weight8(const LinearDev& w, const void* base, const uint8_t* scale, int64_t n, int k,
                                         float (&v)[8]) {
@@ -92,8 +99,8 @@ __device__ __forceinline__ void weight8(const LinearDev& w, const void* base, co
             const float s = e8m0_to_f32(scale[n * (K / 32) + k / 32]);
 #pragma unroll
             for (int j = 0; j < 4; ++j) {  // low nibble: the even k
-                v[2 * j] = e2m1_to_f32(b[j] & 0xf) * s;
-                v[2 * j + 1] = e2m1_to_f32(b[j] >> 4) * s;
+                v[2 * j] = e2m1_value(b[j] & 0xfu) * s;
+                v[2 * j + 1] = e2m1_value(b[j] >> 4) * s;
             }
         }
     }

@@ -241,6 +241,12 @@ Experts make_experts(int kind, int E, int K, int N, uint64_t seed) {
     return x;
 }
 
+// The routed experts' w1 (5120->2304) and w2 (2304->5120) in FP4, made once (2.3 GB each).
+const Experts& fp4_experts(bool w2) {
+    static const Experts e1 = make_experts(3, kExperts, 5120, 2304, 101), e2 = make_experts(3, kExperts, 2304, 5120, 202);
+    return w2 ? e2 : e1;
+}
+
 // Rows grouped by expert (expert_tiles) with tiles of tile_rows.
 struct Routing {
     std::shared_ptr<void> sel, map, tiles, n;
@@ -306,7 +312,7 @@ void check_routed(const Experts& ex, const std::vector<int32_t>& sel, int E, int
 
 TEST(CudaGemm, RoutedExpertsFastMatchExact) {
     REQUIRE_GPU();
-    const Experts w1 = make_experts(3, kExperts, 5120, 2304, 101), w2 = make_experts(3, kExperts, 2304, 5120, 202);
+    const Experts &w1 = fp4_experts(false), &w2 = fp4_experts(true);
     uint64_t seed = 300;
     for (bool grouped : {true, false}) {
         linear_cublas_use_grouped(grouped);
@@ -349,7 +355,7 @@ TEST(CudaGemm, FastPathThroughputAtPrefillSize) {
         std::printf("PARITY gemm %-44s M=%lld %8.3f ms %7.1f TFLOP/s\n", sh.name, static_cast<long long>(M), ms,
                     2.0 * M * sh.N * sh.K / (ms * 1e-3) / 1e12);
     }
-    const Experts w1 = make_experts(3, kExperts, 5120, 2304, 101), w2 = make_experts(3, kExperts, 2304, 5120, 202);
+    const Experts &w1 = fp4_experts(false), &w2 = fp4_experts(true);
     const auto sel = selection(M, kTopK, kExperts, false);
     const int64_t P = static_cast<int64_t>(sel.size());
     const Routing g = make_routing(sel, kExperts, routing_tile_rows(P, kExperts));
@@ -376,10 +382,14 @@ TEST(CudaGemm, BackendFastDispatchMatchesExact) {
     ModelConfig cfg = synthetic_v41_flash_config(2, 8);
     ModelWeights w = synthetic_model_weights(cfg, 3);
     StateLayout layout = make_state_layout(cfg, 16);
+    const char* prev = std::getenv("PEREGRINE_CUDA_NUMERICS");
+    const std::string saved = prev ? prev : "";
     setenv("PEREGRINE_CUDA_NUMERICS", "exact", 1);
     CudaBackend exact(cfg, layout);
-    unsetenv("PEREGRINE_CUDA_NUMERICS");
+    setenv("PEREGRINE_CUDA_NUMERICS", "fast", 1);
     CudaBackend fast(cfg, layout);
+    if (prev) setenv("PEREGRINE_CUDA_NUMERICS", saved.c_str(), 1);
+    else unsetenv("PEREGRINE_CUDA_NUMERICS");
     exact.set_balanced_routing(true);
     fast.set_balanced_routing(true);
     const int64_t T = 128;

@@ -104,7 +104,9 @@ void dense(Context& c, const float* x, const float* xs, int64_t M, const LinearD
     if (stored) {
         gemm(h, f32, N, M, K, w.w, a, y, N);
     } else {
-        const int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>(kWeightScratch / (static_cast<size_t>(K) * elt)), 1, N);
+        int64_t chunk = static_cast<int64_t>(kWeightScratch / (static_cast<size_t>(K) * elt));
+        if (chunk >= 64) chunk -= chunk % 64;  // keeps y + n0 16-byte aligned for cuBLAS's fastest kernels
+        chunk = std::clamp<int64_t>(chunk, 1, N);
         char* wb = c.weights.reserve(static_cast<size_t>(chunk) * K * elt);
         for (int64_t n0 = 0; n0 < N; n0 += chunk) {
             const int64_t nc = std::min<int64_t>(chunk, N - n0);

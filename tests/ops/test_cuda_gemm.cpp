@@ -338,7 +338,28 @@ TEST(CudaGemm, GroupedWoAFastMatchesExact) {
     for (int64_t T : {64, 512, 4096}) {
         std::vector<int32_t> sel(static_cast<size_t>(T * G));
         for (size_t i = 0; i < sel.size(); ++i) sel[i] = static_cast<int32_t>(i % G);
-        check_routed(wo_a, sel, G, routing_tile_rows(T * G, G), seed++, "wo_a grouped 8x4096->1024 bf16 T=" + std::to_string(T));
+        check_routed(wo_a, sel, G, routing_tile_rows(T * G, G), seed++, "wo_a routed 8x4096->1024 bf16 T=" + std::to_string(T));
+    }
+    // As the backend runs it: one [G*R, GD] block, rows (t, g) strided in x [T, G, GD] (grouped_linear_cublas).
+    const size_t wn = static_cast<size_t>(G) * R * GD;
+    std::vector<uint16_t> wh(wn);
+    uint64_t s = 4711;
+    for (auto& h : wh) h = f32_to_bf16(static_cast<float>(static_cast<int64_t>(splitmix(s) >> 11) * 0x1p-53 * 2.0 - 1.0));
+    auto wd = upload_bytes(wh.data(), wn * sizeof(uint16_t));
+    const uint16_t* w = static_cast<const uint16_t*>(wd.get());
+    for (int64_t T : {64, 512, 4096}) {
+        auto x = device_alloc(sizeof(float) * T * G * GD);
+        fill_random_bf16(static_cast<float*>(x.get()), T * G * GD, seed++);
+        auto y = device_alloc(sizeof(float) * T * G * R);
+        grouped_linear_cublas(static_cast<const float*>(x.get()), T, G, R, GD, w, static_cast<float*>(y.get()));
+        const int64_t S = std::min<int64_t>(T, 64), stride = T / S;  // sampled tokens, all their groups
+        auto x_s = sample_rows_device(static_cast<const float*>(x.get()), S, stride, static_cast<int64_t>(G) * GD);
+        auto y_ref = device_alloc(sizeof(float) * S * G * R);
+        grouped_linear_bf16(static_cast<const float*>(x_s.get()), S, G, R, GD, w, static_cast<float*>(y_ref.get()));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        compare(sample_rows_host(static_cast<const float*>(y.get()), S, stride, static_cast<int64_t>(G) * R),
+                sample_rows_host(static_cast<const float*>(y_ref.get()), S, 1, static_cast<int64_t>(G) * R), true,
+                "wo_a strided 8x4096->1024 bf16 T=" + std::to_string(T));
     }
 }
 

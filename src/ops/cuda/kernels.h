@@ -45,6 +45,8 @@ void expert_tiles(const int32_t* sel, int64_t n, int E, int mt, int32_t* row_map
 bool linear_cublas_supported(const LinearDev& w);
 void linear_cublas(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
                    const LinearRouting* routing);
+// grouped_linear_bf16 (the grouped wo_a) as one strided batched bf16 GEMM: no routing, no synchronisation.
+void grouped_linear_cublas(const float* x, int64_t T, int G, int R, int GD, const uint16_t* w, float* y);
 // Routed GEMMs as one grouped cuBLAS call per chunk (default; PEREGRINE_CUBLAS_GROUPED=0 turns it off) or one
 // GEMM per expert. Falls back to the loop where this cuBLAS lacks the grouped call; linear_cublas_grouped()
 // says which is in use.

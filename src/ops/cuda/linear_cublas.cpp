@@ -271,6 +271,24 @@ void linear_cublas_use_grouped(bool on) {
     c.grouped = on;
 }
 
+void grouped_linear_cublas(const float* x, int64_t T, int G, int R, int GD, const uint16_t* w, float* y) {
+    if (T == 0 || G == 0 || R == 0) return;
+    PEREGRINE_CHECK(GD % 8 == 0 && T <= INT_MAX, "grouped_linear_cublas: group width {} / {} rows", GD, T);
+    Context& c = context();
+    std::lock_guard<std::mutex> lock(c.mu);
+    cublasHandle_t h = c.get();
+    char* a = c.acts.reserve(static_cast<size_t>(T) * G * GD * sizeof(uint16_t));
+    cublas_prep::gather_activations(x, nullptr, 0, T * G, GD, nullptr, 0, true, a);  // bf16 values: exact
+    // Group g: y[t, g*R + j] = x[t, g, :] . w[g*R + j, :] for every t, i.e. column-major C_g (R x T, ld G*R) =
+    // A_g^T (A_g: GD x R, ld GD) B_g (GD x T, ld G*GD); the groups are strided by R*GD, GD and R.
+    const float one = 1.0f, zero = 0.0f;
+    check(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, R, static_cast<int>(T), GD, &one, w, CUDA_R_16BF, GD,
+                                     static_cast<long long>(R) * GD, a, CUDA_R_16BF, G * GD, GD, &zero, y, CUDA_R_32F,
+                                     G * R, R, G, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "strided batched gemm");
+    scale_round_bf16(y, T * G * R, 1.0f);
+}
+
 bool linear_cublas_grouped() {
     Context& c = context();
     std::lock_guard<std::mutex> lock(c.mu);

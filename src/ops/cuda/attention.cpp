@@ -336,6 +336,9 @@ Tensor CudaBackend::project_output(Tensor& o, const AttentionWeight& w, const fl
     const uint16_t* wo_a = static_cast<const uint16_t*>(dev_raw(w.wo_a.w));
     if (numerics_ == Numerics::Reference) {
         grouped_linear_bf16(o.f32(), T, G, R, GD, wo_a, oa.f32());
+    } else if (numerics_ == Numerics::Fast && routing_tile_rows(static_cast<int64_t>(T) * G, G) != 8) {
+        // Prefill: the groups as one strided batched GEMM on the tensor cores (cuBLAS, bf16, fp32 sums).
+        grouped_linear_cublas(o.f32(), T, G, R, GD, wo_a, oa.f32());
     } else {  // rows (t, g) of length GD through group g's [R, GD] block: a routed GEMM with G "experts"
         std::vector<const void*> ptrs(static_cast<size_t>(2 * G), nullptr);
         for (int g = 0; g < G; ++g) ptrs[static_cast<size_t>(g)] = wo_a + static_cast<size_t>(g) * R * GD;

@@ -86,6 +86,7 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const StateLayout& layout, Engr
 
 CudaBackend::~CudaBackend() {
     cudaDeviceSynchronize();
+    linear_cublas_release();
     for (void* p : pinned_) cudaFreeHost(p);
 }
 
@@ -143,6 +144,12 @@ void CudaBackend::gemm(const float* x, const float* xs, int64_t M, const LinearD
     if (numerics_ == Numerics::Fast && linear_gemv_supported(d) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
         (routed ? routed->routing.tile_rows == 8 : M <= 32)) {
         linear_gemv(x, xs, M, d, y, experts, routed ? &routed->routing : nullptr);
+        return;
+    }
+    // Everything else on the tensor cores (cuBLAS): prefill-sized dense calls, routed calls with many rows
+    // per expert (32-row tiles; see routing_tile_rows), and what the GEMV does not take.
+    if (numerics_ == Numerics::Fast && linear_cublas_supported(d)) {
+        linear_cublas(x, xs, M, d, y, experts, routed ? &routed->routing : nullptr);
         return;
     }
     if (numerics_ != Numerics::Reference && linear_tiled_supported(d))

@@ -43,6 +43,22 @@ void expert_tiles(const int32_t* sel, int64_t n, int E, int mt, int32_t* row_map
 bool linear_gemv_supported(const LinearDev& w);
 void linear_gemv(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
                  const LinearRouting* routing);
+// ---- linear_cublas.cpp (prefill: tensor-core GEMMs through cuBLAS on exact bf16 images of the quantised
+// operands, fp32 accumulation; F32 linears as fp32 GEMMs). Same contract as linear_tiled; routed calls read
+// the tile table back to the host (one synchronisation). Weights are dequantised per call into a bounded,
+// reused scratch.
+bool linear_cublas_supported(const LinearDev& w);
+void linear_cublas(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
+                   const LinearRouting* routing);
+// grouped_linear_bf16 (the grouped wo_a) as one strided batched bf16 GEMM: no routing, no synchronisation.
+void grouped_linear_cublas(const float* x, int64_t T, int G, int R, int GD, const uint16_t* w, float* y);
+// Routed GEMMs as one grouped cuBLAS call per chunk (default; PEREGRINE_CUBLAS_GROUPED=0 turns it off) or one
+// GEMM per expert. Falls back to the loop where this cuBLAS lacks the grouped call; linear_cublas_grouped()
+// says which is in use.
+void linear_cublas_use_grouped(bool on);
+bool linear_cublas_grouped();
+// Frees the scratch (the handle stays); the next call grows it again.
+void linear_cublas_release();
 
 // ---- linear.cu
 void act_quant(const float* x, int64_t M, int K, int block, float* q, float* scales);

@@ -1,0 +1,309 @@
+// Prefill GEMMs on the tensor cores through cuBLAS. BF16/FP8/FP4 linears: the quantised operands (e4m3 x
+// ue8m0 activations, e4m3 x ue8m0 or e2m1 x ue8m0 weights, bf16 weights) are exactly representable in bf16,
+// so dequantising them to bf16 with the scale folded in and running a bf16 GEMM with fp32 accumulation forms
+// the exact kernels' products, only summed in fp32 in another order; the output is rounded to bf16 as the
+// reference does. F32 linears run an fp32 GEMM (COMPUTE_32F, no TF32). Weights are dequantised per call into
+// a bounded scratch that grows and is reused; the model keeps only its stored formats.
+#include "ops/cuda/launch_check.h"
+#include "ops/cuda/linear_cublas.h"
+#include "util/error.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+namespace peregrine::cuda {
+
+namespace {
+
+constexpr size_t kWeightScratch = size_t(1) << 30;  // dequantised weights of one chunk (N rows or experts)
+constexpr size_t kRowScratch = size_t(1) << 30;     // routed: gathered activations + fp32 outputs of one chunk
+constexpr size_t kWorkspace = size_t(32) << 20;     // cuBLAS workspace (Hopper recommendation)
+
+void check(cublasStatus_t s, const char* what) {
+    if (s != CUBLAS_STATUS_SUCCESS) fail("cuBLAS {} failed: {}", what, cublasGetStatusString(s));
+}
+
+// Device memory on the backend's stream (0) that only grows; stream order keeps reuse safe.
+struct Scratch {
+    void* p = nullptr;
+    size_t cap = 0;
+    char* reserve(size_t bytes) {
+        if (bytes > cap) {
+            if (p) PG_CUDA(cudaFreeAsync(p, 0));
+            p = nullptr;
+            cap = 0;
+            PG_CUDA(cudaMallocAsync(&p, bytes, 0));
+            cap = bytes;
+        }
+        return static_cast<char*>(p);
+    }
+    void release() {
+        if (p) cudaFree(p);
+        p = nullptr;
+        cap = 0;
+    }
+};
+
+// One handle (stream 0, workspace set once) and the scratch buffers; calls are serialised.
+struct Context {
+    std::mutex mu;
+    cublasHandle_t handle = nullptr;
+    void* workspace = nullptr;
+    Scratch weights, acts, outs, table;
+    bool grouped = true;  // routed GEMMs through cublasGemmGroupedBatchedEx (else one GEMM per expert)
+
+    cublasHandle_t get() {
+        if (!handle) {
+            check(cublasCreate(&handle), "create");
+            check(cublasSetStream(handle, 0), "set stream");
+            PG_CUDA(cudaMalloc(&workspace, kWorkspace));
+            check(cublasSetWorkspace(handle, workspace, kWorkspace), "set workspace");
+            check(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH), "set math mode");  // no TF32
+            if (const char* g = std::getenv("PEREGRINE_CUBLAS_GROUPED")) grouped = std::strcmp(g, "0") != 0;
+        }
+        return handle;
+    }
+};
+
+Context& context() {
+    static Context* c = new Context;  // never destroyed: the CUDA runtime may be gone at exit
+    return *c;
+}
+
+cudaDataType_t elem_type(bool f32) { return f32 ? CUDA_R_32F : CUDA_R_16BF; }
+
+// C (fp32, column-major N x rows, ld ldc) = W^T X, i.e. row-major y[rows, n_out] = x[rows, K] W[n_out, K]^T.
+void gemm(cublasHandle_t h, bool f32, int64_t n_out, int64_t rows, int K, const void* W, const void* X, float* C,
+          int64_t ldc) {
+    const float one = 1.0f, zero = 0.0f;
+    check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n_out), static_cast<int>(rows), K, &one, W,
+                       elem_type(f32), K, X, elem_type(f32), K, &zero, C, CUDA_R_32F, static_cast<int>(ldc),
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "gemm");
+}
+
+void dense(Context& c, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y) {
+    const int N = w.out, K = w.in;
+    const bool f32 = w.kind == 0;
+    const size_t elt = f32 ? 4 : 2;
+    cublasHandle_t h = c.get();
+    const void* a = x;
+    if (!f32) {
+        char* ab = c.acts.reserve(static_cast<size_t>(M) * K * elt);
+        cublas_prep::gather_activations(x, w.kind >= 2 ? xs : nullptr, w.act_block, M, K, nullptr, 0, true, ab);
+        a = ab;
+    }
+    const bool stored = w.kind == 1 || (w.kind == 0 && !w.w_bf16);  // usable as the GEMM operand directly
+    if (stored) {
+        gemm(h, f32, N, M, K, w.w, a, y, N);
+    } else {
+        int64_t chunk = static_cast<int64_t>(kWeightScratch / (static_cast<size_t>(K) * elt));
+        if (chunk >= 64) chunk -= chunk % 64;  // keeps y + n0 16-byte aligned for cuBLAS's fastest kernels
+        chunk = std::clamp<int64_t>(chunk, 1, N);
+        char* wb = c.weights.reserve(static_cast<size_t>(chunk) * K * elt);
+        for (int64_t n0 = 0; n0 < N; n0 += chunk) {
+            const int64_t nc = std::min<int64_t>(chunk, N - n0);
+            cublas_prep::dequantise_weights(w, w.w, w.scale, nullptr, nullptr, nullptr, 1, n0, nc, !f32, wb);
+            gemm(h, f32, nc, M, K, wb, a, y + n0, N);
+        }
+    }
+    if (!f32) scale_round_bf16(y, M * N, 1.0f);
+}
+
+// Rows of one expert in the sorted order, and the chunks (consecutive experts and their contiguous rows)
+// whose weights and rows fit the scratch.
+struct Segment {
+    int expert;
+    int64_t row0, rows;
+};
+struct Chunk {
+    size_t s0, s1;
+    int64_t r0, r1;
+};
+
+void routed(Context& c, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
+            const ExpertTable& ex, const LinearRouting& r) {
+    const int N = w.out, K = w.in;
+    const bool f32 = w.kind == 0;
+    const size_t elt = f32 ? 4 : 2;
+    cublasHandle_t h = c.get();
+
+    // The tile table on the host (the one synchronisation of this path), merged into one segment per expert.
+    int32_t nt = 0;
+    std::vector<int32_t> tiles(4 * static_cast<size_t>(r.max_tiles));
+    PG_CUDA(cudaMemcpyAsync(&nt, r.n_tiles, sizeof(nt), cudaMemcpyDeviceToHost, 0));
+    if (!tiles.empty())
+        PG_CUDA(cudaMemcpyAsync(tiles.data(), r.tiles, tiles.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, 0));
+    PG_CUDA(cudaStreamSynchronize(0));
+    PEREGRINE_CHECK(nt >= 0 && static_cast<unsigned>(nt) <= r.max_tiles, "linear_cublas: {} tiles of at most {}", nt,
+                    r.max_tiles);
+    std::vector<Segment> segs;
+    for (int i = 0; i < nt; ++i) {
+        const int e = tiles[4 * i], r0 = tiles[4 * i + 1], n = tiles[4 * i + 2];
+        PEREGRINE_CHECK(e >= 0 && r0 >= 0 && n >= 0 && r0 + static_cast<int64_t>(n) <= M,
+                        "linear_cublas: bad tile ({}, {}, {}) for {} rows", e, r0, n, M);
+        if (n == 0) continue;
+        if (!segs.empty() && segs.back().expert == e && segs.back().row0 + segs.back().rows == r0) segs.back().rows += n;
+        else segs.push_back({e, r0, n});
+    }
+    if (segs.empty()) return;
+
+    const size_t wbytes = static_cast<size_t>(N) * K * elt, rowbytes = static_cast<size_t>(K) * elt + sizeof(float) * N;
+    std::vector<Chunk> chunks;
+    for (size_t i = 0; i < segs.size(); ++i) {
+        const Segment& s = segs[i];
+        if (!chunks.empty()) {
+            Chunk& ch = chunks.back();
+            const size_t slots = i - ch.s0 + 1;
+            if (ch.r1 == s.row0 && slots <= 65535 && slots * wbytes <= kWeightScratch &&
+                static_cast<size_t>(ch.r1 + s.rows - ch.r0) * rowbytes <= kRowScratch) {
+                ch.s1 = i + 1;
+                ch.r1 += s.rows;
+                continue;
+            }
+        }
+        chunks.push_back({i, i + 1, s.row0, s.row0 + s.rows});
+    }
+    size_t max_slots = 0;
+    int64_t max_rows = 0;
+    for (const Chunk& ch : chunks) {
+        max_slots = std::max(max_slots, ch.s1 - ch.s0);
+        max_rows = std::max(max_rows, ch.r1 - ch.r0);
+    }
+    char* wb = c.weights.reserve(max_slots * wbytes);
+    char* ab = c.acts.reserve(static_cast<size_t>(max_rows) * K * elt);
+    float* ob = reinterpret_cast<float*>(c.outs.reserve(static_cast<size_t>(max_rows) * N * sizeof(float)));
+
+    // Per segment: the operand addresses (A weights, B rows, C outputs) and the expert of its slot.
+    const size_t S = segs.size();
+    std::vector<const void*> A(S), B(S);
+    std::vector<void*> C(S);
+    std::vector<int32_t> slot_expert(S);
+    std::vector<int> m_arr(S, N), n_arr(S), k_arr(S, K), lda(S, K), ldb(S, K), ldc(S, N), group_size(S, 1);
+    for (const Chunk& ch : chunks)
+        for (size_t i = ch.s0; i < ch.s1; ++i) {
+            const Segment& s = segs[i];
+            PEREGRINE_CHECK(s.rows <= INT_MAX, "linear_cublas: {} rows for one expert", s.rows);
+            A[i] = wb + (i - ch.s0) * wbytes;
+            B[i] = ab + static_cast<size_t>(s.row0 - ch.r0) * K * elt;
+            C[i] = ob + static_cast<size_t>(s.row0 - ch.r0) * N;
+            slot_expert[i] = s.expert;
+            n_arr[i] = static_cast<int>(s.rows);
+        }
+    std::vector<char> staging(3 * S * sizeof(void*) + S * sizeof(int32_t));
+    std::memcpy(staging.data(), A.data(), S * sizeof(void*));
+    std::memcpy(staging.data() + S * sizeof(void*), B.data(), S * sizeof(void*));
+    std::memcpy(staging.data() + 2 * S * sizeof(void*), C.data(), S * sizeof(void*));
+    std::memcpy(staging.data() + 3 * S * sizeof(void*), slot_expert.data(), S * sizeof(int32_t));
+    char* table = c.table.reserve(staging.size());
+    PG_CUDA(cudaMemcpyAsync(table, staging.data(), staging.size(), cudaMemcpyHostToDevice, 0));
+    const void* const* A_d = reinterpret_cast<const void* const*>(table);
+    const void* const* B_d = A_d + S;
+    void* const* C_d = reinterpret_cast<void* const*>(table + 2 * S * sizeof(void*));
+    const int32_t* slot_d = reinterpret_cast<const int32_t*>(table + 3 * S * sizeof(void*));
+
+    const std::vector<cublasOperation_t> ta(S, CUBLAS_OP_T), tb(S, CUBLAS_OP_N);
+    const std::vector<float> alpha(S, 1.0f), beta(S, 0.0f);
+    for (const Chunk& ch : chunks) {
+        const size_t n = ch.s1 - ch.s0;
+        cublas_prep::gather_activations(x, w.kind >= 2 ? xs : nullptr, w.act_block, ch.r1 - ch.r0, K, r.row_map, ch.r0,
+                                        !f32, ab);
+        cublas_prep::dequantise_weights(w, nullptr, nullptr, ex.w, ex.scale, slot_d + ch.s0, static_cast<int>(n), 0, N,
+                                        !f32, wb);
+        bool done = false;
+        if (c.grouped) {
+            const size_t o = ch.s0;
+            const cublasStatus_t st = cublasGemmGroupedBatchedEx(
+                h, ta.data() + o, tb.data() + o, m_arr.data() + o, n_arr.data() + o, k_arr.data() + o, alpha.data() + o,
+                A_d + o, elem_type(f32), lda.data() + o, B_d + o, elem_type(f32), ldb.data() + o, beta.data() + o,
+                C_d + o, CUDA_R_32F, ldc.data() + o, static_cast<int>(n), group_size.data() + o, CUBLAS_COMPUTE_32F);
+            if (st == CUBLAS_STATUS_SUCCESS) done = true;
+            else if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)
+                c.grouped = false;  // not for these types in this cuBLAS: one GEMM per expert (which checks the arguments)
+            else check(st, "grouped gemm");
+        }
+        if (!done)
+            for (size_t i = ch.s0; i < ch.s1; ++i) gemm(h, f32, N, n_arr[i], K, A[i], B[i], static_cast<float*>(C[i]), N);
+        cublas_prep::scatter_rows(ob, ch.r1 - ch.r0, N, r.row_map, ch.r0, !f32, y);
+    }
+}
+
+}  // namespace
+
+bool linear_cublas_supported(const LinearDev& w) {
+    if (w.in <= 0 || w.out <= 0 || w.in % 8 != 0) return false;
+    switch (w.kind) {
+        case 0:
+        case 1: return true;
+        case 2: return w.weight_block > 0 && w.weight_block % 8 == 0 && w.act_block > 0 && w.act_block % 8 == 0;
+        case 3: return w.in % 32 == 0 && w.act_block > 0 && w.act_block % 8 == 0;
+        default: return false;
+    }
+}
+
+void linear_cublas(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
+                   const LinearRouting* routing) {
+    if (M == 0 || w.out == 0) return;
+    PEREGRINE_CHECK(linear_cublas_supported(w), "linear_cublas: unsupported weight layout (kind {}, in {})", w.kind, w.in);
+    PEREGRINE_CHECK(M <= INT_MAX, "linear_cublas: {} rows", M);
+    PEREGRINE_CHECK(w.kind < 2 || xs, "linear_cublas: quantised weights need activation scales");
+    Context& c = context();
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (routing) {
+        PEREGRINE_CHECK(experts, "linear_cublas: a routed GEMM needs its expert table");
+        routed(c, x, xs, M, w, y, *experts, *routing);
+    } else {
+        dense(c, x, xs, M, w, y);
+    }
+}
+
+void linear_cublas_use_grouped(bool on) {
+    Context& c = context();
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.get();
+    c.grouped = on;
+}
+
+void grouped_linear_cublas(const float* x, int64_t T, int G, int R, int GD, const uint16_t* w, float* y) {
+    if (T == 0 || G == 0 || R == 0) return;
+    PEREGRINE_CHECK(GD % 8 == 0 && T <= INT_MAX, "grouped_linear_cublas: group width {} / {} rows", GD, T);
+    Context& c = context();
+    std::lock_guard<std::mutex> lock(c.mu);
+    cublasHandle_t h = c.get();
+    char* a = c.acts.reserve(static_cast<size_t>(T) * G * GD * sizeof(uint16_t));
+    cublas_prep::gather_activations(x, nullptr, 0, T * G, GD, nullptr, 0, true, a);  // bf16 values: exact
+    // Group g: y[t, g*R + j] = x[t, g, :] . w[g*R + j, :] for every t, i.e. column-major C_g (R x T, ld G*R) =
+    // A_g^T (A_g: GD x R, ld GD) B_g (GD x T, ld G*GD); the groups are strided by R*GD, GD and R.
+    const float one = 1.0f, zero = 0.0f;
+    check(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, R, static_cast<int>(T), GD, &one, w, CUDA_R_16BF, GD,
+                                     static_cast<long long>(R) * GD, a, CUDA_R_16BF, G * GD, GD, &zero, y, CUDA_R_32F,
+                                     G * R, R, G, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "strided batched gemm");
+    scale_round_bf16(y, T * G * R, 1.0f);
+}
+
+bool linear_cublas_grouped() {
+    Context& c = context();
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.get();
+    return c.grouped;
+}
+
+void linear_cublas_release() {
+    Context& c = context();
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (c.weights.p || c.acts.p || c.outs.p || c.table.p) cudaDeviceSynchronize();
+    c.weights.release();
+    c.acts.release();
+    c.outs.release();
+    c.table.release();
+}
+
+}  // namespace peregrine::cuda

@@ -1,0 +1,445 @@
+// The prefill GEMM path (linear_cublas: bf16 tensor cores on exact bf16 images of the quantised operands,
+// fp32 GEMMs for F32 linears) against the exact tiled kernels, at V4.1-Flash's real shapes with random
+// weights in the checkpoint formats. Rounded outputs (BF16/FP8/FP4) may differ by the bf16 rounding of a
+// differently ordered fp32 sum: |d| <= 2^-7 |exact| (one bf16 step) + 1e-5 max|exact|; F32 outputs by fp32
+// summation order only: |d| <= 1e-5 |exact| + 1e-5 max|exact|. At large M the exact kernel runs on an even
+// sample of 256 rows. Also prints the fast path's TFLOP/s at M=16384. Skipped without a GPU; lines starting
+// with "PARITY" are collected by tools/gpu/check.sh.
+#include "model/model.h"
+#include "model/model_weights.h"
+#include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/kernels.h"
+#include "tensor/dtype.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+using namespace peregrine;
+using namespace peregrine::cuda;
+
+namespace {
+
+#define REQUIRE_GPU()                                            \
+    do {                                                         \
+        std::string why_;                                        \
+        if (!cuda_device_available(&why_)) GTEST_SKIP() << why_; \
+    } while (0)
+
+#define CK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+constexpr int kBlock = 32;       // V4.1: weight and activation blocks
+constexpr int kExperts = 384, kTopK = 6;
+constexpr int64_t kSample = 256;  // rows checked against the exact kernel
+
+uint64_t splitmix(uint64_t& s) {
+    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+std::shared_ptr<void> upload_bytes(const void* p, size_t n) {
+    auto d = device_alloc(n);
+    if (cudaMemcpy(d.get(), p, n, cudaMemcpyHostToDevice) != cudaSuccess) ADD_FAILURE() << "upload failed";
+    return d;
+}
+
+// Random bytes; FP8 codes avoid NaN (0x7f/0xff). Scales: ue8m0 2^-7 .. 2^0.
+void random_bytes(std::vector<uint8_t>& v, uint64_t seed, bool fp8) {
+    for (size_t i = 0; i < v.size(); i += 8) {
+        uint64_t r = splitmix(seed);
+        for (size_t j = 0; j < 8 && i + j < v.size(); ++j, r >>= 8) {
+            uint8_t b = static_cast<uint8_t>(r);
+            if (fp8 && (b & 0x7f) == 0x7f) b ^= 1;
+            v[i + j] = b;
+        }
+    }
+}
+void random_scales(std::vector<uint8_t>& v, uint64_t seed) {
+    for (auto& b : v) b = static_cast<uint8_t>(120 + splitmix(seed) % 8);
+}
+
+// One weight matrix in a checkpoint format: kind 0 F32 (stored f32 or bf16), 1 BF16, 2 FP8, 3 FP4.
+struct Weight {
+    std::shared_ptr<void> w, s;
+    LinearDev d;
+};
+Weight make_weight(int kind, bool w_bf16, int K, int N, uint64_t seed) {
+    Weight r;
+    r.d.kind = kind;
+    r.d.in = K;
+    r.d.out = N;
+    r.d.weight_block = kind == 2 ? kBlock : 0;
+    r.d.act_block = kind >= 2 ? kBlock : 0;
+    r.d.w_bf16 = kind == 0 && w_bf16;
+    const size_t n = static_cast<size_t>(N) * K;
+    if (kind == 0 && !w_bf16) {
+        std::vector<float> v(n);
+        for (auto& f : v) f = static_cast<float>(static_cast<int64_t>(splitmix(seed) >> 11) * 0x1p-53 * 2.0 - 1.0);
+        r.w = upload_bytes(v.data(), n * 4);
+    } else if (kind <= 1) {
+        std::vector<uint16_t> v(n);
+        for (auto& h : v) h = f32_to_bf16(static_cast<float>(static_cast<int64_t>(splitmix(seed) >> 11) * 0x1p-53 * 2.0 - 1.0));
+        r.w = upload_bytes(v.data(), n * 2);
+    } else {
+        std::vector<uint8_t> v(kind == 2 ? n : n / 2);
+        random_bytes(v, seed, kind == 2);
+        r.w = upload_bytes(v.data(), v.size());
+        std::vector<uint8_t> s(kind == 2 ? static_cast<size_t>((N + kBlock - 1) / kBlock) * ((K + kBlock - 1) / kBlock)
+                                         : n / 32);
+        random_scales(s, seed + 1);
+        r.s = upload_bytes(s.data(), s.size());
+    }
+    r.d.w = r.w.get();
+    r.d.scale = static_cast<const uint8_t*>(r.s.get());
+    return r;
+}
+
+// Random bf16 activations [M, K] on the device, quantised (act_quant) for FP8/FP4 weights.
+struct Acts {
+    std::shared_ptr<void> x, xs;
+    const float* xp() const { return static_cast<const float*>(x.get()); }
+    const float* xsp() const { return static_cast<const float*>(xs.get()); }
+};
+Acts make_acts(int64_t M, const LinearDev& d, uint64_t seed) {
+    Acts a;
+    const int K = d.in;
+    auto raw = device_alloc(sizeof(float) * M * K);
+    fill_random_bf16(static_cast<float*>(raw.get()), M * K, seed);
+    if (d.kind < 2) {
+        a.x = raw;
+        return a;
+    }
+    a.x = device_alloc(sizeof(float) * M * K);
+    a.xs = device_alloc(sizeof(float) * M * (K / d.act_block));
+    act_quant(static_cast<const float*>(raw.get()), M, K, d.act_block, static_cast<float*>(a.x.get()),
+              static_cast<float*>(a.xs.get()));
+    return a;
+}
+
+// Every stride-th row (count rows) of a device matrix with `width` floats per row, to the device or host.
+std::shared_ptr<void> sample_rows_device(const float* src, int64_t count, int64_t stride, int64_t width) {
+    auto d = device_alloc(sizeof(float) * count * width);
+    if (cudaMemcpy2D(d.get(), sizeof(float) * width, src, sizeof(float) * width * stride, sizeof(float) * width, count,
+                     cudaMemcpyDeviceToDevice) != cudaSuccess)
+        ADD_FAILURE() << "row sample failed";
+    return d;
+}
+std::vector<float> sample_rows_host(const float* src, int64_t count, int64_t stride, int64_t width) {
+    std::vector<float> h(static_cast<size_t>(count * width));
+    if (cudaMemcpy2D(h.data(), sizeof(float) * width, src, sizeof(float) * width * stride, sizeof(float) * width, count,
+                     cudaMemcpyDeviceToHost) != cudaSuccess)
+        ADD_FAILURE() << "row copy failed";
+    return h;
+}
+
+void compare(const std::vector<float>& fast, const std::vector<float>& exact, bool rounded, const std::string& what) {
+    ASSERT_EQ(fast.size(), exact.size()) << what;
+    float emax = 0.0f;
+    for (float v : exact) emax = std::max(emax, std::fabs(v));
+    const float rel = rounded ? 0x1p-7f * 1.0001f : 1e-5f, abs = 1e-5f * emax;
+    int64_t bad = 0, same = 0;
+    float worst = 0.0f;
+    for (size_t i = 0; i < fast.size(); ++i) {
+        const float d = std::fabs(fast[i] - exact[i]);
+        same += fast[i] == exact[i];
+        if (!(d <= rel * std::fabs(exact[i]) + abs)) ++bad;
+        if (d > worst || std::isnan(d)) worst = d;
+    }
+    EXPECT_GT(emax, 0.0f) << what << ": the exact output is all zero";
+    EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << fast.size() << " outputs outside the tolerance, worst " << worst;
+    std::printf("PARITY gemm %-44s max|d| %.3g (%.2g of max|y|) exact %.4f %s\n", what.c_str(), worst,
+                emax > 0 ? worst / emax : 0.0, fast.empty() ? 1.0 : static_cast<double>(same) / fast.size(),
+                bad ? "FAIL" : "ok");
+}
+
+double elapsed_ms(const std::function<void()>& f, int reps) {
+    f();  // warm-up (scratch growth, cuBLAS heuristics)
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    cudaEventRecord(a, 0);
+    for (int i = 0; i < reps; ++i) f();
+    cudaEventRecord(b, 0);
+    cudaEventSynchronize(b);
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return ms / reps;
+}
+
+struct DenseShape {
+    const char* name;
+    int kind;
+    bool w_bf16;
+    int K, N;
+};
+// V4.1-Flash: attention projections and the shared expert in FP8, the gate in F32 (stored f32 or bf16), the
+// LM head as logits() runs it (F32 compute on bf16 weights) and as a BF16 linear.
+const DenseShape kDense[] = {
+    {"wq_a 5120->1280 fp8", 2, false, 5120, 1280},       {"wq_b 1280->32768 fp8", 2, false, 1280, 32768},
+    {"wkv 5120->512 fp8", 2, false, 5120, 512},          {"wo_b 8192->5120 fp8", 2, false, 8192, 5120},
+    {"shared.w1 5120->2304 fp8", 2, false, 5120, 2304},  {"shared.w2 2304->5120 fp8", 2, false, 2304, 5120},
+    {"gate 5120->384 f32", 0, false, 5120, 384},         {"gate 5120->384 f32(bf16 w)", 0, true, 5120, 384},
+    {"head 5120->129280 f32(bf16 w)", 0, true, 5120, 129280}, {"head 5120->129280 bf16", 1, false, 5120, 129280},
+};
+
+TEST(CudaGemm, DenseFastMatchesExact) {
+    REQUIRE_GPU();
+    uint64_t seed = 11;
+    for (const DenseShape& sh : kDense) {
+        const Weight w = make_weight(sh.kind, sh.w_bf16, sh.K, sh.N, seed++);
+        ASSERT_TRUE(linear_cublas_supported(w.d)) << sh.name;
+        for (int64_t M : {64, 512, 4096}) {
+            const Acts a = make_acts(M, w.d, seed++);
+            auto y = device_alloc(sizeof(float) * M * sh.N);
+            linear_cublas(a.xp(), a.xsp(), M, w.d, static_cast<float*>(y.get()), nullptr, nullptr);
+            const int64_t S = std::min(M, kSample), stride = M / S;
+            auto xs_s = a.xs ? sample_rows_device(a.xsp(), S, stride, sh.K / kBlock) : nullptr;
+            auto x_s = sample_rows_device(a.xp(), S, stride, sh.K);
+            auto y_ref = device_alloc(sizeof(float) * S * sh.N);
+            linear_tiled(static_cast<const float*>(x_s.get()), static_cast<const float*>(xs_s.get()), S, w.d,
+                         static_cast<float*>(y_ref.get()), nullptr, nullptr);
+            CK(cudaDeviceSynchronize());
+            compare(sample_rows_host(static_cast<const float*>(y.get()), S, stride, sh.N),
+                    sample_rows_host(static_cast<const float*>(y_ref.get()), S, 1, sh.N), sh.kind != 0,
+                    std::string(sh.name) + " M=" + std::to_string(M));
+        }
+    }
+}
+
+// Experts of one layer (or the 8 wo_a groups): one weight buffer per expert and the device pointer table.
+struct Experts {
+    std::vector<Weight> each;
+    std::shared_ptr<void> table;
+    ExpertTable t;
+    LinearDev d;  // the shared shape
+};
+Experts make_experts(int kind, int E, int K, int N, uint64_t seed) {
+    Experts x;
+    std::vector<const void*> ptrs(2 * static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) {
+        x.each.push_back(make_weight(kind, false, K, N, seed + 7919 * e));
+        ptrs[e] = x.each.back().d.w;
+        ptrs[E + e] = x.each.back().d.scale;
+    }
+    x.table = upload_bytes(ptrs.data(), ptrs.size() * sizeof(void*));
+    auto p = static_cast<const void* const*>(x.table.get());
+    x.t = {p, reinterpret_cast<const uint8_t* const*>(p + E)};
+    x.d = x.each[0].d;
+    x.d.w = nullptr;
+    x.d.scale = nullptr;
+    return x;
+}
+
+// The routed experts' w1 (5120->2304) and w2 (2304->5120) in FP4, made once (2.3 GB each).
+const Experts& fp4_experts(bool w2) {
+    static const Experts e1 = make_experts(3, kExperts, 5120, 2304, 101), e2 = make_experts(3, kExperts, 2304, 5120, 202);
+    return w2 ? e2 : e1;
+}
+
+// Rows grouped by expert (expert_tiles) with tiles of tile_rows.
+struct Routing {
+    std::shared_ptr<void> sel, map, tiles, n;
+    LinearRouting r;
+};
+Routing make_routing(const std::vector<int32_t>& sel, int E, int tile_rows) {
+    Routing g;
+    const int64_t P = static_cast<int64_t>(sel.size());
+    g.r.tile_rows = tile_rows;
+    g.r.max_tiles = static_cast<unsigned>((P + tile_rows - 1) / tile_rows + E);
+    g.sel = upload_bytes(sel.data(), sel.size() * sizeof(int32_t));
+    g.map = device_alloc(sizeof(int32_t) * P);
+    g.tiles = device_alloc(sizeof(int32_t) * 4 * g.r.max_tiles);
+    g.n = device_alloc(sizeof(int32_t));
+    expert_tiles(static_cast<const int32_t*>(g.sel.get()), P, E, tile_rows, static_cast<int32_t*>(g.map.get()),
+                 static_cast<int32_t*>(g.tiles.get()), static_cast<int32_t*>(g.n.get()));
+    g.r.row_map = static_cast<const int32_t*>(g.map.get());
+    g.r.tiles = static_cast<const int32_t*>(g.tiles.get());
+    g.r.n_tiles = static_cast<const int32_t*>(g.n.get());
+    return g;
+}
+
+// Expert of pair (t, k): balanced ((t*K + k) % E, as --balanced-routing) or skewed (slot 0 always expert 0,
+// slot 1 one of experts 1..3, the rest hashed: a few hot experts, many with few or no rows).
+std::vector<int32_t> selection(int64_t T, int K, int E, bool skewed) {
+    std::vector<int32_t> sel(static_cast<size_t>(T * K));
+    for (int64_t t = 0; t < T; ++t)
+        for (int k = 0; k < K; ++k) {
+            int32_t e = static_cast<int32_t>((t * K + k) % E);
+            if (skewed) {
+                uint64_t h = static_cast<uint64_t>(t * 131 + k);
+                e = k == 0 ? 0 : k == 1 ? static_cast<int32_t>(1 + t % 3) : static_cast<int32_t>(splitmix(h) % E);
+            }
+            sel[static_cast<size_t>(t * K + k)] = e;
+        }
+    return sel;
+}
+
+// Fast routed GEMM over all rows vs the exact tiled kernel on an even sample of them (same experts).
+void check_routed(const Experts& ex, const std::vector<int32_t>& sel, int E, int tile_rows, uint64_t seed,
+                  const std::string& what) {
+    const int64_t P = static_cast<int64_t>(sel.size());
+    const int N = ex.d.out, K = ex.d.in;
+    const Acts a = make_acts(P, ex.d, seed);
+    const Routing g = make_routing(sel, E, tile_rows);
+    auto y = device_alloc(sizeof(float) * P * N);
+    linear_cublas(a.xp(), a.xsp(), P, ex.d, static_cast<float*>(y.get()), &ex.t, &g.r);
+    const std::string mode = linear_cublas_grouped() ? " grouped" : " loop";
+
+    const int64_t S = std::min(P, kSample), stride = P / S;
+    std::vector<int32_t> sel_s(static_cast<size_t>(S));
+    for (int64_t i = 0; i < S; ++i) sel_s[static_cast<size_t>(i)] = sel[static_cast<size_t>(i * stride)];
+    const Routing gs = make_routing(sel_s, E, 8);
+    auto x_s = sample_rows_device(a.xp(), S, stride, K);
+    auto xs_s = a.xs ? sample_rows_device(a.xsp(), S, stride, K / ex.d.act_block) : nullptr;
+    auto y_ref = device_alloc(sizeof(float) * S * N);
+    linear_tiled(static_cast<const float*>(x_s.get()), static_cast<const float*>(xs_s.get()), S, ex.d,
+                 static_cast<float*>(y_ref.get()), &ex.t, &gs.r);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    compare(sample_rows_host(static_cast<const float*>(y.get()), S, stride, N),
+            sample_rows_host(static_cast<const float*>(y_ref.get()), S, 1, N), ex.d.kind != 0, what + mode);
+}
+
+TEST(CudaGemm, RoutedExpertsFastMatchExact) {
+    REQUIRE_GPU();
+    const Experts &w1 = fp4_experts(false), &w2 = fp4_experts(true);
+    uint64_t seed = 300;
+    for (bool grouped : {true, false}) {
+        linear_cublas_use_grouped(grouped);
+        for (int64_t T : {64, 512, 4096})
+            for (bool skewed : {false, true}) {
+                const auto sel = selection(T, kTopK, kExperts, skewed);
+                const int tr = routing_tile_rows(static_cast<int64_t>(sel.size()), kExperts);
+                const std::string tag = std::string(skewed ? " skewed" : " balanced") + " T=" + std::to_string(T);
+                check_routed(w1, sel, kExperts, tr, seed++, "experts.w1 5120->2304 fp4" + tag);
+                check_routed(w2, sel, kExperts, tr, seed++, "experts.w2 2304->5120 fp4" + tag);
+            }
+    }
+    linear_cublas_use_grouped(true);
+}
+
+// The grouped wo_a: rows (t, g) of 4096 through group g's bf16 [1024, 4096] block (8 groups), as
+// CudaBackend::project_output runs it.
+TEST(CudaGemm, GroupedWoAFastMatchesExact) {
+    REQUIRE_GPU();
+    const int G = 8, R = 1024, GD = 4096;
+    Experts wo_a = make_experts(1, G, GD, R, 77);
+    uint64_t seed = 900;
+    for (int64_t T : {64, 512, 4096}) {
+        std::vector<int32_t> sel(static_cast<size_t>(T * G));
+        for (size_t i = 0; i < sel.size(); ++i) sel[i] = static_cast<int32_t>(i % G);
+        check_routed(wo_a, sel, G, routing_tile_rows(T * G, G), seed++, "wo_a routed 8x4096->1024 bf16 T=" + std::to_string(T));
+    }
+    // As the backend runs it: one [G*R, GD] block, rows (t, g) strided in x [T, G, GD] (grouped_linear_cublas).
+    const size_t wn = static_cast<size_t>(G) * R * GD;
+    std::vector<uint16_t> wh(wn);
+    uint64_t s = 4711;
+    for (auto& h : wh) h = f32_to_bf16(static_cast<float>(static_cast<int64_t>(splitmix(s) >> 11) * 0x1p-53 * 2.0 - 1.0));
+    auto wd = upload_bytes(wh.data(), wn * sizeof(uint16_t));
+    const uint16_t* w = static_cast<const uint16_t*>(wd.get());
+    for (int64_t T : {64, 512, 4096}) {
+        auto x = device_alloc(sizeof(float) * T * G * GD);
+        fill_random_bf16(static_cast<float*>(x.get()), T * G * GD, seed++);
+        auto y = device_alloc(sizeof(float) * T * G * R);
+        grouped_linear_cublas(static_cast<const float*>(x.get()), T, G, R, GD, w, static_cast<float*>(y.get()));
+        const int64_t S = std::min<int64_t>(T, 64), stride = T / S;  // sampled tokens, all their groups
+        auto x_s = sample_rows_device(static_cast<const float*>(x.get()), S, stride, static_cast<int64_t>(G) * GD);
+        auto y_ref = device_alloc(sizeof(float) * S * G * R);
+        grouped_linear_bf16(static_cast<const float*>(x_s.get()), S, G, R, GD, w, static_cast<float*>(y_ref.get()));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        compare(sample_rows_host(static_cast<const float*>(y.get()), S, stride, static_cast<int64_t>(G) * R),
+                sample_rows_host(static_cast<const float*>(y_ref.get()), S, 1, static_cast<int64_t>(G) * R), true,
+                "wo_a strided 8x4096->1024 bf16 T=" + std::to_string(T));
+    }
+}
+
+TEST(CudaGemm, FastPathThroughputAtPrefillSize) {
+    REQUIRE_GPU();
+    const int64_t M = 16384;
+    uint64_t seed = 5000;
+    for (const DenseShape& sh : kDense) {
+        const Weight w = make_weight(sh.kind, sh.w_bf16, sh.K, sh.N, seed++);
+        const Acts a = make_acts(M, w.d, seed++);
+        auto y = device_alloc(sizeof(float) * M * sh.N);
+        const double ms = elapsed_ms([&] { linear_cublas(a.xp(), a.xsp(), M, w.d, static_cast<float*>(y.get()), nullptr, nullptr); }, 3);
+        ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+        std::printf("PARITY gemm %-44s M=%lld %8.3f ms %7.1f TFLOP/s\n", sh.name, static_cast<long long>(M), ms,
+                    2.0 * M * sh.N * sh.K / (ms * 1e-3) / 1e12);
+    }
+    const Experts &w1 = fp4_experts(false), &w2 = fp4_experts(true);
+    const auto sel = selection(M, kTopK, kExperts, false);
+    const int64_t P = static_cast<int64_t>(sel.size());
+    const Routing g = make_routing(sel, kExperts, routing_tile_rows(P, kExperts));
+    for (const Experts* ex : {&w1, &w2}) {
+        const Acts a = make_acts(P, ex->d, seed++);
+        auto y = device_alloc(sizeof(float) * P * ex->d.out);
+        for (bool grouped : {true, false}) {
+            linear_cublas_use_grouped(grouped);
+            const bool used = linear_cublas_grouped();
+            const double ms = elapsed_ms([&] { linear_cublas(a.xp(), a.xsp(), P, ex->d, static_cast<float*>(y.get()), &ex->t, &g.r); }, 3);
+            ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+            std::printf("PARITY gemm experts %s fp4 384x top-6 balanced %-8s T=%lld %8.3f ms %7.1f TFLOP/s\n",
+                        ex == &w1 ? "w1 5120->2304" : "w2 2304->5120", used ? "grouped" : "loop",
+                        static_cast<long long>(M), ms, 2.0 * P * ex->d.out * ex->d.in / (ms * 1e-3) / 1e12);
+        }
+    }
+    linear_cublas_use_grouped(true);
+}
+
+// Through the backend: Fast (cuBLAS from 64 rows; routed experts with 32-row tiles) against Exact on the
+// same synthetic V4.1-Flash layer (8 experts so that 128 tokens give many rows per expert).
+TEST(CudaGemm, BackendFastDispatchMatchesExact) {
+    REQUIRE_GPU();
+    ModelConfig cfg = synthetic_v41_flash_config(2, 8);
+    ModelWeights w = synthetic_model_weights(cfg, 3);
+    StateLayout layout = make_state_layout(cfg, 16);
+    const char* prev = std::getenv("PEREGRINE_CUDA_NUMERICS");
+    const std::string saved = prev ? prev : "";
+    setenv("PEREGRINE_CUDA_NUMERICS", "exact", 1);
+    CudaBackend exact(cfg, layout);
+    setenv("PEREGRINE_CUDA_NUMERICS", "fast", 1);
+    CudaBackend fast(cfg, layout);
+    if (prev) setenv("PEREGRINE_CUDA_NUMERICS", saved.c_str(), 1);
+    else unsetenv("PEREGRINE_CUDA_NUMERICS");
+    exact.set_balanced_routing(true);
+    fast.set_balanced_routing(true);
+    const int64_t T = 128;
+    const BlockWeight& b = w.layers.at(1);
+    uint64_t seed = 4242;
+    auto host = [](const Tensor& t) { return CudaBackend::to_host(t); };
+    auto vec = [](const Tensor& t) { return std::vector<float>(t.f32(), t.f32() + t.numel()); };
+    for (auto [name, lw] : std::vector<std::pair<std::string, const LinearWeight*>>{
+             {"wq_a", &b.attn.wq_a}, {"wq_b", &b.attn.wq_b}, {"wo_b", &b.attn.wo_b}, {"gate", &b.ffn.gate}}) {
+        Tensor x = CudaBackend::empty(DType::F32, {T, lw->in});
+        fill_random_bf16(x.f32(), x.numel(), seed++);
+        compare(vec(host(fast.linear(x, *lw))), vec(host(exact.linear(x, *lw))), lw->kind != LinearWeight::Kind::F32,
+                "backend " + name + " T=128");
+    }
+    Tensor x = CudaBackend::empty(DType::F32, {T, cfg.dim});
+    fill_random_bf16(x.f32(), x.numel(), seed++);
+    std::vector<int32_t> ids(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) ids[static_cast<size_t>(t)] = static_cast<int32_t>((t * 37 + 11) % cfg.vocab_size);
+    // The MoE output passes two rounded GEMMs and SwiGLU: a few bf16 steps of its magnitude.
+    const std::vector<float> mf = vec(host(fast.moe(x, b.ffn, ids))), me = vec(host(exact.moe(x, b.ffn, ids)));
+    float emax = 0.0f, worst = 0.0f;
+    for (size_t i = 0; i < me.size(); ++i) {
+        emax = std::max(emax, std::fabs(me[i]));
+        worst = std::max(worst, std::fabs(mf[i] - me[i]));
+    }
+    EXPECT_GT(emax, 0.0f);
+    EXPECT_LE(worst, 0x1p-5f * emax) << "moe fast vs exact";
+    std::printf("PARITY gemm %-44s max|d| %.3g (%.2g of max|y|)\n", "backend moe T=128 (8 experts)", worst,
+                emax > 0 ? worst / emax : 0.0);
+}
+
+}  // namespace

@@ -111,6 +111,26 @@ void build_keys(int64_t T, const float* const* win, const int32_t* nwin, int W, 
 void sparse_attention(const float* q, int64_t T, int H, int D, float scale, const float* sink, const float* const* keys,
                       const int32_t* nkeys, int maxk, float* out);
 
+// ---- index_fast.cu (Numerics::Fast; same contracts as the exact kernels above, see the file for the sums)
+bool index_scores_stream_supported(int nh, int hd);
+// Rows row_list[0..n_rows) (null: rows 0..n_rows) against their keys, one thread per (row, key).
+void index_scores_stream(const float* iq, const float* wts, const int32_t* row_list, int n_rows, int nh, int hd,
+                         const int64_t* width, const int64_t* visible, const int64_t* keybase,
+                         const float* const* keys, int64_t stride, float* scores);
+bool index_scores_mma_supported(int nh, int hd);
+// Tensor-core scoring of query tiles that share their keys: tiles [n_tiles][4] int64 = (first row, rows
+// <= 64, first key in kb, keys of the sequence); qb bf16 [T, nh, 128]; kb bf16 [*, 128].
+void index_scores_mma(const uint16_t* qb, const float* wts, int nh, const int64_t* tiles, int n_tiles,
+                      const uint16_t* kb, const int64_t* visible, int64_t stride, float* scores);
+void to_bf16(const float* x, int64_t n, uint16_t* y);
+// out[i, :] = bf16(keys[i][0..hd)) for i < n.
+void gather_keys_bf16(const float* const* keys, int64_t n, int hd, uint16_t* out);
+void topk_rows_fast(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible,
+                    int k, bool ascending, int32_t* tmp, int32_t* out, int32_t* count);
+void candidate_blocks_fast(const float* scores, int64_t T, int64_t stride, const int64_t* width,
+                           const int64_t* visible, int bs, int topb, float* bscore, int32_t* bsel, int64_t bstride,
+                           uint8_t* mask);
+
 // ---- moe_kernels.cu
 void route(const float* logits, int64_t T, int E, int K, int score_func, const float* bias, const int64_t* tid2eid,
            const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale, bool balanced, int32_t* sel, float* wsel);

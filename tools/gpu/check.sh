@@ -35,6 +35,13 @@ say "== parity: $test_bin"
 export PEREGRINE_TEST_DATA_DIR=$here/tests/fixtures
 ( cd "$here" && timeout "${PARITY_TIMEOUT:-1800}" "$test_bin" --gtest_color=no 2>&1 ) | tee "$out/parity.log" >>"$log"
 parity_rc=${PIPESTATUS[0]}
+# The fast kernels against the exact ones at V4.1-Flash sizes (with device times).
+fast_bin=${test_bin%/*}/test_cuda_attn_fast
+if [[ -x $fast_bin ]]; then
+  say "== fast kernels: $fast_bin"
+  ( cd "$here" && timeout "${PARITY_TIMEOUT:-1800}" "$fast_bin" --gtest_color=no 2>&1 ) | tee -a "$out/parity.log" >>"$log"
+  [[ ${PIPESTATUS[0]} == 0 ]] || parity_rc=1
+fi
 
 say "== CLI: peregrine generate --device cuda (greedy, tiny fixture) vs --device cpu"
 gen() { "$bin/peregrine" generate --model "$here/tests/fixtures/dsv41-tiny-a" --ids 5,17,42,9,33 --max-tokens 24 --temperature 0 --ignore-eos --print-ids --device "$1" 2>&1; }

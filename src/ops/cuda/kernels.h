@@ -134,6 +134,10 @@ void candidate_blocks_fast(const float* scores, int64_t T, int64_t stride, const
 // ---- moe_kernels.cu
 void route(const float* logits, int64_t T, int E, int K, int score_func, const float* bias, const int64_t* tid2eid,
            const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale, bool balanced, int32_t* sel, float* wsel);
+// Numerics::Fast: one warp per token, same selection and weights as route.
+void route_fast(const float* logits, int64_t T, int E, int K, int score_func, const float* bias,
+                const int64_t* tid2eid, const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale,
+                bool balanced, int32_t* sel, float* wsel);
 void gather_pairs(const float* x, int64_t T, int K, int D, float* xp);
 void swiglu(const float* g, const float* u, int64_t n, int I, const float* weights, float limit, float* out);
 void moe_combine(const float* ye, const int32_t* sel, const float* shared, int64_t T, int K, int D, float* out);

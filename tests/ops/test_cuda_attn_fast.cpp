@@ -336,4 +336,120 @@ TEST(CudaAttnFast, RouteSameSelectionAndWeights) {
     }
 }
 
+// The batched compressor (all sequences in one launch, parallel over channels) against the per-sequence
+// kernel: 8 decode sequences and one 4096-token prefill, the V4.1 shapes (ratio 4 with overlap, ratio 128),
+// 512-wide latents; pooled latents, final carries and page snapshots must be identical.
+TEST(CudaAttnFast, CompressorBatchSameAsSequential) {
+    REQUIRE_GPU();
+    const int d = 512, page_tokens = 64;
+    for (auto [ratio, overlap] : {std::pair<int, bool>{4, true}, {128, false}}) {
+        const int coff = overlap ? 2 : 1, width = coff * d, slots = coff * ratio;
+        const int64_t carry = 2LL * slots * width;
+        struct Seq {
+            int64_t start;
+            int n, row0;
+        };
+        std::vector<Seq> seqs;
+        int T = 0;
+        for (int s = 0; s < 8; ++s, ++T) seqs.push_back({1000LL * s + 3 * s + 123, 1, T});
+        seqs.push_back({8192 + 5, 4096, T});
+        T += 4096;
+        std::mt19937_64 g(ratio);
+        std::normal_distribution<float> n(0.0f, 1.0f);
+        auto rnd = [&](size_t k) {
+            std::vector<float> v(k);
+            for (auto& x : v) x = round_bf16(n(g));
+            return v;
+        };
+        auto kv = CudaBackend::upload(rnd(static_cast<size_t>(T) * width));
+        auto score = CudaBackend::upload(rnd(static_cast<size_t>(T) * width));
+        auto ape = CudaBackend::upload(rnd(static_cast<size_t>(ratio) * width));
+        auto carries = rnd(seqs.size() * carry);
+        // Emissions and snapshot slots in sequence order.
+        std::vector<int64_t> meta;
+        std::vector<int> emit_base;
+        int emits = 0, snaps = 0;
+        std::vector<int> snap_first;
+        for (size_t s = 0; s < seqs.size(); ++s) {
+            emit_base.push_back(emits);
+            snap_first.push_back(snaps);
+            for (int i = 0; i < seqs[s].n; ++i) {
+                emits += (seqs[s].start + i + 1) % ratio == 0;
+                ++snaps;
+            }
+            meta.insert(meta.end(), {seqs[s].start, seqs[s].n, seqs[s].row0, emit_base.back(),
+                                     static_cast<int64_t>(s) * carry, snap_first.back()});
+        }
+        auto snap_area = [&](Tensor& area) {  // per token: a snapshot buffer at page ends, else null
+            int64_t count = 0;
+            for (auto& q : seqs)
+                for (int i = 0; i < q.n; ++i) count += (q.start + i + 1) % page_tokens == 0;
+            area = CudaBackend::empty(DType::F32, {std::max<int64_t>(count, 1), carry});
+            std::vector<float*> ptrs;
+            int64_t k = 0;
+            for (auto& q : seqs)
+                for (int i = 0; i < q.n; ++i)
+                    ptrs.push_back((q.start + i + 1) % page_tokens == 0 ? area.f32() + carry * k++ : nullptr);
+            return ptrs;
+        };
+        Tensor area_e, area_f;
+        auto snap_e = CudaBackend::upload(snap_area(area_e)), snap_f = CudaBackend::upload(snap_area(area_f));
+        Tensor pooled_e = CudaBackend::empty(DType::F32, {std::max(emits, 1), d});
+        Tensor pooled_f = CudaBackend::empty(DType::F32, {std::max(emits, 1), d});
+        auto state_e = CudaBackend::upload(carries), state_f = CudaBackend::upload(carries);
+        auto meta_d = CudaBackend::upload(meta);
+        cuda::CompressorArgs base;
+        base.kv = kv.ptr;
+        base.score = score.ptr;
+        base.ape = ape.ptr;
+        base.ratio = ratio;
+        base.d = d;
+        base.overlap = overlap;
+        // One call each (the state advances, so no warm-up): the exact kernel sequence by sequence.
+        auto run_exact = [&] {
+            for (size_t s = 0; s < seqs.size(); ++s) {
+                cuda::CompressorArgs a = base;
+                a.state = state_e.ptr + static_cast<int64_t>(s) * carry;
+                a.pooled = pooled_e.f32();
+                a.emit_base = emit_base[s];
+                a.start_pos = seqs[s].start;
+                a.n_tokens = seqs[s].n;
+                a.row0 = seqs[s].row0;
+                a.snapshot = snap_e.ptr + snap_first[s];
+                cuda::compressor_seq(a);
+            }
+        };
+        auto run_fast = [&] {
+            cuda::CompressorArgs a = base;
+            a.state = state_f.ptr;
+            a.pooled = pooled_f.f32();
+            a.snapshot = snap_f.ptr;
+            cuda::compressor_batch(a, static_cast<int>(seqs.size()), meta_d.ptr);
+        };
+        cudaEvent_t e0, e1, e2;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        cudaEventCreate(&e2);
+        cudaEventRecord(e0, 0);
+        run_exact();
+        cudaEventRecord(e1, 0);
+        run_fast();
+        cudaEventRecord(e2, 0);
+        cudaEventSynchronize(e2);
+        float ms_exact = 0.0f, ms_fast = 0.0f;
+        cudaEventElapsedTime(&ms_exact, e0, e1);
+        cudaEventElapsedTime(&ms_fast, e1, e2);
+        for (auto e : {e0, e1, e2}) cudaEventDestroy(e);
+        ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+        const bool pooled_same = host(pooled_f.f32(), static_cast<size_t>(emits) * d) == host(pooled_e.f32(), static_cast<size_t>(emits) * d);
+        const bool state_same = host(state_f.ptr, carries.size()) == host(state_e.ptr, carries.size());
+        const bool snap_same = host(area_f.f32(), static_cast<size_t>(area_f.numel())) == host(area_e.f32(), static_cast<size_t>(area_e.numel()));
+        EXPECT_TRUE(pooled_same && state_same && snap_same) << "ratio " << ratio;
+        std::printf("PARITY attn compressor ratio %d%s d=512, 8 decode + 1x4096 prefill: pooled %s carry %s snapshots %s"
+                    " fast %.3f ms exact %.3f ms\n",
+                    ratio, overlap ? " overlap" : "", pooled_same ? "same" : "DIFFER", state_same ? "same" : "DIFFER",
+                    snap_same ? "same" : "DIFFER", ms_fast, ms_exact);
+    }
+}
+
 }  // namespace

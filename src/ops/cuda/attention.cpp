@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace peregrine::cuda {
 
@@ -48,6 +49,54 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
     Tensor pooled = empty(DType::F32, {std::max(out.n(), 1), d});
     const size_t carry_bytes = 2 * static_cast<size_t>(slots) * width * sizeof(float);
     const float* ape = cw.ape.empty() ? nullptr : dev_f32(cw.ape);
+    if (numerics_ == Numerics::Fast) {
+        // One launch for every sequence; their carries travel in one copy each way.
+        std::vector<int64_t> meta;
+        std::vector<float*> snap;
+        std::vector<BatchSeq*> active;
+        int emit_base = 0;
+        for (auto& s : batch.seqs) {
+            if (s.n_tokens == 0) continue;
+            const int64_t state_off = static_cast<int64_t>(active.size() * (carry_bytes / sizeof(float)));
+            meta.insert(meta.end(), {s.start_pos, s.n_tokens, s.row0, emit_base, state_off,
+                                     static_cast<int64_t>(snap.size())});
+            for (int i = 0; i < s.n_tokens; ++i) {
+                const int64_t pos = s.start_pos + i;
+                if ((pos + 1) % ratio == 0) ++emit_base;
+                float* p = nullptr;
+                if ((pos + 1) % layout_.page_tokens == 0) {
+                    uint8_t* page = layout_.page_ptr(s.state->pool, s.state->pages.at(static_cast<size_t>(pos / layout_.page_tokens)));
+                    p = reinterpret_cast<float*>(page + layout_.snapshot_offset + carry_offset);
+                }
+                snap.push_back(p);
+            }
+            active.push_back(&s);
+        }
+        if (!active.empty()) {
+            std::vector<uint8_t> carries(active.size() * carry_bytes);
+            for (size_t i = 0; i < active.size(); ++i)
+                std::memcpy(carries.data() + i * carry_bytes, active[i]->state->carry.data() + carry_offset, carry_bytes);
+            auto state = upload(carries);
+            auto meta_d = upload(meta);
+            auto snap_d = upload(snap);
+            CompressorArgs a;
+            a.kv = kv.f32();
+            a.score = score.f32();
+            a.ape = ape;
+            a.ratio = ratio;
+            a.d = d;
+            a.overlap = cw.overlap ? 1 : 0;
+            a.state = reinterpret_cast<float*>(state.ptr);
+            a.pooled = pooled.f32();
+            a.snapshot = snap_d.ptr;
+            compressor_batch(a, static_cast<int>(active.size()), meta_d.ptr);
+            PG_CUDA(cudaMemcpy(carries.data(), state.ptr, carries.size(), cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < active.size(); ++i)
+                std::memcpy(active[i]->state->carry.data() + carry_offset, carries.data() + i * carry_bytes, carry_bytes);
+        }
+        if (out.n() > 0) out.latent = rms_norm(pooled.reshaped({std::max(out.n(), 1), d}), cw.norm);
+        return out;
+    }
     int emit_base = 0;
     for (auto& s : batch.seqs) {
         if (s.n_tokens == 0) continue;

@@ -57,6 +57,59 @@ __global__ void compressor_kernel(CompressorArgs a) {
     }
 }
 
+// Fast compressor (Numerics::Fast): every sequence of the step in one launch, one thread per latent channel
+// c (state columns c and, with overlap, d + c), so the channels and sequences run in parallel; per channel
+// the arithmetic is compressor_kernel's, in the same order, and each thread writes its own columns of the
+// page snapshots. seq[6 s ..] = (start_pos, n_tokens, row0, emit_base, state offset in floats, first
+// snapshot slot).
+__global__ void compressor_batch_kernel(CompressorArgs a, int n_seqs, const int64_t* seq) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int s = blockIdx.y;
+    if (c >= a.d || s >= n_seqs) return;
+    const int ratio = a.ratio, d = a.d, coff = a.overlap ? 2 : 1, width = coff * d, slots = coff * ratio;
+    const int64_t* m = seq + 6 * static_cast<int64_t>(s);
+    const int64_t start_pos = m[0], row0 = m[2];
+    const int n_tokens = static_cast<int>(m[1]);
+    int e = static_cast<int>(m[3]);
+    float* kv_state = a.state + m[4];
+    float* sc_state = kv_state + static_cast<int64_t>(slots) * width;
+    float* const* snap = a.snapshot ? a.snapshot + m[5] : nullptr;
+    for (int i = 0; i < n_tokens; ++i) {
+        const int64_t pos = start_pos + i, row = row0 + i;
+        const int slot = static_cast<int>(pos % ratio) + (a.overlap ? ratio : 0);
+        for (int h = 0; h < coff; ++h) {
+            const int col = h * d + c;
+            kv_state[slot * width + col] = a.kv[row * width + col];
+            const float sr = a.score[row * width + col];
+            sc_state[slot * width + col] = a.ape ? sr + a.ape[(pos % ratio) * width + col] : sr;
+        }
+        if ((pos + 1) % ratio == 0) {
+            const int n = a.overlap ? 2 * ratio : ratio;
+            auto at = [&](const float* st, int j) {
+                return a.overlap ? (j < ratio ? st[j * width + c] : st[j * width + d + c]) : st[j * width + c];
+            };
+            float mx = -INFINITY;
+            for (int j = 0; j < n; ++j) mx = fmaxf(mx, at(sc_state, j));
+            float sum = 0.0f;
+            for (int j = 0; j < n; ++j) sum += exp_cr(at(sc_state, j) - mx);
+            float acc = 0.0f;
+            for (int j = 0; j < n; ++j) acc += at(kv_state, j) * (exp_cr(at(sc_state, j) - mx) / sum);
+            a.pooled[static_cast<int64_t>(e) * d + c] = round_bf16(acc);
+            ++e;
+            if (a.overlap)
+                for (int j = 0; j < ratio; ++j)
+                    for (int h = 0; h < coff; ++h) {
+                        const int col = h * d + c;
+                        kv_state[j * width + col] = kv_state[(ratio + j) * width + col];
+                        sc_state[j * width + col] = sc_state[(ratio + j) * width + col];
+                    }
+        }
+        if (snap && snap[i])
+            for (int r = 0; r < 2 * slots; ++r)
+                for (int h = 0; h < coff; ++h) snap[i][r * width + h * d + c] = kv_state[r * width + h * d + c];
+    }
+}
+
 __global__ void index_scores_kernel(const float* iq, const float* wts, int64_t T, int nh, int hd, const int64_t* width,
                                     const int64_t* visible, const int64_t* keybase, const float* const* keys,
                                     int64_t stride, float* scores) {
@@ -303,6 +356,15 @@ __global__ void sparse_attention_kernel(const float* q, int H, int D, float scal
 void compressor_seq(const CompressorArgs& a) {
     if (a.n_tokens == 0) return;
     compressor_kernel<<<1, 256>>>(a);
+    PG_LAUNCHED();
+}
+
+void compressor_batch(const CompressorArgs& a, int n_seqs, const int64_t* seq) {
+    if (n_seqs == 0) return;
+    constexpr int kChannels = 32;
+    if (n_seqs > 65535) cuda_fail(cudaErrorInvalidValue, "compressor_batch: too many sequences", __FILE__, __LINE__);
+    const dim3 grid(static_cast<unsigned>((a.d + kChannels - 1) / kChannels), static_cast<unsigned>(n_seqs));
+    compressor_batch_kernel<<<grid, kChannels>>>(a, n_seqs, seq);
     PG_LAUNCHED();
 }
 

@@ -91,6 +91,11 @@ struct CompressorArgs {
     float* const* snapshot = nullptr;  // per token of the sequence: page snapshot address or null
 };
 void compressor_seq(const CompressorArgs& a);
+// Numerics::Fast: all sequences in one launch, parallel over channels (same arithmetic per channel).
+// a.state: the sequences' carries back to back; a.snapshot: per token of every sequence; per-sequence
+// fields of `a` are ignored: seq[6 s ..] = (start_pos, n_tokens, row0, emit_base, state offset in floats,
+// first snapshot slot).
+void compressor_batch(const CompressorArgs& a, int n_seqs, const int64_t* seq);
 // scores[t, j] for j < width[t] (j >= visible[t]: -inf); keys[keybase[t] + j] are indexer keys.
 void index_scores(const float* iq, const float* wts, int64_t T, int nh, int hd, const int64_t* width,
                   const int64_t* visible, const int64_t* keybase, const float* const* keys, int64_t stride,

@@ -452,4 +452,87 @@ TEST(CudaAttnFast, CompressorBatchSameAsSequential) {
     }
 }
 
+// hc mixes at V4.1-Flash's hc 4 x dim 5120 (24 mixes, 20 Sinkhorn iterations): the split kernel against the
+// block-per-token one. Both sum in double, in different orders, so the float results agree to an ulp or so.
+TEST(CudaAttnFast, HcMixesSplitMatchesExact) {
+    REQUIRE_GPU();
+    const int hc = 4, D = 5120, W = hc * D, n_mix = 24, iters = 20;
+    std::mt19937_64 g(17);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    std::vector<float> fn(static_cast<size_t>(n_mix) * W), base(n_mix), scale = {0.5f, 0.7f, 0.9f};
+    for (auto& x : fn) x = n(g) * 0.01f;
+    for (auto& x : base) x = n(g) * 0.1f;
+    auto fd = CudaBackend::upload(fn), bd = CudaBackend::upload(base), sd = CudaBackend::upload(scale);
+    for (int64_t T : {8, 4096}) {
+        std::vector<float> h(static_cast<size_t>(T) * W);
+        for (auto& x : h) x = round_bf16(n(g));
+        auto hd = CudaBackend::upload(h);
+        Tensor out[2][3];
+        float ms[2];
+        for (int k = 0; k < 2; ++k) {
+            out[k][0] = CudaBackend::empty(DType::F32, {T, hc});
+            out[k][1] = CudaBackend::empty(DType::F32, {T, hc});
+            out[k][2] = CudaBackend::empty(DType::F32, {T, hc * hc});
+            ms[k] = time_ms([&] {
+                (k == 0 ? cuda::hc_mixes_fast : cuda::hc_mixes)(hd.ptr, T, hc, D, fd.ptr, n_mix, bd.ptr, sd.ptr, 1e-6f,
+                                                                1e-6f, iters, 0, out[k][0].f32(), out[k][1].f32(),
+                                                                out[k][2].f32());
+            });
+        }
+        float worst = 0.0f;
+        int64_t equal = 0, total = 0;
+        for (int i = 0; i < 3; ++i) {
+            auto a = CudaBackend::to_host(out[0][i]), b = CudaBackend::to_host(out[1][i]);
+            for (int64_t e = 0; e < a.numel(); ++e) {
+                const float x = a.f32()[e], y = b.f32()[e];
+                equal += x == y;
+                ++total;
+                worst = std::max(worst, std::fabs(x - y) / std::max(std::fabs(y), 1e-6f));
+            }
+        }
+        EXPECT_LE(worst, 1e-5f) << "T=" << T;
+        std::printf("PARITY attn hc_mixes %ldx(4x5120) 24 mixes fast %.3f ms exact %.3f ms, max rel |d| %.3g equal %.4f"
+                    " (tol 1e-5 rel)\n",
+                    static_cast<long>(T), ms[0], ms[1], worst, static_cast<double>(equal) / total);
+    }
+}
+
+// Sparse attention at 64 heads x 512 over 128 window + 512 selected keys: the warp softmax gives the exact
+// kernel's output bit for bit.
+TEST(CudaAttnFast, SparseAttentionWarpSoftmaxSameOutput) {
+    REQUIRE_GPU();
+    const int H = 64, Dh = 512, maxk = 640;
+    for (int64_t T : {8, 256}) {
+        std::mt19937_64 g(29 + T);
+        std::normal_distribution<float> n(0.0f, 1.0f);
+        const int64_t nk = 4096;
+        std::vector<float> q(static_cast<size_t>(T * H * Dh)), kv(static_cast<size_t>(nk * Dh)), sink(H);
+        for (auto& x : q) x = round_bf16(n(g));
+        for (auto& x : kv) x = round_bf16(n(g));
+        for (auto& x : sink) x = n(g);
+        auto qd = CudaBackend::upload(q), kd = CudaBackend::upload(kv), sd = CudaBackend::upload(sink);
+        std::vector<const float*> keys(static_cast<size_t>(T * maxk), nullptr);
+        std::vector<int32_t> cnt(static_cast<size_t>(T));
+        for (int64_t t = 0; t < T; ++t) {
+            cnt[static_cast<size_t>(t)] = static_cast<int32_t>(maxk - (t * 7) % 100);
+            for (int j = 0; j < cnt[static_cast<size_t>(t)]; ++j)
+                keys[static_cast<size_t>(t * maxk + j)] = (j % 50 == 7) ? nullptr : kd.ptr + ((t * 131 + j * 17) % nk) * Dh;
+        }
+        auto keys_d = CudaBackend::upload(keys);
+        auto cnt_d = CudaBackend::upload(cnt);
+        Tensor of = CudaBackend::empty(DType::F32, {T, H, Dh}), oe = CudaBackend::empty(DType::F32, {T, H, Dh});
+        const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+        const float ms_fast = time_ms([&] {
+            cuda::sparse_attention(qd.ptr, T, H, Dh, scale, sd.ptr, keys_d.ptr, cnt_d.ptr, maxk, of.f32(), true);
+        });
+        const float ms_exact = time_ms([&] {
+            cuda::sparse_attention(qd.ptr, T, H, Dh, scale, sd.ptr, keys_d.ptr, cnt_d.ptr, maxk, oe.f32(), false);
+        });
+        auto a = host(of.f32(), static_cast<size_t>(T * H * Dh)), b = host(oe.f32(), static_cast<size_t>(T * H * Dh));
+        EXPECT_TRUE(a == b) << "T=" << T;
+        std::printf("PARITY attn sparse_attention %ldx64x512 over 640 keys identical %s fast %.3f ms exact %.3f ms\n",
+                    static_cast<long>(T), a == b ? "yes" : "NO", ms_fast, ms_exact);
+    }
+}
+
 }  // namespace

@@ -394,7 +394,7 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     Tensor o = empty(DType::F32, {T, H, D});
     sparse_attention(q.f32(), T, H, D, static_cast<float>(std::pow(D, -0.5)), dev_f32(w.attn_sink),
                      static_cast<const float* const*>(keys.get()), static_cast<const int32_t*>(nkeys.get()), maxk,
-                     o.f32());
+                     o.f32(), numerics_ == Numerics::Fast);
     phase("attn.output projection");
     return project_output(o, w, freqs, pos.ptr, T);
 }

@@ -284,10 +284,13 @@ __global__ void build_keys_kernel(int64_t T, const float* const* win, const int3
 
 constexpr int kAttnThreads = 128, kKeyBlock = 64, kMaxHeadDim = 512;
 
+// kFast: the block softmax runs on a warp (maximum and exponentials in parallel, the block sum still taken in
+// key order by one lane), so the result is the same as with one thread.
+template <bool kFast>
 __global__ void sparse_attention_kernel(const float* q, int H, int D, float scale, const float* sink,
                                         const float* const* keys, const int32_t* nkeys, int maxk, float* out) {
     __shared__ float qs[kMaxHeadDim];
-    __shared__ float s[kKeyBlock], p[kKeyBlock];
+    __shared__ float s[kKeyBlock], p[kKeyBlock], pe[kKeyBlock];
     __shared__ float m_sh, sum_sh, rescale_sh;
     const int64_t t = blockIdx.x / H;
     const int h = blockIdx.x % H;
@@ -314,7 +317,28 @@ __global__ void sparse_attention_kernel(const float* q, int H, int D, float scal
             if (lane == 0) s[j] = k ? static_cast<float>(d) * scale : -INFINITY;
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
+        if (kFast) {
+            if (warp == 0) {
+                float bmax = -INFINITY;
+                for (int j = lane; j < cnt; j += 32) bmax = fmaxf(bmax, s[j]);
+                for (int o = 16; o > 0; o >>= 1) bmax = fmaxf(bmax, __shfl_xor_sync(0xffffffffu, bmax, o));
+                const float m_new = fmaxf(m_sh, bmax);
+                for (int j = lane; j < cnt; j += 32) {
+                    const float pj = exp_cr(s[j] - m_new);
+                    pe[j] = pj;
+                    p[j] = round_bf16(pj);
+                }
+                __syncwarp();
+                if (lane == 0) {
+                    const float rescale = exp_cr(m_sh - m_new);
+                    float bsum = 0.0f;
+                    for (int j = 0; j < cnt; ++j) bsum += pe[j];
+                    sum_sh = sum_sh * rescale + bsum;
+                    rescale_sh = rescale;
+                    m_sh = m_new;
+                }
+            }
+        } else if (threadIdx.x == 0) {
             float bmax = -INFINITY;
             for (int j = 0; j < cnt; ++j) bmax = fmaxf(bmax, s[j]);
             const float m_new = fmaxf(m_sh, bmax);
@@ -411,11 +435,11 @@ void build_keys(int64_t T, const float* const* win, const int32_t* nwin, int W, 
 }
 
 void sparse_attention(const float* q, int64_t T, int H, int D, float scale, const float* sink, const float* const* keys,
-                      const int32_t* nkeys, int maxk, float* out) {
+                      const int32_t* nkeys, int maxk, float* out, bool fast) {
     if (T == 0) return;
     if (D > kMaxHeadDim) cuda_fail(cudaErrorInvalidValue, "sparse_attention: head_dim > 512", __FILE__, __LINE__);
-    sparse_attention_kernel<<<static_cast<unsigned>(T * H), kAttnThreads>>>(q, H, D, scale, sink, keys, nkeys, maxk,
-                                                                            out);
+    (fast ? sparse_attention_kernel<true> : sparse_attention_kernel<false>)<<<static_cast<unsigned>(T * H), kAttnThreads>>>(
+        q, H, D, scale, sink, keys, nkeys, maxk, out);
     PG_LAUNCHED();
 }
 

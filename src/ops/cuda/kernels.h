@@ -53,6 +53,10 @@ void rms_norm(const float* x, int64_t rows, int D, const float* w, float eps, fl
 void hc_mixes(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
               const float* scale, float eps, float hc_eps, int sinkhorn_iters, int mode, float* pre, float* post,
               float* comb);
+// Numerics::Fast: parallel over tokens and slices of the row (double partial sums in another order).
+void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
+                   const float* scale, float eps, float hc_eps, int sinkhorn_iters, int mode, float* pre, float* post,
+                   float* comb);
 void hc_collapse(const float* h, const float* pre, int64_t T, int hc, int D, float* y);
 void hc_expand(const float* y, const float* residual, const float* post, const float* comb, int64_t T, int hc, int D,
                float* out);
@@ -113,8 +117,9 @@ void topk_rows(const float* scores, int64_t T, int64_t stride, const int64_t* wi
 void build_keys(int64_t T, const float* const* win, const int32_t* nwin, int W, const int32_t* sel,
                 const int32_t* nsel, int kmax, const float* const* comp_addr, const int64_t* compbase,
                 const float** keys, int32_t* nkeys, int maxk);
+// fast: the per-block softmax on a warp instead of one thread (same result).
 void sparse_attention(const float* q, int64_t T, int H, int D, float scale, const float* sink, const float* const* keys,
-                      const int32_t* nkeys, int maxk, float* out);
+                      const int32_t* nkeys, int maxk, float* out, bool fast = false);
 
 // ---- index_fast.cu (Numerics::Fast; same contracts as the exact kernels above, see the file for the sums)
 bool index_scores_stream_supported(int nh, int hd);

@@ -4,7 +4,7 @@
 #
 #   tools/gpu/check.sh [BIN_DIR] [OUT_DIR]
 #
-# BIN_DIR holds peregrine and test_cuda_backend built on the CPU machine (default: build/, or build/tests/ops
+# BIN_DIR holds peregrine and the test_cuda_* binaries built on the CPU machine (default: build/, or build/tests/ops
 # for the test), and optionally lib/ with shared libraries the GPU image lacks (spdlog, fmt, ...).
 # Without prebuilt binaries it configures and builds with the system compilers (the GPU image's default
 # CXX breaks libstdc++ ABI, see docs), which needs the Debian build dependencies there.
@@ -24,30 +24,49 @@ if [[ ! -x $bin/peregrine ]]; then
   bin=$here/build
 fi
 [[ -d $bin/lib ]] && export LD_LIBRARY_PATH=$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-test_bin=$bin/test_cuda_backend
-[[ -x $test_bin ]] || test_bin=$bin/tests/ops/test_cuda_backend
+# cuBLAS: the toolkit's, else the one PyTorch's wheels bring.
+if ! ldconfig -p 2>/dev/null | grep -q libcublasLt.so.13 && [[ ! -e /usr/local/cuda/lib64/libcublasLt.so.13 ]]; then
+  cublas_dir=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib"))' 2>/dev/null)
+  [[ -n $cublas_dir ]] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$cublas_dir
+fi
+[[ -d /usr/local/cuda/lib64 ]] && export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:/usr/local/cuda/lib64
+# Every GPU test binary: test_cuda_* beside the binary, else under tests/ops.
+test_bins=$(ls "$bin"/test_cuda_* 2>/dev/null || ls "$bin"/tests/ops/test_cuda_* 2>/dev/null)
 
 say "== device"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee -a "$log"
 say "== commit ${PEREGRINE_COMMIT:-$(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)}, $(date -u +%FT%TZ)"
 
-say "== parity: $test_bin"
 export PEREGRINE_TEST_DATA_DIR=$here/tests/fixtures
-( cd "$here" && timeout "${PARITY_TIMEOUT:-1800}" "$test_bin" --gtest_color=no 2>&1 ) | tee "$out/parity.log" >>"$log"
-parity_rc=${PIPESTATUS[0]}
-# The fast kernels against the exact ones at V4.1-Flash sizes (with device times).
-fast_bin=${test_bin%/*}/test_cuda_attn_fast
-if [[ -x $fast_bin ]]; then
-  say "== fast kernels: $fast_bin"
-  ( cd "$here" && timeout "${PARITY_TIMEOUT:-1800}" "$fast_bin" --gtest_color=no 2>&1 ) | tee -a "$out/parity.log" >>"$log"
-  [[ ${PIPESTATUS[0]} == 0 ]] || parity_rc=1
-fi
+parity_rc=0
+: >"$out/parity.log"
+for test_bin in $test_bins; do
+  say "== parity: $test_bin"
+  ( cd "$here" && timeout "${PARITY_TIMEOUT:-1800}" "$test_bin" --gtest_color=no ${GTEST_FILTER:+--gtest_filter=$GTEST_FILTER} 2>&1 ) |
+    tee -a "$out/parity.log" >>"$log"
+  rc=${PIPESTATUS[0]}
+  [[ $rc == 0 ]] || parity_rc=$rc
+done
 
 say "== CLI: peregrine generate --device cuda (greedy, tiny fixture) vs --device cpu"
 gen() { "$bin/peregrine" generate --model "$here/tests/fixtures/dsv41-tiny-a" --ids 5,17,42,9,33 --max-tokens 24 --temperature 0 --ignore-eos --print-ids --device "$1" 2>&1; }
 g_cuda=$(gen cuda); g_cpu=$(gen cpu)
 echo "cuda: $g_cuda" >>"$log"; echo "cpu:  $g_cpu" >>"$log"
 [[ "$g_cuda" == "$g_cpu" ]] && cli=same || cli=DIFFERENT
+
+say "== serve --device cuda: /generate (greedy, demo model) vs generate --device cpu"
+serve_log=$out/serve.log
+"$bin/peregrine" serve --device cuda --port 30123 --host 127.0.0.1 >"$serve_log" 2>&1 &
+serve_pid=$!
+for _ in $(seq 1 120); do curl -sf http://127.0.0.1:30123/health >/dev/null 2>&1 && break; sleep 0.5; done
+s_cuda=$(curl -s http://127.0.0.1:30123/generate -H 'Content-Type: application/json' \
+  -d '{"input_ids":[0,849,271],"sampling_params":{"temperature":0,"max_new_tokens":24,"ignore_eos":true}}' |
+  python3 -c 'import json,sys; print(",".join(map(str, json.load(sys.stdin)["output_ids"])))' 2>&1)
+kill $serve_pid 2>/dev/null; wait $serve_pid 2>/dev/null
+s_cpu=$("$bin/peregrine" generate --ids 0,849,271 --max-tokens 24 --temperature 0 --ignore-eos --print-ids --device cpu 2>&1 |
+  tr -s ' \n' ',' | sed 's/^,//; s/,$//')
+echo "serve cuda: $s_cuda" >>"$log"; echo "cpu:        $s_cpu" >>"$log"
+[[ -n $s_cuda && "$s_cuda" == "$s_cpu" ]] && serve=same || serve=DIFFERENT
 
 bench_rc=skipped
 # BENCH_ARGS overrides the benchmark grid (default: the full one of docs/perf); BENCH_TIMEOUT bounds it.
@@ -63,5 +82,6 @@ echo "================ summary ================"
 grep '^PARITY' "$out/parity.log" | sed 's/^PARITY //'
 grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/parity.log"
 [[ -f $out/bench.log ]] && tail -n 40 "$out/bench.log"
-printf '%-28s %s\n' "gtest exit code" "$parity_rc" "CLI generate cuda vs cpu" "$cli" "bench" "$bench_rc"
-[[ $parity_rc == 0 && $cli == same ]]
+printf '%-28s %s\n' "gtest exit code" "$parity_rc" "CLI generate cuda vs cpu" "$cli" "serve cuda vs generate cpu" "$serve" \
+  "bench" "$bench_rc"
+[[ $parity_rc == 0 && $cli == same && $serve == same ]]

@@ -32,7 +32,7 @@ namespace {
 
 // ---------------------------------------------------------------------------------------------------
 // Streaming scorer.
-constexpr int kStreamThreads = 256, kStreamMaxDim = 128;
+constexpr int kStreamThreads = 128, kStreamMaxDim = 128;  // ~170 registers: 3 CTAs per SM overlap loads and math
 
 __device__ __forceinline__ void load_key(const float* p, int hd, float (&k)[kStreamMaxDim]) {
     if ((reinterpret_cast<uintptr_t>(p) & 15u) == 0 && (hd & 3) == 0) {

@@ -74,14 +74,13 @@ __global__ void compressor_batch_kernel(CompressorArgs a, int n_seqs, const int6
     float* kv_state = a.state + m[4];
     float* sc_state = kv_state + static_cast<int64_t>(slots) * width;
     float* const* snap = a.snapshot ? a.snapshot + m[5] : nullptr;
-    for (int i = 0; i < n_tokens; ++i) {
-        const int64_t pos = start_pos + i, row = row0 + i;
+    auto step = [&](int i, const float* kvv, const float* scv) {
+        const int64_t pos = start_pos + i;
         const int slot = static_cast<int>(pos % ratio) + (a.overlap ? ratio : 0);
         for (int h = 0; h < coff; ++h) {
             const int col = h * d + c;
-            kv_state[slot * width + col] = a.kv[row * width + col];
-            const float sr = a.score[row * width + col];
-            sc_state[slot * width + col] = a.ape ? sr + a.ape[(pos % ratio) * width + col] : sr;
+            kv_state[slot * width + col] = kvv[h];
+            sc_state[slot * width + col] = a.ape ? scv[h] + a.ape[(pos % ratio) * width + col] : scv[h];
         }
         if ((pos + 1) % ratio == 0) {
             const int n = a.overlap ? 2 * ratio : ratio;
@@ -107,6 +106,24 @@ __global__ void compressor_batch_kernel(CompressorArgs a, int n_seqs, const int6
         if (snap && snap[i])
             for (int r = 0; r < 2 * slots; ++r)
                 for (int h = 0; h < coff; ++h) snap[i][r * width + h * d + c] = kv_state[r * width + h * d + c];
+    };
+    // Tokens in groups of 4 whose projections are loaded up front (prefill is sequential per channel, so
+    // this keeps four loads in flight instead of one).
+    constexpr int kAhead = 4;
+    for (int i0 = 0; i0 < n_tokens; i0 += kAhead) {
+        float kvv[kAhead][2], scv[kAhead][2];
+#pragma unroll
+        for (int u = 0; u < kAhead; ++u)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int64_t row = row0 + i0 + u;
+                const bool ok = i0 + u < n_tokens && h < coff;
+                kvv[u][h] = ok ? a.kv[row * width + h * d + c] : 0.0f;
+                scv[u][h] = ok ? a.score[row * width + h * d + c] : 0.0f;
+            }
+#pragma unroll
+        for (int u = 0; u < kAhead; ++u)
+            if (i0 + u < n_tokens) step(i0 + u, kvv[u], scv[u]);
     }
 }
 

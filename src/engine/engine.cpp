@@ -3,6 +3,7 @@
 #include "kv/page_pool.h"
 #include "kv/radix_cache.h"
 #include "util/log.h"
+#include "util/thread_pool.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -79,7 +80,6 @@ struct Engine::Impl {
     // Engine thread only.
     std::deque<std::shared_ptr<EngineRequest>> waiting;
     std::list<std::shared_ptr<EngineRequest>> running;  // in admission order
-    std::vector<float> row;
 
     std::thread thread;
 
@@ -343,9 +343,16 @@ struct Engine::Impl {
             }
         const auto now = Clock::now();
         uint64_t generated = 0;
-        for (size_t i = 0; i < sampled.size(); ++i) {
-            generated += sample_one(sampled[i], logits.f32() + i * static_cast<size_t>(vocab), now);
-        }
+        // Choosing the tokens is independent per request (own logits row, sampler, grammar matcher): it runs
+        // in parallel; delivering them and the finishing rules run in order.
+        std::vector<TokenOutput> chosen(sampled.size());
+        parallel_for(static_cast<int64_t>(sampled.size()), [&](int64_t i0, int64_t i1) {
+            std::vector<float> row;
+            for (int64_t i = i0; i < i1; ++i)
+                chosen[static_cast<size_t>(i)] = choose(*sampled[static_cast<size_t>(i)],
+                                                        logits.f32() + i * static_cast<int64_t>(vocab), row);
+        });
+        for (size_t i = 0; i < sampled.size(); ++i) generated += deliver(sampled[i], std::move(chosen[i]), now);
         std::lock_guard lk(stats_mu);
         ++st.steps_total;
         st.generation_tokens_total += generated;
@@ -358,26 +365,33 @@ struct Engine::Impl {
         }
     }
 
-    // Samples the next token of `r` from its logits row and applies every finishing rule.
-    int sample_one(std::shared_ptr<EngineRequest> r, const float* raw, Clock::time_point now) {
-        const auto& p = r->params;
+    // Samples the next token of `r` from its logits row (grammar mask, penalties, min_new_tokens first).
+    TokenOutput choose(EngineRequest& r, const float* raw, std::vector<float>& row) const {
+        const auto& p = r.params;
         row.assign(raw, raw + vocab);
         float* l = row.data();
         if (p.processor) p.processor->process(l, vocab);
         if (p.sampling.has_penalties() || !p.sampling.logit_bias.empty())
-            apply_logit_adjustments(l, vocab, p.sampling, r->penalties);
+            apply_logit_adjustments(l, vocab, p.sampling, r.penalties);
         const int32_t eos = model.config().eos_token_id;
-        if (r->completion < p.min_new_tokens) {
+        if (r.completion < p.min_new_tokens) {
             if (!p.ignore_eos && eos >= 0 && eos < vocab) l[eos] = -INFINITY;
             for (int32_t s : p.stop_token_ids)
                 if (s >= 0 && s < vocab) l[s] = -INFINITY;
         }
-        const int32_t id = r->sampler.sample(l, vocab);
+        const int32_t id = r.sampler.sample(l, vocab);
         TokenOutput out;
         out.id = id;
         if (p.logprobs) out.logprob = chosen_logprob(l, vocab, id, &out.top, p.top_logprobs).logprob;
         if (tok && tok->is_valid(id)) out.text = tok->token_bytes(id);
+        return out;
+    }
 
+    // Hands the chosen token to `r` and applies every finishing rule.
+    int deliver(std::shared_ptr<EngineRequest> r, TokenOutput out, Clock::time_point now) {
+        const auto& p = r->params;
+        const int32_t id = out.id;
+        const int32_t eos = model.config().eos_token_id;
         ++r->completion;
         if (p.sampling.has_penalties()) r->penalties.add_generated(id, vocab);
         if (p.processor) p.processor->accept(id);

@@ -64,47 +64,77 @@ Sampler::Sampler(const SamplingParams& p)
 
 int32_t Sampler::sample(const float* logits, int vocab) {
     if (p_.temperature <= 0.0f) return argmax(logits, vocab);
-    // Candidates sorted by logit (ties by id, so the order is deterministic).
-    std::vector<int32_t> idx(static_cast<size_t>(vocab));
-    std::iota(idx.begin(), idx.end(), 0);
-    size_t keep = idx.size();
-    if (p_.top_k > 0) keep = std::min(keep, static_cast<size_t>(p_.top_k));
+    // Weights exp((l - max) / T) in double; the best token weighs 1. Only truncation (top-k, top-p, min-p)
+    // needs the candidates in logit order, and then only a prefix of them: it is sorted in growing
+    // prefixes (ties by id, so the order is deterministic) instead of sorting the whole vocabulary.
+    const double inv_t = 1.0 / p_.temperature;
+    const float mx = logits[argmax(logits, vocab)];
+    weight_.resize(static_cast<size_t>(vocab));
+    for (int i = 0; i < vocab; ++i) weight_[static_cast<size_t>(i)] = std::exp((logits[i] - mx) * inv_t);
+    const size_t V = static_cast<size_t>(vocab);
+    const size_t k = p_.top_k > 0 ? std::min(V, static_cast<size_t>(p_.top_k)) : V;
+    const bool truncate = k < V || p_.top_p < 1.0f || p_.min_p > 0.0f;
+    auto draw = [&](double mass) { return std::uniform_real_distribution<double>(0.0, mass)(rng_); };
+    if (!truncate) {  // the whole softmax, walked in id order
+        double total = 0.0;
+        for (double w : weight_) total += w;
+        double u = draw(total);
+        for (size_t i = 0; i < V; ++i) {
+            u -= weight_[i];
+            if (u <= 0.0) return static_cast<int32_t>(i);
+        }
+        return argmax(logits, vocab);
+    }
     auto by_logit = [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; };
-    if (keep < idx.size()) {
-        std::partial_sort(idx.begin(), idx.begin() + static_cast<long>(keep), idx.end(), by_logit);
-        idx.resize(keep);
-    } else {
-        std::sort(idx.begin(), idx.end(), by_logit);
-    }
-    // Softmax at temperature over the candidates (double for stable sums).
-    const double inv_t = 1.0 / p_.temperature, mx = logits[idx[0]];
-    std::vector<double> prob(idx.size());
+    idx_.resize(V);
+    std::iota(idx_.begin(), idx_.end(), 0);
+    // The top-k set's total normalises top-p (the whole vocabulary's when top-k is off).
     double total = 0.0;
-    for (size_t i = 0; i < idx.size(); ++i) total += (prob[i] = std::exp((logits[idx[i]] - mx) * inv_t));
-    for (auto& v : prob) v /= total;
-    size_t n = idx.size();
-    if (p_.min_p > 0.0f) {
-        const double floor = p_.min_p * prob[0];
-        while (n > 1 && prob[n - 1] < floor) --n;
+    size_t sorted = std::min(k, static_cast<size_t>(1024));
+    if (k < V) {
+        std::partial_sort(idx_.begin(), idx_.begin() + static_cast<long>(k), idx_.end(), by_logit);
+        for (size_t i = 0; i < k; ++i) total += weight_[static_cast<size_t>(idx_[i])];
+        sorted = k;
+    } else {
+        for (double w : weight_) total += w;
+        std::partial_sort(idx_.begin(), idx_.begin() + static_cast<long>(sorted), idx_.end(), by_logit);
     }
-    if (p_.top_p < 1.0f) {
-        double cum = 0.0;
-        for (size_t i = 0; i < n; ++i) {
-            cum += prob[i];
-            if (cum >= p_.top_p) {
-                n = i + 1;
+    // n: candidates kept. min-p drops those below min_p x the best; top-p keeps the shortest prefix whose
+    // mass reaches top_p. Either cut found inside the sorted prefix settles n; else sort a longer prefix.
+    size_t n;
+    for (;;) {
+        n = sorted;
+        bool settled = sorted == k;
+        for (size_t i = 0; i < sorted; ++i)
+            if (i > 0 && p_.min_p > 0.0f && weight_[static_cast<size_t>(idx_[i])] < p_.min_p) {
+                n = i;
+                settled = true;
                 break;
             }
+        if (p_.top_p < 1.0f) {
+            double cum = 0.0;
+            for (size_t i = 0; i < n; ++i) {
+                cum += weight_[static_cast<size_t>(idx_[i])] / total;
+                if (cum >= p_.top_p) {
+                    n = i + 1;
+                    settled = true;
+                    break;
+                }
+            }
         }
+        if (settled) break;
+        const size_t more = std::min(k, sorted * 8);
+        std::partial_sort(idx_.begin() + static_cast<long>(sorted), idx_.begin() + static_cast<long>(more), idx_.end(), by_logit);
+        sorted = more;
     }
     double mass = 0.0;
-    for (size_t i = 0; i < n; ++i) mass += prob[i];
-    double u = std::uniform_real_distribution<double>(0.0, mass)(rng_);
+    for (size_t i = 0; i < n; ++i) mass += weight_[static_cast<size_t>(idx_[i])];
+    double u = draw(mass);
     for (size_t i = 0; i < n; ++i) {
-        u -= prob[i];
-        if (u <= 0.0) return idx[i];
+        u -= weight_[static_cast<size_t>(idx_[i])];
+        if (u <= 0.0) return idx_[i];
     }
-    return idx[n - 1];
+    return idx_[n - 1];
 }
 
 }  // namespace peregrine

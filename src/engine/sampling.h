@@ -58,6 +58,8 @@ public:
 private:
     SamplingParams p_;
     std::mt19937_64 rng_;
+    std::vector<double> weight_;  // per call, kept to avoid reallocating a vocabulary-sized buffer
+    std::vector<int32_t> idx_;
 };
 
 // Index of the largest logit (lowest index on ties).

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 #include <cmath>
 #include <map>
+#include <numeric>
+#include <vector>
+#include <algorithm>
 
 using namespace peregrine;
 
@@ -64,4 +67,53 @@ TEST(Sampling, SeededDistributionFollowsSoftmaxWithinTolerance) {
     // Same seed, same stream.
     Sampler a(p), b(p);
     for (int i = 0; i < 100; ++i) EXPECT_EQ(a.sample(l.data(), 4), b.sample(l.data(), 4));
+}
+
+// Truncation over a large vocabulary whose cut lies beyond the first sorted prefix: the samples stay in
+// the set a full sort gives, and cover it.
+TEST(Sampling, TruncationBeyondTheFirstSortedPrefix) {
+    const int V = 6000;
+    std::vector<float> l(V);
+    for (int i = 0; i < V; ++i) l[static_cast<size_t>(i)] = -0.0001f * static_cast<float>((i * 7919) % V);  // near-flat
+    std::vector<int> order(V);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return l[a] != l[b] ? l[a] > l[b] : a < b; });
+    double z = 0;
+    for (float v : l) z += std::exp(static_cast<double>(v));
+    for (int mode : {0, 1, 2}) {
+        SamplingParams p;
+        p.seed = 7;
+        size_t keep = 0;  // expected candidates, by a full sort
+        if (mode == 0) {  // top-p 0.5: about half the vocabulary
+            p.top_p = 0.5f;
+            double cum = 0;
+            while (cum < 0.5) cum += std::exp(static_cast<double>(l[static_cast<size_t>(order[keep++])])) / z;
+        } else if (mode == 1) {  // min-p 0.7 relative to the best: logits >= max + ln(0.7)
+            p.min_p = 0.7f;
+            while (keep < order.size() && std::exp(static_cast<double>(l[static_cast<size_t>(order[keep])] - l[static_cast<size_t>(order[0])])) >= 0.7) ++keep;
+        } else {  // top-k 3000 then top-p 0.9 of it
+            p.top_k = 3000;
+            p.top_p = 0.9f;
+            double zk = 0, cum = 0;
+            for (int i = 0; i < 3000; ++i) zk += std::exp(static_cast<double>(l[static_cast<size_t>(order[static_cast<size_t>(i)])]));
+            while (cum < 0.9) cum += std::exp(static_cast<double>(l[static_cast<size_t>(order[keep++])])) / zk;
+        }
+        ASSERT_GT(keep, 1024u) << mode;
+        std::vector<int> rank(V, V);
+        for (size_t i = 0; i < keep; ++i) rank[static_cast<size_t>(order[i])] = static_cast<int>(i);
+        Sampler s(p);
+        std::vector<char> hit(V, 0);
+        size_t distinct = 0, deep = 0;
+        for (int i = 0; i < 3000; ++i) {
+            const int32_t id = s.sample(l.data(), V);
+            ASSERT_LT(rank[static_cast<size_t>(id)], static_cast<int>(keep)) << "mode " << mode << " sampled " << id << " outside the kept set";
+            distinct += !hit[static_cast<size_t>(id)];
+            deep += rank[static_cast<size_t>(id)] >= 1024;
+            hit[static_cast<size_t>(id)] = 1;
+        }
+        // Near-flat: 3000 draws cover about keep * (1 - e^(-3000/keep)) ids, and many lie past the first 1024.
+        ASSERT_LT(keep, static_cast<size_t>(V)) << mode;
+        EXPECT_GT(static_cast<double>(distinct), 0.9 * keep * (1.0 - std::exp(-3000.0 / keep))) << mode;
+        EXPECT_GT(deep, 3000u * (keep - 1024) / keep / 2) << mode;
+    }
 }

@@ -125,8 +125,10 @@ void check_ops(const std::string& fx, const ModelConfig& cfg, const ModelWeights
     for (size_t l = 0; l < w.layers.size(); ++l) {  // hash-routed and score-routed layers
         const MoEWeight& f = w.layers[l].ffn;
         Tensor xm = random_bf16({T, dim}, seed++);
+        // Fast numerics sum the expert GEMMs in another order: a bf16 rounding step of an intermediate
+        // (gate/up/SwiGLU) moves an output by up to ~2^-8 of the layer's largest values.
         expect_close(H(gpu.moe(D(xm), f, ids)), cpu->moe(xm, f, ids), 1e-2f, 1e-5f,
-                     tag + " moe layer " + std::to_string(l) + (f.tid2eid.empty() ? "" : " (hash)"));
+                     tag + " moe layer " + std::to_string(l) + (f.tid2eid.empty() ? "" : " (hash)"), 4e-3f);
     }
     for (size_t l = 0; l < w.layers.size(); ++l) {
         if (!w.layers[l].engram) continue;

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace peregrine::cuda {
 
@@ -48,6 +49,54 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
     Tensor pooled = empty(DType::F32, {std::max(out.n(), 1), d});
     const size_t carry_bytes = 2 * static_cast<size_t>(slots) * width * sizeof(float);
     const float* ape = cw.ape.empty() ? nullptr : dev_f32(cw.ape);
+    if (numerics_ == Numerics::Fast) {
+        // One launch for every sequence; their carries travel in one copy each way.
+        std::vector<int64_t> meta;
+        std::vector<float*> snap;
+        std::vector<BatchSeq*> active;
+        int emit_base = 0;
+        for (auto& s : batch.seqs) {
+            if (s.n_tokens == 0) continue;
+            const int64_t state_off = static_cast<int64_t>(active.size() * (carry_bytes / sizeof(float)));
+            meta.insert(meta.end(), {s.start_pos, s.n_tokens, s.row0, emit_base, state_off,
+                                     static_cast<int64_t>(snap.size())});
+            for (int i = 0; i < s.n_tokens; ++i) {
+                const int64_t pos = s.start_pos + i;
+                if ((pos + 1) % ratio == 0) ++emit_base;
+                float* p = nullptr;
+                if ((pos + 1) % layout_.page_tokens == 0) {
+                    uint8_t* page = layout_.page_ptr(s.state->pool, s.state->pages.at(static_cast<size_t>(pos / layout_.page_tokens)));
+                    p = reinterpret_cast<float*>(page + layout_.snapshot_offset + carry_offset);
+                }
+                snap.push_back(p);
+            }
+            active.push_back(&s);
+        }
+        if (!active.empty()) {
+            std::vector<uint8_t> carries(active.size() * carry_bytes);
+            for (size_t i = 0; i < active.size(); ++i)
+                std::memcpy(carries.data() + i * carry_bytes, active[i]->state->carry.data() + carry_offset, carry_bytes);
+            auto state = upload(carries);
+            auto meta_d = upload(meta);
+            auto snap_d = upload(snap);
+            CompressorArgs a;
+            a.kv = kv.f32();
+            a.score = score.f32();
+            a.ape = ape;
+            a.ratio = ratio;
+            a.d = d;
+            a.overlap = cw.overlap ? 1 : 0;
+            a.state = reinterpret_cast<float*>(state.ptr);
+            a.pooled = pooled.f32();
+            a.snapshot = snap_d.ptr;
+            compressor_batch(a, static_cast<int>(active.size()), meta_d.ptr);
+            PG_CUDA(cudaMemcpy(carries.data(), state.ptr, carries.size(), cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < active.size(); ++i)
+                std::memcpy(active[i]->state->carry.data() + carry_offset, carries.data() + i * carry_bytes, carry_bytes);
+        }
+        if (out.n() > 0) out.latent = rms_norm(pooled.reshaped({std::max(out.n(), 1), d}), cw.norm);
+        return out;
+    }
     int emit_base = 0;
     for (auto& s : batch.seqs) {
         if (s.n_tokens == 0) continue;
@@ -208,17 +257,55 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
             auto keys_d = upload(keys_h);
             auto width_d = upload(width_h), visible_d = upload(visible_h), keybase_d = upload(keybase);
             Tensor scores = empty(DType::F32, {T, std::max<int64_t>(max_width, 1)});
-            index_scores(iq.f32(), wts.f32(), T, nh, hd, width_d.ptr, visible_d.ptr, keybase_d.ptr, keys_d.ptr,
-                         max_width, scores.f32());
+            const bool fast = numerics_ == Numerics::Fast;
+            if (fast && index_scores_stream_supported(nh, hd)) {
+                // Sequences with many rows this step (prefill) score on the tensor cores in tiles of 64 rows
+                // sharing their keys; the others (decode) stream their keys.
+                constexpr int kMmaMinRows = 16, kMmaTileRows = 64;
+                const bool mma = index_scores_mma_supported(nh, hd);
+                std::vector<int64_t> tiles;
+                std::vector<int32_t> stream_rows;
+                for (auto& s : batch.seqs) {
+                    if (s.n_tokens <= 0) continue;
+                    const int64_t wseq = (s.start_pos + s.n_tokens) / ratio;
+                    if (mma && s.n_tokens >= kMmaMinRows) {
+                        for (int r = 0; r < s.n_tokens; r += kMmaTileRows)
+                            tiles.insert(tiles.end(), {static_cast<int64_t>(s.row0 + r),
+                                                       static_cast<int64_t>(std::min(kMmaTileRows, s.n_tokens - r)),
+                                                       keybase[static_cast<size_t>(s.row0)], wseq});
+                    } else {
+                        for (int i = 0; i < s.n_tokens; ++i) stream_rows.push_back(s.row0 + i);
+                    }
+                }
+                if (!tiles.empty() && max_width > 0) {
+                    const int64_t nq = static_cast<int64_t>(T) * nh * hd, nk = static_cast<int64_t>(keys_h.size());
+                    auto qb = device_alloc(sizeof(uint16_t) * static_cast<size_t>(nq));
+                    auto kb = device_alloc(sizeof(uint16_t) * static_cast<size_t>(std::max<int64_t>(nk, 1) * hd));
+                    to_bf16(iq.f32(), nq, static_cast<uint16_t*>(qb.get()));
+                    gather_keys_bf16(keys_d.ptr, nk, hd, static_cast<uint16_t*>(kb.get()));
+                    auto tiles_d = upload(tiles);
+                    index_scores_mma(static_cast<const uint16_t*>(qb.get()), wts.f32(), nh, tiles_d.ptr,
+                                     static_cast<int>(tiles.size() / 4), static_cast<const uint16_t*>(kb.get()),
+                                     visible_d.ptr, max_width, scores.f32());
+                }
+                if (!stream_rows.empty()) {
+                    auto rows_d = upload(stream_rows);
+                    index_scores_stream(iq.f32(), wts.f32(), rows_d.ptr, static_cast<int>(stream_rows.size()), nh, hd,
+                                        width_d.ptr, visible_d.ptr, keybase_d.ptr, keys_d.ptr, max_width, scores.f32());
+                }
+            } else {
+                index_scores(iq.f32(), wts.f32(), T, nh, hd, width_d.ptr, visible_d.ptr, keybase_d.ptr, keys_d.ptr,
+                             max_width, scores.f32());
+            }
             if (v41 && info.candidate_source) {
                 const int bs = cfg_.candidate_block_size;
                 const int64_t max_nb = (max_width + bs - 1) / bs;
                 Tensor bscore = empty(DType::F32, {T, std::max<int64_t>(max_nb, 1)});
                 Tensor bsel = empty(DType::I32, {T, std::max<int64_t>(max_nb, 1)});
                 auto mask = device_alloc(static_cast<size_t>(T) * std::max<int64_t>(max_width, 1));
-                candidate_blocks(scores.f32(), T, max_width, width_d.ptr, visible_d.ptr, bs, cfg_.candidate_topk_blocks,
-                                 bscore.f32(), bsel.data<int32_t>(), std::max<int64_t>(max_nb, 1),
-                                 static_cast<uint8_t*>(mask.get()));
+                (fast ? candidate_blocks_fast : candidate_blocks)(
+                    scores.f32(), T, max_width, width_d.ptr, visible_d.ptr, bs, cfg_.candidate_topk_blocks, bscore.f32(),
+                    bsel.data<int32_t>(), std::max<int64_t>(max_nb, 1), static_cast<uint8_t*>(mask.get()));
                 scratch.mask = mask;
                 scratch.mask_width = width_d.keep;
                 scratch.mask_stride = max_width;
@@ -235,8 +322,11 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
             sel_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(T) * kmax);
             nsel_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(T));
             auto tmp = device_alloc(sizeof(int32_t) * static_cast<size_t>(T) * kmax);
-            topk_rows(scores.f32(), T, max_width, width_d.ptr, visible_d.ptr, kmax, v41, static_cast<int32_t*>(tmp.get()),
-                      static_cast<int32_t*>(sel_keep.get()), static_cast<int32_t*>(nsel_keep.get()));
+            const bool fast_topk = fast && (v41 || static_cast<size_t>(kmax) * 8 <= 48 * 1024);
+            (fast_topk ? topk_rows_fast : topk_rows)(scores.f32(), T, max_width, width_d.ptr, visible_d.ptr, kmax, v41,
+                                                     static_cast<int32_t*>(tmp.get()),
+                                                     static_cast<int32_t*>(sel_keep.get()),
+                                                     static_cast<int32_t*>(nsel_keep.get()));
             if (v41) {
                 scratch.topk = sel_keep;
                 scratch.topk_count = nsel_keep;
@@ -304,7 +394,7 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     Tensor o = empty(DType::F32, {T, H, D});
     sparse_attention(q.f32(), T, H, D, static_cast<float>(std::pow(D, -0.5)), dev_f32(w.attn_sink),
                      static_cast<const float* const*>(keys.get()), static_cast<const int32_t*>(nkeys.get()), maxk,
-                     o.f32());
+                     o.f32(), numerics_ == Numerics::Fast);
     phase("attn.output projection");
     return project_output(o, w, freqs, pos.ptr, T);
 }

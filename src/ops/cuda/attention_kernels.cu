@@ -57,6 +57,76 @@ __global__ void compressor_kernel(CompressorArgs a) {
     }
 }
 
+// Fast compressor (Numerics::Fast): every sequence of the step in one launch, one thread per latent channel
+// c (state columns c and, with overlap, d + c), so the channels and sequences run in parallel; per channel
+// the arithmetic is compressor_kernel's, in the same order, and each thread writes its own columns of the
+// page snapshots. seq[6 s ..] = (start_pos, n_tokens, row0, emit_base, state offset in floats, first
+// snapshot slot).
+__global__ void compressor_batch_kernel(CompressorArgs a, int n_seqs, const int64_t* seq) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    const int s = blockIdx.y;
+    if (c >= a.d || s >= n_seqs) return;
+    const int ratio = a.ratio, d = a.d, coff = a.overlap ? 2 : 1, width = coff * d, slots = coff * ratio;
+    const int64_t* m = seq + 6 * static_cast<int64_t>(s);
+    const int64_t start_pos = m[0], row0 = m[2];
+    const int n_tokens = static_cast<int>(m[1]);
+    int e = static_cast<int>(m[3]);
+    float* kv_state = a.state + m[4];
+    float* sc_state = kv_state + static_cast<int64_t>(slots) * width;
+    float* const* snap = a.snapshot ? a.snapshot + m[5] : nullptr;
+    auto step = [&](int i, const float* kvv, const float* scv) {
+        const int64_t pos = start_pos + i;
+        const int slot = static_cast<int>(pos % ratio) + (a.overlap ? ratio : 0);
+        for (int h = 0; h < coff; ++h) {
+            const int col = h * d + c;
+            kv_state[slot * width + col] = kvv[h];
+            sc_state[slot * width + col] = a.ape ? scv[h] + a.ape[(pos % ratio) * width + col] : scv[h];
+        }
+        if ((pos + 1) % ratio == 0) {
+            const int n = a.overlap ? 2 * ratio : ratio;
+            auto at = [&](const float* st, int j) {
+                return a.overlap ? (j < ratio ? st[j * width + c] : st[j * width + d + c]) : st[j * width + c];
+            };
+            float mx = -INFINITY;
+            for (int j = 0; j < n; ++j) mx = fmaxf(mx, at(sc_state, j));
+            float sum = 0.0f;
+            for (int j = 0; j < n; ++j) sum += exp_cr(at(sc_state, j) - mx);
+            float acc = 0.0f;
+            for (int j = 0; j < n; ++j) acc += at(kv_state, j) * (exp_cr(at(sc_state, j) - mx) / sum);
+            a.pooled[static_cast<int64_t>(e) * d + c] = round_bf16(acc);
+            ++e;
+            if (a.overlap)
+                for (int j = 0; j < ratio; ++j)
+                    for (int h = 0; h < coff; ++h) {
+                        const int col = h * d + c;
+                        kv_state[j * width + col] = kv_state[(ratio + j) * width + col];
+                        sc_state[j * width + col] = sc_state[(ratio + j) * width + col];
+                    }
+        }
+        if (snap && snap[i])
+            for (int r = 0; r < 2 * slots; ++r)
+                for (int h = 0; h < coff; ++h) snap[i][r * width + h * d + c] = kv_state[r * width + h * d + c];
+    };
+    // Tokens in groups of 4 whose projections are loaded up front (prefill is sequential per channel, so
+    // this keeps four loads in flight instead of one).
+    constexpr int kAhead = 4;
+    for (int i0 = 0; i0 < n_tokens; i0 += kAhead) {
+        float kvv[kAhead][2], scv[kAhead][2];
+#pragma unroll
+        for (int u = 0; u < kAhead; ++u)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int64_t row = row0 + i0 + u;
+                const bool ok = i0 + u < n_tokens && h < coff;
+                kvv[u][h] = ok ? a.kv[row * width + h * d + c] : 0.0f;
+                scv[u][h] = ok ? a.score[row * width + h * d + c] : 0.0f;
+            }
+#pragma unroll
+        for (int u = 0; u < kAhead; ++u)
+            if (i0 + u < n_tokens) step(i0 + u, kvv[u], scv[u]);
+    }
+}
+
 __global__ void index_scores_kernel(const float* iq, const float* wts, int64_t T, int nh, int hd, const int64_t* width,
                                     const int64_t* visible, const int64_t* keybase, const float* const* keys,
                                     int64_t stride, float* scores) {
@@ -231,10 +301,13 @@ __global__ void build_keys_kernel(int64_t T, const float* const* win, const int3
 
 constexpr int kAttnThreads = 128, kKeyBlock = 64, kMaxHeadDim = 512;
 
+// kFast: the block softmax runs on a warp (maximum and exponentials in parallel, the block sum still taken in
+// key order by one lane), so the result is the same as with one thread.
+template <bool kFast>
 __global__ void sparse_attention_kernel(const float* q, int H, int D, float scale, const float* sink,
                                         const float* const* keys, const int32_t* nkeys, int maxk, float* out) {
     __shared__ float qs[kMaxHeadDim];
-    __shared__ float s[kKeyBlock], p[kKeyBlock];
+    __shared__ float s[kKeyBlock], p[kKeyBlock], pe[kKeyBlock];
     __shared__ float m_sh, sum_sh, rescale_sh;
     const int64_t t = blockIdx.x / H;
     const int h = blockIdx.x % H;
@@ -261,7 +334,28 @@ __global__ void sparse_attention_kernel(const float* q, int H, int D, float scal
             if (lane == 0) s[j] = k ? static_cast<float>(d) * scale : -INFINITY;
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
+        if (kFast) {
+            if (warp == 0) {
+                float bmax = -INFINITY;
+                for (int j = lane; j < cnt; j += 32) bmax = fmaxf(bmax, s[j]);
+                for (int o = 16; o > 0; o >>= 1) bmax = fmaxf(bmax, __shfl_xor_sync(0xffffffffu, bmax, o));
+                const float m_new = fmaxf(m_sh, bmax);
+                for (int j = lane; j < cnt; j += 32) {
+                    const float pj = exp_cr(s[j] - m_new);
+                    pe[j] = pj;
+                    p[j] = round_bf16(pj);
+                }
+                __syncwarp();
+                if (lane == 0) {
+                    const float rescale = exp_cr(m_sh - m_new);
+                    float bsum = 0.0f;
+                    for (int j = 0; j < cnt; ++j) bsum += pe[j];
+                    sum_sh = sum_sh * rescale + bsum;
+                    rescale_sh = rescale;
+                    m_sh = m_new;
+                }
+            }
+        } else if (threadIdx.x == 0) {
             float bmax = -INFINITY;
             for (int j = 0; j < cnt; ++j) bmax = fmaxf(bmax, s[j]);
             const float m_new = fmaxf(m_sh, bmax);
@@ -303,6 +397,15 @@ __global__ void sparse_attention_kernel(const float* q, int H, int D, float scal
 void compressor_seq(const CompressorArgs& a) {
     if (a.n_tokens == 0) return;
     compressor_kernel<<<1, 256>>>(a);
+    PG_LAUNCHED();
+}
+
+void compressor_batch(const CompressorArgs& a, int n_seqs, const int64_t* seq) {
+    if (n_seqs == 0) return;
+    constexpr int kChannels = 32;
+    if (n_seqs > 65535) cuda_fail(cudaErrorInvalidValue, "compressor_batch: too many sequences", __FILE__, __LINE__);
+    const dim3 grid(static_cast<unsigned>((a.d + kChannels - 1) / kChannels), static_cast<unsigned>(n_seqs));
+    compressor_batch_kernel<<<grid, kChannels>>>(a, n_seqs, seq);
     PG_LAUNCHED();
 }
 
@@ -349,11 +452,11 @@ void build_keys(int64_t T, const float* const* win, const int32_t* nwin, int W, 
 }
 
 void sparse_attention(const float* q, int64_t T, int H, int D, float scale, const float* sink, const float* const* keys,
-                      const int32_t* nkeys, int maxk, float* out) {
+                      const int32_t* nkeys, int maxk, float* out, bool fast) {
     if (T == 0) return;
     if (D > kMaxHeadDim) cuda_fail(cudaErrorInvalidValue, "sparse_attention: head_dim > 512", __FILE__, __LINE__);
-    sparse_attention_kernel<<<static_cast<unsigned>(T * H), kAttnThreads>>>(q, H, D, scale, sink, keys, nkeys, maxk,
-                                                                            out);
+    (fast ? sparse_attention_kernel<true> : sparse_attention_kernel<false>)<<<static_cast<unsigned>(T * H), kAttnThreads>>>(
+        q, H, D, scale, sink, keys, nkeys, maxk, out);
     PG_LAUNCHED();
 }
 

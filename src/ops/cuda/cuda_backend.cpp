@@ -234,7 +234,8 @@ HcMix CudaBackend::hc_mixes(const Tensor& h, const HcWeight& w) {
     const int64_t T = h.dim(0);
     const int hc = cfg_.hc_mult;
     HcMix m{empty(DType::F32, {T, hc}), empty(DType::F32, {T, hc}), empty(DType::F32, {T, hc, hc})};
-    cuda::hc_mixes(h.f32(), T, hc, cfg_.dim, dev_f32(w.fn), static_cast<int>(w.fn.dim(0)), dev_f32(w.base),
+    (numerics_ == Numerics::Fast ? cuda::hc_mixes_fast : cuda::hc_mixes)(
+                   h.f32(), T, hc, cfg_.dim, dev_f32(w.fn), static_cast<int>(w.fn.dim(0)), dev_f32(w.base),
                    dev_f32(w.scale), eps(), static_cast<float>(cfg_.hc_eps), cfg_.hc_sinkhorn_iters, 0, m.pre.f32(),
                    m.post.f32(), m.comb.f32());
     return m;
@@ -260,7 +261,8 @@ Tensor CudaBackend::hc_head(const Tensor& h, const HcWeight& w) {
     OpTimer op_(*this, "hc_head");
     const int64_t T = h.dim(0);
     Tensor pre = empty(DType::F32, {T, cfg_.hc_mult});
-    cuda::hc_mixes(h.f32(), T, cfg_.hc_mult, cfg_.dim, dev_f32(w.fn), cfg_.hc_mult, dev_f32(w.base), dev_f32(w.scale),
+    (numerics_ == Numerics::Fast ? cuda::hc_mixes_fast : cuda::hc_mixes)(
+                   h.f32(), T, cfg_.hc_mult, cfg_.dim, dev_f32(w.fn), cfg_.hc_mult, dev_f32(w.base), dev_f32(w.scale),
                    eps(), static_cast<float>(cfg_.hc_eps), 0, 1, pre.f32(), nullptr, nullptr);
     return hc_collapse(h, pre);
 }

@@ -75,6 +75,10 @@ void rms_norm(const float* x, int64_t rows, int D, const float* w, float eps, fl
 void hc_mixes(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
               const float* scale, float eps, float hc_eps, int sinkhorn_iters, int mode, float* pre, float* post,
               float* comb);
+// Numerics::Fast: parallel over tokens and slices of the row (double partial sums in another order).
+void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
+                   const float* scale, float eps, float hc_eps, int sinkhorn_iters, int mode, float* pre, float* post,
+                   float* comb);
 void hc_collapse(const float* h, const float* pre, int64_t T, int hc, int D, float* y);
 void hc_expand(const float* y, const float* residual, const float* post, const float* comb, int64_t T, int hc, int D,
                float* out);
@@ -113,6 +117,11 @@ struct CompressorArgs {
     float* const* snapshot = nullptr;  // per token of the sequence: page snapshot address or null
 };
 void compressor_seq(const CompressorArgs& a);
+// Numerics::Fast: all sequences in one launch, parallel over channels (same arithmetic per channel).
+// a.state: the sequences' carries back to back; a.snapshot: per token of every sequence; per-sequence
+// fields of `a` are ignored: seq[6 s ..] = (start_pos, n_tokens, row0, emit_base, state offset in floats,
+// first snapshot slot).
+void compressor_batch(const CompressorArgs& a, int n_seqs, const int64_t* seq);
 // scores[t, j] for j < width[t] (j >= visible[t]: -inf); keys[keybase[t] + j] are indexer keys.
 void index_scores(const float* iq, const float* wts, int64_t T, int nh, int hd, const int64_t* width,
                   const int64_t* visible, const int64_t* keybase, const float* const* keys, int64_t stride,
@@ -130,12 +139,37 @@ void topk_rows(const float* scores, int64_t T, int64_t stride, const int64_t* wi
 void build_keys(int64_t T, const float* const* win, const int32_t* nwin, int W, const int32_t* sel,
                 const int32_t* nsel, int kmax, const float* const* comp_addr, const int64_t* compbase,
                 const float** keys, int32_t* nkeys, int maxk);
+// fast: the per-block softmax on a warp instead of one thread (same result).
 void sparse_attention(const float* q, int64_t T, int H, int D, float scale, const float* sink, const float* const* keys,
-                      const int32_t* nkeys, int maxk, float* out);
+                      const int32_t* nkeys, int maxk, float* out, bool fast = false);
+
+// ---- index_fast.cu (Numerics::Fast; same contracts as the exact kernels above, see the file for the sums)
+bool index_scores_stream_supported(int nh, int hd);
+// Rows row_list[0..n_rows) (null: rows 0..n_rows) against their keys, one thread per (row, key).
+void index_scores_stream(const float* iq, const float* wts, const int32_t* row_list, int n_rows, int nh, int hd,
+                         const int64_t* width, const int64_t* visible, const int64_t* keybase,
+                         const float* const* keys, int64_t stride, float* scores);
+bool index_scores_mma_supported(int nh, int hd);
+// Tensor-core scoring of query tiles that share their keys: tiles [n_tiles][4] int64 = (first row, rows
+// <= 64, first key in kb, keys of the sequence); qb bf16 [T, nh, 128]; kb bf16 [*, 128].
+void index_scores_mma(const uint16_t* qb, const float* wts, int nh, const int64_t* tiles, int n_tiles,
+                      const uint16_t* kb, const int64_t* visible, int64_t stride, float* scores);
+void to_bf16(const float* x, int64_t n, uint16_t* y);
+// out[i, :] = bf16(keys[i][0..hd)) for i < n.
+void gather_keys_bf16(const float* const* keys, int64_t n, int hd, uint16_t* out);
+void topk_rows_fast(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible,
+                    int k, bool ascending, int32_t* tmp, int32_t* out, int32_t* count);
+void candidate_blocks_fast(const float* scores, int64_t T, int64_t stride, const int64_t* width,
+                           const int64_t* visible, int bs, int topb, float* bscore, int32_t* bsel, int64_t bstride,
+                           uint8_t* mask);
 
 // ---- moe_kernels.cu
 void route(const float* logits, int64_t T, int E, int K, int score_func, const float* bias, const int64_t* tid2eid,
            const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale, bool balanced, int32_t* sel, float* wsel);
+// Numerics::Fast: one warp per token, same selection and weights as route.
+void route_fast(const float* logits, int64_t T, int E, int K, int score_func, const float* bias,
+                const int64_t* tid2eid, const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale,
+                bool balanced, int32_t* sel, float* wsel);
 void gather_pairs(const float* x, int64_t T, int K, int D, float* xp);
 void swiglu(const float* g, const float* u, int64_t n, int I, const float* weights, float limit, float* out);
 void moe_combine(const float* ye, const int32_t* sel, const float* shared, int64_t T, int K, int D, float* out);

@@ -45,12 +45,13 @@ Tensor CudaBackend::moe(const Tensor& x, const MoEWeight& w, const std::vector<i
 
     OpTimer op(*this, "moe");
     // Routing.
-    phase("moe.route");
+    phase("moe.gate");
     Tensor logits = run_linear(x, w.gate);
+    phase("moe.route");
     auto ids_d = upload(ids);
     auto sel = device_alloc(sizeof(int32_t) * static_cast<size_t>(T * K));
     Tensor wsel = empty(DType::F32, {T * K});
-    route(logits.f32(), T, E, K, score_func, w.bias.empty() ? nullptr : dev_f32(w.bias),
+    (numerics_ == Numerics::Fast ? route_fast : route)(logits.f32(), T, E, K, score_func, w.bias.empty() ? nullptr : dev_f32(w.bias),
           w.tid2eid.empty() ? nullptr : static_cast<const int64_t*>(dev_raw(w.tid2eid)), ids_d.ptr, cfg_.is_v41(),
           cfg_.norm_topk_prob, static_cast<float>(cfg_.route_scale), balanced_routing_, static_cast<int32_t*>(sel.get()),
           wsel.f32());

@@ -67,6 +67,88 @@ __global__ void route_kernel(const float* logits, int64_t T, int E, int K, int s
     }
 }
 
+// Fast routing (Numerics::Fast): one warp per token, the same arithmetic as route_kernel (scores per expert,
+// the softmax sum taken in expert order by one lane) with the top-k as K rounds of a warp-wide argmax (value
+// desc, ties to the lower id), so the selection and the weights are route_kernel's.
+constexpr int kRouteWarps = 4;
+
+__global__ void __launch_bounds__(32 * kRouteWarps) route_fast_kernel(
+    const float* logits, int64_t T, int E, int K, int score_func, const float* bias, const int64_t* tid2eid,
+    const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale, bool balanced, int32_t* sel, float* wsel) {
+    __shared__ float s_score[kRouteWarps][kMaxExperts];
+    __shared__ float s_biased[kRouteWarps][kMaxExperts];
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+    const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + wi;
+    if (t >= T) return;  // the whole warp
+    float* score = s_score[wi];
+    float* biased = s_biased[wi];
+    const float* l = logits + t * E;
+    for (int e = lane; e < E; e += 32) {
+        if (score_func == 0) score[e] = l[e];
+        else if (score_func == 1) score[e] = 1.0f / (1.0f + exp_cr(-l[e]));
+        else score[e] = sqrtf(softplus(l[e]));
+    }
+    __syncwarp();
+    if (score_func == 0) {
+        float mx = -INFINITY;
+        for (int e = lane; e < E; e += 32) mx = fmaxf(mx, score[e]);
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        for (int e = lane; e < E; e += 32) score[e] = exp_cr(score[e] - mx);
+        __syncwarp();
+        float sum = 0.0f;
+        if (lane == 0)
+            for (int e = 0; e < E; ++e) sum += score[e];
+        sum = __shfl_sync(0xffffffffu, sum, 0);
+        for (int e = lane; e < E; e += 32) score[e] /= sum;
+        __syncwarp();
+    }
+    int top[kMaxTopK];
+    if (balanced) {
+        for (int k = 0; k < K; ++k) top[k] = static_cast<int>((t * K + k) % E);
+    } else if (tid2eid) {
+        for (int k = 0; k < K; ++k) top[k] = static_cast<int>(tid2eid[static_cast<int64_t>(ids[t]) * K + k]);
+    } else {
+        for (int e = lane; e < E; e += 32) biased[e] = bias ? score[e] + bias[e] : score[e];
+        __syncwarp();
+        uint32_t taken = 0;  // bit i: expert lane + 32 i
+        for (int k = 0; k < K; ++k) {
+            int best = -1;
+            float bv = 0.0f;
+            for (int i = 0, e = lane; e < E; ++i, e += 32) {
+                if ((taken >> i) & 1u) continue;
+                const float v = biased[e];
+                if (best < 0 || v > bv) {
+                    best = e;
+                    bv = v;
+                }
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                const int ob = __shfl_xor_sync(0xffffffffu, best, o);
+                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) {
+                    best = ob;
+                    bv = ov;
+                }
+            }
+            top[k] = best;
+            if (best >= 0 && (best & 31) == lane) taken |= 1u << (best >> 5);
+        }
+    }
+    if (lane != 0) return;
+    float sum = 0.0f;
+    for (int k = 0; k < K; ++k) sum += score[top[k]];
+    for (int k = 0; k < K; ++k) {
+        float v = score[top[k]];
+        if (v41) {
+            if (norm_topk_prob && K > 1) v = v / (sum + 1e-20f);
+        } else if (score_func != 0) {
+            v = v / sum;
+        }
+        sel[t * K + k] = top[k];
+        wsel[t * K + k] = v * route_scale;
+    }
+}
+
 __global__ void gather_pairs_kernel(const float* x, int64_t T, int K, int D, float* xp) {
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * K * D) return;
@@ -115,6 +197,16 @@ void route(const float* logits, int64_t T, int E, int K, int score_func, const f
     if (E > kMaxExperts || K > kMaxTopK) cuda_fail(cudaErrorInvalidValue, "route: too many experts", __FILE__, __LINE__);
     route_kernel<<<blocks_for(T, 64), 64>>>(logits, T, E, K, score_func, bias, tid2eid, ids, v41, norm_topk_prob,
                                             route_scale, balanced, sel, wsel);
+    PG_LAUNCHED();
+}
+
+void route_fast(const float* logits, int64_t T, int E, int K, int score_func, const float* bias,
+                const int64_t* tid2eid, const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale,
+                bool balanced, int32_t* sel, float* wsel) {
+    if (T == 0) return;
+    if (E > kMaxExperts || K > kMaxTopK) cuda_fail(cudaErrorInvalidValue, "route: too many experts", __FILE__, __LINE__);
+    route_fast_kernel<<<static_cast<unsigned>((T + kRouteWarps - 1) / kRouteWarps), 32 * kRouteWarps>>>(
+        logits, T, E, K, score_func, bias, tid2eid, ids, v41, norm_topk_prob, route_scale, balanced, sel, wsel);
     PG_LAUNCHED();
 }
 

@@ -21,27 +21,9 @@ __global__ void rms_norm_kernel(const float* x, int D, const float* w, float eps
 
 constexpr int kMaxMix = 64;
 
-__global__ void hc_mixes_kernel(const float* h, int hc, int D, const float* fn, int n_mix, const float* base,
-                                const float* scale, float eps, float hc_eps, int iters, int mode, float* pre_out,
-                                float* post_out, float* comb_out) {
-    __shared__ float mixes[kMaxMix];
-    const int64_t t = blockIdx.x;
-    const int W = hc * D;
-    const float* x = h + t * W;
-    double ss = 0.0;
-    for (int i = threadIdx.x; i < W; i += blockDim.x) ss += static_cast<double>(x[i] * x[i]);
-    ss = block_sum(ss);
-    const float r = 1.0f / sqrtf(static_cast<float>(ss) / static_cast<float>(W) + eps);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int j = warp; j < n_mix; j += nw) {
-        const float* f = fn + static_cast<int64_t>(j) * W;
-        double s = 0.0;
-        for (int i = lane; i < W; i += 32) s += static_cast<double>(x[i]) * static_cast<double>(f[i]);
-        s = warp_sum(s);
-        if (lane == 0) mixes[j] = static_cast<float>(s) * r;
-    }
-    __syncthreads();
-    if (threadIdx.x != 0) return;
+// Pre/post weights and the Sinkhorn-normalised comb matrix of token t from its mixes (one thread).
+__device__ void hc_finish(int64_t t, const float* mixes, int hc, const float* base, const float* scale, float hc_eps,
+                          int iters, int mode, float* pre_out, float* post_out, float* comb_out) {
     float* pre = pre_out + t * hc;
     if (mode == 1) {
         for (int j = 0; j < hc; ++j) pre[j] = 1.0f / (1.0f + exp_cr(-(mixes[j] * scale[0] + base[j]))) + hc_eps;
@@ -80,6 +62,88 @@ __global__ void hc_mixes_kernel(const float* h, int hc, int D, const float* fn, 
         }
         col_norm();
     }
+}
+
+__global__ void hc_mixes_kernel(const float* h, int hc, int D, const float* fn, int n_mix, const float* base,
+                                const float* scale, float eps, float hc_eps, int iters, int mode, float* pre_out,
+                                float* post_out, float* comb_out) {
+    __shared__ float mixes[kMaxMix];
+    const int64_t t = blockIdx.x;
+    const int W = hc * D;
+    const float* x = h + t * W;
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < W; i += blockDim.x) ss += static_cast<double>(x[i] * x[i]);
+    ss = block_sum(ss);
+    const float r = 1.0f / sqrtf(static_cast<float>(ss) / static_cast<float>(W) + eps);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int j = warp; j < n_mix; j += nw) {
+        const float* f = fn + static_cast<int64_t>(j) * W;
+        double s = 0.0;
+        for (int i = lane; i < W; i += 32) s += static_cast<double>(x[i]) * static_cast<double>(f[i]);
+        s = warp_sum(s);
+        if (lane == 0) mixes[j] = static_cast<float>(s) * r;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    hc_finish(t, mixes, hc, base, scale, hc_eps, iters, mode, pre_out, post_out, comb_out);
+}
+
+// Fast mixes (Numerics::Fast): split over tokens x slices of the hc*dim row, every thread of a slice
+// computing all mixes from one read of x (the exact kernel runs one block per token, a warp per mix), partial
+// sums in double like the exact kernel but added in another order; a second kernel adds the slices in order
+// and finishes each token (one thread per token).
+constexpr int kMixSlice = 2048, kMixThreads = 256, kFastMix = 32;
+
+__global__ void __launch_bounds__(kMixThreads) hc_mix_partial_kernel(const float* h, int W, const float* fn, int n_mix,
+                                                                     int n_slices, double* part) {
+    __shared__ double red[kMixThreads / 32][kFastMix + 1];
+    const int64_t t = blockIdx.y;
+    const int sl = blockIdx.x;
+    const float* x = h + t * W;
+    const int i0 = sl * kMixSlice, i1 = min(W, i0 + kMixSlice);
+    double acc[kFastMix + 1];
+#pragma unroll
+    for (int j = 0; j <= kFastMix; ++j) acc[j] = 0.0;
+    for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+        const float xi = x[i];
+        acc[kFastMix] += static_cast<double>(xi * xi);
+#pragma unroll
+        for (int j = 0; j < kFastMix; ++j)
+            if (j < n_mix) acc[j] += static_cast<double>(xi) * static_cast<double>(fn[static_cast<int64_t>(j) * W + i]);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int j = 0; j <= kFastMix; ++j) {
+        if (j < n_mix || j == kFastMix) {
+            const double v = warp_sum(acc[j]);
+            if (lane == 0) red[warp][j] = v;
+        }
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j <= n_mix; j += blockDim.x) {
+        const int jj = j == n_mix ? kFastMix : j;
+        double v = 0.0;
+        for (int w = 0; w < kMixThreads / 32; ++w) v += red[w][jj];
+        part[(t * n_slices + sl) * (n_mix + 1) + j] = v;  // j == n_mix: the sum of squares
+    }
+}
+
+__global__ void hc_mix_finish_kernel(const double* part, int64_t T, int n_slices, int hc, int W, int n_mix,
+                                     const float* base, const float* scale, float eps, float hc_eps, int iters,
+                                     int mode, float* pre, float* post, float* comb) {
+    const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (t >= T) return;
+    const double* p = part + t * n_slices * (n_mix + 1);
+    double ss = 0.0;
+    for (int s = 0; s < n_slices; ++s) ss += p[s * (n_mix + 1) + n_mix];
+    const float r = 1.0f / sqrtf(static_cast<float>(ss) / static_cast<float>(W) + eps);
+    float mixes[kFastMix];
+    for (int j = 0; j < n_mix; ++j) {
+        double v = 0.0;
+        for (int s = 0; s < n_slices; ++s) v += p[s * (n_mix + 1) + j];
+        mixes[j] = static_cast<float>(v) * r;
+    }
+    hc_finish(t, mixes, hc, base, scale, hc_eps, iters, mode, pre, post, comb);
 }
 
 __global__ void hc_collapse_kernel(const float* h, const float* pre, int64_t T, int hc, int D, float* y) {
@@ -144,10 +208,30 @@ void rms_norm(const float* x, int64_t rows, int D, const float* w, float eps, fl
 void hc_mixes(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
               const float* scale, float eps, float hc_eps, int iters, int mode, float* pre, float* post, float* comb) {
     if (T == 0) return;
-    if (n_mix > kMaxMix) cuda_fail(cudaErrorInvalidValue, "hc_mixes: too many mixes", __FILE__, __LINE__);
+    if (n_mix > kFastMix) cuda_fail(cudaErrorInvalidValue, "hc_mixes: too many mixes", __FILE__, __LINE__);
     hc_mixes_kernel<<<static_cast<unsigned>(T), 256>>>(h, hc, D, fn, n_mix, base, scale, eps, hc_eps, iters, mode, pre,
                                                        post, comb);
     PG_LAUNCHED();
+}
+
+void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
+                   const float* scale, float eps, float hc_eps, int iters, int mode, float* pre, float* post,
+                   float* comb) {
+    if (T == 0) return;
+    if (n_mix > kFastMix || T > 65535) {
+        hc_mixes(h, T, hc, D, fn, n_mix, base, scale, eps, hc_eps, iters, mode, pre, post, comb);
+        return;
+    }
+    const int W = hc * D, n_slices = (W + kMixSlice - 1) / kMixSlice;
+    double* part = nullptr;
+    PG_CUDA(cudaMallocAsync(&part, sizeof(double) * static_cast<size_t>(T) * n_slices * (n_mix + 1), 0));
+    hc_mix_partial_kernel<<<dim3(static_cast<unsigned>(n_slices), static_cast<unsigned>(T)), kMixThreads>>>(
+        h, W, fn, n_mix, n_slices, part);
+    PG_LAUNCHED();
+    hc_mix_finish_kernel<<<blocks_for(T, 64), 64>>>(part, T, n_slices, hc, W, n_mix, base, scale, eps, hc_eps, iters,
+                                                    mode, pre, post, comb);
+    PG_LAUNCHED();
+    PG_CUDA(cudaFreeAsync(part, 0));
 }
 
 void hc_collapse(const float* h, const float* pre, int64_t T, int hc, int D, float* y) {

@@ -1,0 +1,509 @@
+// Fast indexer kernels (Numerics::Fast): scoring every query against every compressed key, and the top-k
+// selections over the scores (cf. attention_kernels.cu for the exact ones, cpu/attention.cpp for the
+// reference).
+//
+// Scoring keeps the reference's rounding points per head: bf16(q.k), relu, x weight, bf16, summed over heads
+// in head order in fp32, bf16. Only the 128-term dot products are summed in fp32 instead of exactly: q and k
+// are fp4 (e2m1) values times a power-of-two scale per 32 dims, so every product is exact and the partial
+// sums are exact too whenever the four blocks' scales lie within 2^10 of each other (then the fp32 result is
+// the reference's); otherwise they differ by fp32 rounding before the bf16 rounding.
+//  - index_scores_stream (decode, or few rows per sequence): one thread per (row, key) holds the 128-float
+//    key in registers and reads the row's queries from shared memory, so keys stream at memory speed.
+//  - index_scores_mma (prefill: many rows of one sequence against the same keys): q and k are exact in bf16
+//    (fp4 values with power-of-two scales, already bf16-rounded), so bf16 mma.sync m16n8k16 with fp32
+//    accumulation computes the same products; a 64-query x 128-key tile runs every head through the tensor
+//    cores and folds the per-head result into the score in registers, so no [T*heads, keys] intermediate is
+//    written.
+// Selection: a radix select per row (one CTA per row) that streams the row: four 8-bit histogram passes with
+// warp-aggregated shared atomics (bf16 scores pile up in few bins), stopping early once the k-th value's bin
+// is taken whole, then one counting pass and one ordered write pass per warp-contiguous chunk (ballots).
+// The selected set and order are the exact kernels' (ties to the lower index), so only scoring differs.
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch_check.h"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+namespace peregrine::cuda {
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------
+// Streaming scorer.
+constexpr int kStreamThreads = 128, kStreamMaxDim = 128;  // ~170 registers: 3 CTAs per SM overlap loads and math
+
+__device__ __forceinline__ void load_key(const float* p, int hd, float (&k)[kStreamMaxDim]) {
+    if ((reinterpret_cast<uintptr_t>(p) & 15u) == 0 && (hd & 3) == 0) {
+        const float4* p4 = reinterpret_cast<const float4*>(p);
+#pragma unroll
+        for (int c = 0; c < kStreamMaxDim / 4; ++c)
+            if (4 * c < hd) {
+                const float4 v = __ldg(p4 + c);
+                k[4 * c] = v.x;
+                k[4 * c + 1] = v.y;
+                k[4 * c + 2] = v.z;
+                k[4 * c + 3] = v.w;
+            }
+    } else {
+#pragma unroll
+        for (int c = 0; c < kStreamMaxDim; ++c)
+            if (c < hd) k[c] = __ldg(p + c);
+    }
+}
+
+// Grid: x over keys, y over the listed rows. Shared: the row's queries [nh, hd] then its weights [nh].
+__global__ void __launch_bounds__(kStreamThreads) index_stream_kernel(
+    const float* iq, const float* wts, const int32_t* row_list, int n_rows, int nh, int hd, const int64_t* width,
+    const int64_t* visible, const int64_t* keybase, const float* const* keys, int64_t stride, float* scores) {
+    extern __shared__ float4 stream_smem[];
+    float* qs = reinterpret_cast<float*>(stream_smem);
+    float* ws = qs + nh * hd;
+    for (int ri = blockIdx.y; ri < n_rows; ri += gridDim.y) {
+        const int64_t t = row_list ? row_list[ri] : ri;
+        __syncthreads();
+        for (int i = threadIdx.x; i < nh * hd; i += blockDim.x) qs[i] = iq[t * nh * hd + i];
+        for (int i = threadIdx.x; i < nh; i += blockDim.x) ws[i] = wts[t * nh + i];
+        __syncthreads();
+        const int64_t lim = min(width[t], visible[t]);
+        for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < stride;
+             j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+            float out = -INFINITY;
+            if (j < lim) {
+                float k[kStreamMaxDim];
+                load_key(keys[keybase[t] + j], hd, k);
+                float acc = 0.0f;
+                for (int h = 0; h < nh; ++h) {
+                    const float* q = qs + h * hd;
+                    // Four interleaved fp32 partial sums (dims c mod 4), added pairwise at the end.
+                    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma unroll
+                    for (int c = 0; c < kStreamMaxDim; c += 4)
+                        if (c < hd) {
+                            const float4 qv = *reinterpret_cast<const float4*>(q + c);
+                            s0 = __fmaf_rn(qv.x, k[c], s0);
+                            s1 = __fmaf_rn(qv.y, k[c + 1], s1);
+                            s2 = __fmaf_rn(qv.z, k[c + 2], s2);
+                            s3 = __fmaf_rn(qv.w, k[c + 3], s3);
+                        }
+                    const float d = round_bf16((s0 + s1) + (s2 + s3));
+                    acc += round_bf16(fmaxf(d, 0.0f) * ws[h]);
+                }
+                out = round_bf16(acc);
+            }
+            scores[t * stride + j] = out;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Tensor-core scorer: CTA tile of kBT queries x kBN keys, 8 warps as 2 (queries) x 4 (keys), 32 x 32 each.
+constexpr int kBT = 64, kBN = 128, kHD = 128, kRowE = kHD + 8;  // smem rows padded by 16 B: no bank conflicts
+constexpr int kMmaThreads = 256, kMmaMaxHeads = 64;
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    const int n = valid ? 16 : 0;  // 0: zero-fill
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ uint32_t lds32(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+constexpr size_t kMmaSmemBytes = sizeof(__nv_bfloat16) * (kBN + 2 * kBT) * kRowE +
+                                 sizeof(float) * kMmaMaxHeads * kBT + sizeof(int64_t) * kBT;
+
+// tiles[4 * y] = (first row, rows <= kBT, first key in kb, keys of the sequence); x: key tile.
+__global__ void __launch_bounds__(kMmaThreads) index_mma_kernel(const __nv_bfloat16* qb, const float* wts, int nh,
+                                                                const int64_t* tiles, const __nv_bfloat16* kb,
+                                                                const int64_t* visible, int64_t stride,
+                                                                float* scores) {
+    extern __shared__ float4 mma_smem[];
+    __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(mma_smem);
+    __nv_bfloat16* Qs = Ks + kBN * kRowE;  // two buffers of [kBT][kRowE]
+    float* Ws = reinterpret_cast<float*>(Qs + 2 * kBT * kRowE);  // [nh][kBT]
+    int64_t* Lim = reinterpret_cast<int64_t*>(Ws + kMmaMaxHeads * kBT);  // per row: min(width, visible)
+    const int64_t* td = tiles + 4 * static_cast<int64_t>(blockIdx.y);
+    const int64_t row0 = td[0], kbase = td[2], width = td[3];
+    const int nrows = static_cast<int>(td[1]);
+    const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kBN;
+    if (j0 >= stride) return;
+    const int tid = threadIdx.x;
+    for (int r = tid; r < kBT; r += blockDim.x) Lim[r] = r < nrows ? min(width, visible[row0 + r]) : 0;
+    __syncthreads();
+    int64_t lim_max = 0;
+    for (int r = 0; r < nrows; ++r) lim_max = max(lim_max, Lim[r]);
+    const int64_t jend = min(stride, j0 + kBN);
+    if (j0 >= lim_max) {  // nothing visible in this tile
+        for (int i = tid; i < nrows * kBN; i += blockDim.x) {
+            const int64_t j = j0 + i % kBN;
+            if (j < jend) scores[(row0 + i / kBN) * stride + j] = -INFINITY;
+        }
+        return;
+    }
+    // Keys (once) and the first head's queries.
+    for (int i = tid; i < kBN * (kHD / 8); i += blockDim.x) {
+        const int r = i / (kHD / 8), ch = i % (kHD / 8);
+        const int64_t j = j0 + r;
+        const bool ok = j < width;
+        cp_async16(Ks + r * kRowE + ch * 8, ok ? kb + (kbase + j) * kHD + ch * 8 : kb, ok);
+    }
+    auto load_q = [&](int h, int buf) {
+        __nv_bfloat16* dst = Qs + buf * kBT * kRowE;
+        for (int i = tid; i < kBT * (kHD / 8); i += blockDim.x) {
+            const int r = i / (kHD / 8), ch = i % (kHD / 8);
+            const bool ok = r < nrows;
+            cp_async16(dst + r * kRowE + ch * 8, ok ? qb + ((row0 + r) * nh + h) * kHD + ch * 8 : qb, ok);
+        }
+    };
+    load_q(0, 0);
+    cp_async_commit();
+    for (int i = tid; i < nh * kBT; i += blockDim.x) {
+        const int h = i / kBT, r = i % kBT;
+        Ws[i] = r < nrows ? wts[(row0 + r) * nh + h] : 0.0f;
+    }
+    const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int wm = warp & 1, wn = warp >> 1;
+    float acc[2][4][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+
+    for (int h = 0; h < nh; ++h) {
+        if (h + 1 < nh) {
+            load_q(h + 1, (h + 1) & 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const __nv_bfloat16* Q = Qs + (h & 1) * kBT * kRowE;
+        float dot[2][4][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dot[mt][nt][e] = 0.0f;
+#pragma unroll
+        for (int k0 = 0; k0 < kHD; k0 += 16) {
+            uint32_t a[2][4], b[4][2];
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                const __nv_bfloat16* q = Q + (wm * 32 + mt * 16 + g) * kRowE + k0 + 2 * tq;
+                a[mt][0] = lds32(q);
+                a[mt][1] = lds32(q + 8 * kRowE);
+                a[mt][2] = lds32(q + 8);
+                a[mt][3] = lds32(q + 8 * kRowE + 8);
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+                const __nv_bfloat16* k = Ks + (wn * 32 + nt * 8 + g) * kRowE + k0 + 2 * tq;
+                b[nt][0] = lds32(k);
+                b[nt][1] = lds32(k + 8);
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt) mma_bf16(dot[mt][nt], a[mt], b[nt][0], b[nt][1]);
+        }
+        // The reference's per-head rounding points, in head order.
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            const int ra = wm * 32 + mt * 16 + g;
+            const float wa = Ws[h * kBT + ra], wb = Ws[h * kBT + ra + 8];
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float d = round_bf16(dot[mt][nt][e]);
+                    acc[mt][nt][e] += round_bf16(fmaxf(d, 0.0f) * (e < 2 ? wa : wb));
+                }
+        }
+        __syncthreads();  // the buffer just read is refilled next iteration
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int r = wm * 32 + mt * 16 + g + (e < 2 ? 0 : 8);
+                const int64_t j = j0 + wn * 32 + nt * 8 + 2 * tq + (e & 1);
+                if (r < nrows && j < jend)
+                    scores[(row0 + r) * stride + j] = j < Lim[r] ? round_bf16(acc[mt][nt][e]) : -INFINITY;
+            }
+}
+
+__global__ void to_bf16_kernel(const float* x, int64_t n, __nv_bfloat16* y) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i < n) y[i] = __float2bfloat16_rn(x[i]);
+}
+
+__global__ void gather_keys_kernel(const float* const* keys, int64_t n, int hd, __nv_bfloat16* out) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= n * hd) return;
+    out[i] = __float2bfloat16_rn(keys[i / hd][i % hd]);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Selection.
+constexpr int kSelThreads = 512, kSelWarps = kSelThreads / 32;
+
+__device__ __forceinline__ uint32_t order_key(float x) {
+    if (x == 0.0f) x = 0.0f;
+    const uint32_t u = __float_as_uint(x);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The k largest of v[0..n) (ties to the lower index), written to sel in ascending index order; returns
+// min(k, n). Every thread of the block calls it (blockDim.x == kSelThreads).
+__device__ int select_stream(const float* v, int64_t n, int k, int32_t* sel) {
+    __shared__ int hist[256];
+    __shared__ uint32_t s_prefix, s_mask;
+    __shared__ int s_remaining, s_done;
+    __shared__ int64_t w_gt[kSelWarps], w_eq[kSelWarps];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int kk = static_cast<int>(min(static_cast<int64_t>(k), n));
+    if (kk <= 0) return 0;
+    if (n <= k) {  // everything
+        for (int64_t j = tid; j < n; j += blockDim.x) sel[j] = static_cast<int32_t>(j);
+        __syncthreads();
+        return kk;
+    }
+    if (tid == 0) {
+        s_prefix = 0;
+        s_mask = 0;
+        s_remaining = kk;
+        s_done = 0;
+    }
+    __syncthreads();
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        if (s_done) break;  // uniform: read after the barrier
+        const uint32_t prefix = s_prefix, mask = s_mask;
+        for (int64_t base = 0; base < n; base += 4 * static_cast<int64_t>(blockDim.x)) {
+            float x[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int64_t j = base + u * static_cast<int64_t>(blockDim.x) + tid;
+                x[u] = j < n ? v[j] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int64_t j = base + u * static_cast<int64_t>(blockDim.x) + tid;
+                const uint32_t key = order_key(x[u]);
+                const bool cand = j < n && (key & mask) == prefix;
+                const uint32_t bin = cand ? (key >> shift) & 255u : 256u;
+                const unsigned peers = __match_any_sync(0xffffffffu, bin);
+                if (cand && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+            }
+        }
+        __syncthreads();
+        if (tid == 0) {
+            int cum = 0, b = 255;
+            const int remaining = s_remaining;
+            for (; b > 0; --b) {
+                if (cum + hist[b] >= remaining) break;
+                cum += hist[b];
+            }
+            s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
+            s_mask = mask | (255u << shift);
+            s_remaining = remaining - cum;
+            if (hist[b] == remaining - cum) s_done = 1;  // the whole bin is taken: no tie to break
+        }
+        __syncthreads();
+    }
+    const uint32_t thr = s_prefix, mask = s_mask;
+    const int need = s_remaining;  // how many of the keys equal to thr (under mask) are taken
+    // Warp-contiguous chunks: count, scan over warps, then write in index order.
+    const int64_t chunk = ((n + kSelWarps - 1) / kSelWarps + 31) / 32 * 32;
+    const int64_t c0 = warp * chunk, c1 = min(n, c0 + chunk);
+    int64_t gt = 0, eq = 0;
+    for (int64_t base = c0; base < c1; base += 32) {
+        const int64_t j = base + lane;
+        const uint32_t key = j < c1 ? order_key(v[j]) & mask : 0u;
+        gt += __popc(__ballot_sync(0xffffffffu, j < c1 && key > thr));
+        eq += __popc(__ballot_sync(0xffffffffu, j < c1 && key == thr));
+    }
+    if (lane == 0) {
+        w_gt[warp] = gt;
+        w_eq[warp] = eq;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        int64_t g = 0, e = 0;
+        for (int w = 0; w < kSelWarps; ++w) {
+            const int64_t a = w_gt[w], b = w_eq[w];
+            w_gt[w] = g;
+            w_eq[w] = e;
+            g += a;
+            e += b;
+        }
+    }
+    __syncthreads();
+    int64_t g = w_gt[warp], e = w_eq[warp];
+    const unsigned lt = (1u << lane) - 1u;
+    for (int64_t base = c0; base < c1; base += 32) {
+        const int64_t j = base + lane;
+        const uint32_t key = j < c1 ? order_key(v[j]) & mask : 0u;
+        const bool is_gt = j < c1 && key > thr, is_eq = j < c1 && key == thr;
+        const unsigned bg = __ballot_sync(0xffffffffu, is_gt), be = __ballot_sync(0xffffffffu, is_eq);
+        const int64_t eq_before = e + __popc(be & lt);
+        if (is_gt || (is_eq && eq_before < need))
+            sel[g + __popc(bg & lt) + min(eq_before, static_cast<int64_t>(need))] = static_cast<int32_t>(j);
+        g += __popc(bg);
+        e += __popc(be);
+    }
+    __syncthreads();
+    return kk;
+}
+
+__global__ void __launch_bounds__(kSelThreads) topk_fast_kernel(const float* scores, int64_t stride,
+                                                                const int64_t* width, const int64_t* visible, int k,
+                                                                bool ascending, int32_t* tmp, int32_t* out,
+                                                                int32_t* count) {
+    extern __shared__ float4 topk_smem[];
+    const int64_t t = blockIdx.x;
+    const float* v = scores + t * stride;
+    int32_t* sel = tmp + t * k;
+    int32_t* o = out + t * k;
+    const int kk = select_stream(v, width[t], k, sel);
+    if (threadIdx.x == 0) count[t] = kk;
+    const int64_t vis = visible[t];
+    if (ascending) {
+        for (int i = threadIdx.x; i < kk; i += blockDim.x) o[i] = sel[i] < vis ? sel[i] : -1;
+        return;
+    }
+    // By (value desc, index asc): ranks among the selected, values staged in shared memory.
+    float* sv = reinterpret_cast<float*>(topk_smem);
+    int32_t* si = reinterpret_cast<int32_t*>(sv + k);
+    for (int i = threadIdx.x; i < kk; i += blockDim.x) {
+        si[i] = sel[i];
+        sv[i] = v[sel[i]];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < kk; i += blockDim.x) {
+        const float x = sv[i];
+        const int32_t j = si[i];
+        int p = 0;
+        for (int q = 0; q < kk; ++q) p += (sv[q] > x) || (sv[q] == x && si[q] < j);
+        o[p] = j < vis ? j : -1;
+    }
+}
+
+__global__ void __launch_bounds__(kSelThreads) candidate_fast_kernel(const float* scores, int64_t stride,
+                                                                     const int64_t* width, const int64_t* visible,
+                                                                     int bs, int topb, float* bscore, int32_t* bsel,
+                                                                     int64_t bstride, uint8_t* mask) {
+    const int64_t t = blockIdx.x;
+    const int64_t w = width[t], vis = visible[t];
+    if (w == 0) return;
+    const int64_t nb = (w + bs - 1) / bs, last = vis >= 1 ? (vis - 1) / bs : -1;
+    float* bsr = bscore + t * bstride;
+    int32_t* sel = bsel + t * bstride;
+    uint8_t* mr = mask + t * stride;
+    const float* sr = scores + t * stride;
+    for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) {
+        float m = -INFINITY;
+        for (int64_t j = b * bs; j < min(w, (b + 1) * bs); ++j) m = fmaxf(m, sr[j]);
+        bsr[b] = b == last ? INFINITY : m;
+    }
+    for (int64_t j = threadIdx.x; j < w; j += blockDim.x) mr[j] = 0;
+    __syncthreads();
+    const int kk = select_stream(bsr, nb, topb, sel);
+    for (int i = threadIdx.x; i < kk; i += blockDim.x) {
+        const int64_t b = sel[i];
+        if (bsr[b] > -INFINITY)
+            for (int64_t j = b * bs; j < min(w, (b + 1) * bs); ++j) mr[j] = 1;
+    }
+}
+
+}  // namespace
+
+bool index_scores_stream_supported(int nh, int hd) {
+    return hd <= kStreamMaxDim && hd % 4 == 0 && static_cast<size_t>(nh) * (hd + 1) * sizeof(float) <= 48 * 1024;
+}
+
+void index_scores_stream(const float* iq, const float* wts, const int32_t* row_list, int n_rows, int nh, int hd,
+                         const int64_t* width, const int64_t* visible, const int64_t* keybase,
+                         const float* const* keys, int64_t stride, float* scores) {
+    if (n_rows == 0 || stride == 0) return;
+    if (!index_scores_stream_supported(nh, hd))
+        cuda_fail(cudaErrorInvalidValue, "index_scores_stream: unsupported head shape", __FILE__, __LINE__);
+    const dim3 grid(blocks_for(stride, kStreamThreads), static_cast<unsigned>(std::min(n_rows, 65535)));
+    const size_t smem = sizeof(float) * static_cast<size_t>(nh) * (hd + 1);
+    index_stream_kernel<<<grid, kStreamThreads, smem>>>(iq, wts, row_list, n_rows, nh, hd, width, visible, keybase,
+                                                        keys, stride, scores);
+    PG_LAUNCHED();
+}
+
+bool index_scores_mma_supported(int nh, int hd) { return hd == kHD && nh >= 1 && nh <= kMmaMaxHeads; }
+
+void index_scores_mma(const uint16_t* qb, const float* wts, int nh, const int64_t* tiles, int n_tiles,
+                      const uint16_t* kb, const int64_t* visible, int64_t stride, float* scores) {
+    if (n_tiles == 0 || stride == 0) return;
+    if (!index_scores_mma_supported(nh, kHD) || n_tiles > 65535)
+        cuda_fail(cudaErrorInvalidValue, "index_scores_mma: unsupported shape", __FILE__, __LINE__);
+    static bool configured = false;
+    if (!configured) {
+        PG_CUDA(cudaFuncSetAttribute(index_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(kMmaSmemBytes)));
+        configured = true;
+    }
+    const dim3 grid(static_cast<unsigned>((stride + kBN - 1) / kBN), static_cast<unsigned>(n_tiles));
+    index_mma_kernel<<<grid, kMmaThreads, kMmaSmemBytes>>>(reinterpret_cast<const __nv_bfloat16*>(qb), wts, nh, tiles,
+                                                          reinterpret_cast<const __nv_bfloat16*>(kb), visible, stride,
+                                                          scores);
+    PG_LAUNCHED();
+}
+
+void to_bf16(const float* x, int64_t n, uint16_t* y) {
+    if (n == 0) return;
+    to_bf16_kernel<<<blocks_for(n), kThreads>>>(x, n, reinterpret_cast<__nv_bfloat16*>(y));
+    PG_LAUNCHED();
+}
+
+void gather_keys_bf16(const float* const* keys, int64_t n, int hd, uint16_t* out) {
+    if (n * hd == 0) return;
+    gather_keys_kernel<<<blocks_for(n * hd), kThreads>>>(keys, n, hd, reinterpret_cast<__nv_bfloat16*>(out));
+    PG_LAUNCHED();
+}
+
+void topk_rows_fast(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible,
+                    int k, bool ascending, int32_t* tmp, int32_t* out, int32_t* count) {
+    if (T == 0 || k == 0) return;
+    const size_t smem = ascending ? 0 : static_cast<size_t>(k) * (sizeof(float) + sizeof(int32_t));
+    if (smem > 48 * 1024) cuda_fail(cudaErrorInvalidValue, "topk_rows_fast: k too large", __FILE__, __LINE__);
+    topk_fast_kernel<<<static_cast<unsigned>(T), kSelThreads, smem>>>(scores, stride, width, visible, k, ascending, tmp,
+                                                                     out, count);
+    PG_LAUNCHED();
+}
+
+void candidate_blocks_fast(const float* scores, int64_t T, int64_t stride, const int64_t* width,
+                           const int64_t* visible, int bs, int topb, float* bscore, int32_t* bsel, int64_t bstride,
+                           uint8_t* mask) {
+    if (T == 0) return;
+    candidate_fast_kernel<<<static_cast<unsigned>(T), kSelThreads>>>(scores, stride, width, visible, bs, topb, bscore,
+                                                                     bsel, bstride, mask);
+    PG_LAUNCHED();
+}
+
+}  // namespace peregrine::cuda

@@ -1,0 +1,538 @@
+// The fast attention-path and routing kernels (Numerics::Fast) against the exact ones on random data at
+// V4.1-Flash sizes (indexer 32 heads x 128, index top-k 512, 384 experts top-6), with the device time of
+// both: indexer scoring for decode (8 rows x 131072 keys) and prefill (4096 rows x 65536 keys, tensor
+// cores), top-k and candidate blocks over 131072 / 65536 scores, MoE routing. Skipped without a GPU.
+// Lines starting with "PARITY" are collected by tools/gpu/check.sh.
+#include "ops/backend.h"
+#include "ops/cpu/cpu_backend.h"
+#include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/kernels.h"
+#include "tensor/dtype.h"
+#include "tensor/quant.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+
+using namespace peregrine;
+using cuda::CudaBackend;
+
+namespace {
+
+#define REQUIRE_GPU()                                            \
+    do {                                                         \
+        std::string why_;                                        \
+        if (!cuda_device_available(&why_)) GTEST_SKIP() << why_; \
+    } while (0)
+
+constexpr int kHeads = 32, kDim = 128, kTopK = 512;
+
+// Device milliseconds of one call (after a warm-up call), by CUDA events.
+float time_ms(const std::function<void()>& f) {
+    f();
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    cudaEventRecord(a, 0);
+    f();
+    cudaEventRecord(b, 0);
+    cudaEventSynchronize(b);
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    return ms;
+}
+
+// Rows of fp4-quantised values as the indexer's q and k are (bf16 draws, fp4 e2m1 with ue8m0 scales per 32).
+std::vector<float> fp4_rows(int64_t rows, int width, uint64_t seed) {
+    std::vector<float> v(static_cast<size_t>(rows * width));
+    std::mt19937_64 g(seed);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    for (auto& x : v) x = round_bf16(n(g));
+    for (int64_t r = 0; r < rows; ++r) qdq_fp4_ue8m0(v.data() + r * width, width, 32);
+    return v;
+}
+
+std::vector<float> weights(int64_t T, uint64_t seed) {
+    std::vector<float> w(static_cast<size_t>(T * kHeads));
+    std::mt19937_64 g(seed);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    const float s = static_cast<float>(std::pow(kDim, -0.5) * std::pow(kHeads, -0.5));
+    for (auto& x : w) x = round_bf16(round_bf16(n(g)) * s);
+    return w;
+}
+
+template <typename T>
+std::vector<T> host(const T* p, size_t n) {
+    std::vector<T> v(n);
+    if (n) cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return v;
+}
+
+// Scores agree within one bf16 step of the larger magnitude (the fp32 sum of a dot product can round to the
+// neighbouring bf16 value where the exact sum is not representable); reports the exactly equal share.
+void compare_scores(const std::vector<float>& fast, const std::vector<float>& exact, const std::string& what) {
+    ASSERT_EQ(fast.size(), exact.size());
+    int64_t equal = 0, bad = 0;
+    float worst = 0.0f;
+    for (size_t i = 0; i < fast.size(); ++i) {
+        const float a = fast[i], b = exact[i];
+        if (a == b) {
+            ++equal;
+            continue;
+        }
+        const float d = std::fabs(a - b);
+        worst = std::max(worst, d);
+        if (!(d <= std::ldexp(std::max(std::fabs(a), std::fabs(b)), -7) + 1e-6f)) ++bad;
+    }
+    const double share = static_cast<double>(equal) / static_cast<double>(fast.size());
+    EXPECT_EQ(bad, 0) << what << ": " << bad << " scores beyond a bf16 step, worst " << worst;
+    EXPECT_GE(share, 0.999) << what;
+    std::printf("PARITY attn %s equal %.6f max|d| %.3g (tol: 1 bf16 step)\n", what.c_str(), share, worst);
+}
+
+TEST(CudaAttnFast, IndexScoresDecodeStream) {
+    REQUIRE_GPU();
+    const int T = 8;
+    const int64_t N = 131072;
+    auto kh = fp4_rows(N, kDim, 11);
+    auto qh = fp4_rows(T * kHeads, kDim, 12);
+    auto kd = CudaBackend::upload(kh);
+    std::vector<const float*> table(static_cast<size_t>(N));
+    for (int64_t j = 0; j < N; ++j) table[static_cast<size_t>(j)] = kd.ptr + (j ^ 1) * kDim;
+    auto td = CudaBackend::upload(table);
+    auto q = CudaBackend::upload(qh);
+    auto w = CudaBackend::upload(weights(T, 13));
+    // Each row its own sequence over the same keys, with fewer visible entries on some rows.
+    std::vector<int64_t> width(T, N), visible(T), keybase(T, 0);
+    for (int t = 0; t < T; ++t) visible[static_cast<size_t>(t)] = N - t * 1001;
+    auto wd = CudaBackend::upload(width), vd = CudaBackend::upload(visible), bd = CudaBackend::upload(keybase);
+    Tensor fast = CudaBackend::empty(DType::F32, {T, N}), exact = CudaBackend::empty(DType::F32, {T, N});
+    const float ms_fast = time_ms([&] {
+        cuda::index_scores_stream(q.ptr, w.ptr, nullptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, N, fast.f32());
+    });
+    const float ms_exact = time_ms([&] {
+        cuda::index_scores(q.ptr, w.ptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, N, exact.f32());
+    });
+    auto f = host(fast.f32(), static_cast<size_t>(T * N)), e = host(exact.f32(), static_cast<size_t>(T * N));
+    for (int t = 1; t < T; ++t) EXPECT_EQ(f[static_cast<size_t>(t * N + N - 1)], -INFINITY) << "row " << t;
+    compare_scores(f, e, "index_scores_stream 8x131072 (32 heads x 128)");
+    const double gb = static_cast<double>(T) * N * kDim * 4 / 1e9;
+    std::printf("PARITY attn index_scores_stream 8x131072 fast %.3f ms (%.0f GB/s of keys) exact %.3f ms\n", ms_fast,
+                gb / (ms_fast * 1e-3), ms_exact);
+}
+
+TEST(CudaAttnFast, IndexScoresPrefillTensorCores) {
+    REQUIRE_GPU();
+    const int T = 4096;
+    const int64_t N = 65536;
+    auto kh = fp4_rows(N, kDim, 21);
+    auto qh = fp4_rows(static_cast<int64_t>(T) * kHeads, kDim, 22);
+    auto kd = CudaBackend::upload(kh);
+    std::vector<const float*> table(static_cast<size_t>(N));
+    for (int64_t j = 0; j < N; ++j) table[static_cast<size_t>(j)] = kd.ptr + (j ^ 1) * kDim;
+    auto td = CudaBackend::upload(table);
+    auto q = CudaBackend::upload(qh);
+    auto w = CudaBackend::upload(weights(T, 23));
+    // One sequence: 4096 new tokens at the end of 65536 entries (causal: row t sees N - T + t + 1).
+    std::vector<int64_t> width(T, N), visible(T), keybase(T, 0);
+    for (int t = 0; t < T; ++t) visible[static_cast<size_t>(t)] = N - T + t + 1;
+    auto wd = CudaBackend::upload(width), vd = CudaBackend::upload(visible), bd = CudaBackend::upload(keybase);
+    std::vector<int64_t> tiles;
+    for (int r = 0; r < T; r += 64) tiles.insert(tiles.end(), {r, std::min(64, T - r), 0, N});
+    auto tiles_d = CudaBackend::upload(tiles);
+    auto qb = cuda::device_alloc(sizeof(uint16_t) * T * kHeads * kDim), kb = cuda::device_alloc(sizeof(uint16_t) * N * kDim);
+    Tensor mma = CudaBackend::empty(DType::F32, {T, N}), stream = CudaBackend::empty(DType::F32, {T, N});
+    const float ms_mma = time_ms([&] {
+        cuda::to_bf16(q.ptr, static_cast<int64_t>(T) * kHeads * kDim, static_cast<uint16_t*>(qb.get()));
+        cuda::gather_keys_bf16(td.ptr, N, kDim, static_cast<uint16_t*>(kb.get()));
+        cuda::index_scores_mma(static_cast<const uint16_t*>(qb.get()), w.ptr, kHeads, tiles_d.ptr,
+                               static_cast<int>(tiles.size() / 4), static_cast<const uint16_t*>(kb.get()), vd.ptr, N,
+                               mma.f32());
+    });
+    const float ms_stream = time_ms([&] {
+        cuda::index_scores_stream(q.ptr, w.ptr, nullptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, N,
+                                  stream.f32());
+    });
+    auto m = host(mma.f32(), static_cast<size_t>(T) * N), s = host(stream.f32(), static_cast<size_t>(T) * N);
+    compare_scores(m, s, "index_scores_mma vs stream 4096x65536");
+    // The exact kernel on the first and last 64 rows (all of it would take seconds).
+    const int sub = 64;
+    Tensor ex = CudaBackend::empty(DType::F32, {2 * sub, N});
+    float ms_exact = 0.0f;
+    for (int part = 0; part < 2; ++part) {
+        const int r0 = part == 0 ? 0 : T - sub;
+        ms_exact += time_ms([&] {
+            cuda::index_scores(q.ptr + static_cast<int64_t>(r0) * kHeads * kDim, w.ptr + r0 * kHeads, sub, kHeads, kDim,
+                               wd.ptr + r0, vd.ptr + r0, bd.ptr + r0, td.ptr, N, ex.f32() + part * sub * N);
+        });
+    }
+    auto e = host(ex.f32(), static_cast<size_t>(2 * sub) * N);
+    std::vector<float> msub(m.begin(), m.begin() + sub * N);
+    msub.insert(msub.end(), m.end() - sub * N, m.end());
+    compare_scores(msub, e, "index_scores_mma vs exact 2x64 rows of 4096x65536");
+    const double tflop = 2.0 * T * N * kHeads * kDim / 1e12;
+    std::printf("PARITY attn index_scores_mma 4096x65536 fast %.3f ms (%.0f TFLOP/s, with bf16 staging) stream %.3f ms "
+                "exact %.3f ms for 128 rows (~%.0f ms for all)\n",
+                ms_mma, tflop / (ms_mma * 1e-3), ms_stream, ms_exact, ms_exact * T / (2 * sub));
+}
+
+// Scores as the scorer writes them: bf16 values with many ties, -inf beyond `visible`.
+std::vector<float> tied_scores(int64_t T, int64_t N, const std::vector<int64_t>& visible, uint64_t seed) {
+    std::vector<float> v(static_cast<size_t>(T * N));
+    std::mt19937_64 g(seed);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < N; ++j)
+            v[static_cast<size_t>(t * N + j)] = j < visible[static_cast<size_t>(t)] ? round_bf16(std::round(n(g) * 64.0f) / 64.0f) : -INFINITY;
+    return v;
+}
+
+void check_topk(int64_t T, int64_t N, int k, bool ascending, const std::string& shape) {
+    std::vector<int64_t> width(static_cast<size_t>(T), N), visible(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) visible[static_cast<size_t>(t)] = std::max<int64_t>(1, N - (t * 37) % (N / 2));
+    auto s = CudaBackend::upload(tied_scores(T, N, visible, 5 + T));
+    auto wd = CudaBackend::upload(width), vd = CudaBackend::upload(visible);
+    auto tmp = cuda::device_alloc(sizeof(int32_t) * T * k);
+    auto of = cuda::device_alloc(sizeof(int32_t) * T * k), oe = cuda::device_alloc(sizeof(int32_t) * T * k);
+    auto cf = cuda::device_alloc(sizeof(int32_t) * T), ce = cuda::device_alloc(sizeof(int32_t) * T);
+    const float ms_fast = time_ms([&] {
+        cuda::topk_rows_fast(s.ptr, T, N, wd.ptr, vd.ptr, k, ascending, static_cast<int32_t*>(tmp.get()),
+                             static_cast<int32_t*>(of.get()), static_cast<int32_t*>(cf.get()));
+    });
+    const float ms_exact = time_ms([&] {
+        cuda::topk_rows(s.ptr, T, N, wd.ptr, vd.ptr, k, ascending, static_cast<int32_t*>(tmp.get()),
+                        static_cast<int32_t*>(oe.get()), static_cast<int32_t*>(ce.get()));
+    });
+    EXPECT_EQ(host(static_cast<int32_t*>(cf.get()), T), host(static_cast<int32_t*>(ce.get()), T)) << shape;
+    auto a = host(static_cast<int32_t*>(of.get()), static_cast<size_t>(T * k));
+    auto b = host(static_cast<int32_t*>(oe.get()), static_cast<size_t>(T * k));
+    int64_t diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) diff += a[i] != b[i];
+    EXPECT_EQ(diff, 0) << shape;
+    std::printf("PARITY attn topk_rows %s k=%d %s identical %s fast %.3f ms exact %.3f ms\n", shape.c_str(), k,
+                ascending ? "by index" : "by value", diff == 0 ? "yes" : "NO", ms_fast, ms_exact);
+}
+
+TEST(CudaAttnFast, TopKSameSelection) {
+    REQUIRE_GPU();
+    check_topk(8, 131072, kTopK, true, "8x131072");
+    check_topk(32, 131072, kTopK, false, "32x131072");
+    check_topk(4096, 65536, kTopK, true, "4096x65536");
+    check_topk(5, 300, kTopK, true, "5x300 (k > width)");
+}
+
+// The tie cases of test_cuda_backend's radix test (-0/+0, -inf, widths around k) against the CPU order.
+TEST(CudaAttnFast, TopKMatchesStableSortOnTies) {
+    REQUIRE_GPU();
+    const int T = 5, k = 37;
+    const int64_t widths[T] = {1, 36, 37, 1000, 70000};
+    const int64_t stride = 70000;
+    std::vector<float> scores(static_cast<size_t>(T * stride), -INFINITY);
+    std::mt19937 g(7);
+    for (int t = 0; t < T; ++t)
+        for (int64_t j = 0; j < widths[t]; ++j) {
+            const int v = static_cast<int>(g() % 9);
+            scores[static_cast<size_t>(t * stride + j)] = v == 0 ? -0.0f : v == 1 ? -INFINITY : static_cast<float>(v % 4);
+        }
+    std::vector<int64_t> w(widths, widths + T), vis(w);
+    vis[3] = 500;
+    for (bool asc : {false, true}) {
+        auto s = CudaBackend::upload(scores);
+        auto wd = CudaBackend::upload(w), vd = CudaBackend::upload(vis);
+        auto tmp = CudaBackend::upload(std::vector<int32_t>(static_cast<size_t>(T * k), -7));
+        auto out = CudaBackend::upload(std::vector<int32_t>(static_cast<size_t>(T * k), -7));
+        auto cnt = CudaBackend::upload(std::vector<int32_t>(static_cast<size_t>(T), -7));
+        cuda::topk_rows_fast(s.ptr, T, stride, wd.ptr, vd.ptr, k, asc, tmp.ptr, out.ptr, cnt.ptr);
+        auto o = host(out.ptr, static_cast<size_t>(T * k));
+        auto c = host(cnt.ptr, static_cast<size_t>(T));
+        for (int t = 0; t < T; ++t) {
+            auto ref = cpu::topk_desc(scores.data() + t * stride, static_cast<int>(w[static_cast<size_t>(t)]), k);
+            if (asc) std::sort(ref.begin(), ref.end());
+            ASSERT_EQ(c[static_cast<size_t>(t)], static_cast<int32_t>(ref.size())) << "row " << t;
+            for (size_t i = 0; i < ref.size(); ++i)
+                EXPECT_EQ(o[static_cast<size_t>(t * k) + i], ref[i] < vis[static_cast<size_t>(t)] ? ref[i] : -1)
+                    << "row " << t << " slot " << i << (asc ? " ascending" : " descending");
+        }
+    }
+    std::printf("PARITY attn topk_rows_fast == stable sort (ties, -0, -inf, 70000 wide): checked\n");
+}
+
+TEST(CudaAttnFast, CandidateBlocksSameMask) {
+    REQUIRE_GPU();
+    const int bs = 8, topb = 2048;
+    for (auto [T, N] : {std::pair<int64_t, int64_t>{8, 131072}, {1024, 65536}}) {
+        std::vector<int64_t> width(static_cast<size_t>(T), N), visible(static_cast<size_t>(T));
+        for (int64_t t = 0; t < T; ++t) visible[static_cast<size_t>(t)] = N - (t * 13) % 4096;
+        auto s = CudaBackend::upload(tied_scores(T, N, visible, 77));
+        auto wd = CudaBackend::upload(width), vd = CudaBackend::upload(visible);
+        const int64_t nb = (N + bs - 1) / bs;
+        auto bscore = cuda::device_alloc(sizeof(float) * T * nb), bsel = cuda::device_alloc(sizeof(int32_t) * T * nb);
+        auto mf = cuda::device_alloc(static_cast<size_t>(T * N)), me = cuda::device_alloc(static_cast<size_t>(T * N));
+        const float ms_fast = time_ms([&] {
+            cuda::candidate_blocks_fast(s.ptr, T, N, wd.ptr, vd.ptr, bs, topb, static_cast<float*>(bscore.get()),
+                                        static_cast<int32_t*>(bsel.get()), nb, static_cast<uint8_t*>(mf.get()));
+        });
+        const float ms_exact = time_ms([&] {
+            cuda::candidate_blocks(s.ptr, T, N, wd.ptr, vd.ptr, bs, topb, static_cast<float*>(bscore.get()),
+                                   static_cast<int32_t*>(bsel.get()), nb, static_cast<uint8_t*>(me.get()));
+        });
+        auto a = host(static_cast<uint8_t*>(mf.get()), static_cast<size_t>(T * N));
+        auto b = host(static_cast<uint8_t*>(me.get()), static_cast<size_t>(T * N));
+        EXPECT_TRUE(a == b) << T << "x" << N;
+        std::printf("PARITY attn candidate_blocks %ldx%ld (8-entry blocks, top 2048) identical %s fast %.3f ms exact %.3f ms\n",
+                    static_cast<long>(T), static_cast<long>(N), a == b ? "yes" : "NO", ms_fast, ms_exact);
+    }
+}
+
+// Routing: score functions softmax / sigmoid / sqrt-softplus with a selection bias, and hash routing.
+TEST(CudaAttnFast, RouteSameSelectionAndWeights) {
+    REQUIRE_GPU();
+    const int64_t T = 4096;
+    const int E = 384, K = 6;
+    std::vector<float> logits(static_cast<size_t>(T * E)), bias(static_cast<size_t>(E));
+    std::mt19937_64 g(3);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    for (auto& x : logits) x = round_bf16(n(g)) * 0.25f;
+    for (auto& x : bias) x = n(g) * 0.01f;
+    std::vector<int64_t> tid2eid(static_cast<size_t>(1000 * K));
+    for (size_t i = 0; i < tid2eid.size(); ++i) tid2eid[i] = static_cast<int64_t>((i * 7919) % E);
+    std::vector<int32_t> ids(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) ids[static_cast<size_t>(t)] = static_cast<int32_t>((t * 31) % 1000);
+    auto ld = CudaBackend::upload(logits), bd = CudaBackend::upload(bias);
+    auto hd = CudaBackend::upload(tid2eid);
+    auto idd = CudaBackend::upload(ids);
+    auto sf = cuda::device_alloc(sizeof(int32_t) * T * K), se = cuda::device_alloc(sizeof(int32_t) * T * K);
+    auto wf = cuda::device_alloc(sizeof(float) * T * K), we = cuda::device_alloc(sizeof(float) * T * K);
+    struct Case {
+        const char* name;
+        int score_func;
+        bool bias, hash, v41;
+    };
+    for (Case c : {Case{"sqrtsoftplus+bias (v4.1)", 2, true, false, true}, Case{"sigmoid+bias (v4)", 1, true, false, false},
+                   Case{"softmax", 0, false, false, false}, Case{"hash (tid2eid)", 2, false, true, true}}) {
+        auto call = [&](bool fast, void* s, void* w) {
+            (fast ? cuda::route_fast : cuda::route)(ld.ptr, T, E, K, c.score_func, c.bias ? bd.ptr : nullptr,
+                                                   c.hash ? hd.ptr : nullptr, idd.ptr, c.v41, true, 2.5f, false,
+                                                   static_cast<int32_t*>(s), static_cast<float*>(w));
+        };
+        const float ms_fast = time_ms([&] { call(true, sf.get(), wf.get()); });
+        const float ms_exact = time_ms([&] { call(false, se.get(), we.get()); });
+        auto a = host(static_cast<int32_t*>(sf.get()), static_cast<size_t>(T * K));
+        auto b = host(static_cast<int32_t*>(se.get()), static_cast<size_t>(T * K));
+        auto x = host(static_cast<float*>(wf.get()), static_cast<size_t>(T * K));
+        auto y = host(static_cast<float*>(we.get()), static_cast<size_t>(T * K));
+        EXPECT_EQ(a, b) << c.name;
+        EXPECT_EQ(x, y) << c.name;
+        std::printf("PARITY attn route %s 4096x384 top-6 identical %s fast %.3f ms exact %.3f ms\n", c.name,
+                    a == b && x == y ? "yes" : "NO", ms_fast, ms_exact);
+    }
+}
+
+// The batched compressor (all sequences in one launch, parallel over channels) against the per-sequence
+// kernel: 8 decode sequences and one 4096-token prefill, the V4.1 shapes (ratio 4 with overlap, ratio 128),
+// 512-wide latents; pooled latents, final carries and page snapshots must be identical.
+TEST(CudaAttnFast, CompressorBatchSameAsSequential) {
+    REQUIRE_GPU();
+    const int d = 512, page_tokens = 64;
+    for (auto [ratio, overlap] : {std::pair<int, bool>{4, true}, {128, false}}) {
+        const int coff = overlap ? 2 : 1, width = coff * d, slots = coff * ratio;
+        const int64_t carry = 2LL * slots * width;
+        struct Seq {
+            int64_t start;
+            int n, row0;
+        };
+        std::vector<Seq> seqs;
+        int T = 0;
+        for (int s = 0; s < 8; ++s, ++T) seqs.push_back({1000LL * s + 3 * s + 123, 1, T});
+        seqs.push_back({8192 + 5, 4096, T});
+        T += 4096;
+        std::mt19937_64 g(ratio);
+        std::normal_distribution<float> n(0.0f, 1.0f);
+        auto rnd = [&](size_t k) {
+            std::vector<float> v(k);
+            for (auto& x : v) x = round_bf16(n(g));
+            return v;
+        };
+        auto kv = CudaBackend::upload(rnd(static_cast<size_t>(T) * width));
+        auto score = CudaBackend::upload(rnd(static_cast<size_t>(T) * width));
+        auto ape = CudaBackend::upload(rnd(static_cast<size_t>(ratio) * width));
+        auto carries = rnd(seqs.size() * carry);
+        // Emissions and snapshot slots in sequence order.
+        std::vector<int64_t> meta;
+        std::vector<int> emit_base;
+        int emits = 0, snaps = 0;
+        std::vector<int> snap_first;
+        for (size_t s = 0; s < seqs.size(); ++s) {
+            emit_base.push_back(emits);
+            snap_first.push_back(snaps);
+            for (int i = 0; i < seqs[s].n; ++i) {
+                emits += (seqs[s].start + i + 1) % ratio == 0;
+                ++snaps;
+            }
+            meta.insert(meta.end(), {seqs[s].start, seqs[s].n, seqs[s].row0, emit_base.back(),
+                                     static_cast<int64_t>(s) * carry, snap_first.back()});
+        }
+        auto snap_area = [&](Tensor& area) {  // per token: a snapshot buffer at page ends, else null
+            int64_t count = 0;
+            for (auto& q : seqs)
+                for (int i = 0; i < q.n; ++i) count += (q.start + i + 1) % page_tokens == 0;
+            area = CudaBackend::empty(DType::F32, {std::max<int64_t>(count, 1), carry});
+            std::vector<float*> ptrs;
+            int64_t k = 0;
+            for (auto& q : seqs)
+                for (int i = 0; i < q.n; ++i)
+                    ptrs.push_back((q.start + i + 1) % page_tokens == 0 ? area.f32() + carry * k++ : nullptr);
+            return ptrs;
+        };
+        Tensor area_e, area_f;
+        auto snap_e = CudaBackend::upload(snap_area(area_e)), snap_f = CudaBackend::upload(snap_area(area_f));
+        Tensor pooled_e = CudaBackend::empty(DType::F32, {std::max(emits, 1), d});
+        Tensor pooled_f = CudaBackend::empty(DType::F32, {std::max(emits, 1), d});
+        auto state_e = CudaBackend::upload(carries), state_f = CudaBackend::upload(carries);
+        auto meta_d = CudaBackend::upload(meta);
+        cuda::CompressorArgs base;
+        base.kv = kv.ptr;
+        base.score = score.ptr;
+        base.ape = ape.ptr;
+        base.ratio = ratio;
+        base.d = d;
+        base.overlap = overlap;
+        // One call each (the state advances, so no warm-up): the exact kernel sequence by sequence.
+        auto run_exact = [&] {
+            for (size_t s = 0; s < seqs.size(); ++s) {
+                cuda::CompressorArgs a = base;
+                a.state = state_e.ptr + static_cast<int64_t>(s) * carry;
+                a.pooled = pooled_e.f32();
+                a.emit_base = emit_base[s];
+                a.start_pos = seqs[s].start;
+                a.n_tokens = seqs[s].n;
+                a.row0 = seqs[s].row0;
+                a.snapshot = snap_e.ptr + snap_first[s];
+                cuda::compressor_seq(a);
+            }
+        };
+        auto run_fast = [&] {
+            cuda::CompressorArgs a = base;
+            a.state = state_f.ptr;
+            a.pooled = pooled_f.f32();
+            a.snapshot = snap_f.ptr;
+            cuda::compressor_batch(a, static_cast<int>(seqs.size()), meta_d.ptr);
+        };
+        cudaEvent_t e0, e1, e2;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        cudaEventCreate(&e2);
+        cudaEventRecord(e0, 0);
+        run_exact();
+        cudaEventRecord(e1, 0);
+        run_fast();
+        cudaEventRecord(e2, 0);
+        cudaEventSynchronize(e2);
+        float ms_exact = 0.0f, ms_fast = 0.0f;
+        cudaEventElapsedTime(&ms_exact, e0, e1);
+        cudaEventElapsedTime(&ms_fast, e1, e2);
+        for (auto e : {e0, e1, e2}) cudaEventDestroy(e);
+        ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+        const bool pooled_same = host(pooled_f.f32(), static_cast<size_t>(emits) * d) == host(pooled_e.f32(), static_cast<size_t>(emits) * d);
+        const bool state_same = host(state_f.ptr, carries.size()) == host(state_e.ptr, carries.size());
+        const bool snap_same = host(area_f.f32(), static_cast<size_t>(area_f.numel())) == host(area_e.f32(), static_cast<size_t>(area_e.numel()));
+        EXPECT_TRUE(pooled_same && state_same && snap_same) << "ratio " << ratio;
+        std::printf("PARITY attn compressor ratio %d%s d=512, 8 decode + 1x4096 prefill: pooled %s carry %s snapshots %s"
+                    " fast %.3f ms exact %.3f ms\n",
+                    ratio, overlap ? " overlap" : "", pooled_same ? "same" : "DIFFER", state_same ? "same" : "DIFFER",
+                    snap_same ? "same" : "DIFFER", ms_fast, ms_exact);
+    }
+}
+
+// hc mixes at V4.1-Flash's hc 4 x dim 5120 (24 mixes, 20 Sinkhorn iterations): the split kernel against the
+// block-per-token one. Both sum in double, in different orders, so the float results agree to an ulp or so.
+TEST(CudaAttnFast, HcMixesSplitMatchesExact) {
+    REQUIRE_GPU();
+    const int hc = 4, D = 5120, W = hc * D, n_mix = 24, iters = 20;
+    std::mt19937_64 g(17);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    std::vector<float> fn(static_cast<size_t>(n_mix) * W), base(n_mix), scale = {0.5f, 0.7f, 0.9f};
+    for (auto& x : fn) x = n(g) * 0.01f;
+    for (auto& x : base) x = n(g) * 0.1f;
+    auto fd = CudaBackend::upload(fn), bd = CudaBackend::upload(base), sd = CudaBackend::upload(scale);
+    for (int64_t T : {8, 4096}) {
+        std::vector<float> h(static_cast<size_t>(T) * W);
+        for (auto& x : h) x = round_bf16(n(g));
+        auto hd = CudaBackend::upload(h);
+        Tensor out[2][3];
+        float ms[2];
+        for (int k = 0; k < 2; ++k) {
+            out[k][0] = CudaBackend::empty(DType::F32, {T, hc});
+            out[k][1] = CudaBackend::empty(DType::F32, {T, hc});
+            out[k][2] = CudaBackend::empty(DType::F32, {T, hc * hc});
+            ms[k] = time_ms([&] {
+                (k == 0 ? cuda::hc_mixes_fast : cuda::hc_mixes)(hd.ptr, T, hc, D, fd.ptr, n_mix, bd.ptr, sd.ptr, 1e-6f,
+                                                                1e-6f, iters, 0, out[k][0].f32(), out[k][1].f32(),
+                                                                out[k][2].f32());
+            });
+        }
+        float worst = 0.0f;
+        int64_t equal = 0, total = 0;
+        for (int i = 0; i < 3; ++i) {
+            auto a = CudaBackend::to_host(out[0][i]), b = CudaBackend::to_host(out[1][i]);
+            for (int64_t e = 0; e < a.numel(); ++e) {
+                const float x = a.f32()[e], y = b.f32()[e];
+                equal += x == y;
+                ++total;
+                worst = std::max(worst, std::fabs(x - y) / std::max(std::fabs(y), 1e-6f));
+            }
+        }
+        EXPECT_LE(worst, 1e-5f) << "T=" << T;
+        std::printf("PARITY attn hc_mixes %ldx(4x5120) 24 mixes fast %.3f ms exact %.3f ms, max rel |d| %.3g equal %.4f"
+                    " (tol 1e-5 rel)\n",
+                    static_cast<long>(T), ms[0], ms[1], worst, static_cast<double>(equal) / total);
+    }
+}
+
+// Sparse attention at 64 heads x 512 over 128 window + 512 selected keys: the warp softmax gives the exact
+// kernel's output bit for bit.
+TEST(CudaAttnFast, SparseAttentionWarpSoftmaxSameOutput) {
+    REQUIRE_GPU();
+    const int H = 64, Dh = 512, maxk = 640;
+    for (int64_t T : {8, 256}) {
+        std::mt19937_64 g(29 + T);
+        std::normal_distribution<float> n(0.0f, 1.0f);
+        const int64_t nk = 4096;
+        std::vector<float> q(static_cast<size_t>(T * H * Dh)), kv(static_cast<size_t>(nk * Dh)), sink(H);
+        for (auto& x : q) x = round_bf16(n(g));
+        for (auto& x : kv) x = round_bf16(n(g));
+        for (auto& x : sink) x = n(g);
+        auto qd = CudaBackend::upload(q), kd = CudaBackend::upload(kv), sd = CudaBackend::upload(sink);
+        std::vector<const float*> keys(static_cast<size_t>(T * maxk), nullptr);
+        std::vector<int32_t> cnt(static_cast<size_t>(T));
+        for (int64_t t = 0; t < T; ++t) {
+            cnt[static_cast<size_t>(t)] = static_cast<int32_t>(maxk - (t * 7) % 100);
+            for (int j = 0; j < cnt[static_cast<size_t>(t)]; ++j)
+                keys[static_cast<size_t>(t * maxk + j)] = (j % 50 == 7) ? nullptr : kd.ptr + ((t * 131 + j * 17) % nk) * Dh;
+        }
+        auto keys_d = CudaBackend::upload(keys);
+        auto cnt_d = CudaBackend::upload(cnt);
+        Tensor of = CudaBackend::empty(DType::F32, {T, H, Dh}), oe = CudaBackend::empty(DType::F32, {T, H, Dh});
+        const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+        const float ms_fast = time_ms([&] {
+            cuda::sparse_attention(qd.ptr, T, H, Dh, scale, sd.ptr, keys_d.ptr, cnt_d.ptr, maxk, of.f32(), true);
+        });
+        const float ms_exact = time_ms([&] {
+            cuda::sparse_attention(qd.ptr, T, H, Dh, scale, sd.ptr, keys_d.ptr, cnt_d.ptr, maxk, oe.f32(), false);
+        });
+        auto a = host(of.f32(), static_cast<size_t>(T * H * Dh)), b = host(oe.f32(), static_cast<size_t>(T * H * Dh));
+        EXPECT_TRUE(a == b) << "T=" << T;
+        std::printf("PARITY attn sparse_attention %ldx64x512 over 640 keys identical %s fast %.3f ms exact %.3f ms\n",
+                    static_cast<long>(T), a == b ? "yes" : "NO", ms_fast, ms_exact);
+    }
+}
+
+}  // namespace

@@ -246,6 +246,15 @@ double time_ms(F&& fn, int reps = 20) {
     return ms / reps;
 }
 
+// GEMV variants checked and timed in one run: the pipelined default (no tag) and the first kernel ("[v1]").
+const int kVariants[] = {2, 1};
+std::string variant_tag(int v) { return v == 2 ? "" : " [v" + std::to_string(v) + "]"; }
+struct VariantScope {
+    int before;
+    explicit VariantScope(int v) : before(linear_gemv_variant()) { linear_gemv_set_variant(v); }
+    ~VariantScope() { linear_gemv_set_variant(before); }
+};
+
 void report_speed(const std::string& what, double ms, double bytes) {
     std::printf("PARITY gemv %-44s M=8 %8.1f us %7.0f GB/s\n", what.c_str(), ms * 1e3, bytes / (ms * 1e-3) / 1e9);
 }
@@ -304,14 +313,21 @@ TEST(CudaGemv, DenseMatchesExactAtRealShapes) {
             Acts a = make_acts(s, M, seed++);
             const size_t n = static_cast<size_t>(M) * s.out;
             Buf yf(n * sizeof(float)), ye(n * sizeof(float));
-            linear_gemv(a.xp, a.sp, M, l, yf.as<float>(), nullptr, nullptr);
             linear_tiled(a.xp, a.sp, M, l, ye.as<float>(), nullptr, nullptr);
-            CK(cudaDeviceSynchronize());
-            compare(to_host(yf, n), to_host(ye, n), s.kind != 0, s.name + " M=" + std::to_string(M));
-            if (M == 8) {
-                const double ms = time_ms([&] { linear_gemv(a.xp, a.sp, M, l, yf.as<float>(), nullptr, nullptr); });
+            for (int v : kVariants) {
+                VariantScope scope(v);
+                CK(cudaMemset(yf.p, 0xff, n * sizeof(float)));  // NaN: an output left unwritten fails
+                linear_gemv(a.xp, a.sp, M, l, yf.as<float>(), nullptr, nullptr);
                 CK(cudaDeviceSynchronize());
-                report_speed(s.name, ms, static_cast<double>(weight_bytes(s) + scale_bytes(s)));
+                const std::vector<float> first = to_host(yf, n);
+                compare(first, to_host(ye, n), s.kind != 0, s.name + variant_tag(v) + " M=" + std::to_string(M));
+                if (M == 8) {
+                    const double ms = time_ms([&] { linear_gemv(a.xp, a.sp, M, l, yf.as<float>(), nullptr, nullptr); });
+                    CK(cudaDeviceSynchronize());
+                    // Repeated calls (reused split scratch and tickets) give the same bits.
+                    EXPECT_EQ(std::memcmp(first.data(), to_host(yf, n).data(), n * sizeof(float)), 0) << s.name;
+                    report_speed(s.name + variant_tag(v), ms, static_cast<double>(weight_bytes(s) + scale_bytes(s)));
+                }
             }
         }
     }
@@ -348,19 +364,24 @@ void check_routed(const Shape& s, int E, int distinct, int top_k, uint64_t seed)
             Acts a = make_acts(s, pairs, seed + 7 * T + skewed);
             const size_t n = static_cast<size_t>(pairs) * s.out;
             Buf yf(n * sizeof(float)), ye(n * sizeof(float));
-            linear_gemv(a.xp, a.sp, pairs, l, yf.as<float>(), &ex, &rt.r);
             linear_tiled(a.xp, a.sp, pairs, l, ye.as<float>(), &ex, &rt.r);
-            CK(cudaDeviceSynchronize());
-            const std::string what = s.name + (skewed ? " skewed" : " balanced") + " T=" + std::to_string(T);
-            compare(to_host(yf, n), to_host(ye, n), s.kind != 0, what);
-            if (T == 8) {
-                std::vector<char> used(static_cast<size_t>(distinct), 0);
-                for (int32_t e : sel) used[static_cast<size_t>(e % distinct)] = 1;
-                const double touched = static_cast<double>(std::count(used.begin(), used.end(), 1));
-                const double ms = time_ms([&] { linear_gemv(a.xp, a.sp, pairs, l, yf.as<float>(), &ex, &rt.r); });
+            for (int v : kVariants) {
+                VariantScope scope(v);
+                CK(cudaMemset(yf.p, 0xff, n * sizeof(float)));
+                linear_gemv(a.xp, a.sp, pairs, l, yf.as<float>(), &ex, &rt.r);
                 CK(cudaDeviceSynchronize());
-                report_speed(s.name + (skewed ? " skewed" : " balanced"), ms,
-                             touched * static_cast<double>(weight_bytes(s) + scale_bytes(s)));
+                const std::string what = s.name + (skewed ? " skewed" : " balanced") + variant_tag(v);
+                const std::vector<float> first = to_host(yf, n);
+                compare(first, to_host(ye, n), s.kind != 0, what + " T=" + std::to_string(T));
+                if (T == 8) {
+                    std::vector<char> used(static_cast<size_t>(distinct), 0);
+                    for (int32_t e : sel) used[static_cast<size_t>(e % distinct)] = 1;
+                    const double touched = static_cast<double>(std::count(used.begin(), used.end(), 1));
+                    const double ms = time_ms([&] { linear_gemv(a.xp, a.sp, pairs, l, yf.as<float>(), &ex, &rt.r); });
+                    CK(cudaDeviceSynchronize());
+                    EXPECT_EQ(std::memcmp(first.data(), to_host(yf, n).data(), n * sizeof(float)), 0) << what;
+                    report_speed(what, ms, touched * static_cast<double>(weight_bytes(s) + scale_bytes(s)));
+                }
             }
         }
     }

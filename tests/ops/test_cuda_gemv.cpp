@@ -246,8 +246,10 @@ double time_ms(F&& fn, int reps = 20) {
     return ms / reps;
 }
 
-// GEMV variants checked and timed in one run: the pipelined default (no tag) and the first kernel ("[v1]").
-const int kVariants[] = {2, 1};
+// GEMV variants checked and timed in one run: the pipelined default (no tag), the first kernel ("[v1]") and
+// the tensor-core one ("[v3]", FP8/FP4 only: skipped where it does not apply).
+const int kVariants[] = {2, 1, 3};
+bool variant_applies(int v, const LinearDev& l) { return v != 3 || linear_gemv_mma_supported(l); }
 std::string variant_tag(int v) { return v == 2 ? "" : " [v" + std::to_string(v) + "]"; }
 struct VariantScope {
     int before;
@@ -315,6 +317,7 @@ TEST(CudaGemv, DenseMatchesExactAtRealShapes) {
             Buf yf(n * sizeof(float)), ye(n * sizeof(float));
             linear_tiled(a.xp, a.sp, M, l, ye.as<float>(), nullptr, nullptr);
             for (int v : kVariants) {
+                if (!variant_applies(v, l)) continue;
                 VariantScope scope(v);
                 CK(cudaMemset(yf.p, 0xff, n * sizeof(float)));  // NaN: an output left unwritten fails
                 linear_gemv(a.xp, a.sp, M, l, yf.as<float>(), nullptr, nullptr);
@@ -366,6 +369,7 @@ void check_routed(const Shape& s, int E, int distinct, int top_k, uint64_t seed)
             Buf yf(n * sizeof(float)), ye(n * sizeof(float));
             linear_tiled(a.xp, a.sp, pairs, l, ye.as<float>(), &ex, &rt.r);
             for (int v : kVariants) {
+                if (!variant_applies(v, l)) continue;
                 VariantScope scope(v);
                 CK(cudaMemset(yf.p, 0xff, n * sizeof(float)));
                 linear_gemv(a.xp, a.sp, pairs, l, yf.as<float>(), &ex, &rt.r);

@@ -44,9 +44,14 @@ bool linear_gemv_supported(const LinearDev& w);
 void linear_gemv(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
                  const LinearRouting* routing);
 // Kernel variant: 2 the pipelined one (default), 1 the first (register double buffer, a block per 32-row group,
-// separate split reduction). Env PEREGRINE_GEMV=1 selects 1 at start; tests A/B both in one run.
+// separate split reduction), 3 the tensor-core one (linear_gemv_mma.cu) where it applies (FP8/FP4; else 2).
+// Env PEREGRINE_GEMV=1|2|3 selects at start; tests A/B them in one run.
 void linear_gemv_set_variant(int v);
 int linear_gemv_variant();
+// ---- linear_gemv_mma.cu (variant 3): FP8/FP4 decode GEMV on mma.sync e4m3 (same contract as linear_gemv).
+bool linear_gemv_mma_supported(const LinearDev& w);
+void linear_gemv_mma(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
+                     const ExpertTable* experts, const LinearRouting* routing);
 // ---- linear_cublas.cpp (prefill: tensor-core GEMMs through cuBLAS on exact bf16 images of the quantised
 // operands, fp32 accumulation; F32 linears as fp32 GEMMs). Same contract as linear_tiled; routed calls read
 // the tile table back to the host (one synchronisation). Weights are dequantised per call into a bounded,

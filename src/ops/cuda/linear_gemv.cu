@@ -8,6 +8,7 @@
 // enough blocks stream weights to fill HBM. Products are exact (e4m3 x e4m3/e2m1 and the power-of-two
 // scales); only the fp32 summation order differs from the exact kernels, before the same bf16 rounding.
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
 #include "util/error.h"
@@ -55,9 +56,8 @@ __device__ __forceinline__ void decode_word(uint32_t w, float* f) {
     } else {
         // An e2m1 nibble s.ee.m placed as the e4m3 byte s.0 0ee.m00 is exactly its value x 2^-6 (normal and
         // subnormal alike), so the hardware e4m3 conversion decodes it; the 2^6 goes into the weight scale.
-        const uint32_t even = ((w & 0x07070707u) << 2) | ((w & 0x08080808u) << 4);  // k0 k2 k4 k6
-        const uint32_t odd = ((w >> 2) & 0x1c1c1c1cu) | (w & 0x80808080u);         // k1 k3 k5 k7
-        const uint32_t p = __byte_perm(even, odd, 0x5140), q = __byte_perm(even, odd, 0x7362);
+        uint32_t p, q;
+        fp4x8_to_e4m3(w, p, q);
         const uint32_t pairs[4] = {p & 0xffffu, p >> 16, q & 0xffffu, q >> 16};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -282,16 +282,6 @@ constexpr int kActBudget = 160 * 1024;  // activation slice budget (plus the rin
 template <int F>
 __host__ __device__ constexpr int unit_bytes() {
     return word_values<F>() * (F >= kFP8 ? 2 : 4);
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 __device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
@@ -588,30 +578,6 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     }
 }
 
-// Grow-only device scratch for K-split partial sums and the split tickets (kept zero between calls by the
-// kernels). Stream-ordered like every launch here (the default stream), so reuse by the next call is safe.
-struct Scratch {
-    void* p = nullptr;
-    size_t bytes = 0;
-};
-void* grow(Scratch& s, size_t bytes, bool zero) {
-    if (bytes > s.bytes) {
-        if (s.p) PG_CUDA(cudaFreeAsync(s.p, 0));
-        s.bytes = std::max(bytes, 2 * s.bytes);
-        PG_CUDA(cudaMallocAsync(&s.p, s.bytes, 0));
-        if (zero) PG_CUDA(cudaMemsetAsync(s.p, 0, s.bytes, 0));
-    }
-    return s.p;
-}
-constexpr int kMaxDevices = 16;
-Scratch& scratch(int which) {
-    static Scratch s[kMaxDevices][2];
-    int dev = 0;
-    PG_CUDA(cudaGetDevice(&dev));
-    if (dev < 0 || dev >= kMaxDevices) fail("linear_gemv: device {} beyond the scratch table", dev);
-    return s[dev][which];
-}
-
 template <int F, int MR>
 void launch_pipelined(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
                       const ExpertTable* experts, const LinearRouting* routing) {
@@ -655,9 +621,9 @@ void launch_pipelined(const float* x, const float* xs, int64_t M, const LinearDe
     const int64_t gx = static_cast<int64_t>(nblk) * splits * mtiles;
     if (gx > 0x7fffffff) fail("linear_gemv: grid of {} blocks is too large", gx);
     if (splits > 1) {
-        partial = static_cast<float*>(grow(scratch(0), sizeof(float) * static_cast<size_t>(splits) * M * N, false));
+        partial = static_cast<float*>(gemv_scratch(0, sizeof(float) * static_cast<size_t>(splits) * M * N, false));
         counters = static_cast<unsigned*>(
-            grow(scratch(1), sizeof(unsigned) * static_cast<size_t>(tiles) * mtiles * nblk, true));
+            gemv_scratch(1, sizeof(unsigned) * static_cast<size_t>(tiles) * mtiles * nblk, true));
     }
     dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(tiles));
     gemv_pipelined_kernel<F, MR><<<grid, kThreadsPerBlock, smem>>>(
@@ -670,7 +636,8 @@ void launch_pipelined(const float* x, const float* xs, int64_t M, const LinearDe
 int& variant() {
     static int v = [] {
         const char* e = std::getenv("PEREGRINE_GEMV");
-        return e && std::string(e) == "1" ? 1 : 2;
+        const std::string v = e ? e : "";
+        return v == "1" ? 1 : v == "3" ? 3 : 2;
     }();
     return v;
 }
@@ -679,6 +646,10 @@ template <int F>
 void launch_rows(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
                  const LinearRouting* routing) {
     const int64_t rows = routing ? routing->tile_rows : M;
+    if (variant() == 3 && linear_gemv_mma_supported(w)) {
+        linear_gemv_mma(x, xs, M, w, y, experts, routing);
+        return;
+    }
     if (variant() == 1) {
         if (rows <= 1) launch<F, 1>(x, xs, M, w, y, experts, routing);
         else if (rows <= 2) launch<F, 2>(x, xs, M, w, y, experts, routing);
@@ -694,8 +665,32 @@ void launch_rows(const float* x, const float* xs, int64_t M, const LinearDev& w,
 
 }  // namespace
 
+int gemv_sm_count() { return sm_count(); }
+
+// Stream-ordered like every launch here (the default stream), so the next call may reuse it at once; the
+// tickets are left zero by the kernels.
+void* gemv_scratch(int which, size_t bytes, bool zero) {
+    struct Scratch {
+        void* p = nullptr;
+        size_t bytes = 0;
+    };
+    constexpr int kMaxDevices = 16;
+    static Scratch table[kMaxDevices][2];
+    int dev = 0;
+    PG_CUDA(cudaGetDevice(&dev));
+    if (dev < 0 || dev >= kMaxDevices || which < 0 || which > 1) fail("linear_gemv: no scratch {} on device {}", which, dev);
+    Scratch& s = table[dev][which];
+    if (bytes > s.bytes) {
+        if (s.p) PG_CUDA(cudaFreeAsync(s.p, 0));
+        s.bytes = std::max(bytes, 2 * s.bytes);
+        PG_CUDA(cudaMallocAsync(&s.p, s.bytes, 0));
+        if (zero) PG_CUDA(cudaMemsetAsync(s.p, 0, s.bytes, 0));
+    }
+    return s.p;
+}
+
 void linear_gemv_set_variant(int v) {
-    if (v != 1 && v != 2) fail("linear_gemv: no variant {}", v);
+    if (v < 1 || v > 3) fail("linear_gemv: no variant {}", v);
     variant() = v;
 }
 int linear_gemv_variant() { return variant(); }

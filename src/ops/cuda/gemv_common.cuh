@@ -1,0 +1,34 @@
+#pragma once
+// Pieces shared by the decode GEMV kernels (linear_gemv.cu, linear_gemv_mma.cu): asynchronous global ->
+// shared copies, the exact e2m1 -> e4m3 re-encoding, and the split-K scratch.
+#include <cuda_runtime.h>
+#include <cstddef>
+#include <cstdint>
+
+namespace peregrine::cuda {
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Eight e2m1 nibbles (low nibble first: k0..k7) as eight e4m3 bytes, k0..k3 in lo and k4..k7 in hi. An e2m1
+// nibble s.ee.m placed as the e4m3 byte s.0 0ee.m00 is exactly its value x 2^-6 (normal and subnormal alike).
+__device__ __forceinline__ void fp4x8_to_e4m3(uint32_t w, uint32_t& lo, uint32_t& hi) {
+    const uint32_t even = ((w & 0x07070707u) << 2) | ((w & 0x08080808u) << 4);  // k0 k2 k4 k6
+    const uint32_t odd = ((w >> 2) & 0x1c1c1c1cu) | (w & 0x80808080u);         // k1 k3 k5 k7
+    lo = __byte_perm(even, odd, 0x5140);
+    hi = __byte_perm(even, odd, 0x7362);
+}
+
+// SM count of the current device (cached).
+int gemv_sm_count();
+// Grow-only device scratch (which: 0 split partial sums, 1 split tickets, zeroed when allocated).
+void* gemv_scratch(int which, size_t bytes, bool zero);
+
+}  // namespace peregrine::cuda

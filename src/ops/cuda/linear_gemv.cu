@@ -1,12 +1,16 @@
 // Memory-bound GEMM for decode (few activation rows per weight read), every checkpoint format. Each weight
-// byte is read from HBM once per call with 16-byte non-caching loads and dequantised in registers; the
-// activations of a block's rows (at most 8: a dense row tile or a routed expert tile) and its K slice are
-// staged once in shared memory, already multiplied by their e4m3 block scales. A warp owns kRows weight
-// rows; each lane walks 16-byte chunks of them (a chunk never straddles a scale block), sums the chunk's
-// products in fp32 per row, folds them into its accumulator after the weight scale, and the warp reduces
-// over lanes at the end. Small N gets a K split (partial sums, then a reduction kernel in slice order), so
-// enough blocks stream weights to fill HBM. Products are exact (e4m3 x e4m3/e2m1 and the power-of-two
-// scales); only the fp32 summation order differs from the exact kernels, before the same bf16 rounding.
+// byte is read from HBM once per call with 16-byte loads and dequantised in registers; the activations of a
+// block's rows (at most 8: a dense row tile or a routed expert tile) and its K slice are staged once in
+// shared memory, already multiplied by their e4m3 block scales. A warp owns kRows weight rows; each lane
+// walks 16-byte chunks of them (a chunk never straddles a scale block), sums the chunk's products in fp32
+// per row, folds them into its accumulator after the weight scale, and the warp reduces over lanes at the
+// end. Small N gets a K split (partial sums reduced in slice order), so enough blocks stream weights to
+// fill HBM. Products are exact (e4m3 x e4m3/e2m1 and the power-of-two scales); only the fp32 summation
+// order differs from the exact kernels, before the same bf16 rounding.
+//
+// Two variants of this scheme live here (linear_gemv_set_variant; the tensor-core one, variant 3, is in
+// linear_gemv_mma.cu): 1, a block per 32-row group with a register double buffer and a separate split
+// reduction kernel, and 2 (default), a cp.async-pipelined one described at gemv_pipelined_kernel.
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/kernels.h"

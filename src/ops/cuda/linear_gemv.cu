@@ -391,27 +391,54 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     __syncthreads();
 
     // Stage the activations (times their scales) of the block's rows and K slice, one unit per thread and
-    // pass (a unit lies inside one activation block: WV <= 8 divides every act_block).
-    const int ab = kScaled ? w.act_block : 1;
-    for (int u = threadIdx.x; u < rows * C * 4; u += kThreadsPerBlock) {
-        const int m = u / (C * 4), ul = u - m * C * 4, c = ul >> 2, q = ul & 3;
-        const int k = (c0 + c) * VEC + q * WV;
-        const int64_t r = row_s[m];
-        const float* src = x + r * K + k;
-        uint8_t* dst = act + ((m * 4 + q) * C + c) * UB;
-        if constexpr (F == kF32) {
-            *reinterpret_cast<float*>(dst) = *src;
-        } else if constexpr (F == kBF16) {
-            *reinterpret_cast<float2*>(dst) = *reinterpret_cast<const float2*>(src);
-        } else {
-            const float sc = xs[r * (K / ab) + k / ab];
-            const float4 v0 = *reinterpret_cast<const float4*>(src);
-            const uint32_t p0 = bf16_pair(v0.x * sc, v0.y * sc), p1 = bf16_pair(v0.z * sc, v0.w * sc);
-            if constexpr (F == kFP8) {
-                *reinterpret_cast<uint2*>(dst) = make_uint2(p0, p1);
+    // pass (a unit lies inside one activation block: WV <= 8 divides every act_block); loads are issued
+    // kBatch units at a time (they come from L2) before the conversions and stores.
+    const int ab = kScaled ? w.act_block : 1, units = rows * C * 4;
+    constexpr int kBatch = 4, LV = WV < 4 ? 1 : WV / 4;  // float4s per unit (F32/BF16: one partial load)
+    for (int u0 = threadIdx.x; u0 < units; u0 += kBatch * kThreadsPerBlock) {
+        float4 v[kBatch][LV];
+        float sc[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+            const int u = u0 + i * kThreadsPerBlock;
+            sc[i] = 1.0f;
+            if (u < units) {
+                const int m = u / (C * 4), ul = u - m * C * 4;
+                const int64_t r = row_s[m];
+                const int k = c0 * VEC + ul * WV;  // unit ul = chunk * 4 + word: WV values from k
+                const float* src = x + r * K + k;
+                if constexpr (F == kF32) {
+                    v[i][0].x = *src;
+                } else if constexpr (F == kBF16) {
+                    const float2 t2 = *reinterpret_cast<const float2*>(src);
+                    v[i][0].x = t2.x;
+                    v[i][0].y = t2.y;
+                } else {
+#pragma unroll
+                    for (int j = 0; j < LV; ++j) v[i][j] = *reinterpret_cast<const float4*>(src + 4 * j);
+                    sc[i] = xs[r * (K / ab) + k / ab];
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+            const int u = u0 + i * kThreadsPerBlock;
+            if (u >= units) continue;
+            const int m = u / (C * 4), ul = u - m * C * 4, c = ul >> 2, q = ul & 3;
+            uint8_t* dst = act + ((m * 4 + q) * C + c) * UB;
+            if constexpr (F == kF32) {
+                *reinterpret_cast<float*>(dst) = v[i][0].x;
+            } else if constexpr (F == kBF16) {
+                *reinterpret_cast<float2*>(dst) = make_float2(v[i][0].x, v[i][0].y);
             } else {
-                const float4 v1 = *reinterpret_cast<const float4*>(src + 4);
-                *reinterpret_cast<uint4*>(dst) = make_uint4(p0, p1, bf16_pair(v1.x * sc, v1.y * sc), bf16_pair(v1.z * sc, v1.w * sc));
+                const float s0 = sc[i];
+                const uint32_t p0 = bf16_pair(v[i][0].x * s0, v[i][0].y * s0), p1 = bf16_pair(v[i][0].z * s0, v[i][0].w * s0);
+                if constexpr (F == kFP8) {
+                    *reinterpret_cast<uint2*>(dst) = make_uint2(p0, p1);
+                } else {
+                    const float4 t = v[i][LV - 1];
+                    *reinterpret_cast<uint4*>(dst) = make_uint4(p0, p1, bf16_pair(t.x * s0, t.y * s0), bf16_pair(t.z * s0, t.w * s0));
+                }
             }
         }
     }

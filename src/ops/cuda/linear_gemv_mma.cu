@@ -138,20 +138,45 @@ __global__ void __launch_bounds__(kMmaThreads)
         row_s[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? (row_map ? row_map[m0 + threadIdx.x] : m0 + threadIdx.x) : 0;
     __syncthreads();
 
-    // Stage the slice's activations as e4m3 bytes (rows past the tile: zeros) and their scales.
-    const int KB = S * BPS, ab = w.act_block;
-    for (int u = threadIdx.x; u < KB * kCols * 8; u += kMmaThreads) {
-        const int kb = u >> 6, m = (u >> 3) & 7, quad = u & 7;
-        uint32_t packed = 0;
-        if (m < rows) {
-            const int k = (kb0 + kb) * 32 + quad * 4;
-            packed = e4m3x4(*reinterpret_cast<const float4*>(x + row_s[m] * K + k));
+    // Stage the slice's activations as e4m3 bytes and their scales; the tile's rows first, loads issued
+    // kBatch at a time (they come from L2), then zeros for the rows past the tile.
+    const int KB = S * BPS, ab = w.act_block, quads = rows * KB * 8;
+    constexpr int kBatch = 4;
+    for (int u0 = threadIdx.x; u0 < quads; u0 += kBatch * kMmaThreads) {
+        float4 v[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+            const int u = u0 + i * kMmaThreads;
+            if (u < quads) {
+                const int m = u / (KB * 8), kq = u - m * (KB * 8);  // kq = kb * 8 + quad: 4 values each
+                v[i] = *reinterpret_cast<const float4*>(x + row_s[m] * K + static_cast<int64_t>(kb0) * 32 + kq * 4);
+            }
         }
-        *reinterpret_cast<uint32_t*>(act + kb * (kCols * 32) + m * 32 + quad * 4) = packed;
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+            const int u = u0 + i * kMmaThreads;
+            if (u < quads) {
+                const int m = u / (KB * 8), kq = u - m * (KB * 8);
+                *reinterpret_cast<uint32_t*>(act + (kq >> 3) * (kCols * 32) + m * 32 + (kq & 7) * 4) = e4m3x4(v[i]);
+            }
+        }
     }
-    for (int u = threadIdx.x; u < KB * kCols; u += kMmaThreads) {
-        const int kb = u >> 3, m = u & 7;
-        ascale[u] = m < rows ? xs[row_s[m] * (K / ab) + (kb0 + kb) * 32 / ab] : 0.0f;
+    for (int u = threadIdx.x; u < (kCols - rows) * KB * 8; u += kMmaThreads) {
+        const int m = rows + u / (KB * 8), kq = u % (KB * 8);
+        *reinterpret_cast<uint32_t*>(act + (kq >> 3) * (kCols * 32) + m * 32 + (kq & 7) * 4) = 0u;
+    }
+    for (int u0 = threadIdx.x; u0 < kCols * KB; u0 += kBatch * kMmaThreads) {
+        float sc[kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+            const int u = u0 + i * kMmaThreads, m = u / KB;
+            sc[i] = u < kCols * KB && m < rows ? xs[row_s[m] * (K / ab) + (kb0 + u - m * KB) * 32 / ab] : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+            const int u = u0 + i * kMmaThreads, m = u / KB;
+            if (u < kCols * KB) ascale[(u - m * KB) * kCols + m] = sc[i];
+        }
     }
     __syncthreads();
 

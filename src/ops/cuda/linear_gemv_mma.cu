@@ -28,7 +28,7 @@ constexpr int kFP8 = 2, kFP4 = 3;
 constexpr int kWarps = 8, kMmaThreads = kWarps * 32, kGroupRows = 16, kBlockRows = kWarps * kGroupRows;
 constexpr int kCols = 8;          // activation rows per tile (the mma's n)
 constexpr int kRowBytes = 64;     // bytes of a weight row per pipeline stage
-constexpr int kStages = 4;
+constexpr int kStages = 6;  // 5 stages (5 KB per warp) in flight while one is consumed
 constexpr int kActBudget = 128 * 1024;  // staged activations + scales of a block's K slice
 
 // Bytes between rows of a stage: a multiple of 16 (cp.async) chosen so that the A-fragment loads of a warp
@@ -188,6 +188,21 @@ __global__ void __launch_bounds__(kMmaThreads)
         const int gi = s / S, st = s - gi * S;
         const int r0 = (g0 + gi) * kBlockRows + warp * kGroupRows;
         const uint8_t* stage = my_ring + (s % kStages) * SB;
+        // Weight scales of rows g and g+8 for the stage's k blocks (requested first: they come from L1/L2).
+        const int n_lo = min(r0 + g, N - 1), n_hi = min(r0 + g + 8, N - 1);
+        float ws[BPS][2];
+#pragma unroll
+        for (int j = 0; j < BPS; ++j) {
+            const int kbg = kb0 + st * BPS + j;
+            if constexpr (F == kFP4) {
+                ws[j][0] = e8m0_to_f32(__ldg(sb + static_cast<int64_t>(n_lo) * (K / 32) + kbg)) * 64.0f;
+                ws[j][1] = e8m0_to_f32(__ldg(sb + static_cast<int64_t>(n_hi) * (K / 32) + kbg)) * 64.0f;
+            } else {
+                const int kq = kbg * 32 / wblk;
+                ws[j][0] = e8m0_to_f32(__ldg(sb + static_cast<int64_t>(n_lo / wblk) * nkb + kq));
+                ws[j][1] = e8m0_to_f32(__ldg(sb + static_cast<int64_t>(n_hi / wblk) * nkb + kq));
+            }
+        }
         uint32_t a[BPS][4];
 #pragma unroll
         for (int j = 0; j < BPS; ++j) {
@@ -207,21 +222,12 @@ __global__ void __launch_bounds__(kMmaThreads)
         }
         __syncwarp();            // every lane has read the slot of step s - 1 ...
         issue(s + kStages - 1);  // ... which this refills
-        const int n_lo = min(r0 + g, N - 1), n_hi = min(r0 + g + 8, N - 1);
 #pragma unroll
         for (int j = 0; j < BPS; ++j) {
-            const int kbl = st * BPS + j, kbg = kb0 + kbl;
+            const int kbl = st * BPS + j;
             const uint2 b = *reinterpret_cast<const uint2*>(act + kbl * (kCols * 32) + g * 32 + 8 * t);
             const float2 as = *reinterpret_cast<const float2*>(ascale + kbl * kCols + 2 * t);
-            float ws_lo, ws_hi;
-            if constexpr (F == kFP4) {
-                ws_lo = e8m0_to_f32(__ldg(sb + static_cast<int64_t>(n_lo) * (K / 32) + kbg)) * 64.0f;
-                ws_hi = e8m0_to_f32(__ldg(sb + static_cast<int64_t>(n_hi) * (K / 32) + kbg)) * 64.0f;
-            } else {
-                const int kq = kbg * 32 / wblk;
-                ws_lo = e8m0_to_f32(__ldg(sb + static_cast<int64_t>(n_lo / wblk) * nkb + kq));
-                ws_hi = e8m0_to_f32(__ldg(sb + static_cast<int64_t>(n_hi / wblk) * nkb + kq));
-            }
+            const float ws_lo = ws[j][0], ws_hi = ws[j][1];
             float d[4];
             mma_e4m3(d, a[j], b.x, b.y);
             acc[0] = __fmaf_rn(d[0], ws_lo * as.x, acc[0]);

@@ -142,12 +142,12 @@ TEST(CudaSparseAttention, TensorCoresMatchExactKernel) {
         EXPECT_EQ(bad, 0) << "T=" << T << ": " << bad << " outputs beyond 2 bf16 steps of their row's maximum";
         // One split keeps the reference's running maxima, so bf16(p) differs only where an fp32 dot product
         // lands across a rounding boundary; split keys round p against the split's own maximum.
-        EXPECT_GE(share, split ? 0.5 : 0.95) << "T=" << T;
+        EXPECT_GE(share, split ? 0.5 : 0.98) << "T=" << T;
         const double gbs = static_cast<double>(key_reads) * Dh * sizeof(float) / (ms_mma * 1e-3) / 1e9;
         std::printf("PARITY attn sparse_attention_mma %ldx64x512 over <=640 keys%s: mma %.3f ms (%.0f GB/s of key reads)"
                     " exact %.3f ms, equal %.4f, max |d| %.2f bf16 steps of the row max (tol 2, equal >= %.2f)\n",
                     static_cast<long>(T), split ? " (split keys)" : "", ms_mma, gbs, ms_exact, share, worst_steps,
-                    split ? 0.5 : 0.95);
+                    split ? 0.5 : 0.98);
     }
 }
 

@@ -392,9 +392,17 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
 
     // Sparse attention with sink, then the inverse rotation of the output.
     Tensor o = empty(DType::F32, {T, H, D});
-    sparse_attention(q.f32(), T, H, D, static_cast<float>(std::pow(D, -0.5)), dev_f32(w.attn_sink),
-                     static_cast<const float* const*>(keys.get()), static_cast<const int32_t*>(nkeys.get()), maxk,
-                     o.f32(), numerics_ == Numerics::Fast);
+    const float scale = static_cast<float>(std::pow(D, -0.5));
+    const auto* keys_p = static_cast<const float* const*>(keys.get());
+    const auto* nkeys_p = static_cast<const int32_t*>(nkeys.get());
+    if (numerics_ == Numerics::Fast && sparse_attention_mma_supported(H, D)) {
+        // Tensor cores, prefill and decode (few rows split their keys over CTAs, with a scratch for the parts).
+        auto ws = device_alloc(sparse_attention_mma_workspace(T, H, D, maxk));
+        sparse_attention_mma(q.f32(), T, H, D, scale, dev_f32(w.attn_sink), keys_p, nkeys_p, maxk, o.f32(), ws.get());
+    } else {
+        sparse_attention(q.f32(), T, H, D, scale, dev_f32(w.attn_sink), keys_p, nkeys_p, maxk, o.f32(),
+                         numerics_ == Numerics::Fast);
+    }
     phase("attn.output projection");
     return project_output(o, w, freqs, pos.ptr, T);
 }

@@ -2,6 +2,7 @@
 // Launchers of the CUDA kernels (plain pointers, device memory, the current stream). The backend in
 // cuda_backend.cpp composes them; each kernel follows the reference backend's arithmetic (src/ops/cpu)
 // step for step, with double accumulation where the reference sums exactly.
+#include <cstddef>
 #include <cstdint>
 
 namespace peregrine::cuda {
@@ -151,6 +152,15 @@ void build_keys(int64_t T, const float* const* win, const int32_t* nwin, int W, 
 // fast: the per-block softmax on a warp instead of one thread (same result).
 void sparse_attention(const float* q, int64_t T, int H, int D, float scale, const float* sink, const float* const* keys,
                       const int32_t* nkeys, int maxk, float* out, bool fast = false);
+
+// ---- sparse_attention_mma.cu (Numerics::Fast): sparse_attention on the tensor cores (bf16 operands, exact for
+// the bf16 queries and fp8/fp4-dequantised keys; fp32 sums in another order, see the file). Needs D == 512
+// and H a multiple of 64. Few queries split their keys over several CTAs: that needs
+// sparse_attention_mma_workspace() bytes of device memory (0: none).
+bool sparse_attention_mma_supported(int H, int D);
+size_t sparse_attention_mma_workspace(int64_t T, int H, int D, int maxk);
+void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, const float* sink,
+                          const float* const* keys, const int32_t* nkeys, int maxk, float* out, void* workspace);
 
 // ---- index_fast.cu (Numerics::Fast; same contracts as the exact kernels above, see the file for the sums)
 bool index_scores_stream_supported(int nh, int hd);

@@ -1,0 +1,154 @@
+// The tensor-core sparse attention (Numerics::Fast) against the exact kernel at V4.1-Flash sizes: 64 heads
+// x 512 over up to 128 window + 512 selected keys, random bf16 queries, keys quantise-dequantised as the
+// state holds them (window: fp8 e4m3 with ue8m0 scales per 32; compressed: fp4 e2m1 with e4m3 scales per
+// 16), a per-head sink, key counts from 0 to 640 (below one 64-key block, on and off block boundaries) and
+// masked (null) entries. 8 and 40 queries take the split-key path (decode), 256 and 4096 one CTA per query.
+// Prints one PARITY line per size with the device times and the effective rate of the key reads.
+// Skipped without a GPU.
+#include "ops/backend.h"
+#include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/kernels.h"
+#include "tensor/dtype.h"
+#include "tensor/quant.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+
+using namespace peregrine;
+using cuda::CudaBackend;
+
+namespace {
+
+#define REQUIRE_GPU()                                            \
+    do {                                                         \
+        std::string why_;                                        \
+        if (!cuda_device_available(&why_)) GTEST_SKIP() << why_; \
+    } while (0)
+
+// Device milliseconds of one call (after a warm-up call), by CUDA events.
+float time_ms(const std::function<void()>& f) {
+    f();
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    cudaEventRecord(a, 0);
+    f();
+    cudaEventRecord(b, 0);
+    cudaEventSynchronize(b);
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    return ms;
+}
+
+std::vector<float> host(const float* p, size_t n) {
+    std::vector<float> v(n);
+    if (n) cudaMemcpy(v.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost);
+    return v;
+}
+
+// Key count of query t: every case the kernel distinguishes (none, under one block, exactly one block, off and
+// on block boundaries, the full 640).
+int32_t key_count(int64_t t, int maxk) {
+    switch (t % 8) {
+        case 0: return t % 64 == 0 ? 0 : static_cast<int32_t>(1 + (t * 13) % 63);
+        case 1: return 64;
+        case 2: return 65;
+        case 3: return 128 + static_cast<int32_t>((t * 5) % 64);
+        case 4: return 320;
+        default: return static_cast<int32_t>(maxk - (t * 7) % 100);
+    }
+}
+
+TEST(CudaSparseAttention, TensorCoresMatchExactKernel) {
+    REQUIRE_GPU();
+    const int H = 64, Dh = 512, maxk = 640, W = 128;
+    ASSERT_TRUE(cuda::sparse_attention_mma_supported(H, Dh));
+    const int64_t nk = 8192;  // key pool: the first half window-like (fp8), the rest compressed-like (fp4)
+    std::mt19937_64 g(4242);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> kv(static_cast<size_t>(nk * Dh)), sink(H);
+    for (auto& x : kv) x = round_bf16(nd(g));
+    for (int64_t r = 0; r < nk; ++r) {
+        float* row = kv.data() + r * Dh;
+        if (r < nk / 2) qdq_fp8(row, Dh, 32);
+        else qdq_fp4_e4m3(row, Dh, 16);
+    }
+    for (auto& x : sink) x = nd(g);
+    auto kd = CudaBackend::upload(kv), sd = CudaBackend::upload(sink);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+
+    for (int64_t T : {8, 40, 256, 4096}) {
+        // Queries: bf16 draws, scaled per head by 1..4 (sharper softmax for some heads).
+        std::vector<float> q(static_cast<size_t>(T * H * Dh));
+        for (int64_t i = 0; i < static_cast<int64_t>(q.size()); ++i)
+            q[static_cast<size_t>(i)] = round_bf16(nd(g) * static_cast<float>(1 + (i / Dh) % H % 4));
+        auto qd = CudaBackend::upload(q);
+        // Window keys near the query (shared by neighbours, as in prefill), then scattered compressed keys.
+        std::vector<const float*> keys(static_cast<size_t>(T * maxk), nullptr);
+        std::vector<int32_t> cnt(static_cast<size_t>(T));
+        int64_t key_reads = 0;
+        for (int64_t t = 0; t < T; ++t) {
+            const int32_t c = key_count(t, maxk);
+            cnt[static_cast<size_t>(t)] = c;
+            for (int j = 0; j < c; ++j) {
+                const int64_t row = j < W ? (t + j) % (nk / 2) : nk / 2 + (t * 131 + j * 17) % (nk / 2);
+                const bool masked = j % 50 == 7;
+                keys[static_cast<size_t>(t * maxk + j)] = masked ? nullptr : kd.ptr + row * Dh;
+                key_reads += !masked;
+            }
+        }
+        auto keys_d = CudaBackend::upload(keys);
+        auto cnt_d = CudaBackend::upload(cnt);
+        Tensor om = CudaBackend::empty(DType::F32, {T, H, Dh}), oe = CudaBackend::empty(DType::F32, {T, H, Dh});
+        const size_t ws_bytes = cuda::sparse_attention_mma_workspace(T, H, Dh, maxk);
+        auto ws = cuda::device_alloc(ws_bytes);
+        const float ms_mma = time_ms([&] {
+            cuda::sparse_attention_mma(qd.ptr, T, H, Dh, scale, sd.ptr, keys_d.ptr, cnt_d.ptr, maxk, om.f32(), ws.get());
+        });
+        const float ms_exact = time_ms([&] {
+            cuda::sparse_attention(qd.ptr, T, H, Dh, scale, sd.ptr, keys_d.ptr, cnt_d.ptr, maxk, oe.f32(), true);
+        });
+        const auto a = host(om.f32(), static_cast<size_t>(T * H * Dh)), b = host(oe.f32(), static_cast<size_t>(T * H * Dh));
+
+        // Per (query, head) row: within 2 bf16 steps of the row's largest exact output (the fp32 sums in
+        // another order move a bf16-rounded probability or output by one step now and then).
+        int64_t equal = 0, bad = 0;
+        double worst_steps = 0.0;
+        for (int64_t r = 0; r < T * H; ++r) {
+            const float* x = a.data() + r * Dh;
+            const float* y = b.data() + r * Dh;
+            float ymax = 0.0f;
+            for (int c = 0; c < Dh; ++c) ymax = std::max(ymax, std::fabs(y[c]));
+            const float step = ymax > 0.0f ? std::ldexp(1.0f, std::ilogb(ymax) - 7) : 0.0f;
+            for (int c = 0; c < Dh; ++c) {
+                const float d = std::fabs(x[c] - y[c]);
+                equal += x[c] == y[c];
+                if (!(d <= 2.0f * step)) ++bad;
+                if (step > 0.0f) worst_steps = std::max(worst_steps, static_cast<double>(d / step));
+                else if (d > 0.0f || std::isnan(d)) worst_steps = INFINITY;
+            }
+        }
+        const double share = static_cast<double>(equal) / static_cast<double>(a.size());
+        const bool split = ws_bytes > 0;
+        EXPECT_EQ(bad, 0) << "T=" << T << ": " << bad << " outputs beyond 2 bf16 steps of their row's maximum";
+        // One split keeps the reference's running maxima, so bf16(p) differs only where an fp32 dot product
+        // lands across a rounding boundary; split keys round p against the split's own maximum.
+        EXPECT_GE(share, split ? 0.5 : 0.98) << "T=" << T;
+        const double gbs = static_cast<double>(key_reads) * Dh * sizeof(float) / (ms_mma * 1e-3) / 1e9;
+        std::printf("PARITY attn sparse_attention_mma %ldx64x512 over <=640 keys%s: mma %.3f ms (%.0f GB/s of key reads)"
+                    " exact %.3f ms, equal %.4f, max |d| %.2f bf16 steps of the row max (tol 2, equal >= %.2f)\n",
+                    static_cast<long>(T), split ? " (split keys)" : "", ms_mma, gbs, ms_exact, share, worst_steps,
+                    split ? 0.5 : 0.98);
+    }
+}
+
+}  // namespace

@@ -27,7 +27,10 @@ constexpr int kWRow = 80;                                          // 64 code by
 constexpr int kWStage = kWRows * kWRow;
 constexpr int kSStage = kWRows * 4;                                // 4 ue8m0 scales per row and k tile
 constexpr int kStage = kAStage + kWStage + kSStage;
-constexpr int kSmem = kStages * kStage + 256 * 4;                  // + the code-pair table
+// The code-pair table, 16 copies interleaved so that lane l reads copy l % 16: random code bytes across a
+// warp then cost at most two shared-memory wavefronts instead of ~3.5 (bank conflicts).
+constexpr int kLutCopies = 16;
+constexpr int kSmem = kStages * kStage + 256 * kLutCopies * 4;  // 97,792 bytes: two blocks per SM
 static_assert(kStage % 16 == 0, "stages stay 16-byte aligned");
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -42,11 +45,11 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
 }
 
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
@@ -159,7 +162,11 @@ __global__ void __launch_bounds__(kGemmThreads) fp4_grouped_kernel(GemmArgs g) {
     extern __shared__ __align__(16) uint8_t smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     uint32_t* lut = reinterpret_cast<uint32_t*>(smem + kStages * kStage);
-    for (int i = tid; i < 256; i += kGemmThreads) lut[i] = e2m1_bf16(i & 15) | (e2m1_bf16(i >> 4) << 16);
+    for (int i = tid; i < 256 * kLutCopies; i += kGemmThreads) {
+        const int b = i / kLutCopies;
+        lut[i] = e2m1_bf16(b & 15) | (e2m1_bf16(b >> 4) << 16);
+    }
+    const uint32_t* my_lut = lut + (threadIdx.x & (kLutCopies - 1));
     if (static_cast<int>(blockIdx.y) >= *g.n_tiles) return;
     const int4 tile = g.tiles[blockIdx.y];
     const int e = tile.x, row0 = tile.y, rows = tile.z;
@@ -235,7 +242,7 @@ __global__ void __launch_bounds__(kGemmThreads) fp4_grouped_kernel(GemmArgs g) {
             for (int jj = 0; jj < 4; ++jj) {
                 const uint8_t* p = codes + wrow[jj] * kWRow + ks * 8 + q;
                 const uint32_t sc = scale_bf16x2((s4[jj] >> (8 * (ks >> 1))) & 0xffu);
-                const uint32_t b0 = mul_bf16x2(lut[p[0]], sc), b1 = mul_bf16x2(lut[p[4]], sc);
+                const uint32_t b0 = mul_bf16x2(my_lut[p[0] * kLutCopies], sc), b1 = mul_bf16x2(my_lut[p[4] * kLutCopies], sc);
 #pragma unroll
                 for (int i = 0; i < 4; ++i) mma_bf16(acc[i][jj], af[i], b0, b1);
             }

@@ -3,12 +3,15 @@
 // weights in the checkpoint formats. Rounded outputs (BF16/FP8/FP4) may differ by the bf16 rounding of a
 // differently ordered fp32 sum: |d| <= 2^-7 |exact| (one bf16 step) + 1e-5 max|exact|; F32 outputs by fp32
 // summation order only: |d| <= 1e-5 |exact| + 1e-5 max|exact|. At large M the exact kernel runs on an even
-// sample of 256 rows. Also prints the fast path's TFLOP/s at M=16384. Skipped without a GPU; lines starting
-// with "PARITY" are collected by tools/gpu/check.sh.
+// sample of 256 rows. The routed FP4 experts also run through the grouped tensor-core kernels that read the
+// packed weights (moe_gemm_fp4.cu, "mma"), plain and gated (w1 and w3 with the SwiGLU). Also prints the fast
+// paths' TFLOP/s at M=16384 (and the experts at T=4096 and 16384 tokens). Skipped without a GPU; lines
+// starting with "PARITY" are collected by tools/gpu/check.sh.
 #include "model/model.h"
 #include "model/model_weights.h"
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/moe_gemm_fp4.h"
 #include "tensor/dtype.h"
 
 #include <cuda_runtime.h>
@@ -141,11 +144,13 @@ std::vector<float> sample_rows_host(const float* src, int64_t count, int64_t str
     return h;
 }
 
-void compare(const std::vector<float>& fast, const std::vector<float>& exact, bool rounded, const std::string& what) {
+// |fast - exact| <= rel |exact| + abs_frac max|exact| everywhere.
+void compare_tol(const std::vector<float>& fast, const std::vector<float>& exact, float rel, float abs_frac,
+                 const std::string& what) {
     ASSERT_EQ(fast.size(), exact.size()) << what;
     float emax = 0.0f;
     for (float v : exact) emax = std::max(emax, std::fabs(v));
-    const float rel = rounded ? 0x1p-7f * 1.0001f : 1e-5f, abs = 1e-5f * emax;
+    const float abs = abs_frac * emax;
     int64_t bad = 0, same = 0;
     float worst = 0.0f;
     for (size_t i = 0; i < fast.size(); ++i) {
@@ -159,6 +164,10 @@ void compare(const std::vector<float>& fast, const std::vector<float>& exact, bo
     std::printf("PARITY gemm %-44s max|d| %.3g (%.2g of max|y|) exact %.4f %s\n", what.c_str(), worst,
                 emax > 0 ? worst / emax : 0.0, fast.empty() ? 1.0 : static_cast<double>(same) / fast.size(),
                 bad ? "FAIL" : "ok");
+}
+
+void compare(const std::vector<float>& fast, const std::vector<float>& exact, bool rounded, const std::string& what) {
+    compare_tol(fast, exact, rounded ? 0x1p-7f * 1.0001f : 1e-5f, 1e-5f, what);
 }
 
 double elapsed_ms(const std::function<void()>& f, int reps) {
@@ -285,16 +294,23 @@ std::vector<int32_t> selection(int64_t T, int K, int E, bool skewed) {
     return sel;
 }
 
-// Fast routed GEMM over all rows vs the exact tiled kernel on an even sample of them (same experts).
+// Fast routed GEMM over all rows (cuBLAS, or the grouped FP4 kernel with `mma`) vs the exact tiled kernel on
+// an even sample of them (same experts).
 void check_routed(const Experts& ex, const std::vector<int32_t>& sel, int E, int tile_rows, uint64_t seed,
-                  const std::string& what) {
+                  const std::string& what, bool mma = false) {
     const int64_t P = static_cast<int64_t>(sel.size());
     const int N = ex.d.out, K = ex.d.in;
     const Acts a = make_acts(P, ex.d, seed);
     const Routing g = make_routing(sel, E, tile_rows);
     auto y = device_alloc(sizeof(float) * P * N);
-    linear_cublas(a.xp(), a.xsp(), P, ex.d, static_cast<float*>(y.get()), &ex.t, &g.r);
-    const std::string mode = linear_cublas_grouped() ? " grouped" : " loop";
+    std::string mode;
+    if (mma) {
+        fp4_grouped_linear(a.xp(), a.xsp(), P, 1, E, ex.d, ex.t, g.r, static_cast<float*>(y.get()));
+        mode = " mma";
+    } else {
+        linear_cublas(a.xp(), a.xsp(), P, ex.d, static_cast<float*>(y.get()), &ex.t, &g.r);
+        mode = linear_cublas_grouped() ? " grouped" : " loop";
+    }
 
     const int64_t S = std::min(P, kSample), stride = P / S;
     std::vector<int32_t> sel_s(static_cast<size_t>(S));
@@ -313,19 +329,96 @@ void check_routed(const Experts& ex, const std::vector<int32_t>& sel, int E, int
 TEST(CudaGemm, RoutedExpertsFastMatchExact) {
     REQUIRE_GPU();
     const Experts &w1 = fp4_experts(false), &w2 = fp4_experts(true);
+    ASSERT_TRUE(fp4_grouped_supported(w1.d) && fp4_grouped_supported(w2.d));
     uint64_t seed = 300;
-    for (bool grouped : {true, false}) {
-        linear_cublas_use_grouped(grouped);
+    for (int variant : {0, 1, 2}) {  // grouped cuBLAS, one cuBLAS GEMM per expert, grouped FP4 kernel
+        linear_cublas_use_grouped(variant == 0);
         for (int64_t T : {64, 512, 4096})
             for (bool skewed : {false, true}) {
                 const auto sel = selection(T, kTopK, kExperts, skewed);
                 const int tr = routing_tile_rows(static_cast<int64_t>(sel.size()), kExperts);
                 const std::string tag = std::string(skewed ? " skewed" : " balanced") + " T=" + std::to_string(T);
-                check_routed(w1, sel, kExperts, tr, seed++, "experts.w1 5120->2304 fp4" + tag);
-                check_routed(w2, sel, kExperts, tr, seed++, "experts.w2 2304->5120 fp4" + tag);
+                check_routed(w1, sel, kExperts, tr, seed++, "experts.w1 5120->2304 fp4" + tag, variant == 2);
+                check_routed(w2, sel, kExperts, tr, seed++, "experts.w2 2304->5120 fp4" + tag, variant == 2);
             }
+        if (variant == 0)
+            std::printf("PARITY gemm cublasGemmGroupedBatchedEx (bf16 in/out, COMPUTE_32F): %s\n",
+                        linear_cublas_grouped() ? "used" : ("rejected: " + linear_cublas_grouped_error()).c_str());
     }
     linear_cublas_use_grouped(true);
+}
+
+// Expert e of `ex` read as expert (e + 1) % E: a second weight set over the same matrices, so that the gated
+// kernel's two sets differ (swapping them would be caught).
+ExpertTable rotated_table(const Experts& ex, int E, std::shared_ptr<void>& keep) {
+    std::vector<const void*> ptrs(2 * static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) {
+        ptrs[e] = ex.each[static_cast<size_t>((e + 1) % E)].d.w;
+        ptrs[E + e] = ex.each[static_cast<size_t>((e + 1) % E)].d.scale;
+    }
+    keep = upload_bytes(ptrs.data(), ptrs.size() * sizeof(void*));
+    auto p = static_cast<const void* const*>(keep.get());
+    return {p, reinterpret_cast<const uint8_t* const*>(p + E)};
+}
+
+// Gate and up in one pass with the SwiGLU (fp4_grouped_swiglu) over token rows read by pair p as row p / K,
+// vs the exact w1 and w3 GEMMs and swiglu() on a sample of pairs. The output passes two rounded GEMMs and a
+// rounding of its own: |d| <= 3 bf16 steps of |exact| + 1e-4 max|exact| (a one-step change of a strongly
+// negative gate moves silu(g) by more than a step relative to itself, but little in absolute terms).
+void check_gated(const Experts& w1, const ExpertTable& w3, int64_t T, bool skewed, float limit, uint64_t seed,
+                 const std::string& what) {
+    const int E = kExperts, N = w1.d.out, K = w1.d.in;
+    const auto sel = selection(T, kTopK, E, skewed);
+    const int64_t P = static_cast<int64_t>(sel.size());
+    const Acts a = make_acts(T, w1.d, seed);
+    std::vector<float> rw(static_cast<size_t>(P));
+    uint64_t s = seed * 31 + 7;
+    for (auto& v : rw) v = static_cast<float>(0.05 + 0.95 * (static_cast<double>(splitmix(s) >> 11) * 0x1p-53));
+    auto rw_d = upload_bytes(rw.data(), rw.size() * sizeof(float));
+    const Routing g = make_routing(sel, E, routing_tile_rows(P, E));
+    auto out = device_alloc(sizeof(float) * P * N);
+    fp4_grouped_swiglu(a.xp(), a.xsp(), P, kTopK, E, w1.d, w1.t, w3, g.r, static_cast<const float*>(rw_d.get()), limit,
+                       static_cast<float*>(out.get()));
+
+    const int64_t S = std::min(P, kSample), stride = P / S;
+    std::vector<int32_t> sel_s(static_cast<size_t>(S)), tok(static_cast<size_t>(S));
+    std::vector<float> rw_s(static_cast<size_t>(S));
+    for (int64_t i = 0; i < S; ++i) {
+        sel_s[static_cast<size_t>(i)] = sel[static_cast<size_t>(i * stride)];
+        tok[static_cast<size_t>(i)] = static_cast<int32_t>(i * stride / kTopK);
+        rw_s[static_cast<size_t>(i)] = rw[static_cast<size_t>(i * stride)];
+    }
+    const Routing gs = make_routing(sel_s, E, 8);
+    auto tok_d = upload_bytes(tok.data(), tok.size() * sizeof(int32_t));
+    auto rws_d = upload_bytes(rw_s.data(), rw_s.size() * sizeof(float));
+    auto x_s = device_alloc(sizeof(float) * S * K), xs_s = device_alloc(sizeof(float) * S * (K / w1.d.act_block));
+    gather_rows(a.xp(), static_cast<const int32_t*>(tok_d.get()), S, K, static_cast<float*>(x_s.get()));
+    gather_rows(a.xsp(), static_cast<const int32_t*>(tok_d.get()), S, K / w1.d.act_block, static_cast<float*>(xs_s.get()));
+    auto g_ref = device_alloc(sizeof(float) * S * N), u_ref = device_alloc(sizeof(float) * S * N),
+         a_ref = device_alloc(sizeof(float) * S * N);
+    linear_tiled(static_cast<const float*>(x_s.get()), static_cast<const float*>(xs_s.get()), S, w1.d,
+                 static_cast<float*>(g_ref.get()), &w1.t, &gs.r);
+    linear_tiled(static_cast<const float*>(x_s.get()), static_cast<const float*>(xs_s.get()), S, w1.d,
+                 static_cast<float*>(u_ref.get()), &w3, &gs.r);
+    swiglu(static_cast<const float*>(g_ref.get()), static_cast<const float*>(u_ref.get()), S, N,
+           static_cast<const float*>(rws_d.get()), limit, static_cast<float*>(a_ref.get()));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    compare_tol(sample_rows_host(static_cast<const float*>(out.get()), S, stride, N),
+                sample_rows_host(static_cast<const float*>(a_ref.get()), S, 1, N), 3 * 0x1p-7f, 1e-4f, what);
+}
+
+TEST(CudaGemm, GatedExpertsFastMatchExact) {
+    REQUIRE_GPU();
+    const Experts& w1 = fp4_experts(false);
+    std::shared_ptr<void> keep;
+    const ExpertTable w3 = rotated_table(w1, kExperts, keep);
+    uint64_t seed = 700;
+    for (int64_t T : {64, 512, 4096})
+        for (bool skewed : {false, true})
+            for (float limit : {0.0f, 64.0f})
+                check_gated(w1, w3, T, skewed, limit, seed++,
+                            "experts.w1+w3 swiglu mma" + std::string(skewed ? " skewed" : " balanced") + " T=" +
+                                std::to_string(T) + (limit > 0 ? " lim64" : ""));
 }
 
 // The grouped wo_a: rows (t, g) of 4096 through group g's bf16 [1024, 4096] block (8 groups), as
@@ -376,22 +469,44 @@ TEST(CudaGemm, FastPathThroughputAtPrefillSize) {
         std::printf("PARITY gemm %-44s M=%lld %8.3f ms %7.1f TFLOP/s\n", sh.name, static_cast<long long>(M), ms,
                     2.0 * M * sh.N * sh.K / (ms * 1e-3) / 1e12);
     }
+    // Routed experts (384, top-6, balanced) at T = 4096 (64 rows per expert) and 16384 tokens: cuBLAS grouped
+    // and per-expert loop, the grouped FP4 kernel (mma) per projection, and gate+up with the SwiGLU fused.
     const Experts &w1 = fp4_experts(false), &w2 = fp4_experts(true);
-    const auto sel = selection(M, kTopK, kExperts, false);
-    const int64_t P = static_cast<int64_t>(sel.size());
-    const Routing g = make_routing(sel, kExperts, routing_tile_rows(P, kExperts));
-    for (const Experts* ex : {&w1, &w2}) {
-        const Acts a = make_acts(P, ex->d, seed++);
-        auto y = device_alloc(sizeof(float) * P * ex->d.out);
-        for (bool grouped : {true, false}) {
-            linear_cublas_use_grouped(grouped);
-            const bool used = linear_cublas_grouped();
-            const double ms = elapsed_ms([&] { linear_cublas(a.xp(), a.xsp(), P, ex->d, static_cast<float*>(y.get()), &ex->t, &g.r); }, 3);
+    std::shared_ptr<void> keep;
+    const ExpertTable w3 = rotated_table(w1, kExperts, keep);
+    for (int64_t T : {int64_t(4096), M}) {
+        const auto sel = selection(T, kTopK, kExperts, false);
+        const int64_t P = static_cast<int64_t>(sel.size());
+        const Routing g = make_routing(sel, kExperts, routing_tile_rows(P, kExperts));
+        auto line = [&](const char* what, const char* mode, double ms, double flop) {
+            std::printf("PARITY gemm experts %-22s fp4 384x top-6 balanced %-8s T=%lld %8.3f ms %7.1f TFLOP/s\n", what,
+                        mode, static_cast<long long>(T), ms, flop / (ms * 1e-3) / 1e12);
+        };
+        for (const Experts* ex : {&w1, &w2}) {
+            const char* name = ex == &w1 ? "w1 5120->2304" : "w2 2304->5120";
+            const double flop = 2.0 * P * ex->d.out * ex->d.in;
+            const Acts a = make_acts(P, ex->d, seed++);
+            auto y = device_alloc(sizeof(float) * P * ex->d.out);
+            for (bool grouped : {true, false}) {
+                linear_cublas_use_grouped(grouped);
+                const bool used = linear_cublas_grouped();
+                const double ms = elapsed_ms([&] { linear_cublas(a.xp(), a.xsp(), P, ex->d, static_cast<float*>(y.get()), &ex->t, &g.r); }, 3);
+                ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+                line(name, used ? "grouped" : "loop", ms, flop);
+            }
+            const double ms = elapsed_ms([&] { fp4_grouped_linear(a.xp(), a.xsp(), P, 1, kExperts, ex->d, ex->t, g.r, static_cast<float*>(y.get())); }, 5);
             ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-            std::printf("PARITY gemm experts %s fp4 384x top-6 balanced %-8s T=%lld %8.3f ms %7.1f TFLOP/s\n",
-                        ex == &w1 ? "w1 5120->2304" : "w2 2304->5120", used ? "grouped" : "loop",
-                        static_cast<long long>(M), ms, 2.0 * P * ex->d.out * ex->d.in / (ms * 1e-3) / 1e12);
+            line(name, "mma", ms, flop);
         }
+        const Acts a = make_acts(T, w1.d, seed++);  // token rows, read by pair p as row p / top-k
+        auto rw = device_alloc(sizeof(float) * P), out = device_alloc(sizeof(float) * P * w1.d.out);
+        fill_random_bf16(static_cast<float*>(rw.get()), P, seed++);
+        const double ms = elapsed_ms([&] {
+            fp4_grouped_swiglu(a.xp(), a.xsp(), P, kTopK, kExperts, w1.d, w1.t, w3, g.r, static_cast<const float*>(rw.get()), 10.0f,
+                               static_cast<float*>(out.get()));
+        }, 5);
+        ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+        line("w1+w3 swiglu 5120->2x2304", "mma", ms, 2.0 * 2.0 * P * w1.d.out * w1.d.in);
     }
     linear_cublas_use_grouped(true);
 }

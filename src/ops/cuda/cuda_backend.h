@@ -139,8 +139,10 @@ private:
     struct ExpertTables {
         std::shared_ptr<void> keep;
         ExpertTable w1, w2, w3;
+        bool aligned16 = false;  // every weight and scale array 16-byte aligned (vector and cp.async loads)
     };
     const ExpertTables& expert_tables(const MoEWeight& w);
+    bool use_grouped_fp4(const ExpertWeight& e0, const ExpertTables& tab, const LinearRouting& r);
 
     ModelConfig cfg_;
     StateLayout layout_;

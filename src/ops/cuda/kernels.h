@@ -4,6 +4,7 @@
 // step for step, with double accumulation where the reference sums exactly.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace peregrine::cuda {
 
@@ -67,6 +68,8 @@ void grouped_linear_cublas(const float* x, int64_t T, int G, int R, int GD, cons
 // says which is in use.
 void linear_cublas_use_grouped(bool on);
 bool linear_cublas_grouped();
+// Why the grouped call was turned off (cuBLAS status string), "" while it is in use or untried.
+std::string linear_cublas_grouped_error();
 // Frees the scratch (the handle stays); the next call grows it again.
 void linear_cublas_release();
 

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace peregrine::cuda {
@@ -58,6 +59,7 @@ struct Context {
     void* workspace = nullptr;
     Scratch weights, acts, outs, table;
     bool grouped = true;  // routed GEMMs through cublasGemmGroupedBatchedEx (else one GEMM per expert)
+    std::string grouped_error;  // why the grouped call was turned off ("" while it works)
 
     cublasHandle_t get() {
         if (!handle) {
@@ -184,7 +186,7 @@ void routed(Context& c, const float* x, const float* xs, int64_t M, const Linear
     // Per segment: the operand addresses (A weights, B rows, C outputs) and the expert of its slot.
     const size_t S = segs.size();
     std::vector<const void*> A(S), B(S);
-    std::vector<void*> C(S);
+    std::vector<void*> C(S), C16(S);  // fp32 outputs (one GEMM per expert) or bf16 (grouped call)
     std::vector<int32_t> slot_expert(S);
     std::vector<int> m_arr(S, N), n_arr(S), k_arr(S, K), lda(S, K), ldb(S, K), ldc(S, N), group_size(S, 1);
     for (const Chunk& ch : chunks)
@@ -194,13 +196,14 @@ void routed(Context& c, const float* x, const float* xs, int64_t M, const Linear
             A[i] = wb + (i - ch.s0) * wbytes;
             B[i] = ab + static_cast<size_t>(s.row0 - ch.r0) * K * elt;
             C[i] = ob + static_cast<size_t>(s.row0 - ch.r0) * N;
+            C16[i] = reinterpret_cast<uint16_t*>(ob) + static_cast<size_t>(s.row0 - ch.r0) * N;
             slot_expert[i] = s.expert;
             n_arr[i] = static_cast<int>(s.rows);
         }
     std::vector<char> staging(3 * S * sizeof(void*) + S * sizeof(int32_t));
     std::memcpy(staging.data(), A.data(), S * sizeof(void*));
     std::memcpy(staging.data() + S * sizeof(void*), B.data(), S * sizeof(void*));
-    std::memcpy(staging.data() + 2 * S * sizeof(void*), C.data(), S * sizeof(void*));
+    std::memcpy(staging.data() + 2 * S * sizeof(void*), C16.data(), S * sizeof(void*));
     std::memcpy(staging.data() + 3 * S * sizeof(void*), slot_expert.data(), S * sizeof(int32_t));
     char* table = c.table.reserve(staging.size());
     PG_CUDA(cudaMemcpyAsync(table, staging.data(), staging.size(), cudaMemcpyHostToDevice, 0));
@@ -218,20 +221,29 @@ void routed(Context& c, const float* x, const float* xs, int64_t M, const Linear
         cublas_prep::dequantise_weights(w, nullptr, nullptr, ex.w, ex.scale, slot_d + ch.s0, static_cast<int>(n), 0, N,
                                         !f32, wb);
         bool done = false;
-        if (c.grouped) {
+        if (c.grouped && !f32) {
+            // The grouped call takes C in A's type (bf16 in, bf16 out with COMPUTE_32F; an fp32 C is rejected),
+            // so the fp32 sums are rounded to bf16 by cuBLAS: the same rounding the reference applies.
             const size_t o = ch.s0;
             const cublasStatus_t st = cublasGemmGroupedBatchedEx(
                 h, ta.data() + o, tb.data() + o, m_arr.data() + o, n_arr.data() + o, k_arr.data() + o, alpha.data() + o,
-                A_d + o, elem_type(f32), lda.data() + o, B_d + o, elem_type(f32), ldb.data() + o, beta.data() + o,
-                C_d + o, CUDA_R_32F, ldc.data() + o, static_cast<int>(n), group_size.data() + o, CUBLAS_COMPUTE_32F);
-            if (st == CUBLAS_STATUS_SUCCESS) done = true;
-            else if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE)
-                c.grouped = false;  // not for these types in this cuBLAS: one GEMM per expert (which checks the arguments)
-            else check(st, "grouped gemm");
+                A_d + o, CUDA_R_16BF, lda.data() + o, B_d + o, CUDA_R_16BF, ldb.data() + o, beta.data() + o,
+                C_d + o, CUDA_R_16BF, ldc.data() + o, static_cast<int>(n), group_size.data() + o, CUBLAS_COMPUTE_32F);
+            if (st == CUBLAS_STATUS_SUCCESS) {
+                done = true;
+            } else if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
+                c.grouped = false;  // one GEMM per expert from now on (which checks the arguments)
+                c.grouped_error = cublasGetStatusString(st);
+            } else {
+                check(st, "grouped gemm");
+            }
         }
-        if (!done)
+        if (done) {
+            cublas_prep::scatter_rows_bf16(reinterpret_cast<const uint16_t*>(ob), ch.r1 - ch.r0, N, r.row_map, ch.r0, y);
+        } else {
             for (size_t i = ch.s0; i < ch.s1; ++i) gemm(h, f32, N, n_arr[i], K, A[i], B[i], static_cast<float*>(C[i]), N);
-        cublas_prep::scatter_rows(ob, ch.r1 - ch.r0, N, r.row_map, ch.r0, !f32, y);
+            cublas_prep::scatter_rows(ob, ch.r1 - ch.r0, N, r.row_map, ch.r0, !f32, y);
+        }
     }
 }
 
@@ -269,6 +281,7 @@ void linear_cublas_use_grouped(bool on) {
     std::lock_guard<std::mutex> lock(c.mu);
     c.get();
     c.grouped = on;
+    if (on) c.grouped_error.clear();
 }
 
 void grouped_linear_cublas(const float* x, int64_t T, int G, int R, int GD, const uint16_t* w, float* y) {
@@ -294,6 +307,12 @@ bool linear_cublas_grouped() {
     std::lock_guard<std::mutex> lock(c.mu);
     c.get();
     return c.grouped;
+}
+
+std::string linear_cublas_grouped_error() {
+    Context& c = context();
+    std::lock_guard<std::mutex> lock(c.mu);
+    return c.grouped_error;
 }
 
 void linear_cublas_release() {

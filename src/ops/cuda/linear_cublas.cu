@@ -151,6 +151,14 @@ __global__ void scatter_rows_kernel(const float* ys, int64_t rows, int N, const 
     y[static_cast<int64_t>(row_map[row0 + r]) * N + c] = round ? round_bf16(v) : v;
 }
 
+__global__ void scatter_rows_bf16_kernel(const uint16_t* ys, int64_t rows, int N, const int32_t* row_map,
+                                         int64_t row0, float* y) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= rows * N) return;
+    const int64_t r = i / N, c = i % N;
+    y[static_cast<int64_t>(row_map[row0 + r]) * N + c] = bf16_bits_to_f32(ys[i]);
+}
+
 }  // namespace
 
 void gather_activations(const float* x, const float* xs, int ab, int64_t rows, int K, const int32_t* row_map,
@@ -184,6 +192,13 @@ void scatter_rows(const float* ys, int64_t rows, int N, const int32_t* row_map, 
     const int64_t n = rows * N;
     if (n == 0) return;
     scatter_rows_kernel<<<blocks_for(n), kThreads>>>(ys, rows, N, row_map, row0, round, y);
+    PG_LAUNCHED();
+}
+
+void scatter_rows_bf16(const uint16_t* ys, int64_t rows, int N, const int32_t* row_map, int64_t row0, float* y) {
+    const int64_t n = rows * N;
+    if (n == 0) return;
+    scatter_rows_bf16_kernel<<<blocks_for(n), kThreads>>>(ys, rows, N, row_map, row0, y);
     PG_LAUNCHED();
 }
 

@@ -19,5 +19,7 @@ void dequantise_weights(const LinearDev& w, const void* base, const uint8_t* sca
 
 // y[row_map[row0 + r], :] = ys[r, :] (rounded to bf16 when `round`), ys [rows, N].
 void scatter_rows(const float* ys, int64_t rows, int N, const int32_t* row_map, int64_t row0, bool round, float* y);
+// y[row_map[row0 + r], :] = ys[r, :] for bf16 ys [rows, N].
+void scatter_rows_bf16(const uint16_t* ys, int64_t rows, int N, const int32_t* row_map, int64_t row0, float* y);
 
 }  // namespace peregrine::cuda::cublas_prep

@@ -116,16 +116,32 @@ __global__ void expert_tiles_kernel(const int32_t* sel, int64_t n, int E, int mt
     __syncthreads();
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&count[sel[i]], 1);
     __syncthreads();
-    if (threadIdx.x != 0) return;
-    int nt = 0, off = 0;
-    for (int e = 0; e < E; ++e) {
-        const int c = count[e];
-        for (int r = 0; r < c; r += mt) tiles[nt++] = make_int4(e, off + r, min(mt, c - r), 0);
-        count[e] = off;  // becomes the next free slot of expert e
-        off += c;
+    if (threadIdx.x == 0) {
+        int nt = 0, off = 0;
+        for (int e = 0; e < E; ++e) {
+            const int c = count[e];
+            for (int r = 0; r < c; r += mt) tiles[nt++] = make_int4(e, off + r, min(mt, c - r), 0);
+            count[e] = off;  // becomes the next free slot of expert e
+            off += c;
+        }
+        *n_tiles = nt;
     }
-    *n_tiles = nt;
-    for (int64_t i = 0; i < n; ++i) row_map[count[sel[i]]++] = static_cast<int32_t>(i);
+    __syncthreads();
+    // Stable placement (ascending pair order within an expert), 32 pairs at a time by one warp: lanes with the
+    // same expert take consecutive slots in lane order, then the group's lowest lane advances the expert's slot.
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    for (int64_t b = 0; b < n; b += 32) {
+        const int64_t i = b + lane;
+        const bool ok = i < n;
+        const int e = ok ? sel[i] : -1;
+        const unsigned peers = __match_any_sync(0xffffffffu, e);
+        const unsigned lower = peers & ((1u << lane) - 1u);
+        if (ok) row_map[count[e] + __popc(lower)] = static_cast<int32_t>(i);
+        __syncwarp();
+        if (ok && lower == 0) count[e] += __popc(peers);
+        __syncwarp();
+    }
 }
 
 template <int MT, int NT>

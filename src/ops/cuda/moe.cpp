@@ -1,8 +1,15 @@
 // Mixture of experts on the GPU without a host round trip: routing on the device, then every (row, slot)
 // pair runs through its expert in one routed GEMM per projection (each row reads its own expert's FP4/FP8
 // weights), clamped SwiGLU with the routing weight, and a combine in ascending expert order (cpu/moe.cpp).
+// Fast numerics at prefill sizes with FP4 experts: gate and up (with the SwiGLU) in one grouped tensor-core
+// pass and down in another, reading the packed weights directly (moe_gemm_fp4.cu);
+// PEREGRINE_MOE_GEMM=cublas runs the three projections through run_linear (cuBLAS) instead.
 #include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/moe_gemm_fp4.h"
 #include "util/error.h"
+
+#include <cstdlib>
+#include <cstring>
 
 namespace peregrine::cuda {
 
@@ -28,10 +35,24 @@ const CudaBackend::ExpertTables& CudaBackend::expert_tables(const MoEWeight& w) 
     auto p = reinterpret_cast<const void* const*>(d.ptr);
     ExpertTables t;
     t.keep = d.keep;
+    t.aligned16 = true;
+    for (const void* q : ptrs) t.aligned16 = t.aligned16 && reinterpret_cast<uintptr_t>(q) % 16 == 0;
     t.w1 = {p, reinterpret_cast<const uint8_t* const*>(p + E)};
     t.w2 = {p + 2 * E, reinterpret_cast<const uint8_t* const*>(p + 3 * E)};
     t.w3 = {p + 4 * E, reinterpret_cast<const uint8_t* const*>(p + 5 * E)};
     return experts_.emplace(key, t).first->second;
+}
+
+// The grouped FP4 kernels: Fast numerics, prefill-sized routing (32-row tiles: more than 8 pairs per expert
+// on average; fewer go to the GEMV), FP4 experts of supported shapes, and not switched off.
+bool CudaBackend::use_grouped_fp4(const ExpertWeight& e0, const ExpertTables& tab, const LinearRouting& r) {
+    if (numerics_ != Numerics::Fast || r.tile_rows == 8 || !tab.aligned16) return false;
+    if (const char* m = std::getenv("PEREGRINE_MOE_GEMM"); m && std::strcmp(m, "cublas") == 0) return false;
+    if (e0.w1.kind != LinearWeight::Kind::FP4 || e0.w2.kind != LinearWeight::Kind::FP4 ||
+        e0.w3.kind != LinearWeight::Kind::FP4 || e0.w1.act_block != e0.w3.act_block)
+        return false;
+    return fp4_grouped_supported(dev_linear(e0.w1)) && fp4_grouped_supported(dev_linear(e0.w2)) &&
+           fp4_grouped_supported(dev_linear(e0.w3));
 }
 
 Tensor CudaBackend::moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) {
@@ -72,14 +93,30 @@ Tensor CudaBackend::moe(const Tensor& x, const MoEWeight& w, const std::vector<i
     routed.routing.row_map = static_cast<const int32_t*>(row_map.get());
     routed.routing.tiles = static_cast<const int32_t*>(tiles.get());
     routed.routing.n_tiles = static_cast<const int32_t*>(n_tiles.get());
-    Tensor xp = empty(DType::F32, {T * K, D});
-    gather_pairs(x.f32(), T, K, D, xp.f32());
     const ExpertWeight& e0 = w.experts[0];
-    Tensor g = run_linear(xp, e0.w1, &tab.w1, &routed), u = run_linear(xp, e0.w3, &tab.w3, &routed);
     const int I = e0.w1.out;
-    Tensor a = empty(DType::F32, {T * K, I});
-    swiglu(g.f32(), u.f32(), T * K, I, wsel.f32(), limit, a.f32());
-    Tensor ye = run_linear(a, e0.w2, &tab.w2, &routed);
+    Tensor ye;
+    if (use_grouped_fp4(e0, tab, routed.routing)) {
+        // Token rows quantised once (act_quant is per row, so this is every pair row's quantisation), read by
+        // pair p as row p / K.
+        const LinearDev d1 = dev_linear(e0.w1), d2 = dev_linear(e0.w2);
+        Tensor xq = empty(DType::F32, {T, D}), xs = empty(DType::F32, {T, D / d1.act_block});
+        act_quant(x.f32(), T, D, d1.act_block, xq.f32(), xs.f32());
+        Tensor a = empty(DType::F32, {pairs, I});
+        fp4_grouped_swiglu(xq.f32(), xs.f32(), pairs, K, E, d1, tab.w1, tab.w3, routed.routing, wsel.f32(), limit,
+                           a.f32());
+        Tensor aq = empty(DType::F32, {pairs, I}), as = empty(DType::F32, {pairs, I / d2.act_block});
+        act_quant(a.f32(), pairs, I, d2.act_block, aq.f32(), as.f32());
+        ye = empty(DType::F32, {pairs, D});
+        fp4_grouped_linear(aq.f32(), as.f32(), pairs, 1, E, d2, tab.w2, routed.routing, ye.f32());
+    } else {
+        Tensor xp = empty(DType::F32, {T * K, D});
+        gather_pairs(x.f32(), T, K, D, xp.f32());
+        Tensor g = run_linear(xp, e0.w1, &tab.w1, &routed), u = run_linear(xp, e0.w3, &tab.w3, &routed);
+        Tensor a = empty(DType::F32, {T * K, I});
+        swiglu(g.f32(), u.f32(), T * K, I, wsel.f32(), limit, a.f32());
+        ye = run_linear(a, e0.w2, &tab.w2, &routed);
+    }
 
     // Shared expert, then the combine.
     phase("moe.shared+combine");

@@ -4,6 +4,7 @@
 #include "ops/attention_plan.h"
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/cuda/paged_state.h"
 #include "util/error.h"
 
 #include <cuda_runtime.h>
@@ -151,6 +152,39 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
         SeqState& st = *r.seq->state;
         return layout_.entry<float>(st.pool, st.pages, sec, idx);
     };
+    // Fast numerics list state-entry addresses on the device from the step's page tables (uploaded once per
+    // step); Exact lists them on the host.
+    const bool device_tables = numerics_ == Numerics::Fast;
+    auto paged = [&]() -> const PagedSeqs& {
+        if (!scratch.paged_keep) {
+            PagedStep p = upload_paged_step(layout_, batch);
+            scratch.paged_keep = p.keep;
+            scratch.paged = p.seqs;
+        }
+        return scratch.paged;
+    };
+    // Addresses of every sequence's compressed entries of `sec` (those at the end of this step) back to back;
+    // rowbase[t]: where row t's sequence starts in it.
+    auto entry_table = [&](const StateSection& sec, int ratio, std::vector<int64_t>& rowbase, int64_t& n) {
+        std::vector<int64_t> seq_base(batch.seqs.size());
+        int64_t most = 0;
+        n = 0;
+        for (size_t i = 0; i < batch.seqs.size(); ++i) {
+            const BatchSeq& s = batch.seqs[i];
+            seq_base[i] = n;
+            for (int r = 0; r < s.n_tokens; ++r) rowbase[static_cast<size_t>(s.row0 + r)] = n;
+            if (s.n_tokens <= 0) continue;
+            const int64_t count = (s.start_pos + s.n_tokens) / ratio;
+            n += count;
+            most = std::max(most, count);
+        }
+        DevArray<const float*> table;
+        table.keep = device_alloc(sizeof(float*) * static_cast<size_t>(std::max<int64_t>(n, 1)));
+        table.ptr = static_cast<const float**>(table.keep.get());
+        auto sb = upload(seq_base);
+        paged_entry_table(paged(), paged_section(sec), ratio, sb.ptr, most, table.ptr);
+        return table;
+    };
 
     // Queries.
     phase("attn.q+kv projections");
@@ -245,16 +279,23 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                              static_cast<float>(std::pow(hd, -0.5) * std::pow(nh, -0.5)));
 
             // Key addresses per sequence, then scores [T, max_width].
-            std::vector<const float*> keys_h;
             std::vector<int64_t> keybase(static_cast<size_t>(T));
             const StateSection& ks = v41 ? KL.index_k : L.index_k;
-            for (auto& s : batch.seqs) {
-                const int64_t base = static_cast<int64_t>(keys_h.size()), wseq = (s.start_pos + s.n_tokens) / ratio;
-                for (int64_t j = 0; j < wseq; ++j)
-                    keys_h.push_back(layout_.entry<float>(s.state->pool, s.state->pages, ks, j));
-                for (int i = 0; i < s.n_tokens; ++i) keybase[static_cast<size_t>(s.row0 + i)] = base;
+            DevArray<const float*> keys_d;
+            int64_t n_keys = 0;
+            if (device_tables) {
+                keys_d = entry_table(ks, ratio, keybase, n_keys);
+            } else {
+                std::vector<const float*> keys_h;
+                for (auto& s : batch.seqs) {
+                    const int64_t base = static_cast<int64_t>(keys_h.size()), wseq = (s.start_pos + s.n_tokens) / ratio;
+                    for (int64_t j = 0; j < wseq; ++j)
+                        keys_h.push_back(layout_.entry<float>(s.state->pool, s.state->pages, ks, j));
+                    for (int i = 0; i < s.n_tokens; ++i) keybase[static_cast<size_t>(s.row0 + i)] = base;
+                }
+                keys_d = upload(keys_h);
+                n_keys = static_cast<int64_t>(keys_h.size());
             }
-            auto keys_d = upload(keys_h);
             auto width_d = upload(width_h), visible_d = upload(visible_h), keybase_d = upload(keybase);
             Tensor scores = empty(DType::F32, {T, std::max<int64_t>(max_width, 1)});
             const bool fast = numerics_ == Numerics::Fast;
@@ -278,7 +319,7 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                     }
                 }
                 if (!tiles.empty() && max_width > 0) {
-                    const int64_t nq = static_cast<int64_t>(T) * nh * hd, nk = static_cast<int64_t>(keys_h.size());
+                    const int64_t nq = static_cast<int64_t>(T) * nh * hd, nk = n_keys;
                     auto qb = device_alloc(sizeof(uint16_t) * static_cast<size_t>(nq));
                     auto kb = device_alloc(sizeof(uint16_t) * static_cast<size_t>(std::max<int64_t>(nk, 1) * hd));
                     to_bf16(iq.f32(), nq, static_cast<uint16_t*>(qb.get()));
@@ -363,26 +404,38 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     phase("attn.sparse attention");
     // Key lists: the window entries, then the selected compressed entries.
     const LayerStateLayout& CL = layout_.layers.at(static_cast<size_t>(info.comp_source >= 0 ? info.comp_source : info.layer));
-    std::vector<const float*> win(static_cast<size_t>(T) * W, nullptr);
-    std::vector<int32_t> nwin(static_cast<size_t>(T));
-    for (int t = 0; t < T; ++t) {
-        auto list = window_list(*rows[static_cast<size_t>(t)].seq, rows[static_cast<size_t>(t)].pos, W, v41);
-        nwin[static_cast<size_t>(t)] = static_cast<int32_t>(list.size());
-        for (size_t j = 0; j < list.size(); ++j)
-            if (list[j] >= 0) win[static_cast<size_t>(t) * W + j] = entry(rows[static_cast<size_t>(t)], L.window, list[j]);
-    }
-    std::vector<const float*> comp_addr;
+    DevArray<const float*> win_d, comp_d;
+    DevArray<int32_t> nwin_d;
     std::vector<int64_t> compbase(static_cast<size_t>(T), 0);
-    if (sel) {
-        for (auto& s : batch.seqs) {
-            const int64_t base = static_cast<int64_t>(comp_addr.size()), wseq = (s.start_pos + s.n_tokens) / info.ratio;
-            for (int64_t j = 0; j < wseq; ++j) comp_addr.push_back(layout_.entry<float>(s.state->pool, s.state->pages, CL.comp, j));
-            for (int i = 0; i < s.n_tokens; ++i) compbase[static_cast<size_t>(s.row0 + i)] = base;
+    if (device_tables) {
+        win_d.keep = device_alloc(sizeof(float*) * static_cast<size_t>(T) * W);
+        win_d.ptr = static_cast<const float**>(win_d.keep.get());
+        nwin_d.keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(T));
+        nwin_d.ptr = static_cast<int32_t*>(nwin_d.keep.get());
+        paged_window_table(paged(), paged_section(L.window), T, W, v41, win_d.ptr, nwin_d.ptr);
+        int64_t n_comp = 0;
+        if (sel) comp_d = entry_table(CL.comp, info.ratio, compbase, n_comp);
+    } else {
+        std::vector<const float*> win(static_cast<size_t>(T) * W, nullptr);
+        std::vector<int32_t> nwin(static_cast<size_t>(T));
+        for (int t = 0; t < T; ++t) {
+            auto list = window_list(*rows[static_cast<size_t>(t)].seq, rows[static_cast<size_t>(t)].pos, W, v41);
+            nwin[static_cast<size_t>(t)] = static_cast<int32_t>(list.size());
+            for (size_t j = 0; j < list.size(); ++j)
+                if (list[j] >= 0) win[static_cast<size_t>(t) * W + j] = entry(rows[static_cast<size_t>(t)], L.window, list[j]);
         }
+        std::vector<const float*> comp_addr;
+        if (sel) {
+            for (auto& s : batch.seqs) {
+                const int64_t base = static_cast<int64_t>(comp_addr.size()), wseq = (s.start_pos + s.n_tokens) / info.ratio;
+                for (int64_t j = 0; j < wseq; ++j) comp_addr.push_back(layout_.entry<float>(s.state->pool, s.state->pages, CL.comp, j));
+                for (int i = 0; i < s.n_tokens; ++i) compbase[static_cast<size_t>(s.row0 + i)] = base;
+            }
+        }
+        win_d = upload(win);
+        nwin_d = upload(nwin);
+        comp_d = upload(comp_addr);
     }
-    auto win_d = upload(win);
-    auto nwin_d = upload(nwin);
-    auto comp_d = upload(comp_addr);
     auto compbase_d = upload(compbase);
     const int maxk = W + kmax;
     auto keys = device_alloc(sizeof(float*) * static_cast<size_t>(T) * maxk);

@@ -143,6 +143,29 @@ void build_keys(int64_t T, const float* const* win, const int32_t* nwin, int W, 
 void sparse_attention(const float* q, int64_t T, int H, int D, float scale, const float* sink, const float* const* keys,
                       const int32_t* nkeys, int maxk, float* out, bool fast = false);
 
+// ---- paged_tables.cu (Numerics::Fast): entry addresses worked out on the device from the step's page tables
+// (StateLayout::entry), so the host uploads page tables (one id per page) instead of one address per entry.
+struct PagedSeqs {
+    const int32_t* pages = nullptr;    // the step's page tables, back to back
+    const int64_t* seq = nullptr;      // per sequence [4]: pool base address, first page in `pages`, start_pos, n_tokens
+    const int32_t* row_seq = nullptr;  // per row: its sequence
+    const int64_t* row_pos = nullptr;  // per row: its position
+    int n_seqs = 0, page_tokens = 0;
+    int64_t page_bytes = 0;
+};
+struct PagedSection {  // a StateSection of one layer
+    int64_t offset = 0, entry_bytes = 0;
+    int per_entry_tokens = 1;
+};
+// table[seq_base[s] + j] = address of entry j of sequence s for j < (start_pos + n_tokens) / ratio (sequences
+// with no tokens this step are skipped); max_entries bounds those counts.
+void paged_entry_table(const PagedSeqs& p, const PagedSection& sec, int ratio, const int64_t* seq_base,
+                       int64_t max_entries, const float** table);
+// Per row: its window keys' addresses in window_list's order (null: none; nulls beyond the count too) and
+// their count, for T rows and a window of W.
+void paged_window_table(const PagedSeqs& p, const PagedSection& sec, int64_t T, int W, bool v41, const float** win,
+                        int32_t* nwin);
+
 // ---- index_fast.cu (Numerics::Fast; same contracts as the exact kernels above, see the file for the sums)
 bool index_scores_stream_supported(int nh, int hd);
 // Rows row_list[0..n_rows) (null: rows 0..n_rows) against their keys, one thread per (row, key).

@@ -163,27 +163,10 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
         }
         return scratch.paged;
     };
-    // Addresses of every sequence's compressed entries of `sec` (those at the end of this step) back to back;
-    // rowbase[t]: where row t's sequence starts in it.
     auto entry_table = [&](const StateSection& sec, int ratio, std::vector<int64_t>& rowbase, int64_t& n) {
-        std::vector<int64_t> seq_base(batch.seqs.size());
-        int64_t most = 0;
-        n = 0;
-        for (size_t i = 0; i < batch.seqs.size(); ++i) {
-            const BatchSeq& s = batch.seqs[i];
-            seq_base[i] = n;
-            for (int r = 0; r < s.n_tokens; ++r) rowbase[static_cast<size_t>(s.row0 + r)] = n;
-            if (s.n_tokens <= 0) continue;
-            const int64_t count = (s.start_pos + s.n_tokens) / ratio;
-            n += count;
-            most = std::max(most, count);
-        }
-        DevArray<const float*> table;
-        table.keep = device_alloc(sizeof(float*) * static_cast<size_t>(std::max<int64_t>(n, 1)));
-        table.ptr = static_cast<const float**>(table.keep.get());
-        auto sb = upload(seq_base);
-        paged_entry_table(paged(), paged_section(sec), ratio, sb.ptr, most, table.ptr);
-        return table;
+        AddressTable t = device_entry_table(paged(), batch, sec, ratio, rowbase);
+        n = t.n;
+        return DevArray<const float*>{t.keep, t.table};
     };
 
     // Queries.
@@ -408,11 +391,9 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     DevArray<int32_t> nwin_d;
     std::vector<int64_t> compbase(static_cast<size_t>(T), 0);
     if (device_tables) {
-        win_d.keep = device_alloc(sizeof(float*) * static_cast<size_t>(T) * W);
-        win_d.ptr = static_cast<const float**>(win_d.keep.get());
-        nwin_d.keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(T));
-        nwin_d.ptr = static_cast<int32_t*>(nwin_d.keep.get());
-        paged_window_table(paged(), paged_section(L.window), T, W, v41, win_d.ptr, nwin_d.ptr);
+        WindowTable wt = device_window_table(paged(), L.window, T, W, v41);
+        win_d = {wt.win.keep, wt.win.table};
+        nwin_d = {wt.nwin_keep, wt.nwin};
         int64_t n_comp = 0;
         if (sel) comp_d = entry_table(CL.comp, info.ratio, compbase, n_comp);
     } else {

@@ -2,6 +2,8 @@
 // Launchers of the CUDA kernels (plain pointers, device memory, the current stream). The backend in
 // cuda_backend.cpp composes them; each kernel follows the reference backend's arithmetic (src/ops/cpu)
 // step for step, with double accumulation where the reference sums exactly.
+#include "ops/cuda/paged_address.h"
+
 #include <cstdint>
 
 namespace peregrine::cuda {
@@ -132,7 +134,7 @@ void candidate_blocks(const float* scores, int64_t T, int64_t stride, const int6
 void apply_candidates(float* scores, int64_t T, int64_t stride, const int64_t* width, const uint8_t* mask,
                       const int64_t* mask_width, int64_t mask_stride);
 // Top-k of each row (ties to the lower index; radix select), descending or sorted by index; entries >=
-// visible -> -1. tmp: [T, k].
+// visible -> -1. tmp: [T, k]. count[t] = min(k, width[t]); out[t, count[t]..k) is left unwritten.
 void topk_rows(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible, int k,
                bool ascending, int32_t* tmp, int32_t* out, int32_t* count);
 // keys[t, :] = first nwin[t] window addresses, then comp_addr[compbase[t] + sel[t, i]] for i < nsel[t].
@@ -152,10 +154,6 @@ struct PagedSeqs {
     const int64_t* row_pos = nullptr;  // per row: its position
     int n_seqs = 0, page_tokens = 0;
     int64_t page_bytes = 0;
-};
-struct PagedSection {  // a StateSection of one layer
-    int64_t offset = 0, entry_bytes = 0;
-    int per_entry_tokens = 1;
 };
 // table[seq_base[s] + j] = address of entry j of sequence s for j < (start_pos + n_tokens) / ratio (sequences
 // with no tokens this step are skipped); max_entries bounds those counts.

@@ -54,4 +54,38 @@ PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch
     return out;
 }
 
+AddressTable device_entry_table(const PagedSeqs& p, const ForwardBatch& batch, const StateSection& sec, int ratio,
+                                std::vector<int64_t>& rowbase) {
+    rowbase.resize(static_cast<size_t>(batch.rows()));
+    std::vector<int64_t> seq_base(batch.seqs.size());
+    int64_t most = 0, n = 0;
+    for (size_t i = 0; i < batch.seqs.size(); ++i) {
+        const BatchSeq& s = batch.seqs[i];
+        seq_base[i] = n;
+        for (int r = 0; r < s.n_tokens; ++r) rowbase[static_cast<size_t>(s.row0 + r)] = n;
+        if (s.n_tokens <= 0) continue;
+        const int64_t count = (s.start_pos + s.n_tokens) / ratio;
+        n += count;
+        most = std::max(most, count);
+    }
+    AddressTable t;
+    t.keep = device_alloc(sizeof(float*) * static_cast<size_t>(std::max<int64_t>(n, 1)));
+    t.table = static_cast<const float**>(t.keep.get());
+    t.n = n;
+    auto sb = CudaBackend::upload(seq_base);  // freed in stream order, after the kernel
+    paged_entry_table(p, paged_section(sec), ratio, sb.ptr, most, t.table);
+    return t;
+}
+
+WindowTable device_window_table(const PagedSeqs& p, const StateSection& sec, int64_t T, int W, bool v41) {
+    WindowTable w;
+    w.win.keep = device_alloc(sizeof(float*) * static_cast<size_t>(std::max<int64_t>(T * W, 1)));
+    w.win.table = static_cast<const float**>(w.win.keep.get());
+    w.win.n = T * W;
+    w.nwin_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(std::max<int64_t>(T, 1)));
+    w.nwin = static_cast<int32_t*>(w.nwin_keep.get());
+    paged_window_table(p, paged_section(sec), T, W, v41, w.win.table, w.nwin);
+    return w;
+}
+
 }  // namespace peregrine::cuda

@@ -12,19 +12,9 @@ namespace peregrine::cuda {
 namespace {
 
 __device__ __forceinline__ const float* paged_entry(const PagedSeqs& p, const PagedSection& sec, int s, int64_t index) {
-    int64_t page, slot;
-    if (sec.per_entry_tokens <= p.page_tokens) {
-        const int64_t per_page = p.page_tokens / sec.per_entry_tokens;
-        page = index / per_page;
-        slot = index % per_page;
-    } else {  // an entry spanning several pages lives in the page of its last token
-        page = ((index + 1) * sec.per_entry_tokens - 1) / p.page_tokens;
-        slot = 0;
-    }
     const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);
     const uint8_t* base = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(m[0]));
-    const int64_t id = p.pages[m[1] + page];
-    return reinterpret_cast<const float*>(base + id * p.page_bytes + sec.offset + slot * sec.entry_bytes);
+    return reinterpret_cast<const float*>(base + paged_entry_offset(p.pages + m[1], p.page_tokens, p.page_bytes, sec, index));
 }
 
 // Grid: x over entries, y over sequences.
@@ -40,23 +30,6 @@ __global__ void entry_table_kernel(PagedSeqs p, PagedSection sec, int ratio, con
         table[base + j] = paged_entry(p, sec, s, j);
 }
 
-// window_list (attention_plan.cpp) entry j of the row at `pos`: a position or -1; *n the list's length.
-__device__ __forceinline__ int64_t window_pos(int64_t start, int64_t n_tokens, int64_t pos, int W, bool v41, int j,
-                                              int* n) {
-    if (start == 0) {  // one-shot prefill: the query's window, oldest first
-        const int64_t len = min(n_tokens, static_cast<int64_t>(W)), base = max(static_cast<int64_t>(0), pos - W + 1);
-        *n = static_cast<int>(len);
-        return j < len && base + j <= pos ? base + j : -1;
-    }
-    *n = W;
-    if (n_tokens == 1 && (v41 || pos >= W - 1)) {  // decode: the ring from its oldest slot
-        const int64_t slot = (pos % W + 1 + j) % W;
-        return slot <= pos ? pos - ((pos - slot) % W) : -1;
-    }
-    const int64_t lo = max(static_cast<int64_t>(0), pos - W + 1);  // chunked prefill: oldest first, padded
-    return lo + j <= pos ? lo + j : -1;
-}
-
 __global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, int W, bool v41, const float** win,
                                     int32_t* nwin) {
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -66,7 +39,7 @@ __global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, in
     const int s = p.row_seq[t];
     const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);
     int n = 0;
-    const int64_t at = window_pos(m[2], m[3], p.row_pos[t], W, v41, j, &n);
+    const int64_t at = window_position(m[2], m[3], p.row_pos[t], W, v41, j, &n);
     if (j == 0) nwin[t] = n;
     win[i] = j < n && at >= 0 ? paged_entry(p, sec, s, at) : nullptr;
 }

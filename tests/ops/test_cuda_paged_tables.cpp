@@ -2,7 +2,7 @@
 // host-built tables of the Exact path, on the state layout of a 4-layer synthetic V4.1-Flash model (16-token
 // pages, shuffled over the pool): every address identical, for decode at 131072 tokens of context and for a
 // prefill step (a 2048-token chunk at the end of 131072 tokens, a one-shot prefill, a decode row, a sequence
-// without tokens). Then the indexer layer's path with either table (scores, bf16 key gather, top-k, key
+// without tokens); also V4 HCA's every-visible-entry lists. Then the indexer layer's path with either table (scores, bf16 key gather, top-k, key
 // lists, sparse attention) gives bit-identical results. Prints the host and device time of the tables.
 // Skipped without a GPU; "PARITY" lines are collected by tools/gpu/check.sh.
 #include "model/model.h"
@@ -162,8 +162,13 @@ struct Model4 {
     std::vector<AttentionLayerInfo> infos = attention_layer_infos(cfg);
 };
 
-// Every section of every layer through both tables; returns the host and device milliseconds of the tables one
-// layer's attention builds (index keys, compressed entries, window) on the indexer layer.
+int64_t kmax_of(ForwardBatch& batch, int ratio) {
+    int64_t k = 0;
+    for (auto& s : batch.seqs) k = std::max(k, (s.start_pos + s.n_tokens) / ratio);
+    return k;
+}
+
+// Every section of every layer through both tables.
 void check_tables(const Model4& m, Step& st, const std::string& what) {
     auto paged = cuda::upload_paged_step(m.layout, st.batch);
     const int64_t T = st.batch.rows();
@@ -176,6 +181,29 @@ void check_tables(const Model4& m, Step& st, const std::string& what) {
         auto dw = cuda::device_window_table(paged.seqs, L.window, T, W, true);
         EXPECT_EQ(host(dw.nwin, static_cast<size_t>(T)), hn) << what << " layer " << info.layer;
         EXPECT_TRUE(host(dw.win.table, static_cast<size_t>(T * W)) == hw) << what << " window, layer " << info.layer;
+        // V4 HCA's every-visible-entry lists, as attention.cpp lists them on the host (unless too big to list here).
+        if (info.ratio > 0 && T * kmax_of(st.batch, info.ratio) <= (int64_t{1} << 25)) {
+            auto rows = row_infos(st.batch);
+            std::vector<int32_t> counts(static_cast<size_t>(T)), vis(static_cast<size_t>(T));
+            int kmax = 0;
+            for (int64_t t = 0; t < T; ++t) {
+                const BatchSeq& s = *rows[static_cast<size_t>(t)].seq;
+                vis[static_cast<size_t>(t)] = static_cast<int32_t>((rows[static_cast<size_t>(t)].pos + 1) / info.ratio);
+                counts[static_cast<size_t>(t)] = is_prefill(s) ? static_cast<int32_t>((s.start_pos + s.n_tokens) / info.ratio)
+                                                               : vis[static_cast<size_t>(t)];
+                kmax = std::max(kmax, counts[static_cast<size_t>(t)]);
+            }
+            std::vector<int32_t> list(static_cast<size_t>(T) * std::max(kmax, 1), -1);
+            for (int64_t t = 0; t < T; ++t)
+                for (int32_t j = 0; j < counts[static_cast<size_t>(t)]; ++j)
+                    list[static_cast<size_t>(t * kmax + j)] = j < vis[static_cast<size_t>(t)] ? j : -1;
+            auto dl = cuda::device_alloc(sizeof(int32_t) * list.size()), dc = cuda::device_alloc(sizeof(int32_t) * T);
+            cuda::paged_all_entries(paged.seqs, info.ratio, T, kmax, static_cast<int32_t*>(dl.get()),
+                                    static_cast<int32_t*>(dc.get()));
+            EXPECT_EQ(host(static_cast<int32_t*>(dc.get()), static_cast<size_t>(T)), counts) << what << " layer " << info.layer;
+            if (kmax > 0)
+                EXPECT_TRUE(host(static_cast<int32_t*>(dl.get()), list.size()) == list) << what << " layer " << info.layer;
+        }
         for (const StateSection* sec : {&L.comp, &L.index_k}) {
             if (!sec->present()) continue;
             HostTable h = host_entry_table(m.layout, st.batch, *sec, info.ratio);
@@ -193,6 +221,8 @@ const AttentionLayerInfo& indexer_layer(const Model4& m) {
     throw std::runtime_error("no indexer layer");
 }
 
+// Host and device milliseconds of the tables one layer's attention builds (index keys, compressed entries,
+// window) on the indexer layer.
 void timing(const Model4& m, Step& st, const std::string& what) {
     const auto& info = indexer_layer(m);
     const LayerStateLayout& L = m.layout.layers[static_cast<size_t>(info.layer)];

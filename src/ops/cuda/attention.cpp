@@ -367,14 +367,21 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                 counts[static_cast<size_t>(t)] = static_cast<int32_t>(is_prefill(s) ? width_h[static_cast<size_t>(t)] : visible_h[static_cast<size_t>(t)]);
                 kmax = std::max(kmax, counts[static_cast<size_t>(t)]);
             }
-            std::vector<int32_t> list(static_cast<size_t>(T) * std::max(kmax, 1), -1);
-            for (int t = 0; t < T; ++t)
-                for (int32_t j = 0; j < counts[static_cast<size_t>(t)]; ++j)
-                    list[static_cast<size_t>(t) * kmax + j] = j < visible_h[static_cast<size_t>(t)] ? j : -1;
-            auto l = upload(list);
-            auto c = upload(counts);
-            sel_keep = l.keep;
-            nsel_keep = c.keep;
+            if (device_tables) {
+                sel_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(T) * std::max(kmax, 1));
+                nsel_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(T));
+                paged_all_entries(paged(), ratio, T, kmax, static_cast<int32_t*>(sel_keep.get()),
+                                  static_cast<int32_t*>(nsel_keep.get()));
+            } else {
+                std::vector<int32_t> list(static_cast<size_t>(T) * std::max(kmax, 1), -1);
+                for (int t = 0; t < T; ++t)
+                    for (int32_t j = 0; j < counts[static_cast<size_t>(t)]; ++j)
+                        list[static_cast<size_t>(t) * kmax + j] = j < visible_h[static_cast<size_t>(t)] ? j : -1;
+                auto l = upload(list);
+                auto c = upload(counts);
+                sel_keep = l.keep;
+                nsel_keep = c.keep;
+            }
         }
         if (sel_keep && kmax > 0) {
             sel = static_cast<const int32_t*>(sel_keep.get());

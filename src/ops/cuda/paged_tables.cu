@@ -44,7 +44,27 @@ __global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, in
     win[i] = j < n && at >= 0 ? paged_entry(p, sec, s, at) : nullptr;
 }
 
+// V4 HCA: row t attends to every compressed entry of its sequence (a one-shot prefill: the step's width,
+// else the visible ones), invisible ones as -1, the list padded with -1 to kmax.
+__global__ void all_entries_kernel(PagedSeqs p, int ratio, int64_t T, int kmax, int32_t* list, int32_t* counts) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= T * kmax) return;
+    const int64_t t = i / kmax;
+    const int j = static_cast<int>(i % kmax);
+    const int64_t* m = p.seq + 4 * static_cast<int64_t>(p.row_seq[t]);
+    const int64_t visible = (p.row_pos[t] + 1) / ratio;
+    const int64_t count = m[2] == 0 ? (m[2] + m[3]) / ratio : visible;
+    if (j == 0) counts[t] = static_cast<int32_t>(count);
+    list[i] = j < count && j < visible ? j : -1;
+}
+
 }  // namespace
+
+void paged_all_entries(const PagedSeqs& p, int ratio, int64_t T, int kmax, int32_t* list, int32_t* counts) {
+    if (T * kmax == 0) return;
+    all_entries_kernel<<<blocks_for(T * kmax), kThreads>>>(p, ratio, T, kmax, list, counts);
+    PG_LAUNCHED();
+}
 
 void paged_entry_table(const PagedSeqs& p, const PagedSection& sec, int ratio, const int64_t* seq_base,
                        int64_t max_entries, const float** table) {

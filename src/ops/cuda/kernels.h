@@ -84,6 +84,10 @@ void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, in
 void hc_collapse(const float* h, const float* pre, int64_t T, int hc, int D, float* y);
 void hc_expand(const float* y, const float* residual, const float* post, const float* comb, int64_t T, int hc, int D,
                float* out);
+// Numerics::Fast: the same outputs bit for bit, four channels of every copy a thread (hc == 4, D % 4 == 0,
+// 16-byte aligned rows; otherwise hc_expand).
+void hc_expand_fast(const float* y, const float* residual, const float* post, const float* comb, int64_t T, int hc,
+                    int D, float* out);
 void hc_mean(const float* h, int64_t T, int hc, int D, float* y);
 void embed(const void* table, bool bf16, const int32_t* ids, int64_t T, int hc, int D, float* h);
 void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t row_len, float* y);

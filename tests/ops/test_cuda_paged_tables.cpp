@@ -2,7 +2,7 @@
 // host-built tables of the Exact path, on the state layout of a 4-layer synthetic V4.1-Flash model (16-token
 // pages, shuffled over the pool): every address identical, for decode at 131072 tokens of context and for a
 // prefill step (a 2048-token chunk at the end of 131072 tokens, a one-shot prefill, a decode row, a sequence
-// without tokens); also V4 HCA's every-visible-entry lists. Then the indexer layer's path with either table (scores, bf16 key gather, top-k, key
+// without tokens); also V4 HCA's every-visible-entry lists and the window K=V store. Then the indexer layer's path with either table (scores, bf16 key gather, top-k, key
 // lists, sparse attention) gives bit-identical results. Prints the host and device time of the tables.
 // Skipped without a GPU; "PARITY" lines are collected by tools/gpu/check.sh.
 #include "model/model.h"
@@ -369,6 +369,32 @@ void check_pipeline(const Model4& m, Step& st, const std::string& what) {
                 out_diff ? "DIFFER" : "identical");
 }
 
+// Window K=V rows stored through the page tables land at the host's entry address of each row's position.
+void check_store(const Model4& m, Step& st, const std::string& what) {
+    const StateSection& sec = m.layout.layers[0].window;
+    const int64_t T = st.batch.rows();
+    const int width = static_cast<int>(sec.entry_bytes / sizeof(float));
+    std::vector<float> src(static_cast<size_t>(T) * width);
+    std::mt19937_64 g(53);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& x : src) x = round_bf16(nd(g));
+    auto sd = CudaBackend::upload(src);
+    auto paged = cuda::upload_paged_step(m.layout, st.batch);
+    cuda::paged_store_rows(sd.ptr, T, width, paged.seqs, cuda::paged_section(sec));
+    auto rows = row_infos(st.batch);
+    int64_t bad = 0;
+    std::vector<float> got(static_cast<size_t>(width));
+    for (int64_t t = 0; t < T; ++t) {
+        SeqState& s = *rows[static_cast<size_t>(t)].seq->state;
+        const float* at = m.layout.entry<float>(s.pool, s.pages, sec, rows[static_cast<size_t>(t)].pos);
+        cudaMemcpy(got.data(), at, sizeof(float) * width, cudaMemcpyDeviceToHost);
+        bad += !std::equal(got.begin(), got.end(), src.begin() + t * width);
+    }
+    EXPECT_EQ(bad, 0) << what;
+    std::printf("PARITY attn paged window store %s: %lld rows, %s\n", what.c_str(), static_cast<long long>(T),
+                bad ? "MISPLACED" : "all at the host's addresses");
+}
+
 // Device memory for `pages` state pages of random bf16 values.
 std::shared_ptr<void> random_pool(const StateLayout& layout, int64_t pages) {
     const size_t bytes = static_cast<size_t>(pages) * layout.page_bytes;
@@ -390,6 +416,7 @@ TEST(CudaPagedTables, DecodeSameAddressesAndResults) {
     Step st = make_step(m.layout, static_cast<uint8_t*>(pool.get()), pages, kDecode8, 1);
     check_tables(m, st, "decode 8x131072");
     check_pipeline(m, st, "decode 8x131072");
+    check_store(m, st, "decode 8x131072");
     timing(m, st, "decode 8x131072");
 }
 
@@ -401,6 +428,7 @@ TEST(CudaPagedTables, PrefillSameAddressesAndResults) {
     Step st = make_step(m.layout, static_cast<uint8_t*>(pool.get()), pages, kPrefill, 2);
     check_tables(m, st, "prefill 2048-token chunk at 131072 + others");
     check_pipeline(m, st, "prefill 2048-token chunk at 131072 + others");
+    check_store(m, st, "prefill 2048-token chunk at 131072 + others");
     timing(m, st, "prefill 2048-token chunk at 131072 + others");
 }
 

@@ -176,7 +176,9 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
 
     // Sliding-window K=V, stored per token.
     Tensor kv = window_kv(x, w, freqs, pos.ptr, T);
-    {
+    if (device_tables) {
+        paged_store_rows(kv.f32(), T, D, paged(), paged_section(L.window));
+    } else {
         std::vector<float*> dst(static_cast<size_t>(T));
         for (int t = 0; t < T; ++t) dst[static_cast<size_t>(t)] = entry(rows[static_cast<size_t>(t)], L.window, rows[static_cast<size_t>(t)].pos);
         auto dd = upload(dst);

@@ -167,6 +167,8 @@ void paged_entry_table(const PagedSeqs& p, const PagedSection& sec, int ratio, c
 // their count, for T rows and a window of W.
 void paged_window_table(const PagedSeqs& p, const PagedSection& sec, int64_t T, int W, bool v41, const float** win,
                         int32_t* nwin);
+// Row t of src [T, width] into entry row_pos[t] of `sec` of its sequence (StateLayout::entry(.., pos)).
+void paged_store_rows(const float* src, int64_t T, int width, const PagedSeqs& p, const PagedSection& sec);
 // V4 HCA's selection, as the host lists it: per row count[t] (a one-shot prefill: (start_pos + n_tokens) /
 // ratio, else (pos + 1) / ratio) and list[t, j] = j if visible else -1, padded with -1 to kmax.
 void paged_all_entries(const PagedSeqs& p, int ratio, int64_t T, int kmax, int32_t* list, int32_t* counts);

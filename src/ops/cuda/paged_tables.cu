@@ -58,7 +58,22 @@ __global__ void all_entries_kernel(PagedSeqs p, int ratio, int64_t T, int kmax, 
     list[i] = j < count && j < visible ? j : -1;
 }
 
+// Row t of src into entry row_pos[t] of its sequence (the window K=V of each row's own position).
+__global__ void store_rows_kernel(const float* src, int64_t T, int width, PagedSeqs p, PagedSection sec) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= T * width) return;
+    const int64_t t = i / width;
+    float* dst = const_cast<float*>(paged_entry(p, sec, p.row_seq[t], p.row_pos[t]));
+    dst[i % width] = src[i];
+}
+
 }  // namespace
+
+void paged_store_rows(const float* src, int64_t T, int width, const PagedSeqs& p, const PagedSection& sec) {
+    if (T * width == 0) return;
+    store_rows_kernel<<<blocks_for(T * width), kThreads>>>(src, T, width, p, sec);
+    PG_LAUNCHED();
+}
 
 void paged_all_entries(const PagedSeqs& p, int ratio, int64_t T, int kmax, int32_t* list, int32_t* counts) {
     if (T * kmax == 0) return;

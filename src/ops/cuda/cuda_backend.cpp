@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 namespace peregrine {
 
@@ -64,6 +66,54 @@ Tensor CudaBackend::to_device(const Tensor& host) {
     Tensor t = empty(host.dtype(), host.shape());
     if (host.nbytes()) PG_CUDA(cudaMemcpy(t.raw(), host.raw(), host.nbytes(), cudaMemcpyHostToDevice));
     return t;
+}
+
+namespace {
+// Page-locked host buffers for results copied back every step (logits), reused: a copy into pageable memory
+// runs at a fraction of PCIe speed, and a fresh cudaMallocHost costs milliseconds. Buffers return to the pool
+// when their tensor goes; the pool lives as long as the process (never freed at exit, when the CUDA context
+// may already be gone).
+class PinnedPool {
+public:
+    static PinnedPool& get() {
+        static auto* pool = new PinnedPool;
+        return *pool;
+    }
+    std::shared_ptr<void> take(size_t bytes) {
+        void* p = nullptr;
+        {
+            std::lock_guard lk(mu_);
+            auto it = free_.lower_bound(bytes);
+            if (it != free_.end() && it->first <= 2 * bytes) {
+                p = it->second;
+                bytes = it->first;
+                free_.erase(it);
+            }
+        }
+        if (!p) PG_CUDA(cudaMallocHost(&p, bytes));
+        return std::shared_ptr<void>(p, [this, bytes](void* q) { give(q, bytes); });
+    }
+
+private:
+    void give(void* p, size_t bytes) {
+        std::lock_guard lk(mu_);
+        if (free_.size() >= 8) {  // bounded: drop the smallest
+            cudaFreeHost(free_.begin()->second);
+            free_.erase(free_.begin());
+        }
+        free_.emplace(bytes, p);
+    }
+    std::mutex mu_;
+    std::multimap<size_t, void*> free_;
+};
+}  // namespace
+
+Tensor CudaBackend::to_host_pinned(const Tensor& dev) {
+    PEREGRINE_CHECK(dev.device() == Device::CUDA, "to_host: tensor is not on the device");
+    auto keep = PinnedPool::get().take(std::max<size_t>(dev.nbytes(), 64));
+    void* p = keep.get();
+    if (dev.nbytes()) PG_CUDA(cudaMemcpy(p, dev.raw(), dev.nbytes(), cudaMemcpyDeviceToHost));
+    return Tensor::view(dev.dtype(), dev.shape(), p, Device::CPU, std::move(keep));
 }
 
 Tensor CudaBackend::to_host(const Tensor& dev) {
@@ -290,7 +340,7 @@ Tensor CudaBackend::logits(const Tensor& x, const LinearWeight& head) {
     LinearWeight w = head;
     w.kind = LinearWeight::Kind::F32;
     Tensor y = run_linear(x, w);
-    return to_host(y);
+    return to_host_pinned(y);
 }
 
 }  // namespace cuda

@@ -86,6 +86,8 @@ public:
     // Host <-> device copies of F32/any tensors (tests, tools).
     static Tensor to_device(const Tensor& host);
     static Tensor to_host(const Tensor& dev);
+    // The same into reused page-locked memory (results copied back every step).
+    static Tensor to_host_pinned(const Tensor& dev);
     // Uninitialised device tensor.
     static Tensor empty(DType dtype, std::vector<int64_t> shape);
     template <typename T>

@@ -201,8 +201,9 @@ void check_tables(const Model4& m, Step& st, const std::string& what) {
             cuda::paged_all_entries(paged.seqs, info.ratio, T, kmax, static_cast<int32_t*>(dl.get()),
                                     static_cast<int32_t*>(dc.get()));
             EXPECT_EQ(host(static_cast<int32_t*>(dc.get()), static_cast<size_t>(T)), counts) << what << " layer " << info.layer;
-            if (kmax > 0)
+            if (kmax > 0) {
                 EXPECT_TRUE(host(static_cast<int32_t*>(dl.get()), list.size()) == list) << what << " layer " << info.layer;
+            }
         }
         for (const StateSection* sec : {&L.comp, &L.index_k}) {
             if (!sec->present()) continue;

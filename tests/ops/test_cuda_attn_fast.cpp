@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <random>
 
@@ -211,11 +212,17 @@ void check_topk(int64_t T, int64_t N, int k, bool ascending, const std::string& 
         cuda::topk_rows(s.ptr, T, N, wd.ptr, vd.ptr, k, ascending, static_cast<int32_t*>(tmp.get()),
                         static_cast<int32_t*>(oe.get()), static_cast<int32_t*>(ce.get()));
     });
-    EXPECT_EQ(host(static_cast<int32_t*>(cf.get()), T), host(static_cast<int32_t*>(ce.get()), T)) << shape;
+    auto counts = host(static_cast<int32_t*>(cf.get()), T);
+    EXPECT_EQ(counts, host(static_cast<int32_t*>(ce.get()), T)) << shape;
     auto a = host(static_cast<int32_t*>(of.get()), static_cast<size_t>(T * k));
     auto b = host(static_cast<int32_t*>(oe.get()), static_cast<size_t>(T * k));
+    // Only the first count[t] entries of a row are written (and read: build_keys stops at the count).
     int64_t diff = 0;
-    for (size_t i = 0; i < a.size(); ++i) diff += a[i] != b[i];
+    for (int64_t t = 0; t < T; ++t) {
+        EXPECT_EQ(counts[static_cast<size_t>(t)], std::min<int64_t>(k, N)) << shape << " row " << t;
+        for (int32_t i = 0; i < counts[static_cast<size_t>(t)]; ++i)
+            diff += a[static_cast<size_t>(t * k + i)] != b[static_cast<size_t>(t * k + i)];
+    }
     EXPECT_EQ(diff, 0) << shape;
     std::printf("PARITY attn topk_rows %s k=%d %s identical %s fast %.3f ms exact %.3f ms\n", shape.c_str(), k,
                 ascending ? "by index" : "by value", diff == 0 ? "yes" : "NO", ms_fast, ms_exact);
@@ -463,7 +470,7 @@ TEST(CudaAttnFast, HcMixesSplitMatchesExact) {
     for (auto& x : fn) x = n(g) * 0.01f;
     for (auto& x : base) x = n(g) * 0.1f;
     auto fd = CudaBackend::upload(fn), bd = CudaBackend::upload(base), sd = CudaBackend::upload(scale);
-    for (int64_t T : {8, 4096}) {
+    for (int64_t T : {8, 1023, 1025, 4096}) {  // the prefill split starts at 1024 tokens (2 a block: 1025 leaves one alone)
         std::vector<float> h(static_cast<size_t>(T) * W);
         for (auto& x : h) x = round_bf16(n(g));
         auto hd = CudaBackend::upload(h);
@@ -494,6 +501,34 @@ TEST(CudaAttnFast, HcMixesSplitMatchesExact) {
         std::printf("PARITY attn hc_mixes %ldx(4x5120) 24 mixes fast %.3f ms exact %.3f ms, max rel |d| %.3g equal %.4f"
                     " (tol 1e-5 rel)\n",
                     static_cast<long>(T), ms[0], ms[1], worst, static_cast<double>(equal) / total);
+    }
+}
+
+// hc_expand with four channels of every copy a thread: bit for bit the plain kernel's output.
+TEST(CudaAttnFast, HcExpandVectorisedSameOutput) {
+    REQUIRE_GPU();
+    const int hc = 4, D = 5120;
+    for (int64_t T : {8, 4096}) {
+        std::mt19937_64 g(31 + T);
+        std::normal_distribution<float> n(0.0f, 1.0f);
+        std::vector<float> y(static_cast<size_t>(T) * D), res(static_cast<size_t>(T) * hc * D), post(static_cast<size_t>(T) * hc),
+            comb(static_cast<size_t>(T) * hc * hc);
+        for (auto& x : y) x = round_bf16(n(g));
+        for (auto& x : res) x = round_bf16(n(g));
+        for (auto& x : post) x = 2.0f / (1.0f + std::exp(-n(g)));
+        for (auto& x : comb) x = std::fabs(n(g)) * 0.25f;
+        auto yd = CudaBackend::upload(y), rd = CudaBackend::upload(res), pd = CudaBackend::upload(post),
+             cd = CudaBackend::upload(comb);
+        Tensor of = CudaBackend::empty(DType::F32, {T, hc, D}), oe = CudaBackend::empty(DType::F32, {T, hc, D});
+        const float ms_fast = time_ms([&] { cuda::hc_expand_fast(yd.ptr, rd.ptr, pd.ptr, cd.ptr, T, hc, D, of.f32()); });
+        const float ms_exact = time_ms([&] { cuda::hc_expand(yd.ptr, rd.ptr, pd.ptr, cd.ptr, T, hc, D, oe.f32()); });
+        auto a = host(of.f32(), static_cast<size_t>(T) * hc * D), b = host(oe.f32(), static_cast<size_t>(T) * hc * D);
+        int64_t diff = 0;
+        for (size_t i = 0; i < a.size(); ++i) diff += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+        EXPECT_EQ(diff, 0) << "T=" << T;
+        const double gb = static_cast<double>(T) * D * (1 + 2 * hc) * 4 / 1e9;
+        std::printf("PARITY attn hc_expand %ldx(4x5120) identical %s fast %.3f ms (%.0f GB/s) exact %.3f ms\n",
+                    static_cast<long>(T), diff == 0 ? "yes" : "NO", ms_fast, gb / (ms_fast * 1e-3), ms_exact);
     }
 }
 

@@ -4,6 +4,7 @@
 #include "ops/attention_plan.h"
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/cuda/paged_state.h"
 #include "util/error.h"
 
 #include <cuda_runtime.h>
@@ -151,6 +152,22 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
         SeqState& st = *r.seq->state;
         return layout_.entry<float>(st.pool, st.pages, sec, idx);
     };
+    // Fast numerics list state-entry addresses on the device from the step's page tables (uploaded once per
+    // step); Exact lists them on the host.
+    const bool device_tables = numerics_ == Numerics::Fast;
+    auto paged = [&]() -> const PagedSeqs& {
+        if (!scratch.paged_keep) {
+            PagedStep p = upload_paged_step(layout_, batch);
+            scratch.paged_keep = p.keep;
+            scratch.paged = p.seqs;
+        }
+        return scratch.paged;
+    };
+    auto entry_table = [&](const StateSection& sec, int ratio, std::vector<int64_t>& rowbase, int64_t& n) {
+        AddressTable t = device_entry_table(paged(), batch, sec, ratio, rowbase);
+        n = t.n;
+        return DevArray<const float*>{t.keep, t.table};
+    };
 
     // Queries.
     phase("attn.q+kv projections");
@@ -159,7 +176,9 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
 
     // Sliding-window K=V, stored per token.
     Tensor kv = window_kv(x, w, freqs, pos.ptr, T);
-    {
+    if (device_tables) {
+        paged_store_rows(kv.f32(), T, D, paged(), paged_section(L.window));
+    } else {
         std::vector<float*> dst(static_cast<size_t>(T));
         for (int t = 0; t < T; ++t) dst[static_cast<size_t>(t)] = entry(rows[static_cast<size_t>(t)], L.window, rows[static_cast<size_t>(t)].pos);
         auto dd = upload(dst);
@@ -245,16 +264,23 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                              static_cast<float>(std::pow(hd, -0.5) * std::pow(nh, -0.5)));
 
             // Key addresses per sequence, then scores [T, max_width].
-            std::vector<const float*> keys_h;
             std::vector<int64_t> keybase(static_cast<size_t>(T));
             const StateSection& ks = v41 ? KL.index_k : L.index_k;
-            for (auto& s : batch.seqs) {
-                const int64_t base = static_cast<int64_t>(keys_h.size()), wseq = (s.start_pos + s.n_tokens) / ratio;
-                for (int64_t j = 0; j < wseq; ++j)
-                    keys_h.push_back(layout_.entry<float>(s.state->pool, s.state->pages, ks, j));
-                for (int i = 0; i < s.n_tokens; ++i) keybase[static_cast<size_t>(s.row0 + i)] = base;
+            DevArray<const float*> keys_d;
+            int64_t n_keys = 0;
+            if (device_tables) {
+                keys_d = entry_table(ks, ratio, keybase, n_keys);
+            } else {
+                std::vector<const float*> keys_h;
+                for (auto& s : batch.seqs) {
+                    const int64_t base = static_cast<int64_t>(keys_h.size()), wseq = (s.start_pos + s.n_tokens) / ratio;
+                    for (int64_t j = 0; j < wseq; ++j)
+                        keys_h.push_back(layout_.entry<float>(s.state->pool, s.state->pages, ks, j));
+                    for (int i = 0; i < s.n_tokens; ++i) keybase[static_cast<size_t>(s.row0 + i)] = base;
+                }
+                keys_d = upload(keys_h);
+                n_keys = static_cast<int64_t>(keys_h.size());
             }
-            auto keys_d = upload(keys_h);
             auto width_d = upload(width_h), visible_d = upload(visible_h), keybase_d = upload(keybase);
             Tensor scores = empty(DType::F32, {T, std::max<int64_t>(max_width, 1)});
             const bool fast = numerics_ == Numerics::Fast;
@@ -278,7 +304,7 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                     }
                 }
                 if (!tiles.empty() && max_width > 0) {
-                    const int64_t nq = static_cast<int64_t>(T) * nh * hd, nk = static_cast<int64_t>(keys_h.size());
+                    const int64_t nq = static_cast<int64_t>(T) * nh * hd, nk = n_keys;
                     auto qb = device_alloc(sizeof(uint16_t) * static_cast<size_t>(nq));
                     auto kb = device_alloc(sizeof(uint16_t) * static_cast<size_t>(std::max<int64_t>(nk, 1) * hd));
                     to_bf16(iq.f32(), nq, static_cast<uint16_t*>(qb.get()));
@@ -343,14 +369,21 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                 counts[static_cast<size_t>(t)] = static_cast<int32_t>(is_prefill(s) ? width_h[static_cast<size_t>(t)] : visible_h[static_cast<size_t>(t)]);
                 kmax = std::max(kmax, counts[static_cast<size_t>(t)]);
             }
-            std::vector<int32_t> list(static_cast<size_t>(T) * std::max(kmax, 1), -1);
-            for (int t = 0; t < T; ++t)
-                for (int32_t j = 0; j < counts[static_cast<size_t>(t)]; ++j)
-                    list[static_cast<size_t>(t) * kmax + j] = j < visible_h[static_cast<size_t>(t)] ? j : -1;
-            auto l = upload(list);
-            auto c = upload(counts);
-            sel_keep = l.keep;
-            nsel_keep = c.keep;
+            if (device_tables) {
+                sel_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(T) * std::max(kmax, 1));
+                nsel_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(T));
+                paged_all_entries(paged(), ratio, T, kmax, static_cast<int32_t*>(sel_keep.get()),
+                                  static_cast<int32_t*>(nsel_keep.get()));
+            } else {
+                std::vector<int32_t> list(static_cast<size_t>(T) * std::max(kmax, 1), -1);
+                for (int t = 0; t < T; ++t)
+                    for (int32_t j = 0; j < counts[static_cast<size_t>(t)]; ++j)
+                        list[static_cast<size_t>(t) * kmax + j] = j < visible_h[static_cast<size_t>(t)] ? j : -1;
+                auto l = upload(list);
+                auto c = upload(counts);
+                sel_keep = l.keep;
+                nsel_keep = c.keep;
+            }
         }
         if (sel_keep && kmax > 0) {
             sel = static_cast<const int32_t*>(sel_keep.get());
@@ -363,26 +396,36 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     phase("attn.sparse attention");
     // Key lists: the window entries, then the selected compressed entries.
     const LayerStateLayout& CL = layout_.layers.at(static_cast<size_t>(info.comp_source >= 0 ? info.comp_source : info.layer));
-    std::vector<const float*> win(static_cast<size_t>(T) * W, nullptr);
-    std::vector<int32_t> nwin(static_cast<size_t>(T));
-    for (int t = 0; t < T; ++t) {
-        auto list = window_list(*rows[static_cast<size_t>(t)].seq, rows[static_cast<size_t>(t)].pos, W, v41);
-        nwin[static_cast<size_t>(t)] = static_cast<int32_t>(list.size());
-        for (size_t j = 0; j < list.size(); ++j)
-            if (list[j] >= 0) win[static_cast<size_t>(t) * W + j] = entry(rows[static_cast<size_t>(t)], L.window, list[j]);
-    }
-    std::vector<const float*> comp_addr;
+    DevArray<const float*> win_d, comp_d;
+    DevArray<int32_t> nwin_d;
     std::vector<int64_t> compbase(static_cast<size_t>(T), 0);
-    if (sel) {
-        for (auto& s : batch.seqs) {
-            const int64_t base = static_cast<int64_t>(comp_addr.size()), wseq = (s.start_pos + s.n_tokens) / info.ratio;
-            for (int64_t j = 0; j < wseq; ++j) comp_addr.push_back(layout_.entry<float>(s.state->pool, s.state->pages, CL.comp, j));
-            for (int i = 0; i < s.n_tokens; ++i) compbase[static_cast<size_t>(s.row0 + i)] = base;
+    if (device_tables) {
+        WindowTable wt = device_window_table(paged(), L.window, T, W, v41);
+        win_d = {wt.win.keep, wt.win.table};
+        nwin_d = {wt.nwin_keep, wt.nwin};
+        int64_t n_comp = 0;
+        if (sel) comp_d = entry_table(CL.comp, info.ratio, compbase, n_comp);
+    } else {
+        std::vector<const float*> win(static_cast<size_t>(T) * W, nullptr);
+        std::vector<int32_t> nwin(static_cast<size_t>(T));
+        for (int t = 0; t < T; ++t) {
+            auto list = window_list(*rows[static_cast<size_t>(t)].seq, rows[static_cast<size_t>(t)].pos, W, v41);
+            nwin[static_cast<size_t>(t)] = static_cast<int32_t>(list.size());
+            for (size_t j = 0; j < list.size(); ++j)
+                if (list[j] >= 0) win[static_cast<size_t>(t) * W + j] = entry(rows[static_cast<size_t>(t)], L.window, list[j]);
         }
+        std::vector<const float*> comp_addr;
+        if (sel) {
+            for (auto& s : batch.seqs) {
+                const int64_t base = static_cast<int64_t>(comp_addr.size()), wseq = (s.start_pos + s.n_tokens) / info.ratio;
+                for (int64_t j = 0; j < wseq; ++j) comp_addr.push_back(layout_.entry<float>(s.state->pool, s.state->pages, CL.comp, j));
+                for (int i = 0; i < s.n_tokens; ++i) compbase[static_cast<size_t>(s.row0 + i)] = base;
+            }
+        }
+        win_d = upload(win);
+        nwin_d = upload(nwin);
+        comp_d = upload(comp_addr);
     }
-    auto win_d = upload(win);
-    auto nwin_d = upload(nwin);
-    auto comp_d = upload(comp_addr);
     auto compbase_d = upload(compbase);
     const int maxk = W + kmax;
     auto keys = device_alloc(sizeof(float*) * static_cast<size_t>(T) * maxk);

@@ -303,7 +303,8 @@ Tensor CudaBackend::hc_expand(const Tensor& y, const Tensor& residual, const HcM
     OpTimer op_(*this, "hc_expand");
     const int64_t T = y.dim(0);
     Tensor out = empty(DType::F32, {T, cfg_.hc_mult, cfg_.dim});
-    cuda::hc_expand(y.f32(), residual.f32(), mix.post.f32(), mix.comb.f32(), T, cfg_.hc_mult, cfg_.dim, out.f32());
+    (numerics_ == Numerics::Fast ? cuda::hc_expand_fast : cuda::hc_expand)(
+        y.f32(), residual.f32(), mix.post.f32(), mix.comb.f32(), T, cfg_.hc_mult, cfg_.dim, out.f32());
     return out;
 }
 

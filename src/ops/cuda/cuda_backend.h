@@ -30,6 +30,9 @@ struct CudaScratch : StepScratch {
     // Level-1 candidate mask of the candidate source: [T, mask_stride] and its width per row.
     std::shared_ptr<void> mask, mask_width;
     int64_t mask_stride = 0;
+    // Numerics::Fast: the step's page tables on the device (uploaded by the first attention layer).
+    std::shared_ptr<void> paged_keep;
+    PagedSeqs paged;
 };
 
 enum class EngramPlacement { Device, Host };

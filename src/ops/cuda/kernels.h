@@ -2,6 +2,8 @@
 // Launchers of the CUDA kernels (plain pointers, device memory, the current stream). The backend in
 // cuda_backend.cpp composes them; each kernel follows the reference backend's arithmetic (src/ops/cpu)
 // step for step, with double accumulation where the reference sums exactly.
+#include "ops/cuda/paged_address.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -95,6 +97,10 @@ void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, in
 void hc_collapse(const float* h, const float* pre, int64_t T, int hc, int D, float* y);
 void hc_expand(const float* y, const float* residual, const float* post, const float* comb, int64_t T, int hc, int D,
                float* out);
+// Numerics::Fast: the same outputs bit for bit, four channels of every copy a thread (hc == 4, D % 4 == 0,
+// 16-byte aligned rows; otherwise hc_expand).
+void hc_expand_fast(const float* y, const float* residual, const float* post, const float* comb, int64_t T, int hc,
+                    int D, float* out);
 void hc_mean(const float* h, int64_t T, int hc, int D, float* y);
 void embed(const void* table, bool bf16, const int32_t* ids, int64_t T, int hc, int D, float* h);
 void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t row_len, float* y);
@@ -145,7 +151,7 @@ void candidate_blocks(const float* scores, int64_t T, int64_t stride, const int6
 void apply_candidates(float* scores, int64_t T, int64_t stride, const int64_t* width, const uint8_t* mask,
                       const int64_t* mask_width, int64_t mask_stride);
 // Top-k of each row (ties to the lower index; radix select), descending or sorted by index; entries >=
-// visible -> -1. tmp: [T, k].
+// visible -> -1. tmp: [T, k]. count[t] = min(k, width[t]); out[t, count[t]..k) is left unwritten.
 void topk_rows(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible, int k,
                bool ascending, int32_t* tmp, int32_t* out, int32_t* count);
 // keys[t, :] = first nwin[t] window addresses, then comp_addr[compbase[t] + sel[t, i]] for i < nsel[t].
@@ -164,6 +170,29 @@ bool sparse_attention_mma_supported(int H, int D);
 size_t sparse_attention_mma_workspace(int64_t T, int H, int D, int maxk);
 void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, const float* sink,
                           const float* const* keys, const int32_t* nkeys, int maxk, float* out, void* workspace);
+// ---- paged_tables.cu (Numerics::Fast): entry addresses worked out on the device from the step's page tables
+// (StateLayout::entry), so the host uploads page tables (one id per page) instead of one address per entry.
+struct PagedSeqs {
+    const int32_t* pages = nullptr;    // the step's page tables, back to back
+    const int64_t* seq = nullptr;      // per sequence [4]: pool base address, first page in `pages`, start_pos, n_tokens
+    const int32_t* row_seq = nullptr;  // per row: its sequence
+    const int64_t* row_pos = nullptr;  // per row: its position
+    int n_seqs = 0, page_tokens = 0;
+    int64_t page_bytes = 0;
+};
+// table[seq_base[s] + j] = address of entry j of sequence s for j < (start_pos + n_tokens) / ratio (sequences
+// with no tokens this step are skipped); max_entries bounds those counts.
+void paged_entry_table(const PagedSeqs& p, const PagedSection& sec, int ratio, const int64_t* seq_base,
+                       int64_t max_entries, const float** table);
+// Per row: its window keys' addresses in window_list's order (null: none; nulls beyond the count too) and
+// their count, for T rows and a window of W.
+void paged_window_table(const PagedSeqs& p, const PagedSection& sec, int64_t T, int W, bool v41, const float** win,
+                        int32_t* nwin);
+// Row t of src [T, width] into entry row_pos[t] of `sec` of its sequence (StateLayout::entry(.., pos)).
+void paged_store_rows(const float* src, int64_t T, int width, const PagedSeqs& p, const PagedSection& sec);
+// V4 HCA's selection, as the host lists it: per row count[t] (a one-shot prefill: (start_pos + n_tokens) /
+// ratio, else (pos + 1) / ratio) and list[t, j] = j if visible else -1, padded with -1 to kmax.
+void paged_all_entries(const PagedSeqs& p, int ratio, int64_t T, int kmax, int32_t* list, int32_t* counts);
 
 // ---- index_fast.cu (Numerics::Fast; same contracts as the exact kernels above, see the file for the sums)
 bool index_scores_stream_supported(int nh, int hd);

@@ -91,40 +91,56 @@ __global__ void hc_mixes_kernel(const float* h, int hc, int D, const float* fn, 
 // Fast mixes (Numerics::Fast): split over tokens x slices of the hc*dim row, every thread of a slice
 // computing all mixes from one read of x (the exact kernel runs one block per token, a warp per mix), partial
 // sums in double like the exact kernel but added in another order; a second kernel adds the slices in order
-// and finishes each token (one thread per token).
-constexpr int kMixSlice = 2048, kMixThreads = 256, kFastMix = 32;
+// and finishes each token (one thread per token). Few tokens (decode): 2048-wide slices, one token a block,
+// for parallelism. Many tokens (prefill): whole rows, two tokens a block sharing each read of fn (the
+// reduction at the end of a slice costs as much as a short slice's sums, and fn is read once per block).
+constexpr int kMixSlice = 2048, kMixThreads = 256, kFastMix = 32, kMixManyTokens = 1024;
 
-__global__ void __launch_bounds__(kMixThreads) hc_mix_partial_kernel(const float* h, int W, const float* fn, int n_mix,
-                                                                     int n_slices, double* part) {
-    __shared__ double red[kMixThreads / 32][kFastMix + 1];
-    const int64_t t = blockIdx.y;
+template <int kTok>
+__global__ void __launch_bounds__(kMixThreads) hc_mix_partial_kernel(const float* h, int64_t T, int W, const float* fn,
+                                                                     int n_mix, int slice, int n_slices, double* part) {
+    __shared__ double red[kMixThreads / 32][kTok][kFastMix + 1];
+    const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTok;
     const int sl = blockIdx.x;
-    const float* x = h + t * W;
-    const int i0 = sl * kMixSlice, i1 = min(W, i0 + kMixSlice);
-    double acc[kFastMix + 1];
+    const int i0 = sl * slice, i1 = min(W, i0 + slice);
+    double acc[kTok][kFastMix + 1];
 #pragma unroll
-    for (int j = 0; j <= kFastMix; ++j) acc[j] = 0.0;
+    for (int u = 0; u < kTok; ++u)
+#pragma unroll
+        for (int j = 0; j <= kFastMix; ++j) acc[u][j] = 0.0;
     for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
-        const float xi = x[i];
-        acc[kFastMix] += static_cast<double>(xi * xi);
+        float xi[kTok];
+#pragma unroll
+        for (int u = 0; u < kTok; ++u) {
+            xi[u] = t0 + u < T ? h[(t0 + u) * W + i] : 0.0f;
+            acc[u][kFastMix] += static_cast<double>(xi[u] * xi[u]);
+        }
 #pragma unroll
         for (int j = 0; j < kFastMix; ++j)
-            if (j < n_mix) acc[j] += static_cast<double>(xi) * static_cast<double>(fn[static_cast<int64_t>(j) * W + i]);
+            if (j < n_mix) {
+                const double f = static_cast<double>(fn[static_cast<int64_t>(j) * W + i]);
+#pragma unroll
+                for (int u = 0; u < kTok; ++u) acc[u][j] += static_cast<double>(xi[u]) * f;
+            }
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
-    for (int j = 0; j <= kFastMix; ++j) {
-        if (j < n_mix || j == kFastMix) {
-            const double v = warp_sum(acc[j]);
-            if (lane == 0) red[warp][j] = v;
+    for (int u = 0; u < kTok; ++u)
+#pragma unroll
+        for (int j = 0; j <= kFastMix; ++j) {
+            if (j < n_mix || j == kFastMix) {
+                const double v = warp_sum(acc[u][j]);
+                if (lane == 0) red[warp][u][j] = v;
+            }
         }
-    }
     __syncthreads();
-    for (int j = threadIdx.x; j <= n_mix; j += blockDim.x) {
+    for (int q = threadIdx.x; q < kTok * (n_mix + 1); q += blockDim.x) {
+        const int u = q / (n_mix + 1), j = q % (n_mix + 1);
+        if (t0 + u >= T) continue;
         const int jj = j == n_mix ? kFastMix : j;
         double v = 0.0;
-        for (int w = 0; w < kMixThreads / 32; ++w) v += red[w][jj];
-        part[(t * n_slices + sl) * (n_mix + 1) + j] = v;  // j == n_mix: the sum of squares
+        for (int w = 0; w < kMixThreads / 32; ++w) v += red[w][u][jj];
+        part[((t0 + u) * n_slices + sl) * (n_mix + 1) + j] = v;  // j == n_mix: the sum of squares
     }
 }
 
@@ -167,6 +183,39 @@ __global__ void hc_expand_kernel(const float* y, const float* res, const float* 
     float s = 0.0f;
     for (int k = 0; k < hc; ++k) s += cb[k * hc + j] * r[k * D + c];
     out[i] = round_bf16(post[t * hc + j] * y[t * D + c] + s);
+}
+
+// Numerics::Fast: one thread per (token, 4 channels) writes all kHc copies, reading each residual copy once
+// (the plain kernel reads every copy once per output); each output's arithmetic and order are the plain one's.
+template <int kHc>
+__global__ void hc_expand4_kernel(const float* y, const float* res, const float* post, const float* comb, int64_t T,
+                                  int D, float* out) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    const int D4 = D / 4;
+    if (i >= T * D4) return;
+    const int64_t t = i / D4;
+    const int c = static_cast<int>(i % D4) * 4;
+    const float* cb = comb + t * kHc * kHc;
+    float4 r[kHc];
+#pragma unroll
+    for (int k = 0; k < kHc; ++k) r[k] = *reinterpret_cast<const float4*>(res + (t * kHc + k) * D + c);
+    const float4 yv = *reinterpret_cast<const float4*>(y + t * D + c);
+#pragma unroll
+    for (int j = 0; j < kHc; ++j) {
+        float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int k = 0; k < kHc; ++k) {
+            const float w = cb[k * kHc + j];
+            s.x += w * r[k].x;
+            s.y += w * r[k].y;
+            s.z += w * r[k].z;
+            s.w += w * r[k].w;
+        }
+        const float p = post[t * kHc + j];
+        *reinterpret_cast<float4*>(out + (t * kHc + j) * D + c) =
+            make_float4(round_bf16(p * yv.x + s.x), round_bf16(p * yv.y + s.y), round_bf16(p * yv.z + s.z),
+                        round_bf16(p * yv.w + s.w));
+    }
 }
 
 __global__ void hc_mean_kernel(const float* h, int64_t T, int hc, int D, float* y) {
@@ -222,11 +271,17 @@ void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, in
         hc_mixes(h, T, hc, D, fn, n_mix, base, scale, eps, hc_eps, iters, mode, pre, post, comb);
         return;
     }
-    const int W = hc * D, n_slices = (W + kMixSlice - 1) / kMixSlice;
+    const int W = hc * D;
+    const bool many = T >= kMixManyTokens;
+    const int slice = many ? W : kMixSlice, n_slices = (W + slice - 1) / slice;
     double* part = nullptr;
     PG_CUDA(cudaMallocAsync(&part, sizeof(double) * static_cast<size_t>(T) * n_slices * (n_mix + 1), 0));
-    hc_mix_partial_kernel<<<dim3(static_cast<unsigned>(n_slices), static_cast<unsigned>(T)), kMixThreads>>>(
-        h, W, fn, n_mix, n_slices, part);
+    if (many)
+        hc_mix_partial_kernel<2><<<dim3(static_cast<unsigned>(n_slices), static_cast<unsigned>((T + 1) / 2)), kMixThreads>>>(
+            h, T, W, fn, n_mix, slice, n_slices, part);
+    else
+        hc_mix_partial_kernel<1><<<dim3(static_cast<unsigned>(n_slices), static_cast<unsigned>(T)), kMixThreads>>>(
+            h, T, W, fn, n_mix, slice, n_slices, part);
     PG_LAUNCHED();
     hc_mix_finish_kernel<<<blocks_for(T, 64), 64>>>(part, T, n_slices, hc, W, n_mix, base, scale, eps, hc_eps, iters,
                                                     mode, pre, post, comb);
@@ -244,6 +299,19 @@ void hc_expand(const float* y, const float* residual, const float* post, const f
                float* out) {
     if (T == 0) return;
     hc_expand_kernel<<<blocks_for(T * hc * D), kThreads>>>(y, residual, post, comb, T, hc, D, out);
+    PG_LAUNCHED();
+}
+
+void hc_expand_fast(const float* y, const float* residual, const float* post, const float* comb, int64_t T, int hc,
+                    int D, float* out) {
+    if (T == 0) return;
+    const bool aligned = ((reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(residual) |
+                           reinterpret_cast<uintptr_t>(out)) & 15u) == 0;
+    if (hc != 4 || D % 4 != 0 || !aligned) {
+        hc_expand(y, residual, post, comb, T, hc, D, out);
+        return;
+    }
+    hc_expand4_kernel<4><<<blocks_for(T * (D / 4)), kThreads>>>(y, residual, post, comb, T, D, out);
     PG_LAUNCHED();
 }
 

@@ -1,0 +1,91 @@
+#include "ops/cuda/paged_state.h"
+
+#include "ops/cuda/cuda_backend.h"
+#include "util/error.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace peregrine::cuda {
+
+PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch) {
+    const int64_t S = static_cast<int64_t>(batch.seqs.size()), T = batch.rows();
+    std::vector<int64_t> seq(static_cast<size_t>(4 * S));
+    std::vector<int32_t> pages;
+    for (int64_t s = 0; s < S; ++s) {
+        const BatchSeq& b = batch.seqs[static_cast<size_t>(s)];
+        const int64_t n = layout.pages_for(b.start_pos + b.n_tokens);
+        PEREGRINE_CHECK(b.state && static_cast<int64_t>(b.state->pages.size()) >= n, "sequence {} lacks pages", s);
+        seq[static_cast<size_t>(4 * s)] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b.state->pool));
+        seq[static_cast<size_t>(4 * s + 1)] = static_cast<int64_t>(pages.size());
+        seq[static_cast<size_t>(4 * s + 2)] = b.start_pos;
+        seq[static_cast<size_t>(4 * s + 3)] = b.n_tokens;
+        pages.insert(pages.end(), b.state->pages.begin(), b.state->pages.begin() + n);
+    }
+    std::vector<int64_t> row_pos(static_cast<size_t>(T));
+    std::vector<int32_t> row_seq(static_cast<size_t>(T));
+    for (int64_t s = 0; s < S; ++s) {
+        const BatchSeq& b = batch.seqs[static_cast<size_t>(s)];
+        for (int i = 0; i < b.n_tokens; ++i) {
+            row_pos[static_cast<size_t>(b.row0 + i)] = b.start_pos + i;
+            row_seq[static_cast<size_t>(b.row0 + i)] = static_cast<int32_t>(s);
+        }
+    }
+    // One buffer: the int64 arrays first (8-byte aligned), then the int32 ones.
+    const size_t b_seq = 0, b_pos = b_seq + seq.size() * 8, b_pages = b_pos + row_pos.size() * 8,
+                 b_rows = b_pages + pages.size() * 4, total = b_rows + row_seq.size() * 4;
+    std::vector<uint8_t> buf(std::max<size_t>(total, 8));
+    if (!seq.empty()) std::memcpy(buf.data() + b_seq, seq.data(), seq.size() * 8);
+    if (!row_pos.empty()) std::memcpy(buf.data() + b_pos, row_pos.data(), row_pos.size() * 8);
+    if (!pages.empty()) std::memcpy(buf.data() + b_pages, pages.data(), pages.size() * 4);
+    if (!row_seq.empty()) std::memcpy(buf.data() + b_rows, row_seq.data(), row_seq.size() * 4);
+    auto dev = CudaBackend::upload(buf);
+    PagedStep out;
+    out.keep = dev.keep;
+    const uint8_t* d = dev.ptr;
+    out.seqs.seq = reinterpret_cast<const int64_t*>(d + b_seq);
+    out.seqs.row_pos = reinterpret_cast<const int64_t*>(d + b_pos);
+    out.seqs.pages = reinterpret_cast<const int32_t*>(d + b_pages);
+    out.seqs.row_seq = reinterpret_cast<const int32_t*>(d + b_rows);
+    out.seqs.n_seqs = static_cast<int>(S);
+    out.seqs.page_tokens = layout.page_tokens;
+    out.seqs.page_bytes = static_cast<int64_t>(layout.page_bytes);
+    return out;
+}
+
+AddressTable device_entry_table(const PagedSeqs& p, const ForwardBatch& batch, const StateSection& sec, int ratio,
+                                std::vector<int64_t>& rowbase) {
+    rowbase.resize(static_cast<size_t>(batch.rows()));
+    std::vector<int64_t> seq_base(batch.seqs.size());
+    int64_t most = 0, n = 0;
+    for (size_t i = 0; i < batch.seqs.size(); ++i) {
+        const BatchSeq& s = batch.seqs[i];
+        seq_base[i] = n;
+        for (int r = 0; r < s.n_tokens; ++r) rowbase[static_cast<size_t>(s.row0 + r)] = n;
+        if (s.n_tokens <= 0) continue;
+        const int64_t count = (s.start_pos + s.n_tokens) / ratio;
+        n += count;
+        most = std::max(most, count);
+    }
+    AddressTable t;
+    t.keep = device_alloc(sizeof(float*) * static_cast<size_t>(std::max<int64_t>(n, 1)));
+    t.table = static_cast<const float**>(t.keep.get());
+    t.n = n;
+    auto sb = CudaBackend::upload(seq_base);  // freed in stream order, after the kernel
+    paged_entry_table(p, paged_section(sec), ratio, sb.ptr, most, t.table);
+    return t;
+}
+
+WindowTable device_window_table(const PagedSeqs& p, const StateSection& sec, int64_t T, int W, bool v41) {
+    WindowTable w;
+    w.win.keep = device_alloc(sizeof(float*) * static_cast<size_t>(std::max<int64_t>(T * W, 1)));
+    w.win.table = static_cast<const float**>(w.win.keep.get());
+    w.win.n = T * W;
+    w.nwin_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(std::max<int64_t>(T, 1)));
+    w.nwin = static_cast<int32_t*>(w.nwin_keep.get());
+    paged_window_table(p, paged_section(sec), T, W, v41, w.win.table, w.nwin);
+    return w;
+}
+
+}  // namespace peregrine::cuda

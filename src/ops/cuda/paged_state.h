@@ -1,0 +1,47 @@
+#pragma once
+// The step's page tables on the device (one packed upload), for the kernels that work out state-entry
+// addresses themselves (paged_tables.cu).
+#include "ops/backend.h"
+#include "ops/cuda/kernels.h"
+#include "ops/state.h"
+
+#include <memory>
+#include <vector>
+
+namespace peregrine::cuda {
+
+struct PagedStep {
+    std::shared_ptr<void> keep;  // the device copy PagedSeqs points into
+    PagedSeqs seqs;
+};
+
+// Page tables (the pages covering each sequence's tokens up to the end of the step), per-sequence pool base,
+// start and token count, per-row sequence and position.
+PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch);
+
+inline PagedSection paged_section(const StateSection& s) {
+    return {static_cast<int64_t>(s.offset), static_cast<int64_t>(s.entry_bytes), s.per_entry_tokens};
+}
+
+// An address table on the device: `table` entries (kept alive by `keep`).
+struct AddressTable {
+    std::shared_ptr<void> keep;
+    const float** table = nullptr;
+    int64_t n = 0;
+};
+
+// Addresses of each sequence's compressed entries of `sec` (the (start_pos + n_tokens) / ratio at the end of
+// the step) back to back; rowbase[t] (T entries) is where row t's sequence starts. Sequences without tokens
+// this step get none.
+AddressTable device_entry_table(const PagedSeqs& p, const ForwardBatch& batch, const StateSection& sec, int ratio,
+                                std::vector<int64_t>& rowbase);
+
+// Per row the window keys' addresses [T, W] in window_list's order (null: none) and their count nwin [T].
+struct WindowTable {
+    AddressTable win;
+    std::shared_ptr<void> nwin_keep;
+    int32_t* nwin = nullptr;
+};
+WindowTable device_window_table(const PagedSeqs& p, const StateSection& sec, int64_t T, int W, bool v41);
+
+}  // namespace peregrine::cuda

@@ -1,0 +1,101 @@
+// Entry-address tables built on the device from the step's page tables (Numerics::Fast). The arithmetic is
+// StateLayout::entry's and the window order attention_plan.cpp's window_list's, so the tables hold exactly
+// the addresses the host would have listed; the kernels that read them are unchanged.
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch_check.h"
+
+#include <algorithm>
+
+namespace peregrine::cuda {
+
+namespace {
+
+__device__ __forceinline__ const float* paged_entry(const PagedSeqs& p, const PagedSection& sec, int s, int64_t index) {
+    const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);
+    const uint8_t* base = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(m[0]));
+    return reinterpret_cast<const float*>(base + paged_entry_offset(p.pages + m[1], p.page_tokens, p.page_bytes, sec, index));
+}
+
+// Grid: x over entries, y over sequences.
+__global__ void entry_table_kernel(PagedSeqs p, PagedSection sec, int ratio, const int64_t* seq_base,
+                                   const float** table) {
+    const int s = blockIdx.y;
+    const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);
+    if (m[3] <= 0) return;
+    const int64_t count = (m[2] + m[3]) / ratio;
+    const int64_t base = seq_base[s];
+    for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < count;
+         j += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        table[base + j] = paged_entry(p, sec, s, j);
+}
+
+__global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, int W, bool v41, const float** win,
+                                    int32_t* nwin) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= T * W) return;
+    const int64_t t = i / W;
+    const int j = static_cast<int>(i % W);
+    const int s = p.row_seq[t];
+    const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);
+    int n = 0;
+    const int64_t at = window_position(m[2], m[3], p.row_pos[t], W, v41, j, &n);
+    if (j == 0) nwin[t] = n;
+    win[i] = j < n && at >= 0 ? paged_entry(p, sec, s, at) : nullptr;
+}
+
+// V4 HCA: row t attends to every compressed entry of its sequence (a one-shot prefill: the step's width,
+// else the visible ones), invisible ones as -1, the list padded with -1 to kmax.
+__global__ void all_entries_kernel(PagedSeqs p, int ratio, int64_t T, int kmax, int32_t* list, int32_t* counts) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= T * kmax) return;
+    const int64_t t = i / kmax;
+    const int j = static_cast<int>(i % kmax);
+    const int64_t* m = p.seq + 4 * static_cast<int64_t>(p.row_seq[t]);
+    const int64_t visible = (p.row_pos[t] + 1) / ratio;
+    const int64_t count = m[2] == 0 ? (m[2] + m[3]) / ratio : visible;
+    if (j == 0) counts[t] = static_cast<int32_t>(count);
+    list[i] = j < count && j < visible ? j : -1;
+}
+
+// Row t of src into entry row_pos[t] of its sequence (the window K=V of each row's own position).
+__global__ void store_rows_kernel(const float* src, int64_t T, int width, PagedSeqs p, PagedSection sec) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= T * width) return;
+    const int64_t t = i / width;
+    float* dst = const_cast<float*>(paged_entry(p, sec, p.row_seq[t], p.row_pos[t]));
+    dst[i % width] = src[i];
+}
+
+}  // namespace
+
+void paged_store_rows(const float* src, int64_t T, int width, const PagedSeqs& p, const PagedSection& sec) {
+    if (T * width == 0) return;
+    store_rows_kernel<<<blocks_for(T * width), kThreads>>>(src, T, width, p, sec);
+    PG_LAUNCHED();
+}
+
+void paged_all_entries(const PagedSeqs& p, int ratio, int64_t T, int kmax, int32_t* list, int32_t* counts) {
+    if (T * kmax == 0) return;
+    all_entries_kernel<<<blocks_for(T * kmax), kThreads>>>(p, ratio, T, kmax, list, counts);
+    PG_LAUNCHED();
+}
+
+void paged_entry_table(const PagedSeqs& p, const PagedSection& sec, int ratio, const int64_t* seq_base,
+                       int64_t max_entries, const float** table) {
+    if (p.n_seqs == 0 || max_entries <= 0) return;
+    if (p.n_seqs > 65535 || ratio <= 0)
+        cuda_fail(cudaErrorInvalidValue, "paged_entry_table: bad sequence count or ratio", __FILE__, __LINE__);
+    const dim3 grid(std::min<unsigned>(blocks_for(max_entries), 1u << 16), static_cast<unsigned>(p.n_seqs));
+    entry_table_kernel<<<grid, kThreads>>>(p, sec, ratio, seq_base, table);
+    PG_LAUNCHED();
+}
+
+void paged_window_table(const PagedSeqs& p, const PagedSection& sec, int64_t T, int W, bool v41, const float** win,
+                        int32_t* nwin) {
+    if (T * W == 0) return;
+    window_table_kernel<<<blocks_for(T * W), kThreads>>>(p, sec, T, W, v41, win, nwin);
+    PG_LAUNCHED();
+}
+
+}  // namespace peregrine::cuda

@@ -1,0 +1,448 @@
+// Key-address tables worked out on the device from the step's page tables (Numerics::Fast) against the
+// host-built tables of the Exact path, on the state layout of a 4-layer synthetic V4.1-Flash model (16-token
+// pages, shuffled over the pool): every address identical, for decode at 131072 tokens of context and for a
+// prefill step (a 2048-token chunk at the end of 131072 tokens, a one-shot prefill, a decode row, a sequence
+// without tokens); also V4 HCA's every-visible-entry lists and the window K=V store. Then the indexer layer's path with either table (scores, bf16 key gather, top-k, key
+// lists, sparse attention) gives bit-identical results. Prints the host and device time of the tables.
+// Skipped without a GPU; "PARITY" lines are collected by tools/gpu/check.sh.
+#include "model/model.h"
+#include "ops/attention_plan.h"
+#include "ops/backend.h"
+#include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/paged_state.h"
+#include "tensor/dtype.h"
+#include "tensor/quant.h"
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+
+using namespace peregrine;
+using cuda::CudaBackend;
+
+namespace {
+
+#define REQUIRE_GPU()                                            \
+    do {                                                         \
+        std::string why_;                                        \
+        if (!cuda_device_available(&why_)) GTEST_SKIP() << why_; \
+    } while (0)
+
+float time_ms(const std::function<void()>& f) {
+    f();
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    cudaEventRecord(a, 0);
+    f();
+    cudaEventRecord(b, 0);
+    cudaEventSynchronize(b);
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    return ms;
+}
+
+double host_ms(const std::function<void()>& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+template <typename T>
+std::vector<T> host(const T* p, size_t n) {
+    std::vector<T> v(n);
+    if (n) cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return v;
+}
+
+std::vector<float> fp4_rows(int64_t rows, int width, uint64_t seed) {
+    std::vector<float> v(static_cast<size_t>(rows * width));
+    std::mt19937_64 g(seed);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    for (auto& x : v) x = round_bf16(n(g));
+    for (int64_t r = 0; r < rows; ++r) qdq_fp4_ue8m0(v.data() + r * width, width, 32);
+    return v;
+}
+
+// Sequences (start_pos, n_tokens) with their pages drawn from a shuffled pool at `pool`.
+struct Step {
+    std::vector<SeqState> states;
+    ForwardBatch batch;
+};
+
+Step make_step(const StateLayout& layout, uint8_t* pool, int64_t pool_pages,
+               const std::vector<std::pair<int64_t, int>>& seqs, uint64_t seed) {
+    Step s;
+    s.states.resize(seqs.size());
+    std::vector<int32_t> ids(static_cast<size_t>(pool_pages));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), std::mt19937_64(seed));
+    size_t next = 0;
+    int row = 0;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+        SeqState& st = s.states[i];
+        st.pool = pool;
+        const int64_t n = layout.pages_for(seqs[i].first + seqs[i].second);
+        if (next + static_cast<size_t>(n) > ids.size()) throw std::runtime_error("test pool too small");
+        st.pages.assign(ids.begin() + static_cast<int64_t>(next), ids.begin() + static_cast<int64_t>(next) + n);
+        next += static_cast<size_t>(n);
+        st.n_cached = seqs[i].first;
+        s.batch.seqs.push_back({&st, seqs[i].first, seqs[i].second, row});
+        row += seqs[i].second;
+    }
+    s.batch.token_ids.assign(static_cast<size_t>(row), 1);
+    return s;
+}
+
+int64_t pages_needed(const StateLayout& layout, const std::vector<std::pair<int64_t, int>>& seqs) {
+    int64_t n = 0;
+    for (auto& q : seqs) n += layout.pages_for(q.first + q.second);
+    return n;
+}
+
+// The Exact path's host tables (cuda/attention.cpp).
+struct HostTable {
+    std::vector<const float*> table;
+    std::vector<int64_t> rowbase;
+};
+HostTable host_entry_table(const StateLayout& layout, ForwardBatch& batch, const StateSection& sec, int ratio) {
+    HostTable h;
+    h.rowbase.resize(static_cast<size_t>(batch.rows()));
+    for (auto& s : batch.seqs) {
+        const int64_t base = static_cast<int64_t>(h.table.size()), wseq = (s.start_pos + s.n_tokens) / ratio;
+        for (int64_t j = 0; j < wseq; ++j) h.table.push_back(layout.entry<float>(s.state->pool, s.state->pages, sec, j));
+        for (int i = 0; i < s.n_tokens; ++i) h.rowbase[static_cast<size_t>(s.row0 + i)] = base;
+    }
+    return h;
+}
+void host_window_table(const StateLayout& layout, ForwardBatch& batch, const StateSection& sec, int W, bool v41,
+                       std::vector<const float*>& win, std::vector<int32_t>& nwin) {
+    auto rows = row_infos(batch);
+    const size_t T = rows.size();
+    win.assign(T * W, nullptr);
+    nwin.assign(T, 0);
+    for (size_t t = 0; t < T; ++t) {
+        auto list = window_list(*rows[t].seq, rows[t].pos, W, v41);
+        nwin[t] = static_cast<int32_t>(list.size());
+        SeqState& st = *rows[t].seq->state;
+        for (size_t j = 0; j < list.size(); ++j)
+            if (list[j] >= 0) win[t * W + j] = layout.entry<float>(st.pool, st.pages, sec, list[j]);
+    }
+}
+
+// Row t's entries j < (start_pos + n_tokens) / ratio resolve to the same address through either table.
+int64_t table_mismatches(ForwardBatch& batch, int ratio, const HostTable& h, const cuda::AddressTable& d,
+                         const std::vector<int64_t>& drowbase) {
+    auto dt = host(d.table, static_cast<size_t>(d.n));
+    int64_t bad = 0;
+    for (auto& s : batch.seqs)
+        for (int i = 0; i < s.n_tokens; ++i) {
+            const size_t t = static_cast<size_t>(s.row0 + i);
+            for (int64_t j = 0; j < (s.start_pos + s.n_tokens) / ratio; ++j)
+                bad += h.table[static_cast<size_t>(h.rowbase[t] + j)] != dt[static_cast<size_t>(drowbase[t] + j)];
+        }
+    return bad;
+}
+
+struct Model4 {
+    ModelConfig cfg = synthetic_v41_flash_config(4);
+    StateLayout layout = make_state_layout(cfg, 16);
+    std::vector<AttentionLayerInfo> infos = attention_layer_infos(cfg);
+};
+
+int64_t kmax_of(ForwardBatch& batch, int ratio) {
+    int64_t k = 0;
+    for (auto& s : batch.seqs) k = std::max(k, (s.start_pos + s.n_tokens) / ratio);
+    return k;
+}
+
+// Every section of every layer through both tables.
+void check_tables(const Model4& m, Step& st, const std::string& what) {
+    auto paged = cuda::upload_paged_step(m.layout, st.batch);
+    const int64_t T = st.batch.rows();
+    const int W = m.cfg.window_size;
+    for (const auto& info : m.infos) {
+        const LayerStateLayout& L = m.layout.layers[static_cast<size_t>(info.layer)];
+        std::vector<const float*> hw;
+        std::vector<int32_t> hn;
+        host_window_table(m.layout, st.batch, L.window, W, true, hw, hn);
+        auto dw = cuda::device_window_table(paged.seqs, L.window, T, W, true);
+        EXPECT_EQ(host(dw.nwin, static_cast<size_t>(T)), hn) << what << " layer " << info.layer;
+        EXPECT_TRUE(host(dw.win.table, static_cast<size_t>(T * W)) == hw) << what << " window, layer " << info.layer;
+        // V4 HCA's every-visible-entry lists, as attention.cpp lists them on the host (unless too big to list here).
+        if (info.ratio > 0 && T * kmax_of(st.batch, info.ratio) <= (int64_t{1} << 25)) {
+            auto rows = row_infos(st.batch);
+            std::vector<int32_t> counts(static_cast<size_t>(T)), vis(static_cast<size_t>(T));
+            int kmax = 0;
+            for (int64_t t = 0; t < T; ++t) {
+                const BatchSeq& s = *rows[static_cast<size_t>(t)].seq;
+                vis[static_cast<size_t>(t)] = static_cast<int32_t>((rows[static_cast<size_t>(t)].pos + 1) / info.ratio);
+                counts[static_cast<size_t>(t)] = is_prefill(s) ? static_cast<int32_t>((s.start_pos + s.n_tokens) / info.ratio)
+                                                               : vis[static_cast<size_t>(t)];
+                kmax = std::max(kmax, counts[static_cast<size_t>(t)]);
+            }
+            std::vector<int32_t> list(static_cast<size_t>(T) * std::max(kmax, 1), -1);
+            for (int64_t t = 0; t < T; ++t)
+                for (int32_t j = 0; j < counts[static_cast<size_t>(t)]; ++j)
+                    list[static_cast<size_t>(t * kmax + j)] = j < vis[static_cast<size_t>(t)] ? j : -1;
+            auto dl = cuda::device_alloc(sizeof(int32_t) * list.size()), dc = cuda::device_alloc(sizeof(int32_t) * T);
+            cuda::paged_all_entries(paged.seqs, info.ratio, T, kmax, static_cast<int32_t*>(dl.get()),
+                                    static_cast<int32_t*>(dc.get()));
+            EXPECT_EQ(host(static_cast<int32_t*>(dc.get()), static_cast<size_t>(T)), counts) << what << " layer " << info.layer;
+            if (kmax > 0) {
+                EXPECT_TRUE(host(static_cast<int32_t*>(dl.get()), list.size()) == list) << what << " layer " << info.layer;
+            }
+        }
+        for (const StateSection* sec : {&L.comp, &L.index_k}) {
+            if (!sec->present()) continue;
+            HostTable h = host_entry_table(m.layout, st.batch, *sec, info.ratio);
+            std::vector<int64_t> rb;
+            auto d = cuda::device_entry_table(paged.seqs, st.batch, *sec, info.ratio, rb);
+            EXPECT_EQ(table_mismatches(st.batch, info.ratio, h, d, rb), 0)
+                << what << " layer " << info.layer << (sec == &L.comp ? " compressed" : " index keys");
+        }
+    }
+}
+
+const AttentionLayerInfo& indexer_layer(const Model4& m) {
+    for (const auto& i : m.infos)
+        if (i.has_indexer && i.owns_index_k) return i;
+    throw std::runtime_error("no indexer layer");
+}
+
+// Host and device milliseconds of the tables one layer's attention builds (index keys, compressed entries,
+// window) on the indexer layer.
+void timing(const Model4& m, Step& st, const std::string& what) {
+    const auto& info = indexer_layer(m);
+    const LayerStateLayout& L = m.layout.layers[static_cast<size_t>(info.layer)];
+    const int64_t T = st.batch.rows();
+    const int W = m.cfg.window_size;
+    const double ms_host = host_ms([&] {
+        HostTable k = host_entry_table(m.layout, st.batch, L.index_k, info.ratio);
+        HostTable c = host_entry_table(m.layout, st.batch, L.comp, info.ratio);
+        std::vector<const float*> hw;
+        std::vector<int32_t> hn;
+        host_window_table(m.layout, st.batch, L.window, W, true, hw, hn);
+        auto a = CudaBackend::upload(k.table), b = CudaBackend::upload(c.table), d = CudaBackend::upload(hw);
+        cudaDeviceSynchronize();
+    });
+    const double ms_upload = host_ms([&] {
+        auto p = cuda::upload_paged_step(m.layout, st.batch);
+        cudaDeviceSynchronize();
+    });
+    auto paged = cuda::upload_paged_step(m.layout, st.batch);
+    std::vector<int64_t> rb;
+    const float ms_dev = time_ms([&] {
+        auto k = cuda::device_entry_table(paged.seqs, st.batch, L.index_k, info.ratio, rb);
+        auto c = cuda::device_entry_table(paged.seqs, st.batch, L.comp, info.ratio, rb);
+        auto w = cuda::device_window_table(paged.seqs, L.window, T, W, true);
+    });
+    std::printf("PARITY attn paged tables %s: host tables %.3f ms per layer, device %.3f ms per layer + page-table "
+                "upload %.3f ms per step\n",
+                what.c_str(), ms_host, ms_dev, ms_upload);
+}
+
+// The indexer layer's attention path on random state with the host tables and the device tables.
+void check_pipeline(const Model4& m, Step& st, const std::string& what) {
+    const auto& info = indexer_layer(m);
+    const LayerStateLayout& L = m.layout.layers[static_cast<size_t>(info.layer)];
+    const LayerStateLayout& KL = m.layout.layers[static_cast<size_t>(info.index_k_source)];
+    const LayerStateLayout& CL = m.layout.layers[static_cast<size_t>(info.comp_source >= 0 ? info.comp_source : info.layer)];
+    ForwardBatch& batch = st.batch;
+    const int T = batch.rows(), W = m.cfg.window_size, nh = m.cfg.index_n_heads, hd = m.cfg.index_head_dim;
+    const int H = m.cfg.n_heads, D = m.cfg.head_dim, k = m.cfg.index_topk, ratio = info.ratio;
+    auto rows = row_infos(batch);
+    std::vector<int64_t> width(static_cast<size_t>(T)), visible(static_cast<size_t>(T));
+    int64_t stride = 1;
+    for (int t = 0; t < T; ++t) {
+        const BatchSeq& s = *rows[static_cast<size_t>(t)].seq;
+        width[static_cast<size_t>(t)] = (s.start_pos + s.n_tokens) / ratio;
+        visible[static_cast<size_t>(t)] = (rows[static_cast<size_t>(t)].pos + 1) / ratio;
+        stride = std::max(stride, width[static_cast<size_t>(t)]);
+    }
+    auto wd = CudaBackend::upload(width), vd = CudaBackend::upload(visible);
+    auto q = CudaBackend::upload(fp4_rows(static_cast<int64_t>(T) * nh, hd, 41));
+    std::vector<float> wh(static_cast<size_t>(T) * nh);
+    std::mt19937_64 g(43);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& x : wh) x = round_bf16(nd(g) * 0.01f);
+    auto wts = CudaBackend::upload(wh);
+
+    // Tables both ways.
+    HostTable hk = host_entry_table(m.layout, batch, KL.index_k, ratio), hc = host_entry_table(m.layout, batch, CL.comp, ratio);
+    std::vector<const float*> hw;
+    std::vector<int32_t> hn;
+    host_window_table(m.layout, batch, L.window, W, true, hw, hn);
+    auto hk_d = CudaBackend::upload(hk.table), hc_d = CudaBackend::upload(hc.table), hw_d = CudaBackend::upload(hw);
+    auto hkb = CudaBackend::upload(hk.rowbase), hcb = CudaBackend::upload(hc.rowbase);
+    auto hn_d = CudaBackend::upload(hn);
+    auto paged = cuda::upload_paged_step(m.layout, batch);
+    std::vector<int64_t> dkr, dcr;
+    auto dk = cuda::device_entry_table(paged.seqs, batch, KL.index_k, ratio, dkr);
+    auto dc = cuda::device_entry_table(paged.seqs, batch, CL.comp, ratio, dcr);
+    auto dw = cuda::device_window_table(paged.seqs, L.window, T, W, true);
+    auto dkb = CudaBackend::upload(dkr), dcb = CudaBackend::upload(dcr);
+
+    // Scores (streamed), and the bf16 key gather of the tensor-core scorer.
+    Tensor sh = CudaBackend::empty(DType::F32, {T, stride}), sd = CudaBackend::empty(DType::F32, {T, stride});
+    cuda::index_scores_stream(q.ptr, wts.ptr, nullptr, T, nh, hd, wd.ptr, vd.ptr, hkb.ptr, hk_d.ptr, stride, sh.f32());
+    cuda::index_scores_stream(q.ptr, wts.ptr, nullptr, T, nh, hd, wd.ptr, vd.ptr, dkb.ptr, dk.table, stride, sd.f32());
+    auto a = host(sh.f32(), static_cast<size_t>(T) * stride), b = host(sd.f32(), static_cast<size_t>(T) * stride);
+    int64_t score_diff = 0;
+    for (size_t i = 0; i < a.size(); ++i) score_diff += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+    EXPECT_EQ(score_diff, 0) << what;
+    int64_t gather_diff = 0;
+    {
+        // Per sequence, its keys in table order: the same bf16 rows through either table.
+        auto gh = cuda::device_alloc(sizeof(uint16_t) * std::max<size_t>(hk.table.size(), 1) * hd);
+        auto gd = cuda::device_alloc(sizeof(uint16_t) * static_cast<size_t>(std::max<int64_t>(dk.n, 1)) * hd);
+        cuda::gather_keys_bf16(hk_d.ptr, static_cast<int64_t>(hk.table.size()), hd, static_cast<uint16_t*>(gh.get()));
+        cuda::gather_keys_bf16(dk.table, dk.n, hd, static_cast<uint16_t*>(gd.get()));
+        auto x = host(static_cast<uint16_t*>(gh.get()), hk.table.size() * hd);
+        auto y = host(static_cast<uint16_t*>(gd.get()), static_cast<size_t>(dk.n) * hd);
+        for (auto& s : batch.seqs) {
+            if (s.n_tokens == 0) continue;
+            const size_t hb = static_cast<size_t>(hk.rowbase[static_cast<size_t>(s.row0)]) * hd;
+            const size_t db = static_cast<size_t>(dkr[static_cast<size_t>(s.row0)]) * hd;
+            const size_t n = static_cast<size_t>((s.start_pos + s.n_tokens) / ratio) * hd;
+            for (size_t i = 0; i < n; ++i) gather_diff += x[hb + i] != y[db + i];
+        }
+        EXPECT_EQ(gather_diff, 0) << what;
+    }
+
+    // Top-k, key lists, sparse attention.
+    auto tmp = cuda::device_alloc(sizeof(int32_t) * T * k), sel = cuda::device_alloc(sizeof(int32_t) * T * k);
+    auto nsel = cuda::device_alloc(sizeof(int32_t) * T);
+    cuda::topk_rows_fast(sd.f32(), T, stride, wd.ptr, vd.ptr, k, true, static_cast<int32_t*>(tmp.get()),
+                         static_cast<int32_t*>(sel.get()), static_cast<int32_t*>(nsel.get()));
+    const int maxk = W + k;
+    auto kh = cuda::device_alloc(sizeof(float*) * T * maxk), kd = cuda::device_alloc(sizeof(float*) * T * maxk);
+    auto nh_ = cuda::device_alloc(sizeof(int32_t) * T), nd_ = cuda::device_alloc(sizeof(int32_t) * T);
+    cuda::build_keys(T, hw_d.ptr, hn_d.ptr, W, static_cast<int32_t*>(sel.get()), static_cast<int32_t*>(nsel.get()), k,
+                     hc_d.ptr, hcb.ptr, static_cast<const float**>(kh.get()), static_cast<int32_t*>(nh_.get()), maxk);
+    cuda::build_keys(T, dw.win.table, dw.nwin, W, static_cast<int32_t*>(sel.get()), static_cast<int32_t*>(nsel.get()), k,
+                     dc.table, dcb.ptr, static_cast<const float**>(kd.get()), static_cast<int32_t*>(nd_.get()), maxk);
+    auto cnt_h = host(static_cast<int32_t*>(nh_.get()), static_cast<size_t>(T));
+    EXPECT_EQ(cnt_h, host(static_cast<int32_t*>(nd_.get()), static_cast<size_t>(T))) << what;
+    auto keys_h = host(static_cast<const float**>(kh.get()), static_cast<size_t>(T) * maxk);
+    auto keys_d = host(static_cast<const float**>(kd.get()), static_cast<size_t>(T) * maxk);
+    int64_t key_diff = 0, n_keys = 0;
+    for (int t = 0; t < T; ++t)
+        for (int j = 0; j < cnt_h[static_cast<size_t>(t)]; ++j, ++n_keys)
+            key_diff += keys_h[static_cast<size_t>(t) * maxk + j] != keys_d[static_cast<size_t>(t) * maxk + j];
+    EXPECT_EQ(key_diff, 0) << what;
+
+    std::vector<float> qa(static_cast<size_t>(T) * H * D), sink(static_cast<size_t>(H));
+    for (auto& x : qa) x = round_bf16(nd(g));
+    for (auto& x : sink) x = nd(g);
+    auto qd = CudaBackend::upload(qa), skd = CudaBackend::upload(sink);
+    Tensor oh = CudaBackend::empty(DType::F32, {T, H, D}), od = CudaBackend::empty(DType::F32, {T, H, D});
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    cuda::sparse_attention(qd.ptr, T, H, D, scale, skd.ptr, static_cast<const float* const*>(kh.get()),
+                           static_cast<int32_t*>(nh_.get()), maxk, oh.f32(), true);
+    cuda::sparse_attention(qd.ptr, T, H, D, scale, skd.ptr, static_cast<const float* const*>(kd.get()),
+                           static_cast<int32_t*>(nd_.get()), maxk, od.f32(), true);
+    auto x = host(oh.f32(), static_cast<size_t>(T) * H * D), y = host(od.f32(), static_cast<size_t>(T) * H * D);
+    int64_t out_diff = 0, finite = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+        out_diff += std::memcmp(&x[i], &y[i], sizeof(float)) != 0;
+        finite += std::isfinite(x[i]);
+    }
+    EXPECT_EQ(out_diff, 0) << what;
+    EXPECT_EQ(finite, static_cast<int64_t>(x.size())) << what;
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    std::printf("PARITY attn paged pipeline %s (%d rows, %lld keys listed): scores %s, bf16 gather %s, key lists %s, "
+                "sparse attention %s\n",
+                what.c_str(), T, static_cast<long long>(n_keys), score_diff ? "DIFFER" : "identical",
+                gather_diff ? "DIFFER" : "identical", key_diff ? "DIFFER" : "identical",
+                out_diff ? "DIFFER" : "identical");
+}
+
+// Window K=V rows stored through the page tables land at the host's entry address of each row's position.
+void check_store(const Model4& m, Step& st, const std::string& what) {
+    const StateSection& sec = m.layout.layers[0].window;
+    const int64_t T = st.batch.rows();
+    const int width = static_cast<int>(sec.entry_bytes / sizeof(float));
+    std::vector<float> src(static_cast<size_t>(T) * width);
+    std::mt19937_64 g(53);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (auto& x : src) x = round_bf16(nd(g));
+    auto sd = CudaBackend::upload(src);
+    auto paged = cuda::upload_paged_step(m.layout, st.batch);
+    cuda::paged_store_rows(sd.ptr, T, width, paged.seqs, cuda::paged_section(sec));
+    auto rows = row_infos(st.batch);
+    int64_t bad = 0;
+    std::vector<float> got(static_cast<size_t>(width));
+    for (int64_t t = 0; t < T; ++t) {
+        SeqState& s = *rows[static_cast<size_t>(t)].seq->state;
+        const float* at = m.layout.entry<float>(s.pool, s.pages, sec, rows[static_cast<size_t>(t)].pos);
+        cudaMemcpy(got.data(), at, sizeof(float) * width, cudaMemcpyDeviceToHost);
+        bad += !std::equal(got.begin(), got.end(), src.begin() + t * width);
+    }
+    EXPECT_EQ(bad, 0) << what;
+    std::printf("PARITY attn paged window store %s: %lld rows, %s\n", what.c_str(), static_cast<long long>(T),
+                bad ? "MISPLACED" : "all at the host's addresses");
+}
+
+// Device memory for `pages` state pages of random bf16 values.
+std::shared_ptr<void> random_pool(const StateLayout& layout, int64_t pages) {
+    const size_t bytes = static_cast<size_t>(pages) * layout.page_bytes;
+    auto pool = cuda::device_alloc(bytes);
+    cuda::fill_random_bf16(static_cast<float*>(pool.get()), static_cast<int64_t>(bytes / sizeof(float)), 77);
+    return pool;
+}
+
+const std::vector<std::pair<int64_t, int>> kDecode8 = {{131071, 1}, {131071, 1}, {131070, 1}, {131000, 1},
+                                                       {130003, 1}, {131071, 1}, {100000, 1}, {131071, 1}};
+const std::vector<std::pair<int64_t, int>> kPrefill = {
+    {131072 - 2048, 2048}, {0, 300}, {70001, 1}, {5000, 0}, {0, 129}, {4096, 17}};
+
+TEST(CudaPagedTables, DecodeSameAddressesAndResults) {
+    REQUIRE_GPU();
+    Model4 m;
+    const int64_t pages = pages_needed(m.layout, kDecode8) + 64;
+    auto pool = random_pool(m.layout, pages);
+    Step st = make_step(m.layout, static_cast<uint8_t*>(pool.get()), pages, kDecode8, 1);
+    check_tables(m, st, "decode 8x131072");
+    check_pipeline(m, st, "decode 8x131072");
+    check_store(m, st, "decode 8x131072");
+    timing(m, st, "decode 8x131072");
+}
+
+TEST(CudaPagedTables, PrefillSameAddressesAndResults) {
+    REQUIRE_GPU();
+    Model4 m;
+    const int64_t pages = pages_needed(m.layout, kPrefill) + 64;
+    auto pool = random_pool(m.layout, pages);
+    Step st = make_step(m.layout, static_cast<uint8_t*>(pool.get()), pages, kPrefill, 2);
+    check_tables(m, st, "prefill 2048-token chunk at 131072 + others");
+    check_pipeline(m, st, "prefill 2048-token chunk at 131072 + others");
+    check_store(m, st, "prefill 2048-token chunk at 131072 + others");
+    timing(m, st, "prefill 2048-token chunk at 131072 + others");
+}
+
+// Addresses only (nothing is read): 32 sequences at 131072 tokens over a pool that is never dereferenced.
+TEST(CudaPagedTables, Decode32Timing) {
+    REQUIRE_GPU();
+    Model4 m;
+    std::vector<std::pair<int64_t, int>> seqs(32, {131071, 1});
+    const int64_t pages = pages_needed(m.layout, seqs);
+    auto base = cuda::device_alloc(16);
+    Step st = make_step(m.layout, static_cast<uint8_t*>(base.get()), pages, seqs, 3);
+    check_tables(m, st, "decode 32x131072");
+    timing(m, st, "decode 32x131072");
+}
+
+}  // namespace

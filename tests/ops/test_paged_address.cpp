@@ -1,0 +1,65 @@
+// The address arithmetic the device uses to list state entries (ops/cuda/paged_address.h) against the host's
+// StateLayout::entry and window_list, on the CPU: every section of a synthetic V4.1-Flash layout at several
+// page sizes (compression ratios below, equal to and above the page size) and every window case.
+#include "model/model.h"
+#include "ops/attention_plan.h"
+#include "ops/cuda/paged_address.h"
+#include "ops/state.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <random>
+
+using namespace peregrine;
+
+namespace {
+
+TEST(PagedAddress, EntryOffsetsMatchStateLayout) {
+    const ModelConfig cfg = synthetic_v41_flash_config(4);
+    int64_t checked = 0;
+    for (int page_tokens : {4, 16, 64, 128, 256}) {
+        const StateLayout layout = make_state_layout(cfg, page_tokens);
+        std::vector<int32_t> pages(static_cast<size_t>(layout.pages_for(20000)));
+        std::iota(pages.begin(), pages.end(), 0);
+        std::shuffle(pages.begin(), pages.end(), std::mt19937(page_tokens));
+        uint8_t* pool = reinterpret_cast<uint8_t*>(uintptr_t{1} << 40);  // never dereferenced
+        for (const auto& L : layout.layers)
+            for (const StateSection* s : {&L.window, &L.comp, &L.index_k}) {
+                if (!s->present()) continue;
+                const cuda::PagedSection ps{static_cast<int64_t>(s->offset), static_cast<int64_t>(s->entry_bytes),
+                                            s->per_entry_tokens};
+                for (int64_t i = 0; i < 20000 / s->per_entry_tokens; ++i, ++checked) {
+                    const uint8_t* want = reinterpret_cast<uint8_t*>(layout.entry<float>(pool, pages, *s, i));
+                    const int64_t got = cuda::paged_entry_offset(pages.data(), layout.page_tokens,
+                                                                 static_cast<int64_t>(layout.page_bytes), ps, i);
+                    ASSERT_EQ(want - pool, got) << "page_tokens " << page_tokens << " ratio " << s->per_entry_tokens
+                                                << " entry " << i;
+                }
+            }
+    }
+    EXPECT_GT(checked, 100000);
+}
+
+TEST(PagedAddress, WindowPositionsMatchWindowList) {
+    int64_t checked = 0;
+    for (int W : {1, 4, 128})
+        for (bool v41 : {true, false})
+            for (int64_t start : {0, 1, 3, 4, 5, 127, 128, 129, 1000})
+                for (int n_tokens : {1, 2, 3, 5, 127, 128, 129, 300}) {
+                    BatchSeq s{nullptr, start, n_tokens, 0};
+                    for (int i = 0; i < n_tokens; ++i) {
+                        const int64_t pos = start + i;
+                        const auto list = window_list(s, pos, W, v41);
+                        for (int j = 0; j < W; ++j, ++checked) {
+                            int n = -1;
+                            const int64_t got = cuda::window_position(start, n_tokens, pos, W, v41, j, &n);
+                            ASSERT_EQ(n, static_cast<int>(list.size())) << start << "+" << n_tokens << " pos " << pos;
+                            if (j < n) ASSERT_EQ(got, list[static_cast<size_t>(j)]) << start << "+" << n_tokens << " pos " << pos << " j " << j;
+                        }
+                    }
+                }
+    EXPECT_GT(checked, 100000);
+}
+
+}  // namespace

@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <algorithm>
 #include <random>
 #include <sstream>
@@ -464,8 +465,14 @@ TEST(CudaOpsRealDims, AttentionLayers) {
             Tensor og = gpu.attention(D(x), w.layers[static_cast<size_t>(l)].attn, infos[static_cast<size_t>(l)], bg, *scr_g);
             // bf16 outputs after two e4m3-quantised projections: an ulp that flips upstream moves a few
             // elements by a bf16 step of the tensor's scale, so the bound is 1e-2 of the largest element.
+            // Fast decode splits a row's keys over CTAs and rounds each split's probabilities to bf16 against
+            // its own running max (the reference: against the max over all earlier keys), so most attention
+            // outputs move by up to a bf16 step before the projections: 2e-2 there.
+            const char* num = std::getenv("PEREGRINE_CUDA_NUMERICS");
+            const bool split = n == 1 && (num == nullptr || std::string(num) == "fast");
             expect_close(H(og), oc, 1e-2f, 1e-5f,
-                         "synthetic attention layer " + std::to_string(l) + (n == 1 ? " decode" : " prefill"), 1e-2f);
+                         "synthetic attention layer " + std::to_string(l) + (n == 1 ? " decode" : " prefill"),
+                         split ? 2e-2f : 1e-2f);
         }
         sc.n_cached = sg.n_cached = start + n;
     }

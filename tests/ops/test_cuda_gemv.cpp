@@ -246,8 +246,8 @@ double time_ms(F&& fn, int reps = 20) {
     return ms / reps;
 }
 
-// GEMV variants checked and timed in one run: the pipelined default (no tag), the first kernel ("[v1]") and
-// the tensor-core one ("[v3]", FP8/FP4 only: skipped where it does not apply).
+// GEMV variants checked and timed in one run: the pipelined one (no tag), the first kernel ("[v1]") and
+// the tensor-core one ("[v3]", FP8/FP4 only: skipped where it does not apply). The default picks 3 or 1.
 const int kVariants[] = {2, 1, 3};
 bool variant_applies(int v, const LinearDev& l) { return v != 3 || linear_gemv_mma_supported(l); }
 std::string variant_tag(int v) { return v == 2 ? "" : " [v" + std::to_string(v) + "]"; }

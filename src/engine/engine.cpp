@@ -246,6 +246,7 @@ struct Engine::Impl {
             if (flush_pending == 0) return;
         }
         if (cache) freed = cache->clear();
+        publish_gauges();  // before the caller wakes, so stats() already shows the emptied cache
         {
             std::lock_guard lk(mu);
             flush_result = freed;

@@ -138,7 +138,7 @@ TEST(Engine, RunningRequestsShareTheirPrefixPages) {
         EXPECT_EQ(ia, ref) << fx;
         EXPECT_EQ(ids_of(db), ref) << fx;
         // Everything is released: only unreferenced cached pages remain.
-        for (int i = 0; i < 100 && eng.stats().running; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        for (int i = 0; i < 2000 && eng.stats().running; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
         auto st = eng.stats();
         EXPECT_EQ(st.pages_used, st.pages_cached);
         EXPECT_EQ(st.pages_evictable, st.pages_cached);

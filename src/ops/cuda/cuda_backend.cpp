@@ -339,7 +339,18 @@ Tensor CudaBackend::logits(const Tensor& x, const LinearWeight& head) {
     // fp32 on the (bf16-stored) weights, as the reference upcasts them.
     LinearWeight w = head;
     w.kind = LinearWeight::Kind::F32;
-    Tensor y = run_linear(x, w);
+    const int64_t M = x.numel() / w.in;
+    Tensor y;
+    if (numerics_ == Numerics::Fast && M > 8 && w.w.dtype() == DType::BF16) {
+        // More rows than one GEMV tile: one read of the head on the bf16 tensor cores. Its input is an
+        // rms_norm output (bf16 values), so the products are exact and only the fp32 sum order changes.
+        LinearDev d = dev_linear(w);
+        d.bf16_acts = true;
+        y = empty(DType::F32, {M, w.out});
+        linear_cublas(x.f32(), nullptr, M, d, y.f32(), nullptr, nullptr);
+    } else {
+        y = run_linear(x, w);
+    }
     return to_host_pinned(y);
 }
 

@@ -15,6 +15,9 @@ struct LinearDev {
     int kind = 0;  // 0 F32 compute, 1 BF16, 2 FP8, 3 FP4 (LinearWeight::Kind order)
     int out = 0, in = 0, weight_block = 0, act_block = 0;
     bool w_bf16 = false;  // F32 kind: weights stored as bf16
+    // F32 kind with bf16 weights: the activations are bf16 values too (a normalised row), so the products
+    // are exact in bf16 x bf16 -> fp32 and the GEMM may run on the bf16 tensor cores (Fast numerics).
+    bool bf16_acts = false;
     const void* w = nullptr;
     const uint8_t* scale = nullptr;
 };
@@ -91,7 +94,7 @@ void rms_norm(const float* x, int64_t rows, int D, const float* w, float eps, fl
 void hc_mixes(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
               const float* scale, float eps, float hc_eps, int sinkhorn_iters, int mode, float* pre, float* post,
               float* comb);
-// Numerics::Fast: parallel over tokens and slices of the row (double partial sums in another order).
+// Numerics::Fast: the mixes as one fp32 GEMM (GEMV or cuBLAS), then the same finish per token.
 void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
                    const float* scale, float eps, float hc_eps, int sinkhorn_iters, int mode, float* pre, float* post,
                    float* comb);

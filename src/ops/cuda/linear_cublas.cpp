@@ -96,6 +96,12 @@ void dense(Context& c, const float* x, const float* xs, int64_t M, const LinearD
     const bool f32 = w.kind == 0;
     const size_t elt = f32 ? 4 : 2;
     cublasHandle_t h = c.get();
+    if (f32 && w.w_bf16 && w.bf16_acts) {  // fp32 arithmetic on the bf16 tensor cores: exact products
+        char* ab = c.acts.reserve(static_cast<size_t>(M) * K * 2);
+        cublas_prep::gather_activations(x, nullptr, 1, M, K, nullptr, 0, true, ab);
+        gemm(h, false, N, M, K, w.w, ab, y, N);
+        return;
+    }
     const void* a = x;
     if (!f32) {
         char* ab = c.acts.reserve(static_cast<size_t>(M) * K * elt);

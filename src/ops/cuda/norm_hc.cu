@@ -88,77 +88,23 @@ __global__ void hc_mixes_kernel(const float* h, int hc, int D, const float* fn, 
     hc_finish(t, mixes, hc, base, scale, hc_eps, iters, mode, pre_out, post_out, comb_out);
 }
 
-// Fast mixes (Numerics::Fast): split over tokens x slices of the hc*dim row, every thread of a slice
-// computing all mixes from one read of x (the exact kernel runs one block per token, a warp per mix), partial
-// sums in double like the exact kernel but added in another order; a second kernel adds the slices in order
-// and finishes each token (one thread per token). Few tokens (decode): 2048-wide slices, one token a block,
-// for parallelism. Many tokens (prefill): whole rows, two tokens a block sharing each read of fn (the
-// reduction at the end of a slice costs as much as a short slice's sums, and fn is read once per block).
-constexpr int kMixSlice = 2048, kMixThreads = 256, kFastMix = 32, kMixManyTokens = 1024;
+// Fast mixes (Numerics::Fast): the n_mix dot products of every token are one fp32 GEMM [T, hc*dim] x fn^T
+// (the decode GEMV or cuBLAS, fp32 arithmetic summed in another order than the exact kernel's double sums);
+// this kernel adds the row's sum of squares (double, as the exact kernel) and finishes each token.
+constexpr int kFastMix = 32;
 
-template <int kTok>
-__global__ void __launch_bounds__(kMixThreads) hc_mix_partial_kernel(const float* h, int64_t T, int W, const float* fn,
-                                                                     int n_mix, int slice, int n_slices, double* part) {
-    __shared__ double red[kMixThreads / 32][kTok][kFastMix + 1];
-    const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTok;
-    const int sl = blockIdx.x;
-    const int i0 = sl * slice, i1 = min(W, i0 + slice);
-    double acc[kTok][kFastMix + 1];
-#pragma unroll
-    for (int u = 0; u < kTok; ++u)
-#pragma unroll
-        for (int j = 0; j <= kFastMix; ++j) acc[u][j] = 0.0;
-    for (int i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
-        float xi[kTok];
-#pragma unroll
-        for (int u = 0; u < kTok; ++u) {
-            xi[u] = t0 + u < T ? h[(t0 + u) * W + i] : 0.0f;
-            acc[u][kFastMix] += static_cast<double>(xi[u] * xi[u]);
-        }
-#pragma unroll
-        for (int j = 0; j < kFastMix; ++j)
-            if (j < n_mix) {
-                const double f = static_cast<double>(fn[static_cast<int64_t>(j) * W + i]);
-#pragma unroll
-                for (int u = 0; u < kTok; ++u) acc[u][j] += static_cast<double>(xi[u]) * f;
-            }
-    }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int u = 0; u < kTok; ++u)
-#pragma unroll
-        for (int j = 0; j <= kFastMix; ++j) {
-            if (j < n_mix || j == kFastMix) {
-                const double v = warp_sum(acc[u][j]);
-                if (lane == 0) red[warp][u][j] = v;
-            }
-        }
-    __syncthreads();
-    for (int q = threadIdx.x; q < kTok * (n_mix + 1); q += blockDim.x) {
-        const int u = q / (n_mix + 1), j = q % (n_mix + 1);
-        if (t0 + u >= T) continue;
-        const int jj = j == n_mix ? kFastMix : j;
-        double v = 0.0;
-        for (int w = 0; w < kMixThreads / 32; ++w) v += red[w][u][jj];
-        part[((t0 + u) * n_slices + sl) * (n_mix + 1) + j] = v;  // j == n_mix: the sum of squares
-    }
-}
-
-__global__ void hc_mix_finish_kernel(const double* part, int64_t T, int n_slices, int hc, int W, int n_mix,
-                                     const float* base, const float* scale, float eps, float hc_eps, int iters,
-                                     int mode, float* pre, float* post, float* comb) {
-    const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    if (t >= T) return;
-    const double* p = part + t * n_slices * (n_mix + 1);
+__global__ void hc_mix_apply_kernel(const float* h, const float* raw, int W, int n_mix, int hc, const float* base,
+                                    const float* scale, float eps, float hc_eps, int iters, int mode, float* pre,
+                                    float* post, float* comb) {
+    const int64_t t = blockIdx.x;
+    const float* x = h + t * W;
     double ss = 0.0;
-    for (int s = 0; s < n_slices; ++s) ss += p[s * (n_mix + 1) + n_mix];
+    for (int i = threadIdx.x; i < W; i += blockDim.x) ss += static_cast<double>(x[i] * x[i]);
+    ss = block_sum(ss);
+    if (threadIdx.x != 0) return;
     const float r = 1.0f / sqrtf(static_cast<float>(ss) / static_cast<float>(W) + eps);
     float mixes[kFastMix];
-    for (int j = 0; j < n_mix; ++j) {
-        double v = 0.0;
-        for (int s = 0; s < n_slices; ++s) v += p[s * (n_mix + 1) + j];
-        mixes[j] = static_cast<float>(v) * r;
-    }
+    for (int j = 0; j < n_mix; ++j) mixes[j] = raw[t * n_mix + j] * r;
     hc_finish(t, mixes, hc, base, scale, hc_eps, iters, mode, pre, post, comb);
 }
 
@@ -267,26 +213,26 @@ void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, in
                    const float* scale, float eps, float hc_eps, int iters, int mode, float* pre, float* post,
                    float* comb) {
     if (T == 0) return;
-    if (n_mix > kFastMix || T > 65535) {
+    if (n_mix > kFastMix || T > 2147483647) {
         hc_mixes(h, T, hc, D, fn, n_mix, base, scale, eps, hc_eps, iters, mode, pre, post, comb);
         return;
     }
     const int W = hc * D;
-    const bool many = T >= kMixManyTokens;
-    const int slice = many ? W : kMixSlice, n_slices = (W + slice - 1) / slice;
-    double* part = nullptr;
-    PG_CUDA(cudaMallocAsync(&part, sizeof(double) * static_cast<size_t>(T) * n_slices * (n_mix + 1), 0));
-    if (many)
-        hc_mix_partial_kernel<2><<<dim3(static_cast<unsigned>(n_slices), static_cast<unsigned>((T + 1) / 2)), kMixThreads>>>(
-            h, T, W, fn, n_mix, slice, n_slices, part);
+    LinearDev d;
+    d.kind = 0;  // fp32 compute on fp32 weights
+    d.out = n_mix;
+    d.in = W;
+    d.w = fn;
+    float* raw = nullptr;
+    PG_CUDA(cudaMallocAsync(&raw, sizeof(float) * static_cast<size_t>(T) * n_mix, 0));
+    if (T <= 32 && linear_gemv_supported(d) && reinterpret_cast<uintptr_t>(h) % 16 == 0)
+        linear_gemv(h, nullptr, T, d, raw, nullptr, nullptr);
     else
-        hc_mix_partial_kernel<1><<<dim3(static_cast<unsigned>(n_slices), static_cast<unsigned>(T)), kMixThreads>>>(
-            h, T, W, fn, n_mix, slice, n_slices, part);
+        linear_cublas(h, nullptr, T, d, raw, nullptr, nullptr);
+    hc_mix_apply_kernel<<<static_cast<unsigned>(T), 256>>>(h, raw, W, n_mix, hc, base, scale, eps, hc_eps, iters, mode,
+                                                           pre, post, comb);
     PG_LAUNCHED();
-    hc_mix_finish_kernel<<<blocks_for(T, 64), 64>>>(part, T, n_slices, hc, W, n_mix, base, scale, eps, hc_eps, iters,
-                                                    mode, pre, post, comb);
-    PG_LAUNCHED();
-    PG_CUDA(cudaFreeAsync(part, 0));
+    PG_CUDA(cudaFreeAsync(raw, 0));
 }
 
 void hc_collapse(const float* h, const float* pre, int64_t T, int hc, int D, float* y) {

@@ -247,7 +247,17 @@ int run_bench(const BenchArgs& a) {
             continue;
         }
         bool slow = false;
-        Measured r = run_steps(*model, be, 1, ctx, static_cast<int>(B), std::min(a.steps, 1), a.max_step_seconds, &slow);
+        Measured r;
+        try {
+            r = run_steps(*model, be, 1, ctx, static_cast<int>(B), std::min(a.steps, 1), a.max_step_seconds, &slow);
+        } catch (const std::exception& e) {  // e.g. the step's activations exceed device memory
+            row["skipped"] = e.what();
+            std::printf("%-8lld %-8lld %10s  %s\n", static_cast<long long>(B), static_cast<long long>(ctx), "(failed)", e.what());
+            out["results"].push_back(row);
+            save();
+            skip_rest = true;
+            continue;
+        }
         Cost k = step_cost(*model, B, ctx + B / 2, 1, a.balanced);
         const double sec = r.ms * 1e-3;
         const double tflops = (k.gemm_flops + k.attn_flops) / sec / 1e12;

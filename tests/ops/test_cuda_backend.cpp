@@ -181,6 +181,14 @@ const E2E kE2E[] = {
 };
 void PrintTo(const E2E& c, std::ostream* os) { *os << c.fixture; }
 
+// The same sequence computed in different batches or chunks. Exact numerics give identical logits; Fast
+// numerics pick kernels by batch size (GEMV below 9 rows, tensor cores above: fp32 sums in other orders), so
+// the logits may move by rounding noise there (a real indexing or state bug moves them by O(1)).
+float batch_variance_bound() {
+    const char* n = std::getenv("PEREGRINE_CUDA_NUMERICS");
+    return n == nullptr || std::string(n) == "fast" ? 1e-3f : 1e-5f;
+}
+
 class CudaModel : public ::testing::TestWithParam<E2E> {
 protected:
     void SetUp() override {
@@ -234,7 +242,7 @@ TEST_P(CudaModel, PrefillDecodeChunkedAgainstGoldenAndCpu) {
         auto g = run(*gpu_, ids, n, chunk);
         check(g, cpu_prefill, c.cpu_tol, c.cpu_top1, fx + " chunked(" + std::to_string(chunk) + ") vs cpu");
         RowDiff d = compare_logits(g, gpu_prefill, vocab());
-        EXPECT_LE(d.worst(), 1e-5f) << "cuda chunk " << chunk << " vs cuda one-shot";
+        EXPECT_LE(d.worst(), batch_variance_bound()) << "cuda chunk " << chunk << " vs cuda one-shot";
     }
     check(run(*gpu_, ids, n / 3, 7), cpu_prefill, c.cpu_tol, c.cpu_top1, fx + " chunks of 7 then decode vs cpu");
 }
@@ -294,7 +302,7 @@ TEST_P(CudaModel, MixedBatchAndPrefixResume) {
         for (int i = 0; i < bn; ++i)
             for (int v = 0; v < vocab(); ++v)
                 worst = std::max(worst, std::fabs(l.f32()[(an + i) * vocab() + v] - expect_b[static_cast<size_t>((b0 + i) * vocab() + v)]));
-        EXPECT_LE(worst, 1e-5f) << "batched step at a " << a0 << " b " << b0;
+        EXPECT_LE(worst, batch_variance_bound()) << "batched step at a " << a0 << " b " << b0;
     };
     step(0, 20, 0, 7);
     step(20, na - 21, 7, 1);
@@ -317,7 +325,7 @@ TEST_P(CudaModel, MixedBatchAndPrefixResume) {
     for (int i = 0; i < n - 2 * P; ++i)
         for (int v = 0; v < vocab(); ++v)
             worst = std::max(worst, std::fabs(l.f32()[i * vocab() + v] - expect[static_cast<size_t>((2 * P + i) * vocab() + v)]));
-    EXPECT_LE(worst, 1e-5f) << "resume from 2 shared pages";
+    EXPECT_LE(worst, batch_variance_bound()) << "resume from 2 shared pages";
     std::printf("PARITY batch %-43s mixed-batch + resume max|d| %.3g\n", GetParam().fixture, worst);
 }
 

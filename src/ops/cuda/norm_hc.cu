@@ -88,9 +88,10 @@ __global__ void hc_mixes_kernel(const float* h, int hc, int D, const float* fn, 
     hc_finish(t, mixes, hc, base, scale, hc_eps, iters, mode, pre_out, post_out, comb_out);
 }
 
-// Fast mixes (Numerics::Fast): the n_mix dot products of every token are one fp32 GEMM [T, hc*dim] x fn^T
-// (the decode GEMV or cuBLAS, fp32 arithmetic summed in another order than the exact kernel's double sums);
-// this kernel adds the row's sum of squares (double, as the exact kernel) and finishes each token.
+// Fast mixes (Numerics::Fast): the n_mix dot products of every token are one double GEMM [T, hc*dim] x fn^T
+// (cuBLAS on the FP64 tensor cores: exact products and double sums like the exact kernel, in another order,
+// so the fp32 mixes almost always come out the same; an fp32 GEMM here moved V4 logits by 0.06 through the
+// bf16 roundings downstream); this kernel adds the row's sum of squares and finishes each token.
 constexpr int kFastMix = 32;
 
 __global__ void hc_mix_apply_kernel(const float* h, const float* raw, int W, int n_mix, int hc, const float* base,
@@ -218,17 +219,9 @@ void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, in
         return;
     }
     const int W = hc * D;
-    LinearDev d;
-    d.kind = 0;  // fp32 compute on fp32 weights
-    d.out = n_mix;
-    d.in = W;
-    d.w = fn;
     float* raw = nullptr;
     PG_CUDA(cudaMallocAsync(&raw, sizeof(float) * static_cast<size_t>(T) * n_mix, 0));
-    if (T <= 32 && linear_gemv_supported(d) && reinterpret_cast<uintptr_t>(h) % 16 == 0)
-        linear_gemv(h, nullptr, T, d, raw, nullptr, nullptr);
-    else
-        linear_cublas(h, nullptr, T, d, raw, nullptr, nullptr);
+    gemm_f64(h, T, W, fn, n_mix, raw);
     hc_mix_apply_kernel<<<static_cast<unsigned>(T), 256>>>(h, raw, W, n_mix, hc, base, scale, eps, hc_eps, iters, mode,
                                                            pre, post, comb);
     PG_LAUNCHED();

@@ -142,7 +142,7 @@ void check_ops(const std::string& fx, const ModelConfig& cfg, const ModelWeights
         gpu.engram(hc_gpu, e, rows);
         expect_close(H(hc_gpu), hc_cpu, 1e-2f, 1e-6f, tag + " engram layer " + std::to_string(l));
     }
-    // All T rows: more than 8 take the tensor-core path of Fast numerics (fp32 sums in another order).
+    // Fast numerics run the bf16 head on the tensor cores (fp32 sums in another order).
     Tensor xl = random_bf16({T, dim}, seed++);
     expect_close(gpu.logits(D(xl), w.head), cpu->logits(xl, w.head), 1e-5f, 1e-5f, tag + " lm head", 1e-5f);
 }

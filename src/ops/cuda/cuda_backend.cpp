@@ -341,9 +341,10 @@ Tensor CudaBackend::logits(const Tensor& x, const LinearWeight& head) {
     w.kind = LinearWeight::Kind::F32;
     const int64_t M = x.numel() / w.in;
     Tensor y;
-    if (numerics_ == Numerics::Fast && M > 8 && w.w.dtype() == DType::BF16) {
-        // More rows than one GEMV tile: one read of the head on the bf16 tensor cores. Its input is an
-        // rms_norm output (bf16 values), so the products are exact and only the fp32 sum order changes.
+    if (numerics_ == Numerics::Fast && w.w.dtype() == DType::BF16) {
+        // One read of the head on the bf16 tensor cores (measured on the H200 at batch 8: 0.40 ms against the
+        // GEMV's 1.19; equal at one row). Its input is an rms_norm output (bf16 values), so the products are
+        // exact and only the fp32 sum order changes.
         LinearDev d = dev_linear(w);
         d.bf16_acts = true;
         y = empty(DType::F32, {M, w.out});

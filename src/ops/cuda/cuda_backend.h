@@ -1,8 +1,10 @@
 #pragma once
 // The CUDA backend: activations are F32 tensors in device memory holding bf16-rounded values, state pages
 // live in device memory with the reference's float layout, weights are uploaded on first use in their
-// stored formats. Every op follows the reference backend's arithmetic (src/ops/cpu), so logits agree with
-// it to rounding noise; logits come back in host memory.
+// stored formats. Every op keeps the reference backend's quantisation and rounding points (src/ops/cpu):
+// the fast kernels (default) sum in fp32 in their own order, on tensor cores where the operands allow, so
+// logits agree with the reference to rounding noise; the exact ones are bit-identical to it (see numerics_
+// and docs/cuda-backend.md). Logits come back in host memory.
 #include "ops/backend.h"
 #include "ops/cuda/kernels.h"
 

@@ -1,7 +1,8 @@
 #pragma once
 // Launchers of the CUDA kernels (plain pointers, device memory, the current stream). The backend in
-// cuda_backend.cpp composes them; each kernel follows the reference backend's arithmetic (src/ops/cpu)
-// step for step, with double accumulation where the reference sums exactly.
+// cuda_backend.cpp composes them. The exact kernels follow the reference backend's arithmetic (src/ops/cpu)
+// step for step, with double accumulation where the reference sums exactly; the fast ones (marked
+// Numerics::Fast) keep its rounding points and sum in fp32 in their own order.
 #include "ops/cuda/paged_address.h"
 
 #include <cstddef>

@@ -3,6 +3,7 @@
 // both: indexer scoring for decode (8 rows x 131072 keys) and prefill (4096 rows x 65536 keys, tensor
 // cores), top-k and candidate blocks over 131072 / 65536 scores, MoE routing. Skipped without a GPU.
 // Lines starting with "PARITY" are collected by tools/gpu/check.sh.
+#include "cuda_test_util.h"
 #include "ops/backend.h"
 #include "ops/cpu/cpu_backend.h"
 #include "ops/cuda/cuda_backend.h"
@@ -25,31 +26,7 @@ using cuda::CudaBackend;
 
 namespace {
 
-#define REQUIRE_GPU()                                            \
-    do {                                                         \
-        std::string why_;                                        \
-        if (!cuda_device_available(&why_)) GTEST_SKIP() << why_; \
-    } while (0)
-
 constexpr int kHeads = 32, kDim = 128, kTopK = 512;
-
-// Device milliseconds of one call (after a warm-up call), by CUDA events.
-float time_ms(const std::function<void()>& f) {
-    f();
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    cudaEventRecord(a, 0);
-    f();
-    cudaEventRecord(b, 0);
-    cudaEventSynchronize(b);
-    float ms = 0.0f;
-    cudaEventElapsedTime(&ms, a, b);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-    return ms;
-}
 
 // Rows of fp4-quantised values as the indexer's q and k are (bf16 draws, fp4 e2m1 with ue8m0 scales per 32).
 std::vector<float> fp4_rows(int64_t rows, int width, uint64_t seed) {
@@ -116,10 +93,10 @@ TEST(CudaAttnFast, IndexScoresDecodeStream) {
     for (int t = 0; t < T; ++t) visible[static_cast<size_t>(t)] = N - t * 1001;
     auto wd = CudaBackend::upload(width), vd = CudaBackend::upload(visible), bd = CudaBackend::upload(keybase);
     Tensor fast = CudaBackend::empty(DType::F32, {T, N}), exact = CudaBackend::empty(DType::F32, {T, N});
-    const float ms_fast = time_ms([&] {
+    const float ms_fast = peregrine::test::device_ms([&] {
         cuda::index_scores_stream(q.ptr, w.ptr, nullptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, N, fast.f32());
     });
-    const float ms_exact = time_ms([&] {
+    const float ms_exact = peregrine::test::device_ms([&] {
         cuda::index_scores(q.ptr, w.ptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, N, exact.f32());
     });
     auto f = host(fast.f32(), static_cast<size_t>(T * N)), e = host(exact.f32(), static_cast<size_t>(T * N));
@@ -151,14 +128,14 @@ TEST(CudaAttnFast, IndexScoresPrefillTensorCores) {
     auto tiles_d = CudaBackend::upload(tiles);
     auto qb = cuda::device_alloc(sizeof(uint16_t) * T * kHeads * kDim), kb = cuda::device_alloc(sizeof(uint16_t) * N * kDim);
     Tensor mma = CudaBackend::empty(DType::F32, {T, N}), stream = CudaBackend::empty(DType::F32, {T, N});
-    const float ms_mma = time_ms([&] {
+    const float ms_mma = peregrine::test::device_ms([&] {
         cuda::to_bf16(q.ptr, static_cast<int64_t>(T) * kHeads * kDim, static_cast<uint16_t*>(qb.get()));
         cuda::gather_keys_bf16(td.ptr, N, kDim, static_cast<uint16_t*>(kb.get()));
         cuda::index_scores_mma(static_cast<const uint16_t*>(qb.get()), w.ptr, kHeads, tiles_d.ptr,
                                static_cast<int>(tiles.size() / 4), static_cast<const uint16_t*>(kb.get()), vd.ptr, N,
                                mma.f32());
     });
-    const float ms_stream = time_ms([&] {
+    const float ms_stream = peregrine::test::device_ms([&] {
         cuda::index_scores_stream(q.ptr, w.ptr, nullptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, N,
                                   stream.f32());
     });
@@ -170,7 +147,7 @@ TEST(CudaAttnFast, IndexScoresPrefillTensorCores) {
     float ms_exact = 0.0f;
     for (int part = 0; part < 2; ++part) {
         const int r0 = part == 0 ? 0 : T - sub;
-        ms_exact += time_ms([&] {
+        ms_exact += peregrine::test::device_ms([&] {
             cuda::index_scores(q.ptr + static_cast<int64_t>(r0) * kHeads * kDim, w.ptr + r0 * kHeads, sub, kHeads, kDim,
                                wd.ptr + r0, vd.ptr + r0, bd.ptr + r0, td.ptr, N, ex.f32() + part * sub * N);
         });
@@ -204,11 +181,11 @@ void check_topk(int64_t T, int64_t N, int k, bool ascending, const std::string& 
     auto tmp = cuda::device_alloc(sizeof(int32_t) * T * k);
     auto of = cuda::device_alloc(sizeof(int32_t) * T * k), oe = cuda::device_alloc(sizeof(int32_t) * T * k);
     auto cf = cuda::device_alloc(sizeof(int32_t) * T), ce = cuda::device_alloc(sizeof(int32_t) * T);
-    const float ms_fast = time_ms([&] {
+    const float ms_fast = peregrine::test::device_ms([&] {
         cuda::topk_rows_fast(s.ptr, T, N, wd.ptr, vd.ptr, k, ascending, static_cast<int32_t*>(tmp.get()),
                              static_cast<int32_t*>(of.get()), static_cast<int32_t*>(cf.get()));
     });
-    const float ms_exact = time_ms([&] {
+    const float ms_exact = peregrine::test::device_ms([&] {
         cuda::topk_rows(s.ptr, T, N, wd.ptr, vd.ptr, k, ascending, static_cast<int32_t*>(tmp.get()),
                         static_cast<int32_t*>(oe.get()), static_cast<int32_t*>(ce.get()));
     });
@@ -283,11 +260,11 @@ TEST(CudaAttnFast, CandidateBlocksSameMask) {
         const int64_t nb = (N + bs - 1) / bs;
         auto bscore = cuda::device_alloc(sizeof(float) * T * nb), bsel = cuda::device_alloc(sizeof(int32_t) * T * nb);
         auto mf = cuda::device_alloc(static_cast<size_t>(T * N)), me = cuda::device_alloc(static_cast<size_t>(T * N));
-        const float ms_fast = time_ms([&] {
+        const float ms_fast = peregrine::test::device_ms([&] {
             cuda::candidate_blocks_fast(s.ptr, T, N, wd.ptr, vd.ptr, bs, topb, static_cast<float*>(bscore.get()),
                                         static_cast<int32_t*>(bsel.get()), nb, static_cast<uint8_t*>(mf.get()));
         });
-        const float ms_exact = time_ms([&] {
+        const float ms_exact = peregrine::test::device_ms([&] {
             cuda::candidate_blocks(s.ptr, T, N, wd.ptr, vd.ptr, bs, topb, static_cast<float*>(bscore.get()),
                                    static_cast<int32_t*>(bsel.get()), nb, static_cast<uint8_t*>(me.get()));
         });
@@ -330,8 +307,8 @@ TEST(CudaAttnFast, RouteSameSelectionAndWeights) {
                                                    c.hash ? hd.ptr : nullptr, idd.ptr, c.v41, true, 2.5f, false,
                                                    static_cast<int32_t*>(s), static_cast<float*>(w));
         };
-        const float ms_fast = time_ms([&] { call(true, sf.get(), wf.get()); });
-        const float ms_exact = time_ms([&] { call(false, se.get(), we.get()); });
+        const float ms_fast = peregrine::test::device_ms([&] { call(true, sf.get(), wf.get()); });
+        const float ms_exact = peregrine::test::device_ms([&] { call(false, se.get(), we.get()); });
         auto a = host(static_cast<int32_t*>(sf.get()), static_cast<size_t>(T * K));
         auto b = host(static_cast<int32_t*>(se.get()), static_cast<size_t>(T * K));
         auto x = host(static_cast<float*>(wf.get()), static_cast<size_t>(T * K));
@@ -480,7 +457,7 @@ TEST(CudaAttnFast, HcMixesSplitMatchesExact) {
             out[k][0] = CudaBackend::empty(DType::F32, {T, hc});
             out[k][1] = CudaBackend::empty(DType::F32, {T, hc});
             out[k][2] = CudaBackend::empty(DType::F32, {T, hc * hc});
-            ms[k] = time_ms([&] {
+            ms[k] = peregrine::test::device_ms([&] {
                 (k == 0 ? cuda::hc_mixes_fast : cuda::hc_mixes)(hd.ptr, T, hc, D, fd.ptr, n_mix, bd.ptr, sd.ptr, 1e-6f,
                                                                 1e-6f, iters, 0, out[k][0].f32(), out[k][1].f32(),
                                                                 out[k][2].f32());
@@ -520,8 +497,8 @@ TEST(CudaAttnFast, HcExpandVectorisedSameOutput) {
         auto yd = CudaBackend::upload(y), rd = CudaBackend::upload(res), pd = CudaBackend::upload(post),
              cd = CudaBackend::upload(comb);
         Tensor of = CudaBackend::empty(DType::F32, {T, hc, D}), oe = CudaBackend::empty(DType::F32, {T, hc, D});
-        const float ms_fast = time_ms([&] { cuda::hc_expand_fast(yd.ptr, rd.ptr, pd.ptr, cd.ptr, T, hc, D, of.f32()); });
-        const float ms_exact = time_ms([&] { cuda::hc_expand(yd.ptr, rd.ptr, pd.ptr, cd.ptr, T, hc, D, oe.f32()); });
+        const float ms_fast = peregrine::test::device_ms([&] { cuda::hc_expand_fast(yd.ptr, rd.ptr, pd.ptr, cd.ptr, T, hc, D, of.f32()); });
+        const float ms_exact = peregrine::test::device_ms([&] { cuda::hc_expand(yd.ptr, rd.ptr, pd.ptr, cd.ptr, T, hc, D, oe.f32()); });
         auto a = host(of.f32(), static_cast<size_t>(T) * hc * D), b = host(oe.f32(), static_cast<size_t>(T) * hc * D);
         int64_t diff = 0;
         for (size_t i = 0; i < a.size(); ++i) diff += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
@@ -557,10 +534,10 @@ TEST(CudaAttnFast, SparseAttentionWarpSoftmaxSameOutput) {
         auto cnt_d = CudaBackend::upload(cnt);
         Tensor of = CudaBackend::empty(DType::F32, {T, H, Dh}), oe = CudaBackend::empty(DType::F32, {T, H, Dh});
         const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
-        const float ms_fast = time_ms([&] {
+        const float ms_fast = peregrine::test::device_ms([&] {
             cuda::sparse_attention(qd.ptr, T, H, Dh, scale, sd.ptr, keys_d.ptr, cnt_d.ptr, maxk, of.f32(), true);
         });
-        const float ms_exact = time_ms([&] {
+        const float ms_exact = peregrine::test::device_ms([&] {
             cuda::sparse_attention(qd.ptr, T, H, Dh, scale, sd.ptr, keys_d.ptr, cnt_d.ptr, maxk, oe.f32(), false);
         });
         auto a = host(of.f32(), static_cast<size_t>(T * H * Dh)), b = host(oe.f32(), static_cast<size_t>(T * H * Dh));

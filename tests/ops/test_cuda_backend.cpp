@@ -2,6 +2,7 @@
 // then end to end (golden logits, CPU logits for one-shot / chunked prefill and decode, greedy generations,
 // mixed batches, prefix resume, engram host placement). Skipped, with the reason, where no GPU is usable.
 // Lines starting with "PARITY" are collected by tools/gpu/check.sh.
+#include "cuda_test_util.h"
 #include "engine/sampling.h"
 #include "engine/sequence_runner.h"
 #include "kv/page_pool.h"
@@ -24,12 +25,6 @@ using namespace peregrine;
 using namespace peregrine::test;
 
 namespace {
-
-#define REQUIRE_GPU()                                              \
-    do {                                                           \
-        std::string why_;                                          \
-        if (!cuda_device_available(&why_)) GTEST_SKIP() << why_;   \
-    } while (0)
 
 const char* kFixtures[] = {"dsv41-tiny-a", "dsv4-tiny-a"};
 

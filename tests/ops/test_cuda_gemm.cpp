@@ -7,6 +7,7 @@
 // packed weights (moe_gemm_fp4.cu, "mma"), plain and gated (w1 and w3 with the SwiGLU). Also prints the fast
 // paths' TFLOP/s at M=16384 (and the experts at T=4096 and 16384 tokens). Skipped without a GPU; lines
 // starting with "PARITY" are collected by tools/gpu/check.sh.
+#include "cuda_test_util.h"
 #include "model/model.h"
 #include "model/model_weights.h"
 #include "ops/cuda/cuda_backend.h"
@@ -29,12 +30,6 @@ using namespace peregrine;
 using namespace peregrine::cuda;
 
 namespace {
-
-#define REQUIRE_GPU()                                            \
-    do {                                                         \
-        std::string why_;                                        \
-        if (!cuda_device_available(&why_)) GTEST_SKIP() << why_; \
-    } while (0)
 
 #define CK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
@@ -168,22 +163,6 @@ void compare_tol(const std::vector<float>& fast, const std::vector<float>& exact
 
 void compare(const std::vector<float>& fast, const std::vector<float>& exact, bool rounded, const std::string& what) {
     compare_tol(fast, exact, rounded ? 0x1p-7f * 1.0001f : 1e-5f, 1e-5f, what);
-}
-
-double elapsed_ms(const std::function<void()>& f, int reps) {
-    f();  // warm-up (scratch growth, cuBLAS heuristics)
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    cudaEventRecord(a, 0);
-    for (int i = 0; i < reps; ++i) f();
-    cudaEventRecord(b, 0);
-    cudaEventSynchronize(b);
-    float ms = 0.0f;
-    cudaEventElapsedTime(&ms, a, b);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    return ms / reps;
 }
 
 struct DenseShape {
@@ -464,7 +443,7 @@ TEST(CudaGemm, FastPathThroughputAtPrefillSize) {
         const Weight w = make_weight(sh.kind, sh.w_bf16, sh.K, sh.N, seed++);
         const Acts a = make_acts(M, w.d, seed++);
         auto y = device_alloc(sizeof(float) * M * sh.N);
-        const double ms = elapsed_ms([&] { linear_cublas(a.xp(), a.xsp(), M, w.d, static_cast<float*>(y.get()), nullptr, nullptr); }, 3);
+        const double ms = peregrine::test::device_ms([&] { linear_cublas(a.xp(), a.xsp(), M, w.d, static_cast<float*>(y.get()), nullptr, nullptr); }, 3);
         ASSERT_EQ(cudaGetLastError(), cudaSuccess);
         std::printf("PARITY gemm %-44s M=%lld %8.3f ms %7.1f TFLOP/s\n", sh.name, static_cast<long long>(M), ms,
                     2.0 * M * sh.N * sh.K / (ms * 1e-3) / 1e12);
@@ -490,18 +469,18 @@ TEST(CudaGemm, FastPathThroughputAtPrefillSize) {
             for (bool grouped : {true, false}) {
                 linear_cublas_use_grouped(grouped);
                 const bool used = linear_cublas_grouped();
-                const double ms = elapsed_ms([&] { linear_cublas(a.xp(), a.xsp(), P, ex->d, static_cast<float*>(y.get()), &ex->t, &g.r); }, 3);
+                const double ms = peregrine::test::device_ms([&] { linear_cublas(a.xp(), a.xsp(), P, ex->d, static_cast<float*>(y.get()), &ex->t, &g.r); }, 3);
                 ASSERT_EQ(cudaGetLastError(), cudaSuccess);
                 line(name, used ? "grouped" : "loop", ms, flop);
             }
-            const double ms = elapsed_ms([&] { fp4_grouped_linear(a.xp(), a.xsp(), P, 1, kExperts, ex->d, ex->t, g.r, static_cast<float*>(y.get())); }, 5);
+            const double ms = peregrine::test::device_ms([&] { fp4_grouped_linear(a.xp(), a.xsp(), P, 1, kExperts, ex->d, ex->t, g.r, static_cast<float*>(y.get())); }, 5);
             ASSERT_EQ(cudaGetLastError(), cudaSuccess);
             line(name, "mma", ms, flop);
         }
         const Acts a = make_acts(T, w1.d, seed++);  // token rows, read by pair p as row p / top-k
         auto rw = device_alloc(sizeof(float) * P), out = device_alloc(sizeof(float) * P * w1.d.out);
         fill_random_bf16(static_cast<float*>(rw.get()), P, seed++);
-        const double ms = elapsed_ms([&] {
+        const double ms = peregrine::test::device_ms([&] {
             fp4_grouped_swiglu(a.xp(), a.xsp(), P, kTopK, kExperts, w1.d, w1.t, w3, g.r, static_cast<const float*>(rw.get()), 10.0f,
                                static_cast<float*>(out.get()));
         }, 5);

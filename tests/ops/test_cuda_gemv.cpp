@@ -3,6 +3,7 @@
 // expert loads, the grouped wo_a). Outputs may differ only by the fp32 summation order before the same bf16
 // rounding: |d| <= 1e-2 |ref| + 1e-5 max|ref|, and bf16 outputs mostly bit-equal. At M = 8 each case also
 // prints the achieved weight bandwidth. Lines starting with "PARITY" are collected by tools/gpu/check.sh.
+#include "cuda_test_util.h"
 #include "ops/backend.h"
 #include "ops/cuda/kernels.h"
 
@@ -21,12 +22,6 @@ using namespace peregrine;
 using namespace peregrine::cuda;
 
 namespace {
-
-#define REQUIRE_GPU()                                              \
-    do {                                                           \
-        std::string why_;                                          \
-        if (!cuda_device_available(&why_)) GTEST_SKIP() << why_;   \
-    } while (0)
 
 #define CK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
@@ -228,29 +223,11 @@ Routing make_routing(const std::vector<int32_t>& sel, int E) {
     return rt;
 }
 
-// Milliseconds per call of fn (a few warm-up calls, then reps timed with events).
-template <typename F>
-double time_ms(F&& fn, int reps = 20) {
-    for (int i = 0; i < 3; ++i) fn();
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    cudaEventRecord(a, 0);
-    for (int i = 0; i < reps; ++i) fn();
-    cudaEventRecord(b, 0);
-    cudaEventSynchronize(b);
-    float ms = 0.0f;
-    cudaEventElapsedTime(&ms, a, b);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    return ms / reps;
-}
-
-// GEMV variants checked and timed in one run: the pipelined one (no tag), the first kernel ("[v1]") and
-// the tensor-core one ("[v3]", FP8/FP4 only: skipped where it does not apply). The default picks 3 or 1.
-const int kVariants[] = {2, 1, 3};
-bool variant_applies(int v, const LinearDev& l) { return v != 3 || linear_gemv_mma_supported(l); }
-std::string variant_tag(int v) { return v == 2 ? "" : " [v" + std::to_string(v) + "]"; }
+// GEMV variants checked and timed in one run: the default (no tag: the tensor-core kernel for FP8/FP4, the
+// CUDA-core one for the rest) and the CUDA-core kernel everywhere ("[v1]", where it differs from the default).
+const int kVariants[] = {3, 1};
+bool variant_applies(int v, const LinearDev& l) { return v != 1 || linear_gemv_mma_supported(l); }
+std::string variant_tag(int v) { return v == 3 ? "" : " [v1]"; }
 struct VariantScope {
     int before;
     explicit VariantScope(int v) : before(linear_gemv_variant()) { linear_gemv_set_variant(v); }
@@ -325,7 +302,7 @@ TEST(CudaGemv, DenseMatchesExactAtRealShapes) {
                 const std::vector<float> first = to_host(yf, n);
                 compare(first, to_host(ye, n), s.kind != 0, s.name + variant_tag(v) + " M=" + std::to_string(M));
                 if (M == 8) {
-                    const double ms = time_ms([&] { linear_gemv(a.xp, a.sp, M, l, yf.as<float>(), nullptr, nullptr); });
+                    const double ms = peregrine::test::device_ms([&] { linear_gemv(a.xp, a.sp, M, l, yf.as<float>(), nullptr, nullptr); }, 20, 3);
                     CK(cudaDeviceSynchronize());
                     // Repeated calls (reused split scratch and tickets) give the same bits.
                     EXPECT_EQ(std::memcmp(first.data(), to_host(yf, n).data(), n * sizeof(float)), 0) << s.name;
@@ -381,7 +358,7 @@ void check_routed(const Shape& s, int E, int distinct, int top_k, uint64_t seed)
                     std::vector<char> used(static_cast<size_t>(distinct), 0);
                     for (int32_t e : sel) used[static_cast<size_t>(e % distinct)] = 1;
                     const double touched = static_cast<double>(std::count(used.begin(), used.end(), 1));
-                    const double ms = time_ms([&] { linear_gemv(a.xp, a.sp, pairs, l, yf.as<float>(), &ex, &rt.r); });
+                    const double ms = peregrine::test::device_ms([&] { linear_gemv(a.xp, a.sp, pairs, l, yf.as<float>(), &ex, &rt.r); }, 20, 3);
                     CK(cudaDeviceSynchronize());
                     EXPECT_EQ(std::memcmp(first.data(), to_host(yf, n).data(), n * sizeof(float)), 0) << what;
                     report_speed(what, ms, touched * static_cast<double>(weight_bytes(s) + scale_bytes(s)));

@@ -5,6 +5,7 @@
 // without tokens); also V4 HCA's every-visible-entry lists and the window K=V store. Then the indexer layer's path with either table (scores, bf16 key gather, top-k, key
 // lists, sparse attention) gives bit-identical results. Prints the host and device time of the tables.
 // Skipped without a GPU; "PARITY" lines are collected by tools/gpu/check.sh.
+#include "cuda_test_util.h"
 #include "model/model.h"
 #include "ops/attention_plan.h"
 #include "ops/backend.h"
@@ -30,29 +31,6 @@ using namespace peregrine;
 using cuda::CudaBackend;
 
 namespace {
-
-#define REQUIRE_GPU()                                            \
-    do {                                                         \
-        std::string why_;                                        \
-        if (!cuda_device_available(&why_)) GTEST_SKIP() << why_; \
-    } while (0)
-
-float time_ms(const std::function<void()>& f) {
-    f();
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    cudaEventRecord(a, 0);
-    f();
-    cudaEventRecord(b, 0);
-    cudaEventSynchronize(b);
-    float ms = 0.0f;
-    cudaEventElapsedTime(&ms, a, b);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-    return ms;
-}
 
 double host_ms(const std::function<void()>& f) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -244,7 +222,7 @@ void timing(const Model4& m, Step& st, const std::string& what) {
     });
     auto paged = cuda::upload_paged_step(m.layout, st.batch);
     std::vector<int64_t> rb;
-    const float ms_dev = time_ms([&] {
+    const float ms_dev = peregrine::test::device_ms([&] {
         auto k = cuda::device_entry_table(paged.seqs, st.batch, L.index_k, info.ratio, rb);
         auto c = cuda::device_entry_table(paged.seqs, st.batch, L.comp, info.ratio, rb);
         auto w = cuda::device_window_table(paged.seqs, L.window, T, W, true);

@@ -5,6 +5,7 @@
 // masked (null) entries. 8 and 40 queries take the split-key path (decode), 256 and 4096 one CTA per query.
 // Prints one PARITY line per size with the device times and the effective rate of the key reads.
 // Skipped without a GPU.
+#include "cuda_test_util.h"
 #include "ops/backend.h"
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/kernels.h"
@@ -24,30 +25,6 @@ using namespace peregrine;
 using cuda::CudaBackend;
 
 namespace {
-
-#define REQUIRE_GPU()                                            \
-    do {                                                         \
-        std::string why_;                                        \
-        if (!cuda_device_available(&why_)) GTEST_SKIP() << why_; \
-    } while (0)
-
-// Device milliseconds of one call (after a warm-up call), by CUDA events.
-float time_ms(const std::function<void()>& f) {
-    f();
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    cudaEventRecord(a, 0);
-    f();
-    cudaEventRecord(b, 0);
-    cudaEventSynchronize(b);
-    float ms = 0.0f;
-    cudaEventElapsedTime(&ms, a, b);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
-    return ms;
-}
 
 std::vector<float> host(const float* p, size_t n) {
     std::vector<float> v(n);
@@ -111,10 +88,10 @@ TEST(CudaSparseAttention, TensorCoresMatchExactKernel) {
         Tensor om = CudaBackend::empty(DType::F32, {T, H, Dh}), oe = CudaBackend::empty(DType::F32, {T, H, Dh});
         const size_t ws_bytes = cuda::sparse_attention_mma_workspace(T, H, Dh, maxk);
         auto ws = cuda::device_alloc(ws_bytes);
-        const float ms_mma = time_ms([&] {
+        const float ms_mma = peregrine::test::device_ms([&] {
             cuda::sparse_attention_mma(qd.ptr, T, H, Dh, scale, sd.ptr, keys_d.ptr, cnt_d.ptr, maxk, om.f32(), ws.get());
         });
-        const float ms_exact = time_ms([&] {
+        const float ms_exact = peregrine::test::device_ms([&] {
             cuda::sparse_attention(qd.ptr, T, H, Dh, scale, sd.ptr, keys_d.ptr, cnt_d.ptr, maxk, oe.f32(), true);
         });
         const auto a = host(om.f32(), static_cast<size_t>(T * H * Dh)), b = host(oe.f32(), static_cast<size_t>(T * H * Dh));

@@ -51,10 +51,9 @@ void expert_tiles(const int32_t* sel, int64_t n, int E, int mt, int32_t* row_map
 bool linear_gemv_supported(const LinearDev& w);
 void linear_gemv(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
                  const LinearRouting* routing);
-// Kernel variant: 0 (default) the tensor-core one for FP8/FP4 and 1 for the rest; 1 the first (register double
-// buffer, a block per 32-row group, separate split reduction); 2 the cp.async-pipelined one; 3 the tensor-core
-// one (linear_gemv_mma.cu) where it applies (FP8/FP4; else 2). Env PEREGRINE_GEMV=1|2|3 selects at start;
-// tests A/B them in one run.
+// Kernel variant: 3 (default) the tensor-core one (linear_gemv_mma.cu) for FP8/FP4 and 1 for the rest; 1 the
+// CUDA-core one (register double buffer, a block per 32-row group, separate split reduction) everywhere.
+// Env PEREGRINE_GEMV=1 selects 1 at start; tests A/B both in one run.
 void linear_gemv_set_variant(int v);
 int linear_gemv_variant();
 // ---- linear_gemv_mma.cu (variant 3): FP8/FP4 decode GEMV on mma.sync e4m3 (same contract as linear_gemv).

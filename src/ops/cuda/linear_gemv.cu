@@ -8,10 +8,9 @@
 // fill HBM. Products are exact (e4m3 x e4m3/e2m1 and the power-of-two scales); only the fp32 summation
 // order differs from the exact kernels, before the same bf16 rounding.
 //
-// Two variants of this scheme live here (linear_gemv_set_variant, PEREGRINE_GEMV=1|2|3; the tensor-core one,
-// variant 3, is in linear_gemv_mma.cu): 1, a block per 32-row group with a register double buffer and a
-// separate split reduction kernel, and 2, a cp.async-pipelined one described at gemv_pipelined_kernel. By
-// default FP8/FP4 take variant 3 and the other formats variant 1 (see launch_rows).
+// This is variant 1 (a block per 32-row group, a register double buffer, a separate split reduction kernel).
+// FP8/FP4 take variant 3, the tensor-core one in linear_gemv_mma.cu, unless PEREGRINE_GEMV=1 or
+// linear_gemv_set_variant(1) asks for this kernel everywhere (see launch_rows).
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/kernels.h"
@@ -272,277 +271,6 @@ __global__ void gemv_reduce_kernel(const float* partial, int splits, int64_t n, 
     y[i] = round ? round_bf16(s) : s;
 }
 
-// ---- Pipelined variant (2). Each thread streams its weight chunks through a private ring of kStages
-// 16-byte slots per row in shared memory (cp.async, no registers held by loads in flight), a block walks
-// several 32-row groups with the ring running across group boundaries, the first chunks are requested
-// before the activations are staged, and activations of the quantised formats are staged as bf16 (x times
-// its power-of-two scale is an e4m3 value times 2^k: exact in bf16), halving shared memory. A K split is
-// reduced by the last block of its outputs to arrive (an atomic ticket), in slice order.
-constexpr int kStages = 4;
-constexpr int kSlotBytes = 32 * 16;  // one 16-byte slot per lane
-constexpr int kRingBytes = kWarps * kStages * kRows * kSlotBytes;
-constexpr int kActBudget = 160 * 1024;  // activation slice budget (plus the ring: within 227 KB)
-
-// Bytes of one staged activation unit (the values of one 32-bit weight word).
-template <int F>
-__host__ __device__ constexpr int unit_bytes() {
-    return word_values<F>() * (F >= kFP8 ? 2 : 4);
-}
-
-__device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
-    return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(lo))) |
-           (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(hi))) << 16);
-}
-
-// The WV activations of unit `p` (staged as float for F32/BF16, as bf16 pairs for FP8/FP4).
-template <int F>
-__device__ __forceinline__ void load_unit(const uint8_t* p, float* a) {
-    if constexpr (F == kF32) {
-        a[0] = *reinterpret_cast<const float*>(p);
-    } else if constexpr (F == kBF16) {
-        const float2 v = *reinterpret_cast<const float2*>(p);
-        a[0] = v.x;
-        a[1] = v.y;
-    } else if constexpr (F == kFP8) {
-        const uint2 v = *reinterpret_cast<const uint2*>(p);
-        a[0] = __uint_as_float(v.x << 16);
-        a[1] = __uint_as_float(v.x & 0xffff0000u);
-        a[2] = __uint_as_float(v.y << 16);
-        a[3] = __uint_as_float(v.y & 0xffff0000u);
-    } else {
-        const uint4 v = *reinterpret_cast<const uint4*>(p);
-        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            a[2 * i] = __uint_as_float(u[i] << 16);
-            a[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-        }
-    }
-}
-
-// Block work: rows of x (a dense tile of <= MR rows or a routed tile), 32-row groups [g0, g1) and chunks
-// [c0, c1) of K. Shared memory: activations, unit (m, q, c) at ((m*4 + q)*C + c)*UB (consecutive lanes read
-// consecutive units), then the ring: thread (warp, lane), stage t, row r at ((warp*kStages + t)*kRows + r)
-// slots. Step s of a warp: group g0 + s / iters, chunk lane + 32 * (s % iters) of the slice.
-template <int F, int MR>
-__global__ void __launch_bounds__(kThreadsPerBlock)
-    gemv_pipelined_kernel(const float* x, const float* xs, int64_t M, LinearDev w, float* y, float* partial,
-                          unsigned* counters, int splits, int mtiles, int gpb, int per, ExpertTable experts,
-                          const int32_t* row_map, const int4* tiles, const int32_t* n_tiles) {
-    constexpr int WV = word_values<F>(), VEC = chunk_values<F>(), UB = unit_bytes<F>();
-    constexpr int EB = F == kF32 ? 4 : F == kBF16 ? 2 : 1;
-    constexpr bool kScaled = F >= kFP8;
-    extern __shared__ float4 smem4[];
-    uint8_t* act = reinterpret_cast<uint8_t*>(smem4);
-    uint8_t* ring = act + static_cast<size_t>(MR) * per * 4 * UB;
-    __shared__ int64_t row_s[MR];
-    __shared__ bool last_s;
-
-    const int N = w.out, K = w.in;
-    const int groups = (N + kBlockRows - 1) / kBlockRows, nblk = (groups + gpb - 1) / gpb;
-    int bx = static_cast<int>(blockIdx.x);
-    const int mt = bx % mtiles;
-    bx /= mtiles;
-    const int split = bx % splits;
-    const int nbk = bx / splits;
-    const int g0 = nbk * gpb, g1 = min(groups, g0 + gpb);
-    int64_t m0;
-    int rows;
-    const void* wb = w.w;
-    const uint8_t* sb = w.scale;
-    if (tiles) {
-        if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
-        const int4 t = tiles[blockIdx.y];
-        wb = experts.w[t.x];
-        sb = experts.scale[t.x];
-        m0 = t.y;
-        rows = t.z;
-    } else {
-        m0 = static_cast<int64_t>(mt) * MR;
-        rows = static_cast<int>(min(static_cast<int64_t>(MR), M - m0));
-    }
-    const int chunks = K / VEC;
-    const int c0 = split * per, C = min(chunks, c0 + per) - c0;  // > 0: the launch makes no empty slice
-    const int iters = (C + 31) / 32, steps = (g1 - g0) * iters;
-
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t row_bytes = static_cast<int64_t>(K) * EB / (F == kFP4 ? 2 : 1);
-    const uint8_t* wbase = static_cast<const uint8_t*>(wb) + static_cast<int64_t>(c0) * 16;
-    uint8_t* my_ring = ring + (warp * kStages * kRows * 32 + lane) * 16;
-    // Requests step s's chunks (rows past N read row N-1, discarded); one commit group per step, empty or not.
-    auto issue = [&](int s) {
-        if (s < steps) {
-            const int gi = s / iters, c = lane + 32 * (s - gi * iters);
-            if (c < C) {
-                const int nw = (g0 + gi) * kBlockRows + warp * kRows;
-                uint8_t* slot = my_ring + (s % kStages) * kRows * kSlotBytes;
-#pragma unroll
-                for (int r = 0; r < kRows; ++r)
-                    cp_async16(slot + r * kSlotBytes, wbase + static_cast<int64_t>(min(nw + r, N - 1)) * row_bytes +
-                                                          static_cast<int64_t>(c) * 16);
-            }
-        }
-        cp_async_commit();
-    };
-#pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) issue(s);
-
-    if (threadIdx.x < MR)
-        row_s[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? (row_map ? row_map[m0 + threadIdx.x] : m0 + threadIdx.x) : 0;
-    __syncthreads();
-
-    // Stage the activations (times their scales) of the block's rows and K slice, one unit per thread and
-    // pass (a unit lies inside one activation block: WV <= 8 divides every act_block); loads are issued
-    // kBatch units at a time (they come from L2) before the conversions and stores.
-    const int ab = kScaled ? w.act_block : 1, units = rows * C * 4;
-    constexpr int kBatch = 4, LV = WV < 4 ? 1 : WV / 4;  // float4s per unit (F32/BF16: one partial load)
-    for (int u0 = threadIdx.x; u0 < units; u0 += kBatch * kThreadsPerBlock) {
-        float4 v[kBatch][LV];
-        float sc[kBatch];
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i) {
-            const int u = u0 + i * kThreadsPerBlock;
-            sc[i] = 1.0f;
-            if (u < units) {
-                const int m = u / (C * 4), ul = u - m * C * 4;
-                const int64_t r = row_s[m];
-                const int k = c0 * VEC + ul * WV;  // unit ul = chunk * 4 + word: WV values from k
-                const float* src = x + r * K + k;
-                if constexpr (F == kF32) {
-                    v[i][0].x = *src;
-                } else if constexpr (F == kBF16) {
-                    const float2 t2 = *reinterpret_cast<const float2*>(src);
-                    v[i][0].x = t2.x;
-                    v[i][0].y = t2.y;
-                } else {
-#pragma unroll
-                    for (int j = 0; j < LV; ++j) v[i][j] = *reinterpret_cast<const float4*>(src + 4 * j);
-                    sc[i] = xs[r * (K / ab) + k / ab];
-                }
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i) {
-            const int u = u0 + i * kThreadsPerBlock;
-            if (u >= units) continue;
-            const int m = u / (C * 4), ul = u - m * C * 4, c = ul >> 2, q = ul & 3;
-            uint8_t* dst = act + ((m * 4 + q) * C + c) * UB;
-            if constexpr (F == kF32) {
-                *reinterpret_cast<float*>(dst) = v[i][0].x;
-            } else if constexpr (F == kBF16) {
-                *reinterpret_cast<float2*>(dst) = make_float2(v[i][0].x, v[i][0].y);
-            } else {
-                const float s0 = sc[i];
-                const uint32_t p0 = bf16_pair(v[i][0].x * s0, v[i][0].y * s0), p1 = bf16_pair(v[i][0].z * s0, v[i][0].w * s0);
-                if constexpr (F == kFP8) {
-                    *reinterpret_cast<uint2*>(dst) = make_uint2(p0, p1);
-                } else {
-                    const float4 t = v[i][LV - 1];
-                    *reinterpret_cast<uint4*>(dst) = make_uint4(p0, p1, bf16_pair(t.x * s0, t.y * s0), bf16_pair(t.z * s0, t.w * s0));
-                }
-            }
-        }
-    }
-    __syncthreads();
-
-    const int wblk = F == kFP8 ? w.weight_block : 32, nkb = (K + wblk - 1) / wblk;
-    float acc[kRows][MR];
-#pragma unroll
-    for (int r = 0; r < kRows; ++r)
-#pragma unroll
-        for (int m = 0; m < MR; ++m) acc[r][m] = 0.0f;
-
-    for (int s = 0; s < steps; ++s) {
-        cp_async_wait<kStages - 2>();  // this thread's step s has landed
-        const int gi = s / iters, it = s - gi * iters, c = lane + 32 * it;
-        const int nw = (g0 + gi) * kBlockRows + warp * kRows;
-        uint4 cur[kRows];
-        if (c < C) {
-            const uint8_t* slot = my_ring + (s % kStages) * kRows * kSlotBytes;
-#pragma unroll
-            for (int r = 0; r < kRows; ++r) cur[r] = *reinterpret_cast<const uint4*>(slot + r * kSlotBytes);
-        }
-        issue(s + kStages - 1);  // into the slot read at step s - 1
-        if (c < C) {
-            float part[kRows][MR];
-#pragma unroll
-            for (int r = 0; r < kRows; ++r)
-#pragma unroll
-                for (int m = 0; m < MR; ++m) part[r][m] = 0.0f;
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                float wf[kRows][WV];
-#pragma unroll
-                for (int r = 0; r < kRows; ++r) {
-                    const uint32_t word = q == 0 ? cur[r].x : q == 1 ? cur[r].y : q == 2 ? cur[r].z : cur[r].w;
-                    decode_word<F>(word, wf[r]);
-                }
-#pragma unroll
-                for (int m = 0; m < MR; ++m) {
-                    if (m >= rows) break;
-                    float a[WV];
-                    load_unit<F>(act + ((m * 4 + q) * C + c) * UB, a);
-#pragma unroll
-                    for (int r = 0; r < kRows; ++r)
-#pragma unroll
-                        for (int i = 0; i < WV; ++i) part[r][m] = __fmaf_rn(wf[r][i], a[i], part[r][m]);
-                }
-            }
-            // Fold the chunk in after its weight scale (FP4: times the 2^6 of the decode).
-            const int kb = (c0 + c) * VEC / wblk;
-#pragma unroll
-            for (int r = 0; r < kRows; ++r) {
-                float sc = 1.0f;
-                if constexpr (F == kFP8) sc = e8m0_to_f32(__ldg(sb + static_cast<int64_t>(min(nw + r, N - 1) / wblk) * nkb + kb));
-                if constexpr (F == kFP4) sc = e8m0_to_f32(__ldg(sb + static_cast<int64_t>(min(nw + r, N - 1)) * (K / 32) + kb)) * 64.0f;
-#pragma unroll
-                for (int m = 0; m < MR; ++m) {
-                    if (m >= rows) break;
-                    acc[r][m] = kScaled ? __fmaf_rn(part[r][m], sc, acc[r][m]) : acc[r][m] + part[r][m];
-                }
-            }
-        }
-        if (it == iters - 1) {  // the group's last step (warp-uniform): reduce over lanes, write, restart
-#pragma unroll
-            for (int r = 0; r < kRows; ++r)
-#pragma unroll
-                for (int m = 0; m < MR; ++m) {
-                    if (m >= rows) break;
-                    float v = acc[r][m];
-                    acc[r][m] = 0.0f;
-#pragma unroll
-                    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-                    const int n = nw + r;
-                    if (lane == (r * MR + m) % 32 && n < N) {
-                        const int64_t idx = row_s[m] * N + n;
-                        if (splits > 1) partial[static_cast<int64_t>(split) * M * N + idx] = v;
-                        else y[idx] = w.kind == 0 ? v : round_bf16(v);
-                    }
-                }
-        }
-    }
-    cp_async_wait<0>();
-    if (splits == 1) return;
-
-    // K split: the last of the slices of these outputs to finish sums them in slice order.
-    __threadfence();
-    __syncthreads();
-    const int64_t ticket = (static_cast<int64_t>(blockIdx.y) * mtiles + mt) * nblk + nbk;
-    if (threadIdx.x == 0) last_s = atomicAdd(counters + ticket, 1u) == static_cast<unsigned>(splits - 1);
-    __syncthreads();
-    if (!last_s) return;
-    __threadfence();
-    const int n0 = g0 * kBlockRows, width = min(N, g1 * kBlockRows) - n0;
-    for (int i = threadIdx.x; i < rows * width; i += kThreadsPerBlock) {
-        const int m = i / width;
-        const int64_t o = row_s[m] * N + n0 + (i - m * width);
-        float v = __ldcg(partial + o);
-        for (int k = 1; k < splits; ++k) v += __ldcg(partial + static_cast<int64_t>(k) * M * N + o);
-        y[o] = w.kind == 0 ? v : round_bf16(v);
-    }
-    if (threadIdx.x == 0) counters[ticket] = 0;  // ready for the next call
-}
-
 int stored_format(const LinearDev& w) {
     if (w.kind == 0) return w.w_bf16 ? kBF16 : kF32;
     return w.kind;
@@ -610,66 +338,11 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     }
 }
 
-template <int F, int MR>
-void launch_pipelined(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
-                      const ExpertTable* experts, const LinearRouting* routing) {
-    constexpr int VEC = chunk_values<F>();
-    const int N = w.out, chunks = w.in / VEC, groups = (N + kBlockRows - 1) / kBlockRows;
-    const int mtiles = routing ? 1 : static_cast<int>((M + MR - 1) / MR);
-    const int64_t tiles = routing ? std::min<int64_t>(routing->max_tiles, M) : 1;
-    if (tiles > 65535) fail("linear_gemv: {} routed tiles exceed the grid limit", tiles);
-    const int chunk_act = MR * 4 * unit_bytes<F>();  // staged activation bytes per chunk of K
-    const int max_chunks_smem = kActBudget / chunk_act;
-    const int min_splits = (chunks + max_chunks_smem - 1) / max_chunks_smem;
-    // Aim for ~4 blocks per SM: with many (tile, group) pairs a block takes several groups over a whole
-    // K slice (the staging is paid once for them); with few, one group per block and K split instead.
-    const int64_t base = static_cast<int64_t>(mtiles) * tiles, want = 4 * static_cast<int64_t>(sm_count());
-    int splits, gpb;
-    if (base * groups >= want) {
-        splits = min_splits;
-        const int64_t nblk = std::clamp<int64_t>((want + base * splits - 1) / (base * splits), 1, groups);
-        gpb = static_cast<int>((groups + nblk - 1) / nblk);
-    } else {
-        gpb = 1;
-        const int64_t wanted = (want + base * groups - 1) / (base * groups);
-        const int max_splits = std::max(min_splits, std::min(chunks / 32, 32));
-        splits = static_cast<int>(std::clamp<int64_t>(wanted, min_splits, max_splits));
-    }
-    // Slices of whole rounds of 32 chunks where shared memory allows (every lane busy), none empty.
-    int per = (chunks + splits - 1) / splits;
-    if (per > 32 && (per + 31) / 32 * 32 <= max_chunks_smem) per = (per + 31) / 32 * 32;
-    splits = (chunks + per - 1) / per;
-    const int nblk = (groups + gpb - 1) / gpb;
-    const size_t smem = static_cast<size_t>(per) * chunk_act + kRingBytes;
-    static const bool opted_in = [] {
-        PG_CUDA(cudaFuncSetAttribute(gemv_pipelined_kernel<F, MR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     kActBudget + kRingBytes));
-        return true;
-    }();
-    (void)opted_in;
-
-    float* partial = nullptr;
-    unsigned* counters = nullptr;
-    const int64_t gx = static_cast<int64_t>(nblk) * splits * mtiles;
-    if (gx > 0x7fffffff) fail("linear_gemv: grid of {} blocks is too large", gx);
-    if (splits > 1) {
-        partial = static_cast<float*>(gemv_scratch(0, sizeof(float) * static_cast<size_t>(splits) * M * N, false));
-        counters = static_cast<unsigned*>(
-            gemv_scratch(1, sizeof(unsigned) * static_cast<size_t>(tiles) * mtiles * nblk, true));
-    }
-    dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(tiles));
-    gemv_pipelined_kernel<F, MR><<<grid, kThreadsPerBlock, smem>>>(
-        x, xs, M, w, y, partial, counters, splits, mtiles, gpb, per, experts ? *experts : ExpertTable{},
-        routing ? routing->row_map : nullptr, routing ? reinterpret_cast<const int4*>(routing->tiles) : nullptr,
-        routing ? routing->n_tiles : nullptr);
-    PG_LAUNCHED();
-}
-
 int& variant() {
     static int v = [] {
         const char* e = std::getenv("PEREGRINE_GEMV");
         const std::string v = e ? e : "";
-        return v == "1" ? 1 : v == "2" ? 2 : v == "3" ? 3 : 0;
+        return v == "1" ? 1 : 3;
     }();
     return v;
 }
@@ -678,24 +351,17 @@ template <int F>
 void launch_rows(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
                  const LinearRouting* routing) {
     const int64_t rows = routing ? routing->tile_rows : M;
-    // Default (0): the tensor-core variant for FP8/FP4, variant 1 for the rest (measured on the H200: 1.2-1.8x
-    // variant 2 on every FP8/FP4 shape; variant 1 ahead of 2 on the bf16 LM head and the grouped wo_a).
-    const int v = variant();
-    if ((v == 3 || v == 0) && linear_gemv_mma_supported(w)) {
+    // Variant 3 (default): the tensor cores for FP8/FP4, this kernel for the rest. (A cp.async-pipelined
+    // CUDA-core variant measured 1.2-1.8x slower than the tensor-core one on every FP8/FP4 shape on the H200,
+    // and slower than this one on the bf16 LM head and the grouped wo_a.)
+    if (variant() == 3 && linear_gemv_mma_supported(w)) {
         linear_gemv_mma(x, xs, M, w, y, experts, routing);
         return;
     }
-    if (v == 1 || v == 0) {
-        if (rows <= 1) launch<F, 1>(x, xs, M, w, y, experts, routing);
-        else if (rows <= 2) launch<F, 2>(x, xs, M, w, y, experts, routing);
-        else if (rows <= 4) launch<F, 4>(x, xs, M, w, y, experts, routing);
-        else launch<F, 8>(x, xs, M, w, y, experts, routing);
-        return;
-    }
-    if (rows <= 1) launch_pipelined<F, 1>(x, xs, M, w, y, experts, routing);
-    else if (rows <= 2) launch_pipelined<F, 2>(x, xs, M, w, y, experts, routing);
-    else if (rows <= 4) launch_pipelined<F, 4>(x, xs, M, w, y, experts, routing);
-    else launch_pipelined<F, 8>(x, xs, M, w, y, experts, routing);
+    if (rows <= 1) launch<F, 1>(x, xs, M, w, y, experts, routing);
+    else if (rows <= 2) launch<F, 2>(x, xs, M, w, y, experts, routing);
+    else if (rows <= 4) launch<F, 4>(x, xs, M, w, y, experts, routing);
+    else launch<F, 8>(x, xs, M, w, y, experts, routing);
 }
 
 }  // namespace
@@ -725,7 +391,7 @@ void* gemv_scratch(int which, size_t bytes, bool zero) {
 }
 
 void linear_gemv_set_variant(int v) {
-    if (v < 0 || v > 3) fail("linear_gemv: no variant {} (0: default, 1, 2, 3)", v);
+    if (v != 1 && v != 3) fail("linear_gemv: no variant {} (1: CUDA cores, 3: tensor cores for FP8/FP4)", v);
     variant() = v;
 }
 int linear_gemv_variant() { return variant(); }

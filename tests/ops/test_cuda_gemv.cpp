@@ -13,9 +13,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace peregrine;
@@ -378,4 +382,285 @@ TEST(CudaGemv, RoutedExpertsMatchExactAtRealShapes) {
     check_routed({"experts.w2 fp4 2304->5120", 3, false, 5120, 2304, 0, 32}, 384, 64, 6, 22);
     check_routed({"experts.w1 fp8 block128 4096->2048", 2, false, 2048, 4096, 128, 128}, 64, 64, 6, 23);
     check_routed({"wo_a grouped bf16 4096->1024", 1, false, 1024, 4096, 0, 0}, 8, 8, 8, 24);
+}
+
+// ---- Every GEMV variant at decode shapes, one line each for comparing them:
+//   GEMV <format> rows=<r> variant=<v> <us> us <GB/s> GB/s        (all shapes of the format together)
+//   GEMV <format>:<shape> rows=<r> variant=<v> <us> us <GB/s> GB/s max|d| <d> (<ulps> bf16 ulp) [fused==unfused]
+// Variants: 1 CUDA cores, 3 tensor cores (the default for FP8/FP4), "3+q" the same with act_quant's launch
+// (what a linear costs today), 4/5/6 the streaming kernels on quantised activations and "4f"/"5f"/"6f" the
+// same quantising the activations themselves (must equal 4/5/6 bit for bit). Each is checked against the exact
+// kernel: |d| <= one bf16 ulp of the output (+ 1e-5 max|ref| for outputs near cancellation). Bytes: the
+// weights and scales a call reads (active experts only); timed over copies of the weights (or rotating expert
+// sets) larger than L2, after a warm-up. PEREGRINE_GEMV_SWEEP_ROWS="1,8" narrows the rows.
+namespace {
+
+struct SweepShape {
+    std::string format, name;
+    Shape s;
+};
+
+std::vector<int> sweep_rows() {
+    std::vector<int> r = {1, 2, 4, 8, 16, 32};
+    if (const char* e = std::getenv("PEREGRINE_GEMV_SWEEP_ROWS")) {
+        r.clear();
+        for (const char* p = e; *p;) {
+            char* end = nullptr;
+            const long v = std::strtol(p, &end, 10);
+            if (end == p) break;
+            if (v > 0 && v <= 32) r.push_back(static_cast<int>(v));
+            p = *end ? end + 1 : end;
+        }
+    }
+    return r;
+}
+
+// One bf16 ulp at |v| (normal range).
+float bf16_ulp(float v) {
+    int e = 0;
+    std::frexp(std::max(std::fabs(v), 1e-30f), &e);  // |v| in [2^(e-1), 2^e)
+    return std::ldexp(1.0f, e - 1 - 7);
+}
+
+struct Diff {
+    float max_abs = 0.0f, max_ulps = 0.0f;
+    size_t bad = 0;
+};
+Diff ulp_diff(const std::vector<float>& fast, const std::vector<float>& exact) {
+    Diff d;
+    float emax = 0.0f;
+    for (float v : exact) emax = std::max(emax, std::fabs(v));
+    for (size_t i = 0; i < fast.size(); ++i) {
+        const float a = std::fabs(fast[i] - exact[i]);
+        const float ulp = bf16_ulp(std::max(std::fabs(fast[i]), std::fabs(exact[i])));
+        if (!(a <= ulp + 1e-5f * emax)) ++d.bad;
+        if (!(a <= d.max_abs)) d.max_abs = a;
+        d.max_ulps = std::max(d.max_ulps, a / ulp);
+    }
+    return d;
+}
+
+struct Total {
+    double us = 0.0, bytes = 0.0;
+};
+
+// Runs one (shape, rows) case for every variant: `call(v, fused, yf)` runs variant v (1, 3, 4, 5, 6) once;
+// `quant()` is act_quant (for "3+q"); `use(i)` selects weight copy / expert set i (0: the one `exact` was
+// computed with); bytes per call.
+using CallFn = std::function<void(int v, bool fused, float* y)>;
+void sweep_case(const SweepShape& sh, int rows, bool scaled, const std::vector<float>& exact, size_t n,
+                const CallFn& call, const std::function<void()>& quant, const std::function<void(int)>& use, double bytes,
+                std::map<std::string, Total>& totals) {
+    Buf yf(n * sizeof(float));
+    std::vector<std::pair<std::string, std::pair<int, bool>>> variants = {{"1", {1, false}}};
+    if (scaled) {
+        variants.push_back({"3", {3, false}});
+        variants.push_back({"3+q", {3, false}});
+    }
+    for (int v : {4, 5, 6}) {
+        variants.push_back({std::to_string(v), {v, false}});
+        if (scaled) variants.push_back({std::to_string(v) + "f", {v, true}});
+    }
+    std::map<int, std::vector<float>> unfused;
+    for (const auto& [tag, vf] : variants) {
+        const auto [v, fused] = vf;
+        ASSERT_EQ(cudaMemset(yf.p, 0xff, n * sizeof(float)), cudaSuccess);  // NaN: an unwritten output fails
+        use(0);
+        call(v, fused, yf.as<float>());
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << sh.name << " variant " << tag;
+        const std::vector<float> got = to_host(yf, n);
+        const Diff d = ulp_diff(got, exact);
+        EXPECT_EQ(d.bad, 0u) << sh.name << " rows=" << rows << " variant=" << tag << ": " << d.bad << " of " << n
+                             << " outputs beyond one bf16 ulp, max|d| " << d.max_abs;
+        std::string same;
+        if (v >= 4 && !fused) unfused[v] = got;
+        if (v >= 4 && fused) {
+            const bool eq = std::memcmp(got.data(), unfused[v].data(), n * sizeof(float)) == 0;
+            EXPECT_TRUE(eq) << sh.name << " rows=" << rows << ": variant " << v << " fused differs from quantise-then-GEMV";
+            same = eq ? " fused==unfused" : " FUSED!=UNFUSED";
+        }
+        const bool with_quant = tag == "3+q";
+        int i = 0;
+        const double ms = peregrine::test::device_ms(
+            [&] {
+                use(++i);
+                if (with_quant) quant();
+                call(v, fused, yf.as<float>());
+            },
+            24, 3);
+        // Repeated calls (reused split scratch and tickets) give the same bits.
+        use(0);
+        call(v, fused, yf.as<float>());
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(std::memcmp(got.data(), to_host(yf, n).data(), n * sizeof(float)), 0)
+            << sh.name << " rows=" << rows << " variant=" << tag << ": not repeatable";
+        const double us = ms * 1e3, gbs = bytes / (ms * 1e-3) / 1e9;
+        std::printf("GEMV %s:%s rows=%d variant=%s %.1f us %.0f GB/s max|d| %.3g (%.2f bf16 ulp)%s\n", sh.format.c_str(),
+                    sh.name.c_str(), rows, tag.c_str(), us, gbs, d.max_abs, d.max_ulps, same.c_str());
+        std::printf("PARITY gemv-sweep %s:%s rows=%d variant=%s max|d| %.3g bad %zu\n", sh.format.c_str(), sh.name.c_str(),
+                    rows, tag.c_str(), d.max_abs, d.bad);
+        Total& t = totals[sh.format + " rows=" + std::to_string(rows) + " variant=" + tag];
+        t.us += us;
+        t.bytes += bytes;
+    }
+}
+
+void print_totals(const std::map<std::string, Total>& totals) {
+    for (const auto& [key, t] : totals)
+        std::printf("GEMV %s %.1f us %.0f GB/s\n", key.c_str(), t.us, t.bytes / (t.us * 1e-6) / 1e9);
+    std::fflush(stdout);
+}
+
+// Dense: weights copied until the copies exceed L2 several times over; call i uses copy i % copies.
+void sweep_dense(const SweepShape& sh, uint64_t seed, std::map<std::string, Total>& totals) {
+    const Shape& s = sh.s;
+    DevWeight first = make_weight(s, seed);
+    ASSERT_TRUE(first.w->p) << sh.name;
+    const size_t wb = weight_bytes(s), sb = scale_bytes(s);
+    const int copies = static_cast<int>(std::clamp<size_t>((256u << 20) / (wb + sb) + 1, 1, 64));
+    std::vector<DevWeight> ws;
+    ws.push_back(std::move(first));
+    for (int c = 1; c < copies; ++c) {
+        DevWeight d;
+        d.w = std::make_unique<Buf>(wb);
+        ASSERT_TRUE(d.w->p);
+        ASSERT_EQ(cudaMemcpy(d.w->p, ws[0].w->p, wb, cudaMemcpyDeviceToDevice), cudaSuccess);
+        if (sb) {
+            d.scale = std::make_unique<Buf>(sb);
+            ASSERT_EQ(cudaMemcpy(d.scale->p, ws[0].scale->p, sb, cudaMemcpyDeviceToDevice), cudaSuccess);
+        }
+        ws.push_back(std::move(d));
+    }
+    const bool scaled = s.kind >= 2;
+    for (int rows : sweep_rows()) {
+        Acts a = make_acts(s, rows, seed + rows);
+        const size_t n = static_cast<size_t>(rows) * s.out;
+        Buf ye(n * sizeof(float));
+        LinearDev l = dev_linear(s, ws[0]);
+        l.bf16_acts = s.kind == 1;
+        linear_tiled(a.xp, a.sp, rows, l, ye.as<float>(), nullptr, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> exact = to_host(ye, n);
+        int cur = 0;
+        Buf xq(static_cast<size_t>(rows) * s.in * sizeof(float)), xs(static_cast<size_t>(rows) * (s.in / 32 + 1) * sizeof(float));
+        auto call = [&](int v, bool fused, float* y) {
+            LinearDev lc = l;
+            lc.w = ws[cur].w->p;
+            lc.scale = ws[cur].scale ? ws[cur].scale->as<uint8_t>() : nullptr;
+            if (v >= 4) {
+                linear_gemv_stream(v, fused ? a.x->as<float>() : a.xp, fused ? nullptr : a.sp, rows, lc, y, nullptr, nullptr);
+            } else {
+                VariantScope scope(v);
+                linear_gemv(a.xp, a.sp, rows, lc, y, nullptr, nullptr);
+            }
+        };
+        auto quant = [&] {
+            if (scaled) act_quant(a.x->as<float>(), rows, s.in, s.act_block, xq.as<float>(), xs.as<float>());
+        };
+        auto use = [&](int i) { cur = i % copies; };
+        sweep_case(sh, rows, scaled, exact, n, call, quant, use, static_cast<double>(wb + sb), totals);
+    }
+}
+
+// Routed over E experts, each its own memory, with up to 8 expert selections per token count rotated per timed
+// call. mode 0 balanced (pairs spread over consecutive experts from a shifted start: one row per expert while
+// pairs <= E), 1 skewed (60% of the pairs to one expert), 2 grouped (pair i to group i % G of copy k: the
+// grouped wo_a, G = top_k groups, E / G copies).
+void sweep_routed(const SweepShape& sh, int E, int top_k, int mode, uint64_t seed, std::map<std::string, Total>& totals) {
+    const Shape& s = sh.s;
+    const size_t wb = weight_bytes(s), sb = scale_bytes(s);
+    std::vector<DevWeight> pool;  // a few random contents, copied to every expert's own memory
+    for (int i = 0; i < 4; ++i) {
+        pool.push_back(make_weight(s, seed * 100 + i));
+        ASSERT_TRUE(pool.back().w->p) << sh.name << ": out of device memory";
+    }
+    std::vector<DevWeight> ex(static_cast<size_t>(E));
+    std::vector<const void*> ptrs(2 * static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) {
+        ex[e].w = std::make_unique<Buf>(wb);
+        ASSERT_TRUE(ex[e].w->p) << sh.name << ": out of device memory";
+        ASSERT_EQ(cudaMemcpy(ex[e].w->p, pool[e % 4].w->p, wb, cudaMemcpyDeviceToDevice), cudaSuccess);
+        if (sb) {
+            ex[e].scale = std::make_unique<Buf>(sb);
+            ASSERT_TRUE(ex[e].scale->p) << sh.name << ": out of device memory";
+            // Scales from another pool entry than the weights, so that more experts differ.
+            ASSERT_EQ(cudaMemcpy(ex[e].scale->p, pool[(e / 4) % 4].scale->p, sb, cudaMemcpyDeviceToDevice), cudaSuccess);
+        }
+        ptrs[e] = ex[e].w->p;
+        ptrs[E + e] = sb ? ex[e].scale->p : nullptr;
+    }
+    BufPtr table = upload(ptrs);
+    ExpertTable et{table->as<const void* const>(), reinterpret_cast<const uint8_t* const*>(table->as<const void*>() + E)};
+    const bool scaled = s.kind >= 2;
+    LinearDev l = dev_linear(s, ex[0]);
+    l.bf16_acts = s.kind == 1;
+    for (int T : sweep_rows()) {
+        const int64_t pairs = static_cast<int64_t>(T) * top_k;
+        const int sets = mode == 2 ? std::min(8, E / top_k) : static_cast<int>(std::clamp<int64_t>(E / pairs, 1, 8));
+        std::vector<Routing> rts;
+        double mean_bytes = 0.0;
+        Rng r(seed + T);
+        for (int k = 0; k < sets; ++k) {
+            std::vector<int32_t> sel(static_cast<size_t>(pairs));
+            const int hot = static_cast<int>((3 + 17 * k) % E);
+            for (int64_t i = 0; i < pairs; ++i) {
+                if (mode == 0) sel[i] = static_cast<int32_t>((i + k * pairs) % E);
+                else if (mode == 1) sel[i] = r.next() % 10 < 6 ? hot : static_cast<int32_t>(r.next() % E);
+                else sel[i] = static_cast<int32_t>(i % top_k + top_k * k);
+            }
+            std::vector<char> used(static_cast<size_t>(E), 0);
+            for (int32_t e : sel) used[e] = 1;
+            mean_bytes += static_cast<double>(std::count(used.begin(), used.end(), 1)) * static_cast<double>(wb + sb) / sets;
+            rts.push_back(make_routing(sel, E));
+        }
+        Acts a = make_acts(s, pairs, seed + 7 * T + mode);
+        const size_t n = static_cast<size_t>(pairs) * s.out;
+        Buf ye(n * sizeof(float));
+        linear_tiled(a.xp, a.sp, pairs, l, ye.as<float>(), &et, &rts[0].r);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> exact = to_host(ye, n);
+        int cur = 0;
+        Buf xq(static_cast<size_t>(pairs) * s.in * sizeof(float)), xs(static_cast<size_t>(pairs) * (s.in / 32 + 1) * sizeof(float));
+        auto call = [&](int v, bool fused, float* y) {
+            if (v >= 4) {
+                linear_gemv_stream(v, fused ? a.x->as<float>() : a.xp, fused ? nullptr : a.sp, pairs, l, y, &et, &rts[cur].r);
+            } else {
+                VariantScope scope(v);
+                linear_gemv(a.xp, a.sp, pairs, l, y, &et, &rts[cur].r);
+            }
+        };
+        auto quant = [&] {
+            if (scaled) act_quant(a.x->as<float>(), pairs, s.in, s.act_block, xq.as<float>(), xs.as<float>());
+        };
+        auto use = [&](int i) { cur = i % sets; };
+        sweep_case(sh, T, scaled, exact, n, call, quant, use, mean_bytes, totals);
+    }
+}
+
+}  // namespace
+
+TEST(CudaGemv, VariantsAtDecodeShapes) {
+    REQUIRE_GPU();
+    std::map<std::string, Total> totals;
+    // V4.1-Flash dense FP8 projections (32x32 blocks) and the same shapes with V4's 128x128 blocks.
+    const std::pair<const char*, std::pair<int, int>> dense[] = {
+        {"wq_a", {1280, 5120}},       {"wq_b", {32768, 1280}}, {"wkv", {512, 5120}},        {"wo_b", {5120, 8192}},
+        {"idx.wq_b", {4096, 1280}},   {"shared.w1", {2304, 5120}}, {"shared.w2", {5120, 2304}},
+    };
+    uint64_t seed = 101;
+    for (int blk : {32, 128}) {
+        for (const auto& [name, nk] : dense) {
+            SweepShape sh{blk == 32 ? "fp8-32" : "fp8-128", name, {name, 2, false, nk.first, nk.second, blk, blk}};
+            sweep_dense(sh, seed++, totals);
+        }
+    }
+    // The grouped bf16 wo_a (8 groups of 4096 -> 1024, every token's 8 rows one per group; 4 copies rotated).
+    sweep_routed({"bf16-wo_a", "wo_a", {"wo_a", 1, false, 1024, 4096, 0, 0}}, 32, 8, 2, seed++, totals);
+    // Routed FP4 experts (384, top-6), balanced and skewed routing.
+    for (int mode : {0, 1}) {
+        const char* f = mode == 0 ? "fp4-balanced" : "fp4-skewed";
+        sweep_routed({f, "experts.w1", {"experts.w1", 3, false, 2304, 5120, 0, 32}}, 384, 6, mode, seed++, totals);
+        sweep_routed({f, "experts.w2", {"experts.w2", 3, false, 5120, 2304, 0, 32}}, 384, 6, mode, seed++, totals);
+    }
+    print_totals(totals);
 }

@@ -507,7 +507,8 @@ Tensor CudaBackend::project_output(Tensor& o, const AttentionWeight& w, const fl
         wg.out = R;
         wg.in = GD;
         wg.w = Tensor::view(DType::BF16, {R, GD}, wo_a, Device::CUDA);
-        Tensor oa_rows = run_linear(o.reshaped({rows, GD}), wg, &groups, &routed);
+        // o holds bf16 values (as the prefill's bf16 GEMM takes them): the bf16 tensor cores' products are exact.
+        Tensor oa_rows = run_linear(o.reshaped({rows, GD}), wg, &groups, &routed, /*bf16_acts=*/true);
         oa = oa_rows.reshaped({T, static_cast<int64_t>(G) * R});
     }
     return run_linear(oa, w.wo_b);

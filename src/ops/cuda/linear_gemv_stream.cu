@@ -1,0 +1,538 @@
+// Decode GEMV streaming weights at HBM bandwidth on the tensor cores (variants 4, 5, 6 of linear_gemv):
+// FP8 (e4m3, ue8m0 tiles of 32/64/128), FP4 (e2m1 re-encoded exactly as e4m3 x 2^-6, ue8m0 per 32) and BF16
+// weights whose activations are bf16 values (LinearDev::bf16_acts). The arithmetic is linear_gemv_mma.cu's:
+// mma.sync m16n8k32 e4m3 (m16n8k16 bf16) with 16 weight rows as A and up to 8 activation rows as B, one mma
+// per 32-value k block (16 for bf16), its fp32 sum scaled by the power-of-two product of the weight and
+// activation scales and added in fp32; the output rounded to bf16. What differs is how the bytes arrive:
+//
+// - Each warp streams its 16 rows through a ring of ST stages of CH bytes per row (CH = 128 or 256: whole
+//   128-byte lines per row and 2 or 4 rows per warp-wide copy), (ST - 1) x 16 x CH bytes in flight per warp,
+//   eight warps per CTA: 48-96 KB per SM in flight (Little's law at ~4 TB/s over 132 SMs needs ~30 KB).
+// - The weight scales of a stage come through the same ring (4-byte cp.async, issued with the stage's weights),
+//   so no load waits on global memory inside the loop.
+// - The work split (K slices x groups of 128 rows per CTA) is chosen by a small cost model over whole waves, so
+//   that the last wave is full (routed calls: the expert tiles times the row groups).
+// - The activations may come unquantised (xs == nullptr): each CTA then quantises the blocks of its K slice
+//   itself, with act_quant's arithmetic (same amax, same ue8m0 scale, same e4m3 rounding), so the staged bytes
+//   and therefore the outputs are those of act_quant followed by this kernel, and one launch disappears.
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/gemv_common.cuh"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch_check.h"
+#include "util/error.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <utility>
+
+namespace peregrine::cuda {
+
+namespace {
+
+constexpr int kBF16 = 1, kFP8 = 2, kFP4 = 3;
+constexpr int kWarps = 8, kThreads256 = kWarps * 32, kUnitRows = 16, kGroupRows = kWarps * kUnitRows;
+constexpr int kCols = 8;                  // activation rows per tile (the mma's n)
+constexpr int kStepActBytes = kCols * 32;  // staged activation bytes per mma k step (8 rows x 32 bytes)
+constexpr int kSmemMax = 226 * 1024;      // dynamic shared memory per block (sm_90 opt-in: 227 KB with the static)
+constexpr int kStageLoads = 8;            // activation float4 loads in flight per thread while staging
+
+// Geometry of a stage for format F and CH bytes per weight row.
+template <int F, int CH>
+struct Geo {
+    static_assert(CH == 128 || CH == 256, "stage width");
+    // Row stride in the ring: FP4 fragments are 4-byte reads of 8 rows (stride = 16 mod 128 spreads them over
+    // the banks), FP8/BF16 8-byte reads of 4 rows per half warp (stride = 32 mod 128).
+    static constexpr int RS = CH + (F == kFP4 ? 16 : 32);
+    static constexpr int STEPS = F == kFP4 ? CH / 16 : CH / 32;  // mma k steps per stage
+    static constexpr int SC = F == kFP4 ? kUnitRows * STEPS : F == kFP8 ? 16 : 0;  // scale bytes per slot
+    static constexpr int SLOT = kUnitRows * RS + SC;
+    static constexpr int STEP_VALUES = F == kBF16 ? 16 : 32;   // k values per mma step
+    static constexpr int STEP_W_BYTES = F == kFP4 ? 16 : 32;   // weight bytes per row per mma step
+    static constexpr int ACT_STEP = kStepActBytes + (F == kBF16 ? 0 : kCols * 4);  // + fp32 scales
+    static_assert(SLOT % 16 == 0, "cp.async destinations must stay 16-byte aligned");
+};
+
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f), "f"(0.0f), "f"(0.0f), "f"(0.0f));
+}
+// bf16 with the accumulator carried (no scales to apply between blocks).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+    return lo | (hi << 16);
+}
+__device__ __forceinline__ uint32_t bf16x2(float a, float b) {
+    return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(a))) |
+           (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(b))) << 16);
+}
+
+struct StreamArgs {
+    const float* x;   // [M, K] activations: e4m3 values (xs given), raw bf16 values (xs null, quantised here)
+    const float* xs;  // [M, K / act_block] activation scales, or null
+    int64_t M;
+    LinearDev w;
+    float* y;
+    float* partial;  // [splits][M][N] K-split partial sums
+    unsigned* counters;
+    int splits, mtiles, gpb, per;  // per: stages per K slice
+    bool scale_words;              // scale rows may be copied 4 bytes at a time (alignment checked on the host)
+    ExpertTable experts;
+    const int32_t* row_map;
+    const int4* tiles;
+    const int32_t* n_tiles;
+};
+
+// Lane (g, t) = (lane / 4, lane % 4): for every mma step its A registers hold bytes [8t, 8t+8) (FP4: the
+// 4 bytes [4t, 4t+4) = values 8t..8t+7) of weight rows g and g+8, its B registers the same k positions of
+// activation row g; the mma's k order is a permutation of the step's, the same for A and B. D values: weight
+// rows g, g+8 x activation rows 2t, 2t+1.
+template <int F, int CH, int ST, int MINB>
+__global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamArgs p) {
+    using G = Geo<F, CH>;
+    constexpr int RS = G::RS, STEPS = G::STEPS, SLOT = G::SLOT;
+    extern __shared__ float4 smem4[];
+    uint8_t* ring = reinterpret_cast<uint8_t*>(smem4);        // [warp][ST][SLOT]
+    uint8_t* act = ring + kWarps * ST * SLOT;                  // [k step][8 rows][32 bytes]
+    __shared__ int64_t row_s[kCols];
+    __shared__ bool last_s;
+
+    const LinearDev& w = p.w;
+    const int N = w.out, K = w.in;
+    const int groups = (N + kGroupRows - 1) / kGroupRows, nblk = (groups + p.gpb - 1) / p.gpb;
+    int bx = static_cast<int>(blockIdx.x);
+    const int mt = bx % p.mtiles;
+    bx /= p.mtiles;
+    const int split = bx % p.splits;
+    const int nbk = bx / p.splits;
+    const int g0 = nbk * p.gpb, g1 = min(groups, g0 + p.gpb);
+    int64_t m0;
+    int rows;
+    const void* wb = w.w;
+    const uint8_t* sb = w.scale;
+    if (p.tiles) {
+        if (static_cast<int>(blockIdx.y) >= *p.n_tiles) return;
+        const int4 t = p.tiles[blockIdx.y];
+        wb = p.experts.w[t.x];
+        sb = p.experts.scale[t.x];
+        m0 = t.y;
+        rows = t.z;
+    } else {
+        m0 = static_cast<int64_t>(mt) * kCols;
+        rows = static_cast<int>(min(static_cast<int64_t>(kCols), p.M - m0));
+    }
+    const int64_t row_bytes = F == kFP4 ? K / 2 : F == kFP8 ? K : 2 * static_cast<int64_t>(K);
+    const int all_stages = static_cast<int>((row_bytes + CH - 1) / CH);  // the last may be partial
+    const int st0 = split * p.per, S = min(all_stages, st0 + p.per) - st0;  // > 0: no empty slice is launched
+    const int steps = (g1 - g0) * S;
+    const int k0 = st0 * (CH / G::STEP_W_BYTES) * G::STEP_VALUES;  // first k value of the slice
+    const int slice_values = min(K - k0, S * (CH / G::STEP_W_BYTES) * G::STEP_VALUES);
+    const int KS = slice_values / G::STEP_VALUES;                   // mma k steps in the slice
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    uint8_t* my_ring = ring + warp * ST * SLOT;
+    const int wblk = F == kFP8 ? w.weight_block : 32;
+    const int nkb = F == kFP8 ? (K + wblk - 1) / wblk : K / 32;  // scale bytes per scale row
+
+    // Step s: the warp's 16 rows of group g0 + s / S, stage s % S of the slice. One commit group per step,
+    // empty or not, so that wait_group counts steps.
+    auto issue = [&](int s) {
+        if (s < steps) {
+            const int gi = s / S, st = s - gi * S;
+            const int r0 = (g0 + gi) * kGroupRows + warp * kUnitRows;
+            if (r0 < N) {
+                uint8_t* slot = my_ring + (s % ST) * SLOT;
+                const int64_t boff = static_cast<int64_t>(st0 + st) * CH;  // byte offset in the row
+                const int vbytes = static_cast<int>(min(static_cast<int64_t>(CH), row_bytes - boff));
+                const uint8_t* base = static_cast<const uint8_t*>(wb) + boff;
+                constexpr int PIECES = CH / 16;  // 16-byte pieces per row
+#pragma unroll
+                for (int i = 0; i < kUnitRows * PIECES / 32; ++i) {
+                    const int q = lane + 32 * i, r = q / PIECES, seg = q % PIECES;
+                    if (seg * 16 < vbytes)
+                        cp_async16(slot + r * RS + seg * 16, base + static_cast<int64_t>(min(r0 + r, N - 1)) * row_bytes + seg * 16);
+                }
+                if constexpr (F == kFP4) {
+                    // Row scales of the stage's k blocks: STEPS bytes per row from (row, kb0).
+                    uint8_t* sc = slot + kUnitRows * RS;
+                    const int kb0 = static_cast<int>(boff / 16), vsteps = vbytes / 16;
+                    constexpr int WPR = STEPS / 4;  // 4-byte words per row
+#pragma unroll
+                    for (int i = 0; i < (kUnitRows * WPR + 31) / 32; ++i) {
+                        const int q = lane + 32 * i, r = q / WPR, wd = q % WPR;
+                        if (q < kUnitRows * WPR && wd * 4 < vsteps) {
+                            const uint8_t* src = sb + static_cast<int64_t>(min(r0 + r, N - 1)) * nkb + kb0 + wd * 4;
+                            if (p.scale_words) {
+                                cp_async4(sc + r * STEPS + wd * 4, src);
+                            } else {
+#pragma unroll
+                                for (int b = 0; b < 4; ++b)
+                                    if (wd * 4 + b < vsteps) sc[r * STEPS + wd * 4 + b] = src[b];
+                            }
+                        }
+                    }
+                } else if constexpr (F == kFP8) {
+                    // The tile row's scales covering the stage (aligned 4-byte words, at most 4).
+                    uint8_t* sc = slot + kUnitRows * RS;
+                    const int64_t srow = static_cast<int64_t>(r0 / wblk) * nkb;
+                    const int kq0 = static_cast<int>(boff / wblk), kq1 = static_cast<int>((boff + vbytes - 1) / wblk);
+                    const int w0 = kq0 >> 2, nw = (kq1 >> 2) - w0 + 1;
+                    if (lane < nw) {
+                        if (p.scale_words) {
+                            cp_async4(sc + lane * 4, sb + srow + (w0 + lane) * 4);
+                        } else {
+                            for (int b = 0; b < 4; ++b) {
+                                const int kq = (w0 + lane) * 4 + b;
+                                sc[lane * 4 + b] = kq < nkb ? sb[srow + kq] : uint8_t{127};
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int s = 0; s < ST - 1; ++s) issue(s);
+
+    if (threadIdx.x < kCols)
+        row_s[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? (p.row_map ? p.row_map[m0 + threadIdx.x] : m0 + threadIdx.x) : 0;
+    __syncthreads();
+
+    // Stage the slice's activations: e4m3 bytes (bf16 pairs) per [k step][row][32 bytes], fp32 scales per
+    // [k step][row]; rows past the tile as zeros. A warp handles 32 consecutive quads (4 values) per load, so
+    // an activation block (8, 16 or 32 quads, aligned) lies within one warp's load.
+    float* ascale = reinterpret_cast<float*>(act + KS * kStepActBytes);
+    {
+        const int qpr = slice_values / 4, quads = rows * qpr;  // quads per row, in all
+        const int ab = F == kBF16 ? 4 : w.act_block, qpb = ab / 4;
+        const bool fuse = F != kBF16 && p.xs == nullptr;
+        for (int b0 = warp * 32 * kStageLoads; b0 < quads; b0 += kWarps * 32 * kStageLoads) {
+            float4 v[kStageLoads];
+#pragma unroll
+            for (int i = 0; i < kStageLoads; ++i) {
+                const int u = b0 + i * 32 + lane;
+                if (u < quads) {
+                    const int m = u / qpr, kq = u - m * qpr;
+                    v[i] = *reinterpret_cast<const float4*>(p.x + row_s[m] * K + k0 + kq * 4);
+                } else {
+                    v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < kStageLoads; ++i) {
+                const int u = b0 + i * 32 + lane;  // whole activation blocks are in or out together
+                if (b0 + i * 32 >= quads) break;   // warp-uniform
+                const int m = u / qpr, kq = u - m * qpr;
+                const int kv = kq * 4, ks = kv / G::STEP_VALUES, within = kv % G::STEP_VALUES;
+                if constexpr (F == kBF16) {
+                    if (u < quads)
+                        *reinterpret_cast<uint2*>(act + ks * kStepActBytes + m * 32 + within * 2) =
+                            make_uint2(bf16x2(v[i].x, v[i].y), bf16x2(v[i].z, v[i].w));
+                } else if (fuse) {
+                    // act_quant: amax over the block, s = 2^ceil(log2(max(amax, 1e-4) / 448)), q = e4m3(x / s).
+                    float a = fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w)));
+                    for (int o = qpb >> 1; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+                    const float s = pow2_round_scale(fmaxf(a, 1e-4f), 1.0f / 448.0f);
+                    if (u < quads) {
+                        *reinterpret_cast<uint32_t*>(act + ks * kStepActBytes + m * 32 + within) =
+                            e4m3x4(fminf(fmaxf(v[i].x / s, -448.0f), 448.0f), fminf(fmaxf(v[i].y / s, -448.0f), 448.0f),
+                                   fminf(fmaxf(v[i].z / s, -448.0f), 448.0f), fminf(fmaxf(v[i].w / s, -448.0f), 448.0f));
+                        if (within == 0) ascale[ks * kCols + m] = s;
+                    }
+                } else {
+                    if (u < quads) {
+                        *reinterpret_cast<uint32_t*>(act + ks * kStepActBytes + m * 32 + within) =
+                            e4m3x4(v[i].x, v[i].y, v[i].z, v[i].w);
+                        if (within == 0) ascale[ks * kCols + m] = p.xs[row_s[m] * (K / ab) + (k0 + kv) / ab];
+                    }
+                }
+            }
+        }
+        // Rows past the tile: zero bytes and scales, so that their (unwritten) outputs stay finite.
+        const int zq = (kCols - rows) * KS * 8;  // 4-byte words
+        for (int u = threadIdx.x; u < zq; u += kThreads256) {
+            const int m = rows + u / (KS * 8), r = u % (KS * 8), ks = r / 8, wd = r % 8;
+            *reinterpret_cast<uint32_t*>(act + ks * kStepActBytes + m * 32 + wd * 4) = 0u;
+            if (F != kBF16 && wd == 0) ascale[ks * kCols + m] = 0.0f;
+        }
+    }
+    __syncthreads();
+
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int s = 0; s < steps; ++s) {
+        cp_async_wait<ST - 2>();  // this lane's copies of step s have landed
+        __syncwarp();             // and every lane's; every lane is done with the slot of step s - 1 ...
+        issue(s + ST - 1);        // ... which this refills
+        const int gi = s / S, st = s - gi * S;
+        const int r0 = (g0 + gi) * kGroupRows + warp * kUnitRows;
+        const uint8_t* slot = my_ring + (s % ST) * SLOT;
+        const uint8_t* sc = slot + kUnitRows * RS;
+        const int64_t boff = static_cast<int64_t>(st0 + st) * CH;
+        const int vsteps = static_cast<int>(min(static_cast<int64_t>(CH), row_bytes - boff)) / G::STEP_W_BYTES;
+        const int ks0 = st * STEPS;  // first k step of the stage in the slice
+        if (r0 < N) {
+#pragma unroll
+            for (int j = 0; j < STEPS; ++j) {
+                if (j >= vsteps) break;  // the row's partial last stage (warp-uniform)
+                uint32_t a[4];
+                if constexpr (F == kFP4) {
+                    const uint32_t lo = *reinterpret_cast<const uint32_t*>(slot + g * RS + j * 16 + 4 * t);
+                    const uint32_t hi = *reinterpret_cast<const uint32_t*>(slot + (g + 8) * RS + j * 16 + 4 * t);
+                    fp4x8_to_e4m3(lo, a[0], a[2]);
+                    fp4x8_to_e4m3(hi, a[1], a[3]);
+                } else {
+                    const uint2 lo = *reinterpret_cast<const uint2*>(slot + g * RS + j * 32 + 8 * t);
+                    const uint2 hi = *reinterpret_cast<const uint2*>(slot + (g + 8) * RS + j * 32 + 8 * t);
+                    a[0] = lo.x;
+                    a[2] = lo.y;
+                    a[1] = hi.x;
+                    a[3] = hi.y;
+                }
+                const uint2 b = *reinterpret_cast<const uint2*>(act + (ks0 + j) * kStepActBytes + g * 32 + 8 * t);
+                if constexpr (F == kBF16) {
+                    mma_bf16(acc, a, b.x, b.y);
+                } else {
+                    float ws_lo, ws_hi;
+                    if constexpr (F == kFP4) {
+                        ws_lo = e8m0_to_f32(sc[g * STEPS + j]) * 64.0f;
+                        ws_hi = e8m0_to_f32(sc[(g + 8) * STEPS + j]) * 64.0f;
+                    } else {
+                        const int kq = static_cast<int>((boff + 32 * j) / wblk), kqw = (static_cast<int>(boff / wblk)) & ~3;
+                        ws_lo = ws_hi = e8m0_to_f32(sc[kq - kqw]);
+                    }
+                    const float2 as = *reinterpret_cast<const float2*>(ascale + (ks0 + j) * kCols + 2 * t);
+                    float d[4];
+                    mma_e4m3(d, a, b.x, b.y);
+                    acc[0] = __fmaf_rn(d[0], ws_lo * as.x, acc[0]);
+                    acc[1] = __fmaf_rn(d[1], ws_lo * as.y, acc[1]);
+                    acc[2] = __fmaf_rn(d[2], ws_hi * as.x, acc[2]);
+                    acc[3] = __fmaf_rn(d[3], ws_hi * as.y, acc[3]);
+                }
+            }
+        }
+        if (st == S - 1) {  // the unit's last stage: write this lane's four outputs, restart
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int n = r0 + g + (i >> 1) * 8, m = 2 * t + (i & 1);
+                if (m < rows && n < N) {
+                    const int64_t idx = row_s[m] * N + n;
+                    if (p.splits > 1) p.partial[static_cast<int64_t>(split) * p.M * N + idx] = acc[i];
+                    else p.y[idx] = round_bf16(acc[i]);
+                }
+                acc[i] = 0.0f;
+            }
+        }
+    }
+    cp_async_wait<0>();
+    if (p.splits == 1) return;
+
+    // K split: the last of the slices of these outputs to finish sums them in slice order.
+    __threadfence();
+    __syncthreads();
+    const int64_t ticket = (static_cast<int64_t>(blockIdx.y) * p.mtiles + mt) * nblk + nbk;
+    if (threadIdx.x == 0) last_s = atomicAdd(p.counters + ticket, 1u) == static_cast<unsigned>(p.splits - 1);
+    __syncthreads();
+    if (!last_s) return;
+    __threadfence();
+    const int n0 = g0 * kGroupRows, width = min(N, g1 * kGroupRows) - n0;
+    for (int i = threadIdx.x; i < rows * width; i += kThreads256) {
+        const int m = i / width;
+        const int64_t o = row_s[m] * N + n0 + (i - m * width);
+        float v = __ldcg(p.partial + o);
+        for (int k = 1; k < p.splits; ++k) v += __ldcg(p.partial + static_cast<int64_t>(k) * p.M * N + o);
+        p.y[o] = round_bf16(v);
+    }
+    if (threadIdx.x == 0) p.counters[ticket] = 0;  // ready for the next call
+}
+
+// Shared memory of a CTA: the ring and the activation slice of `per` stages.
+template <int F, int CH, int ST>
+constexpr size_t ring_bytes() {
+    return static_cast<size_t>(kWarps) * ST * Geo<F, CH>::SLOT;
+}
+template <int F, int CH>
+size_t act_bytes(int per) {
+    return static_cast<size_t>(per) * (CH / Geo<F, CH>::STEP_W_BYTES) * Geo<F, CH>::ACT_STEP;
+}
+
+template <int F, int CH, int ST, int MINB>
+int occupancy(size_t smem) {
+    // Cached per KB of shared memory (the occupancy query is a runtime call).
+    static int cache[kSmemMax / 1024 + 2] = {};
+    const size_t kb = (smem + 1023) / 1024;
+    if (kb >= sizeof(cache) / sizeof(cache[0])) return 0;
+    if (cache[kb] == 0) {
+        int n = 0;
+        PG_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_stream_kernel<F, CH, ST, MINB>, kThreads256, kb * 1024));
+        cache[kb] = std::max(n, 0) + 1;  // + 1: 0 means not asked yet
+    }
+    return cache[kb] - 1;
+}
+
+// Work split for a shape: `splits` K slices of `per` stages, `gpb` groups of 128 rows per CTA. Cost of a
+// choice, in bytes an SM moves: the CTAs of the busiest SM (ceil(CTAs / SMs)) times what each reads (weights,
+// its activation slice as fp32, a ramp for filling the pipeline) plus the K split's partial sums. Rows per tile
+// estimated as the average (routed) or the tile's (dense). Returns (splits, gpb).
+template <int F, int CH, int ST, int MINB>
+std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, int64_t tiles) {
+    using G = Geo<F, CH>;
+    const int groups = (N + kGroupRows - 1) / kGroupRows, sms = gemv_sm_count();
+    const size_t ring = ring_bytes<F, CH, ST>();
+    const int64_t base = static_cast<int64_t>(mtiles) * tiles;
+    const int rows_est = static_cast<int>(std::clamp<int64_t>((M + base - 1) / base, 1, kCols));
+    const int64_t stage_bytes = static_cast<int64_t>(kGroupRows) * CH;  // a CTA's bytes per stage
+    const int64_t ramp = 64 * 1024;
+    int best_splits = 0, best_gpb = 1;
+    double best_cost = 0.0;
+    const int max_splits = std::min(all_stages, 64);
+    for (int splits = 1; splits <= max_splits; ++splits) {
+        const int per = (all_stages + splits - 1) / splits;
+        if ((all_stages + per - 1) / per != splits) continue;  // an empty slice
+        const size_t smem = ring + act_bytes<F, CH>(per);
+        if (smem > static_cast<size_t>(kSmemMax) || occupancy<F, CH, ST, MINB>(smem) < 1) continue;
+        const int64_t act = static_cast<int64_t>(rows_est) * per * (CH / G::STEP_W_BYTES) * G::STEP_VALUES * 4;
+        for (int gpb = 1; gpb <= groups; ++gpb) {
+            const int nblk = (groups + gpb - 1) / gpb;
+            if (gpb > 1 && (groups + gpb - 2) / (gpb - 1) == nblk) continue;  // same CTA count as gpb - 1
+            const int64_t ctas = base * nblk * splits;
+            const int64_t per_sm = (ctas + sms - 1) / sms;
+            const double cost = static_cast<double>(per_sm) *
+                                    static_cast<double>(gpb * per * stage_bytes + act + ramp) +
+                                (splits > 1 ? static_cast<double>(splits) * rows_est * gpb * kGroupRows * 8 : 0.0);
+            if (best_splits == 0 || cost < best_cost) {
+                best_cost = cost;
+                best_splits = splits;
+                best_gpb = gpb;
+            }
+        }
+    }
+    if (best_splits == 0) fail("linear_gemv: no K split fits shared memory ({} stages)", all_stages);
+    return {best_splits, best_gpb};
+}
+
+template <int F, int CH, int ST, int MINB>
+void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
+            const LinearRouting* routing) {
+    const int N = w.out, groups = (N + kGroupRows - 1) / kGroupRows;
+    const int64_t row_bytes = F == kFP4 ? w.in / 2 : F == kFP8 ? w.in : 2 * static_cast<int64_t>(w.in);
+    const int all_stages = static_cast<int>((row_bytes + CH - 1) / CH);
+    const int mtiles = routing ? 1 : static_cast<int>((M + kCols - 1) / kCols);
+    const int64_t tiles = routing ? std::min<int64_t>(routing->max_tiles, M) : 1;
+    if (tiles > 65535) fail("linear_gemv: {} routed tiles exceed the grid limit", tiles);
+    const size_t ring = ring_bytes<F, CH, ST>();
+    static const bool opted_in = [] {  // before the occupancy queries, which honour the limit
+        PG_CUDA(cudaFuncSetAttribute(gemv_stream_kernel<F, CH, ST, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemMax));
+        return true;
+    }();
+    (void)opted_in;
+    // The split of a shape is worked out once (the search is a few thousand steps of host arithmetic).
+    static std::mutex mu;
+    static std::map<std::tuple<int, int, int64_t, int64_t>, std::pair<int, int>> plans;
+    std::pair<int, int> plan;
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        const auto key = std::make_tuple(N, w.in, M, tiles);
+        auto it = plans.find(key);
+        if (it == plans.end()) it = plans.emplace(key, choose_split<F, CH, ST, MINB>(N, all_stages, M, mtiles, tiles)).first;
+        plan = it->second;
+    }
+    const int splits = plan.first, gpb = plan.second, per = (all_stages + splits - 1) / splits;
+    const int nblk = (groups + gpb - 1) / gpb;
+    const size_t smem = ring + act_bytes<F, CH>(per);
+
+    StreamArgs a{};
+    a.x = x;
+    a.xs = xs;
+    a.M = M;
+    a.w = w;
+    a.y = y;
+    a.splits = splits;
+    a.mtiles = mtiles;
+    a.gpb = gpb;
+    a.per = per;
+    // 4-byte scale copies: scale rows a multiple of 4 bytes and the (first expert's) table 4-byte aligned.
+    const int nkb = F == kFP8 ? (w.in + w.weight_block - 1) / w.weight_block : w.in / 32;
+    a.scale_words = F != kBF16 && nkb % 4 == 0 && reinterpret_cast<uintptr_t>(w.scale) % 4 == 0;
+    a.experts = experts ? *experts : ExpertTable{};
+    a.row_map = routing ? routing->row_map : nullptr;
+    a.tiles = routing ? reinterpret_cast<const int4*>(routing->tiles) : nullptr;
+    a.n_tiles = routing ? routing->n_tiles : nullptr;
+    const int64_t gx = static_cast<int64_t>(nblk) * splits * mtiles;
+    if (gx > 0x7fffffff) fail("linear_gemv: grid of {} blocks is too large", gx);
+    if (splits > 1) {
+        a.partial = static_cast<float*>(gemv_scratch(0, sizeof(float) * static_cast<size_t>(splits) * M * N, false));
+        a.counters = static_cast<unsigned*>(gemv_scratch(1, sizeof(unsigned) * static_cast<size_t>(tiles) * mtiles * nblk, true));
+    }
+    dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(tiles));
+    gemv_stream_kernel<F, CH, ST, MINB><<<grid, kThreads256, smem>>>(a);
+    PG_LAUNCHED();
+}
+
+template <int F>
+void launch_variant(int v, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
+                    const ExpertTable* experts, const LinearRouting* routing) {
+    switch (v) {
+        case 4: launch<F, 128, 6, 1>(x, xs, M, w, y, experts, routing); break;  // 80 KB in flight per CTA
+        case 5: launch<F, 256, 4, 1>(x, xs, M, w, y, experts, routing); break;  // 96 KB, 1 KB lines per 4 rows
+        default: launch<F, 128, 4, 2>(x, xs, M, w, y, experts, routing); break;  // 48 KB, two CTAs per SM
+    }
+}
+
+}  // namespace
+
+bool linear_gemv_stream_supported(const LinearDev& w) {
+    if (w.out <= 0 || w.in <= 0) return false;
+    if (reinterpret_cast<uintptr_t>(w.w) % 16 != 0) return false;
+    switch (w.kind) {
+        case kBF16: return w.bf16_acts && w.in % 16 == 0;  // whole mma steps (32-byte rows pieces)
+        case kFP8:  // the reference's pairing (one activation scale per weight block), blocks of 32/64/128
+            return w.in % 32 == 0 && (w.weight_block == 32 || w.weight_block == 64 || w.weight_block == 128) &&
+                   w.act_block == w.weight_block && w.in % w.act_block == 0 && w.scale != nullptr;
+        case kFP4:
+            return w.in % 32 == 0 && (w.act_block == 32 || w.act_block == 64 || w.act_block == 128) &&
+                   w.in % w.act_block == 0 && w.scale != nullptr;
+        default: return false;
+    }
+}
+
+bool linear_gemv_stream_quantises(const LinearDev& w) {
+    if (!linear_gemv_stream_supported(w) || (w.kind != kFP8 && w.kind != kFP4)) return false;
+    // A slice starts on a stage boundary: stages must hold whole activation blocks (128 values or more).
+    return w.act_block <= 128;
+}
+
+void linear_gemv_stream(int variant, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
+                        const ExpertTable* experts, const LinearRouting* routing) {
+    if (M == 0 || w.out == 0) return;
+    if (variant < 4 || variant > 6) fail("linear_gemv_stream: no variant {}", variant);
+    if (!linear_gemv_stream_supported(w)) fail("linear_gemv_stream: unsupported linear (kind {}, in {})", w.kind, w.in);
+    if (reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("linear_gemv_stream: activations must be 16-byte aligned");
+    if (routing && routing->tile_rows > kCols) fail("linear_gemv_stream: routed tiles of {} rows", routing->tile_rows);
+    if (w.kind != kBF16 && xs == nullptr && !linear_gemv_stream_quantises(w))
+        fail("linear_gemv_stream: cannot quantise activation blocks of {}", w.act_block);
+    if (w.kind == kFP4) launch_variant<kFP4>(variant, x, xs, M, w, y, experts, routing);
+    else if (w.kind == kFP8) launch_variant<kFP8>(variant, x, xs, M, w, y, experts, routing);
+    else launch_variant<kBF16>(variant, x, xs, M, w, y, experts, routing);
+}
+
+}  // namespace peregrine::cuda

@@ -52,8 +52,22 @@ struct Geo {
     static constexpr int STEP_VALUES = F == kBF16 ? 16 : 32;   // k values per mma step
     static constexpr int STEP_W_BYTES = F == kFP4 ? 16 : 32;   // weight bytes per row per mma step
     static constexpr int ACT_STEP = kStepActBytes + (F == kBF16 ? 0 : kCols * 4);  // + fp32 scales
-    static_assert(SLOT % 16 == 0, "cp.async destinations must stay 16-byte aligned");
+    // FP4: the current stage's row scales as floats (x 2^6), per warp; rows padded against bank conflicts.
+    static constexpr int FS_STRIDE = STEPS + 1;
+    static constexpr int FSB = F == kFP4 ? kUnitRows * FS_STRIDE * 4 : 0;
+    static_assert(SLOT % 16 == 0 && FSB % 16 == 0, "cp.async destinations must stay 16-byte aligned");
 };
+
+// Byte position of value v (0..31) of an FP4 k step in the staged activations: the order in which
+// fp4x8_to_e4m3_split hands the weights to the mma (per 8 values: the even ones, then the odd ones).
+__device__ __forceinline__ int fp4_act_pos(int v) { return (v & ~7) | ((v & 1) << 2) | ((v & 7) >> 1); }
+
+// Eight e2m1 nibbles (low nibble first) as e4m3 bytes x 2^-6 (see fp4x8_to_e4m3), the even-indexed values in
+// `even` and the odd ones in `odd`: no byte permute, the activations are staged in the matching order.
+__device__ __forceinline__ void fp4x8_to_e4m3_split(uint32_t w, uint32_t& even, uint32_t& odd) {
+    even = ((w & 0x07070707u) << 2) | ((w & 0x08080808u) << 4);  // k0 k2 k4 k6
+    odd = ((w >> 2) & 0x1c1c1c1cu) | (w & 0x80808080u);          // k1 k3 k5 k7
+}
 
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -112,7 +126,8 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
     constexpr int RS = G::RS, STEPS = G::STEPS, SLOT = G::SLOT;
     extern __shared__ float4 smem4[];
     uint8_t* ring = reinterpret_cast<uint8_t*>(smem4);        // [warp][ST][SLOT]
-    uint8_t* act = ring + kWarps * ST * SLOT;                  // [k step][8 rows][32 bytes]
+    float* fscale = reinterpret_cast<float*>(ring + kWarps * ST * SLOT);  // FP4: [warp][16][FS_STRIDE]
+    uint8_t* act = ring + kWarps * (ST * SLOT + G::FSB);       // [k step][8 rows][32 bytes]
     __shared__ int64_t row_s[kCols];
     __shared__ bool last_s;
 
@@ -151,6 +166,7 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     uint8_t* my_ring = ring + warp * ST * SLOT;
     const int wblk = F == kFP8 ? w.weight_block : 32;
+    const int wshift = __ffs(wblk) - 1;                          // wblk is 32, 64 or 128
     const int nkb = F == kFP8 ? (K + wblk - 1) / wblk : K / 32;  // scale bytes per scale row
 
     // Step s: the warp's 16 rows of group g0 + s / S, stage s % S of the slice. One commit group per step,
@@ -193,8 +209,8 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
                 } else if constexpr (F == kFP8) {
                     // The tile row's scales covering the stage (aligned 4-byte words, at most 4).
                     uint8_t* sc = slot + kUnitRows * RS;
-                    const int64_t srow = static_cast<int64_t>(r0 / wblk) * nkb;
-                    const int kq0 = static_cast<int>(boff / wblk), kq1 = static_cast<int>((boff + vbytes - 1) / wblk);
+                    const int64_t srow = static_cast<int64_t>(r0 >> wshift) * nkb;
+                    const int kq0 = static_cast<int>(boff) >> wshift, kq1 = (static_cast<int>(boff) + vbytes - 1) >> wshift;
                     const int w0 = kq0 >> 2, nw = (kq1 >> 2) - w0 + 1;
                     if (lane < nw) {
                         if (p.scale_words) {
@@ -222,6 +238,15 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
     // [k step][row]; rows past the tile as zeros. A warp handles 32 consecutive quads (4 values) per load, so
     // an activation block (8, 16 or 32 quads, aligned) lies within one warp's load.
     float* ascale = reinterpret_cast<float*>(act + KS * kStepActBytes);
+    // Four e4m3 bytes of values within..within+3 of a k step into its 32 bytes of one row (FP4: permuted).
+    auto store_act4 = [](uint8_t* row32, int within, uint32_t q) {
+        if constexpr (F == kFP4) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) row32[fp4_act_pos(within + i)] = static_cast<uint8_t>(q >> (8 * i));
+        } else {
+            *reinterpret_cast<uint32_t*>(row32 + within) = q;
+        }
+    };
     {
         const int qpr = slice_values / 4, quads = rows * qpr;  // quads per row, in all
         const int ab = F == kBF16 ? 4 : w.act_block, qpb = ab / 4;
@@ -254,15 +279,14 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
                     for (int o = qpb >> 1; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
                     const float s = pow2_round_scale(fmaxf(a, 1e-4f), 1.0f / 448.0f);
                     if (u < quads) {
-                        *reinterpret_cast<uint32_t*>(act + ks * kStepActBytes + m * 32 + within) =
-                            e4m3x4(fminf(fmaxf(v[i].x / s, -448.0f), 448.0f), fminf(fmaxf(v[i].y / s, -448.0f), 448.0f),
-                                   fminf(fmaxf(v[i].z / s, -448.0f), 448.0f), fminf(fmaxf(v[i].w / s, -448.0f), 448.0f));
+                        store_act4(act + ks * kStepActBytes + m * 32, within,
+                                   e4m3x4(fminf(fmaxf(v[i].x / s, -448.0f), 448.0f), fminf(fmaxf(v[i].y / s, -448.0f), 448.0f),
+                                          fminf(fmaxf(v[i].z / s, -448.0f), 448.0f), fminf(fmaxf(v[i].w / s, -448.0f), 448.0f)));
                         if (within == 0) ascale[ks * kCols + m] = s;
                     }
                 } else {
                     if (u < quads) {
-                        *reinterpret_cast<uint32_t*>(act + ks * kStepActBytes + m * 32 + within) =
-                            e4m3x4(v[i].x, v[i].y, v[i].z, v[i].w);
+                        store_act4(act + ks * kStepActBytes + m * 32, within, e4m3x4(v[i].x, v[i].y, v[i].z, v[i].w));
                         if (within == 0) ascale[ks * kCols + m] = p.xs[row_s[m] * (K / ab) + (k0 + kv) / ab];
                     }
                 }
@@ -290,6 +314,21 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
         const int64_t boff = static_cast<int64_t>(st0 + st) * CH;
         const int vsteps = static_cast<int>(min(static_cast<int64_t>(CH), row_bytes - boff)) / G::STEP_W_BYTES;
         const int ks0 = st * STEPS;  // first k step of the stage in the slice
+        float* fs = fscale + warp * (kUnitRows * G::FS_STRIDE);
+        if constexpr (F == kFP4) {
+            // The stage's 16 x STEPS scale bytes as floats x 2^6, a word (4 bytes) per lane at a time.
+            if (r0 < N) {
+#pragma unroll
+                for (int i = 0; i < STEPS / 8; ++i) {
+                    const int q = lane + 32 * i, r = q * 4 / STEPS, c = q * 4 % STEPS;
+                    const uint32_t wd = *reinterpret_cast<const uint32_t*>(sc + q * 4);
+#pragma unroll
+                    for (int b = 0; b < 4; ++b)
+                        fs[r * G::FS_STRIDE + c + b] = e8m0_to_f32(static_cast<uint8_t>(wd >> (8 * b))) * 64.0f;
+                }
+            }
+            __syncwarp();
+        }
         if (r0 < N) {
 #pragma unroll
             for (int j = 0; j < STEPS; ++j) {
@@ -298,8 +337,8 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
                 if constexpr (F == kFP4) {
                     const uint32_t lo = *reinterpret_cast<const uint32_t*>(slot + g * RS + j * 16 + 4 * t);
                     const uint32_t hi = *reinterpret_cast<const uint32_t*>(slot + (g + 8) * RS + j * 16 + 4 * t);
-                    fp4x8_to_e4m3(lo, a[0], a[2]);
-                    fp4x8_to_e4m3(hi, a[1], a[3]);
+                    fp4x8_to_e4m3_split(lo, a[0], a[2]);
+                    fp4x8_to_e4m3_split(hi, a[1], a[3]);
                 } else {
                     const uint2 lo = *reinterpret_cast<const uint2*>(slot + g * RS + j * 32 + 8 * t);
                     const uint2 hi = *reinterpret_cast<const uint2*>(slot + (g + 8) * RS + j * 32 + 8 * t);
@@ -314,10 +353,10 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
                 } else {
                     float ws_lo, ws_hi;
                     if constexpr (F == kFP4) {
-                        ws_lo = e8m0_to_f32(sc[g * STEPS + j]) * 64.0f;
-                        ws_hi = e8m0_to_f32(sc[(g + 8) * STEPS + j]) * 64.0f;
+                        ws_lo = fs[g * G::FS_STRIDE + j];
+                        ws_hi = fs[(g + 8) * G::FS_STRIDE + j];
                     } else {
-                        const int kq = static_cast<int>((boff + 32 * j) / wblk), kqw = (static_cast<int>(boff / wblk)) & ~3;
+                        const int kq = (static_cast<int>(boff) + 32 * j) >> wshift, kqw = (static_cast<int>(boff) >> wshift) & ~3;
                         ws_lo = ws_hi = e8m0_to_f32(sc[kq - kqw]);
                     }
                     const float2 as = *reinterpret_cast<const float2*>(ascale + (ks0 + j) * kCols + 2 * t);
@@ -368,7 +407,7 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
 // Shared memory of a CTA: the ring and the activation slice of `per` stages.
 template <int F, int CH, int ST>
 constexpr size_t ring_bytes() {
-    return static_cast<size_t>(kWarps) * ST * Geo<F, CH>::SLOT;
+    return static_cast<size_t>(kWarps) * (ST * Geo<F, CH>::SLOT + Geo<F, CH>::FSB);
 }
 template <int F, int CH>
 size_t act_bytes(int per) {

@@ -3,6 +3,7 @@
 // expert loads, the grouped wo_a). Outputs may differ only by the fp32 summation order before the same bf16
 // rounding: |d| <= 1e-2 |ref| + 1e-5 max|ref|, and bf16 outputs mostly bit-equal. At M = 8 each case also
 // prints the achieved weight bandwidth. Lines starting with "PARITY" are collected by tools/gpu/check.sh.
+// VariantsAtDecodeShapes (at the end) checks and times every variant (kernels.h: 1, 3 .. 8) at rows 1..32.
 #include "cuda_test_util.h"
 #include "ops/backend.h"
 #include "ops/cuda/kernels.h"
@@ -209,12 +210,12 @@ struct Routing {
     LinearRouting r;
     std::vector<int32_t> sel_host;
 };
-Routing make_routing(const std::vector<int32_t>& sel, int E) {
+Routing make_routing(const std::vector<int32_t>& sel, int E, unsigned max_tiles = 0) {
     Routing rt;
     rt.sel_host = sel;
     const int64_t n = static_cast<int64_t>(sel.size());
     rt.r.tile_rows = 8;
-    rt.r.max_tiles = static_cast<unsigned>((n + 7) / 8 + E);
+    rt.r.max_tiles = max_tiles ? max_tiles : static_cast<unsigned>((n + 7) / 8 + E);
     rt.sel = upload(sel);
     rt.row_map = std::make_unique<Buf>(sizeof(int32_t) * n);
     rt.tiles = std::make_unique<Buf>(sizeof(int32_t) * 4 * rt.r.max_tiles);
@@ -389,7 +390,8 @@ TEST(CudaGemv, RoutedExpertsMatchExactAtRealShapes) {
 //   GEMV <format>:<shape> rows=<r> variant=<v> <us> us <GB/s> GB/s max|d| <d> (<ulps> bf16 ulp) [fused==unfused]
 // Variants: 1 CUDA cores, 3 tensor cores (the default for FP8/FP4), "3+q" the same with act_quant's launch
 // (what a linear costs today), 4/5/6 the streaming kernels on quantised activations and "4f"/"5f"/"6f" the
-// same quantising the activations themselves (must equal 4/5/6 bit for bit). Each is checked against the exact
+// same quantising the activations themselves (must equal 4/5/6 bit for bit); routed calls also 7/8 (4/5 with
+// persistent CTAs) and "7f"/"8f". Each is checked against the exact
 // kernel: |d| <= one bf16 ulp of the output (+ 1e-5 max|ref| for outputs near cancellation). Bytes: the
 // weights and scales a call reads (active experts only); timed over copies of the weights (or rotating expert
 // sets) larger than L2, after a warm-up. PEREGRINE_GEMV_SWEEP_ROWS="1,8" narrows the rows.
@@ -442,13 +444,16 @@ Diff ulp_diff(const std::vector<float>& fast, const std::vector<float>& exact) {
 
 struct Total {
     double us = 0.0, bytes = 0.0;
+    // Parity over the format's shapes and rows (one PARITY line per format and variant).
+    float max_abs = 0.0f, max_ulps = 0.0f;
+    size_t bad = 0, checks = 0;
 };
 
-// Runs one (shape, rows) case for every variant: `call(v, fused, yf)` runs variant v (1, 3, 4, 5, 6) once;
+// Runs one (shape, rows) case for every variant: `call(v, fused, yf)` runs variant v (1, 3 .. 8) once;
 // `quant()` is act_quant (for "3+q"); `use(i)` selects weight copy / expert set i (0: the one `exact` was
 // computed with); bytes per call.
 using CallFn = std::function<void(int v, bool fused, float* y)>;
-void sweep_case(const SweepShape& sh, int rows, bool scaled, const std::vector<float>& exact, size_t n,
+void sweep_case(const SweepShape& sh, int rows, bool scaled, bool routed, const std::vector<float>& exact, size_t n,
                 const CallFn& call, const std::function<void()>& quant, const std::function<void(int)>& use, double bytes,
                 std::map<std::string, Total>& totals) {
     Buf yf(n * sizeof(float));
@@ -457,7 +462,8 @@ void sweep_case(const SweepShape& sh, int rows, bool scaled, const std::vector<f
         variants.push_back({"3", {3, false}});
         variants.push_back({"3+q", {3, false}});
     }
-    for (int v : {4, 5, 6}) {
+    for (int v : {4, 5, 6, 7, 8}) {
+        if (v >= 7 && !routed) continue;  // dense calls: the same as 4 and 5
         variants.push_back({std::to_string(v), {v, false}});
         if (scaled) variants.push_back({std::to_string(v) + "f", {v, true}});
     }
@@ -497,17 +503,25 @@ void sweep_case(const SweepShape& sh, int rows, bool scaled, const std::vector<f
         const double us = ms * 1e3, gbs = bytes / (ms * 1e-3) / 1e9;
         std::printf("GEMV %s:%s rows=%d variant=%s %.1f us %.0f GB/s max|d| %.3g (%.2f bf16 ulp)%s\n", sh.format.c_str(),
                     sh.name.c_str(), rows, tag.c_str(), us, gbs, d.max_abs, d.max_ulps, same.c_str());
-        std::printf("PARITY gemv-sweep %s:%s rows=%d variant=%s max|d| %.3g bad %zu\n", sh.format.c_str(), sh.name.c_str(),
-                    rows, tag.c_str(), d.max_abs, d.bad);
         Total& t = totals[sh.format + " rows=" + std::to_string(rows) + " variant=" + tag];
         t.us += us;
         t.bytes += bytes;
+        Total& f = totals["~parity " + sh.format + " variant=" + tag];
+        f.max_abs = std::max(f.max_abs, d.max_abs);
+        f.max_ulps = std::max(f.max_ulps, d.max_ulps);
+        f.bad += d.bad + (same == " FUSED!=UNFUSED" ? 1 : 0);
+        f.checks += 1;
     }
 }
 
 void print_totals(const std::map<std::string, Total>& totals) {
-    for (const auto& [key, t] : totals)
-        std::printf("GEMV %s %.1f us %.0f GB/s\n", key.c_str(), t.us, t.bytes / (t.us * 1e-6) / 1e9);
+    for (const auto& [key, t] : totals) {
+        if (key.rfind("~parity ", 0) == 0)
+            std::printf("PARITY gemv-sweep %-36s %zu cases, max|d| %.3g (%.2f bf16 ulp), %zu outputs beyond one ulp\n",
+                        key.substr(8).c_str(), t.checks, t.max_abs, t.max_ulps, t.bad);
+        else
+            std::printf("GEMV %s %.1f us %.0f GB/s\n", key.c_str(), t.us, t.bytes / (t.us * 1e-6) / 1e9);
+    }
     std::fflush(stdout);
 }
 
@@ -558,7 +572,7 @@ void sweep_dense(const SweepShape& sh, uint64_t seed, std::map<std::string, Tota
             if (scaled) act_quant(a.x->as<float>(), rows, s.in, s.act_block, xq.as<float>(), xs.as<float>());
         };
         auto use = [&](int i) { cur = i % copies; };
-        sweep_case(sh, rows, scaled, exact, n, call, quant, use, static_cast<double>(wb + sb), totals);
+        sweep_case(sh, rows, scaled, false, exact, n, call, quant, use, static_cast<double>(wb + sb), totals);
     }
 }
 
@@ -611,7 +625,8 @@ void sweep_routed(const SweepShape& sh, int E, int top_k, int mode, uint64_t see
             std::vector<char> used(static_cast<size_t>(E), 0);
             for (int32_t e : sel) used[e] = 1;
             mean_bytes += static_cast<double>(std::count(used.begin(), used.end(), 1)) * static_cast<double>(wb + sb) / sets;
-            rts.push_back(make_routing(sel, E));
+            // The grouped wo_a's tiles are known exactly (every group T rows), as the backend bounds them.
+            rts.push_back(make_routing(sel, E, mode == 2 ? static_cast<unsigned>(top_k * ((T + 7) / 8)) : 0u));
         }
         Acts a = make_acts(s, pairs, seed + 7 * T + mode);
         const size_t n = static_cast<size_t>(pairs) * s.out;
@@ -633,7 +648,7 @@ void sweep_routed(const SweepShape& sh, int E, int top_k, int mode, uint64_t see
             if (scaled) act_quant(a.x->as<float>(), pairs, s.in, s.act_block, xq.as<float>(), xs.as<float>());
         };
         auto use = [&](int i) { cur = i % sets; };
-        sweep_case(sh, T, scaled, exact, n, call, quant, use, mean_bytes, totals);
+        sweep_case(sh, T, scaled, true, exact, n, call, quant, use, mean_bytes, totals);
     }
 }
 

@@ -493,7 +493,8 @@ Tensor CudaBackend::project_output(Tensor& o, const AttentionWeight& w, const fl
         Routed routed;
         routed.row_expert = sel_d.ptr;
         routed.routing.tile_rows = routing_tile_rows(rows, G);
-        routed.routing.max_tiles = static_cast<unsigned>((rows + routed.routing.tile_rows - 1) / routed.routing.tile_rows + G);
+        // Every group gets exactly T rows, so exactly G * ceil(T / tile_rows) tiles (a tight bound sizes the GEMV's grid).
+        routed.routing.max_tiles = static_cast<unsigned>(G * ((T + routed.routing.tile_rows - 1) / routed.routing.tile_rows));
         auto row_map = device_alloc(sizeof(int32_t) * static_cast<size_t>(rows));
         auto tiles = device_alloc(sizeof(int32_t) * 4 * routed.routing.max_tiles);
         auto n_tiles = device_alloc(sizeof(int32_t));

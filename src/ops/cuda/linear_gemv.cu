@@ -9,7 +9,7 @@
 // order differs from the exact kernels, before the same bf16 rounding.
 //
 // This is variant 1 (a block per 32-row group, a register double buffer, a separate split reduction kernel).
-// FP8/FP4 take variant 3, the tensor-core one in linear_gemv_mma.cu, by default; variants 4-6 are the
+// FP8/FP4 take variant 3, the tensor-core one in linear_gemv_mma.cu, by default; variants 4-8 are the
 // streaming kernels of linear_gemv_stream.cu (see kernels.h and launch_rows).
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/gemv_common.cuh"
@@ -363,7 +363,7 @@ Variants& variants() {
             const size_t eq = item.find('=');
             const std::string name = eq == std::string::npos ? "" : item.substr(0, eq);
             const int v = std::atoi(item.c_str() + (eq == std::string::npos ? 0 : eq + 1));
-            if (v != 1 && (v < 3 || v > 6)) continue;
+            if (v != 1 && (v < 3 || v > 8)) continue;
             for (int f = 0; f < 4; ++f) {
                 static const char* names[4] = {"f32", "bf16", "fp8", "fp4"};
                 if (name.empty() || name == names[f]) r.v[f] = clamp_variant(f, v);
@@ -381,7 +381,7 @@ void launch_rows(const float* x, const float* xs, int64_t M, const LinearDev& w,
                  const LinearRouting* routing) {
     const int64_t rows = routing ? routing->tile_rows : M;
     const int v = variants().v[F];
-    // Variants 4-6: the streaming kernels; 3: the tensor cores for FP8/FP4 (the default); else this kernel.
+    // Variants 4-8: the streaming kernels; 3: the tensor cores for FP8/FP4 (the default); else this kernel.
     // (A cp.async-pipelined CUDA-core variant measured 1.2-1.8x slower than the tensor-core one on every
     // FP8/FP4 shape on the H200, and slower than this one on the bf16 LM head and the grouped wo_a.)
     if (v >= 4 && linear_gemv_stream_supported(w)) {
@@ -426,11 +426,11 @@ void* gemv_scratch(int which, size_t bytes, bool zero) {
 }
 
 void linear_gemv_set_variant(int v) {
-    if (v != 1 && (v < 3 || v > 6)) fail("linear_gemv: no variant {} (1, 3, 4, 5, 6)", v);
+    if (v != 1 && (v < 3 || v > 8)) fail("linear_gemv: no variant {} (1, 3 to 8)", v);
     for (int f = 0; f < 4; ++f) variants().v[f] = clamp_variant(f, v);
 }
 void linear_gemv_set_variant(int format, int v) {
-    if (format < 0 || format > 3 || (v != 1 && (v < 3 || v > 6))) fail("linear_gemv: no variant {} for format {}", v, format);
+    if (format < 0 || format > 3 || (v != 1 && (v < 3 || v > 8))) fail("linear_gemv: no variant {} for format {}", v, format);
     variants().v[format] = clamp_variant(format, v);
 }
 int linear_gemv_variant() { return variants().v[kFP8]; }

@@ -23,6 +23,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -36,8 +39,9 @@ constexpr int kBF16 = 1, kFP8 = 2, kFP4 = 3;
 constexpr int kWarps = 8, kThreads256 = kWarps * 32, kUnitRows = 16, kGroupRows = kWarps * kUnitRows;
 constexpr int kCols = 8;                  // activation rows per tile (the mma's n)
 constexpr int kStepActBytes = kCols * 32;  // staged activation bytes per mma k step (8 rows x 32 bytes)
-constexpr int kSmemMax = 226 * 1024;      // dynamic shared memory per block (sm_90 opt-in: 227 KB with the static)
+constexpr int kSmemMax = 225 * 1024;      // dynamic shared memory per block (sm_90 opt-in: 227 KB with the ~1.6 KB static)
 constexpr int kStageLoads = 8;            // activation float4 loads in flight per thread while staging
+constexpr int kMaxCtaTiles = 64;          // tiles whose units one CTA may take
 
 // Geometry of a stage for format F and CH bytes per weight row.
 template <int F, int CH>
@@ -109,6 +113,7 @@ struct StreamArgs {
     float* partial;  // [splits][M][N] K-split partial sums
     unsigned* counters;
     int splits, mtiles, gpb, per;  // per: stages per K slice
+    bool persistent;               // CTAs share out every (tile, group) unit; splits == 1
     bool scale_words;              // scale rows may be copied 4 bytes at a time (alignment checked on the host)
     ExpertTable experts;
     const int32_t* row_map;
@@ -129,36 +134,56 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
     float* fscale = reinterpret_cast<float*>(ring + kWarps * ST * SLOT);  // FP4: [warp][16][FS_STRIDE]
     uint8_t* act = ring + kWarps * (ST * SLOT + G::FSB);       // [k step][8 rows][32 bytes]
     __shared__ int64_t row_s[kCols];
+    __shared__ const uint8_t* tile_w[kMaxCtaTiles];
+    __shared__ const uint8_t* tile_sc[kMaxCtaTiles];
+    __shared__ int tile_m0[kMaxCtaTiles], tile_rows[kMaxCtaTiles];
     __shared__ bool last_s;
 
     const LinearDev& w = p.w;
     const int N = w.out, K = w.in;
     const int groups = (N + kGroupRows - 1) / kGroupRows, nblk = (groups + p.gpb - 1) / p.gpb;
-    int bx = static_cast<int>(blockIdx.x);
-    const int mt = bx % p.mtiles;
-    bx /= p.mtiles;
-    const int split = bx % p.splits;
-    const int nbk = bx / p.splits;
-    const int g0 = nbk * p.gpb, g1 = min(groups, g0 + p.gpb);
-    int64_t m0;
-    int rows;
-    const void* wb = w.w;
-    const uint8_t* sb = w.scale;
-    if (p.tiles) {
-        if (static_cast<int>(blockIdx.y) >= *p.n_tiles) return;
-        const int4 t = p.tiles[blockIdx.y];
-        wb = p.experts.w[t.x];
-        sb = p.experts.scale[t.x];
-        m0 = t.y;
-        rows = t.z;
+    // This CTA's units (tile-major: unit = tile * groups + group of 128 rows; a tile is 8 activation rows:
+    // dense rows 8 mt.., or a routed tile) and K slice. Persistent: an equal share of all units of the call
+    // (their count known on the device only), the whole of K. Otherwise: gpb groups of one tile, slice `split`.
+    int split = 0, mt = 0, nbk = 0, u_begin, u_end;
+    if (p.persistent) {
+        const int64_t units = static_cast<int64_t>(p.tiles ? *p.n_tiles : p.mtiles) * groups;
+        u_begin = static_cast<int>(units * blockIdx.x / gridDim.x);
+        u_end = static_cast<int>(units * (blockIdx.x + 1) / gridDim.x);
     } else {
-        m0 = static_cast<int64_t>(mt) * kCols;
-        rows = static_cast<int>(min(static_cast<int64_t>(kCols), p.M - m0));
+        int bx = static_cast<int>(blockIdx.x);
+        mt = bx % p.mtiles;
+        bx /= p.mtiles;
+        split = bx % p.splits;
+        nbk = bx / p.splits;
+        if (p.tiles && static_cast<int>(blockIdx.y) >= *p.n_tiles) return;
+        const int tile = p.tiles ? static_cast<int>(blockIdx.y) : mt, g0 = nbk * p.gpb;
+        u_begin = tile * groups + g0;
+        u_end = tile * groups + min(groups, g0 + p.gpb);
     }
+    if (u_begin >= u_end) return;
+    // The tiles the units touch (at most kMaxCtaTiles: the host bounds the units per CTA).
+    const int t_first = u_begin / groups, n_ct = (u_end - 1) / groups - t_first + 1;
+    for (int i = threadIdx.x; i < n_ct; i += kThreads256) {
+        const int ti = t_first + i;
+        if (p.tiles) {
+            const int4 t = p.tiles[ti];
+            tile_w[i] = static_cast<const uint8_t*>(p.experts.w[t.x]);
+            tile_sc[i] = p.experts.scale[t.x];
+            tile_m0[i] = t.y;
+            tile_rows[i] = t.z;
+        } else {
+            tile_w[i] = static_cast<const uint8_t*>(w.w);
+            tile_sc[i] = w.scale;
+            tile_m0[i] = ti * kCols;
+            tile_rows[i] = static_cast<int>(min(static_cast<int64_t>(kCols), p.M - static_cast<int64_t>(ti) * kCols));
+        }
+    }
+    __syncthreads();
     const int64_t row_bytes = F == kFP4 ? K / 2 : F == kFP8 ? K : 2 * static_cast<int64_t>(K);
     const int all_stages = static_cast<int>((row_bytes + CH - 1) / CH);  // the last may be partial
     const int st0 = split * p.per, S = min(all_stages, st0 + p.per) - st0;  // > 0: no empty slice is launched
-    const int steps = (g1 - g0) * S;
+    const int steps = (u_end - u_begin) * S;
     const int k0 = st0 * (CH / G::STEP_W_BYTES) * G::STEP_VALUES;  // first k value of the slice
     const int slice_values = min(K - k0, S * (CH / G::STEP_W_BYTES) * G::STEP_VALUES);
     const int KS = slice_values / G::STEP_VALUES;                   // mma k steps in the slice
@@ -169,17 +194,19 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
     const int wshift = __ffs(wblk) - 1;                          // wblk is 32, 64 or 128
     const int nkb = F == kFP8 ? (K + wblk - 1) / wblk : K / 32;  // scale bytes per scale row
 
-    // Step s: the warp's 16 rows of group g0 + s / S, stage s % S of the slice. One commit group per step,
+    // Step s: the warp's 16 rows of unit u_begin + s / S, stage s % S of the slice. One commit group per step,
     // empty or not, so that wait_group counts steps.
     auto issue = [&](int s) {
         if (s < steps) {
-            const int gi = s / S, st = s - gi * S;
-            const int r0 = (g0 + gi) * kGroupRows + warp * kUnitRows;
+            const int ui = s / S, st = s - ui * S, u = u_begin + ui, ti = u / groups - t_first;
+            const int r0 = (u - (u / groups) * groups) * kGroupRows + warp * kUnitRows;
+            const uint8_t* wb = tile_w[ti];
+            const uint8_t* sb = tile_sc[ti];
             if (r0 < N) {
                 uint8_t* slot = my_ring + (s % ST) * SLOT;
                 const int64_t boff = static_cast<int64_t>(st0 + st) * CH;  // byte offset in the row
                 const int vbytes = static_cast<int>(min(static_cast<int64_t>(CH), row_bytes - boff));
-                const uint8_t* base = static_cast<const uint8_t*>(wb) + boff;
+                const uint8_t* base = wb + boff;
                 constexpr int PIECES = CH / 16;  // 16-byte pieces per row
 #pragma unroll
                 for (int i = 0; i < kUnitRows * PIECES / 32; ++i) {
@@ -230,10 +257,6 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
 #pragma unroll
     for (int s = 0; s < ST - 1; ++s) issue(s);
 
-    if (threadIdx.x < kCols)
-        row_s[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? (p.row_map ? p.row_map[m0 + threadIdx.x] : m0 + threadIdx.x) : 0;
-    __syncthreads();
-
     // Stage the slice's activations: e4m3 bytes (bf16 pairs) per [k step][row][32 bytes], fp32 scales per
     // [k step][row]; rows past the tile as zeros. A warp handles 32 consecutive quads (4 values) per load, so
     // an activation block (8, 16 or 32 quads, aligned) lies within one warp's load.
@@ -247,7 +270,14 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
             *reinterpret_cast<uint32_t*>(row32 + within) = q;
         }
     };
-    {
+    // Tile ti's activations; called by every thread (barriers inside), after the previous tile's last reads.
+    auto stage = [&](int ti) {
+        const int rows = tile_rows[ti];
+        const int64_t m0 = tile_m0[ti];
+        __syncthreads();
+        if (threadIdx.x < kCols)
+            row_s[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? (p.row_map ? p.row_map[m0 + threadIdx.x] : m0 + threadIdx.x) : 0;
+        __syncthreads();
         const int qpr = slice_values / 4, quads = rows * qpr;  // quads per row, in all
         const int ab = F == kBF16 ? 4 : w.act_block, qpb = ab / 4;
         const bool fuse = F != kBF16 && p.xs == nullptr;
@@ -299,16 +329,17 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
             *reinterpret_cast<uint32_t*>(act + ks * kStepActBytes + m * 32 + wd * 4) = 0u;
             if (F != kBF16 && wd == 0) ascale[ks * kCols + m] = 0.0f;
         }
-    }
-    __syncthreads();
+        __syncthreads();
+    };
+    stage(0);
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int s = 0; s < steps; ++s) {
         cp_async_wait<ST - 2>();  // this lane's copies of step s have landed
         __syncwarp();             // and every lane's; every lane is done with the slot of step s - 1 ...
         issue(s + ST - 1);        // ... which this refills
-        const int gi = s / S, st = s - gi * S;
-        const int r0 = (g0 + gi) * kGroupRows + warp * kUnitRows;
+        const int ui = s / S, st = s - ui * S, u = u_begin + ui, ti = u / groups - t_first;
+        const int r0 = (u - (u / groups) * groups) * kGroupRows + warp * kUnitRows;
         const uint8_t* slot = my_ring + (s % ST) * SLOT;
         const uint8_t* sc = slot + kUnitRows * RS;
         const int64_t boff = static_cast<int64_t>(st0 + st) * CH;
@@ -370,6 +401,7 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
             }
         }
         if (st == S - 1) {  // the unit's last stage: write this lane's four outputs, restart
+            const int rows = tile_rows[ti];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int n = r0 + g + (i >> 1) * 8, m = 2 * t + (i & 1);
@@ -380,6 +412,9 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
                 }
                 acc[i] = 0.0f;
             }
+            // The next unit in another tile (persistent CTAs): its activations replace these. The ring keeps
+            // streaming meanwhile (its next ST - 1 stages are in flight).
+            if (s + 1 < steps && (u + 1) / groups - t_first != ti) stage(ti + 1);
         }
     }
     cp_async_wait<0>();
@@ -393,13 +428,35 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
     __syncthreads();
     if (!last_s) return;
     __threadfence();
-    const int n0 = g0 * kGroupRows, width = min(N, g1 * kGroupRows) - n0;
-    for (int i = threadIdx.x; i < rows * width; i += kThreads256) {
-        const int m = i / width;
-        const int64_t o = row_s[m] * N + n0 + (i - m * width);
-        float v = __ldcg(p.partial + o);
-        for (int k = 1; k < p.splits; ++k) v += __ldcg(p.partial + static_cast<int64_t>(k) * p.M * N + o);
-        p.y[o] = round_bf16(v);
+    // Four outputs per thread and eight slices at a time in flight (independent loads), summed in slice order.
+    const int rows = tile_rows[0], n0 = (u_begin - t_first * groups) * kGroupRows;
+    const int width = min(N, (u_end - t_first * groups) * kGroupRows) - n0, total = rows * width;
+    const int64_t slice = p.M * static_cast<int64_t>(N);
+    for (int i0 = threadIdx.x; i0 < total; i0 += 4 * kThreads256) {
+        int64_t o[4];
+        float v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int i = min(i0 + j * kThreads256, total - 1), m = i / width;
+            o[j] = row_s[m] * N + n0 + (i - m * width);
+            v[j] = 0.0f;
+        }
+        for (int k0 = 0; k0 < p.splits; k0 += 8) {
+            float part[4][8];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int kk = 0; kk < 8; ++kk)
+                    part[j][kk] = k0 + kk < p.splits ? __ldcg(p.partial + (k0 + kk) * slice + o[j]) : 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int kk = 0; kk < 8; ++kk)
+                    if (k0 + kk < p.splits) v[j] = k0 + kk == 0 ? part[j][kk] : v[j] + part[j][kk];
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (i0 + j * kThreads256 < total) p.y[o[j]] = round_bf16(v[j]);
     }
     if (threadIdx.x == 0) p.counters[ticket] = 0;  // ready for the next call
 }
@@ -414,15 +471,33 @@ size_t act_bytes(int per) {
     return static_cast<size_t>(per) * (CH / Geo<F, CH>::STEP_W_BYTES) * Geo<F, CH>::ACT_STEP;
 }
 
+// Dynamic shared memory this kernel may use (opted in once): kSmemMax, or less where the device's opt-in
+// limit minus the kernel's static shared memory is smaller.
+template <int F, int CH, int ST, int MINB>
+size_t smem_limit() {
+    static const size_t limit = [] {
+        int dev = 0, optin = 0;
+        PG_CUDA(cudaGetDevice(&dev));
+        PG_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        cudaFuncAttributes fa{};
+        PG_CUDA(cudaFuncGetAttributes(&fa, gemv_stream_kernel<F, CH, ST, MINB>));
+        const size_t l = std::min<size_t>(kSmemMax, static_cast<size_t>(std::max<int64_t>(0, int64_t{optin} - static_cast<int64_t>(fa.sharedSizeBytes))));
+        PG_CUDA(cudaFuncSetAttribute(gemv_stream_kernel<F, CH, ST, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l)));
+        return l;
+    }();
+    return limit;
+}
+
 template <int F, int CH, int ST, int MINB>
 int occupancy(size_t smem) {
-    // Cached per KB of shared memory (the occupancy query is a runtime call).
+    // Cached per KB of shared memory (the occupancy query is a runtime call), asked for the KB's upper end.
     static int cache[kSmemMax / 1024 + 2] = {};
-    const size_t kb = (smem + 1023) / 1024;
-    if (kb >= sizeof(cache) / sizeof(cache[0])) return 0;
+    const size_t limit = smem_limit<F, CH, ST, MINB>(), kb = (smem + 1023) / 1024;
+    if (smem > limit || kb >= sizeof(cache) / sizeof(cache[0])) return 0;
     if (cache[kb] == 0) {
         int n = 0;
-        PG_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_stream_kernel<F, CH, ST, MINB>, kThreads256, kb * 1024));
+        PG_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_stream_kernel<F, CH, ST, MINB>, kThreads256,
+                                                              std::min(kb * 1024, limit)));
         cache[kb] = std::max(n, 0) + 1;  // + 1: 0 means not asked yet
     }
     return cache[kb] - 1;
@@ -430,7 +505,8 @@ int occupancy(size_t smem) {
 
 // Work split for a shape: `splits` K slices of `per` stages, `gpb` groups of 128 rows per CTA. Cost of a
 // choice, in bytes an SM moves: the CTAs of the busiest SM (ceil(CTAs / SMs)) times what each reads (weights,
-// its activation slice as fp32, a ramp for filling the pipeline) plus the K split's partial sums. Rows per tile
+// its activation slice as fp32, a ramp for filling the pipeline, hidden in part where CTAs share an SM, and a
+// K split's partial sums and reduction). Rows per tile
 // estimated as the average (routed) or the tile's (dense). Returns (splits, gpb).
 template <int F, int CH, int ST, int MINB>
 std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, int64_t tiles) {
@@ -448,16 +524,20 @@ std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, i
         const int per = (all_stages + splits - 1) / splits;
         if ((all_stages + per - 1) / per != splits) continue;  // an empty slice
         const size_t smem = ring + act_bytes<F, CH>(per);
-        if (smem > static_cast<size_t>(kSmemMax) || occupancy<F, CH, ST, MINB>(smem) < 1) continue;
+        const int occ = occupancy<F, CH, ST, MINB>(smem);
+        if (occ < 1) continue;
         const int64_t act = static_cast<int64_t>(rows_est) * per * (CH / G::STEP_W_BYTES) * G::STEP_VALUES * 4;
         for (int gpb = 1; gpb <= groups; ++gpb) {
             const int nblk = (groups + gpb - 1) / gpb;
             if (gpb > 1 && (groups + gpb - 2) / (gpb - 1) == nblk) continue;  // same CTA count as gpb - 1
             const int64_t ctas = base * nblk * splits;
             const int64_t per_sm = (ctas + sms - 1) / sms;
+            // A K split: each slice writes its partial sums; the last reduces them, eight slices per round trip
+            // (~1 us, ~32 KB of an SM's streaming) for every 1024 outputs.
+            const int64_t outs = static_cast<int64_t>(rows_est) * gpb * kGroupRows;
+            const int64_t split_cost = splits > 1 ? outs * 4 + 32 * 1024 * ((splits + 7) / 8) * ((outs + 1023) / 1024) : 0;
             const double cost = static_cast<double>(per_sm) *
-                                    static_cast<double>(gpb * per * stage_bytes + act + ramp) +
-                                (splits > 1 ? static_cast<double>(splits) * rows_est * gpb * kGroupRows * 8 : 0.0);
+                                static_cast<double>(gpb * per * stage_bytes + act + ramp / occ + split_cost);
             if (best_splits == 0 || cost < best_cost) {
                 best_cost = cost;
                 best_splits = splits;
@@ -471,7 +551,7 @@ std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, i
 
 template <int F, int CH, int ST, int MINB>
 void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
-            const LinearRouting* routing) {
+            const LinearRouting* routing, bool persistent) {
     const int N = w.out, groups = (N + kGroupRows - 1) / kGroupRows;
     const int64_t row_bytes = F == kFP4 ? w.in / 2 : F == kFP8 ? w.in : 2 * static_cast<int64_t>(w.in);
     const int all_stages = static_cast<int>((row_bytes + CH - 1) / CH);
@@ -479,25 +559,54 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     const int64_t tiles = routing ? std::min<int64_t>(routing->max_tiles, M) : 1;
     if (tiles > 65535) fail("linear_gemv: {} routed tiles exceed the grid limit", tiles);
     const size_t ring = ring_bytes<F, CH, ST>();
-    static const bool opted_in = [] {  // before the occupancy queries, which honour the limit
-        PG_CUDA(cudaFuncSetAttribute(gemv_stream_kernel<F, CH, ST, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemMax));
-        return true;
-    }();
-    (void)opted_in;
+    const size_t limit = smem_limit<F, CH, ST, MINB>();  // opts in: before the occupancy queries
     // The split of a shape is worked out once (the search is a few thousand steps of host arithmetic).
     static std::mutex mu;
     static std::map<std::tuple<int, int, int64_t, int64_t>, std::pair<int, int>> plans;
     std::pair<int, int> plan;
+    bool fresh = false;
     {
         std::lock_guard<std::mutex> lock(mu);
         const auto key = std::make_tuple(N, w.in, M, tiles);
         auto it = plans.find(key);
-        if (it == plans.end()) it = plans.emplace(key, choose_split<F, CH, ST, MINB>(N, all_stages, M, mtiles, tiles)).first;
+        if (it == plans.end()) {
+            it = plans.emplace(key, choose_split<F, CH, ST, MINB>(N, all_stages, M, mtiles, tiles)).first;
+            fresh = true;
+        }
         plan = it->second;
     }
-    const int splits = plan.first, gpb = plan.second, per = (all_stages + splits - 1) / splits;
-    const int nblk = (groups + gpb - 1) / gpb;
-    const size_t smem = ring + act_bytes<F, CH>(per);
+    int splits = plan.first, gpb = plan.second, per = (all_stages + splits - 1) / splits;
+    int nblk = (groups + gpb - 1) / gpb;
+    size_t smem = ring + act_bytes<F, CH>(per);
+    // Persistent (routed calls with at least a CTA's worth of units per resident CTA): one CTA per resident slot,
+    // each an equal share of the (tile, group) units over the whole of K, and at most kMaxCtaTiles - 1 units.
+    int64_t ctas = 0;
+    const int64_t units = tiles * groups;
+    if (persistent && routing && units < (int64_t{1} << 31)) {
+        const size_t full = ring + act_bytes<F, CH>(all_stages);
+        const int occ = full <= limit ? occupancy<F, CH, ST, MINB>(full) : 0;
+        const int64_t slots = static_cast<int64_t>(occ) * gemv_sm_count();
+        if (occ > 0 && units >= slots) {
+            ctas = std::max<int64_t>(slots, (units + kMaxCtaTiles - 2) / (kMaxCtaTiles - 1));
+            splits = 1;
+            gpb = 1;
+            per = all_stages;
+            nblk = groups;
+            smem = full;
+        }
+    }
+
+    static const bool trace = [] {
+        const char* e = std::getenv("PEREGRINE_GEMV_TRACE");
+        return e && *e && std::string(e) != "0";
+    }();
+    if (trace && fresh)
+        std::fprintf(stderr, "gemv-stream plan: fmt %d CH %d ST %d | N %d K %d M %lld tiles %lld -> %s splits %d x %d stages, "
+                             "%d groups/CTA, %lld CTAs, %zu B smem, %d CTAs/SM\n",
+                     F, CH, ST, N, w.in, static_cast<long long>(M), static_cast<long long>(tiles),
+                     ctas > 0 ? "persistent" : "grid", splits, per, gpb,
+                     static_cast<long long>(ctas > 0 ? ctas : static_cast<int64_t>(nblk) * splits * mtiles * tiles), smem,
+                     occupancy<F, CH, ST, MINB>(smem));
 
     StreamArgs a{};
     a.x = x;
@@ -509,6 +618,7 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     a.mtiles = mtiles;
     a.gpb = gpb;
     a.per = per;
+    a.persistent = ctas > 0;
     // 4-byte scale copies: scale rows a multiple of 4 bytes and the (first expert's) table 4-byte aligned.
     const int nkb = F == kFP8 ? (w.in + w.weight_block - 1) / w.weight_block : w.in / 32;
     a.scale_words = F != kBF16 && nkb % 4 == 0 && reinterpret_cast<uintptr_t>(w.scale) % 4 == 0;
@@ -516,13 +626,13 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     a.row_map = routing ? routing->row_map : nullptr;
     a.tiles = routing ? reinterpret_cast<const int4*>(routing->tiles) : nullptr;
     a.n_tiles = routing ? routing->n_tiles : nullptr;
-    const int64_t gx = static_cast<int64_t>(nblk) * splits * mtiles;
+    const int64_t gx = ctas > 0 ? ctas : static_cast<int64_t>(nblk) * splits * mtiles;
     if (gx > 0x7fffffff) fail("linear_gemv: grid of {} blocks is too large", gx);
     if (splits > 1) {
         a.partial = static_cast<float*>(gemv_scratch(0, sizeof(float) * static_cast<size_t>(splits) * M * N, false));
         a.counters = static_cast<unsigned*>(gemv_scratch(1, sizeof(unsigned) * static_cast<size_t>(tiles) * mtiles * nblk, true));
     }
-    dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(tiles));
+    dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(ctas > 0 ? 1 : tiles));
     gemv_stream_kernel<F, CH, ST, MINB><<<grid, kThreads256, smem>>>(a);
     PG_LAUNCHED();
 }
@@ -531,9 +641,11 @@ template <int F>
 void launch_variant(int v, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
                     const ExpertTable* experts, const LinearRouting* routing) {
     switch (v) {
-        case 4: launch<F, 128, 6, 1>(x, xs, M, w, y, experts, routing); break;  // 80 KB in flight per CTA
-        case 5: launch<F, 256, 4, 1>(x, xs, M, w, y, experts, routing); break;  // 96 KB, 1 KB lines per 4 rows
-        default: launch<F, 128, 4, 2>(x, xs, M, w, y, experts, routing); break;  // 48 KB, two CTAs per SM
+        case 4: launch<F, 128, 6, 1>(x, xs, M, w, y, experts, routing, false); break;  // 80 KB in flight per CTA
+        case 5: launch<F, 256, 4, 1>(x, xs, M, w, y, experts, routing, false); break;  // 96 KB, 4 rows x 256 B per copy
+        case 6: launch<F, 128, 4, 2>(x, xs, M, w, y, experts, routing, false); break;  // 48 KB, two CTAs per SM
+        case 7: launch<F, 128, 6, 1>(x, xs, M, w, y, experts, routing, true); break;   // 4, persistent when routed
+        default: launch<F, 256, 4, 1>(x, xs, M, w, y, experts, routing, true); break;  // 5, persistent when routed
     }
 }
 
@@ -563,7 +675,7 @@ bool linear_gemv_stream_quantises(const LinearDev& w) {
 void linear_gemv_stream(int variant, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
                         const ExpertTable* experts, const LinearRouting* routing) {
     if (M == 0 || w.out == 0) return;
-    if (variant < 4 || variant > 6) fail("linear_gemv_stream: no variant {}", variant);
+    if (variant < 4 || variant > 8) fail("linear_gemv_stream: no variant {}", variant);
     if (!linear_gemv_stream_supported(w)) fail("linear_gemv_stream: unsupported linear (kind {}, in {})", w.kind, w.in);
     if (reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("linear_gemv_stream: activations must be 16-byte aligned");
     if (routing && routing->tile_rows > kCols) fail("linear_gemv_stream: routed tiles of {} rows", routing->tile_rows);

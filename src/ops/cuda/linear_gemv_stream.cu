@@ -37,8 +37,7 @@ namespace {
 
 constexpr int kBF16 = 1, kFP8 = 2, kFP4 = 3;
 constexpr int kWarps = 8, kThreads256 = kWarps * 32, kUnitRows = 16, kGroupRows = kWarps * kUnitRows;
-constexpr int kCols = 8;                  // activation rows per tile (the mma's n)
-constexpr int kStepActBytes = kCols * 32;  // staged activation bytes per mma k step (8 rows x 32 bytes)
+constexpr int kCols = 8;                  // activation rows per mma (its n); a tile is MT of them
 constexpr int kSmemMax = 225 * 1024;      // dynamic shared memory per block (sm_90 opt-in: 227 KB with the ~1.6 KB static)
 constexpr int kStageLoads = 8;            // activation float4 loads in flight per thread while staging
 constexpr int kMaxCtaTiles = 64;          // tiles whose units one CTA may take
@@ -55,7 +54,6 @@ struct Geo {
     static constexpr int SLOT = kUnitRows * RS + SC;
     static constexpr int STEP_VALUES = F == kBF16 ? 16 : 32;   // k values per mma step
     static constexpr int STEP_W_BYTES = F == kFP4 ? 16 : 32;   // weight bytes per row per mma step
-    static constexpr int ACT_STEP = kStepActBytes + (F == kBF16 ? 0 : kCols * 4);  // + fp32 scales
     // FP4: the current stage's row scales as floats (x 2^6), per warp; rows padded against bank conflicts.
     static constexpr int FS_STRIDE = STEPS + 1;
     static constexpr int FSB = F == kFP4 ? kUnitRows * FS_STRIDE * 4 : 0;
@@ -125,15 +123,16 @@ struct StreamArgs {
 // 4 bytes [4t, 4t+4) = values 8t..8t+7) of weight rows g and g+8, its B registers the same k positions of
 // activation row g; the mma's k order is a permutation of the step's, the same for A and B. D values: weight
 // rows g, g+8 x activation rows 2t, 2t+1.
-template <int F, int CH, int ST, int MINB>
+template <int F, int CH, int ST, int MINB, int MT>
 __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamArgs p) {
     using G = Geo<F, CH>;
     constexpr int RS = G::RS, STEPS = G::STEPS, SLOT = G::SLOT;
+    constexpr int TR = kCols * MT, STEP_ACT = TR * 32;  // rows of a tile; their e4m3 (bf16) bytes per k step
     extern __shared__ float4 smem4[];
     uint8_t* ring = reinterpret_cast<uint8_t*>(smem4);        // [warp][ST][SLOT]
     float* fscale = reinterpret_cast<float*>(ring + kWarps * ST * SLOT);  // FP4: [warp][16][FS_STRIDE]
     uint8_t* act = ring + kWarps * (ST * SLOT + G::FSB);       // [k step][8 rows][32 bytes]
-    __shared__ int64_t row_s[kCols];
+    __shared__ int64_t row_s[TR];
     __shared__ const uint8_t* tile_w[kMaxCtaTiles];
     __shared__ const uint8_t* tile_sc[kMaxCtaTiles];
     __shared__ int tile_m0[kMaxCtaTiles], tile_rows[kMaxCtaTiles];
@@ -175,8 +174,8 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
         } else {
             tile_w[i] = static_cast<const uint8_t*>(w.w);
             tile_sc[i] = w.scale;
-            tile_m0[i] = ti * kCols;
-            tile_rows[i] = static_cast<int>(min(static_cast<int64_t>(kCols), p.M - static_cast<int64_t>(ti) * kCols));
+            tile_m0[i] = ti * TR;
+            tile_rows[i] = static_cast<int>(min(static_cast<int64_t>(TR), p.M - static_cast<int64_t>(ti) * TR));
         }
     }
     __syncthreads();
@@ -260,7 +259,7 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
     // Stage the slice's activations: e4m3 bytes (bf16 pairs) per [k step][row][32 bytes], fp32 scales per
     // [k step][row]; rows past the tile as zeros. A warp handles 32 consecutive quads (4 values) per load, so
     // an activation block (8, 16 or 32 quads, aligned) lies within one warp's load.
-    float* ascale = reinterpret_cast<float*>(act + KS * kStepActBytes);
+    float* ascale = reinterpret_cast<float*>(act + KS * STEP_ACT);
     // Four e4m3 bytes of values within..within+3 of a k step into its 32 bytes of one row (FP4: permuted).
     auto store_act4 = [](uint8_t* row32, int within, uint32_t q) {
         if constexpr (F == kFP4) {
@@ -275,7 +274,7 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
         const int rows = tile_rows[ti];
         const int64_t m0 = tile_m0[ti];
         __syncthreads();
-        if (threadIdx.x < kCols)
+        if (threadIdx.x < TR)
             row_s[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? (p.row_map ? p.row_map[m0 + threadIdx.x] : m0 + threadIdx.x) : 0;
         __syncthreads();
         const int qpr = slice_values / 4, quads = rows * qpr;  // quads per row, in all
@@ -301,7 +300,7 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
                 const int kv = kq * 4, ks = kv / G::STEP_VALUES, within = kv % G::STEP_VALUES;
                 if constexpr (F == kBF16) {
                     if (u < quads)
-                        *reinterpret_cast<uint2*>(act + ks * kStepActBytes + m * 32 + within * 2) =
+                        *reinterpret_cast<uint2*>(act + ks * STEP_ACT + m * 32 + within * 2) =
                             make_uint2(bf16x2(v[i].x, v[i].y), bf16x2(v[i].z, v[i].w));
                 } else if (fuse) {
                     // act_quant: amax over the block, s = 2^ceil(log2(max(amax, 1e-4) / 448)), q = e4m3(x / s).
@@ -309,31 +308,31 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
                     for (int o = qpb >> 1; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
                     const float s = pow2_round_scale(fmaxf(a, 1e-4f), 1.0f / 448.0f);
                     if (u < quads) {
-                        store_act4(act + ks * kStepActBytes + m * 32, within,
+                        store_act4(act + ks * STEP_ACT + m * 32, within,
                                    e4m3x4(fminf(fmaxf(v[i].x / s, -448.0f), 448.0f), fminf(fmaxf(v[i].y / s, -448.0f), 448.0f),
                                           fminf(fmaxf(v[i].z / s, -448.0f), 448.0f), fminf(fmaxf(v[i].w / s, -448.0f), 448.0f)));
-                        if (within == 0) ascale[ks * kCols + m] = s;
+                        if (within == 0) ascale[ks * TR + m] = s;
                     }
                 } else {
                     if (u < quads) {
-                        store_act4(act + ks * kStepActBytes + m * 32, within, e4m3x4(v[i].x, v[i].y, v[i].z, v[i].w));
-                        if (within == 0) ascale[ks * kCols + m] = p.xs[row_s[m] * (K / ab) + (k0 + kv) / ab];
+                        store_act4(act + ks * STEP_ACT + m * 32, within, e4m3x4(v[i].x, v[i].y, v[i].z, v[i].w));
+                        if (within == 0) ascale[ks * TR + m] = p.xs[row_s[m] * (K / ab) + (k0 + kv) / ab];
                     }
                 }
             }
         }
         // Rows past the tile: zero bytes and scales, so that their (unwritten) outputs stay finite.
-        const int zq = (kCols - rows) * KS * 8;  // 4-byte words
+        const int zq = (TR - rows) * KS * 8;  // 4-byte words
         for (int u = threadIdx.x; u < zq; u += kThreads256) {
             const int m = rows + u / (KS * 8), r = u % (KS * 8), ks = r / 8, wd = r % 8;
-            *reinterpret_cast<uint32_t*>(act + ks * kStepActBytes + m * 32 + wd * 4) = 0u;
-            if (F != kBF16 && wd == 0) ascale[ks * kCols + m] = 0.0f;
+            *reinterpret_cast<uint32_t*>(act + ks * STEP_ACT + m * 32 + wd * 4) = 0u;
+            if (F != kBF16 && wd == 0) ascale[ks * TR + m] = 0.0f;
         }
         __syncthreads();
     };
     stage(0);
 
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[MT][4] = {};
     for (int s = 0; s < steps; ++s) {
         cp_async_wait<ST - 2>();  // this lane's copies of step s have landed
         __syncwarp();             // and every lane's; every lane is done with the slot of step s - 1 ...
@@ -345,6 +344,7 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
         const int64_t boff = static_cast<int64_t>(st0 + st) * CH;
         const int vsteps = static_cast<int>(min(static_cast<int64_t>(CH), row_bytes - boff)) / G::STEP_W_BYTES;
         const int ks0 = st * STEPS;  // first k step of the stage in the slice
+        const int rows_cur = tile_rows[ti];
         float* fs = fscale + warp * (kUnitRows * G::FS_STRIDE);
         if constexpr (F == kFP4) {
             // The stage's 16 x STEPS scale bytes as floats x 2^6, a word (4 bytes) per lane at a time.
@@ -378,40 +378,46 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
                     a[1] = hi.x;
                     a[3] = hi.y;
                 }
-                const uint2 b = *reinterpret_cast<const uint2*>(act + (ks0 + j) * kStepActBytes + g * 32 + 8 * t);
-                if constexpr (F == kBF16) {
-                    mma_bf16(acc, a, b.x, b.y);
-                } else {
-                    float ws_lo, ws_hi;
-                    if constexpr (F == kFP4) {
-                        ws_lo = fs[g * G::FS_STRIDE + j];
-                        ws_hi = fs[(g + 8) * G::FS_STRIDE + j];
+                float ws_lo = 1.0f, ws_hi = 1.0f;
+                if constexpr (F == kFP4) {
+                    ws_lo = fs[g * G::FS_STRIDE + j];
+                    ws_hi = fs[(g + 8) * G::FS_STRIDE + j];
+                } else if constexpr (F == kFP8) {
+                    const int kq = (static_cast<int>(boff) + 32 * j) >> wshift, kqw = (static_cast<int>(boff) >> wshift) & ~3;
+                    ws_lo = ws_hi = e8m0_to_f32(sc[kq - kqw]);
+                }
+                // The tile's rows, 8 (one mma) at a time; the A fragment is shared.
+#pragma unroll
+                for (int c = 0; c < MT; ++c) {
+                    if (c * kCols >= rows_cur) break;  // warp-uniform
+                    const uint2 b = *reinterpret_cast<const uint2*>(act + (ks0 + j) * STEP_ACT + (c * kCols + g) * 32 + 8 * t);
+                    if constexpr (F == kBF16) {
+                        mma_bf16(acc[c], a, b.x, b.y);
                     } else {
-                        const int kq = (static_cast<int>(boff) + 32 * j) >> wshift, kqw = (static_cast<int>(boff) >> wshift) & ~3;
-                        ws_lo = ws_hi = e8m0_to_f32(sc[kq - kqw]);
+                        const float2 as = *reinterpret_cast<const float2*>(ascale + (ks0 + j) * TR + c * kCols + 2 * t);
+                        float d[4];
+                        mma_e4m3(d, a, b.x, b.y);
+                        acc[c][0] = __fmaf_rn(d[0], ws_lo * as.x, acc[c][0]);
+                        acc[c][1] = __fmaf_rn(d[1], ws_lo * as.y, acc[c][1]);
+                        acc[c][2] = __fmaf_rn(d[2], ws_hi * as.x, acc[c][2]);
+                        acc[c][3] = __fmaf_rn(d[3], ws_hi * as.y, acc[c][3]);
                     }
-                    const float2 as = *reinterpret_cast<const float2*>(ascale + (ks0 + j) * kCols + 2 * t);
-                    float d[4];
-                    mma_e4m3(d, a, b.x, b.y);
-                    acc[0] = __fmaf_rn(d[0], ws_lo * as.x, acc[0]);
-                    acc[1] = __fmaf_rn(d[1], ws_lo * as.y, acc[1]);
-                    acc[2] = __fmaf_rn(d[2], ws_hi * as.x, acc[2]);
-                    acc[3] = __fmaf_rn(d[3], ws_hi * as.y, acc[3]);
                 }
             }
         }
-        if (st == S - 1) {  // the unit's last stage: write this lane's four outputs, restart
-            const int rows = tile_rows[ti];
+        if (st == S - 1) {  // the unit's last stage: write this lane's outputs, restart
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int n = r0 + g + (i >> 1) * 8, m = 2 * t + (i & 1);
-                if (m < rows && n < N) {
-                    const int64_t idx = row_s[m] * N + n;
-                    if (p.splits > 1) p.partial[static_cast<int64_t>(split) * p.M * N + idx] = acc[i];
-                    else p.y[idx] = round_bf16(acc[i]);
+            for (int c = 0; c < MT; ++c)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int n = r0 + g + (i >> 1) * 8, m = c * kCols + 2 * t + (i & 1);
+                    if (m < rows_cur && n < N) {
+                        const int64_t idx = row_s[m] * N + n;
+                        if (p.splits > 1) p.partial[static_cast<int64_t>(split) * p.M * N + idx] = acc[c][i];
+                        else p.y[idx] = round_bf16(acc[c][i]);
+                    }
+                    acc[c][i] = 0.0f;
                 }
-                acc[i] = 0.0f;
-            }
             // The next unit in another tile (persistent CTAs): its activations replace these. The ring keeps
             // streaming meanwhile (its next ST - 1 stages are in flight).
             if (s + 1 < steps && (u + 1) / groups - t_first != ti) stage(ti + 1);
@@ -466,37 +472,42 @@ template <int F, int CH, int ST>
 constexpr size_t ring_bytes() {
     return static_cast<size_t>(kWarps) * (ST * Geo<F, CH>::SLOT + Geo<F, CH>::FSB);
 }
-template <int F, int CH>
+// Staged activation bytes per mma k step of a tile of MT x 8 rows: 32 bytes per row, + fp32 scales.
+template <int F, int MT>
+constexpr int act_step_bytes() {
+    return kCols * MT * (32 + (F == kBF16 ? 0 : 4));
+}
+template <int F, int CH, int MT>
 size_t act_bytes(int per) {
-    return static_cast<size_t>(per) * (CH / Geo<F, CH>::STEP_W_BYTES) * Geo<F, CH>::ACT_STEP;
+    return static_cast<size_t>(per) * (CH / Geo<F, CH>::STEP_W_BYTES) * act_step_bytes<F, MT>();
 }
 
 // Dynamic shared memory this kernel may use (opted in once): kSmemMax, or less where the device's opt-in
 // limit minus the kernel's static shared memory is smaller.
-template <int F, int CH, int ST, int MINB>
+template <int F, int CH, int ST, int MINB, int MT>
 size_t smem_limit() {
     static const size_t limit = [] {
         int dev = 0, optin = 0;
         PG_CUDA(cudaGetDevice(&dev));
         PG_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
         cudaFuncAttributes fa{};
-        PG_CUDA(cudaFuncGetAttributes(&fa, gemv_stream_kernel<F, CH, ST, MINB>));
+        PG_CUDA(cudaFuncGetAttributes(&fa, gemv_stream_kernel<F, CH, ST, MINB, MT>));
         const size_t l = std::min<size_t>(kSmemMax, static_cast<size_t>(std::max<int64_t>(0, int64_t{optin} - static_cast<int64_t>(fa.sharedSizeBytes))));
-        PG_CUDA(cudaFuncSetAttribute(gemv_stream_kernel<F, CH, ST, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l)));
+        PG_CUDA(cudaFuncSetAttribute(gemv_stream_kernel<F, CH, ST, MINB, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l)));
         return l;
     }();
     return limit;
 }
 
-template <int F, int CH, int ST, int MINB>
+template <int F, int CH, int ST, int MINB, int MT>
 int occupancy(size_t smem) {
     // Cached per KB of shared memory (the occupancy query is a runtime call), asked for the KB's upper end.
     static int cache[kSmemMax / 1024 + 2] = {};
-    const size_t limit = smem_limit<F, CH, ST, MINB>(), kb = (smem + 1023) / 1024;
+    const size_t limit = smem_limit<F, CH, ST, MINB, MT>(), kb = (smem + 1023) / 1024;
     if (smem > limit || kb >= sizeof(cache) / sizeof(cache[0])) return 0;
     if (cache[kb] == 0) {
         int n = 0;
-        PG_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_stream_kernel<F, CH, ST, MINB>, kThreads256,
+        PG_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_stream_kernel<F, CH, ST, MINB, MT>, kThreads256,
                                                               std::min(kb * 1024, limit)));
         cache[kb] = std::max(n, 0) + 1;  // + 1: 0 means not asked yet
     }
@@ -508,13 +519,13 @@ int occupancy(size_t smem) {
 // its activation slice as fp32, a ramp for filling the pipeline, hidden in part where CTAs share an SM, and a
 // K split's partial sums and reduction). Rows per tile
 // estimated as the average (routed) or the tile's (dense). Returns (splits, gpb).
-template <int F, int CH, int ST, int MINB>
+template <int F, int CH, int ST, int MINB, int MT>
 std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, int64_t tiles) {
     using G = Geo<F, CH>;
     const int groups = (N + kGroupRows - 1) / kGroupRows, sms = gemv_sm_count();
     const size_t ring = ring_bytes<F, CH, ST>();
     const int64_t base = static_cast<int64_t>(mtiles) * tiles;
-    const int rows_est = static_cast<int>(std::clamp<int64_t>((M + base - 1) / base, 1, kCols));
+    const int rows_est = static_cast<int>(std::clamp<int64_t>((M + base - 1) / base, 1, kCols * MT));
     const int64_t stage_bytes = static_cast<int64_t>(kGroupRows) * CH;  // a CTA's bytes per stage
     const int64_t ramp = 64 * 1024;
     int best_splits = 0, best_gpb = 1;
@@ -523,8 +534,8 @@ std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, i
     for (int splits = 1; splits <= max_splits; ++splits) {
         const int per = (all_stages + splits - 1) / splits;
         if ((all_stages + per - 1) / per != splits) continue;  // an empty slice
-        const size_t smem = ring + act_bytes<F, CH>(per);
-        const int occ = occupancy<F, CH, ST, MINB>(smem);
+        const size_t smem = ring + act_bytes<F, CH, MT>(per);
+        const int occ = occupancy<F, CH, ST, MINB, MT>(smem);
         if (occ < 1) continue;
         const int64_t act = static_cast<int64_t>(rows_est) * per * (CH / G::STEP_W_BYTES) * G::STEP_VALUES * 4;
         for (int gpb = 1; gpb <= groups; ++gpb) {
@@ -549,17 +560,17 @@ std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, i
     return {best_splits, best_gpb};
 }
 
-template <int F, int CH, int ST, int MINB>
+template <int F, int CH, int ST, int MINB, int MT>
 void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
             const LinearRouting* routing, bool persistent) {
     const int N = w.out, groups = (N + kGroupRows - 1) / kGroupRows;
     const int64_t row_bytes = F == kFP4 ? w.in / 2 : F == kFP8 ? w.in : 2 * static_cast<int64_t>(w.in);
     const int all_stages = static_cast<int>((row_bytes + CH - 1) / CH);
-    const int mtiles = routing ? 1 : static_cast<int>((M + kCols - 1) / kCols);
+    const int mtiles = routing ? 1 : static_cast<int>((M + kCols * MT - 1) / (kCols * MT));
     const int64_t tiles = routing ? std::min<int64_t>(routing->max_tiles, M) : 1;
     if (tiles > 65535) fail("linear_gemv: {} routed tiles exceed the grid limit", tiles);
     const size_t ring = ring_bytes<F, CH, ST>();
-    const size_t limit = smem_limit<F, CH, ST, MINB>();  // opts in: before the occupancy queries
+    const size_t limit = smem_limit<F, CH, ST, MINB, MT>();  // opts in: before the occupancy queries
     // The split of a shape is worked out once (the search is a few thousand steps of host arithmetic).
     static std::mutex mu;
     static std::map<std::tuple<int, int, int64_t, int64_t>, std::pair<int, int>> plans;
@@ -570,21 +581,21 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
         const auto key = std::make_tuple(N, w.in, M, tiles);
         auto it = plans.find(key);
         if (it == plans.end()) {
-            it = plans.emplace(key, choose_split<F, CH, ST, MINB>(N, all_stages, M, mtiles, tiles)).first;
+            it = plans.emplace(key, choose_split<F, CH, ST, MINB, MT>(N, all_stages, M, mtiles, tiles)).first;
             fresh = true;
         }
         plan = it->second;
     }
     int splits = plan.first, gpb = plan.second, per = (all_stages + splits - 1) / splits;
     int nblk = (groups + gpb - 1) / gpb;
-    size_t smem = ring + act_bytes<F, CH>(per);
+    size_t smem = ring + act_bytes<F, CH, MT>(per);
     // Persistent (routed calls with at least a CTA's worth of units per resident CTA): one CTA per resident slot,
     // each an equal share of the (tile, group) units over the whole of K, and at most kMaxCtaTiles - 1 units.
     int64_t ctas = 0;
     const int64_t units = tiles * groups;
     if (persistent && routing && units < (int64_t{1} << 31)) {
-        const size_t full = ring + act_bytes<F, CH>(all_stages);
-        const int occ = full <= limit ? occupancy<F, CH, ST, MINB>(full) : 0;
+        const size_t full = ring + act_bytes<F, CH, MT>(all_stages);
+        const int occ = full <= limit ? occupancy<F, CH, ST, MINB, MT>(full) : 0;
         const int64_t slots = static_cast<int64_t>(occ) * gemv_sm_count();
         if (occ > 0 && units >= slots) {
             ctas = std::max<int64_t>(slots, (units + kMaxCtaTiles - 2) / (kMaxCtaTiles - 1));
@@ -606,7 +617,7 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
                      F, CH, ST, N, w.in, static_cast<long long>(M), static_cast<long long>(tiles),
                      ctas > 0 ? "persistent" : "grid", splits, per, gpb,
                      static_cast<long long>(ctas > 0 ? ctas : static_cast<int64_t>(nblk) * splits * mtiles * tiles), smem,
-                     occupancy<F, CH, ST, MINB>(smem));
+                     occupancy<F, CH, ST, MINB, MT>(smem));
 
     StreamArgs a{};
     a.x = x;
@@ -633,19 +644,29 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
         a.counters = static_cast<unsigned*>(gemv_scratch(1, sizeof(unsigned) * static_cast<size_t>(tiles) * mtiles * nblk, true));
     }
     dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(ctas > 0 ? 1 : tiles));
-    gemv_stream_kernel<F, CH, ST, MINB><<<grid, kThreads256, smem>>>(a);
+    gemv_stream_kernel<F, CH, ST, MINB, MT><<<grid, kThreads256, smem>>>(a);
     PG_LAUNCHED();
 }
 
 template <int F>
 void launch_variant(int v, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
                     const ExpertTable* experts, const LinearRouting* routing) {
+    // Dense calls of more than 8 rows: tiles of 16 or 32 rows, so that each weight fragment feeds 2 or 4 mmas
+    // (and the weights are streamed once instead of once per 8 rows).
+    const int mt = routing || M <= 8 ? 1 : M <= 16 ? 2 : 4;
     switch (v) {
-        case 4: launch<F, 128, 6, 1>(x, xs, M, w, y, experts, routing, false); break;  // 80 KB in flight per CTA
-        case 5: launch<F, 256, 4, 1>(x, xs, M, w, y, experts, routing, false); break;  // 96 KB, 4 rows x 256 B per copy
-        case 6: launch<F, 128, 4, 2>(x, xs, M, w, y, experts, routing, false); break;  // 48 KB, two CTAs per SM
-        case 7: launch<F, 128, 6, 1>(x, xs, M, w, y, experts, routing, true); break;   // 4, persistent when routed
-        default: launch<F, 256, 4, 1>(x, xs, M, w, y, experts, routing, true); break;  // 5, persistent when routed
+        case 4:
+        case 7:  // 80 KB in flight per CTA (7: persistent when routed)
+            if (mt == 1) launch<F, 128, 6, 1, 1>(x, xs, M, w, y, experts, routing, v == 7);
+            else if (mt == 2) launch<F, 128, 6, 1, 2>(x, xs, M, w, y, experts, routing, false);
+            else launch<F, 128, 6, 1, 4>(x, xs, M, w, y, experts, routing, false);
+            break;
+        case 6: launch<F, 128, 4, 2, 1>(x, xs, M, w, y, experts, routing, false); break;  // 48 KB, two CTAs per SM
+        default:  // 5 and 8: 96 KB in flight, 4 rows x 256 B per copy (8: persistent when routed)
+            if (mt == 1) launch<F, 256, 4, 1, 1>(x, xs, M, w, y, experts, routing, v == 8);
+            else if (mt == 2) launch<F, 256, 4, 1, 2>(x, xs, M, w, y, experts, routing, false);
+            else launch<F, 256, 4, 1, 4>(x, xs, M, w, y, experts, routing, false);
+            break;
     }
 }
 

@@ -233,10 +233,15 @@ Routing make_routing(const std::vector<int32_t>& sel, int E, unsigned max_tiles 
 const int kVariants[] = {3, 1};
 bool variant_applies(int v, const LinearDev& l) { return v != 1 || linear_gemv_mma_supported(l); }
 std::string variant_tag(int v) { return v == 3 ? "" : " [v1]"; }
-struct VariantScope {
-    int before;
-    explicit VariantScope(int v) : before(linear_gemv_variant()) { linear_gemv_set_variant(v); }
-    ~VariantScope() { linear_gemv_set_variant(before); }
+struct VariantScope {  // every format's variant set to v, restored afterwards
+    int before[4];
+    explicit VariantScope(int v) {
+        for (int f = 0; f < 4; ++f) before[f] = linear_gemv_variant(f);
+        linear_gemv_set_variant(v);
+    }
+    ~VariantScope() {
+        for (int f = 0; f < 4; ++f) linear_gemv_set_variant(f, before[f]);
+    }
 };
 
 void report_speed(const std::string& what, double ms, double bytes) {

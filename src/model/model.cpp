@@ -61,10 +61,16 @@ StateLayout make_state_layout(const ModelConfig& cfg, int page_tokens) {
     s.page_tokens = page_tokens;
     auto infos = attention_layer_infos(cfg);
     size_t off = 0;
-    auto section = [&](size_t floats, int per_entry_tokens) {
+    // Entry formats: the values each kind of entry holds after the model's QDQ (cpu/attention.cpp).
+    const int D = cfg.head_dim, rd = cfg.rope_head_dim, ihd = cfg.index_head_dim;
+    const EntryFormat window_fmt = cfg.is_v41() ? fp8_entry_format(D, D, cfg.act_block) : fp8_entry_format(D, D - rd, 64);
+    const EntryFormat comp_fmt = cfg.is_v41() ? fp4_entry_format(D, 16, true) : fp8_entry_format(D, D - rd, 64);
+    const EntryFormat index_fmt = fp4_entry_format(ihd, 32, false);
+    auto section = [&](const EntryFormat& fmt, int per_entry_tokens) {
         StateSection sec;
         sec.offset = off;
-        sec.entry_bytes = floats * sizeof(float);
+        sec.format = fmt;
+        sec.entry_bytes = static_cast<size_t>(fmt.bytes);
         sec.per_entry_tokens = per_entry_tokens;
         if (per_entry_tokens <= page_tokens) {
             if (page_tokens % per_entry_tokens != 0)
@@ -80,9 +86,9 @@ StateLayout make_state_layout(const ModelConfig& cfg, int page_tokens) {
     };
     for (const auto& a : infos) {
         LayerStateLayout L;
-        L.window = section(static_cast<size_t>(cfg.head_dim), 1);
+        L.window = section(window_fmt, 1);
         if (a.compresses) {
-            L.comp = section(static_cast<size_t>(cfg.head_dim), a.ratio);
+            L.comp = section(comp_fmt, a.ratio);
             const int coff = (!cfg.is_v41() && a.ratio == 4) ? 2 : 1;
             if (a.ratio > 1) {
                 L.carry_offset = s.carry_bytes;
@@ -95,13 +101,13 @@ StateLayout make_state_layout(const ModelConfig& cfg, int page_tokens) {
             }
         }
         if ((cfg.is_v41() && a.owns_index_k) || (!cfg.is_v41() && a.has_indexer))
-            L.index_k = section(static_cast<size_t>(cfg.index_head_dim), a.ratio);
+            L.index_k = section(index_fmt, a.ratio);
         s.layers.push_back(L);
     }
     if (cfg.is_v41() && cfg.dspark_block_size > 0)  // DSpark stages keep only a window, fed by the backbone
         for (int st = 0; st < cfg.n_mtp_layers; ++st) {
             LayerStateLayout L;
-            L.window = section(static_cast<size_t>(cfg.head_dim), 1);
+            L.window = section(window_fmt, 1);
             s.layers.push_back(L);
         }
     s.snapshot_offset = off;

@@ -3,9 +3,12 @@
 // sequences and cached (the kv layer owns the pages; the backends read and write them through this layout).
 //
 // Everything a layer keeps per token (sliding-window K=V) or per compressed group (compressed KV latents,
-// indexer keys) lives in the pages of the tokens it belongs to. The only state not tied to a token is the
+// indexer keys) lives in the pages of the tokens it belongs to, packed in the release's byte formats
+// (state_format.h). The only state not tied to a token is the
 // compressors' carry-over (partial groups); it lives in SeqState::carry and is also copied into each page
 // when the page's last token is processed, so a sequence can resume from any page boundary.
+#include "ops/state_format.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -15,7 +18,8 @@ namespace peregrine {
 // Entries of one kind for one layer inside a page.
 struct StateSection {
     size_t offset = 0;        // bytes from the page start
-    size_t entry_bytes = 0;   // bytes per entry
+    size_t entry_bytes = 0;   // bytes per entry (format.bytes)
+    EntryFormat format;       // how an entry's values are packed (state_format.h)
     int per_entry_tokens = 1; // tokens per entry (1 for window K=V, the ratio for compressed entries)
     int entries_per_page = 0;
     bool present() const { return entry_bytes != 0; }

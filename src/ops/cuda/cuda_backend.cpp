@@ -411,6 +411,13 @@ std::map<std::string, double> CudaBackend::profile() {
 
 void CudaBackend::fill_state_random(uint8_t* p, size_t bytes, uint64_t seed) {
     fill_random_bf16(reinterpret_cast<float*>(p), static_cast<int64_t>(bytes / sizeof(float)), seed);
+    // The entries are packed: random bytes become valid codes and scales (whole pages only).
+    const int64_t n_pages = static_cast<int64_t>(bytes / layout_.page_bytes);
+    for (const auto& L : layout_.layers)
+        for (const StateSection* sec : {&L.window, &L.comp, &L.index_k})
+            if (sec->present())
+                sanitize_entries(p, n_pages, static_cast<int64_t>(layout_.page_bytes), static_cast<int64_t>(sec->offset),
+                                 sec->entries_per_page, sec->format);
     PG_CUDA(cudaDeviceSynchronize());
 }
 

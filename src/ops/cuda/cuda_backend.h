@@ -29,7 +29,8 @@ struct CudaScratch : StepScratch {
     // Compressed-entry selection of the most recent index source: [T, k] (-1: none) and counts [T].
     std::shared_ptr<void> topk, topk_count;
     int topk_k = 0;
-    // Level-1 candidate mask of the candidate source: [T, mask_stride] and its width per row.
+    // Level-1 candidate mask of the candidate source: [T, mask_stride] bytes (a bit per candidate block) and its
+    // width per row.
     std::shared_ptr<void> mask, mask_width;
     int64_t mask_stride = 0;
     // Numerics::Fast: the step's page tables on the device (uploaded by the first attention layer).

@@ -78,12 +78,20 @@ Cost step_cost(const Model& m, int64_t rows, int64_t ctx, int64_t logit_rows, bo
         const double expert_bytes = linear_bytes(e0.w1) + linear_bytes(e0.w2) + linear_bytes(e0.w3);
         k.weight_bytes += experts_hit * expert_bytes;
         k.gemm_flops += pairs * (linear_flops(e0.w1) + linear_flops(e0.w2) + linear_flops(e0.w3));
-        // Attention reads per row: window keys, selected compressed keys, indexer keys (fp32 state entries).
+        // Attention reads per row: window keys, selected compressed keys, indexer keys (packed state entries).
         const AttentionLayerInfo& info = infos[static_cast<size_t>(l)];
+        const StateLayout& L = m.layout();
+        const LayerStateLayout& own = L.layers[static_cast<size_t>(l)];
         const double width = info.ratio > 0 ? static_cast<double>(ctx) / info.ratio : 0.0;
-        const double keys = std::min<double>(c.window_size, ctx) + (info.ratio > 0 ? std::min<double>(c.index_topk, width) : 0.0);
+        const double win_keys = std::min<double>(c.window_size, ctx);
+        const double comp_keys = info.ratio > 0 ? std::min<double>(info.has_indexer || c.is_v41() ? c.index_topk : width, width) : 0.0;
+        const double keys = win_keys + comp_keys;
         k.attn_flops += rows * 4.0 * c.n_heads * keys * c.head_dim;
-        const double per_row_state = keys * c.head_dim * 4.0 + (info.has_indexer ? width * c.index_head_dim * 4.0 : 0.0);
+        const size_t comp_bytes = info.comp_source >= 0 ? L.layers[static_cast<size_t>(info.comp_source)].comp.entry_bytes : 0;
+        const int key_layer = c.is_v41() ? info.index_k_source : l;
+        const size_t index_bytes = info.has_indexer && key_layer >= 0 ? L.layers[static_cast<size_t>(key_layer)].index_k.entry_bytes : 0;
+        const double per_row_state = win_keys * static_cast<double>(own.window.entry_bytes) +
+                                     comp_keys * static_cast<double>(comp_bytes) + width * static_cast<double>(index_bytes);
         if (info.has_indexer) k.attn_flops += rows * 2.0 * c.index_n_heads * c.index_head_dim * width;
         // Decode rows read their own state; prefill rows of one sequence share it (count it once).
         k.state_bytes += (logit_rows == rows ? rows : 1) * per_row_state;
@@ -91,6 +99,21 @@ Cost step_cost(const Model& m, int64_t rows, int64_t ctx, int64_t logit_rows, bo
     k.weight_bytes += linear_bytes(w.head) + static_cast<double>(rows) * c.dim * 2.0;
     k.gemm_flops += linear_flops(w.head) * logit_rows;
     return k;
+}
+
+// State bytes per token of a sequence, by kind (the entries' packed sizes over the tokens they cover).
+struct StateBytes {
+    double window = 0, comp = 0, index = 0;
+    double total() const { return window + comp + index; }
+};
+StateBytes state_bytes(const Model& m) {
+    StateBytes b;
+    for (const LayerStateLayout& L : m.layout().layers) {
+        if (L.window.present()) b.window += static_cast<double>(L.window.entry_bytes) / L.window.per_entry_tokens;
+        if (L.comp.present()) b.comp += static_cast<double>(L.comp.entry_bytes) / L.comp.per_entry_tokens;
+        if (L.index_k.present()) b.index += static_cast<double>(L.index_k.entry_bytes) / L.index_k.per_entry_tokens;
+    }
+    return b;
 }
 
 struct Measured {
@@ -168,6 +191,11 @@ int run_bench(const BenchArgs& a) {
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     std::printf("measured device-to-device copy: %.0f GB/s (read + write); FP8 dense peak (datasheet): %.0f TFLOP/s\n",
                 bw, kFp8DensePeakTflops);
+    const StateBytes sb = state_bytes(*model);
+    std::printf("state (packed entries): %.0f B/token (window K=V %.0f, compressed latents %.0f, indexer keys %.0f); "
+                "pages of %d tokens: %zu B (%.0f B/token with padding and the carry snapshot)\n",
+                sb.total(), sb.window, sb.comp, sb.index, model->layout().page_tokens, model->layout().page_bytes,
+                static_cast<double>(model->layout().page_bytes) / model->layout().page_tokens);
 
     nlohmann::json out;
     out["device"] = cuda::CudaBackend::device_name();
@@ -176,6 +204,7 @@ int run_bench(const BenchArgs& a) {
     out["balanced_routing"] = a.balanced;
     out["copy_bandwidth_gbs"] = bw;
     out["fp8_dense_peak_tflops"] = kFp8DensePeakTflops;
+    out["state_bytes_per_token"] = {{"window", sb.window}, {"compressed", sb.comp}, {"indexer", sb.index}, {"total", sb.total()}};
     auto save = [&] {  // after every point, so that a run cut short still leaves its results
         if (a.json.empty()) return;
         const std::string text = out.dump(2);

@@ -240,6 +240,9 @@ TEST_P(CudaModel, PrefillDecodeChunkedAgainstGoldenAndCpu) {
         EXPECT_LE(d.worst(), batch_variance_bound()) << "cuda chunk " << chunk << " vs cuda one-shot";
     }
     check(run(*gpu_, ids, n / 3, 7), cpu_prefill, c.cpu_tol, c.cpu_top1, fx + " chunks of 7 then decode vs cpu");
+    const uint64_t failures = cuda::state_encode_failures();
+    EXPECT_EQ(failures, 0u) << fx << ": state entries that did not hold their values exactly";
+    std::printf("PARITY state %-43s packed entries exact: %s\n", c.fixture, failures == 0 ? "yes" : "NO");
 }
 
 TEST_P(CudaModel, GreedyGenerationIsTokenIdentical) {
@@ -480,6 +483,8 @@ TEST(CudaOpsRealDims, AttentionLayers) {
         }
         sc.n_cached = sg.n_cached = start + n;
     }
+    // Every entry the kernels packed held its QDQ'd values exactly (the CPU backend throws otherwise).
+    EXPECT_EQ(cuda::state_encode_failures(), 0u);
 }
 
 }  // namespace

@@ -123,8 +123,6 @@ void qdq_rows(float* x, int64_t rows, int64_t rs, int n, int block, int kind);
 void hadamard_rows(float* x, int64_t rows, int64_t rs, int n);
 // V4: unweighted per-head RMS norm in bf16 arithmetic, for rows x heads heads of width D.
 void head_norm_bf16(float* x, int64_t n_heads, int D, float eps);
-// dst[r][0..width) = src[r * width ..]
-void store_rows(const float* src, int64_t rows, int width, float* const* dst);
 
 // ---- state_entries.cu: state entries in their packed formats (ops/state_format.h)
 // Row r of src [rows, f.dim] (QDQ'd values) encoded into the entry at dst[r]. A value the format cannot hold

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <vector>
 
@@ -52,11 +53,22 @@ TEST(StateFormat, EntrySizesAreTheReleasedOnes) {
     const auto infos = attention_layer_infos(cfg);
     for (size_t l = 0; l < infos.size(); ++l) {
         EXPECT_EQ(L.layers[l].window.entry_bytes, 528u);
-        if (infos[l].compresses) EXPECT_EQ(L.layers[l].comp.entry_bytes, 288u);
-        if (L.layers[l].index_k.present()) EXPECT_EQ(L.layers[l].index_k.entry_bytes, 80u);
+        if (infos[l].compresses) {
+            EXPECT_EQ(L.layers[l].comp.entry_bytes, 288u);
+        }
+        if (L.layers[l].index_k.present()) {
+            EXPECT_EQ(L.layers[l].index_k.entry_bytes, 80u);
+        }
         for (const StateSection* s : {&L.layers[l].window, &L.layers[l].comp, &L.layers[l].index_k})
             EXPECT_EQ(s->offset % 16, 0u);
     }
+    // Layers 0 (window), 1 (ratio-2 source), 2 (reuse), 3 (ratio-1 source): 4 x 528 + 288/2 + 80/2 + 288 + 80.
+    double per_token = 0;
+    for (const auto& ll : L.layers)
+        for (const StateSection* s : {&ll.window, &ll.comp, &ll.index_k})
+            if (s->present()) per_token += static_cast<double>(s->entry_bytes) / s->per_entry_tokens;
+    EXPECT_EQ(per_token, 4 * 528 + 144 + 40 + 288 + 80);
+    std::printf("V4.1-Flash 4-layer state: %.0f B/token (page of 64 tokens: %zu B)\n", per_token, L.page_bytes);
 }
 
 // The quantisers' outputs at magnitudes from 2^-40 to 2^12, with zeros, signed zeros, single spikes and blocks
@@ -100,7 +112,7 @@ TEST(StateFormat, RefusesValuesItCannotHold) {
     x[5] = 1.0625f;  // needs four mantissa bits: not e4m3 under any power-of-two scale shared with 1.0
     EXPECT_FALSE(round_trips(fp8_entry_format(512, 512, 32), x, &mismatches));
     std::vector<float> y(512, 1.0f);
-    y[511] = 1.00390625f;  // a bf16 RoPE dim is fine...
+    y[511] = 1.0078125f;  // a bf16 RoPE dim is fine...
     EXPECT_TRUE(round_trips(fp8_entry_format(512, 448, 64), y, &mismatches));
     y[511] = 1.0000001f;  // ...an fp32 one is not
     EXPECT_FALSE(round_trips(fp8_entry_format(512, 448, 64), y, &mismatches));

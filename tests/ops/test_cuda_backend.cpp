@@ -245,6 +245,24 @@ TEST_P(CudaModel, PrefillDecodeChunkedAgainstGoldenAndCpu) {
     std::printf("PARITY state %-43s packed entries exact: %s\n", c.fixture, failures == 0 ? "yes" : "NO");
 }
 
+// The indexer's scores, candidate blocks and top-k run over chunks of query rows (bounded memory at long
+// prefills); one row per chunk gives the one-chunk logits.
+TEST_P(CudaModel, IndexerRowChunksChangeNothing) {
+    const auto& c = GetParam();
+    auto ids = read_ids(fixture_dir(c.fixture) + "/cases/prefill.ids");
+    const int64_t n = static_cast<int64_t>(ids.size());
+    auto& be = dynamic_cast<CudaBackend&>(gpu_->backend());
+    auto whole = run(*gpu_, ids, n, 0);
+    be.set_index_score_bytes(1);
+    auto rows = run(*gpu_, ids, n, 0);
+    be.set_index_score_bytes(int64_t{256} << 20);
+    ASSERT_EQ(whole.size(), rows.size());
+    const RowDiff d = compare_logits(rows, whole, vocab());
+    EXPECT_LE(d.worst(), batch_variance_bound()) << c.fixture;
+    std::printf("PARITY e2e %-44s indexer in 1-row chunks vs one chunk: %s (max|d| %.3g)\n", c.fixture,
+                rows == whole ? "identical" : "DIFFER", d.worst());
+}
+
 TEST_P(CudaModel, GreedyGenerationIsTokenIdentical) {
     const auto& c = GetParam();
     auto ids = read_ids(fixture_dir(c.fixture) + "/cases/prefill.ids");

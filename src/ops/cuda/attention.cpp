@@ -296,11 +296,12 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                 }
 
             // Scores [rows, max_width], the candidate blocks and the top-k run over chunks of rows, so that the score
-            // matrix stays bounded (a 64K-token prefill against 64K entries would otherwise need 16 GiB).
-            constexpr int64_t kScoreBytes = int64_t{256} << 20;
+            // matrix stays bounded (a 64K-token prefill against 64K entries would otherwise need 16 GiB). Rows are
+            // independent throughout, so the chunking changes no result.
             const int64_t stride = std::max<int64_t>(max_width, 1);
-            const int64_t chunk = std::min<int64_t>(
-                T, std::max<int64_t>(kMmaTileRows, kScoreBytes / (stride * 4) / kMmaTileRows * kMmaTileRows));
+            int64_t chunk = std::max<int64_t>(1, index_score_bytes_ / (stride * 4));
+            if (chunk >= kMmaTileRows) chunk = chunk / kMmaTileRows * kMmaTileRows;
+            chunk = std::min<int64_t>(chunk, T);
             Tensor scores = empty(DType::F32, {std::max<int64_t>(chunk, 1), stride});
             auto qb = kb ? device_alloc(sizeof(uint16_t) * static_cast<size_t>(chunk) * nh * hd) : nullptr;
             const int bs = cfg_.candidate_block_size;

@@ -79,6 +79,9 @@ public:
     std::map<std::string, double> profile();
     // Routes row t's slot k to expert (t*K + k) % E: every expert equally loaded (router still computed).
     void set_balanced_routing(bool on) { balanced_routing_ = on; }
+    // Bound on the indexer's score matrix per chunk of query rows (default 256 MiB); tests shrink it to check
+    // that the chunking changes nothing.
+    void set_index_score_bytes(int64_t bytes) { index_score_bytes_ = bytes; }
     // Fills state-page memory with bf16-valued floats in [-1, 1) (a cached context without its prefill).
     void fill_state_random(uint8_t* p, size_t bytes, uint64_t seed);
     // Device-to-device copy bandwidth, bytes read plus written per second (GB/s).
@@ -104,6 +107,7 @@ private:
         void* stop;
     };
     bool profiling_ = false, balanced_routing_ = false;
+    int64_t index_score_bytes_ = int64_t{256} << 20;
     int depth_ = 0, open_phase_ = -1;
     std::vector<TimedEvent> events_;
     // Ends the current phase of the outermost op (if any) and starts `name`.

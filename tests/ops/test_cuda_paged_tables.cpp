@@ -385,6 +385,16 @@ void check_store(const Model4& m, Step& st, const std::string& what) {
         bad += got != want;
     }
     EXPECT_EQ(bad, 0) << what;
+    // The encoder checks rather than rounds: a row that was not QDQ'd is counted (e4m3 cannot hold 1 + 2^-7).
+    {
+        std::vector<float> raw(static_cast<size_t>(width), 1.0f);
+        raw[3] = 1.0078125f;
+        auto rd = CudaBackend::upload(raw);
+        auto scratch = cuda::device_alloc(static_cast<size_t>(f.bytes));
+        auto dst = CudaBackend::upload(std::vector<uint8_t*>{static_cast<uint8_t*>(scratch.get())});
+        cuda::store_entries(rd.ptr, 1, f, dst.ptr);
+        EXPECT_EQ(cuda::state_encode_failures(), 1u) << what;
+    }
     std::printf("PARITY attn paged window store %s: %lld rows, %s\n", what.c_str(), static_cast<long long>(T),
                 bad ? "MISPLACED" : "all at the host's addresses");
 }

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -159,13 +160,15 @@ private:
 };
 }  // namespace
 
-Tensor CudaBackend::to_host_pinned(const Tensor& dev) {
+Tensor CudaBackend::to_host_pinned(const Tensor& dev, double* wait_ms) {
     PEREGRINE_CHECK(dev.device() == Device::CUDA, "to_host: tensor is not on the device");
     auto keep = PinnedPool::get().take(std::max<size_t>(dev.nbytes(), 64));
     void* p = keep.get();
     if (dev.nbytes()) {  // the step's one wait: for its results
         PG_CUDA(cudaMemcpyAsync(p, dev.raw(), dev.nbytes(), cudaMemcpyDeviceToHost, 0));
+        const auto t0 = std::chrono::steady_clock::now();
         PG_CUDA(cudaStreamSynchronize(0));
+        if (wait_ms) *wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
     return Tensor::view(dev.dtype(), dev.shape(), p, Device::CPU, std::move(keep));
 }
@@ -185,6 +188,7 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const StateLayout& layout, Engr
         if (v == "1") graphs_ = true;
         else if (v != "0") fail("PEREGRINE_CUDA_GRAPHS='{}': expected 0 or 1", v);
     }
+    if (const char* v = std::getenv("PEREGRINE_HC_SMALL")) hc_small_ = std::strcmp(v, "0") != 0;  // A/B switch
     if (const char* n = std::getenv("PEREGRINE_CUDA_NUMERICS")) {
         const std::string v = n;
         if (v == "exact") numerics_ = Numerics::Exact;
@@ -387,15 +391,10 @@ void CudaBackend::run_hc_mixes(const Tensor& h, const Tensor& fn, int n_mix, con
     if (numerics_ != Numerics::Fast) {
         cuda::hc_mixes(h.f32(), T, hc, cfg_.dim, dev_f32(fn), n_mix, dev_f32(base), dev_f32(scale), eps(),
                        static_cast<float>(cfg_.hc_eps), iters, mode, pre, post, comb);
-    } else if (hc_mixes_small_supported(T, n_mix)) {  // decode: one launch, fn read as fp32
-        if (!hc_ticket_) {
-            hc_ticket_ = device_alloc(sizeof(unsigned));
-            PG_CUDA(cudaMemsetAsync(hc_ticket_.get(), 0, sizeof(unsigned), 0));
-        }
+    } else if (hc_small_ && hc_mixes_small_supported(T, n_mix)) {  // decode: two launches, fn read as fp32
         auto ws = device_alloc(hc_mixes_small_workspace(T, hc, cfg_.dim, n_mix));
         hc_mixes_small(h.f32(), T, hc, cfg_.dim, dev_f32(fn), n_mix, dev_f32(base), dev_f32(scale), eps(),
-                       static_cast<float>(cfg_.hc_eps), iters, mode, pre, post, comb, ws.get(),
-                       static_cast<unsigned*>(hc_ticket_.get()));
+                       static_cast<float>(cfg_.hc_eps), iters, mode, pre, post, comb, ws.get());
     } else {
         hc_mixes_fast_wide(h.f32(), T, hc, cfg_.dim, dev_f32(fn), dev_f64(fn), n_mix, dev_f32(base), dev_f32(scale),
                            eps(), static_cast<float>(cfg_.hc_eps), iters, mode, pre, post, comb);
@@ -471,7 +470,7 @@ Tensor CudaBackend::logits(const Tensor& x, const LinearWeight& head) {
     } else {
         y = run_linear(x, w);
     }
-    return to_host_pinned(y);
+    return to_host_pinned(y, &host_wait_ms_);
 }
 
 }  // namespace cuda

@@ -86,6 +86,12 @@ public:
     // replayed from then on (cuda_graphs.cpp). Same kernels on the same inputs: results are bit-identical.
     void set_graphs(bool on);
     bool graphs() const { return graphs_; }
+    // Wall milliseconds the host spent waiting for results (the logits copy) since the last call.
+    double take_host_wait_ms() {
+        const double ms = host_wait_ms_;
+        host_wait_ms_ = 0;
+        return ms;
+    }
     // Graph replays / captures so far (tests, benchmarks).
     int64_t graph_replays() const { return graph_replays_; }
     int64_t graph_captures() const { return graph_captures_; }
@@ -100,8 +106,9 @@ public:
     // Host <-> device copies of F32/any tensors (tests, tools).
     static Tensor to_device(const Tensor& host);
     static Tensor to_host(const Tensor& dev);
-    // The same into reused page-locked memory (results copied back every step).
-    static Tensor to_host_pinned(const Tensor& dev);
+    // The same into reused page-locked memory (results copied back every step); *wait_ms (if given) adds the
+    // wall time spent waiting for the device.
+    static Tensor to_host_pinned(const Tensor& dev, double* wait_ms = nullptr);
     // Uninitialised device tensor.
     static Tensor empty(DType dtype, std::vector<int64_t> shape);
     template <typename T>
@@ -139,6 +146,7 @@ private:
     void drop_graphs();
     struct MoeGraph;
     bool graphs_ = false;
+    double host_wait_ms_ = 0;
     int64_t graph_replays_ = 0, graph_captures_ = 0;
     std::map<std::pair<const void*, int64_t>, std::shared_ptr<MoeGraph>> moe_graphs_;
     void* graph_scratch_[2] = {nullptr, nullptr};  // the GEMV scratch the graphs were captured with
@@ -148,11 +156,11 @@ private:
     const void* dev_raw(const Tensor& t);    // the stored bytes, uploaded once
     const float* dev_f32(const Tensor& t);   // a BF16/F32 parameter as floats, uploaded once
     const double* dev_f64(const Tensor& t);  // the same widened to double once (the FP64 GEMM's operand)
-    // Mixing coefficients (hc_mixes / hc_head) by numerics and size: exact kernel, one-launch small-T kernel,
+    // Mixing coefficients (hc_mixes / hc_head) by numerics and size: exact kernel, small-T kernels,
     // or the FP64 GEMM.
     void run_hc_mixes(const Tensor& h, const Tensor& fn, int n_mix, const Tensor& base, const Tensor& scale, int iters,
                       int mode, float* pre, float* post, float* comb);
-    std::shared_ptr<void> hc_ticket_;  // hc_mixes_small's counter (left zero by every call)
+    bool hc_small_ = true;             // PEREGRINE_HC_SMALL=0: the FP64 GEMM path at every size (A/B)
     LinearDev dev_linear(const LinearWeight& w);
     const float* rope_freqs(const AttentionLayerInfo& info);
     const float* engram_weight(const EngramWeight& w);

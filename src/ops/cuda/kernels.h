@@ -105,14 +105,14 @@ void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, in
 void hc_mixes_fast_wide(const float* h, int64_t T, int hc, int D, const float* fn, const double* fn_f64, int n_mix,
                         const float* base, const float* scale, float eps, float hc_eps, int sinkhorn_iters, int mode,
                         float* pre, float* post, float* comb);
-// Numerics::Fast at decode sizes: the same mixes (exact products, double sums in a fixed order of their own)
-// and finish in one launch. workspace: hc_mixes_small_workspace() bytes; ticket: a device counter that is
-// zero before the first call (each call leaves it zero; calls sharing it must be stream-ordered).
+// Numerics::Fast at decode sizes (T <= 64): the same mixes (exact products, double sums in a fixed order of
+// their own) and finish in two launches (column-sliced partial sums, then a block per token).
+// workspace: hc_mixes_small_workspace() bytes.
 bool hc_mixes_small_supported(int64_t T, int n_mix);
 size_t hc_mixes_small_workspace(int64_t T, int hc, int D, int n_mix);
 void hc_mixes_small(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
                     const float* scale, float eps, float hc_eps, int sinkhorn_iters, int mode, float* pre, float* post,
-                    float* comb, void* workspace, unsigned* ticket);
+                    float* comb, void* workspace);
 void hc_collapse(const float* h, const float* pre, int64_t T, int hc, int D, float* y);
 void hc_expand(const float* y, const float* residual, const float* post, const float* comb, int64_t T, int hc, int D,
                float* out);

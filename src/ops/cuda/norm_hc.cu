@@ -111,24 +111,23 @@ __global__ void hc_mix_apply_kernel(const float* h, const float* raw, int W, int
     hc_finish(t, mixes, hc, base, scale, hc_eps, iters, mode, pre, post, comb);
 }
 
-// Fast mixes at decode sizes (Numerics::Fast, T <= kSmallMaxT): one launch instead of the FP64 GEMM's widen,
-// GEMM, narrow and apply. The row is cut into chunks of kSmallChunk columns; block b sums chunks [c0, c1) of
-// every (token, mix) pair in double (exact products of the fp32 inputs, as the GEMM forms them) and of every
-// token's sum of squares (fp32 squares, double sums, as the apply kernel forms them), staging fn and h chunks
-// in shared memory so that fn is read once per call. The last block to finish (a ticket counter, left zero for
-// the next launch) sums the blocks' partials per pair in a fixed order (deterministic; double sums in another
-// order than the GEMM's, which Fast already accepts) and finishes every token as hc_mix_apply does.
-constexpr int kSmallChunk = 128, kSmallThreads = 256, kSmallPerThread = 9, kSmallMaxT = 64;
+// Fast mixes at decode sizes (Numerics::Fast, T <= kSmallMaxT): two launches instead of the FP64 GEMM path's
+// four (widen, GEMM, narrow, apply). The row is cut into chunks of kSmallChunk columns; block (b, g) sums chunks
+// [c0, c1) of every (token, mix) pair of token group g in double (exact products of the fp32 inputs, as the GEMM
+// forms them) and each token's sum of squares (fp32 squares, double sums, as hc_mix_apply forms them), staging the
+// fn and h chunks in shared memory. Then a block per token adds its pairs' partials in a fixed order
+// (deterministic; double sums in another order than the GEMM's, which Fast already accepts) and finishes the
+// token as hc_mix_apply does.
+constexpr int kSmallChunk = 128, kSmallThreads = 256, kSmallGroup = 8, kSmallMaxT = 64;
+constexpr int kSmallPerThread = (kSmallGroup * (kFastMix + 1) + kSmallThreads - 1) / kSmallThreads;
 
-__global__ void __launch_bounds__(kSmallThreads) hc_mixes_small_kernel(
-    const float* h, int T, int hc, int W, const float* fn, int n_mix, int n_chunks, double* part, unsigned* ticket,
-    const float* base, const float* scale, float eps, float hc_eps, int iters, int mode, float* pre, float* post,
-    float* comb) {
-    extern __shared__ float hc_sm[];
+__global__ void __launch_bounds__(kSmallThreads) hc_mixes_partial_kernel(const float* h, int T, int W, const float* fn,
+                                                                         int n_mix, int n_chunks, double* part) {
     constexpr int kLd = kSmallChunk + 1;  // padded rows: the pairs of a warp read distinct banks
-    float* fs = hc_sm;                    // [n_mix][kLd]
-    float* xs = hc_sm + n_mix * kLd;      // [T][kLd]
-    const int J = n_mix + 1, P = T * J, S = gridDim.x, tid = threadIdx.x;
+    __shared__ float fs[kFastMix * kLd];
+    __shared__ float xs[kSmallGroup * kLd];
+    const int J = n_mix + 1, S = gridDim.x, tid = threadIdx.x;
+    const int t0 = blockIdx.y * kSmallGroup, nt = min(kSmallGroup, T - t0), P = nt * J;
     const int c0 = static_cast<int>(static_cast<int64_t>(blockIdx.x) * n_chunks / S);
     const int c1 = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * n_chunks / S);
     double acc[kSmallPerThread];
@@ -140,9 +139,9 @@ __global__ void __launch_bounds__(kSmallThreads) hc_mixes_small_kernel(
             const int j = i / kSmallChunk, k = i % kSmallChunk;
             fs[j * kLd + k] = k < len ? fn[static_cast<int64_t>(j) * W + col0 + k] : 0.0f;
         }
-        for (int i = tid; i < T * kSmallChunk; i += kSmallThreads) {
+        for (int i = tid; i < nt * kSmallChunk; i += kSmallThreads) {
             const int t = i / kSmallChunk, k = i % kSmallChunk;
-            xs[t * kLd + k] = k < len ? h[static_cast<int64_t>(t) * W + col0 + k] : 0.0f;
+            xs[t * kLd + k] = k < len ? h[static_cast<int64_t>(t0 + t) * W + col0 + k] : 0.0f;
         }
         __syncthreads();
 #pragma unroll
@@ -168,31 +167,30 @@ __global__ void __launch_bounds__(kSmallThreads) hc_mixes_small_kernel(
 #pragma unroll
     for (int q = 0; q < kSmallPerThread; ++q) {
         const int p = tid + q * kSmallThreads;
-        if (p < P) part[static_cast<int64_t>(p) * S + blockIdx.x] = acc[q];
+        if (p < P) part[(static_cast<int64_t>(t0) * J + p) * S + blockIdx.x] = acc[q];
     }
-    __threadfence();
-    __syncthreads();  // every thread's partials are out before the ticket is taken
-    __shared__ bool last;
-    if (tid == 0) last = atomicAdd(ticket, 1u) == static_cast<unsigned>(S - 1);
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    float* mix = hc_sm;  // [T][J] fp32 sums (fits: T * J <= (n_mix + T) * kLd)
-    const int lane = tid & 31, warp = tid >> 5;
-    for (int p = warp; p < P; p += kSmallThreads / 32) {
+}
+
+// Block t: the S partials of each of token t's pairs summed (a warp per pair: lane-strided, then a warp tree),
+// then the finish on one thread.
+__global__ void hc_mixes_finish_kernel(const double* part, int S, int W, int n_mix, int hc, const float* base,
+                                       const float* scale, float eps, float hc_eps, int iters, int mode, float* pre,
+                                       float* post, float* comb) {
+    __shared__ float mix[kFastMix + 1];
+    const int t = blockIdx.x, J = n_mix + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int j = warp; j < J; j += blockDim.x >> 5) {
+        const double* pp = part + (static_cast<int64_t>(t) * J + j) * S;
         double s = 0.0;
-        for (int b = lane; b < S; b += 32) s += __ldcg(part + static_cast<int64_t>(p) * S + b);
+        for (int b = lane; b < S; b += 32) s += pp[b];
         s = warp_sum(s);
-        if (lane == 0) mix[p] = static_cast<float>(s);
+        if (lane == 0) mix[j] = static_cast<float>(s);
     }
     __syncthreads();
-    if (tid == 0) *ticket = 0u;
-    if (tid >= T) return;
-    const float* m = mix + tid * J;
-    const float r = 1.0f / sqrtf(m[n_mix] / static_cast<float>(W) + eps);
+    if (threadIdx.x != 0) return;
+    const float r = 1.0f / sqrtf(mix[n_mix] / static_cast<float>(W) + eps);
     float mixes[kFastMix];
-    for (int j = 0; j < n_mix; ++j) mixes[j] = m[j] * r;
-    hc_finish(tid, mixes, hc, base, scale, hc_eps, iters, mode, pre, post, comb);
+    for (int j = 0; j < n_mix; ++j) mixes[j] = mix[j] * r;
+    hc_finish(t, mixes, hc, base, scale, hc_eps, iters, mode, pre, post, comb);
 }
 
 __global__ void hc_collapse_kernel(const float* h, const float* pre, int64_t T, int hc, int D, float* y) {
@@ -297,43 +295,42 @@ void hc_mixes(const float* h, int64_t T, int hc, int D, const float* fn, int n_m
 }
 
 namespace {
-// Blocks of the small-T kernel: enough to spread fn over the SMs, few enough that the last block's sum over
-// them stays short (T * (n_mix + 1) pairs x blocks partials).
-int small_blocks(int64_t T, int n_mix, int W) {
+// Column blocks of the small-T partial kernel: about two blocks per SM over all token groups.
+int small_blocks(int64_t T, int W) {
+    static const int sms = [] {
+        int dev = 0, n = 0;
+        PG_CUDA(cudaGetDevice(&dev));
+        PG_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+        return n;
+    }();
     const int n_chunks = (W + kSmallChunk - 1) / kSmallChunk;
-    const int64_t pairs = T * (n_mix + 1);
-    return static_cast<int>(std::min<int64_t>(n_chunks, std::max<int64_t>(32, 12800 / pairs)));
-}
-size_t small_smem(int64_t T, int n_mix) {
-    return sizeof(float) * static_cast<size_t>(n_mix + T) * (kSmallChunk + 1);
+    const int groups = static_cast<int>((T + kSmallGroup - 1) / kSmallGroup);
+    return std::clamp(2 * sms / groups, 1, n_chunks);
 }
 }  // namespace
 
 bool hc_mixes_small_supported(int64_t T, int n_mix) {
-    return T >= 1 && T <= kSmallMaxT && n_mix >= 1 && n_mix <= kFastMix &&
-           T * (n_mix + 1) <= static_cast<int64_t>(kSmallThreads) * kSmallPerThread;
+    return T >= 1 && T <= kSmallMaxT && n_mix >= 1 && n_mix <= kFastMix;
 }
 
 size_t hc_mixes_small_workspace(int64_t T, int hc, int D, int n_mix) {
-    return sizeof(double) * static_cast<size_t>(T * (n_mix + 1)) * small_blocks(T, n_mix, hc * D);
+    return sizeof(double) * static_cast<size_t>(T * (n_mix + 1)) * small_blocks(T, hc * D);
 }
 
 void hc_mixes_small(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
                     const float* scale, float eps, float hc_eps, int iters, int mode, float* pre, float* post,
-                    float* comb, void* workspace, unsigned* ticket) {
+                    float* comb, void* workspace) {
     if (T == 0) return;
     if (!hc_mixes_small_supported(T, n_mix))
         cuda_fail(cudaErrorInvalidValue, "hc_mixes_small: unsupported shape", __FILE__, __LINE__);
-    static const bool opted_in = [] {  // up to (32 + 64) x 129 floats of staging
-        PG_CUDA(cudaFuncSetAttribute(hc_mixes_small_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(small_smem(kSmallMaxT, kFastMix))));
-        return true;
-    }();
-    (void)opted_in;
-    const int W = hc * D, S = small_blocks(T, n_mix, W), n_chunks = (W + kSmallChunk - 1) / kSmallChunk;
-    hc_mixes_small_kernel<<<static_cast<unsigned>(S), kSmallThreads, small_smem(T, n_mix)>>>(
-        h, static_cast<int>(T), hc, W, fn, n_mix, n_chunks, static_cast<double*>(workspace), ticket, base, scale, eps,
-        hc_eps, iters, mode, pre, post, comb);
+    const int W = hc * D, S = small_blocks(T, W), n_chunks = (W + kSmallChunk - 1) / kSmallChunk;
+    const unsigned groups = static_cast<unsigned>((T + kSmallGroup - 1) / kSmallGroup);
+    double* part = static_cast<double*>(workspace);
+    hc_mixes_partial_kernel<<<dim3(static_cast<unsigned>(S), groups), kSmallThreads>>>(h, static_cast<int>(T), W, fn,
+                                                                                     n_mix, n_chunks, part);
+    PG_LAUNCHED();
+    hc_mixes_finish_kernel<<<static_cast<unsigned>(T), 256>>>(part, S, W, n_mix, hc, base, scale, eps, hc_eps, iters,
+                                                               mode, pre, post, comb);
     PG_LAUNCHED();
 }
 

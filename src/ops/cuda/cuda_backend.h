@@ -82,8 +82,12 @@ public:
     // Routes row t's slot k to expert (t*K + k) % E: every expert equally loaded (router still computed).
     void set_balanced_routing(bool on);
     // CUDA graphs (env PEREGRINE_CUDA_GRAPHS=1 at construction, or this call): a layer's MoE block at a batch
-    // of at most kGraphMaxRows rows (decode) is captured into a graph after one eager run at that size and
+    // of graph_bucket() rows (decode sizes) is captured into a graph after one eager run at that size and
     // replayed from then on (cuda_graphs.cpp). Same kernels on the same inputs: results are bit-identical.
+    // Each graph keeps its temporaries' memory, hence the buckets: 1-8, 12, 16, 24, 32 rows.
+    static bool graph_bucket(int64_t rows) {
+        return (rows >= 1 && rows <= 8) || rows == 12 || rows == 16 || rows == 24 || rows == 32;
+    }
     void set_graphs(bool on);
     bool graphs() const { return graphs_; }
     // Wall milliseconds the host spent waiting for results (the logits copy) since the last call.
@@ -95,7 +99,6 @@ public:
     // Graph replays / captures so far (tests, benchmarks).
     int64_t graph_replays() const { return graph_replays_; }
     int64_t graph_captures() const { return graph_captures_; }
-    static constexpr int64_t kGraphMaxRows = 32;
     // Fills state-page memory with bf16-valued floats in [-1, 1) (a cached context without its prefill).
     void fill_state_random(uint8_t* p, size_t bytes, uint64_t seed);
     // Device-to-device copy bandwidth, bytes read plus written per second (GB/s).

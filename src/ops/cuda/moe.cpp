@@ -58,7 +58,7 @@ bool CudaBackend::use_grouped_fp4(const ExpertWeight& e0, const ExpertTables& ta
 Tensor CudaBackend::moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) {
     OpTimer op(*this, "moe");
     const int64_t T = x.dim(0);
-    if (graphs_ && !profiling_ && T > 0 && T <= kGraphMaxRows &&
+    if (graphs_ && !profiling_ && graph_bucket(T) &&
         routing_tile_rows(T * w.top_k, static_cast<int>(w.experts.size())) == 8) {
         Tensor out;
         if (moe_graph(x, w, ids, out)) return out;

@@ -63,7 +63,7 @@ bool CudaBackend::moe_graph(const Tensor& x, const MoEWeight& w, const std::vect
         if (g.eager_runs++ == 0) return false;
         if (!graph_scratch_[0]) {  // room for every decode-sized GEMV, so that no capture grows it
             graph_scratch_[0] = gemv_scratch(0, size_t(64) << 20, false);
-            graph_scratch_[1] = gemv_scratch(1, size_t(1) << 20, true);
+            graph_scratch_[1] = gemv_scratch(1, size_t(4) << 20, true);
         }
         g.x_in = empty(DType::F32, {T, cfg_.dim});
         g.out = empty(DType::F32, {T, cfg_.dim});

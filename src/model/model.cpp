@@ -160,6 +160,7 @@ void Model::init_state(SeqState& s) const {
             for (size_t i = bytes / sizeof(float) / 2; i < bytes / sizeof(float); ++i) f[i] = -INFINITY;
         }
     }
+    backend_->load_carry(s, nullptr, layout_.carry_bytes);
 }
 
 void Model::restore_state(SeqState& s, int64_t n_tokens) const {
@@ -174,7 +175,7 @@ void Model::restore_state(SeqState& s, int64_t n_tokens) const {
     const uint8_t* snap = layout_.page_ptr(s.pool, s.pages.at(static_cast<size_t>(n_tokens / layout_.page_tokens - 1))) +
                           layout_.snapshot_offset;
     s.carry.resize(layout_.carry_bytes);
-    backend_->read_state(snap, layout_.carry_bytes, s.carry.data());  // pages may be device memory
+    backend_->load_carry(s, snap, layout_.carry_bytes);  // pages may be device memory
 }
 
 Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows) {

@@ -62,8 +62,15 @@ public:
     // Memory for state pages (host for the CPU backend, device memory for CUDA).
     virtual uint8_t* alloc_state(size_t bytes) = 0;
     virtual void free_state(uint8_t* p) = 0;
-    // Copies bytes of state-page memory to host memory (restoring a sequence's carry from a page snapshot).
+    // Copies bytes of state-page memory to host memory.
     virtual void read_state(const uint8_t* src, size_t bytes, void* dst) = 0;
+    // The model (re)set sequence s's compressor carry of `bytes`: snapshot null: s.carry holds a fresh carry
+    // (Model::init_state); else the carry as of a page's last token is at `snapshot` in state memory
+    // (Model::restore_state). The default keeps the carry in s.carry; a backend may keep its own copy
+    // (SeqState::backend_carry) and never touch s.carry again.
+    virtual void load_carry(SeqState& s, const uint8_t* snapshot, size_t bytes) {
+        if (snapshot && bytes) read_state(snapshot, bytes, s.carry.data());
+    }
 
     // [T, hc] mixing weights that select copy 0 (the first sublayer's collapse in V4.1).
     virtual Tensor first_stream_mix(int T) = 0;

@@ -25,7 +25,7 @@ struct CudaBackend::Emitted {
 
 CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, size_t carry_offset, const Tensor& x,
                                                  ForwardBatch& batch) {
-    const int ratio = cw.ratio, d = cw.head_dim, coff = cw.overlap ? 2 : 1, width = coff * d, slots = coff * ratio;
+    const int ratio = cw.ratio, d = cw.head_dim;
     Emitted out;
     if (ratio == 1) {
         Tensor kv = run_linear(x, cw.wkv);
@@ -48,17 +48,21 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
                 out.group.push_back((s.start_pos + i) / ratio);
             }
     Tensor pooled = empty(DType::F32, {std::max(out.n(), 1), d});
-    const size_t carry_bytes = 2 * static_cast<size_t>(slots) * width * sizeof(float);
     const float* ape = cw.ape.empty() ? nullptr : dev_f32(cw.ape);
     if (numerics_ == Numerics::Fast) {
-        // One launch for every sequence; their carries travel in one copy each way.
+        // One launch for every sequence; their carries stay in device memory. The kernel finds sequence s's
+        // carry at a signed float offset from the first one's (they are separate allocations).
         std::vector<int64_t> meta;
         std::vector<float*> snap;
-        std::vector<BatchSeq*> active;
+        float* carry_base = nullptr;
         int emit_base = 0;
         for (auto& s : batch.seqs) {
             if (s.n_tokens == 0) continue;
-            const int64_t state_off = static_cast<int64_t>(active.size() * (carry_bytes / sizeof(float)));
+            float* carry = device_carry(*s.state) + carry_offset / sizeof(float);
+            if (!carry_base) carry_base = carry;
+            const int64_t state_off = (static_cast<int64_t>(reinterpret_cast<intptr_t>(carry)) -
+                                       static_cast<int64_t>(reinterpret_cast<intptr_t>(carry_base))) /
+                                      static_cast<int64_t>(sizeof(float));
             meta.insert(meta.end(), {s.start_pos, s.n_tokens, s.row0, emit_base, state_off,
                                      static_cast<int64_t>(snap.size())});
             for (int i = 0; i < s.n_tokens; ++i) {
@@ -71,13 +75,9 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
                 }
                 snap.push_back(p);
             }
-            active.push_back(&s);
         }
-        if (!active.empty()) {
-            std::vector<uint8_t> carries(active.size() * carry_bytes);
-            for (size_t i = 0; i < active.size(); ++i)
-                std::memcpy(carries.data() + i * carry_bytes, active[i]->state->carry.data() + carry_offset, carry_bytes);
-            auto state = upload(carries);
+        if (carry_base) {
+            const int n_active = static_cast<int>(meta.size() / 6);
             auto meta_d = upload(meta);
             auto snap_d = upload(snap);
             CompressorArgs a;
@@ -87,13 +87,10 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
             a.ratio = ratio;
             a.d = d;
             a.overlap = cw.overlap ? 1 : 0;
-            a.state = reinterpret_cast<float*>(state.ptr);
+            a.state = carry_base;
             a.pooled = pooled.f32();
             a.snapshot = snap_d.ptr;
-            compressor_batch(a, static_cast<int>(active.size()), meta_d.ptr);
-            PG_CUDA(cudaMemcpy(carries.data(), state.ptr, carries.size(), cudaMemcpyDeviceToHost));
-            for (size_t i = 0; i < active.size(); ++i)
-                std::memcpy(active[i]->state->carry.data() + carry_offset, carries.data() + i * carry_bytes, carry_bytes);
+            compressor_batch(a, n_active, meta_d.ptr);
         }
         if (out.n() > 0) out.latent = rms_norm(pooled.reshaped({std::max(out.n(), 1), d}), cw.norm);
         return out;
@@ -101,8 +98,7 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
     int emit_base = 0;
     for (auto& s : batch.seqs) {
         if (s.n_tokens == 0) continue;
-        auto state = device_alloc(carry_bytes);
-        PG_CUDA(cudaMemcpy(state.get(), s.state->carry.data() + carry_offset, carry_bytes, cudaMemcpyHostToDevice));
+        float* state = device_carry(*s.state) + carry_offset / sizeof(float);
         std::vector<float*> snap(static_cast<size_t>(s.n_tokens), nullptr);
         int emits = 0;
         for (int i = 0; i < s.n_tokens; ++i) {
@@ -121,7 +117,7 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
         a.ratio = ratio;
         a.d = d;
         a.overlap = cw.overlap ? 1 : 0;
-        a.state = static_cast<float*>(state.get());
+        a.state = state;
         a.pooled = pooled.f32();
         a.emit_base = emit_base;
         a.start_pos = s.start_pos;
@@ -129,7 +125,6 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
         a.row0 = s.row0;
         a.snapshot = snap_d.ptr;
         compressor_seq(a);
-        PG_CUDA(cudaMemcpy(s.state->carry.data() + carry_offset, state.get(), carry_bytes, cudaMemcpyDeviceToHost));
         emit_base += emits;
     }
     if (out.n() > 0) out.latent = rms_norm(pooled.reshaped({std::max(out.n(), 1), d}), cw.norm);

@@ -75,7 +75,8 @@ void grouped_linear_cublas(const float* x, int64_t T, int G, int R, int GD, cons
 // says which is in use.
 void linear_cublas_use_grouped(bool on);
 // y[M, N] = x[M, K] w[N, K]^T in double (exact products of the fp32 inputs, double sums), rounded to fp32.
-void gemm_f64(const float* x, int64_t M, int K, const float* w, int N, float* y);
+// w_f64: w already widened to double (null: widened per call into scratch).
+void gemm_f64(const float* x, int64_t M, int K, const float* w, int N, float* y, const double* w_f64 = nullptr);
 bool linear_cublas_grouped();
 // Why the grouped call was turned off (cuBLAS status string), "" while it is in use or untried.
 std::string linear_cublas_grouped_error();
@@ -101,6 +102,18 @@ void hc_mixes(const float* h, int64_t T, int hc, int D, const float* fn, int n_m
 void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
                    const float* scale, float eps, float hc_eps, int sinkhorn_iters, int mode, float* pre, float* post,
                    float* comb);
+// The same with fn already widened to double (fn_f64, kept by the caller) instead of widened per call.
+void hc_mixes_fast_wide(const float* h, int64_t T, int hc, int D, const float* fn, const double* fn_f64, int n_mix,
+                        const float* base, const float* scale, float eps, float hc_eps, int sinkhorn_iters, int mode,
+                        float* pre, float* post, float* comb);
+// Numerics::Fast at decode sizes (T <= 64): the same mixes (exact products, double sums in a fixed order of
+// their own) and finish in two launches (column-sliced partial sums, then a block per token).
+// workspace: hc_mixes_small_workspace() bytes.
+bool hc_mixes_small_supported(int64_t T, int n_mix);
+size_t hc_mixes_small_workspace(int64_t T, int hc, int D, int n_mix);
+void hc_mixes_small(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
+                    const float* scale, float eps, float hc_eps, int sinkhorn_iters, int mode, float* pre, float* post,
+                    float* comb, void* workspace);
 void hc_collapse(const float* h, const float* pre, int64_t T, int hc, int D, float* y);
 void hc_expand(const float* y, const float* residual, const float* post, const float* comb, int64_t T, int hc, int D,
                float* out);

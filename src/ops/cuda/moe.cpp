@@ -56,6 +56,20 @@ bool CudaBackend::use_grouped_fp4(const ExpertWeight& e0, const ExpertTables& ta
 }
 
 Tensor CudaBackend::moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) {
+    OpTimer op(*this, "moe");
+    const int64_t T = x.dim(0);
+    if (graphs_ && !profiling_ && graph_bucket(T) &&
+        routing_tile_rows(T * w.top_k, static_cast<int>(w.experts.size())) == 8) {
+        Tensor out;
+        if (moe_graph(x, w, ids, out)) return out;
+    }
+    auto ids_d = upload(ids);
+    Tensor out = empty(DType::F32, {T, cfg_.dim});
+    moe_body(x, w, ids_d.ptr, out);
+    return out;
+}
+
+void CudaBackend::moe_body(const Tensor& x, const MoEWeight& w, const int32_t* ids_d, Tensor& out) {
     const int64_t T = x.dim(0);
     const int D = cfg_.dim, E = static_cast<int>(w.experts.size()), K = w.top_k;
     const float limit = static_cast<float>(cfg_.swiglu_limit);
@@ -64,16 +78,14 @@ Tensor CudaBackend::moe(const Tensor& x, const MoEWeight& w, const std::vector<i
     else if (cfg_.score_func == "sigmoid") score_func = 1;
     else score_func = 2;
 
-    OpTimer op(*this, "moe");
     // Routing.
     phase("moe.gate");
     Tensor logits = run_linear(x, w.gate);
     phase("moe.route");
-    auto ids_d = upload(ids);
     auto sel = device_alloc(sizeof(int32_t) * static_cast<size_t>(T * K));
     Tensor wsel = empty(DType::F32, {T * K});
     (numerics_ == Numerics::Fast ? route_fast : route)(logits.f32(), T, E, K, score_func, w.bias.empty() ? nullptr : dev_f32(w.bias),
-          w.tid2eid.empty() ? nullptr : static_cast<const int64_t*>(dev_raw(w.tid2eid)), ids_d.ptr, cfg_.is_v41(),
+          w.tid2eid.empty() ? nullptr : static_cast<const int64_t*>(dev_raw(w.tid2eid)), ids_d, cfg_.is_v41(),
           cfg_.norm_topk_prob, static_cast<float>(cfg_.route_scale), balanced_routing_, static_cast<int32_t*>(sel.get()),
           wsel.f32());
 
@@ -125,9 +137,7 @@ Tensor CudaBackend::moe(const Tensor& x, const MoEWeight& w, const std::vector<i
     Tensor as = empty(DType::F32, {T, Is});
     swiglu(gs.f32(), us.f32(), T, Is, nullptr, limit, as.f32());
     Tensor ys = run_linear(as, w.shared.w2);
-    Tensor out = empty(DType::F32, {T, D});
     moe_combine(ye.f32(), static_cast<const int32_t*>(sel.get()), ys.f32(), T, K, D, out.f32());
-    return out;
 }
 
 }  // namespace peregrine::cuda

@@ -218,7 +218,7 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows) {
         h = be.hc_expand(x, h, am);
         HcMix fm = be.hc_mixes(h, b.hc_ffn);
         x = be.rms_norm(be.hc_collapse(h, cfg_.is_v41() ? am.pre : fm.pre), b.ffn_norm);
-        x = be.moe(x, b.ffn, batch.token_ids);
+        x = ep_ ? ep_->moe(be, x, b.ffn, batch.token_ids) : be.moe(x, b.ffn, batch.token_ids);
         h = be.hc_expand(x, h, fm);
         pre = fm.pre;
     }
@@ -241,6 +241,18 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows) {
 }  // namespace peregrine
 
 namespace peregrine {
+
+void Model::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
+    PEREGRINE_CHECK(!ep_, "expert parallelism is already set");
+    for (auto& b : w_.layers) ep->keep_local(b.ffn);
+    ep_ = std::move(ep);
+}
+
+void Model::idle_step() {
+    PEREGRINE_CHECK(ep_ != nullptr, "idle_step: no expert parallelism");
+    Tensor none = backend_->from_host_copy(Tensor::zeros(DType::F32, {0, cfg_.dim}));
+    for (auto& b : w_.layers) ep_->moe(*backend_, none, b.ffn, {});
+}
 
 AttentionLayerInfo Model::stage_info(int stage) const {
     AttentionLayerInfo a;

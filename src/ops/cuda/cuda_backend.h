@@ -62,6 +62,11 @@ public:
     Tensor attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info, ForwardBatch& batch,
                      StepScratch& scratch) override;
     Tensor moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) override;
+    MoeRoute moe_route(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) override;
+    Tensor moe_experts(const Tensor& xp, const MoEWeight& w, const Tensor& experts, const Tensor& weights) override;
+    Tensor moe_combine(const Tensor& x, const MoEWeight& w, const Tensor& ye, const Tensor& experts) override;
+    Tensor to_host_copy(const Tensor& t) override;
+    Tensor from_host_copy(const Tensor& host) override;
     Tensor concat_cols(const std::vector<Tensor>& parts) override;
     void store_window_kv(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                          ForwardBatch& batch) override;
@@ -144,9 +149,12 @@ private:
     struct ExpertTables {
         std::shared_ptr<void> keep;
         ExpertTable w1, w2, w3;
+        const ExpertWeight* first = nullptr;  // the first expert held (formats and shapes)
         bool aligned16 = false;  // every weight and scale array 16-byte aligned (vector and cp.async loads)
     };
     const ExpertTables& expert_tables(const MoEWeight& w);
+    Tensor routed_experts(const Tensor& x, int64_t pairs, int per_row, const MoEWeight& w, const int32_t* sel,
+                          const float* wsel);
     bool use_grouped_fp4(const ExpertWeight& e0, const ExpertTables& tab, const LinearRouting& r);
 
     ModelConfig cfg_;

@@ -122,7 +122,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
         m->backend_ = make_cpu_backend(m->cfg_, m->layout_);
     } else if (opts.device == "cuda") {
 #ifdef PEREGRINE_HAVE_CUDA
-        m->backend_ = make_cuda_backend(m->cfg_, m->layout_, opts.engram_placement);
+        m->backend_ = make_cuda_backend(m->cfg_, m->layout_, opts.engram_placement, opts.gpu);
 #else
         fail("this build has no CUDA backend (nvcc was not found at configure time); use --device cpu");
 #endif

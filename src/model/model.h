@@ -16,6 +16,7 @@ namespace peregrine {
 
 struct ModelOptions {
     std::string device = "cpu";
+    int gpu = 0;  // cuda: which GPU
     int page_tokens = 16;
     std::string engram_placement = "device";  // cuda: engram tables in "device" or pinned "host" memory
 };

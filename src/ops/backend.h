@@ -64,6 +64,8 @@ public:
     virtual std::string name() const = 0;
 
     virtual std::unique_ptr<StepScratch> begin_step(const ForwardBatch& batch) = 0;
+    // Makes the calling thread use this backend's device (a thread that drives a model on one of several GPUs).
+    virtual void bind_thread() {}
 
     // Memory for state pages (host for the CPU backend, device memory for CUDA).
     virtual uint8_t* alloc_state(size_t bytes) = 0;
@@ -129,7 +131,7 @@ std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& cfg, const StateLay
 // Only in builds with the CUDA backend (PEREGRINE_HAVE_CUDA). engram_placement: "device" or "host" (the
 // engram tables in pinned host memory, read by the GPU directly).
 std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& cfg, const StateLayout& layout,
-                                           const std::string& engram_placement = "device");
+                                           const std::string& engram_placement = "device", int gpu = 0);
 // Whether a CUDA device is usable in this process (false in builds without the backend), and why not.
 bool cuda_device_available(std::string* why = nullptr);
 

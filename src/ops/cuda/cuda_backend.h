@@ -41,11 +41,13 @@ enum class EngramPlacement { Device, Host };
 
 class CudaBackend : public Backend {
 public:
-    CudaBackend(const ModelConfig& cfg, const StateLayout& layout, EngramPlacement engram = EngramPlacement::Device);
+    CudaBackend(const ModelConfig& cfg, const StateLayout& layout, EngramPlacement engram = EngramPlacement::Device,
+                int gpu = 0);
     ~CudaBackend() override;
     std::string name() const override { return "cuda"; }
 
     std::unique_ptr<StepScratch> begin_step(const ForwardBatch& batch) override;
+    void bind_thread() override;
     uint8_t* alloc_state(size_t bytes) override;
     void free_state(uint8_t* p) override;
     void read_state(const uint8_t* src, size_t bytes, void* dst) override;
@@ -107,6 +109,7 @@ private:
         void* start;
         void* stop;
     };
+    int gpu_ = 0;
     bool profiling_ = false, balanced_routing_ = false;
     int depth_ = 0, open_phase_ = -1;
     std::vector<TimedEvent> events_;

@@ -31,5 +31,8 @@ public:
 // `n` communicators of one in-process group, to be used by n threads (one per rank). Exchanges go through
 // host memory.
 std::vector<std::unique_ptr<Communicator>> make_loopback_group(int n);
+// One communicator per GPU 0..n-1 of this host, over NCCL (opened at run time); rank r drives GPU r. Only
+// in builds with the CUDA backend.
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(int n);
 
 }  // namespace peregrine

@@ -5,6 +5,7 @@
 #include "kv/page_pool.h"
 #include "model/expert_parallel.h"
 #include "model/fixture.h"
+#include "model/parallel_run.h"
 #include "model/model.h"
 #include "util/error.h"
 
@@ -98,64 +99,13 @@ TEST(Loopback, AFailedRankReleasesTheOthers) {
     EXPECT_THROW(group[1]->exchange_bytes({{1}, {2}}), Error);
 }
 
-// Sequences of different lengths: a prefill step, then greedy decode steps, every sequence in one batch.
-struct Run {
-    std::vector<std::vector<float>> logits;  // [step] -> the sequence's last-row logits, per sequence in order
-};
-
-std::vector<std::vector<int32_t>> prompts(const std::string& fx) {
-    auto ids = read_ids(fixture_dir(fx) + "/cases/prefill.ids");
-    EXPECT_GE(ids.size(), 48u);
-    return {std::vector<int32_t>(ids.begin(), ids.begin() + 37), std::vector<int32_t>(ids.begin() + 5, ids.begin() + 20),
-            std::vector<int32_t>(ids.begin() + 11, ids.begin() + 48)};
-}
-
-// Runs `seqs` (indices into prompts) on `model` for `steps` steps (prefill, then greedy decode), or idle
-// steps when it has none; returns each sequence's logits per step.
-std::vector<Run> run_sequences(Model& model, const std::vector<std::vector<int32_t>>& all, const std::vector<int>& seqs,
-                               int steps) {
-    const int vocab = model.config().vocab_size;
-    PagePool pool(model.backend(), model.layout(), 64);
-    std::vector<SeqState> st(seqs.size());
-    std::vector<std::vector<int32_t>> toks;
-    for (size_t i = 0; i < seqs.size(); ++i) {
-        model.init_state(st[i]);
-        toks.push_back(all[static_cast<size_t>(seqs[i])]);
-        EXPECT_TRUE(pool.reserve(st[i], static_cast<int64_t>(toks.back().size()) + steps));
-    }
-    std::vector<Run> out(seqs.size());
-    for (int step = 0; step < steps; ++step) {
-        if (seqs.empty()) {
-            model.idle_step();
-            continue;
-        }
-        ForwardBatch batch;
-        std::vector<int> rows;
-        for (size_t i = 0; i < seqs.size(); ++i) {
-            const int64_t start = st[i].n_cached;
-            const int n = static_cast<int>(toks[i].size() - start);
-            batch.seqs.push_back({&st[i], start, n, batch.rows()});
-            batch.token_ids.insert(batch.token_ids.end(), toks[i].begin() + start, toks[i].end());
-            rows.push_back(batch.rows() - 1);
-        }
-        Tensor l = model.forward(batch, rows);
-        for (size_t i = 0; i < seqs.size(); ++i) {
-            const float* row = l.f32() + static_cast<int64_t>(i) * vocab;
-            out[i].logits.emplace_back(row, row + vocab);
-            toks[i].push_back(static_cast<int32_t>(std::max_element(row, row + vocab) - row));
-        }
-    }
-    for (auto& s : st) pool.release(s);
-    return out;
-}
-
 void expect_expert_parallel_matches(const std::string& fx, int n_ranks, bool redundant) {
     const int steps = 5;
-    auto all = prompts(fx);
+    auto all = test::parallel_prompts(fx);
     std::vector<int> every(all.size());
     std::iota(every.begin(), every.end(), 0);
     auto single = Model::load(fixture_dir(fx));
-    const auto ref = run_sequences(*single, all, every, steps);
+    const auto ref = test::run_sequences(*single, all, every, steps);
 
     const int E = single->config().n_routed_experts;
     ExpertPlacement placement = ExpertPlacement::contiguous(E, n_ranks);
@@ -167,7 +117,7 @@ void expect_expert_parallel_matches(const std::string& fx, int n_ranks, bool red
     auto group = make_loopback_group(n_ranks);
     std::vector<std::vector<int>> mine(static_cast<size_t>(n_ranks));
     for (int s = 0; s < static_cast<int>(all.size()); ++s) mine[static_cast<size_t>(s % n_ranks)].push_back(s);
-    std::vector<std::vector<Run>> got(static_cast<size_t>(n_ranks));
+    std::vector<std::vector<test::SeqLogits>> got(static_cast<size_t>(n_ranks));
     std::vector<std::string> errors(static_cast<size_t>(n_ranks));
     std::vector<std::thread> threads;
     for (int r = 0; r < n_ranks; ++r)
@@ -176,7 +126,7 @@ void expect_expert_parallel_matches(const std::string& fx, int n_ranks, bool red
             try {
                 auto model = Model::load(fixture_dir(fx));
                 model->set_expert_parallel(std::make_shared<ExpertParallel>(comm, placement));
-                got[static_cast<size_t>(r)] = run_sequences(*model, all, mine[static_cast<size_t>(r)], steps);
+                got[static_cast<size_t>(r)] = test::run_sequences(*model, all, mine[static_cast<size_t>(r)], steps);
             } catch (const std::exception& e) {
                 errors[static_cast<size_t>(r)] = e.what();
                 comm.abort();

@@ -3,6 +3,7 @@
 // cached context, as ms/step, tokens/s, TFLOP/s and GB/s against the card's limits (HBM bandwidth measured
 // by a device-to-device copy in the same run, FP8 dense peak from the datasheet), with a per-op breakdown.
 // The cached context is random state (its prefill is not run). Table to stdout, JSON to --json.
+#include "bench_engine_ep.h"
 #include "commands.h"
 #include "kv/page_pool.h"
 #include "model/model.h"
@@ -29,7 +30,7 @@ constexpr double kFp8DensePeakTflops = 1979.0;  // H100/H200 SXM datasheet, dens
 
 struct BenchArgs {
     std::string synthetic = "v41-flash", device = "cuda", json;
-    int layers = 6, experts = 384, steps = 3;
+    int layers = 6, experts = 384, steps = 3, ep = 1;
     bool balanced = false;
     std::string decode_batches = "8,16,32,64,128,256", contexts = "8192,131072", prefill_tokens = "4096,8192,16384,32768,65536";
     int64_t prefill_context = 131072;
@@ -348,7 +349,26 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--steps", a->steps, "Timed steps per point (median)");
     cmd->add_option("--max-step-seconds", a->max_step_seconds, "Skip larger points once a step takes longer");
     cmd->add_option("--json", a->json, "Write the results as JSON");
-    cmd->callback([a, &exit_code] { exit_code = run_bench(*a); });
+    cmd->add_option("--ep", a->ep, "Expert-parallel ranks (GPUs 0..N-1; batches and prefill tokens are per GPU)")
+        ->check(CLI::Range(1, 64));
+    cmd->callback([a, &exit_code] {
+        if (a->ep == 1) {
+            exit_code = run_bench(*a);
+            return;
+        }
+        EpBenchArgs e;
+        e.ranks = a->ep;
+        e.layers = a->layers;
+        e.experts = a->experts;
+        e.steps = a->steps;
+        e.balanced = a->balanced;
+        e.decode_batches = a->decode_batches;
+        e.contexts = a->contexts;
+        e.prefill_tokens = a->prefill_tokens;
+        e.prefill_context = a->prefill_context;
+        e.json = a->json;
+        exit_code = run_bench_engine_ep(e);
+    });
 });
 
 }  // namespace

@@ -128,7 +128,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
         m->backend_ = make_cpu_backend(m->cfg_, m->layout_);
     } else if (opts.device == "cuda") {
 #ifdef PEREGRINE_HAVE_CUDA
-        m->backend_ = make_cuda_backend(m->cfg_, m->layout_, opts.engram_placement);
+        m->backend_ = make_cuda_backend(m->cfg_, m->layout_, opts.engram_placement, opts.gpu);
 #else
         fail("this build has no CUDA backend (nvcc was not found at configure time); use --device cpu");
 #endif
@@ -225,7 +225,7 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows) {
         h = be.hc_expand(x, h, am);
         HcMix fm = be.hc_mixes(h, b.hc_ffn);
         x = be.rms_norm(be.hc_collapse(h, cfg_.is_v41() ? am.pre : fm.pre), b.ffn_norm);
-        x = be.moe(x, b.ffn, batch.token_ids);
+        x = ep_ ? ep_->moe(be, x, b.ffn, batch.token_ids) : be.moe(x, b.ffn, batch.token_ids);
         h = be.hc_expand(x, h, fm);
         pre = fm.pre;
     }
@@ -248,6 +248,18 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows) {
 }  // namespace peregrine
 
 namespace peregrine {
+
+void Model::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
+    PEREGRINE_CHECK(!ep_, "expert parallelism is already set");
+    for (auto& b : w_.layers) ep->keep_local(b.ffn);
+    ep_ = std::move(ep);
+}
+
+void Model::idle_step() {
+    PEREGRINE_CHECK(ep_ != nullptr, "idle_step: no expert parallelism");
+    Tensor none = backend_->from_host_copy(Tensor::zeros(DType::F32, {0, cfg_.dim}));
+    for (auto& b : w_.layers) ep_->moe(*backend_, none, b.ffn, {});
+}
 
 AttentionLayerInfo Model::stage_info(int stage) const {
     AttentionLayerInfo a;

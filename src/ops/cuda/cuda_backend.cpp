@@ -17,14 +17,17 @@
 namespace peregrine {
 
 std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& cfg, const StateLayout& layout,
-                                           const std::string& engram_placement) {
+                                           const std::string& engram_placement, int gpu) {
     cuda::EngramPlacement p;
     if (engram_placement == "device") p = cuda::EngramPlacement::Device;
     else if (engram_placement == "host") p = cuda::EngramPlacement::Host;
     else fail("unknown engram placement '{}' (device or host)", engram_placement);
     std::string why;
     if (!cuda_device_available(&why)) fail("--device cuda: {}", why);
-    return std::make_unique<cuda::CudaBackend>(cfg, layout, p);
+    int n = 0;
+    PG_CUDA(cudaGetDeviceCount(&n));
+    if (gpu < 0 || gpu >= n) fail("--device cuda: GPU {} asked for, {} visible", gpu, n);
+    return std::make_unique<cuda::CudaBackend>(cfg, layout, p, gpu);
 }
 
 bool cuda_device_available(std::string* why) {
@@ -180,9 +183,9 @@ Tensor CudaBackend::to_host(const Tensor& dev) {
     return t;
 }
 
-CudaBackend::CudaBackend(const ModelConfig& cfg, const StateLayout& layout, EngramPlacement engram)
-    : cfg_(cfg), layout_(layout), engram_placement_(engram) {
-    PG_CUDA(cudaSetDevice(0));
+CudaBackend::CudaBackend(const ModelConfig& cfg, const StateLayout& layout, EngramPlacement engram, int gpu)
+    : gpu_(gpu), cfg_(cfg), layout_(layout), engram_placement_(engram) {
+    PG_CUDA(cudaSetDevice(gpu_));
     if (const char* g = std::getenv("PEREGRINE_CUDA_GRAPHS")) {
         const std::string v = g;
         if (v == "1") graphs_ = true;
@@ -197,7 +200,10 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const StateLayout& layout, Engr
     }
 }
 
+void CudaBackend::bind_thread() { PG_CUDA(cudaSetDevice(gpu_)); }
+
 CudaBackend::~CudaBackend() {
+    cudaSetDevice(gpu_);
     cudaDeviceSynchronize();
     moe_graphs_.clear();
     linear_cublas_release();

@@ -42,11 +42,13 @@ enum class EngramPlacement { Device, Host };
 
 class CudaBackend : public Backend {
 public:
-    CudaBackend(const ModelConfig& cfg, const StateLayout& layout, EngramPlacement engram = EngramPlacement::Device);
+    CudaBackend(const ModelConfig& cfg, const StateLayout& layout, EngramPlacement engram = EngramPlacement::Device,
+                int gpu = 0);
     ~CudaBackend() override;
     std::string name() const override { return "cuda"; }
 
     std::unique_ptr<StepScratch> begin_step(const ForwardBatch& batch) override;
+    void bind_thread() override;
     uint8_t* alloc_state(size_t bytes) override;
     void free_state(uint8_t* p) override;
     void read_state(const uint8_t* src, size_t bytes, void* dst) override;
@@ -66,6 +68,11 @@ public:
     Tensor attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info, ForwardBatch& batch,
                      StepScratch& scratch) override;
     Tensor moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) override;
+    MoeRoute moe_route(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) override;
+    Tensor moe_experts(const Tensor& xp, const MoEWeight& w, const Tensor& experts, const Tensor& weights) override;
+    Tensor moe_combine(const Tensor& x, const MoEWeight& w, const Tensor& ye, const Tensor& experts) override;
+    Tensor to_host_copy(const Tensor& t) override;
+    Tensor from_host_copy(const Tensor& host) override;
     Tensor concat_cols(const std::vector<Tensor>& parts) override;
     void store_window_kv(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                          ForwardBatch& batch) override;
@@ -128,6 +135,7 @@ private:
         void* start;
         void* stop;
     };
+    int gpu_ = 0;
     bool profiling_ = false, balanced_routing_ = false;
     int64_t index_score_bytes_ = int64_t{256} << 20;
     int depth_ = 0, open_phase_ = -1;
@@ -193,9 +201,14 @@ private:
     struct ExpertTables {
         std::shared_ptr<void> keep;
         ExpertTable w1, w2, w3;
+        const ExpertWeight* first = nullptr;  // the first expert held (formats and shapes)
         bool aligned16 = false;  // every weight and scale array 16-byte aligned (vector and cp.async loads)
     };
     const ExpertTables& expert_tables(const MoEWeight& w);
+    MoeRoute route_rows(const Tensor& x, const MoEWeight& w, const int32_t* ids_d);
+    Tensor routed_experts(const Tensor& x, int64_t pairs, int per_row, const MoEWeight& w, const int32_t* sel,
+                          const float* wsel);
+    void combine_into(const Tensor& x, const MoEWeight& w, const Tensor& ye, const int32_t* sel, Tensor& out);
     bool use_grouped_fp4(const ExpertWeight& e0, const ExpertTables& tab, const LinearRouting& r);
 
     ModelConfig cfg_;

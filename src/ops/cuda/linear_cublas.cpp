@@ -15,6 +15,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -74,8 +75,15 @@ struct Context {
     }
 };
 
+// One per device (a cuBLAS handle belongs to the device it was created on).
 Context& context() {
-    static Context* c = new Context;  // never destroyed: the CUDA runtime may be gone at exit
+    int dev = 0;
+    PG_CUDA(cudaGetDevice(&dev));
+    static std::mutex mu;
+    static auto* per_device = new std::map<int, Context*>;  // never destroyed: the CUDA runtime may be gone at exit
+    std::lock_guard lk(mu);
+    Context*& c = (*per_device)[dev];
+    if (!c) c = new Context;
     return *c;
 }
 

@@ -313,7 +313,9 @@ Tensor CudaBackend::linear(const Tensor& x, const LinearWeight& w) {
 
 std::unique_ptr<StepScratch> CudaBackend::begin_step(const ForwardBatch&) { return std::make_unique<CudaScratch>(); }
 
+// State memory is made and freed from whichever thread owns the pool: on this backend's GPU.
 uint8_t* CudaBackend::alloc_state(size_t bytes) {
+    bind_thread();
     void* p = nullptr;
     PG_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 64)));
     PG_CUDA(cudaMemset(p, 0, bytes));
@@ -321,6 +323,7 @@ uint8_t* CudaBackend::alloc_state(size_t bytes) {
 }
 
 void CudaBackend::free_state(uint8_t* p) {
+    cudaSetDevice(gpu_);
     cudaDeviceSynchronize();
     cudaFree(p);
 }

@@ -334,7 +334,7 @@ Tensor CudaBackend::hc_mean(const Tensor& h) {
     return y;
 }
 
-Tensor CudaBackend::logits(const Tensor& x, const LinearWeight& head) {
+Tensor CudaBackend::logits(const Tensor& x, const LinearWeight& head, bool to_host) {
     OpTimer op_(*this, "logits");
     // fp32 on the (bf16-stored) weights, as the reference upcasts them.
     LinearWeight w = head;
@@ -352,7 +352,7 @@ Tensor CudaBackend::logits(const Tensor& x, const LinearWeight& head) {
     } else {
         y = run_linear(x, w);
     }
-    return to_host_pinned(y);
+    return to_host ? to_host_pinned(y) : y;
 }
 
 }  // namespace cuda

@@ -18,6 +18,7 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kChunk = 64;  // tokens per weight sum in the draw (two per lane of a warp)
 constexpr int kMaxChunks = kSampleMaxVocab / kChunk;
 constexpr int kChunksPerThread = kMaxChunks / kThreads;
+constexpr int kMaxCands = 4096;  // rows with at most this many alive tokens select in shared memory
 constexpr unsigned kFull = 0xFFFFFFFFu;
 
 struct Shared {
@@ -26,7 +27,14 @@ struct Shared {
     u64 red[kWarps];    // per-warp partials
     u64 wpre[kWarps];   // per-warp exclusive prefixes
     double redd[kWarps];
-    u64 chunk[kMaxChunks];
+    union {
+        u64 chunk[kMaxChunks];  // the draw
+        struct {                // the selections (finished before the draw starts)
+            float l[kMaxCands];
+            int id[kMaxCands];
+        } cand;
+    };
+    int n_cand;
     u64 bu[4];          // broadcasts
     int bi[4];
     int top_count;
@@ -117,24 +125,45 @@ __device__ void pick_bin(Shared& s, const u64* counts, Reached reached) {
     }
 }
 
+// What the selections walk: the whole row in global memory, or its alive tokens gathered in shared memory.
+struct RowSource {
+    const float* row;
+    int n;
+    __device__ __forceinline__ void get(int j, float& l, int& id) const {
+        l = row[j];
+        id = j;
+    }
+};
+struct CandSource {
+    const float* l;
+    const int* ids;
+    int n;
+    __device__ __forceinline__ void get(int j, float& lv, int& id) const {
+        lv = l[j];
+        id = ids[j];
+    }
+};
+
 __device__ __forceinline__ u64 high_mask(int shift) { return shift >= 56 ? 0ull : ~((1ull << (shift + 8)) - 1); }
 
 // A key c such that exactly `want` members have key >= c (0 when there are fewer): the want-th best
 // member's key, or a lower one with the same member set.
-template <class Member>
-__device__ u64 select_count(const float* row, int V, Member member, u64 want, Shared& s) {
+template <class Src, class Member>
+__device__ u64 select_count(const Src& src, Member member, u64 want, Shared& s) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     u64 prefix = 0, need = want;
     for (int shift = 56; shift >= 0; shift -= 8) {
         for (int b = threadIdx.x; b < 256; b += kThreads) s.hist[b] = 0;
         __syncthreads();
         const u64 hm = high_mask(shift);
-        for (int base = warp * 32; base < V; base += kThreads) {  // warp-uniform trip count
-            const int i = base + lane;
+        for (int base = warp * 32; base < src.n; base += kThreads) {  // warp-uniform trip count
+            const int j = base + lane;
             bool take = false;
             unsigned d = 0;
-            if (i < V) {
-                const float l = row[i];
+            if (j < src.n) {
+                float l;
+                int i;
+                src.get(j, l, i);
                 const u64 k = logit_key(l, i);
                 take = (k & hm) == prefix && member(l, i);
                 d = static_cast<unsigned>(k >> shift) & 255u;
@@ -161,8 +190,8 @@ __device__ u64 select_count(const float* row, int V, Member member, u64 want, Sh
 
 // The key at which the members' cumulative weight, best first, first reaches P (or a lower key with the same
 // weighted member set); 0 when their total stays below P. weight(l, i) is a member's weight, 0 otherwise.
-template <class Weight>
-__device__ u64 select_mass(const float* row, int V, Weight weight, double P, Shared& s) {
+template <class Src, class Weight>
+__device__ u64 select_mass(const Src& src, Weight weight, double P, Shared& s) {
     u64 prefix = 0, above = 0;
     for (int shift = 56; shift >= 0; shift -= 8) {
         for (int b = threadIdx.x; b < 256; b += kThreads) s.hist[b] = 0, s.cnt[b] = 0;
@@ -170,8 +199,10 @@ __device__ u64 select_mass(const float* row, int V, Weight weight, double P, Sha
         const u64 hm = high_mask(shift);
         unsigned cur = 0xFFFFFFFFu;
         u64 acc = 0, acc_n = 0;
-        for (int i = threadIdx.x; i < V; i += kThreads) {
-            const float l = row[i];
+        for (int j = threadIdx.x; j < src.n; j += kThreads) {
+            float l;
+            int i;
+            src.get(j, l, i);
             const u64 k = logit_key(l, i);
             if ((k & hm) != prefix) continue;
             const u64 w = weight(l, i);
@@ -202,6 +233,45 @@ __device__ u64 select_mass(const float* row, int V, Weight weight, double P, Sha
     return prefix;
 }
 
+struct Cuts {
+    u64 c1, c3;  // kept: alive, key >= c1 (top-k), min-p, key >= c3 (top-p)
+};
+
+// The top-k and top-p cut-off keys of a sampled row over `src` (which holds every alive token).
+template <class Src>
+__device__ Cuts find_cuts(const Src& src, int V, const SampleRowDev& r, float mx, u64 best_key, u64 n_alive, Shared& s) {
+    const double inv_t = r.inv_t;
+    Cuts c{0, 0};
+    // 1. top-k among the alive tokens (the others weigh 0 and rank below them all).
+    if (r.top_k > 0 && r.top_k < V && n_alive > static_cast<u64>(r.top_k)) {
+        auto alive = [&](float l, int) { return scaled_logit(l, mx, inv_t) > kWeightFloor; };
+        c.c1 = select_count(src, alive, static_cast<u64>(r.top_k), s);
+    }
+    const u64 c1 = c.c1;
+    u64 total = 0;
+    for (int j = threadIdx.x; j < src.n; j += kThreads) {
+        float l;
+        int i;
+        src.get(j, l, i);
+        if (logit_key(l, i) >= c1) total += token_weight(l, mx, inv_t);
+    }
+    total = block_reduce<false>(total, s);
+    // 2. min-p: a kept token's weight (0 outside top-k and min-p).  3. top-p over those.
+    if (r.top_p < 1.0) {
+        const u64 min_w = r.min_p_weight;
+        auto kept2 = [&](float l, int i) -> u64 {
+            const u64 w = token_weight(l, mx, inv_t);
+            if (w == 0) return 0;
+            const u64 k = logit_key(l, i);
+            if (k < c1 || (w < min_w && k != best_key)) return 0;
+            return w;
+        };
+        const double P = r.top_p * static_cast<double>(total);
+        c.c3 = P > 0.0 ? select_mass(src, kept2, P, s) : best_key;
+    }
+    return c;
+}
+
 __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int V, const SampleRowDev* rows,
                                                           const LogitAdjust* adj, SampleOutDev* out, SampleOutDev* top) {
     __shared__ Shared s;
@@ -230,21 +300,28 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int V, 
     if (r.inv_t > 0.0 && isfinite(mx)) {
         const double inv_t = r.inv_t;
         auto alive = [&](float l, int) { return scaled_logit(l, mx, inv_t) > kWeightFloor; };
-        u64 n_alive = 0;
-        for (int i = tid; i < V; i += kThreads) n_alive += alive(row[i], i) ? 1 : 0;
-        n_alive = block_reduce<false>(n_alive, s);
-        // 1. top-k among the alive tokens (the others weigh 0 and rank below them all).
-        u64 c1 = 0;
-        if (r.top_k > 0 && r.top_k < V && n_alive > static_cast<u64>(r.top_k))
-            c1 = select_count(row, V, alive, static_cast<u64>(r.top_k), s);
-        u64 total = 0;
-        for (int i = tid; i < V; i += kThreads) {
-            const float l = row[i];
-            if (logit_key(l, i) >= c1) total += token_weight(l, mx, inv_t);
+        // The alive tokens (a prefix of the ranking; all others weigh 0), gathered into shared memory when
+        // they fit, so that the selections below do not walk the row again.
+        if (tid == 0) s.n_cand = 0;
+        __syncthreads();
+        for (int base = warp * 32; base < V; base += kThreads) {
+            const int i = base + lane;
+            const float l = i < V ? row[i] : 0.0f;
+            const bool a = i < V && alive(l, i);
+            const unsigned m = __ballot_sync(kFull, a);
+            if (m == 0) continue;
+            int pos = 0;
+            if (lane == 0) pos = atomicAdd(&s.n_cand, __popc(m));
+            pos = __shfl_sync(kFull, pos, 0) + __popc(m & ((1u << lane) - 1u));
+            if (a && pos < kMaxCands) s.cand.l[pos] = l, s.cand.id[pos] = i;
         }
-        total = block_reduce<false>(total, s);
-        // 2. min-p: a kept token's weight (0 outside top-k and min-p).
-        const u64 min_w = r.min_p_weight;
+        __syncthreads();
+        const u64 n_alive = static_cast<u64>(s.n_cand);
+        __syncthreads();
+        const Cuts cuts = n_alive <= static_cast<u64>(kMaxCands)
+                              ? find_cuts(CandSource{s.cand.l, s.cand.id, static_cast<int>(n_alive)}, V, r, mx, best_key, n_alive, s)
+                              : find_cuts(RowSource{row, V}, V, r, mx, best_key, n_alive, s);
+        const u64 c1 = cuts.c1, c3 = cuts.c3, min_w = r.min_p_weight;
         auto kept2 = [&](float l, int i) -> u64 {
             const u64 w = token_weight(l, mx, inv_t);
             if (w == 0) return 0;
@@ -252,12 +329,6 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int V, 
             if (k < c1 || (w < min_w && k != best_key)) return 0;
             return w;
         };
-        // 3. top-p.
-        u64 c3 = 0;
-        if (r.top_p < 1.0) {
-            const double P = r.top_p * static_cast<double>(total);
-            c3 = P > 0.0 ? select_mass(row, V, kept2, P, s) : best_key;
-        }
         auto kept = [&](int i) -> u64 {
             if (i >= V) return 0;
             const float l = row[i];
@@ -345,7 +416,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int V, 
     if (tid == 0) out[blockIdx.x] = {chosen, static_cast<float>(static_cast<double>(row[chosen]) - lse)};
     const int n = r.top_n < V ? r.top_n : V;
     if (n <= 0) return;
-    const u64 cut = select_count(row, V, [](float, int) { return true; }, static_cast<u64>(n), s);
+    const u64 cut = select_count(RowSource{row, V}, [](float, int) { return true; }, static_cast<u64>(n), s);
     if (tid == 0) s.top_count = 0;
     __syncthreads();
     for (int i = tid; i < V; i += kThreads) {

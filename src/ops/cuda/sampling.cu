@@ -272,7 +272,7 @@ __device__ Cuts find_cuts(const Src& src, int V, const SampleRowDev& r, float mx
     return c;
 }
 
-__global__ void __launch_bounds__(kThreads) sample_kernel(float* logits, int V, const SampleRowDev* rows,
+__global__ void __launch_bounds__(kThreads, 2) sample_kernel(float* logits, int V, const SampleRowDev* rows,
                                                           const LogitAdjust* adj, SampleOutDev* out, SampleOutDev* top) {
     __shared__ Shared s;
     const SampleRowDev r = rows[blockIdx.x];

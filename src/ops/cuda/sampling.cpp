@@ -6,8 +6,18 @@
 #include "util/error.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 namespace peregrine::cuda {
+
+bool CudaBackend::samples_on_device() const {
+    static const bool host = [] {
+        const char* v = std::getenv("PEREGRINE_SAMPLING");
+        return v && std::strcmp(v, "host") == 0;
+    }();
+    return !host && cfg_.vocab_size > 0 && cfg_.vocab_size <= kSampleMaxVocab;
+}
 
 std::vector<SampleResult> CudaBackend::sample(const Tensor& logits, const std::vector<SampleRow>& rows) {
     if (rows.empty()) return {};
@@ -16,8 +26,8 @@ std::vector<SampleResult> CudaBackend::sample(const Tensor& logits, const std::v
     PEREGRINE_CHECK(logits.dtype() == DType::F32 && logits.ndim() == 2, "sample: logits must be f32 [rows, vocab]");
     const int64_t R = logits.dim(0);
     const int V = static_cast<int>(logits.dim(1));
-    PEREGRINE_CHECK(V > 0 && V <= kSampleMaxVocab, "sample: vocabulary of {} tokens (the device sampler takes up to {})",
-                    V, kSampleMaxVocab);
+    PEREGRINE_CHECK(V > 0 && R > 0, "sample: empty logits");
+    if (V > kSampleMaxVocab) return Backend::sample(to_host(logits), rows);  // beyond the kernel's draw buffer
     std::vector<SampleRowDev> dev(rows.size());
     std::vector<LogitAdjust> adj;
     std::vector<char> used(static_cast<size_t>(R), 0);

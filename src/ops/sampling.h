@@ -13,6 +13,10 @@
 // The token is then drawn with probability W / (kept total) by inverse CDF over the kept tokens in id
 // order, from one 64-bit Philox4x32-10 draw keyed by the seed at counter = the request's sample index.
 // Temperature <= 0 (or a non-finite best logit) is greedy: the best-ranked token.
+// Ties: ranking by logit then lower id (-0 equals +0, NaN ranks below -inf), so top-k, top-p and top-n cut
+// between equal logits by id. Rounding: the kept set and the draw use only integers and correctly rounded
+// double operations (ops/sampling_math.h), so host and device agree bit for bit; only logprobs (library
+// exp/log in double, sums in another order) may differ, by about 1e-7.
 #include "ops/sampling_math.h"
 
 #include <cstdint>

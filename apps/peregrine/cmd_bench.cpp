@@ -3,6 +3,7 @@
 // cached context, as ms/step, tokens/s, TFLOP/s and GB/s against the card's limits (HBM bandwidth measured
 // by a device-to-device copy in the same run, FP8 dense peak from the datasheet), with a per-op breakdown.
 // The cached context is random state (its prefill is not run). Table to stdout, JSON to --json.
+#include "bench_engine_ep.h"
 #include "commands.h"
 #include "kv/page_pool.h"
 #include "model/model.h"
@@ -29,7 +30,7 @@ constexpr double kFp8DensePeakTflops = 1979.0;  // H100/H200 SXM datasheet, dens
 
 struct BenchArgs {
     std::string synthetic = "v41-flash", device = "cuda", json;
-    int layers = 6, experts = 384, steps = 3;
+    int layers = 6, experts = 384, steps = 3, ep = 1;
     bool balanced = false;
     bool device_sampling = false;  // sample on the device instead of copying the logits to the host
     std::string decode_batches = "8,16,32,64,128,256", contexts = "8192,131072", prefill_tokens = "4096,8192,16384,32768,65536";
@@ -79,12 +80,20 @@ Cost step_cost(const Model& m, int64_t rows, int64_t ctx, int64_t logit_rows, bo
         const double expert_bytes = linear_bytes(e0.w1) + linear_bytes(e0.w2) + linear_bytes(e0.w3);
         k.weight_bytes += experts_hit * expert_bytes;
         k.gemm_flops += pairs * (linear_flops(e0.w1) + linear_flops(e0.w2) + linear_flops(e0.w3));
-        // Attention reads per row: window keys, selected compressed keys, indexer keys (fp32 state entries).
+        // Attention reads per row: window keys, selected compressed keys, indexer keys (packed state entries).
         const AttentionLayerInfo& info = infos[static_cast<size_t>(l)];
+        const StateLayout& L = m.layout();
+        const LayerStateLayout& own = L.layers[static_cast<size_t>(l)];
         const double width = info.ratio > 0 ? static_cast<double>(ctx) / info.ratio : 0.0;
-        const double keys = std::min<double>(c.window_size, ctx) + (info.ratio > 0 ? std::min<double>(c.index_topk, width) : 0.0);
+        const double win_keys = std::min<double>(c.window_size, ctx);
+        const double comp_keys = info.ratio > 0 ? std::min<double>(info.has_indexer || c.is_v41() ? c.index_topk : width, width) : 0.0;
+        const double keys = win_keys + comp_keys;
         k.attn_flops += rows * 4.0 * c.n_heads * keys * c.head_dim;
-        const double per_row_state = keys * c.head_dim * 4.0 + (info.has_indexer ? width * c.index_head_dim * 4.0 : 0.0);
+        const size_t comp_bytes = info.comp_source >= 0 ? L.layers[static_cast<size_t>(info.comp_source)].comp.entry_bytes : 0;
+        const int key_layer = c.is_v41() ? info.index_k_source : l;
+        const size_t index_bytes = info.has_indexer && key_layer >= 0 ? L.layers[static_cast<size_t>(key_layer)].index_k.entry_bytes : 0;
+        const double per_row_state = win_keys * static_cast<double>(own.window.entry_bytes) +
+                                     comp_keys * static_cast<double>(comp_bytes) + width * static_cast<double>(index_bytes);
         if (info.has_indexer) k.attn_flops += rows * 2.0 * c.index_n_heads * c.index_head_dim * width;
         // Decode rows read their own state; prefill rows of one sequence share it (count it once).
         k.state_bytes += (logit_rows == rows ? rows : 1) * per_row_state;
@@ -94,8 +103,24 @@ Cost step_cost(const Model& m, int64_t rows, int64_t ctx, int64_t logit_rows, bo
     return k;
 }
 
+// State bytes per token of a sequence, by kind (the entries' packed sizes over the tokens they cover).
+struct StateBytes {
+    double window = 0, comp = 0, index = 0;
+    double total() const { return window + comp + index; }
+};
+StateBytes state_bytes(const Model& m) {
+    StateBytes b;
+    for (const LayerStateLayout& L : m.layout().layers) {
+        if (L.window.present()) b.window += static_cast<double>(L.window.entry_bytes) / L.window.per_entry_tokens;
+        if (L.comp.present()) b.comp += static_cast<double>(L.comp.entry_bytes) / L.comp.per_entry_tokens;
+        if (L.index_k.present()) b.index += static_cast<double>(L.index_k.entry_bytes) / L.index_k.per_entry_tokens;
+    }
+    return b;
+}
+
 struct Measured {
     double ms = 0;
+    double wait_ms = 0;  // of ms: the host waiting for the logits (the rest: the host enqueueing the step)
     std::map<std::string, double> ops;
 };
 
@@ -117,7 +142,8 @@ Measured run_steps(Model& m, cuda::CudaBackend& be, int n_seqs, int64_t ctx, int
         st.n_cached = ctx;
     }
     Measured r;
-    std::vector<double> times;
+    std::vector<double> times, waits;
+    be.take_host_wait_ms();
     for (int step = 0; step <= steps; ++step) {
         ForwardBatch batch;
         std::vector<int> logit_rows;
@@ -145,20 +171,29 @@ Measured run_steps(Model& m, cuda::CudaBackend& be, int n_seqs, int64_t ctx, int
             Tensor logits = m.forward(batch, logit_rows);  // host logits: the step is complete
         }
         const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double wait = be.take_host_wait_ms();
         be.set_profiling(false);
-        if (step > 0 || steps == 0) times.push_back(sec);
+        // The profiled step records events around every op (and launches eagerly where graphs would replay):
+        // timed only when it is the one step.
+        if ((step > 0 && (!last || steps == 1)) || steps == 0) {
+            times.push_back(sec);
+            waits.push_back(wait);
+        }
         if (last) r.ops = be.profile();
         if (sec > max_step_seconds) {
             *too_slow = true;
             if (step == 0 && steps > 0) {  // no time for the timed steps: report the warm-up alone
                 times.push_back(sec);
+                waits.push_back(wait);
                 r.ops = be.profile();
                 break;
             }
         }
     }
     std::sort(times.begin(), times.end());
+    std::sort(waits.begin(), waits.end());
     r.ms = times[times.size() / 2] * 1e3;  // median
+    r.wait_ms = waits[waits.size() / 2];
     return r;
 }
 
@@ -182,6 +217,12 @@ int run_bench(const BenchArgs& a) {
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
     std::printf("measured device-to-device copy: %.0f GB/s (read + write); FP8 dense peak (datasheet): %.0f TFLOP/s\n",
                 bw, kFp8DensePeakTflops);
+    const StateBytes sb = state_bytes(*model);
+    std::printf("state (packed entries): %.0f B/token (window K=V %.0f, compressed latents %.0f, indexer keys %.0f); "
+                "pages of %d tokens: %zu B (%.0f B/token with padding and the carry snapshot)\n",
+                sb.total(), sb.window, sb.comp, sb.index, model->layout().page_tokens, model->layout().page_bytes,
+                static_cast<double>(model->layout().page_bytes) / model->layout().page_tokens);
+    std::printf("CUDA graphs (PEREGRINE_CUDA_GRAPHS): %s\n", be.graphs() ? "on (decode MoE blocks)" : "off");
 
     nlohmann::json out;
     out["device"] = cuda::CudaBackend::device_name();
@@ -190,7 +231,9 @@ int run_bench(const BenchArgs& a) {
     out["device_sampling"] = a.device_sampling;
     out["balanced_routing"] = a.balanced;
     out["copy_bandwidth_gbs"] = bw;
+    out["cuda_graphs"] = be.graphs();
     out["fp8_dense_peak_tflops"] = kFp8DensePeakTflops;
+    out["state_bytes_per_token"] = {{"window", sb.window}, {"compressed", sb.comp}, {"indexer", sb.index}, {"total", sb.total()}};
     auto save = [&] {  // after every point, so that a run cut short still leaves its results
         if (a.json.empty()) return;
         const std::string text = out.dump(2);
@@ -214,6 +257,11 @@ int run_bench(const BenchArgs& a) {
         std::string s;
         for (auto& [k, v] : ops) s += fmt::format(" {}={:.2f}", k, v);
         return s + fmt::format(" | ops total={:.2f} outside ops={:.2f}", ops_total_ms(ops), wall_ms - ops_total_ms(ops));
+    };
+    // Where the host's time goes in a timed (unprofiled) step: enqueueing it, then waiting for the logits. A
+    // wait near zero means the host, not the GPU, sets the step time.
+    auto host_line = [](const Measured& r) {
+        return fmt::format("    host (ms): enqueue={:.2f} wait for logits={:.2f}\n", r.ms - r.wait_ms, r.wait_ms);
     };
     // Warm the weight upload with a one-token step so that it does not land in the first timing.
     { bool slow = false; run_steps(*model, be, 1, 16, 1, 0, 1e9, &slow); }
@@ -241,7 +289,8 @@ int run_bench(const BenchArgs& a) {
             std::printf("%-8lld %-8lld %10.2f %10.1f %9.1f %8.1f%% %8.2f\n", static_cast<long long>(B),
                         static_cast<long long>(ctx), r.ms, B / sec, gbs, 100.0 * gbs / bw, tflops);
             std::printf("    ops (ms):%s\n", ops_line(r.ops, r.ms).c_str());
-            row.update({{"ms_per_step", r.ms}, {"tokens_per_s", B / sec}, {"bytes", k.weight_bytes + k.state_bytes},
+            std::printf("%s", host_line(r).c_str());
+            row.update({{"ms_per_step", r.ms}, {"host_wait_ms", r.wait_ms}, {"tokens_per_s", B / sec}, {"bytes", k.weight_bytes + k.state_bytes},
                         {"gb_per_s", gbs}, {"fraction_of_copy_bw", gbs / bw}, {"tflops", tflops}, {"ops_ms_total", ops_total_ms(r.ops)}, {"ops_ms", ops_json(r.ops)}});
             out["results"].push_back(row);
             save();
@@ -317,7 +366,26 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--steps", a->steps, "Timed steps per point (median)");
     cmd->add_option("--max-step-seconds", a->max_step_seconds, "Skip larger points once a step takes longer");
     cmd->add_option("--json", a->json, "Write the results as JSON");
-    cmd->callback([a, &exit_code] { exit_code = run_bench(*a); });
+    cmd->add_option("--ep", a->ep, "Expert-parallel ranks (GPUs 0..N-1; batches and prefill tokens are per GPU)")
+        ->check(CLI::Range(1, 64));
+    cmd->callback([a, &exit_code] {
+        if (a->ep == 1) {
+            exit_code = run_bench(*a);
+            return;
+        }
+        EpBenchArgs e;
+        e.ranks = a->ep;
+        e.layers = a->layers;
+        e.experts = a->experts;
+        e.steps = a->steps;
+        e.balanced = a->balanced;
+        e.decode_batches = a->decode_batches;
+        e.contexts = a->contexts;
+        e.prefill_tokens = a->prefill_tokens;
+        e.prefill_context = a->prefill_context;
+        e.json = a->json;
+        exit_code = run_bench_engine_ep(e);
+    });
 });
 
 }  // namespace

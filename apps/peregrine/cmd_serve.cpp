@@ -2,6 +2,7 @@
 #include "commands.h"
 #include "engine/engine.h"
 #include "kv/page_pool.h"
+#include "model/parallel_models.h"
 #include "server/api_server.h"
 #include "tokenizer/byte_tokenizer.h"
 #include "util/error.h"
@@ -28,7 +29,8 @@ namespace {
 struct ServeArgs {
     std::string model, tokenizer, host = "127.0.0.1", served_model_name, kv_memory = "0.05", api_key,
         log_level = "info", device = "cpu", scripted_output;
-    int port = 30000, max_running = 64, max_queued = 1024, chunked_prefill = 512, page_tokens = 16;
+    int port = 30000, max_running = 64, max_queued = 1024, chunked_prefill = 512, page_tokens = 16, dp = 1, ep = 1;
+    ExpertParallelOptions ep_opts;
     int64_t context_length = 0, default_max_tokens = 0;
     bool disable_radix_cache = false, enable_thinking = false;
 };
@@ -108,7 +110,12 @@ int run_serve(ServeArgs& a) {
     ModelOptions mo;
     mo.device = a.device;
     mo.page_tokens = a.page_tokens;
-    auto model = Model::load(a.model, mo);
+    if (a.ep != a.dp)
+        fail("--ep {} with --dp {}: expert parallelism runs over the data-parallel attention ranks (give both the same N)",
+             a.ep, a.dp);
+    a.ep_opts.ranks = a.dp;
+    ParallelModels group = ParallelModels::load(a.model, mo, a.ep_opts);
+    Model* model = group.models[0].get();
     progress.done();
     progress.begin("tokenizer");
     std::optional<Tokenizer> tok;
@@ -142,7 +149,7 @@ int run_serve(ServeArgs& a) {
     eo.kv_pages = pages;
     eo.radix_cache = !a.disable_radix_cache;
     eo.context_length = a.context_length;
-    Engine engine(*model, &*tok, eo);
+    Engine engine(group.ranks(), &*tok, eo);
     progress.done();
     progress.begin("http server");
 
@@ -164,11 +171,12 @@ int run_serve(ServeArgs& a) {
                  "  model      %s: %s, %d layers, hidden %d, vocab %d\n"
                  "  tokenizer  %s\n"
                  "  chat       %s\n"
-                 "  kv memory  %lld pages x %d tokens = %lld tokens (%.1f MiB), prefix cache %s\n"
+                 "  parallel   %d rank(s): data-parallel attention, expert-parallel MoE\n"
+                 "  kv memory  %lld pages x %d tokens = %lld tokens (%.1f MiB) per rank, prefix cache %s\n"
                  "  scheduler  context %lld, max running %d, max queued %d, chunked prefill %d\n"
                  "  loaded in %.2f s\n",
                  ao.served_model_name.c_str(), cfg.is_v41() ? "DeepSeek-V4.1" : "DeepSeek-V4", cfg.n_layers, cfg.dim,
-                 cfg.vocab_size, tok_source.c_str(), std::string(chat_format_name(ao.chat_format)).c_str(),
+                 cfg.vocab_size, tok_source.c_str(), std::string(chat_format_name(ao.chat_format)).c_str(), a.dp,
                  static_cast<long long>(pages), model->layout().page_tokens, static_cast<long long>(engine.kv_tokens()),
                  static_cast<double>(pages * static_cast<int64_t>(model->layout().page_bytes)) / (1 << 20),
                  eo.radix_cache ? "on" : "off", static_cast<long long>(engine.context_length()), a.max_running, a.max_queued,
@@ -218,6 +226,13 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_flag("--disable-radix-cache", a->disable_radix_cache, "No prefix cache");
     cmd->add_flag("--enable-thinking", a->enable_thinking, "Chat requests think unless they say otherwise");
     cmd->add_option("--device", a->device, "cpu or cuda");
+    cmd->add_option("--dp", a->dp, "Data-parallel attention ranks (with cuda: GPUs 0..N-1), each with its own requests and KV")
+        ->check(CLI::Range(1, 64));
+    cmd->add_option("--ep", a->ep, "Expert-parallel ranks for the MoE layers (equal to --dp)")->check(CLI::Range(1, 64));
+    cmd->add_option("--ep-redundant-experts", a->ep_opts.redundant_experts, "Extra expert copies per rank (EPLB)")
+        ->check(CLI::Range(0, 1 << 16));
+    cmd->add_option("--expert-load", a->ep_opts.expert_load_file,
+                    "JSON list of per-expert loads that places the experts and their redundant copies (EPLB)");
     cmd->add_option("--scripted-output", a->scripted_output,
                     "Testing aid: JSON list of completion texts; each chat/messages request is forced to emit the next "
                     "one token by token (normal sampling once the list is used up)");

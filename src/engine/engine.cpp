@@ -65,9 +65,9 @@ struct Engine::Impl {
     mutable std::mutex mu;
     std::condition_variable cv;
     std::deque<std::shared_ptr<EngineRequest>> incoming;
-    std::atomic<int64_t> queued{0};
+    std::atomic<int64_t> queued{0}, n_running{0};
     bool stop = false, wake = false;
-    uint64_t next_id = 1;
+    std::atomic<bool> failed{false};  // its expert-parallel group failed: no more requests
     int64_t flush_pending = 0;  // flush requests not yet served
     int64_t flush_result = 0;
     std::condition_variable flush_cv;
@@ -216,17 +216,28 @@ struct Engine::Impl {
     // ---- the loop -----------------------------------------------------------------------------------
 
     void loop() {
+        model.backend().bind_thread();
+        ExpertParallel* ep = model.expert_parallel();
         for (;;) {
+            bool stopping;
             {
                 std::unique_lock lk(mu);
                 const bool idle = running.empty() && waiting.empty();
-                if (idle) cv.wait(lk, [&] { return stop || wake || !incoming.empty() || flush_pending > 0; });
-                if (stop) return;
+                auto ready = [&] { return stop || wake || !incoming.empty() || flush_pending > 0; };
+                // A rank of an expert-parallel group polls: the group decides together whether to step.
+                if (idle && !ep) cv.wait(lk, ready);
+                else if (idle) cv.wait_for(lk, std::chrono::milliseconds(1), ready);
+                stopping = stop;
+                if (stop && !ep) return;
                 wake = false;
                 while (!incoming.empty()) {
                     waiting.push_back(std::move(incoming.front()));
                     incoming.pop_front();
                 }
+            }
+            if (ep && !group_should_step(*ep, stopping)) {
+                if (group_failed || group_stopped) return;
+                continue;
             }
             try {
                 step();
@@ -234,9 +245,50 @@ struct Engine::Impl {
                 spdlog::error("engine step failed: {}", e.what());
                 auto all = std::vector<std::shared_ptr<EngineRequest>>(running.begin(), running.end());
                 for (auto& r : all) finish(r, FinishReason::error, r->text.flush(), {}, e.what());
+                if (ep) {  // the other ranks wait in this step's exchanges: the group cannot go on
+                    ep->comm().abort();
+                    fail_group(e.what());
+                    return;
+                }
             }
             publish_gauges();
         }
+    }
+
+    // Expert parallelism: every rank learns whether any rank has work (then all step, idle ones through
+    // Model::idle_step) or is stopping (then all stop in the same iteration).
+    bool group_stopped = false, group_failed = false;
+    bool group_should_step(ExpertParallel& ep, bool stopping) {
+        const bool mine = !running.empty() || !waiting.empty() || flush_pending > 0;
+        const uint8_t flags = static_cast<uint8_t>((mine ? 1 : 0) | (stopping ? 2 : 0));
+        std::vector<std::vector<uint8_t>> got;
+        try {
+            got = ep.comm().exchange_bytes(std::vector<std::vector<uint8_t>>(static_cast<size_t>(ep.comm().size()), {flags}));
+        } catch (const std::exception& e) {
+            fail_group(e.what());
+            return false;
+        }
+        bool any = false;
+        for (const auto& g : got) {
+            if (g.empty()) continue;
+            any = any || (g[0] & 1);
+            group_stopped = group_stopped || (g[0] & 2);
+        }
+        return any && !group_stopped;
+    }
+
+    // A rank of the group failed: nothing can run any more; every request here ends with the error.
+    void fail_group(const std::string& why) {
+        spdlog::error("expert-parallel group failed: {}", why);
+        group_failed = true;
+        failed = true;
+        for (auto r : std::vector<std::shared_ptr<EngineRequest>>(running.begin(), running.end()))
+            finish(r, FinishReason::error, r->text.flush(), {}, why);
+        for (auto r : std::vector<std::shared_ptr<EngineRequest>>(waiting.begin(), waiting.end()))
+            finish(r, FinishReason::error, r->text.flush(), {}, why);
+        std::lock_guard lk(mu);
+        for (auto& r : incoming) r->stream->finish(FinishReason::error, "", "", why, 0);
+        incoming.clear();
     }
 
     void serve_flush() {
@@ -253,6 +305,11 @@ struct Engine::Impl {
             flush_pending = 0;
         }
         flush_cv.notify_all();
+    }
+
+    // A step without rows of this rank: under expert parallelism it still serves the group's MoE layers.
+    void idle_step() {
+        if (model.expert_parallel()) model.idle_step();
     }
 
     void step() {
@@ -279,7 +336,7 @@ struct Engine::Impl {
             --queued;
             running.push_back(r);
         }
-        if (running.empty()) return;
+        if (running.empty()) return idle_step();
 
         // The batch: decodes first (one token each), then prefill chunks, within the token budget.
         std::vector<std::shared_ptr<EngineRequest>> order;
@@ -328,7 +385,7 @@ struct Engine::Impl {
                 sampled.push_back(r);
             }
         }
-        if (batch.seqs.empty()) return;
+        if (batch.seqs.empty()) return idle_step();
 
         // Where the backend samples on the device, the logits stay there and only the chosen ids come back;
         // rows with a logit processor (grammar masks, host code) copy just their own logits to the host.
@@ -380,7 +437,6 @@ struct Engine::Impl {
         for (size_t i = 0; i < sampled.size(); ++i) generated += deliver(sampled[i], std::move(chosen[i]), now);
         std::lock_guard lk(stats_mu);
         ++st.steps_total;
-        st.generation_tokens_total += generated;
         tp_tokens += generated;
         const double window = seconds(now - tp_window);
         if (window >= 1.0) {
@@ -442,8 +498,9 @@ struct Engine::Impl {
         ++r->completion;
         if (p.sampling.has_penalties()) r->penalties.add_generated(id, vocab);
         if (p.processor) p.processor->accept(id);
-        {
+        {  // counted before the client can hear of the token
             std::lock_guard lk(stats_mu);
+            ++st.generation_tokens_total;
             if (!r->got_first) st.ttft.observe(seconds(now - r->arrival));
             else st.itl.observe(seconds(now - r->last_token));
         }
@@ -470,6 +527,7 @@ struct Engine::Impl {
     void publish_gauges() {
         std::lock_guard lk(stats_mu);
         st.running = static_cast<int64_t>(running.size());
+        n_running = st.running;
         st.queued = queued.load();
         st.pages_used = pool->used_pages();
         st.pages_cached = cache ? cache->stats().cached_pages : 0;
@@ -481,17 +539,31 @@ struct Engine::Impl {
     }
 };
 
-Engine::Engine(Model& model, const Tokenizer* tok, EngineOptions opts) : model_(model), tok_(tok), opts_(opts) {
-    if (opts_.context_length <= 0) opts_.context_length = model.config().max_position_embeddings;
+Engine::Engine(Model& model, const Tokenizer* tok, EngineOptions opts) : Engine(std::vector<Model*>{&model}, tok, opts) {}
+
+Engine::Engine(std::vector<Model*> ranks, const Tokenizer* tok, EngineOptions opts)
+    : model_(*ranks.at(0)), tok_(tok), opts_(opts) {
+    if (opts_.context_length <= 0) opts_.context_length = model_.config().max_position_embeddings;
     PEREGRINE_CHECK(opts_.context_length > 1, "context length must be at least 2 tokens");
     PEREGRINE_CHECK(opts_.kv_pages > 0, "the engine needs at least one state page");
     PEREGRINE_CHECK(opts_.max_running_requests > 0, "max running requests must be positive");
-    impl_ = std::make_unique<Impl>(*this, model, tok, opts_);
+    for (Model* m : ranks) {
+        PEREGRINE_CHECK(ranks.size() == 1 || (m->expert_parallel() && m->expert_parallel()->comm().size() == static_cast<int>(ranks.size())),
+                        "data-parallel ranks must form one expert-parallel group");
+        ranks_.push_back(std::make_unique<Impl>(*this, *m, tok, opts_));
+    }
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+    // Every rank stops before any is torn down: a rank of a group stops in step with the others.
+    for (auto& im : ranks_) {
+        std::lock_guard lk(im->mu);
+        im->stop = true;
+    }
+    for (auto& im : ranks_) im->cv.notify_all();
+}
 
-int64_t Engine::kv_tokens() const { return impl_->pool->capacity() * impl_->P; }
+int64_t Engine::kv_tokens() const { return ranks_[0]->pool->capacity() * ranks_[0]->P; }
 
 std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt, GenerationParams params) {
     const int vocab = model_.config().vocab_size;
@@ -502,18 +574,30 @@ std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt, Gener
     if (n >= opts_.context_length)
         fail("the prompt has {} tokens but the context length is {} (room for at least one generated token is needed)",
              n, opts_.context_length);
-    if (model_.layout().pages_for(n + 1) > impl_->pool->capacity())
+    if (model_.layout().pages_for(n + 1) > ranks_[0]->pool->capacity())
         fail("the prompt has {} tokens but the KV memory holds only {}", n, kv_tokens());
     if (params.max_new_tokens <= 0) fail("max_new_tokens must be positive");
     for (int32_t id : params.stop_token_ids)
         if (id < 0) fail("stop token id {} is negative", id);
+
+    // The rank with the fewest requests (data-parallel attention: each rank its own requests and KV).
+    Impl* best = nullptr;
+    int64_t best_load = 0;
+    for (auto& im : ranks_) {
+        const int64_t load = im->queued.load() + im->n_running.load();
+        if (!best || load < best_load) {
+            best = im.get();
+            best_load = load;
+        }
+    }
+    Impl& im = *best;
+    if (im.failed) fail("the engine's expert-parallel group has failed; restart the server");
 
     auto r = std::make_shared<EngineRequest>(tok_, std::move(params));
     r->prompt_len = n;
     r->seq = std::move(prompt);
     r->arrival = Clock::now();
     if (r->params.sampling.repetition_penalty != 1.0f) r->penalties.add_prompt(r->seq, vocab);
-    Impl& im = *impl_;
     {
         std::lock_guard lk(im.mu);
         if (im.queued.load() >= opts_.max_queued_requests) {
@@ -521,7 +605,7 @@ std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt, Gener
             ++im.st.requests_rejected;
             throw QueueFullError(fmt::format("the queue is full ({} requests waiting)", im.queued.load()));
         }
-        r->id = im.next_id++;
+        r->id = next_id_++;
         r->stream = std::make_shared<RequestStream>(r->id);
         r->stream->set_waker([&im] { im.notify(); });
         ++im.queued;
@@ -536,19 +620,31 @@ std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt, Gener
 }
 
 EngineStats Engine::stats() const {
-    std::lock_guard lk(impl_->stats_mu);
-    EngineStats s = impl_->st;
-    s.queued = impl_->queued.load();
+    EngineStats s;
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+        EngineStats r;
+        {
+            std::lock_guard lk(ranks_[i]->stats_mu);
+            r = ranks_[i]->st;
+        }
+        r.queued = ranks_[i]->queued.load();
+        if (i == 0) s = r;
+        else s.merge(r);
+    }
     return s;
 }
 
 int64_t Engine::flush_cache() {
-    Impl& im = *impl_;
-    std::unique_lock lk(im.mu);
-    ++im.flush_pending;
-    im.cv.notify_all();
-    im.flush_cv.wait(lk, [&] { return im.flush_pending == 0 || im.stop; });
-    return im.flush_result;
+    int64_t freed = 0;
+    for (auto& p : ranks_) {
+        Impl& im = *p;
+        std::unique_lock lk(im.mu);
+        ++im.flush_pending;
+        im.cv.notify_all();
+        im.flush_cv.wait(lk, [&] { return im.flush_pending == 0 || im.stop || im.failed; });
+        freed += im.flush_result;
+    }
+    return freed;
 }
 
 }  // namespace peregrine

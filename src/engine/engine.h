@@ -34,6 +34,10 @@ class Engine {
 public:
     // `tok` (may be null) turns ids into text and matches stop strings; it must outlive the engine.
     Engine(Model& model, const Tokenizer* tok, EngineOptions opts);
+    // Data-parallel attention over the ranks of one expert-parallel group (Model::set_expert_parallel):
+    // a scheduler per rank, each with its own requests and KV pages (opts.kv_pages each); requests go to
+    // the rank with the fewest; every rank steps in lock-step with the others.
+    Engine(std::vector<Model*> ranks, const Tokenizer* tok, EngineOptions opts);
     ~Engine();
     Engine(const Engine&) = delete;
     Engine& operator=(const Engine&) = delete;
@@ -41,7 +45,7 @@ public:
     // Validates and queues a request; throws Error for invalid input and QueueFullError when full.
     std::shared_ptr<RequestStream> submit(std::vector<int32_t> prompt, GenerationParams params);
 
-    EngineStats stats() const;
+    EngineStats stats() const;  // summed over the ranks
     // Frees every cached page no request uses; returns how many.
     int64_t flush_cache();
 
@@ -49,14 +53,16 @@ public:
     const Tokenizer* tokenizer() const { return tok_; }
     const EngineOptions& options() const { return opts_; }
     int64_t context_length() const { return opts_.context_length; }
-    int64_t kv_tokens() const;  // capacity of the page pool in tokens
+    int64_t kv_tokens() const;  // capacity of a rank's page pool in tokens
+    int ranks() const { return static_cast<int>(ranks_.size()); }
 
 private:
     struct Impl;
     Model& model_;
     const Tokenizer* tok_;
     EngineOptions opts_;
-    std::unique_ptr<Impl> impl_;
+    std::atomic<uint64_t> next_id_{1};
+    std::vector<std::unique_ptr<Impl>> ranks_;
 };
 
 }  // namespace peregrine

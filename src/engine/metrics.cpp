@@ -31,4 +31,37 @@ double Histogram::quantile(double q) const {
 EngineStats::EngineStats()
     : ttft(latency_buckets()), itl(latency_buckets()), e2e(latency_buckets()), queue_time(latency_buckets()) {}
 
+void Histogram::merge(const Histogram& o) {
+    for (size_t i = 0; i < counts.size() && i < o.counts.size(); ++i) counts[i] += o.counts[i];
+    sum += o.sum;
+    count += o.count;
+}
+
+void EngineStats::merge(const EngineStats& o) {
+    const double used = token_usage * static_cast<double>(pages_total) + o.token_usage * static_cast<double>(o.pages_total);
+    requests_total += o.requests_total;
+    requests_finished += o.requests_finished;
+    requests_aborted += o.requests_aborted;
+    requests_rejected += o.requests_rejected;
+    prompt_tokens_total += o.prompt_tokens_total;
+    generation_tokens_total += o.generation_tokens_total;
+    cached_tokens_total += o.cached_tokens_total;
+    preemptions_total += o.preemptions_total;
+    steps_total = std::max(steps_total, o.steps_total);  // the ranks step together
+    running += o.running;
+    queued += o.queued;
+    pages_total += o.pages_total;
+    pages_used += o.pages_used;
+    pages_cached += o.pages_cached;
+    pages_evictable += o.pages_evictable;
+    token_usage = pages_total ? used / static_cast<double>(pages_total) : 0.0;
+    cache_hit_rate = prompt_tokens_total ? static_cast<double>(cached_tokens_total) / static_cast<double>(prompt_tokens_total) : 0.0;
+    gen_throughput += o.gen_throughput;
+    ttft.merge(o.ttft);
+    itl.merge(o.itl);
+    e2e.merge(o.e2e);
+    queue_time.merge(o.queue_time);
+}
+
 }  // namespace peregrine
+

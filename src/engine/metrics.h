@@ -16,6 +16,7 @@ struct Histogram {
 
     explicit Histogram(std::vector<double> b = {}) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
     void observe(double v);
+    void merge(const Histogram& o);  // same bounds
     double quantile(double q) const;  // bucket upper bound estimate (for logs)
 };
 
@@ -34,6 +35,9 @@ struct EngineStats {
     Histogram ttft, itl, e2e, queue_time;
 
     EngineStats();
+    // Adds another rank's figures (data-parallel ranks): counters, gauges and histograms summed, ratios
+    // recomputed over the sums.
+    void merge(const EngineStats& o);
 };
 
 }  // namespace peregrine

@@ -61,10 +61,16 @@ StateLayout make_state_layout(const ModelConfig& cfg, int page_tokens) {
     s.page_tokens = page_tokens;
     auto infos = attention_layer_infos(cfg);
     size_t off = 0;
-    auto section = [&](size_t floats, int per_entry_tokens) {
+    // Entry formats: the values each kind of entry holds after the model's QDQ (cpu/attention.cpp).
+    const int D = cfg.head_dim, rd = cfg.rope_head_dim, ihd = cfg.index_head_dim;
+    const EntryFormat window_fmt = cfg.is_v41() ? fp8_entry_format(D, D, cfg.act_block) : fp8_entry_format(D, D - rd, 64);
+    const EntryFormat comp_fmt = cfg.is_v41() ? fp4_entry_format(D, 16, true) : fp8_entry_format(D, D - rd, 64);
+    const EntryFormat index_fmt = fp4_entry_format(ihd, 32, false);
+    auto section = [&](const EntryFormat& fmt, int per_entry_tokens) {
         StateSection sec;
         sec.offset = off;
-        sec.entry_bytes = floats * sizeof(float);
+        sec.format = fmt;
+        sec.entry_bytes = static_cast<size_t>(fmt.bytes);
         sec.per_entry_tokens = per_entry_tokens;
         if (per_entry_tokens <= page_tokens) {
             if (page_tokens % per_entry_tokens != 0)
@@ -80,9 +86,9 @@ StateLayout make_state_layout(const ModelConfig& cfg, int page_tokens) {
     };
     for (const auto& a : infos) {
         LayerStateLayout L;
-        L.window = section(static_cast<size_t>(cfg.head_dim), 1);
+        L.window = section(window_fmt, 1);
         if (a.compresses) {
-            L.comp = section(static_cast<size_t>(cfg.head_dim), a.ratio);
+            L.comp = section(comp_fmt, a.ratio);
             const int coff = (!cfg.is_v41() && a.ratio == 4) ? 2 : 1;
             if (a.ratio > 1) {
                 L.carry_offset = s.carry_bytes;
@@ -95,13 +101,13 @@ StateLayout make_state_layout(const ModelConfig& cfg, int page_tokens) {
             }
         }
         if ((cfg.is_v41() && a.owns_index_k) || (!cfg.is_v41() && a.has_indexer))
-            L.index_k = section(static_cast<size_t>(cfg.index_head_dim), a.ratio);
+            L.index_k = section(index_fmt, a.ratio);
         s.layers.push_back(L);
     }
     if (cfg.is_v41() && cfg.dspark_block_size > 0)  // DSpark stages keep only a window, fed by the backbone
         for (int st = 0; st < cfg.n_mtp_layers; ++st) {
             LayerStateLayout L;
-            L.window = section(static_cast<size_t>(cfg.head_dim), 1);
+            L.window = section(window_fmt, 1);
             s.layers.push_back(L);
         }
     s.snapshot_offset = off;
@@ -122,7 +128,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
         m->backend_ = make_cpu_backend(m->cfg_, m->layout_);
     } else if (opts.device == "cuda") {
 #ifdef PEREGRINE_HAVE_CUDA
-        m->backend_ = make_cuda_backend(m->cfg_, m->layout_, opts.engram_placement);
+        m->backend_ = make_cuda_backend(m->cfg_, m->layout_, opts.engram_placement, opts.gpu);
 #else
         fail("this build has no CUDA backend (nvcc was not found at configure time); use --device cpu");
 #endif
@@ -154,6 +160,7 @@ void Model::init_state(SeqState& s) const {
             for (size_t i = bytes / sizeof(float) / 2; i < bytes / sizeof(float); ++i) f[i] = -INFINITY;
         }
     }
+    backend_->load_carry(s, nullptr, layout_.carry_bytes);
 }
 
 void Model::restore_state(SeqState& s, int64_t n_tokens) const {
@@ -168,7 +175,7 @@ void Model::restore_state(SeqState& s, int64_t n_tokens) const {
     const uint8_t* snap = layout_.page_ptr(s.pool, s.pages.at(static_cast<size_t>(n_tokens / layout_.page_tokens - 1))) +
                           layout_.snapshot_offset;
     s.carry.resize(layout_.carry_bytes);
-    backend_->read_state(snap, layout_.carry_bytes, s.carry.data());  // pages may be device memory
+    backend_->load_carry(s, snap, layout_.carry_bytes);  // pages may be device memory
 }
 
 Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, bool logits_to_host) {
@@ -218,7 +225,7 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
         h = be.hc_expand(x, h, am);
         HcMix fm = be.hc_mixes(h, b.hc_ffn);
         x = be.rms_norm(be.hc_collapse(h, cfg_.is_v41() ? am.pre : fm.pre), b.ffn_norm);
-        x = be.moe(x, b.ffn, batch.token_ids);
+        x = ep_ ? ep_->moe(be, x, b.ffn, batch.token_ids) : be.moe(x, b.ffn, batch.token_ids);
         h = be.hc_expand(x, h, fm);
         pre = fm.pre;
     }
@@ -241,6 +248,18 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
 }  // namespace peregrine
 
 namespace peregrine {
+
+void Model::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
+    PEREGRINE_CHECK(!ep_, "expert parallelism is already set");
+    for (auto& b : w_.layers) ep->keep_local(b.ffn);
+    ep_ = std::move(ep);
+}
+
+void Model::idle_step() {
+    PEREGRINE_CHECK(ep_ != nullptr, "idle_step: no expert parallelism");
+    Tensor none = backend_->from_host_copy(Tensor::zeros(DType::F32, {0, cfg_.dim}));
+    for (auto& b : w_.layers) ep_->moe(*backend_, none, b.ffn, {});
+}
 
 AttentionLayerInfo Model::stage_info(int stage) const {
     AttentionLayerInfo a;

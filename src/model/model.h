@@ -4,6 +4,7 @@
 #include "io/model_config.h"
 #include "io/safetensors.h"
 #include "model/engram_hash.h"
+#include "model/expert_parallel.h"
 #include "ops/backend.h"
 
 #include <memory>
@@ -15,6 +16,7 @@ namespace peregrine {
 
 struct ModelOptions {
     std::string device = "cpu";
+    int gpu = 0;  // cuda: which GPU
     int page_tokens = 16;
     std::string engram_placement = "device";  // cuda: engram tables in "device" or pinned "host" memory
 };
@@ -55,6 +57,14 @@ public:
     bool has_dspark() const { return w_.dspark.has_value(); }
     DraftResult draft(const SeqState& s, int32_t anchor);
 
+    // Expert parallelism: this model is one rank of `ep`'s group; it drops the routed experts of the
+    // backbone's MoE layers that the rank does not hold (DSpark's stay whole). Every rank then runs each
+    // forward step together with the others: a rank with nothing to run calls idle_step().
+    void set_expert_parallel(std::shared_ptr<ExpertParallel> ep);
+    ExpertParallel* expert_parallel() const { return ep_.get(); }
+    // One step with no rows of this rank's own: takes part in every MoE layer's exchange.
+    void idle_step();
+
 private:
     Model() = default;
     AttentionLayerInfo stage_info(int stage) const;
@@ -67,6 +77,7 @@ private:
     std::vector<AttentionLayerInfo> attn_info_;
     std::optional<EngramTables> engram_;
     std::unique_ptr<Backend> backend_;
+    std::shared_ptr<ExpertParallel> ep_;
 };
 
 // DeepSeek-V4.1-Flash's dimensions with `layers` layers that cover its attention roles in order: window

@@ -70,7 +70,7 @@ std::unique_ptr<Model> Model::synthetic(const ModelConfig& cfg, const ModelOptio
         m->backend_ = make_cpu_backend(cfg, m->layout_);
     } else if (opts.device == "cuda") {
 #ifdef PEREGRINE_HAVE_CUDA
-        m->backend_ = make_cuda_backend(cfg, m->layout_, opts.engram_placement);
+        m->backend_ = make_cuda_backend(cfg, m->layout_, opts.engram_placement, opts.gpu);
 #else
         fail("this build has no CUDA backend (nvcc was not found at configure time); use --device cpu");
 #endif

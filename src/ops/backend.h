@@ -49,6 +49,12 @@ struct HcMix {
     Tensor pre, post, comb;
 };
 
+// Routing of a MoE layer's rows: pair p = t*top_k + k goes to expert experts[p] with weight weights[p]
+// (backend tensors: I32 [T*top_k] and F32 [T*top_k]).
+struct MoeRoute {
+    Tensor experts, weights;
+};
+
 // Cross-layer results of one forward step (selected indices, candidate blocks), backend-specific.
 struct StepScratch {
     virtual ~StepScratch() = default;
@@ -60,12 +66,21 @@ public:
     virtual std::string name() const = 0;
 
     virtual std::unique_ptr<StepScratch> begin_step(const ForwardBatch& batch) = 0;
+    // Makes the calling thread use this backend's device (a thread that drives a model on one of several GPUs).
+    virtual void bind_thread() {}
 
     // Memory for state pages (host for the CPU backend, device memory for CUDA).
     virtual uint8_t* alloc_state(size_t bytes) = 0;
     virtual void free_state(uint8_t* p) = 0;
-    // Copies bytes of state-page memory to host memory (restoring a sequence's carry from a page snapshot).
+    // Copies bytes of state-page memory to host memory.
     virtual void read_state(const uint8_t* src, size_t bytes, void* dst) = 0;
+    // The model (re)set sequence s's compressor carry of `bytes`: snapshot null: s.carry holds a fresh carry
+    // (Model::init_state); else the carry as of a page's last token is at `snapshot` in state memory
+    // (Model::restore_state). The default keeps the carry in s.carry; a backend may keep its own copy
+    // (SeqState::backend_carry) and never touch s.carry again.
+    virtual void load_carry(SeqState& s, const uint8_t* snapshot, size_t bytes) {
+        if (snapshot && bytes) read_state(snapshot, bytes, s.carry.data());
+    }
 
     // [T, hc] mixing weights that select copy 0 (the first sublayer's collapse in V4.1).
     virtual Tensor first_stream_mix(int T) = 0;
@@ -90,6 +105,17 @@ public:
     virtual Tensor attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                              ForwardBatch& batch, StepScratch& scratch) = 0;
     virtual Tensor moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) = 0;
+    // moe() in three parts, so that expert parallelism can move the pairs between ranks in between:
+    // the router; the routed experts over pair rows xp [P, dim] (row p through expert experts[p], its
+    // routing weight applied before w2; fp32 [P, dim]; with the reference's arithmetic a row's result does not
+    // depend on the other rows); and the combine: bf16(sum of row t's pairs ye[t*top_k + k] in ascending expert order +
+    // shared expert of x[t]).
+    virtual MoeRoute moe_route(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) = 0;
+    virtual Tensor moe_experts(const Tensor& xp, const MoEWeight& w, const Tensor& experts, const Tensor& weights) = 0;
+    virtual Tensor moe_combine(const Tensor& x, const MoEWeight& w, const Tensor& ye, const Tensor& experts) = 0;
+    // Copies between host memory and the memory this backend computes in (the CPU backend's is the host).
+    virtual Tensor to_host_copy(const Tensor& t) = 0;
+    virtual Tensor from_host_copy(const Tensor& host) = 0;
 
     // DSpark: [T, a] ++ [T, b] ++ ... along columns.
     virtual Tensor concat_cols(const std::vector<Tensor>& parts) = 0;
@@ -131,7 +157,7 @@ std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& cfg, const StateLay
 // Only in builds with the CUDA backend (PEREGRINE_HAVE_CUDA). engram_placement: "device" or "host" (the
 // engram tables in pinned host memory, read by the GPU directly).
 std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& cfg, const StateLayout& layout,
-                                           const std::string& engram_placement = "device");
+                                           const std::string& engram_placement = "device", int gpu = 0);
 // Whether a CUDA device is usable in this process (false in builds without the backend), and why not.
 bool cuda_device_available(std::string* why = nullptr);
 

@@ -3,11 +3,16 @@
 // sequences and cached (the kv layer owns the pages; the backends read and write them through this layout).
 //
 // Everything a layer keeps per token (sliding-window K=V) or per compressed group (compressed KV latents,
-// indexer keys) lives in the pages of the tokens it belongs to. The only state not tied to a token is the
-// compressors' carry-over (partial groups); it lives in SeqState::carry and is also copied into each page
-// when the page's last token is processed, so a sequence can resume from any page boundary.
+// indexer keys) lives in the pages of the tokens it belongs to, packed in the release's byte formats
+// (state_format.h). The only state not tied to a token is the compressors' carry-over (partial groups); it
+// lives in SeqState::carry (or, for a backend that keeps it itself, in SeqState::backend_carry) and is also
+// copied into each page when the page's last token is processed, so a sequence can resume from any page
+// boundary.
+#include "ops/state_format.h"
+
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace peregrine {
@@ -15,7 +20,8 @@ namespace peregrine {
 // Entries of one kind for one layer inside a page.
 struct StateSection {
     size_t offset = 0;        // bytes from the page start
-    size_t entry_bytes = 0;   // bytes per entry
+    size_t entry_bytes = 0;   // bytes per entry (format.bytes)
+    EntryFormat format;       // how an entry's values are packed (state_format.h)
     int per_entry_tokens = 1; // tokens per entry (1 for window K=V, the ratio for compressed entries)
     int entries_per_page = 0;
     bool present() const { return entry_bytes != 0; }
@@ -55,6 +61,26 @@ struct StateLayout {
     int64_t pages_for(int64_t n_tokens) const { return (n_tokens + page_tokens - 1) / page_tokens; }
 };
 
+// A backend's own copy of a sequence's carry-over (the CUDA backend keeps it in device memory, so that a step
+// copies nothing each way); Model::init_state and Model::restore_state (re)load it through
+// Backend::load_carry. A copied SeqState does not share it: the copy starts without one and may only go on
+// from its host carry while that is still current (host_stale false).
+struct BackendCarry {
+    std::shared_ptr<void> p;
+    bool host_stale = false;  // the backend's copy has moved past SeqState::carry
+    BackendCarry() = default;
+    BackendCarry(const BackendCarry& o) : host_stale(o.host_stale) {}
+    BackendCarry& operator=(const BackendCarry& o) {
+        if (this != &o) {
+            p.reset();
+            host_stale = o.host_stale;
+        }
+        return *this;
+    }
+    BackendCarry(BackendCarry&&) noexcept = default;
+    BackendCarry& operator=(BackendCarry&&) noexcept = default;
+};
+
 // One sequence's state: its page table into a pool, token history and live carry-over.
 struct SeqState {
     uint8_t* pool = nullptr;        // base of the page pool the ids refer to
@@ -62,6 +88,7 @@ struct SeqState {
     std::vector<int32_t> tokens;    // every token id fed so far (engram history, prefix keys)
     int64_t n_cached = 0;           // tokens whose state is in the pages
     std::vector<uint8_t> carry;     // compressor partial groups (StateLayout::carry_bytes)
+    BackendCarry backend_carry;     // where a backend keeps the live carry instead (see BackendCarry)
 };
 
 }  // namespace peregrine

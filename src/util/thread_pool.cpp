@@ -28,18 +28,31 @@ ThreadPool& ThreadPool::global() {
     return pool;
 }
 
-static void run_part(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int parts, int index) {
+namespace {
+
+// Set while a thread runs part of a job: a parallel_for inside one runs serially there.
+thread_local bool in_job = false;
+
+void run_part(const std::function<void(int64_t, int64_t)>& fn, int64_t n, int parts, int index) {
     int64_t begin = n * index / parts, end = n * (index + 1) / parts;
+    in_job = true;
+    struct Reset {
+        ~Reset() { in_job = false; }
+    } reset;
     if (begin < end) fn(begin, end);
 }
+
+}  // namespace
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk) {
     if (n <= 0) return;
     int parts = static_cast<int>(std::min<int64_t>(size(), std::max<int64_t>(1, n / std::max<int64_t>(1, min_chunk))));
-    if (parts <= 1 || workers_.empty()) {
+    if (parts <= 1 || workers_.empty() || in_job) {
         fn(0, n);
         return;
     }
+    // One job at a time: threads that share the pool (expert-parallel ranks) take turns.
+    std::lock_guard<std::mutex> one_job(job_mutex_);
     std::unique_lock<std::mutex> lock(mutex_);
     job_ = &fn;
     job_n_ = n;

@@ -19,6 +19,7 @@ public:
     int size() const { return static_cast<int>(workers_.size()) + 1; }
 
     // Runs fn(begin, end) over [0, n) split into contiguous chunks, one per thread; the caller works too.
+    // Callers on several threads take turns; a call from inside fn runs serially.
     void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk = 1);
 
     static ThreadPool& global();
@@ -27,7 +28,7 @@ private:
     void worker_loop(int index);
 
     std::vector<std::thread> workers_;
-    std::mutex mutex_;
+    std::mutex job_mutex_, mutex_;
     std::condition_variable wake_, done_;
     const std::function<void(int64_t, int64_t)>* job_ = nullptr;
     int64_t job_n_ = 0;

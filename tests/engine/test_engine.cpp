@@ -3,6 +3,7 @@
 #include "engine/engine.h"
 #include "engine/sequence_runner.h"
 #include "kv/page_pool.h"
+#include "ops/comm.h"
 #include "model/fixture.h"
 
 #include <gtest/gtest.h>
@@ -270,4 +271,45 @@ TEST(Engine, StopsOnEosAndStopIdsAndContext) {
     auto c = eng.submit(near, greedy(100))->wait();
     EXPECT_EQ(c.finish, FinishReason::length);
     EXPECT_EQ(c.completion_tokens, 6);
+}
+
+// Data-parallel attention with expert parallelism: three ranks of one in-process group, each with its own
+// scheduler, pages and requests, and a third of the experts. Greedy outputs equal one model's; ranks with
+// nothing of their own keep serving their experts; the summed stats count every request.
+TEST(Engine, ExpertParallelRanksMatchOneModel) {
+    for (const char* fx : {"dsv4-tiny-a", "dsv41-tiny-a"}) {
+        Model& single = model(fx);
+        std::vector<std::vector<int32_t>> prompts, refs;
+        for (int i = 0; i < 5; ++i) {
+            prompts.push_back(prompt(fx, 5 + 9 * i, i));
+            refs.push_back(reference_greedy(single, prompts.back(), 10));
+        }
+        const int n = 2;
+        auto group = make_loopback_group(n);
+        std::vector<std::unique_ptr<Model>> ranks;
+        std::vector<Model*> ptrs;
+        for (int r = 0; r < n; ++r) {
+            ranks.push_back(Model::load(fixture_dir(fx)));
+            const int E = ranks.back()->config().n_routed_experts;
+            ranks.back()->set_expert_parallel(std::make_shared<ExpertParallel>(*group[static_cast<size_t>(r)],
+                                                                               ExpertPlacement::contiguous(E, n)));
+            ptrs.push_back(ranks.back().get());
+        }
+        Engine eng(ptrs, nullptr, opts(64));
+        EXPECT_EQ(eng.ranks(), n);
+        // One request alone first (the other rank idles through every step), then all at once.
+        auto solo = eng.submit(prompts[0], greedy(10))->wait();
+        EXPECT_EQ(ids_of(solo), refs[0]) << fx;
+        std::vector<std::shared_ptr<RequestStream>> streams;
+        for (auto& p : prompts) streams.push_back(eng.submit(p, greedy(10)));
+        for (int i = 0; i < 5; ++i) {
+            auto d = streams[static_cast<size_t>(i)]->wait();
+            EXPECT_EQ(d.finish, FinishReason::length);
+            EXPECT_EQ(ids_of(d), refs[static_cast<size_t>(i)]) << fx << " request " << i;
+        }
+        const EngineStats s = eng.stats();
+        EXPECT_EQ(s.requests_finished, 6u);
+        EXPECT_EQ(s.generation_tokens_total, 60u);
+        EXPECT_EQ(s.pages_total, 2 * 64);
+    }
 }

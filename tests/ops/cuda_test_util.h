@@ -1,12 +1,15 @@
 #pragma once
 // Shared by the GPU tests: skip (with the reason) where no GPU is usable, and device time by CUDA events.
 #include "ops/backend.h"
+#include "ops/state_format.h"
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #define REQUIRE_GPU()                                            \
     do {                                                         \
@@ -33,6 +36,17 @@ inline double device_ms(const std::function<void()>& f, int reps = 1, int warmup
     cudaEventDestroy(b);
     EXPECT_EQ(cudaGetLastError(), cudaSuccess);
     return ms / reps;
+}
+
+// rows x f.dim QDQ'd values packed as state entries back to back (f.bytes each); the packing must be exact.
+inline std::vector<uint8_t> pack_entries(const std::vector<float>& v, int64_t rows, const EntryFormat& f) {
+    std::vector<uint8_t> out(static_cast<size_t>(rows) * static_cast<size_t>(f.bytes));
+    for (int64_t r = 0; r < rows; ++r)
+        if (!encode_entry(f, v.data() + r * f.dim, out.data() + r * f.bytes)) {
+            ADD_FAILURE() << "row " << r << " is not held exactly by the entry format";
+            break;
+        }
+    return out;
 }
 
 }  // namespace peregrine::test

@@ -82,9 +82,10 @@ TEST(CudaAttnFast, IndexScoresDecodeStream) {
     const int64_t N = 131072;
     auto kh = fp4_rows(N, kDim, 11);
     auto qh = fp4_rows(T * kHeads, kDim, 12);
-    auto kd = CudaBackend::upload(kh);
-    std::vector<const float*> table(static_cast<size_t>(N));
-    for (int64_t j = 0; j < N; ++j) table[static_cast<size_t>(j)] = kd.ptr + (j ^ 1) * kDim;
+    const EntryFormat kf = fp4_entry_format(kDim, 32, false);  // the indexer keys' state entries
+    auto kd = CudaBackend::upload(peregrine::test::pack_entries(kh, N, kf));
+    std::vector<const uint8_t*> table(static_cast<size_t>(N));
+    for (int64_t j = 0; j < N; ++j) table[static_cast<size_t>(j)] = kd.ptr + (j ^ 1) * kf.bytes;
     auto td = CudaBackend::upload(table);
     auto q = CudaBackend::upload(qh);
     auto w = CudaBackend::upload(weights(T, 13));
@@ -94,15 +95,15 @@ TEST(CudaAttnFast, IndexScoresDecodeStream) {
     auto wd = CudaBackend::upload(width), vd = CudaBackend::upload(visible), bd = CudaBackend::upload(keybase);
     Tensor fast = CudaBackend::empty(DType::F32, {T, N}), exact = CudaBackend::empty(DType::F32, {T, N});
     const float ms_fast = peregrine::test::device_ms([&] {
-        cuda::index_scores_stream(q.ptr, w.ptr, nullptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, N, fast.f32());
+        cuda::index_scores_stream(q.ptr, w.ptr, nullptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, kf, N, fast.f32());
     });
     const float ms_exact = peregrine::test::device_ms([&] {
-        cuda::index_scores(q.ptr, w.ptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, N, exact.f32());
+        cuda::index_scores(q.ptr, w.ptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, kf, N, exact.f32());
     });
     auto f = host(fast.f32(), static_cast<size_t>(T * N)), e = host(exact.f32(), static_cast<size_t>(T * N));
     for (int t = 1; t < T; ++t) EXPECT_EQ(f[static_cast<size_t>(t * N + N - 1)], -INFINITY) << "row " << t;
     compare_scores(f, e, "index_scores_stream 8x131072 (32 heads x 128)");
-    const double gb = static_cast<double>(T) * N * kDim * 4 / 1e9;
+    const double gb = static_cast<double>(T) * N * kf.bytes / 1e9;
     std::printf("PARITY attn index_scores_stream 8x131072 fast %.3f ms (%.0f GB/s of keys) exact %.3f ms\n", ms_fast,
                 gb / (ms_fast * 1e-3), ms_exact);
 }
@@ -113,9 +114,10 @@ TEST(CudaAttnFast, IndexScoresPrefillTensorCores) {
     const int64_t N = 65536;
     auto kh = fp4_rows(N, kDim, 21);
     auto qh = fp4_rows(static_cast<int64_t>(T) * kHeads, kDim, 22);
-    auto kd = CudaBackend::upload(kh);
-    std::vector<const float*> table(static_cast<size_t>(N));
-    for (int64_t j = 0; j < N; ++j) table[static_cast<size_t>(j)] = kd.ptr + (j ^ 1) * kDim;
+    const EntryFormat kf = fp4_entry_format(kDim, 32, false);  // the indexer keys' state entries
+    auto kd = CudaBackend::upload(peregrine::test::pack_entries(kh, N, kf));
+    std::vector<const uint8_t*> table(static_cast<size_t>(N));
+    for (int64_t j = 0; j < N; ++j) table[static_cast<size_t>(j)] = kd.ptr + (j ^ 1) * kf.bytes;
     auto td = CudaBackend::upload(table);
     auto q = CudaBackend::upload(qh);
     auto w = CudaBackend::upload(weights(T, 23));
@@ -130,13 +132,13 @@ TEST(CudaAttnFast, IndexScoresPrefillTensorCores) {
     Tensor mma = CudaBackend::empty(DType::F32, {T, N}), stream = CudaBackend::empty(DType::F32, {T, N});
     const float ms_mma = peregrine::test::device_ms([&] {
         cuda::to_bf16(q.ptr, static_cast<int64_t>(T) * kHeads * kDim, static_cast<uint16_t*>(qb.get()));
-        cuda::gather_keys_bf16(td.ptr, N, kDim, static_cast<uint16_t*>(kb.get()));
+        cuda::gather_keys_bf16(td.ptr, N, kf, static_cast<uint16_t*>(kb.get()));
         cuda::index_scores_mma(static_cast<const uint16_t*>(qb.get()), w.ptr, kHeads, tiles_d.ptr,
                                static_cast<int>(tiles.size() / 4), static_cast<const uint16_t*>(kb.get()), vd.ptr, N,
                                mma.f32());
     });
     const float ms_stream = peregrine::test::device_ms([&] {
-        cuda::index_scores_stream(q.ptr, w.ptr, nullptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, N,
+        cuda::index_scores_stream(q.ptr, w.ptr, nullptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, kf, N,
                                   stream.f32());
     });
     auto m = host(mma.f32(), static_cast<size_t>(T) * N), s = host(stream.f32(), static_cast<size_t>(T) * N);
@@ -149,7 +151,7 @@ TEST(CudaAttnFast, IndexScoresPrefillTensorCores) {
         const int r0 = part == 0 ? 0 : T - sub;
         ms_exact += peregrine::test::device_ms([&] {
             cuda::index_scores(q.ptr + static_cast<int64_t>(r0) * kHeads * kDim, w.ptr + r0 * kHeads, sub, kHeads, kDim,
-                               wd.ptr + r0, vd.ptr + r0, bd.ptr + r0, td.ptr, N, ex.f32() + part * sub * N);
+                               wd.ptr + r0, vd.ptr + r0, bd.ptr + r0, td.ptr, kf, N, ex.f32() + part * sub * N);
         });
     }
     auto e = host(ex.f32(), static_cast<size_t>(2 * sub) * N);
@@ -259,18 +261,36 @@ TEST(CudaAttnFast, CandidateBlocksSameMask) {
         auto wd = CudaBackend::upload(width), vd = CudaBackend::upload(visible);
         const int64_t nb = (N + bs - 1) / bs;
         auto bscore = cuda::device_alloc(sizeof(float) * T * nb), bsel = cuda::device_alloc(sizeof(int32_t) * T * nb);
-        auto mf = cuda::device_alloc(static_cast<size_t>(T * N)), me = cuda::device_alloc(static_cast<size_t>(T * N));
+        const int64_t ms = cuda::candidate_mask_stride(N, bs);  // a bit per block
+        auto mf = cuda::device_alloc(static_cast<size_t>(T * ms)), me = cuda::device_alloc(static_cast<size_t>(T * ms));
         const float ms_fast = peregrine::test::device_ms([&] {
             cuda::candidate_blocks_fast(s.ptr, T, N, wd.ptr, vd.ptr, bs, topb, static_cast<float*>(bscore.get()),
-                                        static_cast<int32_t*>(bsel.get()), nb, static_cast<uint8_t*>(mf.get()));
+                                        static_cast<int32_t*>(bsel.get()), nb, static_cast<uint8_t*>(mf.get()), ms);
         });
         const float ms_exact = peregrine::test::device_ms([&] {
             cuda::candidate_blocks(s.ptr, T, N, wd.ptr, vd.ptr, bs, topb, static_cast<float*>(bscore.get()),
-                                   static_cast<int32_t*>(bsel.get()), nb, static_cast<uint8_t*>(me.get()));
+                                   static_cast<int32_t*>(bsel.get()), nb, static_cast<uint8_t*>(me.get()), ms);
         });
-        auto a = host(static_cast<uint8_t*>(mf.get()), static_cast<size_t>(T * N));
-        auto b = host(static_cast<uint8_t*>(me.get()), static_cast<size_t>(T * N));
+        auto a = host(static_cast<uint8_t*>(mf.get()), static_cast<size_t>(T * ms));
+        auto b = host(static_cast<uint8_t*>(me.get()), static_cast<size_t>(T * ms));
         EXPECT_TRUE(a == b) << T << "x" << N;
+        // Against the reference's rule on the host: the top 2048 blocks by max score (the last visible block
+        // forced in, ties to the lower block), picks of -inf dropped; rows 0 and T-1.
+        for (int64_t t : {int64_t{0}, T - 1}) {
+            auto sc = host(s.ptr + t * N, static_cast<size_t>(N));
+            const int64_t vis = visible[static_cast<size_t>(t)], last = (vis - 1) / bs;
+            std::vector<float> bmax(static_cast<size_t>(nb), -INFINITY);
+            for (int64_t j = 0; j < N; ++j) bmax[static_cast<size_t>(j / bs)] = std::max(bmax[static_cast<size_t>(j / bs)], sc[static_cast<size_t>(j)]);
+            bmax[static_cast<size_t>(last)] = INFINITY;
+            std::vector<int64_t> order(static_cast<size_t>(nb));
+            for (int64_t i = 0; i < nb; ++i) order[static_cast<size_t>(i)] = i;
+            std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return bmax[static_cast<size_t>(x)] > bmax[static_cast<size_t>(y)]; });
+            std::vector<uint8_t> want(static_cast<size_t>(ms), 0);
+            for (int i = 0; i < std::min<int64_t>(topb, nb); ++i)
+                if (bmax[static_cast<size_t>(order[static_cast<size_t>(i)])] > -INFINITY)
+                    want[static_cast<size_t>(order[static_cast<size_t>(i)] / 8)] |= static_cast<uint8_t>(1u << (order[static_cast<size_t>(i)] % 8));
+            EXPECT_TRUE(std::equal(want.begin(), want.end(), a.begin() + t * ms)) << "row " << t << " of " << T << "x" << N;
+        }
         std::printf("PARITY attn candidate_blocks %ldx%ld (8-entry blocks, top 2048) identical %s fast %.3f ms exact %.3f ms\n",
                     static_cast<long>(T), static_cast<long>(N), a == b ? "yes" : "NO", ms_fast, ms_exact);
     }
@@ -518,27 +538,47 @@ TEST(CudaAttnFast, SparseAttentionWarpSoftmaxSameOutput) {
         std::mt19937_64 g(29 + T);
         std::normal_distribution<float> n(0.0f, 1.0f);
         const int64_t nk = 4096;
-        std::vector<float> q(static_cast<size_t>(T * H * Dh)), kv(static_cast<size_t>(nk * Dh)), sink(H);
+        std::vector<float> q(static_cast<size_t>(T * H * Dh)), kv(static_cast<size_t>(nk * Dh)), lat(static_cast<size_t>(nk * Dh)), sink(H);
         for (auto& x : q) x = round_bf16(n(g));
         for (auto& x : kv) x = round_bf16(n(g));
+        for (auto& x : lat) x = round_bf16(n(g));
         for (auto& x : sink) x = n(g);
-        auto qd = CudaBackend::upload(q), kd = CudaBackend::upload(kv), sd = CudaBackend::upload(sink);
-        std::vector<const float*> keys(static_cast<size_t>(T * maxk), nullptr);
-        std::vector<int32_t> cnt(static_cast<size_t>(T));
+        // V4.1's entries: window K=V fp8 (ue8m0 per 32), compressed latents fp4 (e4m3 per 16).
+        const EntryFormat wf = fp8_entry_format(Dh, Dh, 32), cf = fp4_entry_format(Dh, 16, true);
+        for (int64_t r = 0; r < nk; ++r) {
+            qdq_fp8(kv.data() + r * Dh, Dh, 32);
+            qdq_fp4_e4m3(lat.data() + r * Dh, Dh, 16);
+        }
+        auto qd = CudaBackend::upload(q), sd = CudaBackend::upload(sink);
+        auto wd = CudaBackend::upload(peregrine::test::pack_entries(kv, nk, wf));
+        auto cd = CudaBackend::upload(peregrine::test::pack_entries(lat, nk, cf));
+        std::vector<const uint8_t*> keys(static_cast<size_t>(T * maxk), nullptr);
+        std::vector<int32_t> cnt(static_cast<size_t>(T)), nwin(static_cast<size_t>(T));
         for (int64_t t = 0; t < T; ++t) {
             cnt[static_cast<size_t>(t)] = static_cast<int32_t>(maxk - (t * 7) % 100);
-            for (int j = 0; j < cnt[static_cast<size_t>(t)]; ++j)
-                keys[static_cast<size_t>(t * maxk + j)] = (j % 50 == 7) ? nullptr : kd.ptr + ((t * 131 + j * 17) % nk) * Dh;
+            nwin[static_cast<size_t>(t)] = static_cast<int32_t>(128 - t % 3);
+            for (int j = 0; j < cnt[static_cast<size_t>(t)]; ++j) {
+                const int64_t e = (t * 131 + j * 17) % nk;
+                keys[static_cast<size_t>(t * maxk + j)] =
+                    (j % 50 == 7) ? nullptr : j < nwin[static_cast<size_t>(t)] ? wd.ptr + e * wf.bytes : cd.ptr + e * cf.bytes;
+            }
         }
         auto keys_d = CudaBackend::upload(keys);
-        auto cnt_d = CudaBackend::upload(cnt);
+        auto cnt_d = CudaBackend::upload(cnt), nwin_d = CudaBackend::upload(nwin);
+        cuda::KeyRefs kr;
+        kr.keys = keys_d.ptr;
+        kr.nkeys = cnt_d.ptr;
+        kr.nwin = nwin_d.ptr;
+        kr.maxk = maxk;
+        kr.win = wf;
+        kr.comp = cf;
         Tensor of = CudaBackend::empty(DType::F32, {T, H, Dh}), oe = CudaBackend::empty(DType::F32, {T, H, Dh});
         const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
         const float ms_fast = peregrine::test::device_ms([&] {
-            cuda::sparse_attention(qd.ptr, T, H, Dh, scale, sd.ptr, keys_d.ptr, cnt_d.ptr, maxk, of.f32(), true);
+            cuda::sparse_attention(qd.ptr, T, H, Dh, scale, sd.ptr, kr, of.f32(), true);
         });
         const float ms_exact = peregrine::test::device_ms([&] {
-            cuda::sparse_attention(qd.ptr, T, H, Dh, scale, sd.ptr, keys_d.ptr, cnt_d.ptr, maxk, oe.f32(), false);
+            cuda::sparse_attention(qd.ptr, T, H, Dh, scale, sd.ptr, kr, oe.f32(), false);
         });
         auto a = host(of.f32(), static_cast<size_t>(T * H * Dh)), b = host(oe.f32(), static_cast<size_t>(T * H * Dh));
         EXPECT_TRUE(a == b) << "T=" << T;

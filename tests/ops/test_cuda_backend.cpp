@@ -240,6 +240,27 @@ TEST_P(CudaModel, PrefillDecodeChunkedAgainstGoldenAndCpu) {
         EXPECT_LE(d.worst(), batch_variance_bound()) << "cuda chunk " << chunk << " vs cuda one-shot";
     }
     check(run(*gpu_, ids, n / 3, 7), cpu_prefill, c.cpu_tol, c.cpu_top1, fx + " chunks of 7 then decode vs cpu");
+    const uint64_t failures = cuda::state_encode_failures();
+    EXPECT_EQ(failures, 0u) << fx << ": state entries that did not hold their values exactly";
+    std::printf("PARITY state %-43s packed entries exact: %s\n", c.fixture, failures == 0 ? "yes" : "NO");
+}
+
+// The indexer's scores, candidate blocks and top-k run over chunks of query rows (bounded memory at long
+// prefills); one row per chunk gives the one-chunk logits.
+TEST_P(CudaModel, IndexerRowChunksChangeNothing) {
+    const auto& c = GetParam();
+    auto ids = read_ids(fixture_dir(c.fixture) + "/cases/prefill.ids");
+    const int64_t n = static_cast<int64_t>(ids.size());
+    auto& be = dynamic_cast<CudaBackend&>(gpu_->backend());
+    auto whole = run(*gpu_, ids, n, 0);
+    be.set_index_score_bytes(1);
+    auto rows = run(*gpu_, ids, n, 0);
+    be.set_index_score_bytes(int64_t{256} << 20);
+    ASSERT_EQ(whole.size(), rows.size());
+    const RowDiff d = compare_logits(rows, whole, vocab());
+    EXPECT_LE(d.worst(), batch_variance_bound()) << c.fixture;
+    std::printf("PARITY e2e %-44s indexer in 1-row chunks vs one chunk: %s (max|d| %.3g)\n", c.fixture,
+                rows == whole ? "identical" : "DIFFER", d.worst());
 }
 
 TEST_P(CudaModel, GreedyGenerationIsTokenIdentical) {
@@ -480,6 +501,8 @@ TEST(CudaOpsRealDims, AttentionLayers) {
         }
         sc.n_cached = sg.n_cached = start + n;
     }
+    // Every entry the kernels packed held its QDQ'd values exactly (the CPU backend throws otherwise).
+    EXPECT_EQ(cuda::state_encode_failures(), 0u);
 }
 
 }  // namespace

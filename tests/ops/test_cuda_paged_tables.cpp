@@ -92,7 +92,7 @@ int64_t pages_needed(const StateLayout& layout, const std::vector<std::pair<int6
 
 // The Exact path's host tables (cuda/attention.cpp).
 struct HostTable {
-    std::vector<const float*> table;
+    std::vector<const uint8_t*> table;
     std::vector<int64_t> rowbase;
 };
 HostTable host_entry_table(const StateLayout& layout, ForwardBatch& batch, const StateSection& sec, int ratio) {
@@ -100,13 +100,13 @@ HostTable host_entry_table(const StateLayout& layout, ForwardBatch& batch, const
     h.rowbase.resize(static_cast<size_t>(batch.rows()));
     for (auto& s : batch.seqs) {
         const int64_t base = static_cast<int64_t>(h.table.size()), wseq = (s.start_pos + s.n_tokens) / ratio;
-        for (int64_t j = 0; j < wseq; ++j) h.table.push_back(layout.entry<float>(s.state->pool, s.state->pages, sec, j));
+        for (int64_t j = 0; j < wseq; ++j) h.table.push_back(layout.entry<uint8_t>(s.state->pool, s.state->pages, sec, j));
         for (int i = 0; i < s.n_tokens; ++i) h.rowbase[static_cast<size_t>(s.row0 + i)] = base;
     }
     return h;
 }
 void host_window_table(const StateLayout& layout, ForwardBatch& batch, const StateSection& sec, int W, bool v41,
-                       std::vector<const float*>& win, std::vector<int32_t>& nwin) {
+                       std::vector<const uint8_t*>& win, std::vector<int32_t>& nwin) {
     auto rows = row_infos(batch);
     const size_t T = rows.size();
     win.assign(T * W, nullptr);
@@ -116,7 +116,7 @@ void host_window_table(const StateLayout& layout, ForwardBatch& batch, const Sta
         nwin[t] = static_cast<int32_t>(list.size());
         SeqState& st = *rows[t].seq->state;
         for (size_t j = 0; j < list.size(); ++j)
-            if (list[j] >= 0) win[t * W + j] = layout.entry<float>(st.pool, st.pages, sec, list[j]);
+            if (list[j] >= 0) win[t * W + j] = layout.entry<uint8_t>(st.pool, st.pages, sec, list[j]);
     }
 }
 
@@ -153,7 +153,7 @@ void check_tables(const Model4& m, Step& st, const std::string& what) {
     const int W = m.cfg.window_size;
     for (const auto& info : m.infos) {
         const LayerStateLayout& L = m.layout.layers[static_cast<size_t>(info.layer)];
-        std::vector<const float*> hw;
+        std::vector<const uint8_t*> hw;
         std::vector<int32_t> hn;
         host_window_table(m.layout, st.batch, L.window, W, true, hw, hn);
         auto dw = cuda::device_window_table(paged.seqs, L.window, T, W, true);
@@ -210,7 +210,7 @@ void timing(const Model4& m, Step& st, const std::string& what) {
     const double ms_host = host_ms([&] {
         HostTable k = host_entry_table(m.layout, st.batch, L.index_k, info.ratio);
         HostTable c = host_entry_table(m.layout, st.batch, L.comp, info.ratio);
-        std::vector<const float*> hw;
+        std::vector<const uint8_t*> hw;
         std::vector<int32_t> hn;
         host_window_table(m.layout, st.batch, L.window, W, true, hw, hn);
         auto a = CudaBackend::upload(k.table), b = CudaBackend::upload(c.table), d = CudaBackend::upload(hw);
@@ -260,7 +260,7 @@ void check_pipeline(const Model4& m, Step& st, const std::string& what) {
 
     // Tables both ways.
     HostTable hk = host_entry_table(m.layout, batch, KL.index_k, ratio), hc = host_entry_table(m.layout, batch, CL.comp, ratio);
-    std::vector<const float*> hw;
+    std::vector<const uint8_t*> hw;
     std::vector<int32_t> hn;
     host_window_table(m.layout, batch, L.window, W, true, hw, hn);
     auto hk_d = CudaBackend::upload(hk.table), hc_d = CudaBackend::upload(hc.table), hw_d = CudaBackend::upload(hw);
@@ -275,8 +275,9 @@ void check_pipeline(const Model4& m, Step& st, const std::string& what) {
 
     // Scores (streamed), and the bf16 key gather of the tensor-core scorer.
     Tensor sh = CudaBackend::empty(DType::F32, {T, stride}), sd = CudaBackend::empty(DType::F32, {T, stride});
-    cuda::index_scores_stream(q.ptr, wts.ptr, nullptr, T, nh, hd, wd.ptr, vd.ptr, hkb.ptr, hk_d.ptr, stride, sh.f32());
-    cuda::index_scores_stream(q.ptr, wts.ptr, nullptr, T, nh, hd, wd.ptr, vd.ptr, dkb.ptr, dk.table, stride, sd.f32());
+    const EntryFormat& kf = KL.index_k.format;
+    cuda::index_scores_stream(q.ptr, wts.ptr, nullptr, T, nh, hd, wd.ptr, vd.ptr, hkb.ptr, hk_d.ptr, kf, stride, sh.f32());
+    cuda::index_scores_stream(q.ptr, wts.ptr, nullptr, T, nh, hd, wd.ptr, vd.ptr, dkb.ptr, dk.table, kf, stride, sd.f32());
     auto a = host(sh.f32(), static_cast<size_t>(T) * stride), b = host(sd.f32(), static_cast<size_t>(T) * stride);
     int64_t score_diff = 0;
     for (size_t i = 0; i < a.size(); ++i) score_diff += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
@@ -286,8 +287,8 @@ void check_pipeline(const Model4& m, Step& st, const std::string& what) {
         // Per sequence, its keys in table order: the same bf16 rows through either table.
         auto gh = cuda::device_alloc(sizeof(uint16_t) * std::max<size_t>(hk.table.size(), 1) * hd);
         auto gd = cuda::device_alloc(sizeof(uint16_t) * static_cast<size_t>(std::max<int64_t>(dk.n, 1)) * hd);
-        cuda::gather_keys_bf16(hk_d.ptr, static_cast<int64_t>(hk.table.size()), hd, static_cast<uint16_t*>(gh.get()));
-        cuda::gather_keys_bf16(dk.table, dk.n, hd, static_cast<uint16_t*>(gd.get()));
+        cuda::gather_keys_bf16(hk_d.ptr, static_cast<int64_t>(hk.table.size()), kf, static_cast<uint16_t*>(gh.get()));
+        cuda::gather_keys_bf16(dk.table, dk.n, kf, static_cast<uint16_t*>(gd.get()));
         auto x = host(static_cast<uint16_t*>(gh.get()), hk.table.size() * hd);
         auto y = host(static_cast<uint16_t*>(gd.get()), static_cast<size_t>(dk.n) * hd);
         for (auto& s : batch.seqs) {
@@ -306,16 +307,16 @@ void check_pipeline(const Model4& m, Step& st, const std::string& what) {
     cuda::topk_rows_fast(sd.f32(), T, stride, wd.ptr, vd.ptr, k, true, static_cast<int32_t*>(tmp.get()),
                          static_cast<int32_t*>(sel.get()), static_cast<int32_t*>(nsel.get()));
     const int maxk = W + k;
-    auto kh = cuda::device_alloc(sizeof(float*) * T * maxk), kd = cuda::device_alloc(sizeof(float*) * T * maxk);
+    auto kh = cuda::device_alloc(sizeof(uint8_t*) * T * maxk), kd = cuda::device_alloc(sizeof(uint8_t*) * T * maxk);
     auto nh_ = cuda::device_alloc(sizeof(int32_t) * T), nd_ = cuda::device_alloc(sizeof(int32_t) * T);
     cuda::build_keys(T, hw_d.ptr, hn_d.ptr, W, static_cast<int32_t*>(sel.get()), static_cast<int32_t*>(nsel.get()), k,
-                     hc_d.ptr, hcb.ptr, static_cast<const float**>(kh.get()), static_cast<int32_t*>(nh_.get()), maxk);
+                     hc_d.ptr, hcb.ptr, static_cast<const uint8_t**>(kh.get()), static_cast<int32_t*>(nh_.get()), maxk);
     cuda::build_keys(T, dw.win.table, dw.nwin, W, static_cast<int32_t*>(sel.get()), static_cast<int32_t*>(nsel.get()), k,
-                     dc.table, dcb.ptr, static_cast<const float**>(kd.get()), static_cast<int32_t*>(nd_.get()), maxk);
+                     dc.table, dcb.ptr, static_cast<const uint8_t**>(kd.get()), static_cast<int32_t*>(nd_.get()), maxk);
     auto cnt_h = host(static_cast<int32_t*>(nh_.get()), static_cast<size_t>(T));
     EXPECT_EQ(cnt_h, host(static_cast<int32_t*>(nd_.get()), static_cast<size_t>(T))) << what;
-    auto keys_h = host(static_cast<const float**>(kh.get()), static_cast<size_t>(T) * maxk);
-    auto keys_d = host(static_cast<const float**>(kd.get()), static_cast<size_t>(T) * maxk);
+    auto keys_h = host(static_cast<const uint8_t**>(kh.get()), static_cast<size_t>(T) * maxk);
+    auto keys_d = host(static_cast<const uint8_t**>(kd.get()), static_cast<size_t>(T) * maxk);
     int64_t key_diff = 0, n_keys = 0;
     for (int t = 0; t < T; ++t)
         for (int j = 0; j < cnt_h[static_cast<size_t>(t)]; ++j, ++n_keys)
@@ -328,10 +329,18 @@ void check_pipeline(const Model4& m, Step& st, const std::string& what) {
     auto qd = CudaBackend::upload(qa), skd = CudaBackend::upload(sink);
     Tensor oh = CudaBackend::empty(DType::F32, {T, H, D}), od = CudaBackend::empty(DType::F32, {T, H, D});
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-    cuda::sparse_attention(qd.ptr, T, H, D, scale, skd.ptr, static_cast<const float* const*>(kh.get()),
-                           static_cast<int32_t*>(nh_.get()), maxk, oh.f32(), true);
-    cuda::sparse_attention(qd.ptr, T, H, D, scale, skd.ptr, static_cast<const float* const*>(kd.get()),
-                           static_cast<int32_t*>(nd_.get()), maxk, od.f32(), true);
+    cuda::KeyRefs rh, rd;
+    rh.keys = static_cast<const uint8_t* const*>(kh.get());
+    rh.nkeys = static_cast<int32_t*>(nh_.get());
+    rh.nwin = hn_d.ptr;
+    rd.keys = static_cast<const uint8_t* const*>(kd.get());
+    rd.nkeys = static_cast<int32_t*>(nd_.get());
+    rd.nwin = dw.nwin;
+    rh.maxk = rd.maxk = maxk;
+    rh.win = rd.win = L.window.format;
+    rh.comp = rd.comp = CL.comp.format;
+    cuda::sparse_attention(qd.ptr, T, H, D, scale, skd.ptr, rh, oh.f32(), true);
+    cuda::sparse_attention(qd.ptr, T, H, D, scale, skd.ptr, rd, od.f32(), true);
     auto x = host(oh.f32(), static_cast<size_t>(T) * H * D), y = host(od.f32(), static_cast<size_t>(T) * H * D);
     int64_t out_diff = 0, finite = 0;
     for (size_t i = 0; i < x.size(); ++i) {
@@ -348,37 +357,58 @@ void check_pipeline(const Model4& m, Step& st, const std::string& what) {
                 out_diff ? "DIFFER" : "identical");
 }
 
-// Window K=V rows stored through the page tables land at the host's entry address of each row's position.
+// Window K=V rows (fp8-QDQ'd as the model stores them) encoded through the page tables land at the host's entry
+// address of each row's position, byte for byte the host encoder's entries.
 void check_store(const Model4& m, Step& st, const std::string& what) {
     const StateSection& sec = m.layout.layers[0].window;
+    const EntryFormat& f = sec.format;
     const int64_t T = st.batch.rows();
-    const int width = static_cast<int>(sec.entry_bytes / sizeof(float));
+    const int width = f.dim;
     std::vector<float> src(static_cast<size_t>(T) * width);
     std::mt19937_64 g(53);
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    for (auto& x : src) x = round_bf16(nd(g));
+    for (auto& x : src) x = round_bf16(nd(g) * std::ldexp(1.0f, static_cast<int>(g() % 40) - 20));
+    for (int64_t t = 0; t < T; ++t) qdq_fp8(src.data() + t * width, width, m.cfg.act_block);
     auto sd = CudaBackend::upload(src);
     auto paged = cuda::upload_paged_step(m.layout, st.batch);
-    cuda::paged_store_rows(sd.ptr, T, width, paged.seqs, cuda::paged_section(sec));
+    (void)cuda::state_encode_failures();
+    cuda::paged_store_entries(sd.ptr, T, f, paged.seqs, cuda::paged_section(sec));
+    EXPECT_EQ(cuda::state_encode_failures(), 0u) << what;
     auto rows = row_infos(st.batch);
     int64_t bad = 0;
-    std::vector<float> got(static_cast<size_t>(width));
+    std::vector<uint8_t> got(static_cast<size_t>(f.bytes)), want(static_cast<size_t>(f.bytes));
     for (int64_t t = 0; t < T; ++t) {
         SeqState& s = *rows[static_cast<size_t>(t)].seq->state;
-        const float* at = m.layout.entry<float>(s.pool, s.pages, sec, rows[static_cast<size_t>(t)].pos);
-        cudaMemcpy(got.data(), at, sizeof(float) * width, cudaMemcpyDeviceToHost);
-        bad += !std::equal(got.begin(), got.end(), src.begin() + t * width);
+        const uint8_t* at = m.layout.entry<uint8_t>(s.pool, s.pages, sec, rows[static_cast<size_t>(t)].pos);
+        cudaMemcpy(got.data(), at, got.size(), cudaMemcpyDeviceToHost);
+        EXPECT_TRUE(encode_entry(f, src.data() + t * width, want.data()));
+        bad += got != want;
     }
     EXPECT_EQ(bad, 0) << what;
+    // The encoder checks rather than rounds: a row that was not QDQ'd is counted (e4m3 cannot hold 1 + 2^-7).
+    {
+        std::vector<float> raw(static_cast<size_t>(width), 1.0f);
+        raw[3] = 1.0078125f;
+        auto rd = CudaBackend::upload(raw);
+        auto scratch = cuda::device_alloc(static_cast<size_t>(f.bytes));
+        auto dst = CudaBackend::upload(std::vector<uint8_t*>{static_cast<uint8_t*>(scratch.get())});
+        cuda::store_entries(rd.ptr, 1, f, dst.ptr);
+        EXPECT_EQ(cuda::state_encode_failures(), 1u) << what;
+    }
     std::printf("PARITY attn paged window store %s: %lld rows, %s\n", what.c_str(), static_cast<long long>(T),
                 bad ? "MISPLACED" : "all at the host's addresses");
 }
 
-// Device memory for `pages` state pages of random bf16 values.
+// Device memory for `pages` state pages of random valid entries.
 std::shared_ptr<void> random_pool(const StateLayout& layout, int64_t pages) {
     const size_t bytes = static_cast<size_t>(pages) * layout.page_bytes;
     auto pool = cuda::device_alloc(bytes);
     cuda::fill_random_bf16(static_cast<float*>(pool.get()), static_cast<int64_t>(bytes / sizeof(float)), 77);
+    for (const auto& L : layout.layers)
+        for (const StateSection* sec : {&L.window, &L.comp, &L.index_k})
+            if (sec->present())
+                cuda::sanitize_entries(static_cast<uint8_t*>(pool.get()), pages, static_cast<int64_t>(layout.page_bytes),
+                                       static_cast<int64_t>(sec->offset), sec->entries_per_page, sec->format);
     return pool;
 }
 

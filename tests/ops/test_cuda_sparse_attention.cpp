@@ -1,7 +1,8 @@
 // The tensor-core sparse attention (Numerics::Fast) against the exact kernel at V4.1-Flash sizes: 64 heads
 // x 512 over up to 128 window + 512 selected keys, random bf16 queries, keys quantise-dequantised as the
 // state holds them (window: fp8 e4m3 with ue8m0 scales per 32; compressed: fp4 e2m1 with e4m3 scales per
-// 16), a per-head sink, key counts from 0 to 640 (below one 64-key block, on and off block boundaries) and
+// 16; V4: fp8 with ue8m0 per 64 on the first 448 dims, the RoPE dims bf16), read from their packed state
+// entries (state_format.h), a per-head sink, key counts from 0 to 640 (below one 64-key block, on and off block boundaries) and
 // masked (null) entries. 8 and 40 queries take the split-key path (decode), 256 and 4096 one CTA per query.
 // Prints one PARITY line per size with the device times and the effective rate of the key reads.
 // Skipped without a GPU.
@@ -45,54 +46,68 @@ int32_t key_count(int64_t t, int maxk) {
     }
 }
 
-TEST(CudaSparseAttention, TensorCoresMatchExactKernel) {
-    REQUIRE_GPU();
+void run_case(bool v41, const std::vector<int64_t>& sizes) {
     const int H = 64, Dh = 512, maxk = 640, W = 128;
-    ASSERT_TRUE(cuda::sparse_attention_mma_supported(H, Dh));
-    const int64_t nk = 8192;  // key pool: the first half window-like (fp8), the rest compressed-like (fp4)
+    const EntryFormat wf = v41 ? fp8_entry_format(Dh, Dh, 32) : fp8_entry_format(Dh, Dh - 64, 64);
+    const EntryFormat cf = v41 ? fp4_entry_format(Dh, 16, true) : wf;
+    ASSERT_TRUE(cuda::sparse_attention_mma_supported(H, Dh, wf, cf));
+    const char* arch = v41 ? "V4.1" : "V4";
+    const int64_t nk = 8192;  // key pool: the first half window entries, the rest compressed entries
     std::mt19937_64 g(4242);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<float> kv(static_cast<size_t>(nk * Dh)), sink(H);
     for (auto& x : kv) x = round_bf16(nd(g));
     for (int64_t r = 0; r < nk; ++r) {
         float* row = kv.data() + r * Dh;
-        if (r < nk / 2) qdq_fp8(row, Dh, 32);
+        if (!v41) qdq_fp8(row, Dh - 64, 64);
+        else if (r < nk / 2) qdq_fp8(row, Dh, 32);
         else qdq_fp4_e4m3(row, Dh, 16);
     }
     for (auto& x : sink) x = nd(g);
-    auto kd = CudaBackend::upload(kv), sd = CudaBackend::upload(sink);
+    const std::vector<float> win_rows(kv.begin(), kv.begin() + nk / 2 * Dh), comp_rows(kv.begin() + nk / 2 * Dh, kv.end());
+    auto wd = CudaBackend::upload(peregrine::test::pack_entries(win_rows, nk / 2, wf));
+    auto cd = CudaBackend::upload(peregrine::test::pack_entries(comp_rows, nk / 2, cf));
+    auto sd = CudaBackend::upload(sink);
     const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
 
-    for (int64_t T : {8, 40, 256, 4096}) {
+    for (int64_t T : sizes) {
         // Queries: bf16 draws, scaled per head by 1..4 (sharper softmax for some heads).
         std::vector<float> q(static_cast<size_t>(T * H * Dh));
         for (int64_t i = 0; i < static_cast<int64_t>(q.size()); ++i)
             q[static_cast<size_t>(i)] = round_bf16(nd(g) * static_cast<float>(1 + (i / Dh) % H % 4));
         auto qd = CudaBackend::upload(q);
         // Window keys near the query (shared by neighbours, as in prefill), then scattered compressed keys.
-        std::vector<const float*> keys(static_cast<size_t>(T * maxk), nullptr);
-        std::vector<int32_t> cnt(static_cast<size_t>(T));
-        int64_t key_reads = 0;
+        std::vector<const uint8_t*> keys(static_cast<size_t>(T * maxk), nullptr);
+        std::vector<int32_t> cnt(static_cast<size_t>(T)), nwin(static_cast<size_t>(T));
+        int64_t key_bytes = 0;
         for (int64_t t = 0; t < T; ++t) {
             const int32_t c = key_count(t, maxk);
             cnt[static_cast<size_t>(t)] = c;
+            nwin[static_cast<size_t>(t)] = std::min(c, W);
             for (int j = 0; j < c; ++j) {
-                const int64_t row = j < W ? (t + j) % (nk / 2) : nk / 2 + (t * 131 + j * 17) % (nk / 2);
                 const bool masked = j % 50 == 7;
-                keys[static_cast<size_t>(t * maxk + j)] = masked ? nullptr : kd.ptr + row * Dh;
-                key_reads += !masked;
+                keys[static_cast<size_t>(t * maxk + j)] =
+                    masked ? nullptr : j < W ? wd.ptr + ((t + j) % (nk / 2)) * wf.bytes : cd.ptr + ((t * 131 + j * 17) % (nk / 2)) * cf.bytes;
+                key_bytes += masked ? 0 : (j < W ? wf.bytes : cf.bytes);
             }
         }
         auto keys_d = CudaBackend::upload(keys);
-        auto cnt_d = CudaBackend::upload(cnt);
+        auto cnt_d = CudaBackend::upload(cnt), nwin_d = CudaBackend::upload(nwin);
+        cuda::KeyRefs kr;
+        kr.keys = keys_d.ptr;
+        kr.nkeys = cnt_d.ptr;
+        kr.nwin = nwin_d.ptr;
+        kr.maxk = maxk;
+        kr.win = wf;
+        kr.comp = cf;
         Tensor om = CudaBackend::empty(DType::F32, {T, H, Dh}), oe = CudaBackend::empty(DType::F32, {T, H, Dh});
         const size_t ws_bytes = cuda::sparse_attention_mma_workspace(T, H, Dh, maxk);
         auto ws = cuda::device_alloc(ws_bytes);
         const float ms_mma = peregrine::test::device_ms([&] {
-            cuda::sparse_attention_mma(qd.ptr, T, H, Dh, scale, sd.ptr, keys_d.ptr, cnt_d.ptr, maxk, om.f32(), ws.get());
+            cuda::sparse_attention_mma(qd.ptr, T, H, Dh, scale, sd.ptr, kr, om.f32(), ws.get());
         });
         const float ms_exact = peregrine::test::device_ms([&] {
-            cuda::sparse_attention(qd.ptr, T, H, Dh, scale, sd.ptr, keys_d.ptr, cnt_d.ptr, maxk, oe.f32(), true);
+            cuda::sparse_attention(qd.ptr, T, H, Dh, scale, sd.ptr, kr, oe.f32(), true);
         });
         const auto a = host(om.f32(), static_cast<size_t>(T * H * Dh)), b = host(oe.f32(), static_cast<size_t>(T * H * Dh));
 
@@ -120,12 +135,23 @@ TEST(CudaSparseAttention, TensorCoresMatchExactKernel) {
         // One split keeps the reference's running maxima, so bf16(p) differs only where an fp32 dot product
         // lands across a rounding boundary; split keys round p against the split's own maximum.
         EXPECT_GE(share, split ? 0.5 : 0.98) << "T=" << T;
-        const double gbs = static_cast<double>(key_reads) * Dh * sizeof(float) / (ms_mma * 1e-3) / 1e9;
-        std::printf("PARITY attn sparse_attention_mma %ldx64x512 over <=640 keys%s: mma %.3f ms (%.0f GB/s of key reads)"
+        const double gbs = static_cast<double>(key_bytes) / (ms_mma * 1e-3) / 1e9;
+        std::printf("PARITY attn sparse_attention_mma %s %ldx64x512 over <=640 packed keys%s: mma %.3f ms (%.0f GB/s of key reads)"
                     " exact %.3f ms, equal %.4f, max |d| %.2f bf16 steps of the row max (tol 2, equal >= %.2f)\n",
-                    static_cast<long>(T), split ? " (split keys)" : "", ms_mma, gbs, ms_exact, share, worst_steps,
+                    arch, static_cast<long>(T), split ? " (split keys)" : "", ms_mma, gbs, ms_exact, share, worst_steps,
                     split ? 0.5 : 0.98);
     }
+}
+
+TEST(CudaSparseAttention, TensorCoresMatchExactKernel) {
+    REQUIRE_GPU();
+    run_case(true, {8, 40, 256, 4096});
+}
+
+// V4's entries: the bf16 RoPE dims and 64-value scale blocks take the loader's other paths.
+TEST(CudaSparseAttention, TensorCoresMatchExactKernelV4Entries) {
+    REQUIRE_GPU();
+    run_case(false, {8, 256});
 }
 
 }  // namespace

@@ -30,7 +30,7 @@ TEST(PagedAddress, EntryOffsetsMatchStateLayout) {
                 const cuda::PagedSection ps{static_cast<int64_t>(s->offset), static_cast<int64_t>(s->entry_bytes),
                                             s->per_entry_tokens};
                 for (int64_t i = 0; i < 20000 / s->per_entry_tokens; ++i, ++checked) {
-                    const uint8_t* want = reinterpret_cast<uint8_t*>(layout.entry<float>(pool, pages, *s, i));
+                    const uint8_t* want = layout.entry<uint8_t>(pool, pages, *s, i);
                     const int64_t got = cuda::paged_entry_offset(pages.data(), layout.page_tokens,
                                                                  static_cast<int64_t>(layout.page_bytes), ps, i);
                     ASSERT_EQ(want - pool, got) << "page_tokens " << page_tokens << " ratio " << s->per_entry_tokens

@@ -343,3 +343,34 @@ def _thinking(server):
     assert effort.usage.prompt_tokens >= on.usage.prompt_tokens
     assert getattr(off.choices[0].message, "reasoning_content", None) is None
     assert on.choices[0].message.model_extra.get("reasoning_content") is not None
+
+
+def test_data_and_expert_parallel_ranks_give_identical_output(server):
+    """`--dp 2 --ep 2`: two ranks (threads on the CPU) with their own requests and KV and half the experts
+    each. Greedy completions equal the single-rank server's, concurrent requests spread over the ranks, and
+    /metrics sums the ranks."""
+    prompts = [f"request {i}: " + "some text to continue " * (1 + i % 3) for i in range(6)]
+    single = [server.client().completions.create(model=NAME, prompt=p, max_tokens=10, temperature=0).choices[0].text
+              for p in prompts]
+    dp = Server("--kv-memory", "32M", "--dp", "2", "--ep", "2")
+    try:
+        results = [None] * len(prompts)
+
+        def one(i):
+            r = dp.client().completions.create(model=NAME, prompt=prompts[i], max_tokens=10, temperature=0)
+            results[i] = r.choices[0].text
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == single
+        m = dp.metrics()
+        assert m["num_requests_total"] == len(prompts)
+        assert m["generation_tokens_total"] == 10 * len(prompts)
+        # Mismatched --ep is refused with a reason.
+        bad = subprocess.run([BIN, "serve", "--model", MODEL, "--dp", "2", "--ep", "1"], capture_output=True, text=True, timeout=60)
+        assert bad.returncode != 0 and "--ep 1 with --dp 2" in bad.stderr
+    finally:
+        dp.stop()

@@ -13,6 +13,17 @@
 
 namespace peregrine::cpu {
 
+// State entries are packed (state_format.h); the values written were QDQ'd already, so packing them is
+// exact, and a value it would change is a bug worth stopping for.
+static void store_entry(const StateSection& sec, const float* x, uint8_t* dst) {
+    if (!encode_entry(sec.format, x, dst)) fail("state entry (kind {}, dim {}) does not hold its values exactly", sec.format.kind, sec.format.dim);
+}
+static std::vector<float> load_entry(const StateSection& sec, const uint8_t* src) {
+    std::vector<float> v(static_cast<size_t>(sec.format.dim));
+    decode_entry(sec.format, src, v.data());
+    return v;
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Compressor: pools `ratio` consecutive tokens into one latent with a per-channel softmax gate. Tokens go
 // through the same state machine the reference uses for decode (equivalent to its prefill pooling), so a
@@ -147,8 +158,7 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
     Tensor kv = window_kv(x, w, rope, positions);
     for (int t = 0; t < T; ++t) {
         SeqState& st = *rows[t].seq->state;
-        std::memcpy(layout_.entry<float>(st.pool, st.pages, L.window, rows[t].pos), kv.f32() + static_cast<int64_t>(t) * D,
-                    sizeof(float) * D);
+        store_entry(L.window, kv.f32() + static_cast<int64_t>(t) * D, layout_.entry<uint8_t>(st.pool, st.pages, L.window, rows[t].pos));
     }
 
     // Compressed entries (and, for V4.1 key owners, indexer keys).
@@ -164,13 +174,13 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
                 Tensor k = rms_norm(linear(lat, iw.wk), iw.k_norm);
                 rope.apply(k.f32() + hd - rd, gpos);
                 qdq_fp4_ue8m0(k.f32(), hd, 32);
-                std::memcpy(layout_.entry<float>(st.pool, st.pages, L.index_k, e.group), k.f32(), sizeof(float) * hd);
+                store_entry(L.index_k, k.f32(), layout_.entry<uint8_t>(st.pool, st.pages, L.index_k, e.group));
             }
             float* lat = e.latent.data();
             rope.apply(lat + D - rd, gpos);
             if (v41) qdq_fp4_e4m3(lat, D, 16);
             else qdq_fp8(lat, D - rd, 64);
-            std::memcpy(layout_.entry<float>(st.pool, st.pages, L.comp, e.group), lat, sizeof(float) * D);
+            store_entry(L.comp, lat, layout_.entry<uint8_t>(st.pool, st.pages, L.comp, e.group));
         }
     }
 
@@ -190,7 +200,7 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
                     rope.apply(k + hd - rd, e.group * ratio);
                     hadamard_bf16(k, hd);
                     qdq_fp4_ue8m0(k, hd, 32);
-                    std::memcpy(layout_.entry<float>(st.pool, st.pages, L.index_k, e.group), k, sizeof(float) * hd);
+                    store_entry(L.index_k, k, layout_.entry<uint8_t>(st.pool, st.pages, L.index_k, e.group));
                 }
             }
             Tensor iq = linear(qr, iw.wq_b);
@@ -205,6 +215,20 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
                 }
                 for (int h = 0; h < nh; ++h) wts.f32()[t * nh + h] = round_bf16(wts.f32()[t * nh + h] * wscale);
             }
+            // Each sequence's keys, decoded once for all its rows.
+            const StateSection& ks = v41 ? KL.index_k : L.index_k;
+            std::vector<std::vector<float>> seq_keys(batch.seqs.size());
+            parallel_for(static_cast<int64_t>(batch.seqs.size()), [&](int64_t s0, int64_t s1) {
+                for (int64_t si = s0; si < s1; ++si) {
+                    const BatchSeq& s = batch.seqs[static_cast<size_t>(si)];
+                    const int64_t width = (s.start_pos + s.n_tokens) / ratio;
+                    if (s.n_tokens <= 0 || width == 0) continue;
+                    auto& dk = seq_keys[static_cast<size_t>(si)];
+                    dk.resize(static_cast<size_t>(width * hd));
+                    for (int64_t j = 0; j < width; ++j)
+                        decode_entry(ks.format, layout_.entry<uint8_t>(s.state->pool, s.state->pages, ks, j), dk.data() + j * hd);
+                }
+            });
             parallel_for(T, [&](int64_t t0, int64_t t1) {
                 for (int64_t t = t0; t < t1; ++t) {
                     const BatchSeq& s = *rows[t].seq;
@@ -218,8 +242,7 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
                             score[j] = -INFINITY;
                             continue;
                         }
-                        const float* k = v41 ? layout_.entry<float>(s.state->pool, s.state->pages, KL.index_k, j)
-                                             : layout_.entry<float>(s.state->pool, s.state->pages, L.index_k, j);
+                        const float* k = seq_keys[static_cast<size_t>(rows[t].seq - batch.seqs.data())].data() + j * hd;
                         float acc = 0.0f;
                         for (int h = 0; h < nh; ++h) {
                             float d = round_bf16(dot_exact(iq.f32() + (t * nh + h) * hd, k, hd));
@@ -270,11 +293,18 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
     parallel_for(T, [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t) {
             SeqState& st = *rows[t].seq->state;
+            std::vector<std::vector<float>> vals;  // the row's keys, decoded
             std::vector<const float*> keys;
-            for (int64_t p : window_list(*rows[t].seq, rows[t].pos, W, v41))
-                keys.push_back(p < 0 ? nullptr : layout_.entry<float>(st.pool, st.pages, L.window, p));
-            for (int32_t j : comp_list[static_cast<size_t>(t)])
-                keys.push_back(j < 0 ? nullptr : layout_.entry<float>(st.pool, st.pages, CL.comp, j));
+            auto add = [&](const StateSection& sec, int64_t idx) {
+                if (idx < 0) {
+                    keys.push_back(nullptr);
+                    return;
+                }
+                vals.push_back(load_entry(sec, layout_.entry<uint8_t>(st.pool, st.pages, sec, idx)));
+                keys.push_back(vals.back().data());
+            };
+            for (int64_t p : window_list(*rows[t].seq, rows[t].pos, W, v41)) add(L.window, p);
+            for (int32_t j : comp_list[static_cast<size_t>(t)]) add(CL.comp, j);
             for (int h = 0; h < H; ++h)
                 sparse_attend(q.f32() + (t * H + h) * D, keys, D, scale, w.attn_sink.data<float>()[h], o.f32() + (t * H + h) * D);
         }
@@ -348,8 +378,7 @@ void CpuBackend::store_window_kv(const Tensor& x, const AttentionWeight& w, cons
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
     for (size_t t = 0; t < rows.size(); ++t) {
         SeqState& st = *rows[t].seq->state;
-        std::memcpy(layout_.entry<float>(st.pool, st.pages, L.window, rows[t].pos), kv.f32() + static_cast<int64_t>(t) * D,
-                    sizeof(float) * D);
+        store_entry(L.window, kv.f32() + static_cast<int64_t>(t) * D, layout_.entry<uint8_t>(st.pool, st.pages, L.window, rows[t].pos));
     }
 }
 
@@ -365,11 +394,13 @@ Tensor CpuBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, c
     // Keys: the window ring listed by slot (slot j holds the latest position <= pos with position % W == j),
     // then every block token.
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
+    std::vector<std::vector<float>> vals;  // the window ring, decoded
     std::vector<const float*> keys;
     for (int64_t j = 0; j < std::min<int64_t>(W, pos + 1); ++j) {
         int64_t p = pos - ((pos - j) % W + W) % W;
-        keys.push_back(layout_.entry<float>(state.pool, state.pages, L.window, p));
+        vals.push_back(load_entry(L.window, layout_.entry<uint8_t>(state.pool, state.pages, L.window, p)));
     }
+    for (auto& v : vals) keys.push_back(v.data());
     for (int i = 0; i < B; ++i) keys.push_back(kv.f32() + static_cast<int64_t>(i) * D);
     Tensor o = Tensor::zeros(DType::F32, {B, H, D});
     const float scale = static_cast<float>(std::pow(D, -0.5));

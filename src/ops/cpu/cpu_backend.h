@@ -37,6 +37,11 @@ public:
     Tensor attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info, ForwardBatch& batch,
                      StepScratch& scratch) override;
     Tensor moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) override;
+    MoeRoute moe_route(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) override;
+    Tensor moe_experts(const Tensor& xp, const MoEWeight& w, const Tensor& experts, const Tensor& weights) override;
+    Tensor moe_combine(const Tensor& x, const MoEWeight& w, const Tensor& ye, const Tensor& experts) override;
+    Tensor to_host_copy(const Tensor& t) override;
+    Tensor from_host_copy(const Tensor& host) override;
     Tensor concat_cols(const std::vector<Tensor>& parts) override;
     void store_window_kv(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                          ForwardBatch& batch) override;

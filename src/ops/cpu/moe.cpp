@@ -1,5 +1,6 @@
 // Mixture of experts: router (fp32, bias for selection only, or hash routing by token id), clamped
-// SwiGLU experts with the routing weight applied before w2, fp32 accumulation in expert order.
+// SwiGLU experts with the routing weight applied before w2, fp32 accumulation in expert order. moe() is
+// the router, the experts over the (row, slot) pairs and the combine, which expert parallelism runs apart.
 #include "ops/cpu/cpu_backend.h"
 #include "ops/cpu/linear.h"
 #include "util/error.h"
@@ -34,15 +35,13 @@ Tensor run_expert(Backend& be, const ExpertWeight& e, const Tensor& x, const flo
 
 }  // namespace
 
-Tensor CpuBackend::moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) {
-    const int64_t T = x.dim(0), D = cfg_.dim;
+MoeRoute CpuBackend::moe_route(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) {
+    const int64_t T = x.dim(0);
     const int E = static_cast<int>(w.experts.size()), K = w.top_k;
-    const float limit = static_cast<float>(cfg_.swiglu_limit);
-
-    // Routing.
     Tensor logits = linear(x, w.gate);
-    std::vector<int32_t> sel(static_cast<size_t>(T * K));
-    std::vector<float> wsel(static_cast<size_t>(T * K));
+    MoeRoute r{Tensor::zeros(DType::I32, {T * K}), Tensor::zeros(DType::F32, {T * K})};
+    int32_t* sel = r.experts.data<int32_t>();
+    float* wsel = r.weights.f32();
     for (int64_t t = 0; t < T; ++t) {
         std::vector<float> score(static_cast<size_t>(E)), biased(static_cast<size_t>(E));
         for (int e = 0; e < E; ++e) {
@@ -77,30 +76,72 @@ Tensor CpuBackend::moe(const Tensor& x, const MoEWeight& w, const std::vector<in
             wsel[t * K + k] = v * static_cast<float>(cfg_.route_scale);
         }
     }
+    return r;
+}
 
-    // Experts in ascending id order, each over the rows routed to it.
-    std::vector<float> y(static_cast<size_t>(T * D), 0.0f);
-    for (int e = 0; e < E; ++e) {
-        std::vector<int64_t> rows;
-        std::vector<float> weights;
-        for (int64_t t = 0; t < T; ++t)
-            for (int k = 0; k < K; ++k)
-                if (sel[t * K + k] == e) {
-                    rows.push_back(t);
-                    weights.push_back(wsel[t * K + k]);
-                }
-        if (rows.empty()) continue;
-        Tensor xe = Tensor::zeros(DType::F32, {static_cast<int64_t>(rows.size()), D});
-        for (size_t r = 0; r < rows.size(); ++r)
-            std::copy(x.f32() + rows[r] * D, x.f32() + (rows[r] + 1) * D, xe.f32() + static_cast<int64_t>(r) * D);
-        Tensor ye = run_expert(*this, w.experts[static_cast<size_t>(e)], xe, weights.data(), limit);
-        for (size_t r = 0; r < rows.size(); ++r)
-            for (int64_t c = 0; c < D; ++c) y[rows[r] * D + c] += ye.f32()[static_cast<int64_t>(r) * D + c];
+Tensor CpuBackend::moe_experts(const Tensor& xp, const MoEWeight& w, const Tensor& experts, const Tensor& weights) {
+    const int64_t P = xp.dim(0), D = cfg_.dim;
+    const int E = static_cast<int>(w.experts.size());
+    const float limit = static_cast<float>(cfg_.swiglu_limit);
+    const int32_t* sel = experts.data<int32_t>();
+    Tensor y = Tensor::zeros(DType::F32, {P, D});
+    // Each expert over its pairs, in pair order.
+    std::vector<std::vector<int64_t>> rows(static_cast<size_t>(E));
+    for (int64_t p = 0; p < P; ++p) {
+        PEREGRINE_CHECK(sel[p] >= 0 && sel[p] < E, "pair {} routed to expert {} of {}", p, sel[p], E);
+        rows[static_cast<size_t>(sel[p])].push_back(p);
     }
-    Tensor shared = run_expert(*this, w.shared, x, nullptr, limit);
+    for (int e = 0; e < E; ++e) {
+        const auto& rs = rows[static_cast<size_t>(e)];
+        if (rs.empty()) continue;
+        const ExpertWeight& ew = w.experts[static_cast<size_t>(e)];
+        PEREGRINE_CHECK(!ew.w1.empty(), "expert {} is not held by this rank", e);
+        const int64_t n = static_cast<int64_t>(rs.size());
+        Tensor xe = Tensor::zeros(DType::F32, {n, D});
+        std::vector<float> we(static_cast<size_t>(n));
+        for (int64_t r = 0; r < n; ++r) {
+            std::copy(xp.f32() + rs[r] * D, xp.f32() + (rs[r] + 1) * D, xe.f32() + r * D);
+            we[static_cast<size_t>(r)] = weights.f32()[rs[r]];
+        }
+        Tensor ye = run_expert(*this, ew, xe, we.data(), limit);
+        for (int64_t r = 0; r < n; ++r) std::copy(ye.f32() + r * D, ye.f32() + (r + 1) * D, y.f32() + rs[r] * D);
+    }
+    return y;
+}
+
+Tensor CpuBackend::moe_combine(const Tensor& x, const MoEWeight& w, const Tensor& ye, const Tensor& experts) {
+    const int64_t T = x.dim(0), D = cfg_.dim;
+    const int K = w.top_k;
+    const int32_t* sel = experts.data<int32_t>();
+    Tensor shared = run_expert(*this, w.shared, x, nullptr, static_cast<float>(cfg_.swiglu_limit));
     Tensor out = Tensor::zeros(DType::F32, {T, D});
-    for (int64_t i = 0; i < T * D; ++i) out.f32()[i] = round_bf16(y[i] + shared.f32()[i]);
+    std::vector<int> order(static_cast<size_t>(K));
+    std::vector<float> y(static_cast<size_t>(D));
+    for (int64_t t = 0; t < T; ++t) {
+        // fp32 sum in ascending expert order (slot order among equal experts).
+        for (int k = 0; k < K; ++k) order[static_cast<size_t>(k)] = k;
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return sel[t * K + a] < sel[t * K + b]; });
+        std::fill(y.begin(), y.end(), 0.0f);
+        for (int k : order) {
+            const float* row = ye.f32() + (t * K + k) * D;
+            for (int64_t c = 0; c < D; ++c) y[static_cast<size_t>(c)] += row[c];
+        }
+        for (int64_t c = 0; c < D; ++c) out.f32()[t * D + c] = round_bf16(y[static_cast<size_t>(c)] + shared.f32()[t * D + c]);
+    }
     return out;
 }
+
+Tensor CpuBackend::moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) {
+    const int64_t T = x.dim(0);
+    const int K = w.top_k;
+    MoeRoute r = moe_route(x, w, ids);
+    std::vector<int> pair_rows(static_cast<size_t>(T * K));
+    for (int64_t p = 0; p < T * K; ++p) pair_rows[static_cast<size_t>(p)] = static_cast<int>(p / K);
+    Tensor ye = moe_experts(gather_rows(x, pair_rows), w, r.experts, r.weights);
+    return moe_combine(x, w, ye, r.experts);
+}
+
+Tensor CpuBackend::to_host_copy(const Tensor& t) { return t; }
+Tensor CpuBackend::from_host_copy(const Tensor& host) { return host; }
 
 }  // namespace peregrine::cpu

@@ -25,7 +25,7 @@ struct CudaBackend::Emitted {
 
 CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, size_t carry_offset, const Tensor& x,
                                                  ForwardBatch& batch) {
-    const int ratio = cw.ratio, d = cw.head_dim, coff = cw.overlap ? 2 : 1, width = coff * d, slots = coff * ratio;
+    const int ratio = cw.ratio, d = cw.head_dim;
     Emitted out;
     if (ratio == 1) {
         Tensor kv = run_linear(x, cw.wkv);
@@ -48,17 +48,21 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
                 out.group.push_back((s.start_pos + i) / ratio);
             }
     Tensor pooled = empty(DType::F32, {std::max(out.n(), 1), d});
-    const size_t carry_bytes = 2 * static_cast<size_t>(slots) * width * sizeof(float);
     const float* ape = cw.ape.empty() ? nullptr : dev_f32(cw.ape);
     if (numerics_ == Numerics::Fast) {
-        // One launch for every sequence; their carries travel in one copy each way.
+        // One launch for every sequence; their carries stay in device memory. The kernel finds sequence s's
+        // carry at a signed float offset from the first one's (they are separate allocations).
         std::vector<int64_t> meta;
         std::vector<float*> snap;
-        std::vector<BatchSeq*> active;
+        float* carry_base = nullptr;
         int emit_base = 0;
         for (auto& s : batch.seqs) {
             if (s.n_tokens == 0) continue;
-            const int64_t state_off = static_cast<int64_t>(active.size() * (carry_bytes / sizeof(float)));
+            float* carry = device_carry(*s.state) + carry_offset / sizeof(float);
+            if (!carry_base) carry_base = carry;
+            const int64_t state_off = (static_cast<int64_t>(reinterpret_cast<intptr_t>(carry)) -
+                                       static_cast<int64_t>(reinterpret_cast<intptr_t>(carry_base))) /
+                                      static_cast<int64_t>(sizeof(float));
             meta.insert(meta.end(), {s.start_pos, s.n_tokens, s.row0, emit_base, state_off,
                                      static_cast<int64_t>(snap.size())});
             for (int i = 0; i < s.n_tokens; ++i) {
@@ -71,13 +75,9 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
                 }
                 snap.push_back(p);
             }
-            active.push_back(&s);
         }
-        if (!active.empty()) {
-            std::vector<uint8_t> carries(active.size() * carry_bytes);
-            for (size_t i = 0; i < active.size(); ++i)
-                std::memcpy(carries.data() + i * carry_bytes, active[i]->state->carry.data() + carry_offset, carry_bytes);
-            auto state = upload(carries);
+        if (carry_base) {
+            const int n_active = static_cast<int>(meta.size() / 6);
             auto meta_d = upload(meta);
             auto snap_d = upload(snap);
             CompressorArgs a;
@@ -87,13 +87,10 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
             a.ratio = ratio;
             a.d = d;
             a.overlap = cw.overlap ? 1 : 0;
-            a.state = reinterpret_cast<float*>(state.ptr);
+            a.state = carry_base;
             a.pooled = pooled.f32();
             a.snapshot = snap_d.ptr;
-            compressor_batch(a, static_cast<int>(active.size()), meta_d.ptr);
-            PG_CUDA(cudaMemcpy(carries.data(), state.ptr, carries.size(), cudaMemcpyDeviceToHost));
-            for (size_t i = 0; i < active.size(); ++i)
-                std::memcpy(active[i]->state->carry.data() + carry_offset, carries.data() + i * carry_bytes, carry_bytes);
+            compressor_batch(a, n_active, meta_d.ptr);
         }
         if (out.n() > 0) out.latent = rms_norm(pooled.reshaped({std::max(out.n(), 1), d}), cw.norm);
         return out;
@@ -101,8 +98,7 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
     int emit_base = 0;
     for (auto& s : batch.seqs) {
         if (s.n_tokens == 0) continue;
-        auto state = device_alloc(carry_bytes);
-        PG_CUDA(cudaMemcpy(state.get(), s.state->carry.data() + carry_offset, carry_bytes, cudaMemcpyHostToDevice));
+        float* state = device_carry(*s.state) + carry_offset / sizeof(float);
         std::vector<float*> snap(static_cast<size_t>(s.n_tokens), nullptr);
         int emits = 0;
         for (int i = 0; i < s.n_tokens; ++i) {
@@ -121,7 +117,7 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
         a.ratio = ratio;
         a.d = d;
         a.overlap = cw.overlap ? 1 : 0;
-        a.state = static_cast<float*>(state.get());
+        a.state = state;
         a.pooled = pooled.f32();
         a.emit_base = emit_base;
         a.start_pos = s.start_pos;
@@ -129,7 +125,6 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
         a.row0 = s.row0;
         a.snapshot = snap_d.ptr;
         compressor_seq(a);
-        PG_CUDA(cudaMemcpy(s.state->carry.data() + carry_offset, state.get(), carry_bytes, cudaMemcpyDeviceToHost));
         emit_base += emits;
     }
     if (out.n() > 0) out.latent = rms_norm(pooled.reshaped({std::max(out.n(), 1), d}), cw.norm);
@@ -150,7 +145,7 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     auto pos = upload(pos_h);
     auto entry = [&](const RowInfo& r, const StateSection& sec, int64_t idx) {
         SeqState& st = *r.seq->state;
-        return layout_.entry<float>(st.pool, st.pages, sec, idx);
+        return layout_.entry<uint8_t>(st.pool, st.pages, sec, idx);
     };
     // Fast numerics list state-entry addresses on the device from the step's page tables (uploaded once per
     // step); Exact lists them on the host.
@@ -166,7 +161,7 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     auto entry_table = [&](const StateSection& sec, int ratio, std::vector<int64_t>& rowbase, int64_t& n) {
         AddressTable t = device_entry_table(paged(), batch, sec, ratio, rowbase);
         n = t.n;
-        return DevArray<const float*>{t.keep, t.table};
+        return DevArray<const uint8_t*>{t.keep, t.table};
     };
 
     // Queries.
@@ -174,15 +169,15 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     Tensor qr = rms_norm(run_linear(x, w.wq_a), w.q_norm);
     Tensor q = project_queries(qr, w, freqs, pos.ptr, T);
 
-    // Sliding-window K=V, stored per token.
+    // Sliding-window K=V, stored per token (packed: state_format.h).
     Tensor kv = window_kv(x, w, freqs, pos.ptr, T);
     if (device_tables) {
-        paged_store_rows(kv.f32(), T, D, paged(), paged_section(L.window));
+        paged_store_entries(kv.f32(), T, L.window.format, paged(), paged_section(L.window));
     } else {
-        std::vector<float*> dst(static_cast<size_t>(T));
+        std::vector<uint8_t*> dst(static_cast<size_t>(T));
         for (int t = 0; t < T; ++t) dst[static_cast<size_t>(t)] = entry(rows[static_cast<size_t>(t)], L.window, rows[static_cast<size_t>(t)].pos);
         auto dd = upload(dst);
-        store_rows(kv.f32(), T, D, dd.ptr);
+        store_entries(kv.f32(), T, L.window.format, dd.ptr);
     }
 
     // Compressed entries (and, for V4.1 key owners, indexer keys).
@@ -200,20 +195,20 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                 Tensor k = rms_norm(run_linear(e.latent, iw.wk), iw.k_norm);
                 rope(k.f32(), n, 1, hd, hd, hd - rd, gp.ptr, freqs, rd, false);
                 qdq_rows(k.f32(), n, hd, hd, 32, 1);
-                std::vector<float*> dst(static_cast<size_t>(n));
+                std::vector<uint8_t*> dst(static_cast<size_t>(n));
                 for (int i = 0; i < n; ++i)
                     dst[static_cast<size_t>(i)] = entry(rows[static_cast<size_t>(e.rows[static_cast<size_t>(i)])], L.index_k, e.group[static_cast<size_t>(i)]);
                 auto dd = upload(dst);
-                store_rows(k.f32(), n, hd, dd.ptr);
+                store_entries(k.f32(), n, L.index_k.format, dd.ptr);
             }
             rope(e.latent.f32(), n, 1, D, D, D - rd, gp.ptr, freqs, rd, false);
             if (v41) qdq_rows(e.latent.f32(), n, D, D, 16, 2);
             else qdq_rows(e.latent.f32(), n, D, D - rd, 64, 0);
-            std::vector<float*> dst(static_cast<size_t>(n));
+            std::vector<uint8_t*> dst(static_cast<size_t>(n));
             for (int i = 0; i < n; ++i)
                 dst[static_cast<size_t>(i)] = entry(rows[static_cast<size_t>(e.rows[static_cast<size_t>(i)])], L.comp, e.group[static_cast<size_t>(i)]);
             auto dd = upload(dst);
-            store_rows(e.latent.f32(), n, D, dd.ptr);
+            store_entries(e.latent.f32(), n, L.comp.format, dd.ptr);
         }
     }
 
@@ -248,11 +243,11 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                     rope(e.latent.f32(), n, 1, hd, hd, hd - rd, gp.ptr, freqs, rd, false);
                     hadamard_rows(e.latent.f32(), n, hd, hd);
                     qdq_rows(e.latent.f32(), n, hd, hd, 32, 1);
-                    std::vector<float*> dst(static_cast<size_t>(n));
+                    std::vector<uint8_t*> dst(static_cast<size_t>(n));
                     for (int i = 0; i < n; ++i)
                         dst[static_cast<size_t>(i)] = entry(rows[static_cast<size_t>(e.rows[static_cast<size_t>(i)])], L.index_k, e.group[static_cast<size_t>(i)]);
                     auto dd = upload(dst);
-                    store_rows(e.latent.f32(), n, hd, dd.ptr);
+                    store_entries(e.latent.f32(), n, L.index_k.format, dd.ptr);
                 }
             }
             Tensor iq = run_linear(qr, iw.wq_b);
@@ -263,96 +258,117 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
             scale_round_bf16(wts.f32(), static_cast<int64_t>(T) * nh,
                              static_cast<float>(std::pow(hd, -0.5) * std::pow(nh, -0.5)));
 
-            // Key addresses per sequence, then scores [T, max_width].
+            // Key addresses per sequence.
             std::vector<int64_t> keybase(static_cast<size_t>(T));
             const StateSection& ks = v41 ? KL.index_k : L.index_k;
-            DevArray<const float*> keys_d;
+            DevArray<const uint8_t*> keys_d;
             int64_t n_keys = 0;
             if (device_tables) {
                 keys_d = entry_table(ks, ratio, keybase, n_keys);
             } else {
-                std::vector<const float*> keys_h;
+                std::vector<const uint8_t*> keys_h;
                 for (auto& s : batch.seqs) {
                     const int64_t base = static_cast<int64_t>(keys_h.size()), wseq = (s.start_pos + s.n_tokens) / ratio;
                     for (int64_t j = 0; j < wseq; ++j)
-                        keys_h.push_back(layout_.entry<float>(s.state->pool, s.state->pages, ks, j));
+                        keys_h.push_back(layout_.entry<uint8_t>(s.state->pool, s.state->pages, ks, j));
                     for (int i = 0; i < s.n_tokens; ++i) keybase[static_cast<size_t>(s.row0 + i)] = base;
                 }
                 keys_d = upload(keys_h);
                 n_keys = static_cast<int64_t>(keys_h.size());
             }
             auto width_d = upload(width_h), visible_d = upload(visible_h), keybase_d = upload(keybase);
-            Tensor scores = empty(DType::F32, {T, std::max<int64_t>(max_width, 1)});
             const bool fast = numerics_ == Numerics::Fast;
-            if (fast && index_scores_stream_supported(nh, hd)) {
-                // Sequences with many rows this step (prefill) score on the tensor cores in tiles of 64 rows
-                // sharing their keys; the others (decode) stream their keys.
-                constexpr int kMmaMinRows = 16, kMmaTileRows = 64;
-                const bool mma = index_scores_mma_supported(nh, hd);
-                std::vector<int64_t> tiles;
-                std::vector<int32_t> stream_rows;
-                for (auto& s : batch.seqs) {
-                    if (s.n_tokens <= 0) continue;
-                    const int64_t wseq = (s.start_pos + s.n_tokens) / ratio;
-                    if (mma && s.n_tokens >= kMmaMinRows) {
-                        for (int r = 0; r < s.n_tokens; r += kMmaTileRows)
-                            tiles.insert(tiles.end(), {static_cast<int64_t>(s.row0 + r),
-                                                       static_cast<int64_t>(std::min(kMmaTileRows, s.n_tokens - r)),
-                                                       keybase[static_cast<size_t>(s.row0)], wseq});
-                    } else {
-                        for (int i = 0; i < s.n_tokens; ++i) stream_rows.push_back(s.row0 + i);
-                    }
+            const bool stream = fast && index_scores_stream_supported(nh, hd);
+            // Sequences with many rows this step (prefill) score on the tensor cores in tiles of 64 rows sharing
+            // their keys (decoded to bf16 once); the others (decode) stream their keys.
+            constexpr int kMmaMinRows = 16, kMmaTileRows = 64;
+            const bool mma = stream && index_scores_mma_supported(nh, hd);
+            std::shared_ptr<void> kb;
+            for (auto& s : batch.seqs)
+                if (mma && s.n_tokens >= kMmaMinRows && max_width > 0 && !kb) {
+                    kb = device_alloc(sizeof(uint16_t) * static_cast<size_t>(std::max<int64_t>(n_keys, 1) * hd));
+                    gather_keys_bf16(keys_d.ptr, n_keys, ks.format, static_cast<uint16_t*>(kb.get()));
                 }
-                if (!tiles.empty() && max_width > 0) {
-                    const int64_t nq = static_cast<int64_t>(T) * nh * hd, nk = n_keys;
-                    auto qb = device_alloc(sizeof(uint16_t) * static_cast<size_t>(nq));
-                    auto kb = device_alloc(sizeof(uint16_t) * static_cast<size_t>(std::max<int64_t>(nk, 1) * hd));
-                    to_bf16(iq.f32(), nq, static_cast<uint16_t*>(qb.get()));
-                    gather_keys_bf16(keys_d.ptr, nk, hd, static_cast<uint16_t*>(kb.get()));
-                    auto tiles_d = upload(tiles);
-                    index_scores_mma(static_cast<const uint16_t*>(qb.get()), wts.f32(), nh, tiles_d.ptr,
-                                     static_cast<int>(tiles.size() / 4), static_cast<const uint16_t*>(kb.get()),
-                                     visible_d.ptr, max_width, scores.f32());
-                }
-                if (!stream_rows.empty()) {
-                    auto rows_d = upload(stream_rows);
-                    index_scores_stream(iq.f32(), wts.f32(), rows_d.ptr, static_cast<int>(stream_rows.size()), nh, hd,
-                                        width_d.ptr, visible_d.ptr, keybase_d.ptr, keys_d.ptr, max_width, scores.f32());
-                }
-            } else {
-                index_scores(iq.f32(), wts.f32(), T, nh, hd, width_d.ptr, visible_d.ptr, keybase_d.ptr, keys_d.ptr,
-                             max_width, scores.f32());
-            }
+
+            // Scores [rows, max_width], the candidate blocks and the top-k run over chunks of rows, so that the score
+            // matrix stays bounded (a 64K-token prefill against 64K entries would otherwise need 16 GiB). Rows are
+            // independent throughout, so the chunking changes no result.
+            const int64_t stride = std::max<int64_t>(max_width, 1);
+            int64_t chunk = std::max<int64_t>(1, index_score_bytes_ / (stride * 4));
+            if (chunk >= kMmaTileRows) chunk = chunk / kMmaTileRows * kMmaTileRows;
+            chunk = std::min<int64_t>(chunk, T);
+            Tensor scores = empty(DType::F32, {std::max<int64_t>(chunk, 1), stride});
+            auto qb = kb ? device_alloc(sizeof(uint16_t) * static_cast<size_t>(chunk) * nh * hd) : nullptr;
+            const int bs = cfg_.candidate_block_size;
+            const int64_t max_nb = std::max<int64_t>(v41 && info.candidate_source ? (max_width + bs - 1) / bs : 1, 1);
+            Tensor bscore, bsel;
+            int64_t mstride = 0;
             if (v41 && info.candidate_source) {
-                const int bs = cfg_.candidate_block_size;
-                const int64_t max_nb = (max_width + bs - 1) / bs;
-                Tensor bscore = empty(DType::F32, {T, std::max<int64_t>(max_nb, 1)});
-                Tensor bsel = empty(DType::I32, {T, std::max<int64_t>(max_nb, 1)});
-                auto mask = device_alloc(static_cast<size_t>(T) * std::max<int64_t>(max_width, 1));
-                (fast ? candidate_blocks_fast : candidate_blocks)(
-                    scores.f32(), T, max_width, width_d.ptr, visible_d.ptr, bs, cfg_.candidate_topk_blocks, bscore.f32(),
-                    bsel.data<int32_t>(), std::max<int64_t>(max_nb, 1), static_cast<uint8_t*>(mask.get()));
-                scratch.mask = mask;
+                bscore = empty(DType::F32, {std::max<int64_t>(chunk, 1), max_nb});
+                bsel = empty(DType::I32, {std::max<int64_t>(chunk, 1), max_nb});
+                mstride = candidate_mask_stride(std::max<int64_t>(max_width, 1), bs);
+                scratch.mask = device_alloc(static_cast<size_t>(T * mstride));
                 scratch.mask_width = width_d.keep;
-                scratch.mask_stride = max_width;
-            } else if (v41 && info.uses_candidates) {
-                if (!scratch.mask) {  // no candidate source ran: nothing is a candidate
-                    scratch.mask = device_alloc(1);
-                    scratch.mask_width = upload(std::vector<int64_t>(static_cast<size_t>(T), 0)).keep;
-                    scratch.mask_stride = 0;
-                }
-                apply_candidates(scores.f32(), T, max_width, width_d.ptr, static_cast<const uint8_t*>(scratch.mask.get()),
-                                 static_cast<const int64_t*>(scratch.mask_width.get()), scratch.mask_stride);
+                scratch.mask_stride = mstride;
+            } else if (v41 && info.uses_candidates && !scratch.mask) {  // no candidate source ran: nothing is a candidate
+                scratch.mask = device_alloc(4);
+                scratch.mask_width = upload(std::vector<int64_t>(static_cast<size_t>(T), 0)).keep;
+                scratch.mask_stride = 0;
             }
             kmax = iw.topk;
             sel_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(T) * kmax);
             nsel_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(T));
-            auto tmp = device_alloc(sizeof(int32_t) * static_cast<size_t>(T) * kmax);
+            auto tmp = device_alloc(sizeof(int32_t) * static_cast<size_t>(std::max<int64_t>(chunk, 1)) * kmax);
             const bool fast_topk = fast && (v41 || static_cast<size_t>(kmax) * 8 <= 48 * 1024);
-            (fast_topk ? topk_rows_fast : topk_rows)(scores.f32(), T, max_width, width_d.ptr, visible_d.ptr, kmax, v41,
-                                                     static_cast<int32_t*>(tmp.get()),
-                                                     static_cast<int32_t*>(sel_keep.get()),
-                                                     static_cast<int32_t*>(nsel_keep.get()));
+            for (int64_t r0 = 0; r0 < T; r0 += chunk) {
+                const int64_t r1 = std::min<int64_t>(T, r0 + chunk), nr = r1 - r0;
+                const int64_t *wd = width_d.ptr + r0, *vd = visible_d.ptr + r0, *kbase = keybase_d.ptr + r0;
+                const float* iq_c = iq.f32() + r0 * nh * hd;
+                const float* wts_c = wts.f32() + r0 * nh;
+                if (stream) {
+                    std::vector<int64_t> tiles;  // (first row in the chunk, rows, first key in kb, keys)
+                    std::vector<int32_t> stream_rows;
+                    for (auto& s : batch.seqs) {
+                        const int64_t a = std::max<int64_t>(s.row0, r0), b = std::min<int64_t>(s.row0 + s.n_tokens, r1);
+                        if (s.n_tokens <= 0 || a >= b) continue;
+                        const int64_t wseq = (s.start_pos + s.n_tokens) / ratio;
+                        if (kb && s.n_tokens >= kMmaMinRows) {
+                            for (int64_t r = a; r < b; r += kMmaTileRows)
+                                tiles.insert(tiles.end(), {r - r0, std::min<int64_t>(kMmaTileRows, b - r),
+                                                           keybase[static_cast<size_t>(s.row0)], wseq});
+                        } else {
+                            for (int64_t r = a; r < b; ++r) stream_rows.push_back(static_cast<int32_t>(r - r0));
+                        }
+                    }
+                    if (!tiles.empty() && max_width > 0) {
+                        to_bf16(iq_c, nr * nh * hd, static_cast<uint16_t*>(qb.get()));
+                        auto tiles_d = upload(tiles);
+                        index_scores_mma(static_cast<const uint16_t*>(qb.get()), wts_c, nh, tiles_d.ptr,
+                                         static_cast<int>(tiles.size() / 4), static_cast<const uint16_t*>(kb.get()), vd,
+                                         max_width, scores.f32());
+                    }
+                    if (!stream_rows.empty()) {
+                        auto rows_d = upload(stream_rows);
+                        index_scores_stream(iq_c, wts_c, rows_d.ptr, static_cast<int>(stream_rows.size()), nh, hd, wd, vd,
+                                            kbase, keys_d.ptr, ks.format, max_width, scores.f32());
+                    }
+                } else {
+                    index_scores(iq_c, wts_c, nr, nh, hd, wd, vd, kbase, keys_d.ptr, ks.format, max_width, scores.f32());
+                }
+                if (v41 && info.candidate_source) {
+                    (fast ? candidate_blocks_fast : candidate_blocks)(
+                        scores.f32(), nr, max_width, wd, vd, bs, cfg_.candidate_topk_blocks, bscore.f32(),
+                        bsel.data<int32_t>(), max_nb, static_cast<uint8_t*>(scratch.mask.get()) + r0 * mstride, mstride);
+                } else if (v41 && info.uses_candidates) {
+                    apply_candidates(scores.f32(), nr, max_width, wd,
+                                     static_cast<const uint8_t*>(scratch.mask.get()) + r0 * scratch.mask_stride,
+                                     static_cast<const int64_t*>(scratch.mask_width.get()) + r0, scratch.mask_stride, bs);
+                }
+                (fast_topk ? topk_rows_fast : topk_rows)(scores.f32(), nr, max_width, wd, vd, kmax, v41,
+                                                         static_cast<int32_t*>(tmp.get()),
+                                                         static_cast<int32_t*>(sel_keep.get()) + r0 * kmax,
+                                                         static_cast<int32_t*>(nsel_keep.get()) + r0);
+            }
             if (v41) {
                 scratch.topk = sel_keep;
                 scratch.topk_count = nsel_keep;
@@ -396,7 +412,7 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     phase("attn.sparse attention");
     // Key lists: the window entries, then the selected compressed entries.
     const LayerStateLayout& CL = layout_.layers.at(static_cast<size_t>(info.comp_source >= 0 ? info.comp_source : info.layer));
-    DevArray<const float*> win_d, comp_d;
+    DevArray<const uint8_t*> win_d, comp_d;
     DevArray<int32_t> nwin_d;
     std::vector<int64_t> compbase(static_cast<size_t>(T), 0);
     if (device_tables) {
@@ -406,7 +422,7 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
         int64_t n_comp = 0;
         if (sel) comp_d = entry_table(CL.comp, info.ratio, compbase, n_comp);
     } else {
-        std::vector<const float*> win(static_cast<size_t>(T) * W, nullptr);
+        std::vector<const uint8_t*> win(static_cast<size_t>(T) * W, nullptr);
         std::vector<int32_t> nwin(static_cast<size_t>(T));
         for (int t = 0; t < T; ++t) {
             auto list = window_list(*rows[static_cast<size_t>(t)].seq, rows[static_cast<size_t>(t)].pos, W, v41);
@@ -414,11 +430,11 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
             for (size_t j = 0; j < list.size(); ++j)
                 if (list[j] >= 0) win[static_cast<size_t>(t) * W + j] = entry(rows[static_cast<size_t>(t)], L.window, list[j]);
         }
-        std::vector<const float*> comp_addr;
+        std::vector<const uint8_t*> comp_addr;
         if (sel) {
             for (auto& s : batch.seqs) {
                 const int64_t base = static_cast<int64_t>(comp_addr.size()), wseq = (s.start_pos + s.n_tokens) / info.ratio;
-                for (int64_t j = 0; j < wseq; ++j) comp_addr.push_back(layout_.entry<float>(s.state->pool, s.state->pages, CL.comp, j));
+                for (int64_t j = 0; j < wseq; ++j) comp_addr.push_back(layout_.entry<uint8_t>(s.state->pool, s.state->pages, CL.comp, j));
                 for (int i = 0; i < s.n_tokens; ++i) compbase[static_cast<size_t>(s.row0 + i)] = base;
             }
         }
@@ -428,23 +444,27 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     }
     auto compbase_d = upload(compbase);
     const int maxk = W + kmax;
-    auto keys = device_alloc(sizeof(float*) * static_cast<size_t>(T) * maxk);
+    auto keys = device_alloc(sizeof(uint8_t*) * static_cast<size_t>(T) * maxk);
     auto nkeys = device_alloc(sizeof(int32_t) * static_cast<size_t>(T));
     build_keys(T, win_d.ptr, nwin_d.ptr, W, sel, nsel, kmax, comp_d.ptr, compbase_d.ptr,
-               static_cast<const float**>(keys.get()), static_cast<int32_t*>(nkeys.get()), maxk);
+               static_cast<const uint8_t**>(keys.get()), static_cast<int32_t*>(nkeys.get()), maxk);
 
     // Sparse attention with sink, then the inverse rotation of the output.
     Tensor o = empty(DType::F32, {T, H, D});
     const float scale = static_cast<float>(std::pow(D, -0.5));
-    const auto* keys_p = static_cast<const float* const*>(keys.get());
-    const auto* nkeys_p = static_cast<const int32_t*>(nkeys.get());
-    if (numerics_ == Numerics::Fast && sparse_attention_mma_supported(H, D)) {
+    KeyRefs kr;
+    kr.keys = static_cast<const uint8_t* const*>(keys.get());
+    kr.nkeys = static_cast<const int32_t*>(nkeys.get());
+    kr.nwin = nwin_d.ptr;
+    kr.maxk = maxk;
+    kr.win = L.window.format;
+    kr.comp = CL.comp.present() ? CL.comp.format : L.window.format;
+    if (numerics_ == Numerics::Fast && sparse_attention_mma_supported(H, D, kr.win, kr.comp)) {
         // Tensor cores, prefill and decode (few rows split their keys over CTAs, with a scratch for the parts).
         auto ws = device_alloc(sparse_attention_mma_workspace(T, H, D, maxk));
-        sparse_attention_mma(q.f32(), T, H, D, scale, dev_f32(w.attn_sink), keys_p, nkeys_p, maxk, o.f32(), ws.get());
+        sparse_attention_mma(q.f32(), T, H, D, scale, dev_f32(w.attn_sink), kr, o.f32(), ws.get());
     } else {
-        sparse_attention(q.f32(), T, H, D, scale, dev_f32(w.attn_sink), keys_p, nkeys_p, maxk, o.f32(),
-                         numerics_ == Numerics::Fast);
+        sparse_attention(q.f32(), T, H, D, scale, dev_f32(w.attn_sink), kr, o.f32(), numerics_ == Numerics::Fast);
     }
     phase("attn.output projection");
     return project_output(o, w, freqs, pos.ptr, T);

@@ -128,8 +128,8 @@ __global__ void compressor_batch_kernel(CompressorArgs a, int n_seqs, const int6
 }
 
 __global__ void index_scores_kernel(const float* iq, const float* wts, int64_t T, int nh, int hd, const int64_t* width,
-                                    const int64_t* visible, const int64_t* keybase, const float* const* keys,
-                                    int64_t stride, float* scores) {
+                                    const int64_t* visible, const int64_t* keybase, const uint8_t* const* keys,
+                                    EntryFormat kf, int64_t stride, float* scores) {
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * stride) return;
     const int64_t t = i / stride, j = i % stride;
@@ -137,12 +137,12 @@ __global__ void index_scores_kernel(const float* iq, const float* wts, int64_t T
         scores[i] = -INFINITY;
         return;
     }
-    const float* k = keys[keybase[t] + j];
+    const uint8_t* k = keys[keybase[t] + j];
     float acc = 0.0f;
     for (int h = 0; h < nh; ++h) {
         const float* q = iq + (t * nh + h) * hd;
         double s = 0.0;
-        for (int c = 0; c < hd; ++c) s += static_cast<double>(q[c]) * static_cast<double>(k[c]);
+        for (int c = 0; c < hd; ++c) s += static_cast<double>(q[c]) * static_cast<double>(entry_value(kf, k, c));
         const float dd = round_bf16(static_cast<float>(s));
         acc += round_bf16(fmaxf(dd, 0.0f) * wts[t * nh + h]);
     }
@@ -223,38 +223,38 @@ __device__ int block_select(const float* v, int64_t n, int k, int32_t* sel) {
 }
 
 __global__ void candidate_kernel(const float* scores, int64_t stride, const int64_t* width, const int64_t* visible,
-                                 int bs, int topb, float* bscore, int32_t* bsel, int64_t bstride, uint8_t* mask) {
+                                 int bs, int topb, float* bscore, int32_t* bsel, int64_t bstride, uint8_t* mask,
+                                 int64_t mstride) {
     const int64_t t = blockIdx.x;
     const int64_t w = width[t], vis = visible[t];
     if (w == 0) return;
     const int64_t nb = (w + bs - 1) / bs, last = vis >= 1 ? (vis - 1) / bs : -1;
     float* bsr = bscore + t * bstride;
     int32_t* sel = bsel + t * bstride;
-    uint8_t* mr = mask + t * stride;
+    uint8_t* mr = mask + t * mstride;
     const float* sr = scores + t * stride;
     for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) {
         float m = -INFINITY;
         for (int64_t j = b * bs; j < min(w, (b + 1) * bs); ++j) m = fmaxf(m, sr[j]);
         bsr[b] = b == last ? INFINITY : m;
     }
-    for (int64_t j = threadIdx.x; j < w; j += blockDim.x) mr[j] = 0;
+    for (int64_t j = threadIdx.x; j < (nb + 31) / 32; j += blockDim.x) reinterpret_cast<unsigned int*>(mr)[j] = 0u;
     __syncthreads();
     const int kk = block_select(bsr, nb, topb, sel);
     __syncthreads();
     for (int i = threadIdx.x; i < kk; i += blockDim.x) {
         const int64_t b = sel[i];
-        if (bsr[b] > -INFINITY)
-            for (int64_t j = b * bs; j < min(w, (b + 1) * bs); ++j) mr[j] = 1;
+        if (bsr[b] > -INFINITY) atomicOr(reinterpret_cast<unsigned int*>(mr) + b / 32, 1u << (b % 32));
     }
 }
 
 __global__ void apply_candidates_kernel(float* scores, int64_t T, int64_t stride, const int64_t* width,
-                                        const uint8_t* mask, const int64_t* mask_width, int64_t mstride) {
+                                        const uint8_t* mask, const int64_t* mask_width, int64_t mstride, int bs) {
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * stride) return;
     const int64_t t = i / stride, j = i % stride;
     if (j >= width[t]) return;
-    if (j >= mask_width[t] || !mask[t * mstride + j]) scores[i] = -INFINITY;
+    if (j >= mask_width[t] || !((mask[t * mstride + (j / bs) / 8] >> ((j / bs) % 8)) & 1)) scores[i] = -INFINITY;
 }
 
 // Per row: the top-k, by index (ascending) or by (value desc, index asc); entries >= visible become -1.
@@ -283,9 +283,9 @@ __global__ void topk_kernel(const float* scores, int64_t stride, const int64_t* 
     }
 }
 
-__global__ void build_keys_kernel(int64_t T, const float* const* win, const int32_t* nwin, int W, const int32_t* sel,
-                                  const int32_t* nsel, int kmax, const float* const* comp_addr, const int64_t* compbase,
-                                  const float** keys, int32_t* nkeys, int maxk) {
+__global__ void build_keys_kernel(int64_t T, const uint8_t* const* win, const int32_t* nwin, int W, const int32_t* sel,
+                                  const int32_t* nsel, int kmax, const uint8_t* const* comp_addr, const int64_t* compbase,
+                                  const uint8_t** keys, int32_t* nkeys, int maxk) {
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * maxk) return;
     const int64_t t = i / maxk, s = i % maxk;
@@ -304,8 +304,8 @@ constexpr int kAttnThreads = 128, kKeyBlock = 64, kMaxHeadDim = 512;
 // kFast: the block softmax runs on a warp (maximum and exponentials in parallel, the block sum still taken in
 // key order by one lane), so the result is the same as with one thread.
 template <bool kFast>
-__global__ void sparse_attention_kernel(const float* q, int H, int D, float scale, const float* sink,
-                                        const float* const* keys, const int32_t* nkeys, int maxk, float* out) {
+__global__ void sparse_attention_kernel(const float* q, int H, int D, float scale, const float* sink, KeyRefs keys,
+                                        float* out) {
     __shared__ float qs[kMaxHeadDim];
     __shared__ float s[kKeyBlock], p[kKeyBlock], pe[kKeyBlock];
     __shared__ float m_sh, sum_sh, rescale_sh;
@@ -320,16 +320,17 @@ __global__ void sparse_attention_kernel(const float* q, int H, int D, float scal
     float acc[kMaxHeadDim / kAttnThreads];
     for (float& v : acc) v = 0.0f;
     __syncthreads();
-    const int n = nkeys[t];
-    const float* const* kr = keys + t * maxk;
+    const int n = keys.nkeys[t], nwin = keys.nwin ? keys.nwin[t] : n;
+    const uint8_t* const* kr = keys.keys + t * keys.maxk;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int b0 = 0; b0 < n; b0 += kKeyBlock) {
         const int cnt = min(kKeyBlock, n - b0);
         for (int j = warp; j < cnt; j += nw) {
-            const float* k = kr[b0 + j];
+            const uint8_t* k = kr[b0 + j];
+            const EntryFormat& f = b0 + j < nwin ? keys.win : keys.comp;
             double d = 0.0;
             if (k)
-                for (int c = lane; c < D; c += 32) d += static_cast<double>(qs[c]) * static_cast<double>(k[c]);
+                for (int c = lane; c < D; c += 32) d += static_cast<double>(qs[c]) * static_cast<double>(entry_value(f, k, c));
             d = warp_sum(d);
             if (lane == 0) s[j] = k ? static_cast<float>(d) * scale : -INFINITY;
         }
@@ -376,8 +377,8 @@ __global__ void sparse_attention_kernel(const float* q, int H, int D, float scal
             const int c = a * kAttnThreads + threadIdx.x;
             double pv = 0.0;
             for (int j = 0; j < cnt; ++j) {
-                const float* k = kr[b0 + j];
-                if (k) pv += static_cast<double>(p[j]) * k[c];
+                const uint8_t* k = kr[b0 + j];
+                if (k) pv += static_cast<double>(p[j]) * entry_value(b0 + j < nwin ? keys.win : keys.comp, k, c);
             }
             acc[a] = acc[a] * rescale + static_cast<float>(pv);
         }
@@ -410,27 +411,30 @@ void compressor_batch(const CompressorArgs& a, int n_seqs, const int64_t* seq) {
 }
 
 void index_scores(const float* iq, const float* wts, int64_t T, int nh, int hd, const int64_t* width,
-                  const int64_t* visible, const int64_t* keybase, const float* const* keys, int64_t stride,
-                  float* scores) {
+                  const int64_t* visible, const int64_t* keybase, const uint8_t* const* keys, const EntryFormat& kf,
+                  int64_t stride, float* scores) {
     if (T * stride == 0) return;
-    index_scores_kernel<<<blocks_for(T * stride), kThreads>>>(iq, wts, T, nh, hd, width, visible, keybase, keys, stride,
-                                                              scores);
+    if (kf.dim != hd) cuda_fail(cudaErrorInvalidValue, "index_scores: key format width", __FILE__, __LINE__);
+    index_scores_kernel<<<blocks_for(T * stride), kThreads>>>(iq, wts, T, nh, hd, width, visible, keybase, keys, kf,
+                                                              stride, scores);
     PG_LAUNCHED();
 }
 
 void candidate_blocks(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible,
-                      int bs, int topb, float* bscore, int32_t* bsel, int64_t bstride, uint8_t* mask) {
+                      int bs, int topb, float* bscore, int32_t* bsel, int64_t bstride, uint8_t* mask,
+                      int64_t mask_stride) {
     if (T == 0) return;
+    if (mask_stride % 4 != 0) cuda_fail(cudaErrorInvalidValue, "candidate_blocks: mask rows must be words", __FILE__, __LINE__);
     candidate_kernel<<<static_cast<unsigned>(T), kSelectThreads>>>(scores, stride, width, visible, bs, topb, bscore, bsel,
-                                                                    bstride, mask);
+                                                                    bstride, mask, mask_stride);
     PG_LAUNCHED();
 }
 
 void apply_candidates(float* scores, int64_t T, int64_t stride, const int64_t* width, const uint8_t* mask,
-                      const int64_t* mask_width, int64_t mask_stride) {
+                      const int64_t* mask_width, int64_t mask_stride, int bs) {
     if (T * stride == 0) return;
     apply_candidates_kernel<<<blocks_for(T * stride), kThreads>>>(scores, T, stride, width, mask, mask_width,
-                                                                  mask_stride);
+                                                                  mask_stride, bs);
     PG_LAUNCHED();
 }
 
@@ -442,21 +446,23 @@ void topk_rows(const float* scores, int64_t T, int64_t stride, const int64_t* wi
     PG_LAUNCHED();
 }
 
-void build_keys(int64_t T, const float* const* win, const int32_t* nwin, int W, const int32_t* sel,
-                const int32_t* nsel, int kmax, const float* const* comp_addr, const int64_t* compbase,
-                const float** keys, int32_t* nkeys, int maxk) {
+void build_keys(int64_t T, const uint8_t* const* win, const int32_t* nwin, int W, const int32_t* sel,
+                const int32_t* nsel, int kmax, const uint8_t* const* comp_addr, const int64_t* compbase,
+                const uint8_t** keys, int32_t* nkeys, int maxk) {
     if (T * maxk == 0) return;
     build_keys_kernel<<<blocks_for(T * maxk), kThreads>>>(T, win, nwin, W, sel, nsel, kmax, comp_addr, compbase, keys,
                                                           nkeys, maxk);
     PG_LAUNCHED();
 }
 
-void sparse_attention(const float* q, int64_t T, int H, int D, float scale, const float* sink, const float* const* keys,
-                      const int32_t* nkeys, int maxk, float* out, bool fast) {
+void sparse_attention(const float* q, int64_t T, int H, int D, float scale, const float* sink, const KeyRefs& keys,
+                      float* out, bool fast) {
     if (T == 0) return;
     if (D > kMaxHeadDim) cuda_fail(cudaErrorInvalidValue, "sparse_attention: head_dim > 512", __FILE__, __LINE__);
+    if (keys.win.dim != D || (keys.nwin && keys.comp.dim != D))
+        cuda_fail(cudaErrorInvalidValue, "sparse_attention: key format width", __FILE__, __LINE__);
     (fast ? sparse_attention_kernel<true> : sparse_attention_kernel<false>)<<<static_cast<unsigned>(T * H), kAttnThreads>>>(
-        q, H, D, scale, sink, keys, nkeys, maxk, out);
+        q, H, D, scale, sink, keys, out);
     PG_LAUNCHED();
 }
 

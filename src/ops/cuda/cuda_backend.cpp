@@ -1,11 +1,13 @@
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/cuda/linear_cublas.h"
 #include "ops/attention_plan.h"
 #include "util/error.h"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -15,14 +17,17 @@
 namespace peregrine {
 
 std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& cfg, const StateLayout& layout,
-                                           const std::string& engram_placement) {
+                                           const std::string& engram_placement, int gpu) {
     cuda::EngramPlacement p;
     if (engram_placement == "device") p = cuda::EngramPlacement::Device;
     else if (engram_placement == "host") p = cuda::EngramPlacement::Host;
     else fail("unknown engram placement '{}' (device or host)", engram_placement);
     std::string why;
     if (!cuda_device_available(&why)) fail("--device cuda: {}", why);
-    return std::make_unique<cuda::CudaBackend>(cfg, layout, p);
+    int n = 0;
+    PG_CUDA(cudaGetDeviceCount(&n));
+    if (gpu < 0 || gpu >= n) fail("--device cuda: GPU {} asked for, {} visible", gpu, n);
+    return std::make_unique<cuda::CudaBackend>(cfg, layout, p, gpu);
 }
 
 bool cuda_device_available(std::string* why) {
@@ -49,8 +54,58 @@ std::shared_ptr<void> device_alloc(size_t bytes) {
     return std::shared_ptr<void>(p, [](void* q) { cudaFreeAsync(q, 0); });
 }
 
+namespace {
+// Page-locked staging for host-to-device uploads: an upload is copied into the next free bytes of a pinned ring
+// and sent with an async copy, so the host never waits for the GPU (a copy from pageable memory may wait for the
+// stream). The ring is cut into segments; leaving a segment records an event on the stream, and a segment is
+// written again only once its event has completed, which waits only if the GPU is a whole ring behind.
+class StagingRing {
+public:
+    static constexpr size_t kSegment = size_t(4) << 20, kSegments = 16, kAlign = 256;
+    static StagingRing& get() {
+        static auto* ring = new StagingRing;  // never freed: the CUDA context may be gone at exit
+        return *ring;
+    }
+    // Queues the copy of bytes from src to dst through the ring; false (nothing queued) when it is larger than
+    // a segment.
+    bool copy(void* dst, const void* src, size_t bytes) {
+        if (bytes > kSegment) return false;
+        std::lock_guard lk(mu_);
+        if (!base_) {
+            PG_CUDA(cudaMallocHost(&base_, kSegment * kSegments));
+            for (auto& e : done_) PG_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        }
+        cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+        PG_CUDA(cudaStreamIsCapturing(0, &cap));
+        if (cap != cudaStreamCaptureStatusNone)  // a captured copy would re-read a reused slot at replay
+            fail("upload during CUDA graph capture (per-step data must go into the graph's fixed buffers)");
+        const size_t need = (bytes + kAlign - 1) / kAlign * kAlign;
+        if (off_ + need > kSegment) {
+            PG_CUDA(cudaEventRecord(done_[seg_], 0));
+            used_[seg_] = true;
+            seg_ = (seg_ + 1) % kSegments;
+            off_ = 0;
+            if (used_[seg_]) PG_CUDA(cudaEventSynchronize(done_[seg_]));
+        }
+        char* p = static_cast<char*>(base_) + seg_ * kSegment + off_;
+        std::memcpy(p, src, bytes);
+        PG_CUDA(cudaMemcpyAsync(dst, p, bytes, cudaMemcpyHostToDevice, 0));
+        off_ += need;
+        return true;
+    }
+
+private:
+    std::mutex mu_;
+    void* base_ = nullptr;
+    size_t seg_ = 0, off_ = 0;
+    cudaEvent_t done_[kSegments] = {};
+    bool used_[kSegments] = {};
+};
+}  // namespace
+
 void copy_to_device(void* dst, const void* src, size_t bytes) {
-    PG_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, 0));
+    if (bytes == 0) return;
+    if (!StagingRing::get().copy(dst, src, bytes)) PG_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, 0));
 }
 
 Tensor CudaBackend::empty(DType dtype, std::vector<int64_t> shape) {
@@ -108,11 +163,16 @@ private:
 };
 }  // namespace
 
-Tensor CudaBackend::to_host_pinned(const Tensor& dev) {
+Tensor CudaBackend::to_host_pinned(const Tensor& dev, double* wait_ms) {
     PEREGRINE_CHECK(dev.device() == Device::CUDA, "to_host: tensor is not on the device");
     auto keep = PinnedPool::get().take(std::max<size_t>(dev.nbytes(), 64));
     void* p = keep.get();
-    if (dev.nbytes()) PG_CUDA(cudaMemcpy(p, dev.raw(), dev.nbytes(), cudaMemcpyDeviceToHost));
+    if (dev.nbytes()) {  // the step's one wait: for its results
+        PG_CUDA(cudaMemcpyAsync(p, dev.raw(), dev.nbytes(), cudaMemcpyDeviceToHost, 0));
+        const auto t0 = std::chrono::steady_clock::now();
+        PG_CUDA(cudaStreamSynchronize(0));
+        if (wait_ms) *wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    }
     return Tensor::view(dev.dtype(), dev.shape(), p, Device::CPU, std::move(keep));
 }
 
@@ -123,9 +183,15 @@ Tensor CudaBackend::to_host(const Tensor& dev) {
     return t;
 }
 
-CudaBackend::CudaBackend(const ModelConfig& cfg, const StateLayout& layout, EngramPlacement engram)
-    : cfg_(cfg), layout_(layout), engram_placement_(engram) {
-    PG_CUDA(cudaSetDevice(0));
+CudaBackend::CudaBackend(const ModelConfig& cfg, const StateLayout& layout, EngramPlacement engram, int gpu)
+    : gpu_(gpu), cfg_(cfg), layout_(layout), engram_placement_(engram) {
+    PG_CUDA(cudaSetDevice(gpu_));
+    if (const char* g = std::getenv("PEREGRINE_CUDA_GRAPHS")) {
+        const std::string v = g;
+        if (v == "1") graphs_ = true;
+        else if (v != "0") fail("PEREGRINE_CUDA_GRAPHS='{}': expected 0 or 1", v);
+    }
+    if (const char* v = std::getenv("PEREGRINE_HC_SMALL")) hc_small_ = std::strcmp(v, "0") != 0;  // A/B switch
     if (const char* n = std::getenv("PEREGRINE_CUDA_NUMERICS")) {
         const std::string v = n;
         if (v == "exact") numerics_ = Numerics::Exact;
@@ -134,8 +200,12 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const StateLayout& layout, Engr
     }
 }
 
+void CudaBackend::bind_thread() { PG_CUDA(cudaSetDevice(gpu_)); }
+
 CudaBackend::~CudaBackend() {
+    cudaSetDevice(gpu_);
     cudaDeviceSynchronize();
+    moe_graphs_.clear();
     linear_cublas_release();
     for (void* p : pinned_) cudaFreeHost(p);
 }
@@ -249,6 +319,39 @@ void CudaBackend::read_state(const uint8_t* src, size_t bytes, void* dst) {
     PG_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 
+void CudaBackend::load_carry(SeqState& s, const uint8_t* snapshot, size_t bytes) {
+    BackendCarry& c = s.backend_carry;
+    if (bytes == 0) {
+        c = BackendCarry();
+        return;
+    }
+    PEREGRINE_CHECK(bytes == layout_.carry_bytes, "load_carry: {} bytes, the layout's carry has {}", bytes, layout_.carry_bytes);
+    if (!c.p) c.p = device_alloc(bytes);
+    if (snapshot) {  // stream-ordered after the step that wrote the snapshot
+        PG_CUDA(cudaMemcpyAsync(c.p.get(), snapshot, bytes, cudaMemcpyDeviceToDevice, 0));
+        c.host_stale = true;
+    } else {
+        PEREGRINE_CHECK(s.carry.size() == bytes, "load_carry: the host carry holds {} bytes, expected {}", s.carry.size(), bytes);
+        copy_to_device(c.p.get(), s.carry.data(), bytes);
+        c.host_stale = false;
+    }
+}
+
+float* CudaBackend::device_carry(SeqState& s) {
+    BackendCarry& c = s.backend_carry;
+    if (!c.p) {  // a state the model did not initialise through this backend (or a copy): its host carry
+        PEREGRINE_CHECK(!c.host_stale,
+                        "sequence state was copied after its carry moved on in device memory; restore it with "
+                        "Model::restore_state");
+        PEREGRINE_CHECK(s.carry.size() == layout_.carry_bytes, "sequence carry holds {} bytes, the layout {}",
+                        s.carry.size(), layout_.carry_bytes);
+        c.p = device_alloc(layout_.carry_bytes);
+        copy_to_device(c.p.get(), s.carry.data(), layout_.carry_bytes);
+    }
+    c.host_stale = true;  // the caller advances it
+    return static_cast<float*>(c.p.get());
+}
+
 Tensor CudaBackend::first_stream_mix(int T) {
     OpTimer op_(*this, "first_stream_mix");
     Tensor pre = empty(DType::F32, {T, cfg_.hc_mult});
@@ -279,15 +382,38 @@ Tensor CudaBackend::embed(const Tensor& table, const std::vector<int32_t>& ids) 
     return h;
 }
 
+const double* CudaBackend::dev_f64(const Tensor& t) {
+    auto it = f64_.find(t.raw());
+    if (it != f64_.end()) return static_cast<const double*>(it->second.get());
+    auto keep = device_alloc(sizeof(double) * static_cast<size_t>(t.numel()));
+    cublas_prep::widen_f64(dev_f32(t), t.numel(), static_cast<double*>(keep.get()));
+    return static_cast<const double*>(f64_.emplace(t.raw(), keep).first->second.get());
+}
+
+void CudaBackend::run_hc_mixes(const Tensor& h, const Tensor& fn, int n_mix, const Tensor& base, const Tensor& scale,
+                               int iters, int mode, float* pre, float* post, float* comb) {
+    const int64_t T = h.dim(0);
+    const int hc = cfg_.hc_mult;
+    if (numerics_ != Numerics::Fast) {
+        cuda::hc_mixes(h.f32(), T, hc, cfg_.dim, dev_f32(fn), n_mix, dev_f32(base), dev_f32(scale), eps(),
+                       static_cast<float>(cfg_.hc_eps), iters, mode, pre, post, comb);
+    } else if (hc_small_ && hc_mixes_small_supported(T, n_mix)) {  // decode: two launches, fn read as fp32
+        auto ws = device_alloc(hc_mixes_small_workspace(T, hc, cfg_.dim, n_mix));
+        hc_mixes_small(h.f32(), T, hc, cfg_.dim, dev_f32(fn), n_mix, dev_f32(base), dev_f32(scale), eps(),
+                       static_cast<float>(cfg_.hc_eps), iters, mode, pre, post, comb, ws.get());
+    } else {
+        hc_mixes_fast_wide(h.f32(), T, hc, cfg_.dim, dev_f32(fn), dev_f64(fn), n_mix, dev_f32(base), dev_f32(scale),
+                           eps(), static_cast<float>(cfg_.hc_eps), iters, mode, pre, post, comb);
+    }
+}
+
 HcMix CudaBackend::hc_mixes(const Tensor& h, const HcWeight& w) {
     OpTimer op_(*this, "hc_mixes");
     const int64_t T = h.dim(0);
     const int hc = cfg_.hc_mult;
     HcMix m{empty(DType::F32, {T, hc}), empty(DType::F32, {T, hc}), empty(DType::F32, {T, hc, hc})};
-    (numerics_ == Numerics::Fast ? cuda::hc_mixes_fast : cuda::hc_mixes)(
-                   h.f32(), T, hc, cfg_.dim, dev_f32(w.fn), static_cast<int>(w.fn.dim(0)), dev_f32(w.base),
-                   dev_f32(w.scale), eps(), static_cast<float>(cfg_.hc_eps), cfg_.hc_sinkhorn_iters, 0, m.pre.f32(),
-                   m.post.f32(), m.comb.f32());
+    run_hc_mixes(h, w.fn, static_cast<int>(w.fn.dim(0)), w.base, w.scale, cfg_.hc_sinkhorn_iters, 0, m.pre.f32(),
+                 m.post.f32(), m.comb.f32());
     return m;
 }
 
@@ -312,9 +438,7 @@ Tensor CudaBackend::hc_head(const Tensor& h, const HcWeight& w) {
     OpTimer op_(*this, "hc_head");
     const int64_t T = h.dim(0);
     Tensor pre = empty(DType::F32, {T, cfg_.hc_mult});
-    (numerics_ == Numerics::Fast ? cuda::hc_mixes_fast : cuda::hc_mixes)(
-                   h.f32(), T, cfg_.hc_mult, cfg_.dim, dev_f32(w.fn), cfg_.hc_mult, dev_f32(w.base), dev_f32(w.scale),
-                   eps(), static_cast<float>(cfg_.hc_eps), 0, 1, pre.f32(), nullptr, nullptr);
+    run_hc_mixes(h, w.fn, cfg_.hc_mult, w.base, w.scale, 0, 1, pre.f32(), nullptr, nullptr);
     return hc_collapse(h, pre);
 }
 
@@ -352,7 +476,7 @@ Tensor CudaBackend::logits(const Tensor& x, const LinearWeight& head, bool to_ho
     } else {
         y = run_linear(x, w);
     }
-    return to_host ? to_host_pinned(y) : y;
+    return to_host ? to_host_pinned(y, &host_wait_ms_) : y;
 }
 
 }  // namespace cuda
@@ -411,6 +535,13 @@ std::map<std::string, double> CudaBackend::profile() {
 
 void CudaBackend::fill_state_random(uint8_t* p, size_t bytes, uint64_t seed) {
     fill_random_bf16(reinterpret_cast<float*>(p), static_cast<int64_t>(bytes / sizeof(float)), seed);
+    // The entries are packed: random bytes become valid codes and scales (whole pages only).
+    const int64_t n_pages = static_cast<int64_t>(bytes / layout_.page_bytes);
+    for (const auto& L : layout_.layers)
+        for (const StateSection* sec : {&L.window, &L.comp, &L.index_k})
+            if (sec->present())
+                sanitize_entries(p, n_pages, static_cast<int64_t>(layout_.page_bytes), static_cast<int64_t>(sec->offset),
+                                 sec->entries_per_page, sec->format);
     PG_CUDA(cudaDeviceSynchronize());
 }
 

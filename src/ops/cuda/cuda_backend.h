@@ -29,7 +29,8 @@ struct CudaScratch : StepScratch {
     // Compressed-entry selection of the most recent index source: [T, k] (-1: none) and counts [T].
     std::shared_ptr<void> topk, topk_count;
     int topk_k = 0;
-    // Level-1 candidate mask of the candidate source: [T, mask_stride] and its width per row.
+    // Level-1 candidate mask of the candidate source: [T, mask_stride] bytes (a bit per candidate block) and its
+    // width per row.
     std::shared_ptr<void> mask, mask_width;
     int64_t mask_stride = 0;
     // Numerics::Fast: the step's page tables on the device (uploaded by the first attention layer).
@@ -41,14 +42,19 @@ enum class EngramPlacement { Device, Host };
 
 class CudaBackend : public Backend {
 public:
-    CudaBackend(const ModelConfig& cfg, const StateLayout& layout, EngramPlacement engram = EngramPlacement::Device);
+    CudaBackend(const ModelConfig& cfg, const StateLayout& layout, EngramPlacement engram = EngramPlacement::Device,
+                int gpu = 0);
     ~CudaBackend() override;
     std::string name() const override { return "cuda"; }
 
     std::unique_ptr<StepScratch> begin_step(const ForwardBatch& batch) override;
+    void bind_thread() override;
     uint8_t* alloc_state(size_t bytes) override;
     void free_state(uint8_t* p) override;
     void read_state(const uint8_t* src, size_t bytes, void* dst) override;
+    // The carry lives in device memory (SeqState::backend_carry): a fresh one is uploaded, a restored one
+    // copied from the page snapshot on the device.
+    void load_carry(SeqState& s, const uint8_t* snapshot, size_t bytes) override;
     Tensor first_stream_mix(int T) override;
     Tensor gather_rows(const Tensor& x, const std::vector<int>& rows) override;
     Tensor embed(const Tensor& table, const std::vector<int32_t>& ids) override;
@@ -62,6 +68,11 @@ public:
     Tensor attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info, ForwardBatch& batch,
                      StepScratch& scratch) override;
     Tensor moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) override;
+    MoeRoute moe_route(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) override;
+    Tensor moe_experts(const Tensor& xp, const MoEWeight& w, const Tensor& experts, const Tensor& weights) override;
+    Tensor moe_combine(const Tensor& x, const MoEWeight& w, const Tensor& ye, const Tensor& experts) override;
+    Tensor to_host_copy(const Tensor& t) override;
+    Tensor from_host_copy(const Tensor& host) override;
     Tensor concat_cols(const std::vector<Tensor>& parts) override;
     void store_window_kv(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                          ForwardBatch& batch) override;
@@ -82,7 +93,28 @@ public:
     void set_profiling(bool on) { profiling_ = on; }
     std::map<std::string, double> profile();
     // Routes row t's slot k to expert (t*K + k) % E: every expert equally loaded (router still computed).
-    void set_balanced_routing(bool on) { balanced_routing_ = on; }
+    void set_balanced_routing(bool on);
+    // Bound on the indexer's score matrix per chunk of query rows (default 256 MiB); tests shrink it to check
+    // that the chunking changes nothing.
+    void set_index_score_bytes(int64_t bytes) { index_score_bytes_ = bytes; }
+    // CUDA graphs (env PEREGRINE_CUDA_GRAPHS=1 at construction, or this call): a layer's MoE block at a batch
+    // of graph_bucket() rows (decode sizes) is captured into a graph after one eager run at that size and
+    // replayed from then on (cuda_graphs.cpp). Same kernels on the same inputs: results are bit-identical.
+    // Each graph keeps its temporaries' memory, hence the buckets: 1-8, 12, 16, 24, 32 rows.
+    static bool graph_bucket(int64_t rows) {
+        return (rows >= 1 && rows <= 8) || rows == 12 || rows == 16 || rows == 24 || rows == 32;
+    }
+    void set_graphs(bool on);
+    bool graphs() const { return graphs_; }
+    // Wall milliseconds the host spent waiting for results (the logits copy) since the last call.
+    double take_host_wait_ms() {
+        const double ms = host_wait_ms_;
+        host_wait_ms_ = 0;
+        return ms;
+    }
+    // Graph replays / captures so far (tests, benchmarks).
+    int64_t graph_replays() const { return graph_replays_; }
+    int64_t graph_captures() const { return graph_captures_; }
     // Fills state-page memory with bf16-valued floats in [-1, 1) (a cached context without its prefill).
     void fill_state_random(uint8_t* p, size_t bytes, uint64_t seed);
     // Device-to-device copy bandwidth, bytes read plus written per second (GB/s).
@@ -93,8 +125,9 @@ public:
     // Host <-> device copies of F32/any tensors (tests, tools).
     static Tensor to_device(const Tensor& host);
     static Tensor to_host(const Tensor& dev);
-    // The same into reused page-locked memory (results copied back every step).
-    static Tensor to_host_pinned(const Tensor& dev);
+    // The same into reused page-locked memory (results copied back every step); *wait_ms (if given) adds the
+    // wall time spent waiting for the device.
+    static Tensor to_host_pinned(const Tensor& dev, double* wait_ms = nullptr);
     // Uninitialised device tensor.
     static Tensor empty(DType dtype, std::vector<int64_t> shape);
     template <typename T>
@@ -107,7 +140,9 @@ private:
         void* start;
         void* stop;
     };
+    int gpu_ = 0;
     bool profiling_ = false, balanced_routing_ = false;
+    int64_t index_score_bytes_ = int64_t{256} << 20;
     int depth_ = 0, open_phase_ = -1;
     std::vector<TimedEvent> events_;
     // Ends the current phase of the outermost op (if any) and starts `name`.
@@ -120,11 +155,33 @@ private:
     // Inverse RoPE of the attention output (in place), grouped wo_a (bf16), wo_b.
     Tensor project_output(Tensor& o, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
 
+    // Sequence s's carry in device memory (created from its host carry if the model did not load one); the
+    // caller advances it.
+    float* device_carry(SeqState& s);
+    // MoE on device ids (moe() uploads them); writes out [T, dim].
+    void moe_body(const Tensor& x, const MoEWeight& w, const int32_t* ids_d, Tensor& out);
+    // The MoE block through its graph (captured on the second call at this layer and size); false: run it
+    // eagerly (first call, or capture not possible).
+    bool moe_graph(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids, Tensor& out);
+    // Destroys every graph (after the device is idle).
+    void drop_graphs();
+    struct MoeGraph;
+    bool graphs_ = false;
+    double host_wait_ms_ = 0;
+    int64_t graph_replays_ = 0, graph_captures_ = 0;
+    std::map<std::pair<const void*, int64_t>, std::shared_ptr<MoeGraph>> moe_graphs_;
+    void* graph_scratch_[2] = {nullptr, nullptr};  // the GEMV scratch the graphs were captured with
     struct Emitted;  // compressor output
     Emitted run_compressor(const CompressorWeight& cw, size_t carry_offset, const Tensor& x, ForwardBatch& batch);
 
     const void* dev_raw(const Tensor& t);    // the stored bytes, uploaded once
     const float* dev_f32(const Tensor& t);   // a BF16/F32 parameter as floats, uploaded once
+    const double* dev_f64(const Tensor& t);  // the same widened to double once (the FP64 GEMM's operand)
+    // Mixing coefficients (hc_mixes / hc_head) by numerics and size: exact kernel, small-T kernels,
+    // or the FP64 GEMM.
+    void run_hc_mixes(const Tensor& h, const Tensor& fn, int n_mix, const Tensor& base, const Tensor& scale, int iters,
+                      int mode, float* pre, float* post, float* comb);
+    bool hc_small_ = true;             // PEREGRINE_HC_SMALL=0: the FP64 GEMM path at every size (A/B)
     LinearDev dev_linear(const LinearWeight& w);
     const float* rope_freqs(const AttentionLayerInfo& info);
     const float* engram_weight(const EngramWeight& w);
@@ -149,15 +206,20 @@ private:
     struct ExpertTables {
         std::shared_ptr<void> keep;
         ExpertTable w1, w2, w3;
+        const ExpertWeight* first = nullptr;  // the first expert held (formats and shapes)
         bool aligned16 = false;  // every weight and scale array 16-byte aligned (vector and cp.async loads)
     };
     const ExpertTables& expert_tables(const MoEWeight& w);
+    MoeRoute route_rows(const Tensor& x, const MoEWeight& w, const int32_t* ids_d);
+    Tensor routed_experts(const Tensor& x, int64_t pairs, int per_row, const MoEWeight& w, const int32_t* sel,
+                          const float* wsel);
+    void combine_into(const Tensor& x, const MoEWeight& w, const Tensor& ye, const int32_t* sel, Tensor& out);
     bool use_grouped_fp4(const ExpertWeight& e0, const ExpertTables& tab, const LinearRouting& r);
 
     ModelConfig cfg_;
     StateLayout layout_;
     EngramPlacement engram_placement_;
-    std::unordered_map<const void*, std::shared_ptr<void>> raw_, f32_, engram_w_;
+    std::unordered_map<const void*, std::shared_ptr<void>> raw_, f32_, f64_, engram_w_;
     std::unordered_map<const void*, ExpertTables> experts_;
     std::map<std::pair<double, bool>, std::shared_ptr<void>> ropes_;
     std::vector<void*> pinned_;  // host-placed engram tables

@@ -32,20 +32,20 @@ Tensor CudaBackend::concat_cols(const std::vector<Tensor>& parts) {
 void CudaBackend::store_window_kv(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                                   ForwardBatch& batch) {
     OpTimer op_(*this, "store_window_kv");
-    const int T = batch.rows(), D = cfg_.head_dim;
+    const int T = batch.rows();
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
     std::vector<int64_t> pos(static_cast<size_t>(T));
-    std::vector<float*> dst(static_cast<size_t>(T));
+    std::vector<uint8_t*> dst(static_cast<size_t>(T));
     for (auto& s : batch.seqs)
         for (int i = 0; i < s.n_tokens; ++i) {
             const size_t r = static_cast<size_t>(s.row0 + i);
             pos[r] = s.start_pos + i;
-            dst[r] = layout_.entry<float>(s.state->pool, s.state->pages, L.window, pos[r]);
+            dst[r] = layout_.entry<uint8_t>(s.state->pool, s.state->pages, L.window, pos[r]);
         }
     auto pos_d = upload(pos);
     Tensor kv = window_kv(x, w, rope_freqs(info), pos_d.ptr, T);
     auto dst_d = upload(dst);
-    store_rows(kv.f32(), T, D, dst_d.ptr);
+    store_entries(kv.f32(), T, L.window.format, dst_d.ptr);
 }
 
 Tensor CudaBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
@@ -60,22 +60,35 @@ Tensor CudaBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, 
     Tensor q = project_queries(qr, w, freqs, pos_d.ptr, B);
     Tensor kv = window_kv(x, w, freqs, pos_d.ptr, B);
     // Keys (the same for every block row): the window ring listed by slot (slot j holds the latest position
-    // <= pos with position % W == j), then every block token.
+    // <= pos with position % W == j), then every block token (packed into window entries of a scratch, so that
+    // every key is read the same way).
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
-    std::vector<const float*> keys;
+    const EntryFormat& f = L.window.format;
+    auto block = device_alloc(static_cast<size_t>(B) * static_cast<size_t>(f.bytes));
+    std::vector<uint8_t*> block_entries;
+    std::vector<const uint8_t*> keys;
     for (int64_t j = 0; j < std::min<int64_t>(W, pos + 1); ++j) {
         const int64_t p = pos - ((pos - j) % W + W) % W;
-        keys.push_back(layout_.entry<float>(state.pool, state.pages, L.window, p));
+        keys.push_back(layout_.entry<uint8_t>(state.pool, state.pages, L.window, p));
     }
-    for (int i = 0; i < B; ++i) keys.push_back(kv.f32() + static_cast<int64_t>(i) * D);
+    for (int i = 0; i < B; ++i) {
+        block_entries.push_back(static_cast<uint8_t*>(block.get()) + static_cast<size_t>(i) * static_cast<size_t>(f.bytes));
+        keys.push_back(block_entries.back());
+    }
+    auto block_d = upload(block_entries);
+    store_entries(kv.f32(), B, f, block_d.ptr);
     const int n = static_cast<int>(keys.size());
-    std::vector<const float*> all;
+    std::vector<const uint8_t*> all;
     for (int i = 0; i < B; ++i) all.insert(all.end(), keys.begin(), keys.end());
     auto keys_d = upload(all);
     auto nkeys_d = upload(std::vector<int32_t>(static_cast<size_t>(B), n));
+    KeyRefs kr;
+    kr.keys = keys_d.ptr;
+    kr.nkeys = nkeys_d.ptr;
+    kr.maxk = n;
+    kr.win = kr.comp = f;
     Tensor o = empty(DType::F32, {B, H, D});
-    sparse_attention(q.f32(), B, H, D, static_cast<float>(std::pow(D, -0.5)), dev_f32(w.attn_sink), keys_d.ptr,
-                     nkeys_d.ptr, n, o.f32());
+    sparse_attention(q.f32(), B, H, D, static_cast<float>(std::pow(D, -0.5)), dev_f32(w.attn_sink), kr, o.f32());
     return project_output(o, w, freqs, pos_d.ptr, B);
 }
 

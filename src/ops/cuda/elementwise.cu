@@ -75,11 +75,6 @@ __global__ void head_norm_kernel(float* x, int64_t n_heads, int D, float eps) {
     for (int c = 0; c < D; ++c) q[c] = round_bf16(q[c] * r);
 }
 
-__global__ void store_rows_kernel(const float* src, int64_t rows, int width, float* const* dst) {
-    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    if (i >= rows * width) return;
-    dst[i / width][i % width] = src[i];
-}
 
 __global__ void scale_round_kernel(float* x, int64_t n, float s) {
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -133,11 +128,6 @@ void head_norm_bf16(float* x, int64_t n_heads, int D, float eps) {
     PG_LAUNCHED();
 }
 
-void store_rows(const float* src, int64_t rows, int width, float* const* dst) {
-    if (rows * width == 0) return;
-    store_rows_kernel<<<blocks_for(rows * width), kThreads>>>(src, rows, width, dst);
-    PG_LAUNCHED();
-}
 
 void scale_round_bf16(float* x, int64_t n, float s) {
     if (n == 0) return;

@@ -34,29 +34,36 @@ namespace {
 // Streaming scorer.
 constexpr int kStreamThreads = 128, kStreamMaxDim = 128;  // ~170 registers: 3 CTAs per SM overlap loads and math
 
-__device__ __forceinline__ void load_key(const float* p, int hd, float (&k)[kStreamMaxDim]) {
-    if ((reinterpret_cast<uintptr_t>(p) & 15u) == 0 && (hd & 3) == 0) {
-        const float4* p4 = reinterpret_cast<const float4*>(p);
+// The key's values decoded from its packed entry: the indexer's fp4 keys of 128 (ue8m0 per 32) as four 16-byte
+// code loads and one word of scales; any other format value by value.
+__device__ __forceinline__ void load_key(const uint8_t* p, const EntryFormat& kf, float (&k)[kStreamMaxDim]) {
+    if (kf.kind == kEntryFp4Ue8m0 && kf.dim == 128 && kf.block == 32 && kf.scale_offset == 64 &&
+        (reinterpret_cast<uintptr_t>(p) & 15u) == 0) {
+        const uint4* p4 = reinterpret_cast<const uint4*>(p);
+        const uint32_t sw = __ldg(reinterpret_cast<const uint32_t*>(p + 64));
 #pragma unroll
-        for (int c = 0; c < kStreamMaxDim / 4; ++c)
-            if (4 * c < hd) {
-                const float4 v = __ldg(p4 + c);
-                k[4 * c] = v.x;
-                k[4 * c + 1] = v.y;
-                k[4 * c + 2] = v.z;
-                k[4 * c + 3] = v.w;
-            }
+        for (int q = 0; q < 4; ++q) {  // 16 bytes = 32 values = one scale block
+            const uint4 v = __ldg(p4 + q);
+            const float s = sf_ue8m0(static_cast<uint8_t>(sw >> (8 * q)));
+            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int n = 0; n < 8; ++n)
+                    k[32 * q + 8 * i + n] = sf_e2m1(static_cast<uint8_t>((w[i] >> (4 * n)) & 15u)) * s;
+        }
     } else {
 #pragma unroll
         for (int c = 0; c < kStreamMaxDim; ++c)
-            if (c < hd) k[c] = __ldg(p + c);
+            if (c < kf.dim) k[c] = entry_value(kf, p, c);
     }
 }
 
 // Grid: x over keys, y over the listed rows. Shared: the row's queries [nh, hd] then its weights [nh].
 __global__ void __launch_bounds__(kStreamThreads) index_stream_kernel(
     const float* iq, const float* wts, const int32_t* row_list, int n_rows, int nh, int hd, const int64_t* width,
-    const int64_t* visible, const int64_t* keybase, const float* const* keys, int64_t stride, float* scores) {
+    const int64_t* visible, const int64_t* keybase, const uint8_t* const* keys, EntryFormat kf, int64_t stride,
+    float* scores) {
     extern __shared__ float4 stream_smem[];
     float* qs = reinterpret_cast<float*>(stream_smem);
     float* ws = qs + nh * hd;
@@ -72,7 +79,7 @@ __global__ void __launch_bounds__(kStreamThreads) index_stream_kernel(
             float out = -INFINITY;
             if (j < lim) {
                 float k[kStreamMaxDim];
-                load_key(keys[keybase[t] + j], hd, k);
+                load_key(keys[keybase[t] + j], kf, k);
                 float acc = 0.0f;
                 for (int h = 0; h < nh; ++h) {
                     const float* q = qs + h * hd;
@@ -256,10 +263,11 @@ __global__ void to_bf16_kernel(const float* x, int64_t n, __nv_bfloat16* y) {
     if (i < n) y[i] = __float2bfloat16_rn(x[i]);
 }
 
-__global__ void gather_keys_kernel(const float* const* keys, int64_t n, int hd, __nv_bfloat16* out) {
+__global__ void gather_keys_kernel(const uint8_t* const* keys, int64_t n, EntryFormat kf, __nv_bfloat16* out) {
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    const int hd = kf.dim;
     if (i >= n * hd) return;
-    out[i] = __float2bfloat16_rn(keys[i / hd][i % hd]);
+    out[i] = __float2bfloat16_rn(entry_value(kf, keys[i / hd], static_cast<int>(i % hd)));
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -412,27 +420,26 @@ __global__ void __launch_bounds__(kSelThreads) topk_fast_kernel(const float* sco
 __global__ void __launch_bounds__(kSelThreads) candidate_fast_kernel(const float* scores, int64_t stride,
                                                                      const int64_t* width, const int64_t* visible,
                                                                      int bs, int topb, float* bscore, int32_t* bsel,
-                                                                     int64_t bstride, uint8_t* mask) {
+                                                                     int64_t bstride, uint8_t* mask, int64_t mstride) {
     const int64_t t = blockIdx.x;
     const int64_t w = width[t], vis = visible[t];
     if (w == 0) return;
     const int64_t nb = (w + bs - 1) / bs, last = vis >= 1 ? (vis - 1) / bs : -1;
     float* bsr = bscore + t * bstride;
     int32_t* sel = bsel + t * bstride;
-    uint8_t* mr = mask + t * stride;
+    uint8_t* mr = mask + t * mstride;
     const float* sr = scores + t * stride;
     for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) {
         float m = -INFINITY;
         for (int64_t j = b * bs; j < min(w, (b + 1) * bs); ++j) m = fmaxf(m, sr[j]);
         bsr[b] = b == last ? INFINITY : m;
     }
-    for (int64_t j = threadIdx.x; j < w; j += blockDim.x) mr[j] = 0;
+    for (int64_t j = threadIdx.x; j < (nb + 31) / 32; j += blockDim.x) reinterpret_cast<unsigned int*>(mr)[j] = 0u;
     __syncthreads();
     const int kk = select_stream(bsr, nb, topb, sel);
     for (int i = threadIdx.x; i < kk; i += blockDim.x) {
         const int64_t b = sel[i];
-        if (bsr[b] > -INFINITY)
-            for (int64_t j = b * bs; j < min(w, (b + 1) * bs); ++j) mr[j] = 1;
+        if (bsr[b] > -INFINITY) atomicOr(reinterpret_cast<unsigned int*>(mr) + b / 32, 1u << (b % 32));
     }
 }
 
@@ -444,14 +451,14 @@ bool index_scores_stream_supported(int nh, int hd) {
 
 void index_scores_stream(const float* iq, const float* wts, const int32_t* row_list, int n_rows, int nh, int hd,
                          const int64_t* width, const int64_t* visible, const int64_t* keybase,
-                         const float* const* keys, int64_t stride, float* scores) {
+                         const uint8_t* const* keys, const EntryFormat& kf, int64_t stride, float* scores) {
     if (n_rows == 0 || stride == 0) return;
-    if (!index_scores_stream_supported(nh, hd))
+    if (!index_scores_stream_supported(nh, hd) || kf.dim != hd)
         cuda_fail(cudaErrorInvalidValue, "index_scores_stream: unsupported head shape", __FILE__, __LINE__);
     const dim3 grid(blocks_for(stride, kStreamThreads), static_cast<unsigned>(std::min(n_rows, 65535)));
     const size_t smem = sizeof(float) * static_cast<size_t>(nh) * (hd + 1);
     index_stream_kernel<<<grid, kStreamThreads, smem>>>(iq, wts, row_list, n_rows, nh, hd, width, visible, keybase,
-                                                        keys, stride, scores);
+                                                        keys, kf, stride, scores);
     PG_LAUNCHED();
 }
 
@@ -481,9 +488,9 @@ void to_bf16(const float* x, int64_t n, uint16_t* y) {
     PG_LAUNCHED();
 }
 
-void gather_keys_bf16(const float* const* keys, int64_t n, int hd, uint16_t* out) {
-    if (n * hd == 0) return;
-    gather_keys_kernel<<<blocks_for(n * hd), kThreads>>>(keys, n, hd, reinterpret_cast<__nv_bfloat16*>(out));
+void gather_keys_bf16(const uint8_t* const* keys, int64_t n, const EntryFormat& kf, uint16_t* out) {
+    if (n * kf.dim == 0) return;
+    gather_keys_kernel<<<blocks_for(n * kf.dim), kThreads>>>(keys, n, kf, reinterpret_cast<__nv_bfloat16*>(out));
     PG_LAUNCHED();
 }
 
@@ -499,10 +506,11 @@ void topk_rows_fast(const float* scores, int64_t T, int64_t stride, const int64_
 
 void candidate_blocks_fast(const float* scores, int64_t T, int64_t stride, const int64_t* width,
                            const int64_t* visible, int bs, int topb, float* bscore, int32_t* bsel, int64_t bstride,
-                           uint8_t* mask) {
+                           uint8_t* mask, int64_t mask_stride) {
     if (T == 0) return;
+    if (mask_stride % 4 != 0) cuda_fail(cudaErrorInvalidValue, "candidate_blocks_fast: mask rows must be words", __FILE__, __LINE__);
     candidate_fast_kernel<<<static_cast<unsigned>(T), kSelThreads>>>(scores, stride, width, visible, bs, topb, bscore,
-                                                                     bsel, bstride, mask);
+                                                                     bsel, bstride, mask, mask_stride);
     PG_LAUNCHED();
 }
 

@@ -4,6 +4,7 @@
 // step for step, with double accumulation where the reference sums exactly; the fast ones (marked
 // Numerics::Fast) keep its rounding points and sum in fp32 in their own order.
 #include "ops/cuda/paged_address.h"
+#include "ops/state_format.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -74,7 +75,8 @@ void grouped_linear_cublas(const float* x, int64_t T, int G, int R, int GD, cons
 // says which is in use.
 void linear_cublas_use_grouped(bool on);
 // y[M, N] = x[M, K] w[N, K]^T in double (exact products of the fp32 inputs, double sums), rounded to fp32.
-void gemm_f64(const float* x, int64_t M, int K, const float* w, int N, float* y);
+// w_f64: w already widened to double (null: widened per call into scratch).
+void gemm_f64(const float* x, int64_t M, int K, const float* w, int N, float* y, const double* w_f64 = nullptr);
 bool linear_cublas_grouped();
 // Why the grouped call was turned off (cuBLAS status string), "" while it is in use or untried.
 std::string linear_cublas_grouped_error();
@@ -100,6 +102,18 @@ void hc_mixes(const float* h, int64_t T, int hc, int D, const float* fn, int n_m
 void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
                    const float* scale, float eps, float hc_eps, int sinkhorn_iters, int mode, float* pre, float* post,
                    float* comb);
+// The same with fn already widened to double (fn_f64, kept by the caller) instead of widened per call.
+void hc_mixes_fast_wide(const float* h, int64_t T, int hc, int D, const float* fn, const double* fn_f64, int n_mix,
+                        const float* base, const float* scale, float eps, float hc_eps, int sinkhorn_iters, int mode,
+                        float* pre, float* post, float* comb);
+// Numerics::Fast at decode sizes (T <= 64): the same mixes (exact products, double sums in a fixed order of
+// their own) and finish in two launches (column-sliced partial sums, then a block per token).
+// workspace: hc_mixes_small_workspace() bytes.
+bool hc_mixes_small_supported(int64_t T, int n_mix);
+size_t hc_mixes_small_workspace(int64_t T, int hc, int D, int n_mix);
+void hc_mixes_small(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
+                    const float* scale, float eps, float hc_eps, int sinkhorn_iters, int mode, float* pre, float* post,
+                    float* comb, void* workspace);
 void hc_collapse(const float* h, const float* pre, int64_t T, int hc, int D, float* y);
 void hc_expand(const float* y, const float* residual, const float* post, const float* comb, int64_t T, int hc, int D,
                float* out);
@@ -122,8 +136,19 @@ void qdq_rows(float* x, int64_t rows, int64_t rs, int n, int block, int kind);
 void hadamard_rows(float* x, int64_t rows, int64_t rs, int n);
 // V4: unweighted per-head RMS norm in bf16 arithmetic, for rows x heads heads of width D.
 void head_norm_bf16(float* x, int64_t n_heads, int D, float eps);
-// dst[r][0..width) = src[r * width ..]
-void store_rows(const float* src, int64_t rows, int width, float* const* dst);
+
+// ---- state_entries.cu: state entries in their packed formats (ops/state_format.h)
+// Row r of src [rows, f.dim] (QDQ'd values) encoded into the entry at dst[r]. A value the format cannot hold
+// exactly (never for QDQ'd values) is counted in state_encode_failures().
+void store_entries(const float* src, int64_t rows, const EntryFormat& f, uint8_t* const* dst);
+// out[r, :] = the values of entry src[r] (fp32), for r < rows; null entries give zeros.
+void load_entries(const uint8_t* const* src, int64_t rows, const EntryFormat& f, float* out);
+// Entries that did not hold their values exactly since the last call (synchronises), and resets the count.
+uint64_t state_encode_failures();
+// Makes random bytes valid entries of `f` (finite codes, moderate scales and bf16 values): entries
+// [0, per_page) at `offset` of each of n_pages pages of page_bytes (the benchmark's synthetic state).
+void sanitize_entries(uint8_t* pool, int64_t n_pages, int64_t page_bytes, int64_t offset, int per_page,
+                      const EntryFormat& f);
 void scale_round_bf16(float* x, int64_t n, float s);
 void fill_random_bf16(float* x, int64_t n, uint64_t seed);
 
@@ -147,35 +172,52 @@ void compressor_seq(const CompressorArgs& a);
 // fields of `a` are ignored: seq[6 s ..] = (start_pos, n_tokens, row0, emit_base, state offset in floats,
 // first snapshot slot).
 void compressor_batch(const CompressorArgs& a, int n_seqs, const int64_t* seq);
-// scores[t, j] for j < width[t] (j >= visible[t]: -inf); keys[keybase[t] + j] are indexer keys.
+// scores[t, j] for j < width[t] (j >= visible[t]: -inf); keys[keybase[t] + j] are indexer keys in format kf.
 void index_scores(const float* iq, const float* wts, int64_t T, int nh, int hd, const int64_t* width,
-                  const int64_t* visible, const int64_t* keybase, const float* const* keys, int64_t stride,
-                  float* scores);
-// V4.1 level 1: per row, the best `topb` blocks of `bs` entries (the last visible block forced in) -> mask.
+                  const int64_t* visible, const int64_t* keybase, const uint8_t* const* keys, const EntryFormat& kf,
+                  int64_t stride, float* scores);
+// V4.1 level 1: per row, the best `topb` blocks of `bs` entries (the last visible block forced in) -> mask:
+// one bit per block (bit b % 8 of byte b / 8 of the row's mask_stride bytes), set for the chosen blocks.
 void candidate_blocks(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible,
-                      int bs, int topb, float* bscore, int32_t* bsel, int64_t bstride, uint8_t* mask);
+                      int bs, int topb, float* bscore, int32_t* bsel, int64_t bstride, uint8_t* mask,
+                      int64_t mask_stride);
+// scores[t, j] = -inf unless j < mask_width[t] and the bit of j's block (j / bs) is set.
 void apply_candidates(float* scores, int64_t T, int64_t stride, const int64_t* width, const uint8_t* mask,
-                      const int64_t* mask_width, int64_t mask_stride);
+                      const int64_t* mask_width, int64_t mask_stride, int bs);
+// Bytes per row of a candidate mask (whole 32-bit words).
+inline int64_t candidate_mask_stride(int64_t width, int bs) { return ((width + bs - 1) / bs + 31) / 32 * 4; }
 // Top-k of each row (ties to the lower index; radix select), descending or sorted by index; entries >=
 // visible -> -1. tmp: [T, k]. count[t] = min(k, width[t]); out[t, count[t]..k) is left unwritten.
 void topk_rows(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible, int k,
                bool ascending, int32_t* tmp, int32_t* out, int32_t* count);
 // keys[t, :] = first nwin[t] window addresses, then comp_addr[compbase[t] + sel[t, i]] for i < nsel[t].
-void build_keys(int64_t T, const float* const* win, const int32_t* nwin, int W, const int32_t* sel,
-                const int32_t* nsel, int kmax, const float* const* comp_addr, const int64_t* compbase,
-                const float** keys, int32_t* nkeys, int maxk);
+void build_keys(int64_t T, const uint8_t* const* win, const int32_t* nwin, int W, const int32_t* sel,
+                const int32_t* nsel, int kmax, const uint8_t* const* comp_addr, const int64_t* compbase,
+                const uint8_t** keys, int32_t* nkeys, int maxk);
+// The key list of each query row for the attention kernels: keys[t * maxk + i] (null: masked) for
+// i < nkeys[t]; the first nwin[t] are window entries (format win), the rest compressed entries (format comp).
+// nwin null: every key is a window entry.
+struct KeyRefs {
+    const uint8_t* const* keys = nullptr;
+    const int32_t* nkeys = nullptr;
+    const int32_t* nwin = nullptr;
+    int maxk = 0;
+    EntryFormat win, comp;
+};
 // fast: the per-block softmax on a warp instead of one thread (same result).
-void sparse_attention(const float* q, int64_t T, int H, int D, float scale, const float* sink, const float* const* keys,
-                      const int32_t* nkeys, int maxk, float* out, bool fast = false);
+void sparse_attention(const float* q, int64_t T, int H, int D, float scale, const float* sink, const KeyRefs& keys,
+                      float* out, bool fast = false);
 
 // ---- sparse_attention_mma.cu (Numerics::Fast): sparse_attention on the tensor cores (bf16 operands, exact for
 // the bf16 queries and fp8/fp4-dequantised keys; fp32 sums in another order, see the file). Needs D == 512
 // and H a multiple of 64. Few queries split their keys over several CTAs: that needs
 // sparse_attention_mma_workspace() bytes of device memory (0: none).
-bool sparse_attention_mma_supported(int H, int D);
+// The key formats it reads directly: fp8 (codes in whole 32-value pieces, a scale per 8..512 values, bf16
+// tail) and fp4 with 16- or 32-value scale blocks.
+bool sparse_attention_mma_supported(int H, int D, const EntryFormat& win, const EntryFormat& comp);
 size_t sparse_attention_mma_workspace(int64_t T, int H, int D, int maxk);
 void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, const float* sink,
-                          const float* const* keys, const int32_t* nkeys, int maxk, float* out, void* workspace);
+                          const KeyRefs& keys, float* out, void* workspace);
 // ---- paged_tables.cu (Numerics::Fast): entry addresses worked out on the device from the step's page tables
 // (StateLayout::entry), so the host uploads page tables (one id per page) instead of one address per entry.
 struct PagedSeqs {
@@ -189,13 +231,15 @@ struct PagedSeqs {
 // table[seq_base[s] + j] = address of entry j of sequence s for j < (start_pos + n_tokens) / ratio (sequences
 // with no tokens this step are skipped); max_entries bounds those counts.
 void paged_entry_table(const PagedSeqs& p, const PagedSection& sec, int ratio, const int64_t* seq_base,
-                       int64_t max_entries, const float** table);
+                       int64_t max_entries, const uint8_t** table);
 // Per row: its window keys' addresses in window_list's order (null: none; nulls beyond the count too) and
 // their count, for T rows and a window of W.
-void paged_window_table(const PagedSeqs& p, const PagedSection& sec, int64_t T, int W, bool v41, const float** win,
+void paged_window_table(const PagedSeqs& p, const PagedSection& sec, int64_t T, int W, bool v41, const uint8_t** win,
                         int32_t* nwin);
-// Row t of src [T, width] into entry row_pos[t] of `sec` of its sequence (StateLayout::entry(.., pos)).
-void paged_store_rows(const float* src, int64_t T, int width, const PagedSeqs& p, const PagedSection& sec);
+// Row t of src [T, f.dim] encoded into entry row_pos[t] of `sec` of its sequence (StateLayout::entry(.., pos));
+// in state_entries.cu.
+void paged_store_entries(const float* src, int64_t T, const EntryFormat& f, const PagedSeqs& p,
+                         const PagedSection& sec);
 // V4 HCA's selection, as the host lists it: per row count[t] (a one-shot prefill: (start_pos + n_tokens) /
 // ratio, else (pos + 1) / ratio) and list[t, j] = j if visible else -1, padded with -1 to kmax.
 void paged_all_entries(const PagedSeqs& p, int ratio, int64_t T, int kmax, int32_t* list, int32_t* counts);
@@ -205,20 +249,20 @@ bool index_scores_stream_supported(int nh, int hd);
 // Rows row_list[0..n_rows) (null: rows 0..n_rows) against their keys, one thread per (row, key).
 void index_scores_stream(const float* iq, const float* wts, const int32_t* row_list, int n_rows, int nh, int hd,
                          const int64_t* width, const int64_t* visible, const int64_t* keybase,
-                         const float* const* keys, int64_t stride, float* scores);
+                         const uint8_t* const* keys, const EntryFormat& kf, int64_t stride, float* scores);
 bool index_scores_mma_supported(int nh, int hd);
 // Tensor-core scoring of query tiles that share their keys: tiles [n_tiles][4] int64 = (first row, rows
 // <= 64, first key in kb, keys of the sequence); qb bf16 [T, nh, 128]; kb bf16 [*, 128].
 void index_scores_mma(const uint16_t* qb, const float* wts, int nh, const int64_t* tiles, int n_tiles,
                       const uint16_t* kb, const int64_t* visible, int64_t stride, float* scores);
 void to_bf16(const float* x, int64_t n, uint16_t* y);
-// out[i, :] = bf16(keys[i][0..hd)) for i < n.
-void gather_keys_bf16(const float* const* keys, int64_t n, int hd, uint16_t* out);
+// out[i, :] = bf16 of the values of entry keys[i] (format kf, kf.dim values) for i < n.
+void gather_keys_bf16(const uint8_t* const* keys, int64_t n, const EntryFormat& kf, uint16_t* out);
 void topk_rows_fast(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible,
                     int k, bool ascending, int32_t* tmp, int32_t* out, int32_t* count);
 void candidate_blocks_fast(const float* scores, int64_t T, int64_t stride, const int64_t* width,
                            const int64_t* visible, int bs, int topb, float* bscore, int32_t* bsel, int64_t bstride,
-                           uint8_t* mask);
+                           uint8_t* mask, int64_t mask_stride);
 
 // ---- moe_kernels.cu
 void route(const float* logits, int64_t T, int E, int K, int score_func, const float* bias, const int64_t* tid2eid,

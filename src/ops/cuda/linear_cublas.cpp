@@ -15,6 +15,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -31,7 +32,7 @@ void check(cublasStatus_t s, const char* what) {
     if (s != CUBLAS_STATUS_SUCCESS) fail("cuBLAS {} failed: {}", what, cublasGetStatusString(s));
 }
 
-// Device memory on the backend's stream (0) that only grows; stream order keeps reuse safe.
+// Device memory on the backend's stream (the per-thread default stream) that only grows; stream order keeps reuse safe.
 struct Scratch {
     void* p = nullptr;
     size_t cap = 0;
@@ -52,7 +53,7 @@ struct Scratch {
     }
 };
 
-// One handle (stream 0, workspace set once) and the scratch buffers; calls are serialised.
+// One handle (the calling thread's default stream, workspace set once) and the scratch buffers; calls are serialised.
 struct Context {
     std::mutex mu;
     cublasHandle_t handle = nullptr;
@@ -64,7 +65,7 @@ struct Context {
     cublasHandle_t get() {
         if (!handle) {
             check(cublasCreate(&handle), "create");
-            check(cublasSetStream(handle, 0), "set stream");
+            check(cublasSetStream(handle, cudaStreamPerThread), "set stream");  // the calling thread's stream
             PG_CUDA(cudaMalloc(&workspace, kWorkspace));
             check(cublasSetWorkspace(handle, workspace, kWorkspace), "set workspace");
             check(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH), "set math mode");  // no TF32
@@ -74,8 +75,15 @@ struct Context {
     }
 };
 
+// One per device (a cuBLAS handle belongs to the device it was created on).
 Context& context() {
-    static Context* c = new Context;  // never destroyed: the CUDA runtime may be gone at exit
+    int dev = 0;
+    PG_CUDA(cudaGetDevice(&dev));
+    static std::mutex mu;
+    static auto* per_device = new std::map<int, Context*>;  // never destroyed: the CUDA runtime may be gone at exit
+    std::lock_guard lk(mu);
+    Context*& c = (*per_device)[dev];
+    if (!c) c = new Context;
     return *c;
 }
 
@@ -282,17 +290,21 @@ void linear_cublas(const float* x, const float* xs, int64_t M, const LinearDev& 
     }
 }
 
-void gemm_f64(const float* x, int64_t M, int K, const float* w, int N, float* y) {
+void gemm_f64(const float* x, int64_t M, int K, const float* w, int N, float* y, const double* w_f64) {
     if (M == 0 || N == 0) return;
     PEREGRINE_CHECK(M <= INT_MAX, "gemm_f64: {} rows", M);
     Context& c = context();
     std::lock_guard<std::mutex> lock(c.mu);
     cublasHandle_t h = c.get();
     double* xd = reinterpret_cast<double*>(c.acts.reserve(sizeof(double) * static_cast<size_t>(M) * K));
-    double* wd = reinterpret_cast<double*>(c.weights.reserve(sizeof(double) * static_cast<size_t>(N) * K));
+    const double* wd = w_f64;
+    if (!wd) {
+        double* wide = reinterpret_cast<double*>(c.weights.reserve(sizeof(double) * static_cast<size_t>(N) * K));
+        cublas_prep::widen_f64(w, static_cast<int64_t>(N) * K, wide);
+        wd = wide;
+    }
     double* yd = reinterpret_cast<double*>(c.outs.reserve(sizeof(double) * static_cast<size_t>(M) * N));
     cublas_prep::widen_f64(x, M * K, xd);
-    cublas_prep::widen_f64(w, static_cast<int64_t>(N) * K, wd);
     const double one = 1.0, zero = 0.0;
     check(cublasDgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, N, static_cast<int>(M), K, &one, wd, K, xd, K, &zero, yd, N), "dgemm");
     cublas_prep::narrow_f32(yd, M * N, y);

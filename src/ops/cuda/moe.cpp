@@ -14,15 +14,24 @@
 namespace peregrine::cuda {
 
 const CudaBackend::ExpertTables& CudaBackend::expert_tables(const MoEWeight& w) {
-    const void* key = w.experts.at(0).w1.w.raw();
+    // Experts this rank does not hold (expert parallelism) are empty: null pointers, never routed to here.
+    const ExpertWeight* first = nullptr;
+    for (const ExpertWeight& x : w.experts)
+        if (!x.w1.empty()) {
+            first = &x;
+            break;
+        }
+    PEREGRINE_CHECK(first != nullptr, "a MoE layer holds no expert");
+    const void* key = first->w1.w.raw();
     auto it = experts_.find(key);
     if (it != experts_.end()) return it->second;
     const size_t E = w.experts.size();
-    std::vector<const void*> ptrs(6 * E);
+    std::vector<const void*> ptrs(6 * E, nullptr);
     for (size_t e = 0; e < E; ++e) {
         const ExpertWeight& x = w.experts[e];
+        if (x.w1.empty()) continue;
         for (const LinearWeight* l : {&x.w1, &x.w2, &x.w3})
-            PEREGRINE_CHECK(l->kind == x.w1.kind && l->in == (l == &x.w2 ? w.experts[0].w2.in : w.experts[0].w1.in),
+            PEREGRINE_CHECK(l->kind == first->w1.kind && l->in == (l == &x.w2 ? first->w2.in : first->w1.in),
                             "experts of one layer must share formats and shapes");
         ptrs[e] = dev_raw(x.w1.w);
         ptrs[E + e] = x.w1.scale.empty() ? nullptr : dev_raw(x.w1.scale);
@@ -35,6 +44,7 @@ const CudaBackend::ExpertTables& CudaBackend::expert_tables(const MoEWeight& w) 
     auto p = reinterpret_cast<const void* const*>(d.ptr);
     ExpertTables t;
     t.keep = d.keep;
+    t.first = first;
     t.aligned16 = true;
     for (const void* q : ptrs) t.aligned16 = t.aligned16 && reinterpret_cast<uintptr_t>(q) % 16 == 0;
     t.w1 = {p, reinterpret_cast<const uint8_t* const*>(p + E)};
@@ -55,79 +65,129 @@ bool CudaBackend::use_grouped_fp4(const ExpertWeight& e0, const ExpertTables& ta
            fp4_grouped_supported(dev_linear(e0.w3));
 }
 
-Tensor CudaBackend::moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) {
+// The router over device token ids: [T*K] experts and weights.
+MoeRoute CudaBackend::route_rows(const Tensor& x, const MoEWeight& w, const int32_t* ids_d) {
     const int64_t T = x.dim(0);
-    const int D = cfg_.dim, E = static_cast<int>(w.experts.size()), K = w.top_k;
-    const float limit = static_cast<float>(cfg_.swiglu_limit);
+    const int E = static_cast<int>(w.experts.size()), K = w.top_k;
     int score_func;
     if (cfg_.score_func == "softmax") score_func = 0;
     else if (cfg_.score_func == "sigmoid") score_func = 1;
     else score_func = 2;
-
-    OpTimer op(*this, "moe");
-    // Routing.
     phase("moe.gate");
     Tensor logits = run_linear(x, w.gate);
     phase("moe.route");
-    auto ids_d = upload(ids);
-    auto sel = device_alloc(sizeof(int32_t) * static_cast<size_t>(T * K));
-    Tensor wsel = empty(DType::F32, {T * K});
+    MoeRoute r{empty(DType::I32, {T * K}), empty(DType::F32, {T * K})};
     (numerics_ == Numerics::Fast ? route_fast : route)(logits.f32(), T, E, K, score_func, w.bias.empty() ? nullptr : dev_f32(w.bias),
-          w.tid2eid.empty() ? nullptr : static_cast<const int64_t*>(dev_raw(w.tid2eid)), ids_d.ptr, cfg_.is_v41(),
-          cfg_.norm_topk_prob, static_cast<float>(cfg_.route_scale), balanced_routing_, static_cast<int32_t*>(sel.get()),
-          wsel.f32());
+          w.tid2eid.empty() ? nullptr : static_cast<const int64_t*>(dev_raw(w.tid2eid)), ids_d, cfg_.is_v41(),
+          cfg_.norm_topk_prob, static_cast<float>(cfg_.route_scale), balanced_routing_, r.experts.data<int32_t>(),
+          r.weights.f32());
+    return r;
+}
 
-    // Routed experts over the (row, slot) pairs.
+MoeRoute CudaBackend::moe_route(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) {
+    OpTimer op(*this, "moe");
+    auto ids_d = upload(ids);
+    return route_rows(x, w, ids_d.ptr);
+}
+
+// Routed experts over `pairs` pairs whose rows are x's rows p / per_row (moe(): every token row feeds its
+// top_k pairs; moe_experts(): one row per pair).
+Tensor CudaBackend::routed_experts(const Tensor& x, int64_t pairs, int per_row, const MoEWeight& w, const int32_t* sel,
+                                   const float* wsel) {
     phase("moe.routed_experts");
+    const int D = cfg_.dim, E = static_cast<int>(w.experts.size());
+    const float limit = static_cast<float>(cfg_.swiglu_limit);
+    const int64_t T = x.dim(0);
     const ExpertTables& tab = expert_tables(w);
     Routed routed;
-    routed.row_expert = static_cast<const int*>(sel.get());
-    const int64_t pairs = T * K;
+    routed.row_expert = sel;
     routed.routing.tile_rows = routing_tile_rows(pairs, E);
     routed.routing.max_tiles = static_cast<unsigned>((pairs + routed.routing.tile_rows - 1) / routed.routing.tile_rows + E);
-    auto row_map = device_alloc(sizeof(int32_t) * static_cast<size_t>(pairs));
+    auto row_map = device_alloc(sizeof(int32_t) * static_cast<size_t>(std::max<int64_t>(pairs, 1)));
     auto tiles = device_alloc(sizeof(int32_t) * 4 * routed.routing.max_tiles);
     auto n_tiles = device_alloc(sizeof(int32_t));
-    expert_tiles(static_cast<const int32_t*>(sel.get()), pairs, E, routed.routing.tile_rows,
-                 static_cast<int32_t*>(row_map.get()), static_cast<int32_t*>(tiles.get()), static_cast<int32_t*>(n_tiles.get()));
+    expert_tiles(sel, pairs, E, routed.routing.tile_rows, static_cast<int32_t*>(row_map.get()),
+                 static_cast<int32_t*>(tiles.get()), static_cast<int32_t*>(n_tiles.get()));
     routed.routing.row_map = static_cast<const int32_t*>(row_map.get());
     routed.routing.tiles = static_cast<const int32_t*>(tiles.get());
     routed.routing.n_tiles = static_cast<const int32_t*>(n_tiles.get());
-    const ExpertWeight& e0 = w.experts[0];
+    const ExpertWeight& e0 = *tab.first;
     const int I = e0.w1.out;
-    Tensor ye;
     if (use_grouped_fp4(e0, tab, routed.routing)) {
         // Token rows quantised once (act_quant is per row, so this is every pair row's quantisation), read by
-        // pair p as row p / K.
+        // pair p as row p / per_row.
         const LinearDev d1 = dev_linear(e0.w1), d2 = dev_linear(e0.w2);
         Tensor xq = empty(DType::F32, {T, D}), xs = empty(DType::F32, {T, D / d1.act_block});
         act_quant(x.f32(), T, D, d1.act_block, xq.f32(), xs.f32());
         Tensor a = empty(DType::F32, {pairs, I});
-        fp4_grouped_swiglu(xq.f32(), xs.f32(), pairs, K, E, d1, tab.w1, tab.w3, routed.routing, wsel.f32(), limit,
+        fp4_grouped_swiglu(xq.f32(), xs.f32(), pairs, per_row, E, d1, tab.w1, tab.w3, routed.routing, wsel, limit,
                            a.f32());
         Tensor aq = empty(DType::F32, {pairs, I}), as = empty(DType::F32, {pairs, I / d2.act_block});
         act_quant(a.f32(), pairs, I, d2.act_block, aq.f32(), as.f32());
-        ye = empty(DType::F32, {pairs, D});
+        Tensor ye = empty(DType::F32, {pairs, D});
         fp4_grouped_linear(aq.f32(), as.f32(), pairs, 1, E, d2, tab.w2, routed.routing, ye.f32());
-    } else {
-        Tensor xp = empty(DType::F32, {T * K, D});
-        gather_pairs(x.f32(), T, K, D, xp.f32());
-        Tensor g = run_linear(xp, e0.w1, &tab.w1, &routed), u = run_linear(xp, e0.w3, &tab.w3, &routed);
-        Tensor a = empty(DType::F32, {T * K, I});
-        swiglu(g.f32(), u.f32(), T * K, I, wsel.f32(), limit, a.f32());
-        ye = run_linear(a, e0.w2, &tab.w2, &routed);
+        return ye;
     }
+    Tensor xp = x;
+    if (per_row != 1) {
+        xp = empty(DType::F32, {pairs, D});
+        gather_pairs(x.f32(), T, per_row, D, xp.f32());
+    }
+    Tensor g = run_linear(xp, e0.w1, &tab.w1, &routed), u = run_linear(xp, e0.w3, &tab.w3, &routed);
+    Tensor a = empty(DType::F32, {pairs, I});
+    swiglu(g.f32(), u.f32(), pairs, I, wsel, limit, a.f32());
+    return run_linear(a, e0.w2, &tab.w2, &routed);
+}
 
-    // Shared expert, then the combine.
+Tensor CudaBackend::moe_experts(const Tensor& xp, const MoEWeight& w, const Tensor& experts, const Tensor& weights) {
+    OpTimer op(*this, "moe");
+    if (xp.dim(0) == 0) return empty(DType::F32, {0, cfg_.dim});
+    return routed_experts(xp, xp.dim(0), 1, w, experts.data<int32_t>(), weights.f32());
+}
+
+// Shared expert of x, then out[t] = bf16(sum of row t's pairs in ascending expert order + shared[t]).
+void CudaBackend::combine_into(const Tensor& x, const MoEWeight& w, const Tensor& ye, const int32_t* sel, Tensor& out) {
     phase("moe.shared+combine");
+    const int64_t T = x.dim(0);
+    const int D = cfg_.dim;
+    const float limit = static_cast<float>(cfg_.swiglu_limit);
     Tensor gs = run_linear(x, w.shared.w1), us = run_linear(x, w.shared.w3);
     const int Is = w.shared.w1.out;
     Tensor as = empty(DType::F32, {T, Is});
     swiglu(gs.f32(), us.f32(), T, Is, nullptr, limit, as.f32());
     Tensor ys = run_linear(as, w.shared.w2);
-    Tensor out = empty(DType::F32, {T, D});
-    moe_combine(ye.f32(), static_cast<const int32_t*>(sel.get()), ys.f32(), T, K, D, out.f32());
+    ::peregrine::cuda::moe_combine(ye.f32(), sel, ys.f32(), T, w.top_k, D, out.f32());
+}
+
+Tensor CudaBackend::moe_combine(const Tensor& x, const MoEWeight& w, const Tensor& ye, const Tensor& experts) {
+    OpTimer op(*this, "moe");
+    Tensor out = empty(DType::F32, {x.dim(0), cfg_.dim});
+    combine_into(x, w, ye, experts.data<int32_t>(), out);
     return out;
 }
+
+Tensor CudaBackend::moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) {
+    OpTimer op(*this, "moe");
+    const int64_t T = x.dim(0);
+    if (graphs_ && !profiling_ && graph_bucket(T) &&
+        routing_tile_rows(T * w.top_k, static_cast<int>(w.experts.size())) == 8) {
+        Tensor out;
+        if (moe_graph(x, w, ids, out)) return out;
+    }
+    auto ids_d = upload(ids);
+    Tensor out = empty(DType::F32, {T, cfg_.dim});
+    moe_body(x, w, ids_d.ptr, out);
+    return out;
+}
+
+// The whole block into `out` (captured as one graph at decode sizes, cuda_graphs.cpp).
+void CudaBackend::moe_body(const Tensor& x, const MoEWeight& w, const int32_t* ids_d, Tensor& out) {
+    MoeRoute r = route_rows(x, w, ids_d);
+    Tensor ye = routed_experts(x, x.dim(0) * w.top_k, w.top_k, w, r.experts.data<int32_t>(), r.weights.f32());
+    combine_into(x, w, ye, r.experts.data<int32_t>(), out);
+}
+
+Tensor CudaBackend::to_host_copy(const Tensor& t) { return t.device() == Device::CUDA ? to_host(t) : t; }
+Tensor CudaBackend::from_host_copy(const Tensor& host) { return host.device() == Device::CUDA ? host : to_device(host); }
 
 }  // namespace peregrine::cuda

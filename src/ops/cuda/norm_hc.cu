@@ -4,6 +4,8 @@
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
 
+#include <algorithm>
+
 namespace peregrine::cuda {
 
 namespace {
@@ -109,6 +111,88 @@ __global__ void hc_mix_apply_kernel(const float* h, const float* raw, int W, int
     hc_finish(t, mixes, hc, base, scale, hc_eps, iters, mode, pre, post, comb);
 }
 
+// Fast mixes at decode sizes (Numerics::Fast, T <= kSmallMaxT): two launches instead of the FP64 GEMM path's
+// four (widen, GEMM, narrow, apply). The row is cut into chunks of kSmallChunk columns; block (b, g) sums chunks
+// [c0, c1) of every (token, mix) pair of token group g in double (exact products of the fp32 inputs, as the GEMM
+// forms them) and each token's sum of squares (fp32 squares, double sums, as hc_mix_apply forms them), staging the
+// fn and h chunks in shared memory. Then a block per token adds its pairs' partials in a fixed order
+// (deterministic; double sums in another order than the GEMM's, which Fast already accepts) and finishes the
+// token as hc_mix_apply does.
+constexpr int kSmallChunk = 128, kSmallThreads = 256, kSmallGroup = 8, kSmallMaxT = 64;
+constexpr int kSmallPerThread = (kSmallGroup * (kFastMix + 1) + kSmallThreads - 1) / kSmallThreads;
+
+__global__ void __launch_bounds__(kSmallThreads) hc_mixes_partial_kernel(const float* h, int T, int W, const float* fn,
+                                                                         int n_mix, int n_chunks, double* part) {
+    constexpr int kLd = kSmallChunk + 1;  // padded rows: the pairs of a warp read distinct banks
+    __shared__ float fs[kFastMix * kLd];
+    __shared__ float xs[kSmallGroup * kLd];
+    const int J = n_mix + 1, S = gridDim.x, tid = threadIdx.x;
+    const int t0 = blockIdx.y * kSmallGroup, nt = min(kSmallGroup, T - t0), P = nt * J;
+    const int c0 = static_cast<int>(static_cast<int64_t>(blockIdx.x) * n_chunks / S);
+    const int c1 = static_cast<int>(static_cast<int64_t>(blockIdx.x + 1) * n_chunks / S);
+    double acc[kSmallPerThread];
+#pragma unroll
+    for (int q = 0; q < kSmallPerThread; ++q) acc[q] = 0.0;
+    for (int c = c0; c < c1; ++c) {
+        const int col0 = c * kSmallChunk, len = min(kSmallChunk, W - col0);
+        for (int i = tid; i < n_mix * kSmallChunk; i += kSmallThreads) {
+            const int j = i / kSmallChunk, k = i % kSmallChunk;
+            fs[j * kLd + k] = k < len ? fn[static_cast<int64_t>(j) * W + col0 + k] : 0.0f;
+        }
+        for (int i = tid; i < nt * kSmallChunk; i += kSmallThreads) {
+            const int t = i / kSmallChunk, k = i % kSmallChunk;
+            xs[t * kLd + k] = k < len ? h[static_cast<int64_t>(t0 + t) * W + col0 + k] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int q = 0; q < kSmallPerThread; ++q) {
+            const int p = tid + q * kSmallThreads;
+            if (p < P) {
+                const int t = p / J, j = p % J;
+                const float* xr = xs + t * kLd;
+                double s = 0.0;
+                if (j < n_mix) {
+                    const float* fr = fs + j * kLd;
+                    // The product of two floats is exact in double, so the fused multiply-add rounds once, as
+                    // the GEMM's multiply then add does.
+                    for (int k = 0; k < len; ++k) s = __fma_rn(static_cast<double>(xr[k]), static_cast<double>(fr[k]), s);
+                } else {
+                    for (int k = 0; k < len; ++k) s += static_cast<double>(xr[k] * xr[k]);
+                }
+                acc[q] += s;
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int q = 0; q < kSmallPerThread; ++q) {
+        const int p = tid + q * kSmallThreads;
+        if (p < P) part[(static_cast<int64_t>(t0) * J + p) * S + blockIdx.x] = acc[q];
+    }
+}
+
+// Block t: the S partials of each of token t's pairs summed (a warp per pair: lane-strided, then a warp tree),
+// then the finish on one thread.
+__global__ void hc_mixes_finish_kernel(const double* part, int S, int W, int n_mix, int hc, const float* base,
+                                       const float* scale, float eps, float hc_eps, int iters, int mode, float* pre,
+                                       float* post, float* comb) {
+    __shared__ float mix[kFastMix + 1];
+    const int t = blockIdx.x, J = n_mix + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int j = warp; j < J; j += blockDim.x >> 5) {
+        const double* pp = part + (static_cast<int64_t>(t) * J + j) * S;
+        double s = 0.0;
+        for (int b = lane; b < S; b += 32) s += pp[b];
+        s = warp_sum(s);
+        if (lane == 0) mix[j] = static_cast<float>(s);
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    const float r = 1.0f / sqrtf(mix[n_mix] / static_cast<float>(W) + eps);
+    float mixes[kFastMix];
+    for (int j = 0; j < n_mix; ++j) mixes[j] = mix[j] * r;
+    hc_finish(t, mixes, hc, base, scale, hc_eps, iters, mode, pre, post, comb);
+}
+
 __global__ void hc_collapse_kernel(const float* h, const float* pre, int64_t T, int hc, int D, float* y) {
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * D) return;
@@ -210,9 +294,55 @@ void hc_mixes(const float* h, int64_t T, int hc, int D, const float* fn, int n_m
     PG_LAUNCHED();
 }
 
+namespace {
+// Column blocks of the small-T partial kernel: about two blocks per SM over all token groups.
+int small_blocks(int64_t T, int W) {
+    static const int sms = [] {
+        int dev = 0, n = 0;
+        PG_CUDA(cudaGetDevice(&dev));
+        PG_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+        return n;
+    }();
+    const int n_chunks = (W + kSmallChunk - 1) / kSmallChunk;
+    const int groups = static_cast<int>((T + kSmallGroup - 1) / kSmallGroup);
+    return std::clamp(2 * sms / groups, 1, n_chunks);
+}
+}  // namespace
+
+bool hc_mixes_small_supported(int64_t T, int n_mix) {
+    return T >= 1 && T <= kSmallMaxT && n_mix >= 1 && n_mix <= kFastMix;
+}
+
+size_t hc_mixes_small_workspace(int64_t T, int hc, int D, int n_mix) {
+    return sizeof(double) * static_cast<size_t>(T * (n_mix + 1)) * small_blocks(T, hc * D);
+}
+
+void hc_mixes_small(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
+                    const float* scale, float eps, float hc_eps, int iters, int mode, float* pre, float* post,
+                    float* comb, void* workspace) {
+    if (T == 0) return;
+    if (!hc_mixes_small_supported(T, n_mix))
+        cuda_fail(cudaErrorInvalidValue, "hc_mixes_small: unsupported shape", __FILE__, __LINE__);
+    const int W = hc * D, S = small_blocks(T, W), n_chunks = (W + kSmallChunk - 1) / kSmallChunk;
+    const unsigned groups = static_cast<unsigned>((T + kSmallGroup - 1) / kSmallGroup);
+    double* part = static_cast<double*>(workspace);
+    hc_mixes_partial_kernel<<<dim3(static_cast<unsigned>(S), groups), kSmallThreads>>>(h, static_cast<int>(T), W, fn,
+                                                                                     n_mix, n_chunks, part);
+    PG_LAUNCHED();
+    hc_mixes_finish_kernel<<<static_cast<unsigned>(T), 256>>>(part, S, W, n_mix, hc, base, scale, eps, hc_eps, iters,
+                                                               mode, pre, post, comb);
+    PG_LAUNCHED();
+}
+
 void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
                    const float* scale, float eps, float hc_eps, int iters, int mode, float* pre, float* post,
                    float* comb) {
+    hc_mixes_fast_wide(h, T, hc, D, fn, nullptr, n_mix, base, scale, eps, hc_eps, iters, mode, pre, post, comb);
+}
+
+void hc_mixes_fast_wide(const float* h, int64_t T, int hc, int D, const float* fn, const double* fn_f64, int n_mix,
+                        const float* base, const float* scale, float eps, float hc_eps, int iters, int mode,
+                        float* pre, float* post, float* comb) {
     if (T == 0) return;
     if (n_mix > kFastMix || T > 2147483647) {
         hc_mixes(h, T, hc, D, fn, n_mix, base, scale, eps, hc_eps, iters, mode, pre, post, comb);
@@ -221,7 +351,7 @@ void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, in
     const int W = hc * D;
     float* raw = nullptr;
     PG_CUDA(cudaMallocAsync(&raw, sizeof(float) * static_cast<size_t>(T) * n_mix, 0));
-    gemm_f64(h, T, W, fn, n_mix, raw);
+    gemm_f64(h, T, W, fn, n_mix, raw, fn_f64);
     hc_mix_apply_kernel<<<static_cast<unsigned>(T), 256>>>(h, raw, W, n_mix, hc, base, scale, eps, hc_eps, iters, mode,
                                                            pre, post, comb);
     PG_LAUNCHED();

@@ -69,8 +69,8 @@ AddressTable device_entry_table(const PagedSeqs& p, const ForwardBatch& batch, c
         most = std::max(most, count);
     }
     AddressTable t;
-    t.keep = device_alloc(sizeof(float*) * static_cast<size_t>(std::max<int64_t>(n, 1)));
-    t.table = static_cast<const float**>(t.keep.get());
+    t.keep = device_alloc(sizeof(uint8_t*) * static_cast<size_t>(std::max<int64_t>(n, 1)));
+    t.table = static_cast<const uint8_t**>(t.keep.get());
     t.n = n;
     auto sb = CudaBackend::upload(seq_base);  // freed in stream order, after the kernel
     paged_entry_table(p, paged_section(sec), ratio, sb.ptr, most, t.table);
@@ -79,8 +79,8 @@ AddressTable device_entry_table(const PagedSeqs& p, const ForwardBatch& batch, c
 
 WindowTable device_window_table(const PagedSeqs& p, const StateSection& sec, int64_t T, int W, bool v41) {
     WindowTable w;
-    w.win.keep = device_alloc(sizeof(float*) * static_cast<size_t>(std::max<int64_t>(T * W, 1)));
-    w.win.table = static_cast<const float**>(w.win.keep.get());
+    w.win.keep = device_alloc(sizeof(uint8_t*) * static_cast<size_t>(std::max<int64_t>(T * W, 1)));
+    w.win.table = static_cast<const uint8_t**>(w.win.keep.get());
     w.win.n = T * W;
     w.nwin_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(std::max<int64_t>(T, 1)));
     w.nwin = static_cast<int32_t*>(w.nwin_keep.get());

@@ -26,7 +26,7 @@ inline PagedSection paged_section(const StateSection& s) {
 // An address table on the device: `table` entries (kept alive by `keep`).
 struct AddressTable {
     std::shared_ptr<void> keep;
-    const float** table = nullptr;
+    const uint8_t** table = nullptr;
     int64_t n = 0;
 };
 

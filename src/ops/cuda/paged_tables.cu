@@ -11,15 +11,15 @@ namespace peregrine::cuda {
 
 namespace {
 
-__device__ __forceinline__ const float* paged_entry(const PagedSeqs& p, const PagedSection& sec, int s, int64_t index) {
+__device__ __forceinline__ const uint8_t* paged_entry(const PagedSeqs& p, const PagedSection& sec, int s, int64_t index) {
     const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);
     const uint8_t* base = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(m[0]));
-    return reinterpret_cast<const float*>(base + paged_entry_offset(p.pages + m[1], p.page_tokens, p.page_bytes, sec, index));
+    return (base + paged_entry_offset(p.pages + m[1], p.page_tokens, p.page_bytes, sec, index));
 }
 
 // Grid: x over entries, y over sequences.
 __global__ void entry_table_kernel(PagedSeqs p, PagedSection sec, int ratio, const int64_t* seq_base,
-                                   const float** table) {
+                                   const uint8_t** table) {
     const int s = blockIdx.y;
     const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);
     if (m[3] <= 0) return;
@@ -30,7 +30,7 @@ __global__ void entry_table_kernel(PagedSeqs p, PagedSection sec, int ratio, con
         table[base + j] = paged_entry(p, sec, s, j);
 }
 
-__global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, int W, bool v41, const float** win,
+__global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, int W, bool v41, const uint8_t** win,
                                     int32_t* nwin) {
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * W) return;
@@ -58,22 +58,7 @@ __global__ void all_entries_kernel(PagedSeqs p, int ratio, int64_t T, int kmax, 
     list[i] = j < count && j < visible ? j : -1;
 }
 
-// Row t of src into entry row_pos[t] of its sequence (the window K=V of each row's own position).
-__global__ void store_rows_kernel(const float* src, int64_t T, int width, PagedSeqs p, PagedSection sec) {
-    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    if (i >= T * width) return;
-    const int64_t t = i / width;
-    float* dst = const_cast<float*>(paged_entry(p, sec, p.row_seq[t], p.row_pos[t]));
-    dst[i % width] = src[i];
-}
-
 }  // namespace
-
-void paged_store_rows(const float* src, int64_t T, int width, const PagedSeqs& p, const PagedSection& sec) {
-    if (T * width == 0) return;
-    store_rows_kernel<<<blocks_for(T * width), kThreads>>>(src, T, width, p, sec);
-    PG_LAUNCHED();
-}
 
 void paged_all_entries(const PagedSeqs& p, int ratio, int64_t T, int kmax, int32_t* list, int32_t* counts) {
     if (T * kmax == 0) return;
@@ -82,7 +67,7 @@ void paged_all_entries(const PagedSeqs& p, int ratio, int64_t T, int kmax, int32
 }
 
 void paged_entry_table(const PagedSeqs& p, const PagedSection& sec, int ratio, const int64_t* seq_base,
-                       int64_t max_entries, const float** table) {
+                       int64_t max_entries, const uint8_t** table) {
     if (p.n_seqs == 0 || max_entries <= 0) return;
     if (p.n_seqs > 65535 || ratio <= 0)
         cuda_fail(cudaErrorInvalidValue, "paged_entry_table: bad sequence count or ratio", __FILE__, __LINE__);
@@ -91,7 +76,7 @@ void paged_entry_table(const PagedSeqs& p, const PagedSection& sec, int ratio, c
     PG_LAUNCHED();
 }
 
-void paged_window_table(const PagedSeqs& p, const PagedSection& sec, int64_t T, int W, bool v41, const float** win,
+void paged_window_table(const PagedSeqs& p, const PagedSection& sec, int64_t T, int W, bool v41, const uint8_t** win,
                         int32_t* nwin) {
     if (T * W == 0) return;
     window_table_kernel<<<blocks_for(T * W), kThreads>>>(p, sec, T, W, v41, win, nwin);

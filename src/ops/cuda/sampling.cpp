@@ -6,6 +6,7 @@
 #include "util/error.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -62,13 +63,13 @@ std::vector<SampleResult> CudaBackend::sample(const Tensor& logits, const std::v
     auto* top = static_cast<SampleOutDev*>(d_top.get());
     sample_rows(logits.f32(), V, d_rows.ptr, n, d_adj.ptr, out, top);
 
-    std::vector<SampleOutDev> h_out(static_cast<size_t>(n));
-    PG_CUDA(cudaMemcpy(h_out.data(), out, sizeof(SampleOutDev) * h_out.size(), cudaMemcpyDeviceToHost));
-    std::vector<SampleOutDev> h_top;
-    if (any_top) {
-        h_top.resize(top_elems);
-        PG_CUDA(cudaMemcpy(h_top.data(), top, sizeof(SampleOutDev) * top_elems, cudaMemcpyDeviceToHost));
-    }
+    // The step's one wait: for the ids (and logprobs).
+    std::vector<SampleOutDev> h_out(static_cast<size_t>(n)), h_top(any_top ? top_elems : 0);
+    PG_CUDA(cudaMemcpyAsync(h_out.data(), out, sizeof(SampleOutDev) * h_out.size(), cudaMemcpyDeviceToHost, 0));
+    if (any_top) PG_CUDA(cudaMemcpyAsync(h_top.data(), top, sizeof(SampleOutDev) * top_elems, cudaMemcpyDeviceToHost, 0));
+    const auto t0 = std::chrono::steady_clock::now();
+    PG_CUDA(cudaStreamSynchronize(0));
+    host_wait_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     std::vector<SampleResult> res(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) {
         res[i].id = h_out[i].id;
@@ -83,7 +84,7 @@ std::vector<SampleResult> CudaBackend::sample(const Tensor& logits, const std::v
 
 Tensor CudaBackend::logits_to_host(const Tensor& logits, const std::vector<int>& rows) {
     if (logits.device() != Device::CUDA) return Backend::logits_to_host(logits, rows);
-    return to_host_pinned(gather_rows(logits, rows));
+    return to_host_pinned(gather_rows(logits, rows), &host_wait_ms_);
 }
 
 }  // namespace peregrine::cuda

@@ -23,8 +23,10 @@
 //    bf16 step of their size (the single-split path keeps the reference's maxima).
 //
 // Layout: one CTA (8 warps) per (query, group of 64 heads, key split). Shared memory holds the queries as
-// bf16 (64 x 512) and two 64-key K=V buffers as bf16, filled from the fp32 entries by a register prefetch of
-// the next block in four 16-key chunks interleaved with the current block's math. S: warp (mh, ng) computes
+// bf16 (64 x 512) and two 64-key K=V buffers as bf16, filled from the packed state entries (state_format.h:
+// e4m3 or e2m1 codes with their scales, V4's bf16 RoPE dims) by a register prefetch of the next block's raw
+// bytes in four 16-key chunks interleaved with the current block's math, decoded exactly as they are stored
+// to shared memory. S: warp (mh, ng) computes
 // heads 32 mh.. x keys 16 ng..; the row maxima and sums cross the four key groups through shared memory.
 // P.V: warp w owns output dims 64 w.. of all 64 heads (128 fp32 accumulators per thread).
 #include "ops/cuda/device_math.cuh"
@@ -43,19 +45,18 @@ constexpr int kHeads = 64, kDim = 512, kBlk = 64, kCtaThreads = 256;
 constexpr int kRow = kDim + 8;   // bf16 per shared row of Q and K: 1040 B, so ldmatrix rows hit distinct banks
 constexpr int kPRow = kBlk + 8;  // bf16 per shared row of P: 144 B
 constexpr int kChunkKeys = 16, kChunks = kBlk / kChunkKeys;
-constexpr int kChunkF4 = kChunkKeys * kDim / 4 / kCtaThreads;  // float4 per thread per chunk (8)
+constexpr int kPartDims = kChunkKeys * kDim / kCtaThreads;  // dims per thread per chunk key (32)
 
 constexpr size_t kSmemBytes = sizeof(__nv_bfloat16) * (static_cast<size_t>(kHeads) * kRow + 2 * kBlk * kRow + kHeads * kPRow) +
                               sizeof(float) * (2 * 4 * kHeads + 3 * kHeads) + sizeof(int) * 2 * kBlk;
 
-// The keys of query t: count(t) entries, entry i a kDim-float row (null: a masked entry). The only place
-// that knows how key addresses are represented.
+// The keys of query t: count(t) entries, entry i a packed state entry (null: a masked entry), the first
+// windows(t) of them window entries. The only place that knows how key addresses are represented.
 struct KeyList {
-    const float* const* table;  // [T, maxk]
-    const int32_t* nkeys;       // [T]
-    int maxk;
-    __device__ __forceinline__ int count(int64_t t) const { return nkeys[t]; }
-    __device__ __forceinline__ const float* at(int64_t t, int i) const { return table[t * maxk + i]; }
+    KeyRefs r;
+    __device__ __forceinline__ int count(int64_t t) const { return r.nkeys[t]; }
+    __device__ __forceinline__ int windows(int64_t t) const { return r.nwin ? r.nwin[t] : r.nkeys[t]; }
+    __device__ __forceinline__ const uint8_t* at(int64_t t, int i) const { return r.keys[t * r.maxk + i]; }
 };
 
 struct MmaArgs {
@@ -98,43 +99,95 @@ __device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float4 v) {
     *reinterpret_cast<uint2*>(dst) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
 }
 
-// Prefetch of one 16-key chunk: thread i loads key (i / 16) of the chunk, float4 columns i % 16 + 16 u.
+// Prefetch of one 16-key chunk: thread i loads dims 32 (i % 16) .. +32 of key (i / 16) of the chunk as raw
+// entry bytes (32 e4m3 codes, 32 e2m1 codes or 32 bf16 values) and the scale bytes that cover them.
+enum ChunkMode : int { kMasked = 0, kCodes8 = 1, kBf16 = 2, kCodes4 = 3 };
 struct Chunk {
-    float4 v[kChunkF4];
-    bool ok;
+    uint4 raw[4];
+    uint32_t sc;      // scale bytes, one per `blk` dims
+    int mode, blk;
+    bool e4m3_scale;  // fp4 with e4m3 scales (else ue8m0)
 };
 
-// Address of this thread's key in the chunk starting at first_key (null past the list's end).
-__device__ __forceinline__ const float* chunk_key(const KeyList& keys, int64_t t, int n, int first_key) {
+// Entry address of this thread's key in the chunk starting at first_key (null past the list's end) and
+// whether it is a window entry.
+__device__ __forceinline__ const uint8_t* chunk_key(const KeyList& keys, int64_t t, int n, int nwin, int first_key,
+                                                   bool* window) {
     const int j = first_key + (threadIdx.x >> 4);
+    *window = j < nwin;
     return j < n ? keys.at(t, j) : nullptr;
 }
 
-__device__ __forceinline__ void load_chunk(Chunk& c, const float* p) {
-    const int part = threadIdx.x & 15;
-    c.ok = p != nullptr;
-    if (c.ok && (reinterpret_cast<uintptr_t>(p) & 15u) == 0) {
-        const float4* p4 = reinterpret_cast<const float4*>(p);
+__device__ __forceinline__ uint32_t scale_bytes(const uint8_t* p, const EntryFormat& f, int c0, int* blk) {
+    *blk = f.block < kPartDims ? f.block : kPartDims;
+    uint32_t sc = 0;
+    for (int u = 0; u < kPartDims / *blk; ++u) sc |= static_cast<uint32_t>(__ldg(p + f.scale_offset + (c0 + u * *blk) / f.block)) << (8 * u);
+    return sc;
+}
+
+__device__ __forceinline__ void load_chunk(Chunk& c, const uint8_t* p, const EntryFormat& f) {
+    const int c0 = kPartDims * (threadIdx.x & 15);
+    c.mode = kMasked;
+    if (!p) return;
+    if (f.kind == kEntryFp8 && c0 >= f.quant_dims) {
+        const uint4* b = reinterpret_cast<const uint4*>(p + f.bf16_offset + 2 * (c0 - f.quant_dims));
 #pragma unroll
-        for (int u = 0; u < kChunkF4; ++u) c.v[u] = __ldg(p4 + part + 16 * u);
-    } else if (c.ok) {
-#pragma unroll
-        for (int u = 0; u < kChunkF4; ++u) {
-            const float* e = p + 4 * (part + 16 * u);
-            c.v[u] = make_float4(__ldg(e), __ldg(e + 1), __ldg(e + 2), __ldg(e + 3));
-        }
+        for (int u = 0; u < 4; ++u) c.raw[u] = __ldg(b + u);
+        c.mode = kBf16;
+    } else if (f.kind == kEntryFp8) {
+        const uint4* b = reinterpret_cast<const uint4*>(p + c0);
+        c.raw[0] = __ldg(b);
+        c.raw[1] = __ldg(b + 1);
+        c.sc = scale_bytes(p, f, c0, &c.blk);
+        c.mode = kCodes8;
     } else {
-#pragma unroll
-        for (int u = 0; u < kChunkF4; ++u) c.v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // masked: P is 0, V must be finite
+        c.raw[0] = __ldg(reinterpret_cast<const uint4*>(p + c0 / 2));
+        c.sc = scale_bytes(p, f, c0, &c.blk);
+        c.e4m3_scale = f.kind == kEntryFp4E4m3;
+        c.mode = kCodes4;
     }
 }
 
+__device__ __forceinline__ uint32_t raw_word(const Chunk& c, int w) {
+    const uint4& v = c.raw[w >> 2];
+    return (w & 3) == 0 ? v.x : (w & 3) == 1 ? v.y : (w & 3) == 2 ? v.z : v.w;
+}
+
+// Decodes the chunk (exact: every stored value is a bf16 value) into its shared-memory row.
 __device__ __forceinline__ void store_chunk(const Chunk& c, __nv_bfloat16* kbuf, int* valid, int chunk) {
     const int kc = threadIdx.x >> 4, part = threadIdx.x & 15;
     const int r = chunk * kChunkKeys + kc;
+    uint32_t o[kPartDims / 2];  // bf16 pairs
+    if (c.mode == kBf16) {
 #pragma unroll
-    for (int u = 0; u < kChunkF4; ++u) store_bf16x4(kbuf + r * kRow + 4 * (part + 16 * u), c.v[u]);
-    if (part == 0) valid[r] = c.ok;
+        for (int w = 0; w < kPartDims / 2; ++w) o[w] = raw_word(c, w);
+    } else if (c.mode == kCodes8) {
+#pragma unroll
+        for (int w = 0; w < kPartDims / 4; ++w) {
+            const uint32_t codes = raw_word(c, w);
+            const float s = sf_ue8m0(static_cast<uint8_t>(c.sc >> (8 * ((4 * w) / c.blk))));
+            o[2 * w] = pack_bf16(sf_e4m3(static_cast<uint8_t>(codes)) * s, sf_e4m3(static_cast<uint8_t>(codes >> 8)) * s);
+            o[2 * w + 1] = pack_bf16(sf_e4m3(static_cast<uint8_t>(codes >> 16)) * s, sf_e4m3(static_cast<uint8_t>(codes >> 24)) * s);
+        }
+    } else if (c.mode == kCodes4) {
+#pragma unroll
+        for (int w = 0; w < kPartDims / 8; ++w) {
+            const uint32_t codes = raw_word(c, w);
+            const uint8_t sb = static_cast<uint8_t>(c.sc >> (8 * ((8 * w) / c.blk)));
+            const float s = c.e4m3_scale ? sf_e4m3(sb) : sf_ue8m0(sb);
+#pragma unroll
+            for (int n = 0; n < 4; ++n)
+                o[4 * w + n] = pack_bf16(sf_e2m1(static_cast<uint8_t>((codes >> (8 * n)) & 15u)) * s,
+                                         sf_e2m1(static_cast<uint8_t>((codes >> (8 * n + 4)) & 15u)) * s);
+        }
+    } else {
+#pragma unroll
+        for (int w = 0; w < kPartDims / 2; ++w) o[w] = 0u;  // masked: P is 0, V must be finite
+    }
+    uint4* dst = reinterpret_cast<uint4*>(kbuf + r * kRow + kPartDims * part);
+#pragma unroll
+    for (int u = 0; u < kPartDims / 8; ++u) dst[u] = make_uint4(o[4 * u], o[4 * u + 1], o[4 * u + 2], o[4 * u + 3]);
+    if (part == 0) valid[r] = c.mode != kMasked;
 }
 
 __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_mma_kernel(MmaArgs a) {
@@ -156,7 +209,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_mma_kernel(Mm
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
     const int64_t row0 = t * a.H + static_cast<int64_t>(hg) * kHeads;  // first (token, head) row of the CTA
 
-    const int n = a.keys.count(t);
+    const int n = a.keys.count(t), nwin = a.keys.windows(t);
     const int nblk = (n + kBlk - 1) / kBlk;
     const int b_begin = split * a.blocks_per_split, b_end = min(nblk, b_begin + a.blocks_per_split);
 
@@ -174,7 +227,9 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_mma_kernel(Mm
     Chunk pf;
     if (b_begin < b_end)
         for (int c = 0; c < kChunks; ++c) {
-            load_chunk(pf, chunk_key(a.keys, t, n, b_begin * kBlk + c * kChunkKeys));
+            bool w = true;
+            const uint8_t* p = chunk_key(a.keys, t, n, nwin, b_begin * kBlk + c * kChunkKeys, &w);
+            load_chunk(pf, p, w ? a.keys.r.win : a.keys.r.comp);
             store_chunk(pf, Ks, valid, c);
         }
     __syncthreads();
@@ -195,9 +250,13 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_mma_kernel(Mm
         __nv_bfloat16* Kn = Ks + (buf ^ 1) * kBlk * kRow;
         int* vn = valid + (buf ^ 1) * kBlk;
         // The next block's key addresses up front, so that each chunk's loads wait for one latency only.
-        const float* kp[kChunks];
+        const uint8_t* kp[kChunks];
+        bool kw[kChunks];
 #pragma unroll
-        for (int c = 0; c < kChunks; ++c) kp[c] = next ? chunk_key(a.keys, t, n, (b + 1) * kBlk + c * kChunkKeys) : nullptr;
+        for (int c = 0; c < kChunks; ++c) {
+            kw[c] = true;
+            kp[c] = next ? chunk_key(a.keys, t, n, nwin, (b + 1) * kBlk + c * kChunkKeys, &kw[c]) : nullptr;
+        }
 
         // ---- S = Q K^T for the warp's 32 heads x 16 keys, in two halves of the 512 dims.
         float s[2][2][4];
@@ -213,7 +272,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_mma_kernel(Mm
         for (int half = 0; half < 2; ++half) {
             if (next) {
                 if (half == 1) store_chunk(pf, Kn, vn, 0);
-                load_chunk(pf, kp[half]);
+                load_chunk(pf, kp[half], kw[half] ? a.keys.r.win : a.keys.r.comp);
             }
 #pragma unroll
             for (int kk = half * 16; kk < half * 16 + 16; ++kk) {
@@ -299,7 +358,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_mma_kernel(Mm
         for (int half = 0; half < 2; ++half) {
             if (next) {
                 store_chunk(pf, Kn, vn, 1 + half);
-                load_chunk(pf, kp[2 + half]);
+                load_chunk(pf, kp[2 + half], kw[2 + half] ? a.keys.r.win : a.keys.r.comp);
             }
 #pragma unroll
             for (int ks = 2 * half; ks < 2 * half + 2; ++ks) {
@@ -392,21 +451,34 @@ int split_count(int64_t T, int H, int maxk) {
     return static_cast<int>(std::clamp<int64_t>(sm_count() / std::max<int64_t>(ctas, 1), 1, nblk));
 }
 
+// A format the chunk loader reads: 16-byte aligned pieces of 32 dims, at most four scales per piece.
+bool mma_format_supported(const EntryFormat& f) {
+    if (f.dim != kDim || f.block <= 0 || f.bytes % 16 != 0) return false;
+    const bool blocks = f.block >= kPartDims ? f.block % kPartDims == 0 : (kPartDims % f.block == 0 && kPartDims / f.block <= 4);
+    if (f.kind == kEntryFp8)
+        return blocks && f.quant_dims % kPartDims == 0 && f.quant_dims % f.block == 0 && f.bf16_offset % 16 == 0;
+    return blocks && f.quant_dims == f.dim;
+}
+
 }  // namespace
 
-bool sparse_attention_mma_supported(int H, int D) { return D == kDim && H > 0 && H % kHeads == 0; }
+bool sparse_attention_mma_supported(int H, int D, const EntryFormat& win, const EntryFormat& comp) {
+    return D == kDim && H > 0 && H % kHeads == 0 && mma_format_supported(win) && mma_format_supported(comp);
+}
 
 size_t sparse_attention_mma_workspace(int64_t T, int H, int D, int maxk) {
-    if (T == 0 || !sparse_attention_mma_supported(H, D)) return 0;
+    if (T == 0 || D != kDim || H <= 0 || H % kHeads != 0) return 0;
     const int ns = split_count(T, H, maxk);
     return ns == 1 ? 0 : sizeof(float) * static_cast<size_t>(ns) * T * H * (kDim + 2);
 }
 
 void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, const float* sink,
-                          const float* const* keys, const int32_t* nkeys, int maxk, float* out, void* workspace) {
+                          const KeyRefs& keys, float* out, void* workspace) {
     if (T == 0) return;
-    if (!sparse_attention_mma_supported(H, D))
-        cuda_fail(cudaErrorInvalidValue, "sparse_attention_mma: needs 512-wide heads in groups of 64", __FILE__, __LINE__);
+    if (!sparse_attention_mma_supported(H, D, keys.win, keys.nwin ? keys.comp : keys.win))
+        cuda_fail(cudaErrorInvalidValue, "sparse_attention_mma: needs 512-wide heads in groups of 64 and readable key formats",
+                  __FILE__, __LINE__);
+    const int maxk = keys.maxk;
     const int64_t ctas = T * (H / kHeads);
     if (ctas > 0x7fffffff) cuda_fail(cudaErrorInvalidValue, "sparse_attention_mma: too many rows", __FILE__, __LINE__);
     static bool configured = false;
@@ -417,7 +489,7 @@ void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, 
     }
     const int ns = split_count(T, H, maxk);
     const int nblk = std::max((maxk + kBlk - 1) / kBlk, 1);
-    MmaArgs a{q, T, H, scale, sink, KeyList{keys, nkeys, maxk}, out, nullptr, nullptr, (nblk + ns - 1) / ns};
+    MmaArgs a{q, T, H, scale, sink, KeyList{keys}, out, nullptr, nullptr, (nblk + ns - 1) / ns};
     if (ns > 1) {
         if (!workspace) cuda_fail(cudaErrorInvalidValue, "sparse_attention_mma: workspace missing", __FILE__, __LINE__);
         a.out = nullptr;

@@ -1,0 +1,105 @@
+// State entries in their packed formats (ops/state_format.h): encoding rows of QDQ'd values into entries
+// (exact: the same encode_entry_block as the CPU reference, one thread per scale block), decoding entries
+// back to fp32, and making the benchmark's random pages valid entries.
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch_check.h"
+
+namespace peregrine::cuda {
+
+namespace {
+
+__device__ unsigned long long g_encode_failures = 0;
+
+constexpr int kEncodeThreads = 64;
+
+// One CTA per entry: thread b encodes scale block b, then the bf16 tail and the padding.
+__device__ void encode_entry_cta(const EntryFormat& f, const float* x, uint8_t* e) {
+    const int nblocks = f.quant_dims / f.block;
+    bool ok = true;
+    for (int b = threadIdx.x; b < nblocks; b += blockDim.x) ok = encode_entry_block(f, x, b * f.block, e) && ok;
+    if (f.kind == kEntryFp8)
+        for (int c = f.quant_dims + threadIdx.x; c < f.dim; c += blockDim.x) ok = encode_entry_bf16(f, x, c, e) && ok;
+    const int used = f.scale_offset + nblocks;
+    for (int i = used + threadIdx.x; i < f.bytes; i += blockDim.x) e[i] = 0;
+    if (!ok) atomicAdd(&g_encode_failures, 1ull);
+}
+
+__global__ void store_entries_kernel(const float* src, EntryFormat f, uint8_t* const* dst) {
+    const int64_t r = blockIdx.x;
+    if (dst[r]) encode_entry_cta(f, src + r * f.dim, dst[r]);
+}
+
+__global__ void paged_store_entries_kernel(const float* src, EntryFormat f, PagedSeqs p, PagedSection sec) {
+    const int64_t t = blockIdx.x;
+    const int64_t* m = p.seq + 4 * static_cast<int64_t>(p.row_seq[t]);
+    uint8_t* base = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(m[0]));
+    uint8_t* e = base + paged_entry_offset(p.pages + m[1], p.page_tokens, p.page_bytes, sec, p.row_pos[t]);
+    encode_entry_cta(f, src + t * f.dim, e);
+}
+
+__global__ void load_entries_kernel(const uint8_t* const* src, int64_t rows, EntryFormat f, float* out) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= rows * f.dim) return;
+    const int64_t r = i / f.dim;
+    const int c = static_cast<int>(i % f.dim);
+    out[i] = src[r] ? entry_value(f, src[r], c) : 0.0f;
+}
+
+// Random bytes -> a valid entry: e4m3 codes lose their NaN pattern, scales land near 1 (ue8m0 2^-4..2^3,
+// e4m3 0.5..0.94), bf16 values near 1 in magnitude.
+__global__ void sanitize_kernel(uint8_t* pool, int64_t n_pages, int64_t page_bytes, int64_t offset, int per_page,
+                                EntryFormat f) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= n_pages * per_page) return;
+    uint8_t* e = pool + (i / per_page) * page_bytes + offset + (i % per_page) * f.bytes;
+    if (f.kind == kEntryFp8)
+        for (int c = 0; c < f.quant_dims; ++c)
+            if ((e[c] & 0x7f) == 0x7f) e[c] ^= 1;
+    for (int c = f.quant_dims; c < f.dim && f.kind == kEntryFp8; ++c) {
+        uint8_t* h = e + f.bf16_offset + 2 * (c - f.quant_dims);
+        h[1] = static_cast<uint8_t>((h[1] & 0x80) | 0x3f);  // sign kept, exponent 2^-1..2^0
+    }
+    for (int b = 0; b < f.quant_dims / f.block; ++b) {
+        uint8_t& s = e[f.scale_offset + b];
+        s = f.kind == kEntryFp4E4m3 ? static_cast<uint8_t>(0x30 | (s & 15)) : static_cast<uint8_t>(123 + (s & 7));
+    }
+}
+
+}  // namespace
+
+void store_entries(const float* src, int64_t rows, const EntryFormat& f, uint8_t* const* dst) {
+    if (rows == 0) return;
+    if (rows > 0x7fffffff) cuda_fail(cudaErrorInvalidValue, "store_entries: too many rows", __FILE__, __LINE__);
+    store_entries_kernel<<<static_cast<unsigned>(rows), kEncodeThreads>>>(src, f, dst);
+    PG_LAUNCHED();
+}
+
+void paged_store_entries(const float* src, int64_t T, const EntryFormat& f, const PagedSeqs& p, const PagedSection& sec) {
+    if (T == 0) return;
+    if (T > 0x7fffffff) cuda_fail(cudaErrorInvalidValue, "paged_store_entries: too many rows", __FILE__, __LINE__);
+    paged_store_entries_kernel<<<static_cast<unsigned>(T), kEncodeThreads>>>(src, f, p, sec);
+    PG_LAUNCHED();
+}
+
+void load_entries(const uint8_t* const* src, int64_t rows, const EntryFormat& f, float* out) {
+    if (rows * f.dim == 0) return;
+    load_entries_kernel<<<blocks_for(rows * f.dim), kThreads>>>(src, rows, f, out);
+    PG_LAUNCHED();
+}
+
+uint64_t state_encode_failures() {
+    unsigned long long n = 0, zero = 0;
+    PG_CUDA(cudaMemcpyFromSymbol(&n, g_encode_failures, sizeof(n)));
+    PG_CUDA(cudaMemcpyToSymbol(g_encode_failures, &zero, sizeof(zero)));
+    return n;
+}
+
+void sanitize_entries(uint8_t* pool, int64_t n_pages, int64_t page_bytes, int64_t offset, int per_page,
+                      const EntryFormat& f) {
+    if (n_pages * per_page == 0) return;
+    sanitize_kernel<<<blocks_for(n_pages * per_page), kThreads>>>(pool, n_pages, page_bytes, offset, per_page, f);
+    PG_LAUNCHED();
+}
+
+}  // namespace peregrine::cuda

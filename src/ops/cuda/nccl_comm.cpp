@@ -5,6 +5,7 @@
 // calling thread's stream, as the backend's does.
 #include "ops/comm.h"
 #include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/launch_check.h"
 #include "util/error.h"
 
 #include <cuda_runtime.h>

@@ -3,6 +3,7 @@
 // expert loads, the grouped wo_a). Outputs may differ only by the fp32 summation order before the same bf16
 // rounding: |d| <= 1e-2 |ref| + 1e-5 max|ref|, and bf16 outputs mostly bit-equal. At M = 8 each case also
 // prints the achieved weight bandwidth. Lines starting with "PARITY" are collected by tools/gpu/check.sh.
+// VariantsAtDecodeShapes (at the end) checks and times every variant (kernels.h: 1, 3 .. 8) at rows 1..32.
 #include "cuda_test_util.h"
 #include "ops/backend.h"
 #include "ops/cuda/kernels.h"
@@ -13,9 +14,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace peregrine;
@@ -205,12 +210,12 @@ struct Routing {
     LinearRouting r;
     std::vector<int32_t> sel_host;
 };
-Routing make_routing(const std::vector<int32_t>& sel, int E) {
+Routing make_routing(const std::vector<int32_t>& sel, int E, unsigned max_tiles = 0) {
     Routing rt;
     rt.sel_host = sel;
     const int64_t n = static_cast<int64_t>(sel.size());
     rt.r.tile_rows = 8;
-    rt.r.max_tiles = static_cast<unsigned>((n + 7) / 8 + E);
+    rt.r.max_tiles = max_tiles ? max_tiles : static_cast<unsigned>((n + 7) / 8 + E);
     rt.sel = upload(sel);
     rt.row_map = std::make_unique<Buf>(sizeof(int32_t) * n);
     rt.tiles = std::make_unique<Buf>(sizeof(int32_t) * 4 * rt.r.max_tiles);
@@ -228,10 +233,15 @@ Routing make_routing(const std::vector<int32_t>& sel, int E) {
 const int kVariants[] = {3, 1};
 bool variant_applies(int v, const LinearDev& l) { return v != 1 || linear_gemv_mma_supported(l); }
 std::string variant_tag(int v) { return v == 3 ? "" : " [v1]"; }
-struct VariantScope {
-    int before;
-    explicit VariantScope(int v) : before(linear_gemv_variant()) { linear_gemv_set_variant(v); }
-    ~VariantScope() { linear_gemv_set_variant(before); }
+struct VariantScope {  // every format's variant set to v, restored afterwards
+    int before[4];
+    explicit VariantScope(int v) {
+        for (int f = 0; f < 4; ++f) before[f] = linear_gemv_variant(f);
+        linear_gemv_set_variant(v);
+    }
+    ~VariantScope() {
+        for (int f = 0; f < 4; ++f) linear_gemv_set_variant(f, before[f]);
+    }
 };
 
 void report_speed(const std::string& what, double ms, double bytes) {
@@ -378,4 +388,299 @@ TEST(CudaGemv, RoutedExpertsMatchExactAtRealShapes) {
     check_routed({"experts.w2 fp4 2304->5120", 3, false, 5120, 2304, 0, 32}, 384, 64, 6, 22);
     check_routed({"experts.w1 fp8 block128 4096->2048", 2, false, 2048, 4096, 128, 128}, 64, 64, 6, 23);
     check_routed({"wo_a grouped bf16 4096->1024", 1, false, 1024, 4096, 0, 0}, 8, 8, 8, 24);
+}
+
+// ---- Every GEMV variant at decode shapes, one line each for comparing them:
+//   GEMV <format> rows=<r> variant=<v> <us> us <GB/s> GB/s        (all shapes of the format together)
+//   GEMV <format>:<shape> rows=<r> variant=<v> <us> us <GB/s> GB/s max|d| <d> (<ulps> bf16 ulp) [fused==unfused]
+// Variants: 1 CUDA cores, 3 tensor cores (the default for FP8/FP4), "3+q" the same with act_quant's launch
+// (what a linear costs today), 4/5/6 the streaming kernels on quantised activations and "4f"/"5f"/"6f" the
+// same quantising the activations themselves (must equal 4/5/6 bit for bit); routed calls also 7/8 (4/5 with
+// persistent CTAs) and "7f"/"8f". Each is checked against the exact
+// kernel: |d| <= one bf16 ulp of the output (+ 1e-5 max|ref| for outputs near cancellation). Bytes: the
+// weights and scales a call reads (active experts only); timed over copies of the weights (or rotating expert
+// sets) larger than L2, after a warm-up. PEREGRINE_GEMV_SWEEP_ROWS="1,8" narrows the rows.
+namespace {
+
+struct SweepShape {
+    std::string format, name;
+    Shape s;
+};
+
+std::vector<int> sweep_rows() {
+    std::vector<int> r = {1, 2, 4, 8, 16, 32};
+    if (const char* e = std::getenv("PEREGRINE_GEMV_SWEEP_ROWS")) {
+        r.clear();
+        for (const char* p = e; *p;) {
+            char* end = nullptr;
+            const long v = std::strtol(p, &end, 10);
+            if (end == p) break;
+            if (v > 0 && v <= 32) r.push_back(static_cast<int>(v));
+            p = *end ? end + 1 : end;
+        }
+    }
+    return r;
+}
+
+// One bf16 ulp at |v| (normal range).
+float bf16_ulp(float v) {
+    int e = 0;
+    std::frexp(std::max(std::fabs(v), 1e-30f), &e);  // |v| in [2^(e-1), 2^e)
+    return std::ldexp(1.0f, e - 1 - 7);
+}
+
+struct Diff {
+    float max_abs = 0.0f, max_ulps = 0.0f;
+    size_t bad = 0;
+};
+Diff ulp_diff(const std::vector<float>& fast, const std::vector<float>& exact) {
+    Diff d;
+    float emax = 0.0f;
+    for (float v : exact) emax = std::max(emax, std::fabs(v));
+    for (size_t i = 0; i < fast.size(); ++i) {
+        const float a = std::fabs(fast[i] - exact[i]);
+        const float ulp = bf16_ulp(std::max(std::fabs(fast[i]), std::fabs(exact[i])));
+        if (!(a <= ulp + 1e-5f * emax)) ++d.bad;
+        if (!(a <= d.max_abs)) d.max_abs = a;
+        d.max_ulps = std::max(d.max_ulps, a / ulp);
+    }
+    return d;
+}
+
+struct Total {
+    double us = 0.0, bytes = 0.0;
+    // Parity over the format's shapes and rows (one PARITY line per format and variant).
+    float max_abs = 0.0f, max_ulps = 0.0f;
+    size_t bad = 0, checks = 0;
+};
+
+// Runs one (shape, rows) case for every variant: `call(v, fused, yf)` runs variant v (1, 3 .. 8) once;
+// `quant()` is act_quant (for "3+q"); `use(i)` selects weight copy / expert set i (0: the one `exact` was
+// computed with); bytes per call.
+using CallFn = std::function<void(int v, bool fused, float* y)>;
+void sweep_case(const SweepShape& sh, int rows, bool scaled, bool routed, const std::vector<float>& exact, size_t n,
+                const CallFn& call, const std::function<void()>& quant, const std::function<void(int)>& use, double bytes,
+                std::map<std::string, Total>& totals) {
+    Buf yf(n * sizeof(float));
+    std::vector<std::pair<std::string, std::pair<int, bool>>> variants = {{"1", {1, false}}};
+    if (scaled) {
+        variants.push_back({"3", {3, false}});
+        variants.push_back({"3+q", {3, false}});
+    }
+    for (int v : {4, 5, 6, 7, 8}) {
+        if (v >= 7 && !routed) continue;  // dense calls: the same as 4 and 5
+        variants.push_back({std::to_string(v), {v, false}});
+        if (scaled) variants.push_back({std::to_string(v) + "f", {v, true}});
+    }
+    std::map<int, std::vector<float>> unfused;
+    for (const auto& [tag, vf] : variants) {
+        const auto [v, fused] = vf;
+        ASSERT_EQ(cudaMemset(yf.p, 0xff, n * sizeof(float)), cudaSuccess);  // NaN: an unwritten output fails
+        use(0);
+        call(v, fused, yf.as<float>());
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << sh.name << " variant " << tag;
+        const std::vector<float> got = to_host(yf, n);
+        const Diff d = ulp_diff(got, exact);
+        EXPECT_EQ(d.bad, 0u) << sh.name << " rows=" << rows << " variant=" << tag << ": " << d.bad << " of " << n
+                             << " outputs beyond one bf16 ulp, max|d| " << d.max_abs;
+        std::string same;
+        if (v >= 4 && !fused) unfused[v] = got;
+        if (v >= 4 && fused) {
+            const bool eq = std::memcmp(got.data(), unfused[v].data(), n * sizeof(float)) == 0;
+            EXPECT_TRUE(eq) << sh.name << " rows=" << rows << ": variant " << v << " fused differs from quantise-then-GEMV";
+            same = eq ? " fused==unfused" : " FUSED!=UNFUSED";
+        }
+        const bool with_quant = tag == "3+q";
+        int i = 0;
+        const double ms = peregrine::test::device_ms(
+            [&] {
+                use(++i);
+                if (with_quant) quant();
+                call(v, fused, yf.as<float>());
+            },
+            24, 3);
+        // Repeated calls (reused split scratch and tickets) give the same bits.
+        use(0);
+        call(v, fused, yf.as<float>());
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(std::memcmp(got.data(), to_host(yf, n).data(), n * sizeof(float)), 0)
+            << sh.name << " rows=" << rows << " variant=" << tag << ": not repeatable";
+        const double us = ms * 1e3, gbs = bytes / (ms * 1e-3) / 1e9;
+        std::printf("GEMV %s:%s rows=%d variant=%s %.1f us %.0f GB/s max|d| %.3g (%.2f bf16 ulp)%s\n", sh.format.c_str(),
+                    sh.name.c_str(), rows, tag.c_str(), us, gbs, d.max_abs, d.max_ulps, same.c_str());
+        Total& t = totals[sh.format + " rows=" + std::to_string(rows) + " variant=" + tag];
+        t.us += us;
+        t.bytes += bytes;
+        Total& f = totals["~parity " + sh.format + " variant=" + tag];
+        f.max_abs = std::max(f.max_abs, d.max_abs);
+        f.max_ulps = std::max(f.max_ulps, d.max_ulps);
+        f.bad += d.bad + (same == " FUSED!=UNFUSED" ? 1 : 0);
+        f.checks += 1;
+    }
+}
+
+void print_totals(const std::map<std::string, Total>& totals) {
+    for (const auto& [key, t] : totals) {
+        if (key.rfind("~parity ", 0) == 0)
+            std::printf("PARITY gemv-sweep %-36s %zu cases, max|d| %.3g (%.2f bf16 ulp), %zu outputs beyond one ulp\n",
+                        key.substr(8).c_str(), t.checks, t.max_abs, t.max_ulps, t.bad);
+        else
+            std::printf("GEMV %s %.1f us %.0f GB/s\n", key.c_str(), t.us, t.bytes / (t.us * 1e-6) / 1e9);
+    }
+    std::fflush(stdout);
+}
+
+// Dense: weights copied until the copies exceed L2 several times over; call i uses copy i % copies.
+void sweep_dense(const SweepShape& sh, uint64_t seed, std::map<std::string, Total>& totals) {
+    const Shape& s = sh.s;
+    DevWeight first = make_weight(s, seed);
+    ASSERT_TRUE(first.w->p) << sh.name;
+    const size_t wb = weight_bytes(s), sb = scale_bytes(s);
+    const int copies = static_cast<int>(std::clamp<size_t>((256u << 20) / (wb + sb) + 1, 1, 64));
+    std::vector<DevWeight> ws;
+    ws.push_back(std::move(first));
+    for (int c = 1; c < copies; ++c) {
+        DevWeight d;
+        d.w = std::make_unique<Buf>(wb);
+        ASSERT_TRUE(d.w->p);
+        ASSERT_EQ(cudaMemcpy(d.w->p, ws[0].w->p, wb, cudaMemcpyDeviceToDevice), cudaSuccess);
+        if (sb) {
+            d.scale = std::make_unique<Buf>(sb);
+            ASSERT_EQ(cudaMemcpy(d.scale->p, ws[0].scale->p, sb, cudaMemcpyDeviceToDevice), cudaSuccess);
+        }
+        ws.push_back(std::move(d));
+    }
+    const bool scaled = s.kind >= 2;
+    for (int rows : sweep_rows()) {
+        Acts a = make_acts(s, rows, seed + rows);
+        const size_t n = static_cast<size_t>(rows) * s.out;
+        Buf ye(n * sizeof(float));
+        LinearDev l = dev_linear(s, ws[0]);
+        l.bf16_acts = s.kind == 1;
+        linear_tiled(a.xp, a.sp, rows, l, ye.as<float>(), nullptr, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> exact = to_host(ye, n);
+        int cur = 0;
+        Buf xq(static_cast<size_t>(rows) * s.in * sizeof(float)), xs(static_cast<size_t>(rows) * (s.in / 32 + 1) * sizeof(float));
+        auto call = [&](int v, bool fused, float* y) {
+            LinearDev lc = l;
+            lc.w = ws[cur].w->p;
+            lc.scale = ws[cur].scale ? ws[cur].scale->as<uint8_t>() : nullptr;
+            if (v >= 4) {
+                linear_gemv_stream(v, fused ? a.x->as<float>() : a.xp, fused ? nullptr : a.sp, rows, lc, y, nullptr, nullptr);
+            } else {
+                VariantScope scope(v);
+                linear_gemv(a.xp, a.sp, rows, lc, y, nullptr, nullptr);
+            }
+        };
+        auto quant = [&] {
+            if (scaled) act_quant(a.x->as<float>(), rows, s.in, s.act_block, xq.as<float>(), xs.as<float>());
+        };
+        auto use = [&](int i) { cur = i % copies; };
+        sweep_case(sh, rows, scaled, false, exact, n, call, quant, use, static_cast<double>(wb + sb), totals);
+    }
+}
+
+// Routed over E experts, each its own memory, with up to 8 expert selections per token count rotated per timed
+// call. mode 0 balanced (pairs spread over consecutive experts from a shifted start: one row per expert while
+// pairs <= E), 1 skewed (60% of the pairs to one expert), 2 grouped (pair i to group i % G of copy k: the
+// grouped wo_a, G = top_k groups, E / G copies).
+void sweep_routed(const SweepShape& sh, int E, int top_k, int mode, uint64_t seed, std::map<std::string, Total>& totals) {
+    const Shape& s = sh.s;
+    const size_t wb = weight_bytes(s), sb = scale_bytes(s);
+    std::vector<DevWeight> pool;  // a few random contents, copied to every expert's own memory
+    for (int i = 0; i < 4; ++i) {
+        pool.push_back(make_weight(s, seed * 100 + i));
+        ASSERT_TRUE(pool.back().w->p) << sh.name << ": out of device memory";
+    }
+    std::vector<DevWeight> ex(static_cast<size_t>(E));
+    std::vector<const void*> ptrs(2 * static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) {
+        ex[e].w = std::make_unique<Buf>(wb);
+        ASSERT_TRUE(ex[e].w->p) << sh.name << ": out of device memory";
+        ASSERT_EQ(cudaMemcpy(ex[e].w->p, pool[e % 4].w->p, wb, cudaMemcpyDeviceToDevice), cudaSuccess);
+        if (sb) {
+            ex[e].scale = std::make_unique<Buf>(sb);
+            ASSERT_TRUE(ex[e].scale->p) << sh.name << ": out of device memory";
+            // Scales from another pool entry than the weights, so that more experts differ.
+            ASSERT_EQ(cudaMemcpy(ex[e].scale->p, pool[(e / 4) % 4].scale->p, sb, cudaMemcpyDeviceToDevice), cudaSuccess);
+        }
+        ptrs[e] = ex[e].w->p;
+        ptrs[E + e] = sb ? ex[e].scale->p : nullptr;
+    }
+    BufPtr table = upload(ptrs);
+    ExpertTable et{table->as<const void* const>(), reinterpret_cast<const uint8_t* const*>(table->as<const void*>() + E)};
+    const bool scaled = s.kind >= 2;
+    LinearDev l = dev_linear(s, ex[0]);
+    l.bf16_acts = s.kind == 1;
+    for (int T : sweep_rows()) {
+        const int64_t pairs = static_cast<int64_t>(T) * top_k;
+        const int sets = mode == 2 ? std::min(8, E / top_k) : static_cast<int>(std::clamp<int64_t>(E / pairs, 1, 8));
+        std::vector<Routing> rts;
+        double mean_bytes = 0.0;
+        Rng r(seed + T);
+        for (int k = 0; k < sets; ++k) {
+            std::vector<int32_t> sel(static_cast<size_t>(pairs));
+            const int hot = static_cast<int>((3 + 17 * k) % E);
+            for (int64_t i = 0; i < pairs; ++i) {
+                if (mode == 0) sel[i] = static_cast<int32_t>((i + k * pairs) % E);
+                else if (mode == 1) sel[i] = r.next() % 10 < 6 ? hot : static_cast<int32_t>(r.next() % E);
+                else sel[i] = static_cast<int32_t>(i % top_k + top_k * k);
+            }
+            std::vector<char> used(static_cast<size_t>(E), 0);
+            for (int32_t e : sel) used[e] = 1;
+            mean_bytes += static_cast<double>(std::count(used.begin(), used.end(), 1)) * static_cast<double>(wb + sb) / sets;
+            // The grouped wo_a's tiles are known exactly (every group T rows), as the backend bounds them.
+            rts.push_back(make_routing(sel, E, mode == 2 ? static_cast<unsigned>(top_k * ((T + 7) / 8)) : 0u));
+        }
+        Acts a = make_acts(s, pairs, seed + 7 * T + mode);
+        const size_t n = static_cast<size_t>(pairs) * s.out;
+        Buf ye(n * sizeof(float));
+        linear_tiled(a.xp, a.sp, pairs, l, ye.as<float>(), &et, &rts[0].r);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> exact = to_host(ye, n);
+        int cur = 0;
+        Buf xq(static_cast<size_t>(pairs) * s.in * sizeof(float)), xs(static_cast<size_t>(pairs) * (s.in / 32 + 1) * sizeof(float));
+        auto call = [&](int v, bool fused, float* y) {
+            if (v >= 4) {
+                linear_gemv_stream(v, fused ? a.x->as<float>() : a.xp, fused ? nullptr : a.sp, pairs, l, y, &et, &rts[cur].r);
+            } else {
+                VariantScope scope(v);
+                linear_gemv(a.xp, a.sp, pairs, l, y, &et, &rts[cur].r);
+            }
+        };
+        auto quant = [&] {
+            if (scaled) act_quant(a.x->as<float>(), pairs, s.in, s.act_block, xq.as<float>(), xs.as<float>());
+        };
+        auto use = [&](int i) { cur = i % sets; };
+        sweep_case(sh, T, scaled, true, exact, n, call, quant, use, mean_bytes, totals);
+    }
+}
+
+}  // namespace
+
+TEST(CudaGemv, VariantsAtDecodeShapes) {
+    REQUIRE_GPU();
+    std::map<std::string, Total> totals;
+    // V4.1-Flash dense FP8 projections (32x32 blocks) and the same shapes with V4's 128x128 blocks.
+    const std::pair<const char*, std::pair<int, int>> dense[] = {
+        {"wq_a", {1280, 5120}},       {"wq_b", {32768, 1280}}, {"wkv", {512, 5120}},        {"wo_b", {5120, 8192}},
+        {"idx.wq_b", {4096, 1280}},   {"shared.w1", {2304, 5120}}, {"shared.w2", {5120, 2304}},
+    };
+    uint64_t seed = 101;
+    for (int blk : {32, 128}) {
+        for (const auto& [name, nk] : dense) {
+            SweepShape sh{blk == 32 ? "fp8-32" : "fp8-128", name, {name, 2, false, nk.first, nk.second, blk, blk}};
+            sweep_dense(sh, seed++, totals);
+        }
+    }
+    // The grouped bf16 wo_a (8 groups of 4096 -> 1024, every token's 8 rows one per group; 4 copies rotated).
+    sweep_routed({"bf16-wo_a", "wo_a", {"wo_a", 1, false, 1024, 4096, 0, 0}}, 32, 8, 2, seed++, totals);
+    // Routed FP4 experts (384, top-6), balanced and skewed routing.
+    for (int mode : {0, 1}) {
+        const char* f = mode == 0 ? "fp4-balanced" : "fp4-skewed";
+        sweep_routed({f, "experts.w1", {"experts.w1", 3, false, 2304, 5120, 0, 32}}, 384, 6, mode, seed++, totals);
+        sweep_routed({f, "experts.w2", {"experts.w2", 3, false, 5120, 2304, 0, 32}}, 384, 6, mode, seed++, totals);
+    }
+    print_totals(totals);
 }

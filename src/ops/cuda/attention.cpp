@@ -513,7 +513,8 @@ Tensor CudaBackend::project_output(Tensor& o, const AttentionWeight& w, const fl
         Routed routed;
         routed.row_expert = sel_d.ptr;
         routed.routing.tile_rows = routing_tile_rows(rows, G);
-        routed.routing.max_tiles = static_cast<unsigned>((rows + routed.routing.tile_rows - 1) / routed.routing.tile_rows + G);
+        // Every group gets exactly T rows, so exactly G * ceil(T / tile_rows) tiles (a tight bound sizes the GEMV's grid).
+        routed.routing.max_tiles = static_cast<unsigned>(G * ((T + routed.routing.tile_rows - 1) / routed.routing.tile_rows));
         auto row_map = device_alloc(sizeof(int32_t) * static_cast<size_t>(rows));
         auto tiles = device_alloc(sizeof(int32_t) * 4 * routed.routing.max_tiles);
         auto n_tiles = device_alloc(sizeof(int32_t));
@@ -527,7 +528,8 @@ Tensor CudaBackend::project_output(Tensor& o, const AttentionWeight& w, const fl
         wg.out = R;
         wg.in = GD;
         wg.w = Tensor::view(DType::BF16, {R, GD}, wo_a, Device::CUDA);
-        Tensor oa_rows = run_linear(o.reshaped({rows, GD}), wg, &groups, &routed);
+        // o holds bf16 values (as the prefill's bf16 GEMM takes them): the bf16 tensor cores' products are exact.
+        Tensor oa_rows = run_linear(o.reshaped({rows, GD}), wg, &groups, &routed, /*bf16_acts=*/true);
         oa = oa_rows.reshaped({T, static_cast<int64_t>(G) * R});
     }
     return run_linear(oa, w.wo_b);

@@ -258,11 +258,16 @@ const float* CudaBackend::rope_freqs(const AttentionLayerInfo& info) {
     return static_cast<const float*>(it->second.get());
 }
 
+bool CudaBackend::use_gemv(const float* x, int64_t M, const LinearDev& d, const Routed* routed) const {
+    // Decode-sized calls: dense M <= 32, or routed tiles of <= 8 rows.
+    return numerics_ == Numerics::Fast && linear_gemv_supported(d) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+           (routed ? routed->routing.tile_rows == 8 : M <= 32);
+}
+
 void CudaBackend::gemm(const float* x, const float* xs, int64_t M, const LinearDev& d, float* y,
                        const ExpertTable* experts, const Routed* routed) {
-    // Fast numerics, decode-sized calls: the memory-bound GEMV (dense M <= 32, or routed tiles of <= 8 rows).
-    if (numerics_ == Numerics::Fast && linear_gemv_supported(d) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-        (routed ? routed->routing.tile_rows == 8 : M <= 32)) {
+    // Fast numerics, decode-sized calls: the memory-bound GEMV (xs null: it quantises the activations itself).
+    if (use_gemv(x, M, d, routed)) {
         linear_gemv(x, xs, M, d, y, experts, routed ? &routed->routing : nullptr);
         return;
     }
@@ -279,14 +284,19 @@ void CudaBackend::gemm(const float* x, const float* xs, int64_t M, const LinearD
 }
 
 Tensor CudaBackend::run_linear(const Tensor& x, const LinearWeight& w, const ExpertTable* experts,
-                               const Routed* routed) {
+                               const Routed* routed, bool bf16_acts) {
     const int64_t M = x.numel() / w.in;
     Tensor y = empty(DType::F32, {M, w.out});
     LinearDev d = dev_linear(w);
+    d.bf16_acts = bf16_acts && w.kind == LinearWeight::Kind::BF16;
     const bool quantised = w.kind == LinearWeight::Kind::FP8 || w.kind == LinearWeight::Kind::FP4;
     if (quantised) {
         PEREGRINE_CHECK(w.act_block > 0 && w.in % w.act_block == 0,
                         "linear: input width {} is not a multiple of the activation block {}", w.in, w.act_block);
+        if (use_gemv(x.f32(), M, d, routed) && linear_gemv_quantises(d)) {  // act_quant inside the GEMV
+            linear_gemv(x.f32(), nullptr, M, d, y.f32(), experts, routed ? &routed->routing : nullptr);
+            return y;
+        }
         Tensor xq = empty(DType::F32, {M, w.in}), xs = empty(DType::F32, {M, w.in / w.act_block});
         act_quant(x.f32(), M, w.in, w.act_block, xq.f32(), xs.f32());
         gemm(xq.f32(), xs.f32(), M, d, y.f32(), experts, routed);
@@ -303,7 +313,9 @@ Tensor CudaBackend::linear(const Tensor& x, const LinearWeight& w) {
 
 std::unique_ptr<StepScratch> CudaBackend::begin_step(const ForwardBatch&) { return std::make_unique<CudaScratch>(); }
 
+// State memory is made and freed from whichever thread owns the pool: on this backend's GPU.
 uint8_t* CudaBackend::alloc_state(size_t bytes) {
+    bind_thread();
     void* p = nullptr;
     PG_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 64)));
     PG_CUDA(cudaMemset(p, 0, bytes));
@@ -311,6 +323,7 @@ uint8_t* CudaBackend::alloc_state(size_t bytes) {
 }
 
 void CudaBackend::free_state(uint8_t* p) {
+    cudaSetDevice(gpu_);
     cudaDeviceSynchronize();
     cudaFree(p);
 }

@@ -190,9 +190,12 @@ private:
         const int* row_expert = nullptr;
         LinearRouting routing;
     };
-    // y = x W^T for x [M, in] (device); with experts, row m uses its expert's weights.
+    // y = x W^T for x [M, in] (device); with experts, row m uses its expert's weights. bf16_acts: x holds bf16
+    // values (BF16 weights may then run on the bf16 tensor cores: exact products).
     Tensor run_linear(const Tensor& x, const LinearWeight& w, const ExpertTable* experts = nullptr,
-                      const Routed* routed = nullptr);
+                      const Routed* routed = nullptr, bool bf16_acts = false);
+    // Fast numerics: whether gemm() takes the decode GEMV for this call.
+    bool use_gemv(const float* x, int64_t M, const LinearDev& d, const Routed* routed) const;
     void gemm(const float* x, const float* xs, int64_t M, const LinearDev& d, float* y, const ExpertTable* experts,
               const Routed* routed);
     // PEREGRINE_CUDA_NUMERICS: "fast" (default: tensor-core and memory-bound kernels summing in fp32; parity

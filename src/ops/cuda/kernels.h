@@ -52,15 +52,32 @@ void expert_tiles(const int32_t* sel, int64_t n, int E, int mt, int32_t* row_map
 bool linear_gemv_supported(const LinearDev& w);
 void linear_gemv(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
                  const LinearRouting* routing);
-// Kernel variant: 3 (default) the tensor-core one (linear_gemv_mma.cu) for FP8/FP4 and 1 for the rest; 1 the
-// CUDA-core one (register double buffer, a block per 32-row group, separate split reduction) everywhere.
-// Env PEREGRINE_GEMV=1 selects 1 at start; tests A/B both in one run.
-void linear_gemv_set_variant(int v);
-int linear_gemv_variant();
+// Kernel variants, per stored format: 1 the CUDA-core kernel (register double buffer, separate split
+// reduction; every format), 3 the tensor-core one (linear_gemv_mma.cu; FP8/FP4), 4-8 the streaming
+// tensor-core ones (linear_gemv_stream.cu; FP8/FP4, and BF16 when LinearDev::bf16_acts; 7/8 are 4/5 with
+// persistent CTAs for routed calls). A variant a linear
+// does not support falls back to 3, then 1. Defaults: FP8/FP4 3, the rest 1. Env at start:
+// PEREGRINE_GEMV_VARIANT=<v> (every format) or a list such as "fp8=4,fp4=5,bf16=4"; PEREGRINE_GEMV=1 as
+// PEREGRINE_GEMV_VARIANT=1. Tests A/B them in one run.
+void linear_gemv_set_variant(int v);                  // every format (F32 stays 1; BF16 takes 1 for 3)
+void linear_gemv_set_variant(int kind_format, int v);  // one stored format: 0 F32, 1 BF16, 2 FP8, 3 FP4
+int linear_gemv_variant();                             // FP8's (the tests' A/B key)
+int linear_gemv_variant(int kind_format);
+// Whether linear_gemv takes this FP8/FP4 linear's activations unquantised (xs == nullptr) and quantises them
+// itself, with act_quant's arithmetic (variants 4-8; PEREGRINE_GEMV_FUSE=0 or the setter turn it off).
+bool linear_gemv_quantises(const LinearDev& w);
+void linear_gemv_set_fuse(bool on);
 // ---- linear_gemv_mma.cu (variant 3): FP8/FP4 decode GEMV on mma.sync e4m3 (same contract as linear_gemv).
 bool linear_gemv_mma_supported(const LinearDev& w);
 void linear_gemv_mma(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
                      const ExpertTable* experts, const LinearRouting* routing);
+// ---- linear_gemv_stream.cu (variants 4 to 8): the weights streamed through deep cp.async rings (scales
+// included) on mma.sync e4m3 / bf16, the work split chosen for full waves; same contract as linear_gemv, and
+// FP8/FP4 activations may come unquantised (xs == nullptr) where linear_gemv_stream_quantises.
+bool linear_gemv_stream_supported(const LinearDev& w);
+bool linear_gemv_stream_quantises(const LinearDev& w);
+void linear_gemv_stream(int variant, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
+                        const ExpertTable* experts, const LinearRouting* routing);
 // ---- linear_cublas.cpp (prefill: tensor-core GEMMs through cuBLAS on exact bf16 images of the quantised
 // operands, fp32 accumulation; F32 linears as fp32 GEMMs). Same contract as linear_tiled; routed calls read
 // the tile table back to the host (one synchronisation). Weights are dequantised per call into a bounded,

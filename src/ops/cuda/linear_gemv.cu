@@ -9,8 +9,8 @@
 // order differs from the exact kernels, before the same bf16 rounding.
 //
 // This is variant 1 (a block per 32-row group, a register double buffer, a separate split reduction kernel).
-// FP8/FP4 take variant 3, the tensor-core one in linear_gemv_mma.cu, unless PEREGRINE_GEMV=1 or
-// linear_gemv_set_variant(1) asks for this kernel everywhere (see launch_rows).
+// FP8/FP4 take variant 3, the tensor-core one in linear_gemv_mma.cu, by default; variants 4-8 are the
+// streaming kernels of linear_gemv_stream.cu (see kernels.h and launch_rows).
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/kernels.h"
@@ -338,23 +338,58 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     }
 }
 
-int& variant() {
-    static int v = [] {
-        const char* e = std::getenv("PEREGRINE_GEMV");
-        const std::string v = e ? e : "";
-        return v == "1" ? 1 : 3;
-    }();
+// Variant per stored format (F32, BF16, FP8, FP4), from the environment at start (see kernels.h).
+struct Variants {
+    int v[4] = {1, 1, 3, 3};
+    bool fuse = true;
+};
+int clamp_variant(int format, int v) {
+    if (format == kF32) return 1;
+    if (format == kBF16) return v == 3 ? 1 : v;
     return v;
+}
+Variants& variants() {
+    static Variants vs = [] {
+        Variants r;
+        const char* legacy = std::getenv("PEREGRINE_GEMV");
+        if (legacy && std::string(legacy) == "1") r.v[1] = r.v[2] = r.v[3] = 1;
+        const char* e = std::getenv("PEREGRINE_GEMV_VARIANT");
+        const std::string spec = e ? e : "";
+        size_t at = 0;
+        while (at < spec.size()) {  // "<v>" or "fmt=<v>,..."; unknown entries are ignored
+            const size_t end = std::min(spec.find(',', at), spec.size());
+            const std::string item = spec.substr(at, end - at);
+            at = end + 1;
+            const size_t eq = item.find('=');
+            const std::string name = eq == std::string::npos ? "" : item.substr(0, eq);
+            const int v = std::atoi(item.c_str() + (eq == std::string::npos ? 0 : eq + 1));
+            if (v != 1 && (v < 3 || v > 8)) continue;
+            for (int f = 0; f < 4; ++f) {
+                static const char* names[4] = {"f32", "bf16", "fp8", "fp4"};
+                if (name.empty() || name == names[f]) r.v[f] = clamp_variant(f, v);
+            }
+        }
+        const char* fuse = std::getenv("PEREGRINE_GEMV_FUSE");
+        r.fuse = !(fuse && std::string(fuse) == "0");
+        return r;
+    }();
+    return vs;
 }
 
 template <int F>
 void launch_rows(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
                  const LinearRouting* routing) {
     const int64_t rows = routing ? routing->tile_rows : M;
-    // Variant 3 (default): the tensor cores for FP8/FP4, this kernel for the rest. (A cp.async-pipelined
-    // CUDA-core variant measured 1.2-1.8x slower than the tensor-core one on every FP8/FP4 shape on the H200,
-    // and slower than this one on the bf16 LM head and the grouped wo_a.)
-    if (variant() == 3 && linear_gemv_mma_supported(w)) {
+    const int v = variants().v[F];
+    // Variants 4-8: the streaming kernels; 3: the tensor cores for FP8/FP4 (the default); else this kernel.
+    // (A cp.async-pipelined CUDA-core variant measured 1.2-1.8x slower than the tensor-core one on every
+    // FP8/FP4 shape on the H200, and slower than this one on the bf16 LM head and the grouped wo_a.)
+    if (v >= 4 && linear_gemv_stream_supported(w)) {
+        linear_gemv_stream(v, x, xs, M, w, y, experts, routing);
+        return;
+    }
+    if (F >= kFP8 && xs == nullptr) fail("linear_gemv: unquantised activations need a quantising variant");
+    if (v >= 3 && linear_gemv_mma_supported(w)) {
         linear_gemv_mma(x, xs, M, w, y, experts, routing);
         return;
     }
@@ -391,10 +426,21 @@ void* gemv_scratch(int which, size_t bytes, bool zero) {
 }
 
 void linear_gemv_set_variant(int v) {
-    if (v != 1 && v != 3) fail("linear_gemv: no variant {} (1: CUDA cores, 3: tensor cores for FP8/FP4)", v);
-    variant() = v;
+    if (v != 1 && (v < 3 || v > 8)) fail("linear_gemv: no variant {} (1, 3 to 8)", v);
+    for (int f = 0; f < 4; ++f) variants().v[f] = clamp_variant(f, v);
 }
-int linear_gemv_variant() { return variant(); }
+void linear_gemv_set_variant(int format, int v) {
+    if (format < 0 || format > 3 || (v != 1 && (v < 3 || v > 8))) fail("linear_gemv: no variant {} for format {}", v, format);
+    variants().v[format] = clamp_variant(format, v);
+}
+int linear_gemv_variant() { return variants().v[kFP8]; }
+int linear_gemv_variant(int format) { return format >= 0 && format < 4 ? variants().v[format] : 1; }
+void linear_gemv_set_fuse(bool on) { variants().fuse = on; }
+
+bool linear_gemv_quantises(const LinearDev& w) {
+    if (w.kind != kFP8 && w.kind != kFP4) return false;
+    return variants().fuse && variants().v[w.kind] >= 4 && linear_gemv_stream_quantises(w);
+}
 
 bool linear_gemv_supported(const LinearDev& w) {
     if (w.out <= 0 || w.in <= 0) return false;

@@ -1,0 +1,710 @@
+// Decode GEMV streaming weights at HBM bandwidth on the tensor cores (variants 4, 5, 6 of linear_gemv):
+// FP8 (e4m3, ue8m0 tiles of 32/64/128), FP4 (e2m1 re-encoded exactly as e4m3 x 2^-6, ue8m0 per 32) and BF16
+// weights whose activations are bf16 values (LinearDev::bf16_acts). The arithmetic is linear_gemv_mma.cu's:
+// mma.sync m16n8k32 e4m3 (m16n8k16 bf16) with 16 weight rows as A and up to 8 activation rows as B, one mma
+// per 32-value k block (16 for bf16), its fp32 sum scaled by the power-of-two product of the weight and
+// activation scales and added in fp32; the output rounded to bf16. What differs is how the bytes arrive:
+//
+// - Each warp streams its 16 rows through a ring of ST stages of CH bytes per row (CH = 128 or 256: whole
+//   128-byte lines per row and 2 or 4 rows per warp-wide copy), (ST - 1) x 16 x CH bytes in flight per warp,
+//   eight warps per CTA: 48-96 KB per SM in flight (Little's law at ~4 TB/s over 132 SMs needs ~30 KB).
+// - The weight scales of a stage come through the same ring (4-byte cp.async, issued with the stage's weights),
+//   so no load waits on global memory inside the loop.
+// - The work split (K slices x groups of 128 rows per CTA) is chosen by a small cost model over whole waves, so
+//   that the last wave is full (routed calls: the expert tiles times the row groups).
+// - The activations may come unquantised (xs == nullptr): each CTA then quantises the blocks of its K slice
+//   itself, with act_quant's arithmetic (same amax, same ue8m0 scale, same e4m3 rounding), so the staged bytes
+//   and therefore the outputs are those of act_quant followed by this kernel, and one launch disappears.
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/gemv_common.cuh"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch_check.h"
+#include "util/error.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <utility>
+
+namespace peregrine::cuda {
+
+namespace {
+
+constexpr int kBF16 = 1, kFP8 = 2, kFP4 = 3;
+constexpr int kWarps = 8, kThreads256 = kWarps * 32, kUnitRows = 16, kGroupRows = kWarps * kUnitRows;
+constexpr int kCols = 8;                  // activation rows per mma (its n); a tile is MT of them
+constexpr int kSmemMax = 225 * 1024;      // dynamic shared memory per block (sm_90 opt-in: 227 KB with the ~1.6 KB static)
+constexpr int kStageLoads = 8;            // activation float4 loads in flight per thread while staging
+constexpr int kMaxCtaTiles = 64;          // tiles whose units one CTA may take
+
+// Geometry of a stage for format F and CH bytes per weight row.
+template <int F, int CH>
+struct Geo {
+    static_assert(CH == 128 || CH == 256, "stage width");
+    // Row stride in the ring: FP4 fragments are 4-byte reads of 8 rows (stride = 16 mod 128 spreads them over
+    // the banks), FP8/BF16 8-byte reads of 4 rows per half warp (stride = 32 mod 128).
+    static constexpr int RS = CH + (F == kFP4 ? 16 : 32);
+    static constexpr int STEPS = F == kFP4 ? CH / 16 : CH / 32;  // mma k steps per stage
+    static constexpr int SC = F == kFP4 ? kUnitRows * STEPS : F == kFP8 ? 16 : 0;  // scale bytes per slot
+    static constexpr int SLOT = kUnitRows * RS + SC;
+    static constexpr int STEP_VALUES = F == kBF16 ? 16 : 32;   // k values per mma step
+    static constexpr int STEP_W_BYTES = F == kFP4 ? 16 : 32;   // weight bytes per row per mma step
+    // FP4: the current stage's row scales as floats (x 2^6), per warp; rows padded against bank conflicts.
+    static constexpr int FS_STRIDE = STEPS + 1;
+    static constexpr int FSB = F == kFP4 ? kUnitRows * FS_STRIDE * 4 : 0;
+    static_assert(SLOT % 16 == 0 && FSB % 16 == 0, "cp.async destinations must stay 16-byte aligned");
+};
+
+// Byte position of value v (0..31) of an FP4 k step in the staged activations: the order in which
+// fp4x8_to_e4m3_split hands the weights to the mma (per 8 values: the even ones, then the odd ones).
+__device__ __forceinline__ int fp4_act_pos(int v) { return (v & ~7) | ((v & 1) << 2) | ((v & 7) >> 1); }
+
+// Eight e2m1 nibbles (low nibble first) as e4m3 bytes x 2^-6 (see fp4x8_to_e4m3), the even-indexed values in
+// `even` and the odd ones in `odd`: no byte permute, the activations are staged in the matching order.
+__device__ __forceinline__ void fp4x8_to_e4m3_split(uint32_t w, uint32_t& even, uint32_t& odd) {
+    even = ((w & 0x07070707u) << 2) | ((w & 0x08080808u) << 4);  // k0 k2 k4 k6
+    odd = ((w >> 2) & 0x1c1c1c1cu) | (w & 0x80808080u);          // k1 k3 k5 k7
+}
+
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f), "f"(0.0f), "f"(0.0f), "f"(0.0f));
+}
+// bf16 with the accumulator carried (no scales to apply between blocks).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+    return lo | (hi << 16);
+}
+__device__ __forceinline__ uint32_t bf16x2(float a, float b) {
+    return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(a))) |
+           (static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(b))) << 16);
+}
+
+struct StreamArgs {
+    const float* x;   // [M, K] activations: e4m3 values (xs given), raw bf16 values (xs null, quantised here)
+    const float* xs;  // [M, K / act_block] activation scales, or null
+    int64_t M;
+    LinearDev w;
+    float* y;
+    float* partial;  // [splits][M][N] K-split partial sums
+    unsigned* counters;
+    int splits, mtiles, gpb, per;  // per: stages per K slice
+    bool persistent;               // CTAs share out every (tile, group) unit; splits == 1
+    bool scale_words;              // scale rows may be copied 4 bytes at a time (alignment checked on the host)
+    ExpertTable experts;
+    const int32_t* row_map;
+    const int4* tiles;
+    const int32_t* n_tiles;
+};
+
+// Lane (g, t) = (lane / 4, lane % 4): for every mma step its A registers hold bytes [8t, 8t+8) (FP4: the
+// 4 bytes [4t, 4t+4) = values 8t..8t+7) of weight rows g and g+8, its B registers the same k positions of
+// activation row g; the mma's k order is a permutation of the step's, the same for A and B. D values: weight
+// rows g, g+8 x activation rows 2t, 2t+1.
+template <int F, int CH, int ST, int MINB, int MT>
+__global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamArgs p) {
+    using G = Geo<F, CH>;
+    constexpr int RS = G::RS, STEPS = G::STEPS, SLOT = G::SLOT;
+    constexpr int TR = kCols * MT, STEP_ACT = TR * 32;  // rows of a tile; their e4m3 (bf16) bytes per k step
+    extern __shared__ float4 smem4[];
+    uint8_t* ring = reinterpret_cast<uint8_t*>(smem4);        // [warp][ST][SLOT]
+    float* fscale = reinterpret_cast<float*>(ring + kWarps * ST * SLOT);  // FP4: [warp][16][FS_STRIDE]
+    uint8_t* act = ring + kWarps * (ST * SLOT + G::FSB);       // [k step][8 rows][32 bytes]
+    __shared__ int64_t row_s[TR];
+    __shared__ const uint8_t* tile_w[kMaxCtaTiles];
+    __shared__ const uint8_t* tile_sc[kMaxCtaTiles];
+    __shared__ int tile_m0[kMaxCtaTiles], tile_rows[kMaxCtaTiles];
+    __shared__ bool last_s;
+
+    const LinearDev& w = p.w;
+    const int N = w.out, K = w.in;
+    const int groups = (N + kGroupRows - 1) / kGroupRows, nblk = (groups + p.gpb - 1) / p.gpb;
+    // This CTA's units (tile-major: unit = tile * groups + group of 128 rows; a tile is 8 activation rows:
+    // dense rows 8 mt.., or a routed tile) and K slice. Persistent: an equal share of all units of the call
+    // (their count known on the device only), the whole of K. Otherwise: gpb groups of one tile, slice `split`.
+    int split = 0, mt = 0, nbk = 0, u_begin, u_end;
+    if (p.persistent) {
+        const int64_t units = static_cast<int64_t>(p.tiles ? *p.n_tiles : p.mtiles) * groups;
+        u_begin = static_cast<int>(units * blockIdx.x / gridDim.x);
+        u_end = static_cast<int>(units * (blockIdx.x + 1) / gridDim.x);
+    } else {
+        int bx = static_cast<int>(blockIdx.x);
+        mt = bx % p.mtiles;
+        bx /= p.mtiles;
+        split = bx % p.splits;
+        nbk = bx / p.splits;
+        if (p.tiles && static_cast<int>(blockIdx.y) >= *p.n_tiles) return;
+        const int tile = p.tiles ? static_cast<int>(blockIdx.y) : mt, g0 = nbk * p.gpb;
+        u_begin = tile * groups + g0;
+        u_end = tile * groups + min(groups, g0 + p.gpb);
+    }
+    if (u_begin >= u_end) return;
+    // The tiles the units touch (at most kMaxCtaTiles: the host bounds the units per CTA).
+    const int t_first = u_begin / groups, n_ct = (u_end - 1) / groups - t_first + 1;
+    for (int i = threadIdx.x; i < n_ct; i += kThreads256) {
+        const int ti = t_first + i;
+        if (p.tiles) {
+            const int4 t = p.tiles[ti];
+            tile_w[i] = static_cast<const uint8_t*>(p.experts.w[t.x]);
+            tile_sc[i] = p.experts.scale[t.x];
+            tile_m0[i] = t.y;
+            tile_rows[i] = t.z;
+        } else {
+            tile_w[i] = static_cast<const uint8_t*>(w.w);
+            tile_sc[i] = w.scale;
+            tile_m0[i] = ti * TR;
+            tile_rows[i] = static_cast<int>(min(static_cast<int64_t>(TR), p.M - static_cast<int64_t>(ti) * TR));
+        }
+    }
+    __syncthreads();
+    const int64_t row_bytes = F == kFP4 ? K / 2 : F == kFP8 ? K : 2 * static_cast<int64_t>(K);
+    const int all_stages = static_cast<int>((row_bytes + CH - 1) / CH);  // the last may be partial
+    const int st0 = split * p.per, S = min(all_stages, st0 + p.per) - st0;  // > 0: no empty slice is launched
+    const int steps = (u_end - u_begin) * S;
+    const int k0 = st0 * (CH / G::STEP_W_BYTES) * G::STEP_VALUES;  // first k value of the slice
+    const int slice_values = min(K - k0, S * (CH / G::STEP_W_BYTES) * G::STEP_VALUES);
+    const int KS = slice_values / G::STEP_VALUES;                   // mma k steps in the slice
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    uint8_t* my_ring = ring + warp * ST * SLOT;
+    const int wblk = F == kFP8 ? w.weight_block : 32;
+    const int wshift = __ffs(wblk) - 1;                          // wblk is 32, 64 or 128
+    const int nkb = F == kFP8 ? (K + wblk - 1) / wblk : K / 32;  // scale bytes per scale row
+
+    // Step s: the warp's 16 rows of unit u_begin + s / S, stage s % S of the slice. One commit group per step,
+    // empty or not, so that wait_group counts steps.
+    auto issue = [&](int s) {
+        if (s < steps) {
+            const int ui = s / S, st = s - ui * S, u = u_begin + ui, ti = u / groups - t_first;
+            const int r0 = (u - (u / groups) * groups) * kGroupRows + warp * kUnitRows;
+            const uint8_t* wb = tile_w[ti];
+            const uint8_t* sb = tile_sc[ti];
+            if (r0 < N) {
+                uint8_t* slot = my_ring + (s % ST) * SLOT;
+                const int64_t boff = static_cast<int64_t>(st0 + st) * CH;  // byte offset in the row
+                const int vbytes = static_cast<int>(min(static_cast<int64_t>(CH), row_bytes - boff));
+                const uint8_t* base = wb + boff;
+                constexpr int PIECES = CH / 16;  // 16-byte pieces per row
+#pragma unroll
+                for (int i = 0; i < kUnitRows * PIECES / 32; ++i) {
+                    const int q = lane + 32 * i, r = q / PIECES, seg = q % PIECES;
+                    if (seg * 16 < vbytes)
+                        cp_async16(slot + r * RS + seg * 16, base + static_cast<int64_t>(min(r0 + r, N - 1)) * row_bytes + seg * 16);
+                }
+                if constexpr (F == kFP4) {
+                    // Row scales of the stage's k blocks: STEPS bytes per row from (row, kb0).
+                    uint8_t* sc = slot + kUnitRows * RS;
+                    const int kb0 = static_cast<int>(boff / 16), vsteps = vbytes / 16;
+                    constexpr int WPR = STEPS / 4;  // 4-byte words per row
+#pragma unroll
+                    for (int i = 0; i < (kUnitRows * WPR + 31) / 32; ++i) {
+                        const int q = lane + 32 * i, r = q / WPR, wd = q % WPR;
+                        if (q < kUnitRows * WPR && wd * 4 < vsteps) {
+                            const uint8_t* src = sb + static_cast<int64_t>(min(r0 + r, N - 1)) * nkb + kb0 + wd * 4;
+                            if (p.scale_words) {
+                                cp_async4(sc + r * STEPS + wd * 4, src);
+                            } else {
+#pragma unroll
+                                for (int b = 0; b < 4; ++b)
+                                    if (wd * 4 + b < vsteps) sc[r * STEPS + wd * 4 + b] = src[b];
+                            }
+                        }
+                    }
+                } else if constexpr (F == kFP8) {
+                    // The tile row's scales covering the stage (aligned 4-byte words, at most 4).
+                    uint8_t* sc = slot + kUnitRows * RS;
+                    const int64_t srow = static_cast<int64_t>(r0 >> wshift) * nkb;
+                    const int kq0 = static_cast<int>(boff) >> wshift, kq1 = (static_cast<int>(boff) + vbytes - 1) >> wshift;
+                    const int w0 = kq0 >> 2, nw = (kq1 >> 2) - w0 + 1;
+                    if (lane < nw) {
+                        if (p.scale_words) {
+                            cp_async4(sc + lane * 4, sb + srow + (w0 + lane) * 4);
+                        } else {
+                            for (int b = 0; b < 4; ++b) {
+                                const int kq = (w0 + lane) * 4 + b;
+                                sc[lane * 4 + b] = kq < nkb ? sb[srow + kq] : uint8_t{127};
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int s = 0; s < ST - 1; ++s) issue(s);
+
+    // Stage the slice's activations: e4m3 bytes (bf16 pairs) per [k step][row][32 bytes], fp32 scales per
+    // [k step][row]; rows past the tile as zeros. A warp handles 32 consecutive quads (4 values) per load, so
+    // an activation block (8, 16 or 32 quads, aligned) lies within one warp's load.
+    float* ascale = reinterpret_cast<float*>(act + KS * STEP_ACT);
+    // Four e4m3 bytes of values within..within+3 of a k step into its 32 bytes of one row (FP4: permuted).
+    auto store_act4 = [](uint8_t* row32, int within, uint32_t q) {
+        if constexpr (F == kFP4) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) row32[fp4_act_pos(within + i)] = static_cast<uint8_t>(q >> (8 * i));
+        } else {
+            *reinterpret_cast<uint32_t*>(row32 + within) = q;
+        }
+    };
+    // Tile ti's activations; called by every thread (barriers inside), after the previous tile's last reads.
+    auto stage = [&](int ti) {
+        const int rows = tile_rows[ti];
+        const int64_t m0 = tile_m0[ti];
+        __syncthreads();
+        if (threadIdx.x < TR)
+            row_s[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? (p.row_map ? p.row_map[m0 + threadIdx.x] : m0 + threadIdx.x) : 0;
+        __syncthreads();
+        const int qpr = slice_values / 4, quads = rows * qpr;  // quads per row, in all
+        const int ab = F == kBF16 ? 4 : w.act_block, qpb = ab / 4;
+        const bool fuse = F != kBF16 && p.xs == nullptr;
+        for (int b0 = warp * 32 * kStageLoads; b0 < quads; b0 += kWarps * 32 * kStageLoads) {
+            float4 v[kStageLoads];
+#pragma unroll
+            for (int i = 0; i < kStageLoads; ++i) {
+                const int u = b0 + i * 32 + lane;
+                if (u < quads) {
+                    const int m = u / qpr, kq = u - m * qpr;
+                    v[i] = *reinterpret_cast<const float4*>(p.x + row_s[m] * K + k0 + kq * 4);
+                } else {
+                    v[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < kStageLoads; ++i) {
+                const int u = b0 + i * 32 + lane;  // whole activation blocks are in or out together
+                if (b0 + i * 32 >= quads) break;   // warp-uniform
+                const int m = u / qpr, kq = u - m * qpr;
+                const int kv = kq * 4, ks = kv / G::STEP_VALUES, within = kv % G::STEP_VALUES;
+                if constexpr (F == kBF16) {
+                    if (u < quads)
+                        *reinterpret_cast<uint2*>(act + ks * STEP_ACT + m * 32 + within * 2) =
+                            make_uint2(bf16x2(v[i].x, v[i].y), bf16x2(v[i].z, v[i].w));
+                } else if (fuse) {
+                    // act_quant: amax over the block, s = 2^ceil(log2(max(amax, 1e-4) / 448)), q = e4m3(x / s).
+                    float a = fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w)));
+                    for (int o = qpb >> 1; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+                    const float s = pow2_round_scale(fmaxf(a, 1e-4f), 1.0f / 448.0f);
+                    if (u < quads) {
+                        store_act4(act + ks * STEP_ACT + m * 32, within,
+                                   e4m3x4(fminf(fmaxf(v[i].x / s, -448.0f), 448.0f), fminf(fmaxf(v[i].y / s, -448.0f), 448.0f),
+                                          fminf(fmaxf(v[i].z / s, -448.0f), 448.0f), fminf(fmaxf(v[i].w / s, -448.0f), 448.0f)));
+                        if (within == 0) ascale[ks * TR + m] = s;
+                    }
+                } else {
+                    if (u < quads) {
+                        store_act4(act + ks * STEP_ACT + m * 32, within, e4m3x4(v[i].x, v[i].y, v[i].z, v[i].w));
+                        if (within == 0) ascale[ks * TR + m] = p.xs[row_s[m] * (K / ab) + (k0 + kv) / ab];
+                    }
+                }
+            }
+        }
+        // Rows past the tile: zero bytes and scales, so that their (unwritten) outputs stay finite.
+        const int zq = (TR - rows) * KS * 8;  // 4-byte words
+        for (int u = threadIdx.x; u < zq; u += kThreads256) {
+            const int m = rows + u / (KS * 8), r = u % (KS * 8), ks = r / 8, wd = r % 8;
+            *reinterpret_cast<uint32_t*>(act + ks * STEP_ACT + m * 32 + wd * 4) = 0u;
+            if (F != kBF16 && wd == 0) ascale[ks * TR + m] = 0.0f;
+        }
+        __syncthreads();
+    };
+    stage(0);
+
+    float acc[MT][4] = {};
+    for (int s = 0; s < steps; ++s) {
+        cp_async_wait<ST - 2>();  // this lane's copies of step s have landed
+        __syncwarp();             // and every lane's; every lane is done with the slot of step s - 1 ...
+        issue(s + ST - 1);        // ... which this refills
+        const int ui = s / S, st = s - ui * S, u = u_begin + ui, ti = u / groups - t_first;
+        const int r0 = (u - (u / groups) * groups) * kGroupRows + warp * kUnitRows;
+        const uint8_t* slot = my_ring + (s % ST) * SLOT;
+        const uint8_t* sc = slot + kUnitRows * RS;
+        const int64_t boff = static_cast<int64_t>(st0 + st) * CH;
+        const int vsteps = static_cast<int>(min(static_cast<int64_t>(CH), row_bytes - boff)) / G::STEP_W_BYTES;
+        const int ks0 = st * STEPS;  // first k step of the stage in the slice
+        const int rows_cur = tile_rows[ti];
+        float* fs = fscale + warp * (kUnitRows * G::FS_STRIDE);
+        if constexpr (F == kFP4) {
+            // The stage's 16 x STEPS scale bytes as floats x 2^6, a word (4 bytes) per lane at a time.
+            if (r0 < N) {
+#pragma unroll
+                for (int i = 0; i < STEPS / 8; ++i) {
+                    const int q = lane + 32 * i, r = q * 4 / STEPS, c = q * 4 % STEPS;
+                    const uint32_t wd = *reinterpret_cast<const uint32_t*>(sc + q * 4);
+#pragma unroll
+                    for (int b = 0; b < 4; ++b)
+                        fs[r * G::FS_STRIDE + c + b] = e8m0_to_f32(static_cast<uint8_t>(wd >> (8 * b))) * 64.0f;
+                }
+            }
+            __syncwarp();
+        }
+        if (r0 < N) {
+#pragma unroll
+            for (int j = 0; j < STEPS; ++j) {
+                if (j >= vsteps) break;  // the row's partial last stage (warp-uniform)
+                uint32_t a[4];
+                if constexpr (F == kFP4) {
+                    const uint32_t lo = *reinterpret_cast<const uint32_t*>(slot + g * RS + j * 16 + 4 * t);
+                    const uint32_t hi = *reinterpret_cast<const uint32_t*>(slot + (g + 8) * RS + j * 16 + 4 * t);
+                    fp4x8_to_e4m3_split(lo, a[0], a[2]);
+                    fp4x8_to_e4m3_split(hi, a[1], a[3]);
+                } else {
+                    const uint2 lo = *reinterpret_cast<const uint2*>(slot + g * RS + j * 32 + 8 * t);
+                    const uint2 hi = *reinterpret_cast<const uint2*>(slot + (g + 8) * RS + j * 32 + 8 * t);
+                    a[0] = lo.x;
+                    a[2] = lo.y;
+                    a[1] = hi.x;
+                    a[3] = hi.y;
+                }
+                float ws_lo = 1.0f, ws_hi = 1.0f;
+                if constexpr (F == kFP4) {
+                    ws_lo = fs[g * G::FS_STRIDE + j];
+                    ws_hi = fs[(g + 8) * G::FS_STRIDE + j];
+                } else if constexpr (F == kFP8) {
+                    const int kq = (static_cast<int>(boff) + 32 * j) >> wshift, kqw = (static_cast<int>(boff) >> wshift) & ~3;
+                    ws_lo = ws_hi = e8m0_to_f32(sc[kq - kqw]);
+                }
+                // The tile's rows, 8 (one mma) at a time; the A fragment is shared.
+#pragma unroll
+                for (int c = 0; c < MT; ++c) {
+                    if (c * kCols >= rows_cur) break;  // warp-uniform
+                    const uint2 b = *reinterpret_cast<const uint2*>(act + (ks0 + j) * STEP_ACT + (c * kCols + g) * 32 + 8 * t);
+                    if constexpr (F == kBF16) {
+                        mma_bf16(acc[c], a, b.x, b.y);
+                    } else {
+                        const float2 as = *reinterpret_cast<const float2*>(ascale + (ks0 + j) * TR + c * kCols + 2 * t);
+                        float d[4];
+                        mma_e4m3(d, a, b.x, b.y);
+                        acc[c][0] = __fmaf_rn(d[0], ws_lo * as.x, acc[c][0]);
+                        acc[c][1] = __fmaf_rn(d[1], ws_lo * as.y, acc[c][1]);
+                        acc[c][2] = __fmaf_rn(d[2], ws_hi * as.x, acc[c][2]);
+                        acc[c][3] = __fmaf_rn(d[3], ws_hi * as.y, acc[c][3]);
+                    }
+                }
+            }
+        }
+        if (st == S - 1) {  // the unit's last stage: write this lane's outputs, restart
+#pragma unroll
+            for (int c = 0; c < MT; ++c)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int n = r0 + g + (i >> 1) * 8, m = c * kCols + 2 * t + (i & 1);
+                    if (m < rows_cur && n < N) {
+                        const int64_t idx = row_s[m] * N + n;
+                        if (p.splits > 1) p.partial[static_cast<int64_t>(split) * p.M * N + idx] = acc[c][i];
+                        else p.y[idx] = round_bf16(acc[c][i]);
+                    }
+                    acc[c][i] = 0.0f;
+                }
+            // The next unit in another tile (persistent CTAs): its activations replace these. The ring keeps
+            // streaming meanwhile (its next ST - 1 stages are in flight).
+            if (s + 1 < steps && (u + 1) / groups - t_first != ti) stage(ti + 1);
+        }
+    }
+    cp_async_wait<0>();
+    if (p.splits == 1) return;
+
+    // K split: the last of the slices of these outputs to finish sums them in slice order.
+    __threadfence();
+    __syncthreads();
+    const int64_t ticket = (static_cast<int64_t>(blockIdx.y) * p.mtiles + mt) * nblk + nbk;
+    if (threadIdx.x == 0) last_s = atomicAdd(p.counters + ticket, 1u) == static_cast<unsigned>(p.splits - 1);
+    __syncthreads();
+    if (!last_s) return;
+    __threadfence();
+    // Four outputs per thread and eight slices at a time in flight (independent loads), summed in slice order.
+    const int rows = tile_rows[0], n0 = (u_begin - t_first * groups) * kGroupRows;
+    const int width = min(N, (u_end - t_first * groups) * kGroupRows) - n0, total = rows * width;
+    const int64_t slice = p.M * static_cast<int64_t>(N);
+    for (int i0 = threadIdx.x; i0 < total; i0 += 4 * kThreads256) {
+        int64_t o[4];
+        float v[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int i = min(i0 + j * kThreads256, total - 1), m = i / width;
+            o[j] = row_s[m] * N + n0 + (i - m * width);
+            v[j] = 0.0f;
+        }
+        for (int k0 = 0; k0 < p.splits; k0 += 8) {
+            float part[4][8];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int kk = 0; kk < 8; ++kk)
+                    part[j][kk] = k0 + kk < p.splits ? __ldcg(p.partial + (k0 + kk) * slice + o[j]) : 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int kk = 0; kk < 8; ++kk)
+                    if (k0 + kk < p.splits) v[j] = k0 + kk == 0 ? part[j][kk] : v[j] + part[j][kk];
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (i0 + j * kThreads256 < total) p.y[o[j]] = round_bf16(v[j]);
+    }
+    if (threadIdx.x == 0) p.counters[ticket] = 0;  // ready for the next call
+}
+
+// Shared memory of a CTA: the ring and the activation slice of `per` stages.
+template <int F, int CH, int ST>
+constexpr size_t ring_bytes() {
+    return static_cast<size_t>(kWarps) * (ST * Geo<F, CH>::SLOT + Geo<F, CH>::FSB);
+}
+// Staged activation bytes per mma k step of a tile of MT x 8 rows: 32 bytes per row, + fp32 scales.
+template <int F, int MT>
+constexpr int act_step_bytes() {
+    return kCols * MT * (32 + (F == kBF16 ? 0 : 4));
+}
+template <int F, int CH, int MT>
+size_t act_bytes(int per) {
+    return static_cast<size_t>(per) * (CH / Geo<F, CH>::STEP_W_BYTES) * act_step_bytes<F, MT>();
+}
+
+// Dynamic shared memory this kernel may use (opted in once): kSmemMax, or less where the device's opt-in
+// limit minus the kernel's static shared memory is smaller.
+template <int F, int CH, int ST, int MINB, int MT>
+size_t smem_limit() {
+    static const size_t limit = [] {
+        int dev = 0, optin = 0;
+        PG_CUDA(cudaGetDevice(&dev));
+        PG_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        cudaFuncAttributes fa{};
+        PG_CUDA(cudaFuncGetAttributes(&fa, gemv_stream_kernel<F, CH, ST, MINB, MT>));
+        const size_t l = std::min<size_t>(kSmemMax, static_cast<size_t>(std::max<int64_t>(0, int64_t{optin} - static_cast<int64_t>(fa.sharedSizeBytes))));
+        PG_CUDA(cudaFuncSetAttribute(gemv_stream_kernel<F, CH, ST, MINB, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l)));
+        return l;
+    }();
+    return limit;
+}
+
+template <int F, int CH, int ST, int MINB, int MT>
+int occupancy(size_t smem) {
+    // Cached per KB of shared memory (the occupancy query is a runtime call), asked for the KB's upper end.
+    static int cache[kSmemMax / 1024 + 2] = {};
+    const size_t limit = smem_limit<F, CH, ST, MINB, MT>(), kb = (smem + 1023) / 1024;
+    if (smem > limit || kb >= sizeof(cache) / sizeof(cache[0])) return 0;
+    if (cache[kb] == 0) {
+        int n = 0;
+        PG_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_stream_kernel<F, CH, ST, MINB, MT>, kThreads256,
+                                                              std::min(kb * 1024, limit)));
+        cache[kb] = std::max(n, 0) + 1;  // + 1: 0 means not asked yet
+    }
+    return cache[kb] - 1;
+}
+
+// Work split for a shape: `splits` K slices of `per` stages, `gpb` groups of 128 rows per CTA. Cost of a
+// choice, in bytes an SM moves: the CTAs of the busiest SM (ceil(CTAs / SMs)) times what each reads (weights,
+// its activation slice as fp32, a ramp for filling the pipeline, hidden in part where CTAs share an SM, and a
+// K split's partial sums and reduction). Rows per tile
+// estimated as the average (routed) or the tile's (dense). Returns (splits, gpb).
+template <int F, int CH, int ST, int MINB, int MT>
+std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, int64_t tiles) {
+    using G = Geo<F, CH>;
+    const int groups = (N + kGroupRows - 1) / kGroupRows, sms = gemv_sm_count();
+    const size_t ring = ring_bytes<F, CH, ST>();
+    const int64_t base = static_cast<int64_t>(mtiles) * tiles;
+    const int rows_est = static_cast<int>(std::clamp<int64_t>((M + base - 1) / base, 1, kCols * MT));
+    const int64_t stage_bytes = static_cast<int64_t>(kGroupRows) * CH;  // a CTA's bytes per stage
+    const int64_t ramp = 64 * 1024;
+    int best_splits = 0, best_gpb = 1;
+    double best_cost = 0.0;
+    const int max_splits = std::min(all_stages, 64);
+    for (int splits = 1; splits <= max_splits; ++splits) {
+        const int per = (all_stages + splits - 1) / splits;
+        if ((all_stages + per - 1) / per != splits) continue;  // an empty slice
+        const size_t smem = ring + act_bytes<F, CH, MT>(per);
+        const int occ = occupancy<F, CH, ST, MINB, MT>(smem);
+        if (occ < 1) continue;
+        const int64_t act = static_cast<int64_t>(rows_est) * per * (CH / G::STEP_W_BYTES) * G::STEP_VALUES * 4;
+        for (int gpb = 1; gpb <= groups; ++gpb) {
+            const int nblk = (groups + gpb - 1) / gpb;
+            if (gpb > 1 && (groups + gpb - 2) / (gpb - 1) == nblk) continue;  // same CTA count as gpb - 1
+            const int64_t ctas = base * nblk * splits;
+            const int64_t per_sm = (ctas + sms - 1) / sms;
+            // A K split: each slice writes its partial sums; the last reduces them, eight slices per round trip
+            // (~1 us, ~32 KB of an SM's streaming) for every 1024 outputs.
+            const int64_t outs = static_cast<int64_t>(rows_est) * gpb * kGroupRows;
+            const int64_t split_cost = splits > 1 ? outs * 4 + 32 * 1024 * ((splits + 7) / 8) * ((outs + 1023) / 1024) : 0;
+            const double cost = static_cast<double>(per_sm) *
+                                static_cast<double>(gpb * per * stage_bytes + act + ramp / occ + split_cost);
+            if (best_splits == 0 || cost < best_cost) {
+                best_cost = cost;
+                best_splits = splits;
+                best_gpb = gpb;
+            }
+        }
+    }
+    if (best_splits == 0) fail("linear_gemv: no K split fits shared memory ({} stages)", all_stages);
+    return {best_splits, best_gpb};
+}
+
+template <int F, int CH, int ST, int MINB, int MT>
+void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
+            const LinearRouting* routing, bool persistent) {
+    const int N = w.out, groups = (N + kGroupRows - 1) / kGroupRows;
+    const int64_t row_bytes = F == kFP4 ? w.in / 2 : F == kFP8 ? w.in : 2 * static_cast<int64_t>(w.in);
+    const int all_stages = static_cast<int>((row_bytes + CH - 1) / CH);
+    const int mtiles = routing ? 1 : static_cast<int>((M + kCols * MT - 1) / (kCols * MT));
+    const int64_t tiles = routing ? std::min<int64_t>(routing->max_tiles, M) : 1;
+    if (tiles > 65535) fail("linear_gemv: {} routed tiles exceed the grid limit", tiles);
+    const size_t ring = ring_bytes<F, CH, ST>();
+    const size_t limit = smem_limit<F, CH, ST, MINB, MT>();  // opts in: before the occupancy queries
+    // The split of a shape is worked out once (the search is a few thousand steps of host arithmetic).
+    static std::mutex mu;
+    static std::map<std::tuple<int, int, int64_t, int64_t>, std::pair<int, int>> plans;
+    std::pair<int, int> plan;
+    bool fresh = false;
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        const auto key = std::make_tuple(N, w.in, M, tiles);
+        auto it = plans.find(key);
+        if (it == plans.end()) {
+            it = plans.emplace(key, choose_split<F, CH, ST, MINB, MT>(N, all_stages, M, mtiles, tiles)).first;
+            fresh = true;
+        }
+        plan = it->second;
+    }
+    int splits = plan.first, gpb = plan.second, per = (all_stages + splits - 1) / splits;
+    int nblk = (groups + gpb - 1) / gpb;
+    size_t smem = ring + act_bytes<F, CH, MT>(per);
+    // Persistent (routed calls with at least a CTA's worth of units per resident CTA): one CTA per resident slot,
+    // each an equal share of the (tile, group) units over the whole of K, and at most kMaxCtaTiles - 1 units.
+    int64_t ctas = 0;
+    const int64_t units = tiles * groups;
+    if (persistent && routing && units < (int64_t{1} << 31)) {
+        const size_t full = ring + act_bytes<F, CH, MT>(all_stages);
+        const int occ = full <= limit ? occupancy<F, CH, ST, MINB, MT>(full) : 0;
+        const int64_t slots = static_cast<int64_t>(occ) * gemv_sm_count();
+        if (occ > 0 && units >= slots) {
+            ctas = std::max<int64_t>(slots, (units + kMaxCtaTiles - 2) / (kMaxCtaTiles - 1));
+            splits = 1;
+            gpb = 1;
+            per = all_stages;
+            nblk = groups;
+            smem = full;
+        }
+    }
+
+    static const bool trace = [] {
+        const char* e = std::getenv("PEREGRINE_GEMV_TRACE");
+        return e && *e && std::string(e) != "0";
+    }();
+    if (trace && fresh)
+        std::fprintf(stderr, "gemv-stream plan: fmt %d CH %d ST %d | N %d K %d M %lld tiles %lld -> %s splits %d x %d stages, "
+                             "%d groups/CTA, %lld CTAs, %zu B smem, %d CTAs/SM\n",
+                     F, CH, ST, N, w.in, static_cast<long long>(M), static_cast<long long>(tiles),
+                     ctas > 0 ? "persistent" : "grid", splits, per, gpb,
+                     static_cast<long long>(ctas > 0 ? ctas : static_cast<int64_t>(nblk) * splits * mtiles * tiles), smem,
+                     occupancy<F, CH, ST, MINB, MT>(smem));
+
+    StreamArgs a{};
+    a.x = x;
+    a.xs = xs;
+    a.M = M;
+    a.w = w;
+    a.y = y;
+    a.splits = splits;
+    a.mtiles = mtiles;
+    a.gpb = gpb;
+    a.per = per;
+    a.persistent = ctas > 0;
+    // 4-byte scale copies: scale rows a multiple of 4 bytes and the (first expert's) table 4-byte aligned.
+    const int nkb = F == kFP8 ? (w.in + w.weight_block - 1) / w.weight_block : w.in / 32;
+    a.scale_words = F != kBF16 && nkb % 4 == 0 && reinterpret_cast<uintptr_t>(w.scale) % 4 == 0;
+    a.experts = experts ? *experts : ExpertTable{};
+    a.row_map = routing ? routing->row_map : nullptr;
+    a.tiles = routing ? reinterpret_cast<const int4*>(routing->tiles) : nullptr;
+    a.n_tiles = routing ? routing->n_tiles : nullptr;
+    const int64_t gx = ctas > 0 ? ctas : static_cast<int64_t>(nblk) * splits * mtiles;
+    if (gx > 0x7fffffff) fail("linear_gemv: grid of {} blocks is too large", gx);
+    if (splits > 1) {
+        a.partial = static_cast<float*>(gemv_scratch(0, sizeof(float) * static_cast<size_t>(splits) * M * N, false));
+        a.counters = static_cast<unsigned*>(gemv_scratch(1, sizeof(unsigned) * static_cast<size_t>(tiles) * mtiles * nblk, true));
+    }
+    dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(ctas > 0 ? 1 : tiles));
+    gemv_stream_kernel<F, CH, ST, MINB, MT><<<grid, kThreads256, smem>>>(a);
+    PG_LAUNCHED();
+}
+
+template <int F>
+void launch_variant(int v, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
+                    const ExpertTable* experts, const LinearRouting* routing) {
+    // Dense calls of more than 8 rows: tiles of 16 or 32 rows, so that each weight fragment feeds 2 or 4 mmas
+    // (and the weights are streamed once instead of once per 8 rows).
+    const int mt = routing || M <= 8 ? 1 : M <= 16 ? 2 : 4;
+    switch (v) {
+        case 4:
+        case 7:  // 80 KB in flight per CTA (7: persistent when routed)
+            if (mt == 1) launch<F, 128, 6, 1, 1>(x, xs, M, w, y, experts, routing, v == 7);
+            else if (mt == 2) launch<F, 128, 6, 1, 2>(x, xs, M, w, y, experts, routing, false);
+            else launch<F, 128, 6, 1, 4>(x, xs, M, w, y, experts, routing, false);
+            break;
+        case 6: launch<F, 128, 4, 2, 1>(x, xs, M, w, y, experts, routing, false); break;  // 48 KB, two CTAs per SM
+        default:  // 5 and 8: 96 KB in flight, 4 rows x 256 B per copy (8: persistent when routed)
+            if (mt == 1) launch<F, 256, 4, 1, 1>(x, xs, M, w, y, experts, routing, v == 8);
+            else if (mt == 2) launch<F, 256, 4, 1, 2>(x, xs, M, w, y, experts, routing, false);
+            else launch<F, 256, 4, 1, 4>(x, xs, M, w, y, experts, routing, false);
+            break;
+    }
+}
+
+}  // namespace
+
+bool linear_gemv_stream_supported(const LinearDev& w) {
+    if (w.out <= 0 || w.in <= 0) return false;
+    if (reinterpret_cast<uintptr_t>(w.w) % 16 != 0) return false;
+    switch (w.kind) {
+        case kBF16: return w.bf16_acts && w.in % 16 == 0;  // whole mma steps (32-byte rows pieces)
+        case kFP8:  // the reference's pairing (one activation scale per weight block), blocks of 32/64/128
+            return w.in % 32 == 0 && (w.weight_block == 32 || w.weight_block == 64 || w.weight_block == 128) &&
+                   w.act_block == w.weight_block && w.in % w.act_block == 0 && w.scale != nullptr;
+        case kFP4:
+            return w.in % 32 == 0 && (w.act_block == 32 || w.act_block == 64 || w.act_block == 128) &&
+                   w.in % w.act_block == 0 && w.scale != nullptr;
+        default: return false;
+    }
+}
+
+bool linear_gemv_stream_quantises(const LinearDev& w) {
+    if (!linear_gemv_stream_supported(w) || (w.kind != kFP8 && w.kind != kFP4)) return false;
+    // A slice starts on a stage boundary: stages must hold whole activation blocks (128 values or more).
+    return w.act_block <= 128;
+}
+
+void linear_gemv_stream(int variant, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
+                        const ExpertTable* experts, const LinearRouting* routing) {
+    if (M == 0 || w.out == 0) return;
+    if (variant < 4 || variant > 8) fail("linear_gemv_stream: no variant {}", variant);
+    if (!linear_gemv_stream_supported(w)) fail("linear_gemv_stream: unsupported linear (kind {}, in {})", w.kind, w.in);
+    if (reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("linear_gemv_stream: activations must be 16-byte aligned");
+    if (routing && routing->tile_rows > kCols) fail("linear_gemv_stream: routed tiles of {} rows", routing->tile_rows);
+    if (w.kind != kBF16 && xs == nullptr && !linear_gemv_stream_quantises(w))
+        fail("linear_gemv_stream: cannot quantise activation blocks of {}", w.act_block);
+    if (w.kind == kFP4) launch_variant<kFP4>(variant, x, xs, M, w, y, experts, routing);
+    else if (w.kind == kFP8) launch_variant<kFP8>(variant, x, xs, M, w, y, experts, routing);
+    else launch_variant<kBF16>(variant, x, xs, M, w, y, experts, routing);
+}
+
+}  // namespace peregrine::cuda

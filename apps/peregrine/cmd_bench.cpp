@@ -32,6 +32,7 @@ struct BenchArgs {
     std::string synthetic = "v41-flash", device = "cuda", json;
     int layers = 6, experts = 384, steps = 3, ep = 1;
     bool balanced = false;
+    bool device_sampling = false;  // sample on the device instead of copying the logits to the host
     std::string decode_batches = "8,16,32,64,128,256", contexts = "8192,131072", prefill_tokens = "4096,8192,16384,32768,65536";
     int64_t prefill_context = 131072;
     double max_step_seconds = 20.0;
@@ -126,7 +127,7 @@ struct Measured {
 // Runs `steps` timed forward steps (after one warm-up) of `n_seqs` sequences with cached context `ctx`,
 // feeding `rows_per_seq` tokens each; the last step is profiled per op.
 Measured run_steps(Model& m, cuda::CudaBackend& be, int n_seqs, int64_t ctx, int rows_per_seq, int steps,
-                   double max_step_seconds, bool* too_slow) {
+                   double max_step_seconds, bool* too_slow, bool device_sampling = false) {
     const StateLayout& L = m.layout();
     const int64_t pages_per_seq = L.pages_for(ctx + static_cast<int64_t>(rows_per_seq) * (steps + 2));
     PagePool pool(be, L, pages_per_seq * n_seqs);
@@ -155,7 +156,20 @@ Measured run_steps(Model& m, cuda::CudaBackend& be, int n_seqs, int64_t ctx, int
         const bool last = step == steps;
         be.set_profiling(last);
         auto t0 = std::chrono::steady_clock::now();
-        Tensor logits = m.forward(batch, logit_rows);  // host logits: the step is complete
+        if (device_sampling) {  // logits stay on the device; the ids come back: the step is complete
+            std::vector<SampleRow> rows(logit_rows.size());
+            SamplingParams sp;
+            sp.top_p = 0.95f;
+            for (size_t i = 0; i < rows.size(); ++i) {
+                rows[i].row = static_cast<int>(i);
+                rows[i].config = sample_config(sp);
+                rows[i].seed = i;
+                rows[i].index = static_cast<uint64_t>(step);
+            }
+            (void)be.sample(m.forward(batch, logit_rows, false), rows);
+        } else {
+            Tensor logits = m.forward(batch, logit_rows);  // host logits: the step is complete
+        }
         const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const double wait = be.take_host_wait_ms();
         be.set_profiling(false);
@@ -214,6 +228,7 @@ int run_bench(const BenchArgs& a) {
     out["device"] = cuda::CudaBackend::device_name();
     out["layers"] = a.layers;
     out["experts"] = a.experts;
+    out["device_sampling"] = a.device_sampling;
     out["balanced_routing"] = a.balanced;
     out["copy_bandwidth_gbs"] = bw;
     out["cuda_graphs"] = be.graphs();
@@ -266,7 +281,7 @@ int run_bench(const BenchArgs& a) {
                 continue;
             }
             bool slow = false;
-            Measured r = run_steps(*model, be, static_cast<int>(B), ctx, 1, a.steps, a.max_step_seconds, &slow);
+            Measured r = run_steps(*model, be, static_cast<int>(B), ctx, 1, a.steps, a.max_step_seconds, &slow, a.device_sampling);
             Cost k = step_cost(*model, B, ctx, B, a.balanced);
             const double sec = r.ms * 1e-3;
             const double gbs = (k.weight_bytes + k.state_bytes) / sec / 1e9;
@@ -341,6 +356,8 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--layers", a->layers, "Layers (cover the attention roles in order)")->check(CLI::Range(1, 40));
     cmd->add_option("--experts", a->experts, "Routed experts per layer (384 in the release)");
     cmd->add_flag("--balanced-routing", a->balanced, "Every expert equally loaded");
+    cmd->add_flag("--device-sampling", a->device_sampling,
+                  "Decode steps sample every row on the device (top-p 0.95, seeded) instead of copying the logits");
     cmd->add_option("--device", a->device, "cuda");
     cmd->add_option("--decode-batches", a->decode_batches, "Comma-separated decode batch sizes");
     cmd->add_option("--contexts", a->contexts, "Comma-separated cached contexts for decode");

@@ -387,7 +387,11 @@ struct Engine::Impl {
         }
         if (batch.seqs.empty()) return idle_step();
 
-        Tensor logits = model.forward(batch, logit_rows);
+        // Where the backend samples on the device, the logits stay there and only the chosen ids come back;
+        // rows with a logit processor (grammar masks, host code) copy just their own logits to the host.
+        Backend& be = model.backend();
+        const bool on_device = be.samples_on_device();
+        Tensor logits = model.forward(batch, logit_rows, !on_device);
         // Pages completed in this step join the prefix cache at once, so concurrent requests with the same
         // prefix (a shared system prompt) reuse them while this one is still running.
         if (cache)
@@ -401,14 +405,34 @@ struct Engine::Impl {
             }
         const auto now = Clock::now();
         uint64_t generated = 0;
-        // Choosing the tokens is independent per request (own logits row, sampler, grammar matcher): it runs
-        // in parallel; delivering them and the finishing rules run in order.
         std::vector<TokenOutput> chosen(sampled.size());
-        parallel_for(static_cast<int64_t>(sampled.size()), [&](int64_t i0, int64_t i1) {
+        std::vector<size_t> device_rows, host_rows;
+        for (size_t i = 0; i < sampled.size(); ++i)
+            (on_device && !sampled[i]->params.processor ? device_rows : host_rows).push_back(i);
+        Tensor host_logits = logits;  // row j: sampled[host_rows[j]]
+        if (on_device && !host_rows.empty())
+            host_logits = be.logits_to_host(logits, std::vector<int>(host_rows.begin(), host_rows.end()));
+        if (!device_rows.empty()) {
+            std::vector<SampleRow> rows;
+            for (size_t i : device_rows) rows.push_back(sample_row(*sampled[i], static_cast<int>(i)));
+            std::vector<SampleResult> res = be.sample(logits, rows);
+            for (size_t j = 0; j < device_rows.size(); ++j) {
+                TokenOutput& out = chosen[device_rows[j]];
+                out.id = res[j].id;
+                out.logprob = res[j].logprob;
+                out.top = std::move(res[j].top);
+                if (tok && tok->is_valid(out.id)) out.text = tok->token_bytes(out.id);
+            }
+        }
+        // Choosing the tokens on the host is independent per request (own logits row, sampler, grammar
+        // matcher): it runs in parallel; delivering them and the finishing rules run in order.
+        parallel_for(static_cast<int64_t>(host_rows.size()), [&](int64_t j0, int64_t j1) {
             std::vector<float> row;
-            for (int64_t i = i0; i < i1; ++i)
-                chosen[static_cast<size_t>(i)] = choose(*sampled[static_cast<size_t>(i)],
-                                                        logits.f32() + i * static_cast<int64_t>(vocab), row);
+            for (int64_t j = j0; j < j1; ++j) {
+                const size_t i = host_rows[static_cast<size_t>(j)];
+                const int64_t src = on_device ? j : static_cast<int64_t>(i);
+                chosen[i] = choose(*sampled[i], host_logits.f32() + src * static_cast<int64_t>(vocab), row);
+            }
         });
         for (size_t i = 0; i < sampled.size(); ++i) generated += deliver(sampled[i], std::move(chosen[i]), now);
         std::lock_guard lk(stats_mu);
@@ -422,20 +446,42 @@ struct Engine::Impl {
         }
     }
 
-    // Samples the next token of `r` from its logits row (grammar mask, penalties, min_new_tokens first).
+    // The ids `r` may not produce yet (EOS and stop ids before min_new_tokens) and its logit adjustments.
+    std::vector<LogitAdjust> adjustments(const EngineRequest& r) const {
+        const auto& p = r.params;
+        std::vector<int32_t> masked;
+        if (r.completion < p.min_new_tokens) {
+            const int32_t eos = model.config().eos_token_id;
+            if (!p.ignore_eos && eos >= 0 && eos < vocab) masked.push_back(eos);
+            masked.insert(masked.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
+        }
+        if (!p.sampling.has_penalties() && p.sampling.logit_bias.empty() && masked.empty()) return {};
+        return logit_adjustments(p.sampling, r.penalties, masked, vocab);
+    }
+
+    // The device sampler's row for `r` (logits row `row`); takes the request's next draw.
+    SampleRow sample_row(EngineRequest& r, int row) const {
+        const auto& p = r.params;
+        SampleRow s;
+        s.row = row;
+        s.adjust = adjustments(r);
+        s.penalties = penalties_of(p.sampling);
+        s.config = r.sampler.config();
+        s.seed = r.sampler.seed();
+        s.index = r.sampler.take_index();
+        s.logprobs = p.logprobs;
+        s.top_logprobs = p.logprobs ? p.top_logprobs : 0;
+        return s;
+    }
+
+    // Samples the next token of `r` from its logits row on the host (grammar mask, then the same adjustments
+    // and draw as the device sampler).
     TokenOutput choose(EngineRequest& r, const float* raw, std::vector<float>& row) const {
         const auto& p = r.params;
         row.assign(raw, raw + vocab);
         float* l = row.data();
         if (p.processor) p.processor->process(l, vocab);
-        if (p.sampling.has_penalties() || !p.sampling.logit_bias.empty())
-            apply_logit_adjustments(l, vocab, p.sampling, r.penalties);
-        const int32_t eos = model.config().eos_token_id;
-        if (r.completion < p.min_new_tokens) {
-            if (!p.ignore_eos && eos >= 0 && eos < vocab) l[eos] = -INFINITY;
-            for (int32_t s : p.stop_token_ids)
-                if (s >= 0 && s < vocab) l[s] = -INFINITY;
-        }
+        apply_adjustments(l, vocab, adjustments(r), penalties_of(p.sampling));
         const int32_t id = r.sampler.sample(l, vocab);
         TokenOutput out;
         out.id = id;

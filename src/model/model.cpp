@@ -178,7 +178,7 @@ void Model::restore_state(SeqState& s, int64_t n_tokens) const {
     backend_->load_carry(s, snap, layout_.carry_bytes);  // pages may be device memory
 }
 
-Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows) {
+Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, bool logits_to_host) {
     const int T = batch.rows();
     for (auto& s : batch.seqs) {
         PEREGRINE_CHECK(s.state && s.state->n_cached == s.start_pos, "sequence state holds {} tokens, step starts at {}",
@@ -242,7 +242,7 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows) {
     for (int row : logit_rows) PEREGRINE_CHECK(row >= 0 && row < T, "logit row {} out of range", row);
     Tensor hs = be.gather_rows(h, logit_rows), ps = be.gather_rows(pre, logit_rows);
     Tensor x = cfg_.is_v41() ? be.hc_collapse(hs, ps) : be.hc_head(hs, *w_.hc_head);
-    return be.logits(be.rms_norm(x, w_.norm), w_.head);
+    return be.logits(be.rms_norm(x, w_.norm), w_.head, logits_to_host);
 }
 
 }  // namespace peregrine

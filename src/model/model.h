@@ -48,8 +48,9 @@ public:
     void restore_state(SeqState& s, int64_t n_tokens) const;
 
     // One forward step. Every sequence's pages must cover start_pos + n_tokens positions and its state must
-    // hold exactly start_pos tokens. Returns fp32 logits [logit_rows.size(), vocab] for the given rows.
-    Tensor forward(ForwardBatch& batch, const std::vector<int>& logit_rows);
+    // hold exactly start_pos tokens. Returns fp32 logits [logit_rows.size(), vocab] for the given rows, in host
+    // memory, or with logits_to_host false where the backend samples them (Backend::sample).
+    Tensor forward(ForwardBatch& batch, const std::vector<int>& logit_rows, bool logits_to_host = true);
 
     // V4.1's DSpark head: drafts the block after the sequence's last fed position, given the anchor
     // (the token sampled for the next position). Reads the stage windows, changes no state.

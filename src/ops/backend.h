@@ -2,9 +2,11 @@
 // The coarse operations the model is written against. Each backend (cpu/: the readable reference,
 // cuda/: fused and fast) implements them for a batch of sequences whose new tokens are packed as rows.
 #include "io/model_config.h"
+#include "ops/sampling.h"
 #include "ops/state.h"
 #include "ops/weights.h"
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -130,8 +132,25 @@ public:
     // Raw confidence logits [B] (host) of the collapsed block rows x [B, dim] and the Markov embeddings of ids.
     virtual Tensor dspark_confidence(const DSparkWeight& w, const Tensor& x, const std::vector<int32_t>& ids) = 0;
     virtual Tensor linear(const Tensor& x, const LinearWeight& w) = 0;
-    // fp32 logits [rows, vocab] of already normalised rows, in host memory.
-    virtual Tensor logits(const Tensor& x, const LinearWeight& head) = 0;
+    // fp32 logits [rows, vocab] of already normalised rows, in host memory (or, with to_host false, where
+    // the backend samples them: device memory when samples_on_device()).
+    virtual Tensor logits(const Tensor& x, const LinearWeight& head, bool to_host = true) = 0;
+
+    // Whether logits(..., to_host = false) stay on the device and sample() runs there.
+    virtual bool samples_on_device() const { return false; }
+    // The tokens of `rows` (adjustments, penalties, truncation, seeded draw, logprobs: ops/sampling.h) from
+    // logits as logits() returned them. May change the sampled rows of `logits` (their adjustments).
+    virtual std::vector<SampleResult> sample(const Tensor& logits, const std::vector<SampleRow>& rows) {
+        return sample_rows_host(logits.f32(), static_cast<int>(logits.dim(1)), rows);
+    }
+    // Rows `rows` of logits as logits() returned them, in host memory [rows.size(), vocab].
+    virtual Tensor logits_to_host(const Tensor& logits, const std::vector<int>& rows) {
+        const int64_t V = logits.dim(1);
+        Tensor out = Tensor::zeros(DType::F32, {static_cast<int64_t>(rows.size()), V});
+        for (size_t i = 0; i < rows.size(); ++i)
+            std::memcpy(out.f32() + static_cast<int64_t>(i) * V, logits.f32() + rows[i] * V, sizeof(float) * static_cast<size_t>(V));
+        return out;
+    }
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& cfg, const StateLayout& layout);

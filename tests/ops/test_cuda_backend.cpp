@@ -3,7 +3,7 @@
 // mixed batches, prefix resume, engram host placement). Skipped, with the reason, where no GPU is usable.
 // Lines starting with "PARITY" are collected by tools/gpu/check.sh.
 #include "cuda_test_util.h"
-#include "engine/sampling.h"
+#include "ops/sampling.h"
 #include "engine/sequence_runner.h"
 #include "kv/page_pool.h"
 #include "model/fixture.h"

@@ -273,7 +273,7 @@ Tensor CpuBackend::linear(const Tensor& x, const LinearWeight& w) {
     return y;
 }
 
-Tensor CpuBackend::logits(const Tensor& x, const LinearWeight& head) {
+Tensor CpuBackend::logits(const Tensor& x, const LinearWeight& head, bool) {
     // The head runs in fp32 on the (bf16-stored) weights, as the reference upcasts them.
     const int64_t M = x.dim(0), N = head.out, K = head.in;
     Tensor y = Tensor::zeros(DType::F32, {M, N});

@@ -50,7 +50,7 @@ public:
     Tensor markov_bias(const DSparkWeight& w, int32_t id) override;
     Tensor dspark_confidence(const DSparkWeight& w, const Tensor& x, const std::vector<int32_t>& ids) override;
     Tensor linear(const Tensor& x, const LinearWeight& w) override;
-    Tensor logits(const Tensor& x, const LinearWeight& head) override;
+    Tensor logits(const Tensor& x, const LinearWeight& head, bool to_host = true) override;
 
 private:
     const Rope& rope_for(const AttentionLayerInfo& info);

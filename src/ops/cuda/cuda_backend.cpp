@@ -471,7 +471,7 @@ Tensor CudaBackend::hc_mean(const Tensor& h) {
     return y;
 }
 
-Tensor CudaBackend::logits(const Tensor& x, const LinearWeight& head) {
+Tensor CudaBackend::logits(const Tensor& x, const LinearWeight& head, bool to_host) {
     OpTimer op_(*this, "logits");
     // fp32 on the (bf16-stored) weights, as the reference upcasts them.
     LinearWeight w = head;
@@ -489,7 +489,7 @@ Tensor CudaBackend::logits(const Tensor& x, const LinearWeight& head) {
     } else {
         y = run_linear(x, w);
     }
-    return to_host_pinned(y, &host_wait_ms_);
+    return to_host ? to_host_pinned(y, &host_wait_ms_) : y;
 }
 
 }  // namespace cuda

@@ -81,7 +81,12 @@ public:
     Tensor markov_bias(const DSparkWeight& w, int32_t id) override;
     Tensor dspark_confidence(const DSparkWeight& w, const Tensor& x, const std::vector<int32_t>& ids) override;
     Tensor linear(const Tensor& x, const LinearWeight& w) override;
-    Tensor logits(const Tensor& x, const LinearWeight& head) override;
+    Tensor logits(const Tensor& x, const LinearWeight& head, bool to_host = true) override;
+    // Sampling on the device (cuda/sampling.cpp): logits stay there, only the chosen ids come back
+    // (PEREGRINE_SAMPLING=host: the logits are copied and sampled on the host, to A/B).
+    bool samples_on_device() const override;
+    std::vector<SampleResult> sample(const Tensor& logits, const std::vector<SampleRow>& rows) override;
+    Tensor logits_to_host(const Tensor& logits, const std::vector<int>& rows) override;
 
     // Benchmark support. Profiling records device time per outermost op (and per phase inside attention
     // and MoE) with events; profile() waits for the device and returns milliseconds by name, then clears.

@@ -56,7 +56,8 @@ void linear_gemv(const float* x, const float* xs, int64_t M, const LinearDev& w,
 // reduction; every format), 3 the tensor-core one (linear_gemv_mma.cu; FP8/FP4), 4-8 the streaming
 // tensor-core ones (linear_gemv_stream.cu; FP8/FP4, and BF16 when LinearDev::bf16_acts; 7/8 are 4/5 with
 // persistent CTAs for routed calls). A variant a linear
-// does not support falls back to 3, then 1. Defaults: BF16 and FP8 5, FP4 8, F32 1 (linear_gemv.cu). Env at start:
+// does not support falls back to 3, then 1. Defaults: BF16 and FP8 5, FP4 8 (3 above 384 routed pairs), F32 1
+// (linear_gemv.cu). Env at start:
 // PEREGRINE_GEMV_VARIANT=<v> (every format) or a list such as "fp8=4,fp4=5,bf16=4"; PEREGRINE_GEMV=1 as
 // PEREGRINE_GEMV_VARIANT=1. Tests A/B them in one run.
 void linear_gemv_set_variant(int v);                  // every format (F32 stays 1; BF16 takes 1 for 3)
@@ -65,7 +66,7 @@ int linear_gemv_variant();                             // FP8's (the tests' A/B 
 int linear_gemv_variant(int kind_format);
 // Whether linear_gemv takes this FP8/FP4 linear's activations unquantised (xs == nullptr) and quantises them
 // itself, with act_quant's arithmetic (variants 4-8; PEREGRINE_GEMV_FUSE=0 or the setter turn it off).
-bool linear_gemv_quantises(const LinearDev& w);
+bool linear_gemv_quantises(const LinearDev& w, int64_t M, bool routed);
 void linear_gemv_set_fuse(bool on);
 // ---- linear_gemv_mma.cu (variant 3): FP8/FP4 decode GEMV on mma.sync e4m3 (same contract as linear_gemv).
 bool linear_gemv_mma_supported(const LinearDev& w);

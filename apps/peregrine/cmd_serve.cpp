@@ -171,12 +171,13 @@ int run_serve(ServeArgs& a) {
                  "  model      %s: %s, %d layers, hidden %d, vocab %d\n"
                  "  tokenizer  %s\n"
                  "  chat       %s\n"
-                 "  parallel   %d rank(s): data-parallel attention, expert-parallel MoE\n"
+                 "  parallel   %s\n"
                  "  kv memory  %lld pages x %d tokens = %lld tokens (%.1f MiB) per rank, prefix cache %s\n"
                  "  scheduler  context %lld, max running %d, max queued %d, chunked prefill %d\n"
                  "  loaded in %.2f s\n",
                  ao.served_model_name.c_str(), cfg.is_v41() ? "DeepSeek-V4.1" : "DeepSeek-V4", cfg.n_layers, cfg.dim,
-                 cfg.vocab_size, tok_source.c_str(), std::string(chat_format_name(ao.chat_format)).c_str(), a.dp,
+                 cfg.vocab_size, tok_source.c_str(), std::string(chat_format_name(ao.chat_format)).c_str(),
+                 a.dp > 1 ? fmt::format("{} ranks: data-parallel attention, expert-parallel MoE", a.dp).c_str() : "one rank",
                  static_cast<long long>(pages), model->layout().page_tokens, static_cast<long long>(engine.kv_tokens()),
                  static_cast<double>(pages * static_cast<int64_t>(model->layout().page_bytes)) / (1 << 20),
                  eo.radix_cache ? "on" : "off", static_cast<long long>(engine.context_length()), a.max_running, a.max_queued,

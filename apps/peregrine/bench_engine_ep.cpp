@@ -6,6 +6,7 @@
 #include "util/file.h"
 
 #ifdef PEREGRINE_HAVE_CUDA
+#include "bench_steps.h"
 #include "ops/cuda/cuda_backend.h"
 #include <cuda_runtime.h>
 #endif
@@ -17,22 +18,12 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
-#include <sstream>
 #include <thread>
 
 namespace peregrine {
 
 #ifdef PEREGRINE_HAVE_CUDA
 namespace {
-
-std::vector<int64_t> numbers(const std::string& s) {
-    std::vector<int64_t> v;
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, ','))
-        if (!item.empty()) v.push_back(std::stoll(item));
-    return v;
-}
 
 struct RankResult {
     std::vector<double> step_s;
@@ -46,28 +37,10 @@ RankResult run_rank(Model& m, int n_seqs, int64_t ctx, int rows, int steps) {
     RankResult r;
     auto& be = dynamic_cast<cuda::CudaBackend&>(m.backend());
     be.bind_thread();
-    const StateLayout& L = m.layout();
-    const int64_t pages_per_seq = L.pages_for(ctx + static_cast<int64_t>(rows) * (steps + 2));
-    PagePool pool(be, L, pages_per_seq * n_seqs);
-    be.fill_state_random(pool.base(), static_cast<size_t>(pages_per_seq * n_seqs) * L.page_bytes, 12345);
-    std::vector<SeqState> seqs(static_cast<size_t>(n_seqs));
-    for (int s = 0; s < n_seqs; ++s) {
-        SeqState& st = seqs[static_cast<size_t>(s)];
-        m.init_state(st);
-        PEREGRINE_CHECK(pool.reserve(st, pages_per_seq * L.page_tokens), "bench: page pool too small");
-        st.tokens.resize(static_cast<size_t>(ctx));
-        for (int64_t i = 0; i < ctx; ++i) st.tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + s) % 100000 + 100);
-        st.n_cached = ctx;
-    }
+    CachedSequences seqs(m, be, n_seqs, ctx, static_cast<int64_t>(rows) * (steps + 2));
     for (int step = 0; step <= steps; ++step) {
-        ForwardBatch batch;
         std::vector<int> logit_rows;
-        for (int s = 0; s < n_seqs; ++s) {
-            SeqState& st = seqs[static_cast<size_t>(s)];
-            batch.seqs.push_back({&st, st.n_cached, rows, s * rows});
-            for (int i = 0; i < rows; ++i) batch.token_ids.push_back(static_cast<int32_t>((st.n_cached + i) % 100000 + 100));
-            logit_rows.push_back(s * rows + rows - 1);
-        }
+        ForwardBatch batch = seqs.next_batch(rows, logit_rows);
         be.set_profiling(step == steps);
         const auto t0 = std::chrono::steady_clock::now();
         m.forward(batch, logit_rows);
@@ -150,8 +123,8 @@ int run_bench_engine_ep(const EpBenchArgs& a) {
     run_point(g, 1, 16, 1, 1, &ops);  // weight uploads and NCCL connections out of the timings
 
     std::printf("\n%-12s %-8s %10s %14s %12s\n", "decode/GPU", "context", "ms/step", "tok/s per GPU", "tok/s total");
-    for (int64_t ctx : numbers(a.contexts))
-        for (int64_t B : numbers(a.decode_batches)) {
+    for (int64_t ctx : parse_list(a.contexts))
+        for (int64_t B : parse_list(a.decode_batches)) {
             nlohmann::json row{{"mode", "decode"}, {"batch_per_gpu", B}, {"context", ctx}};
             try {
                 const double ms = run_point(g, static_cast<int>(B), ctx, 1, a.steps, &ops);
@@ -170,7 +143,7 @@ int run_bench_engine_ep(const EpBenchArgs& a) {
             save();
         }
     std::printf("\n%-12s %-8s %10s %14s\n", "prefill/GPU", "context", "ms/step", "tok/s per GPU");
-    for (int64_t B : numbers(a.prefill_tokens)) {
+    for (int64_t B : parse_list(a.prefill_tokens)) {
         nlohmann::json row{{"mode", "prefill"}, {"new_tokens_per_gpu", B}, {"context", a.prefill_context}};
         try {
             const double ms = run_point(g, 1, a.prefill_context, static_cast<int>(B), std::min(a.steps, 1), &ops);

@@ -5,6 +5,9 @@
 // The cached context is random state (its prefill is not run). Table to stdout, JSON to --json.
 #include "bench_engine_ep.h"
 #include "commands.h"
+#ifdef PEREGRINE_HAVE_CUDA
+#include "bench_steps.h"
+#endif
 #include "kv/page_pool.h"
 #include "model/model.h"
 #include "util/error.h"
@@ -39,14 +42,6 @@ struct BenchArgs {
 };
 
 #ifdef PEREGRINE_HAVE_CUDA
-std::vector<int64_t> parse_list(const std::string& s) {
-    std::vector<int64_t> v;
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, ','))
-        if (!item.empty()) v.push_back(std::stoll(item));
-    return v;
-}
 
 int64_t linear_bytes(const LinearWeight& w) {
     return w.empty() ? 0 : static_cast<int64_t>(w.w.nbytes() + (w.scale.empty() ? 0 : w.scale.nbytes()));
@@ -128,31 +123,13 @@ struct Measured {
 // feeding `rows_per_seq` tokens each; the last step is profiled per op.
 Measured run_steps(Model& m, cuda::CudaBackend& be, int n_seqs, int64_t ctx, int rows_per_seq, int steps,
                    double max_step_seconds, bool* too_slow, bool device_sampling = false) {
-    const StateLayout& L = m.layout();
-    const int64_t pages_per_seq = L.pages_for(ctx + static_cast<int64_t>(rows_per_seq) * (steps + 2));
-    PagePool pool(be, L, pages_per_seq * n_seqs);
-    be.fill_state_random(pool.base(), static_cast<size_t>(pages_per_seq * n_seqs) * L.page_bytes, 12345);
-    std::vector<SeqState> seqs(static_cast<size_t>(n_seqs));
-    for (int s = 0; s < n_seqs; ++s) {
-        SeqState& st = seqs[static_cast<size_t>(s)];
-        m.init_state(st);
-        PEREGRINE_CHECK(pool.reserve(st, pages_per_seq * L.page_tokens), "bench: page pool too small");
-        st.tokens.resize(static_cast<size_t>(ctx));
-        for (int64_t i = 0; i < ctx; ++i) st.tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + s) % 100000 + 100);
-        st.n_cached = ctx;
-    }
+    CachedSequences seqs(m, be, n_seqs, ctx, static_cast<int64_t>(rows_per_seq) * (steps + 2));
     Measured r;
     std::vector<double> times, waits;
     be.take_host_wait_ms();
     for (int step = 0; step <= steps; ++step) {
-        ForwardBatch batch;
         std::vector<int> logit_rows;
-        for (int s = 0; s < n_seqs; ++s) {
-            SeqState& st = seqs[static_cast<size_t>(s)];
-            batch.seqs.push_back({&st, st.n_cached, rows_per_seq, s * rows_per_seq});
-            for (int i = 0; i < rows_per_seq; ++i) batch.token_ids.push_back(static_cast<int32_t>((st.n_cached + i) % 100000 + 100));
-            logit_rows.push_back(s * rows_per_seq + rows_per_seq - 1);
-        }
+        ForwardBatch batch = seqs.next_batch(rows_per_seq, logit_rows);
         const bool last = step == steps;
         be.set_profiling(last);
         auto t0 = std::chrono::steady_clock::now();

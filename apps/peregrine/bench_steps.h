@@ -1,0 +1,61 @@
+#pragma once
+// Shared by `bench engine` and `bench engine --ep`: comma lists, and sequences with a cached context of
+// random state (no prefill run) fed a fixed number of tokens per step.
+#include "kv/page_pool.h"
+#include "model/model.h"
+#include "ops/cuda/cuda_backend.h"
+#include "util/error.h"
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace peregrine {
+
+inline std::vector<int64_t> parse_list(const std::string& s) {
+    std::vector<int64_t> v;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ','))
+        if (!item.empty()) v.push_back(std::stoll(item));
+    return v;
+}
+
+class CachedSequences {
+public:
+    // `n_seqs` sequences of `ctx` cached tokens, with pages for `extra` more tokens each.
+    CachedSequences(Model& m, cuda::CudaBackend& be, int n_seqs, int64_t ctx, int64_t extra)
+        : pages_per_seq_(m.layout().pages_for(ctx + extra)), pool_(be, m.layout(), pages_per_seq_ * n_seqs),
+          seqs_(static_cast<size_t>(n_seqs)) {
+        const StateLayout& L = m.layout();
+        be.fill_state_random(pool_.base(), static_cast<size_t>(pages_per_seq_ * n_seqs) * L.page_bytes, 12345);
+        for (int s = 0; s < n_seqs; ++s) {
+            SeqState& st = seqs_[static_cast<size_t>(s)];
+            m.init_state(st);
+            PEREGRINE_CHECK(pool_.reserve(st, pages_per_seq_ * L.page_tokens), "bench: page pool too small");
+            st.tokens.resize(static_cast<size_t>(ctx));
+            for (int64_t i = 0; i < ctx; ++i) st.tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + s) % 100000 + 100);
+            st.n_cached = ctx;
+        }
+    }
+    // The next step: `rows` new tokens of every sequence; `logit_rows` gets each sequence's last row.
+    ForwardBatch next_batch(int rows, std::vector<int>& logit_rows) {
+        ForwardBatch batch;
+        logit_rows.clear();
+        for (size_t s = 0; s < seqs_.size(); ++s) {
+            SeqState& st = seqs_[s];
+            const int row0 = static_cast<int>(s) * rows;
+            batch.seqs.push_back({&st, st.n_cached, rows, row0});
+            for (int i = 0; i < rows; ++i) batch.token_ids.push_back(static_cast<int32_t>((st.n_cached + i) % 100000 + 100));
+            logit_rows.push_back(row0 + rows - 1);
+        }
+        return batch;
+    }
+
+private:
+    int64_t pages_per_seq_;
+    PagePool pool_;
+    std::vector<SeqState> seqs_;
+};
+
+}  // namespace peregrine

@@ -1,9 +1,13 @@
 // Decode GEMV streaming weights at HBM bandwidth on the tensor cores (variants 4, 5, 6 of linear_gemv):
-// FP8 (e4m3, ue8m0 tiles of 32/64/128), FP4 (e2m1 re-encoded exactly as e4m3 x 2^-6, ue8m0 per 32) and BF16
-// weights whose activations are bf16 values (LinearDev::bf16_acts). The arithmetic is linear_gemv_mma.cu's:
-// mma.sync m16n8k32 e4m3 (m16n8k16 bf16) with 16 weight rows as A and up to 8 activation rows as B, one mma
-// per 32-value k block (16 for bf16), its fp32 sum scaled by the power-of-two product of the weight and
-// activation scales and added in fp32; the output rounded to bf16. What differs is how the bytes arrive:
+// FP8 (e4m3, ue8m0 tiles of 32/64/128), FP4 (e2m1, ue8m0 per 32) and BF16 weights whose activations are bf16
+// values (LinearDev::bf16_acts). 16 weight rows are the mma's A and up to 8 activation rows its B; each
+// 32-value k block is two f16 mma.sync m16n8k16 whose fp32 sum is scaled by the power-of-two product of the
+// weight and activation scales and added in fp32 (bf16: one m16n8k16 per 16 values, no scales); the output is
+// rounded to bf16. Hopper has no e4m3 mma.sync: the compiler would unpack both operands to f16 on the
+// conversion pipe (16 lanes a clock), which bounded FP4 at ~1.4 TB/s. So the activations are staged once as
+// f16 (e4m3 values are exact in f16), FP8 weights are unpacked to f16 once per fragment, and FP4 weights are
+// bit-placed into f16 on the integer pipe (fp4x8_to_f16). Products are exact and sums fp32, as before.
+// What the kernels differ in is how the bytes arrive:
 //
 // - Each warp streams its 16 rows through a ring of ST stages of CH bytes per row (CH = 128 or 256: whole
 //   128-byte lines per row and 2 or 4 rows per warp-wide copy), (ST - 1) x 16 x CH bytes in flight per warp,
@@ -54,21 +58,29 @@ struct Geo {
     static constexpr int SLOT = kUnitRows * RS + SC;
     static constexpr int STEP_VALUES = F == kBF16 ? 16 : 32;   // k values per mma step
     static constexpr int STEP_W_BYTES = F == kFP4 ? 16 : 32;   // weight bytes per row per mma step
-    // FP4: the current stage's row scales as floats (x 2^6), per warp; rows padded against bank conflicts.
-    static constexpr int FS_STRIDE = STEPS + 1;
-    static constexpr int FSB = F == kFP4 ? kUnitRows * FS_STRIDE * 4 : 0;
-    static_assert(SLOT % 16 == 0 && FSB % 16 == 0, "cp.async destinations must stay 16-byte aligned");
+    static_assert(SLOT % 16 == 0, "cp.async destinations must stay 16-byte aligned");
 };
 
-// Byte position of value v (0..31) of an FP4 k step in the staged activations: the order in which
-// fp4x8_to_e4m3_split hands the weights to the mma (per 8 values: the even ones, then the odd ones).
+// Position of value v (0..31) of an FP4 k step in the staged f16 activations: the order in which
+// fp4x8_to_f16 hands the weights to the mmas (per 8 values: the even ones, then the odd ones).
 __device__ __forceinline__ int fp4_act_pos(int v) { return (v & ~7) | ((v & 1) << 2) | ((v & 7) >> 1); }
 
-// Eight e2m1 nibbles (low nibble first) as e4m3 bytes x 2^-6 (see fp4x8_to_e4m3), the even-indexed values in
-// `even` and the odd ones in `odd`: no byte permute, the activations are staged in the matching order.
-__device__ __forceinline__ void fp4x8_to_e4m3_split(uint32_t w, uint32_t& even, uint32_t& odd) {
-    even = ((w & 0x07070707u) << 2) | ((w & 0x08080808u) << 4);  // k0 k2 k4 k6
-    odd = ((w >> 2) & 0x1c1c1c1cu) | (w & 0x80808080u);          // k1 k3 k5 k7
+// Eight e2m1 nibbles (low nibble first: v0..v7) as f16 pairs, each exactly its value x 2^-14: the nibble
+// s.ee.m becomes the f16 s.000ee.m000000000 (ee = 0 lands in the f16 subnormals: 0.5 -> 2^-15). Only the high
+// byte of an f16 is non-zero, so the high bytes are built for four values at once and byte-permuted into
+// place. p[0] = (v0, v2), p[1] = (v4, v6), p[2] = (v1, v3), p[3] = (v5, v7): fp4_act_pos's order.
+__device__ __forceinline__ void fp4x8_to_f16(uint32_t w, uint32_t (&p)[4]) {
+    const uint32_t he = ((w << 4) & 0x80808080u) | ((w << 1) & 0x0e0e0e0eu);  // high bytes of v0 v2 v4 v6
+    const uint32_t ho = (w & 0x80808080u) | ((w >> 3) & 0x0e0e0e0eu);         // high bytes of v1 v3 v5 v7
+    p[0] = __byte_perm(he, 0u, 0x1404);
+    p[1] = __byte_perm(he, 0u, 0x3424);
+    p[2] = __byte_perm(ho, 0u, 0x1404);
+    p[3] = __byte_perm(ho, 0u, 0x3424);
+}
+// Two e4m3 bytes (the low ones of v) as an f16 pair (exact).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
+    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
@@ -76,12 +88,13 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
 }
 
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+// f16 with the accumulator carried.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%10,%11,%12,%13};"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f), "f"(0.0f), "f"(0.0f), "f"(0.0f));
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 // bf16 with the accumulator carried (no scales to apply between blocks).
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -96,6 +109,11 @@ __device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
     const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
     const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
     return lo | (hi << 16);
+}
+// Four floats as e4m3 (satfinite) and back as four f16 (their exact values).
+__device__ __forceinline__ uint2 e4m3_f16x4(float a, float b, float c, float d) {
+    const uint32_t q = e4m3x4(a, b, c, d);
+    return make_uint2(e4m3x2_to_f16x2(q), e4m3x2_to_f16x2(q >> 16));
 }
 __device__ __forceinline__ uint32_t bf16x2(float a, float b) {
     return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(a))) |
@@ -127,11 +145,11 @@ template <int F, int CH, int ST, int MINB, int MT>
 __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamArgs p) {
     using G = Geo<F, CH>;
     constexpr int RS = G::RS, STEPS = G::STEPS, SLOT = G::SLOT;
-    constexpr int TR = kCols * MT, STEP_ACT = TR * 32;  // rows of a tile; their e4m3 (bf16) bytes per k step
+    // Rows of a tile; staged activation bytes per row and k step (f16 x 32, bf16 x 16); per k step.
+    constexpr int TR = kCols * MT, AB = F == kBF16 ? 32 : 64, STEP_ACT = TR * AB;
     extern __shared__ float4 smem4[];
     uint8_t* ring = reinterpret_cast<uint8_t*>(smem4);        // [warp][ST][SLOT]
-    float* fscale = reinterpret_cast<float*>(ring + kWarps * ST * SLOT);  // FP4: [warp][16][FS_STRIDE]
-    uint8_t* act = ring + kWarps * (ST * SLOT + G::FSB);       // [k step][8 rows][32 bytes]
+    uint8_t* act = ring + kWarps * ST * SLOT;                  // [k step][rows][AB bytes]
     __shared__ int64_t row_s[TR];
     __shared__ const uint8_t* tile_w[kMaxCtaTiles];
     __shared__ const uint8_t* tile_sc[kMaxCtaTiles];
@@ -193,80 +211,108 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
     const int wshift = __ffs(wblk) - 1;                          // wblk is 32, 64 or 128
     const int nkb = F == kFP8 ? (K + wblk - 1) / wblk : K / 32;  // scale bytes per scale row
 
-    // Step s: the warp's 16 rows of unit u_begin + s / S, stage s % S of the slice. One commit group per step,
-    // empty or not, so that wait_group counts steps.
-    auto issue = [&](int s) {
-        if (s < steps) {
-            const int ui = s / S, st = s - ui * S, u = u_begin + ui, ti = u / groups - t_first;
-            const int r0 = (u - (u / groups) * groups) * kGroupRows + warp * kUnitRows;
-            const uint8_t* wb = tile_w[ti];
-            const uint8_t* sb = tile_sc[ti];
-            if (r0 < N) {
-                uint8_t* slot = my_ring + (s % ST) * SLOT;
-                const int64_t boff = static_cast<int64_t>(st0 + st) * CH;  // byte offset in the row
-                const int vbytes = static_cast<int>(min(static_cast<int64_t>(CH), row_bytes - boff));
-                const uint8_t* base = wb + boff;
-                constexpr int PIECES = CH / 16;  // 16-byte pieces per row
+    // The copy side runs ST - 1 stages ahead of the mma side. Each call of issue() copies the warp's 16 rows of
+    // one (unit, stage) into the next ring slot and advances; one commit group per call, empty or not, so that
+    // wait_group counts stages. Its source pointers are derived once per unit (divisions stay out of the loop).
+    constexpr int PIECES = CH / 16, PROWS = 32 / PIECES;  // 16-byte pieces per row; rows per warp-wide copy
+    constexpr int WPR = F == kFP4 ? STEPS / 4 : 1, SROWS = 32 / WPR;  // FP4 scale words per row; rows per copy
+    const int prow = lane / PIECES, pseg = lane % PIECES;
+    int iss_u = u_begin, iss_st = 0, iss_slot = 0, iss_r0 = 0;
+    bool iss_clamped = false;                 // rows past N read row N - 1 (results discarded)
+    const uint8_t* iss_w = nullptr;           // this lane's first piece in stage 0 of the slice
+    const uint8_t* iss_sb = nullptr;          // the unit's scale table
+    const uint8_t* iss_sc = nullptr;          // FP4: this lane's first scale word at k block 0
+    const int64_t pstride = static_cast<int64_t>(PROWS) * row_bytes;
+    auto iss_unit = [&]() {
+        const int gi = iss_u / groups, ti = gi - t_first;
+        iss_r0 = (iss_u - gi * groups) * kGroupRows + warp * kUnitRows;
+        iss_clamped = iss_r0 + kUnitRows > N;
+        iss_w = tile_w[ti] + static_cast<int64_t>(min(iss_r0 + prow, N - 1)) * row_bytes +
+                static_cast<int64_t>(st0) * CH + pseg * 16;
+        iss_sb = tile_sc[ti];
+        if constexpr (F == kFP4) iss_sc = iss_sb + static_cast<int64_t>(min(iss_r0 + lane / WPR, N - 1)) * nkb + (lane % WPR) * 4;
+    };
+    if (iss_u < u_end) iss_unit();
+    auto issue = [&]() {
+        if (iss_u < u_end && iss_r0 < N) {
+            uint8_t* slot = my_ring + iss_slot * SLOT;
+            const int64_t boff = static_cast<int64_t>(st0 + iss_st) * CH;  // byte offset in the row
+            const int vbytes = static_cast<int>(min(static_cast<int64_t>(CH), row_bytes - boff));
+            const int64_t soff = static_cast<int64_t>(iss_st) * CH;       // from the slice's first stage
+            if (pseg * 16 < vbytes) {
+                if (!iss_clamped) {
 #pragma unroll
-                for (int i = 0; i < kUnitRows * PIECES / 32; ++i) {
-                    const int q = lane + 32 * i, r = q / PIECES, seg = q % PIECES;
-                    if (seg * 16 < vbytes)
-                        cp_async16(slot + r * RS + seg * 16, base + static_cast<int64_t>(min(r0 + r, N - 1)) * row_bytes + seg * 16);
+                    for (int i = 0; i < kUnitRows / PROWS; ++i)
+                        cp_async16(slot + (prow + i * PROWS) * RS + pseg * 16, iss_w + soff + i * pstride);
+                } else {
+                    const uint8_t* base = tile_w[iss_u / groups - t_first] + boff + pseg * 16;
+#pragma unroll
+                    for (int i = 0; i < kUnitRows / PROWS; ++i)
+                        cp_async16(slot + (prow + i * PROWS) * RS + pseg * 16,
+                                   base + static_cast<int64_t>(min(iss_r0 + prow + i * PROWS, N - 1)) * row_bytes);
                 }
-                if constexpr (F == kFP4) {
-                    // Row scales of the stage's k blocks: STEPS bytes per row from (row, kb0).
-                    uint8_t* sc = slot + kUnitRows * RS;
-                    const int kb0 = static_cast<int>(boff / 16), vsteps = vbytes / 16;
-                    constexpr int WPR = STEPS / 4;  // 4-byte words per row
+            }
+            if constexpr (F == kFP4) {
+                // Row scales of the stage's k blocks: STEPS bytes per row from (row, kb0).
+                uint8_t* sc = slot + kUnitRows * RS;
+                const int kb0 = static_cast<int>(boff / 16), vsteps = vbytes / 16;
+                const int wd = lane % WPR;
 #pragma unroll
-                    for (int i = 0; i < (kUnitRows * WPR + 31) / 32; ++i) {
-                        const int q = lane + 32 * i, r = q / WPR, wd = q % WPR;
-                        if (q < kUnitRows * WPR && wd * 4 < vsteps) {
-                            const uint8_t* src = sb + static_cast<int64_t>(min(r0 + r, N - 1)) * nkb + kb0 + wd * 4;
-                            if (p.scale_words) {
-                                cp_async4(sc + r * STEPS + wd * 4, src);
-                            } else {
+                for (int i = 0; i < (kUnitRows + SROWS - 1) / SROWS; ++i) {
+                    const int r = lane / WPR + i * SROWS;
+                    if (r < kUnitRows && wd * 4 < vsteps) {
+                        if (p.scale_words && !iss_clamped) {
+                            cp_async4(sc + r * STEPS + wd * 4, iss_sc + kb0 + static_cast<int64_t>(i) * SROWS * nkb);
+                        } else {
+                            const uint8_t* src = iss_sb + static_cast<int64_t>(min(iss_r0 + r, N - 1)) * nkb + kb0 + wd * 4;
 #pragma unroll
-                                for (int b = 0; b < 4; ++b)
-                                    if (wd * 4 + b < vsteps) sc[r * STEPS + wd * 4 + b] = src[b];
-                            }
+                            for (int b = 0; b < 4; ++b)
+                                if (wd * 4 + b < vsteps) sc[r * STEPS + wd * 4 + b] = src[b];
                         }
                     }
-                } else if constexpr (F == kFP8) {
-                    // The tile row's scales covering the stage (aligned 4-byte words, at most 4).
-                    uint8_t* sc = slot + kUnitRows * RS;
-                    const int64_t srow = static_cast<int64_t>(r0 >> wshift) * nkb;
-                    const int kq0 = static_cast<int>(boff) >> wshift, kq1 = (static_cast<int>(boff) + vbytes - 1) >> wshift;
-                    const int w0 = kq0 >> 2, nw = (kq1 >> 2) - w0 + 1;
-                    if (lane < nw) {
-                        if (p.scale_words) {
-                            cp_async4(sc + lane * 4, sb + srow + (w0 + lane) * 4);
-                        } else {
-                            for (int b = 0; b < 4; ++b) {
-                                const int kq = (w0 + lane) * 4 + b;
-                                sc[lane * 4 + b] = kq < nkb ? sb[srow + kq] : uint8_t{127};
-                            }
+                }
+            } else if constexpr (F == kFP8) {
+                // The tile row's scales covering the stage (aligned 4-byte words, at most 4).
+                uint8_t* sc = slot + kUnitRows * RS;
+                const int64_t srow = static_cast<int64_t>(iss_r0 >> wshift) * nkb;
+                const int kq0 = static_cast<int>(boff) >> wshift, kq1 = (static_cast<int>(boff) + vbytes - 1) >> wshift;
+                const int w0 = kq0 >> 2, nw = (kq1 >> 2) - w0 + 1;
+                if (lane < nw) {
+                    if (p.scale_words) {
+                        cp_async4(sc + lane * 4, iss_sb + srow + (w0 + lane) * 4);
+                    } else {
+                        for (int b = 0; b < 4; ++b) {
+                            const int kq = (w0 + lane) * 4 + b;
+                            sc[lane * 4 + b] = kq < nkb ? iss_sb[srow + kq] : uint8_t{127};
                         }
                     }
                 }
             }
         }
+        if (iss_u < u_end && ++iss_st == S) {
+            iss_st = 0;
+            if (++iss_u < u_end) iss_unit();
+        }
+        if (++iss_slot == ST) iss_slot = 0;
         cp_async_commit();
     };
 #pragma unroll
-    for (int s = 0; s < ST - 1; ++s) issue(s);
+    for (int s = 0; s < ST - 1; ++s) issue();
 
     // Stage the slice's activations: e4m3 bytes (bf16 pairs) per [k step][row][32 bytes], fp32 scales per
     // [k step][row]; rows past the tile as zeros. A warp handles 32 consecutive quads (4 values) per load, so
     // an activation block (8, 16 or 32 quads, aligned) lies within one warp's load.
     float* ascale = reinterpret_cast<float*>(act + KS * STEP_ACT);
-    // Four e4m3 bytes of values within..within+3 of a k step into its 32 bytes of one row (FP4: permuted).
-    auto store_act4 = [](uint8_t* row32, int within, uint32_t q) {
+    // Four f16 of values within..within+3 of a k step into its 64 bytes of one row (FP4: permuted).
+    auto store_act4 = [](uint8_t* row64, int within, uint2 h) {
         if constexpr (F == kFP4) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) row32[fp4_act_pos(within + i)] = static_cast<uint8_t>(q >> (8 * i));
+            uint16_t* r = reinterpret_cast<uint16_t*>(row64);
+            r[fp4_act_pos(within)] = static_cast<uint16_t>(h.x);
+            r[fp4_act_pos(within + 1)] = static_cast<uint16_t>(h.x >> 16);
+            r[fp4_act_pos(within + 2)] = static_cast<uint16_t>(h.y);
+            r[fp4_act_pos(within + 3)] = static_cast<uint16_t>(h.y >> 16);
         } else {
-            *reinterpret_cast<uint32_t*>(row32 + within) = q;
+            *reinterpret_cast<uint2*>(row64 + within * 2) = h;
         }
     };
     // Tile ti's activations; called by every thread (barriers inside), after the previous tile's last reads.
@@ -300,7 +346,7 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
                 const int kv = kq * 4, ks = kv / G::STEP_VALUES, within = kv % G::STEP_VALUES;
                 if constexpr (F == kBF16) {
                     if (u < quads)
-                        *reinterpret_cast<uint2*>(act + ks * STEP_ACT + m * 32 + within * 2) =
+                        *reinterpret_cast<uint2*>(act + ks * STEP_ACT + m * AB + within * 2) =
                             make_uint2(bf16x2(v[i].x, v[i].y), bf16x2(v[i].z, v[i].w));
                 } else if (fuse) {
                     // act_quant: amax over the block, s = 2^ceil(log2(max(amax, 1e-4) / 448)), q = e4m3(x / s).
@@ -308,24 +354,25 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
                     for (int o = qpb >> 1; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
                     const float s = pow2_round_scale(fmaxf(a, 1e-4f), 1.0f / 448.0f);
                     if (u < quads) {
-                        store_act4(act + ks * STEP_ACT + m * 32, within,
-                                   e4m3x4(fminf(fmaxf(v[i].x / s, -448.0f), 448.0f), fminf(fmaxf(v[i].y / s, -448.0f), 448.0f),
+                        store_act4(act + ks * STEP_ACT + m * AB, within,
+                                   e4m3_f16x4(fminf(fmaxf(v[i].x / s, -448.0f), 448.0f), fminf(fmaxf(v[i].y / s, -448.0f), 448.0f),
                                           fminf(fmaxf(v[i].z / s, -448.0f), 448.0f), fminf(fmaxf(v[i].w / s, -448.0f), 448.0f)));
                         if (within == 0) ascale[ks * TR + m] = s;
                     }
                 } else {
                     if (u < quads) {
-                        store_act4(act + ks * STEP_ACT + m * 32, within, e4m3x4(v[i].x, v[i].y, v[i].z, v[i].w));
+                        store_act4(act + ks * STEP_ACT + m * AB, within, e4m3_f16x4(v[i].x, v[i].y, v[i].z, v[i].w));
                         if (within == 0) ascale[ks * TR + m] = p.xs[row_s[m] * (K / ab) + (k0 + kv) / ab];
                     }
                 }
             }
         }
         // Rows past the tile: zero bytes and scales, so that their (unwritten) outputs stay finite.
-        const int zq = (TR - rows) * KS * 8;  // 4-byte words
+        constexpr int WPS = AB / 4;  // 4-byte words per row and k step
+        const int zq = (TR - rows) * KS * WPS;
         for (int u = threadIdx.x; u < zq; u += kThreads256) {
-            const int m = rows + u / (KS * 8), r = u % (KS * 8), ks = r / 8, wd = r % 8;
-            *reinterpret_cast<uint32_t*>(act + ks * STEP_ACT + m * 32 + wd * 4) = 0u;
+            const int m = rows + u / (KS * WPS), r = u % (KS * WPS), ks = r / WPS, wd = r % WPS;
+            *reinterpret_cast<uint32_t*>(act + ks * STEP_ACT + m * AB + wd * 4) = 0u;
             if (F != kBF16 && wd == 0) ascale[ks * TR + m] = 0.0f;
         }
         __syncthreads();
@@ -333,75 +380,98 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
     stage(0);
 
     float acc[MT][4] = {};
+    int c_u = u_begin, c_st = 0, c_slot = 0;  // the mma side's unit, stage and ring slot
     for (int s = 0; s < steps; ++s) {
         cp_async_wait<ST - 2>();  // this lane's copies of step s have landed
         __syncwarp();             // and every lane's; every lane is done with the slot of step s - 1 ...
-        issue(s + ST - 1);        // ... which this refills
-        const int ui = s / S, st = s - ui * S, u = u_begin + ui, ti = u / groups - t_first;
-        const int r0 = (u - (u / groups) * groups) * kGroupRows + warp * kUnitRows;
-        const uint8_t* slot = my_ring + (s % ST) * SLOT;
+        issue();                  // ... which this refills
+        const int u = c_u, st = c_st, gi = u / groups, ti = gi - t_first;
+        const int r0 = (u - gi * groups) * kGroupRows + warp * kUnitRows;
+        const uint8_t* slot = my_ring + c_slot * SLOT;
         const uint8_t* sc = slot + kUnitRows * RS;
+        if (++c_slot == ST) c_slot = 0;
+        if (++c_st == S) c_st = 0, ++c_u;
         const int64_t boff = static_cast<int64_t>(st0 + st) * CH;
         const int vsteps = static_cast<int>(min(static_cast<int64_t>(CH), row_bytes - boff)) / G::STEP_W_BYTES;
         const int ks0 = st * STEPS;  // first k step of the stage in the slice
         const int rows_cur = tile_rows[ti];
-        float* fs = fscale + warp * (kUnitRows * G::FS_STRIDE);
+        // FP4: this lane's weight scale bytes of the stage (rows g and g + 8, one byte per k step). A ue8m0 byte
+        // e is 2^(e - 127); times 2^14 (the f16 weights are values x 2^-14) its float bits are (e + 14) << 23,
+        // exact for every finite scale a weight can have (e <= 240).
+        uint32_t wsb_lo[(STEPS + 3) / 4], wsb_hi[(STEPS + 3) / 4];
         if constexpr (F == kFP4) {
-            // The stage's 16 x STEPS scale bytes as floats x 2^6, a word (4 bytes) per lane at a time.
-            if (r0 < N) {
 #pragma unroll
-                for (int i = 0; i < STEPS / 8; ++i) {
-                    const int q = lane + 32 * i, r = q * 4 / STEPS, c = q * 4 % STEPS;
-                    const uint32_t wd = *reinterpret_cast<const uint32_t*>(sc + q * 4);
-#pragma unroll
-                    for (int b = 0; b < 4; ++b)
-                        fs[r * G::FS_STRIDE + c + b] = e8m0_to_f32(static_cast<uint8_t>(wd >> (8 * b))) * 64.0f;
+            for (int i = 0; i < (STEPS + 3) / 4; ++i) {
+                wsb_lo[i] = *reinterpret_cast<const uint32_t*>(sc + g * STEPS + 4 * i);
+                wsb_hi[i] = *reinterpret_cast<const uint32_t*>(sc + (g + 8) * STEPS + 4 * i);
+            }
+        }
+        // One mma k step of the stage (a lambda so that whole stages run as one unrolled, branch-free block
+        // the compiler can schedule across steps; only a row's partial last stage checks each step).
+        auto k_step = [&](int j) {
+            // A fragments: bf16 (one mma per step), or f16 for the two mmas of a 32-value step: a[0..3] the
+            // first (values 0, 2 / 4, 6 of each lane's 8 for FP4; 0, 1 / 2, 3 for FP8), a[4..7] the second.
+            uint32_t a[8];
+            if constexpr (F == kFP4) {
+                const uint32_t lo = *reinterpret_cast<const uint32_t*>(slot + g * RS + j * 16 + 4 * t);
+                const uint32_t hi = *reinterpret_cast<const uint32_t*>(slot + (g + 8) * RS + j * 16 + 4 * t);
+                uint32_t pl[4], ph[4];
+                fp4x8_to_f16(lo, pl);
+                fp4x8_to_f16(hi, ph);
+                a[0] = pl[0], a[1] = ph[0], a[2] = pl[1], a[3] = ph[1];
+                a[4] = pl[2], a[5] = ph[2], a[6] = pl[3], a[7] = ph[3];
+            } else {
+                const uint2 lo = *reinterpret_cast<const uint2*>(slot + g * RS + j * 32 + 8 * t);
+                const uint2 hi = *reinterpret_cast<const uint2*>(slot + (g + 8) * RS + j * 32 + 8 * t);
+                if constexpr (F == kBF16) {
+                    a[0] = lo.x, a[1] = hi.x, a[2] = lo.y, a[3] = hi.y;
+                } else {
+                    a[0] = e4m3x2_to_f16x2(lo.x), a[1] = e4m3x2_to_f16x2(hi.x);
+                    a[2] = e4m3x2_to_f16x2(lo.x >> 16), a[3] = e4m3x2_to_f16x2(hi.x >> 16);
+                    a[4] = e4m3x2_to_f16x2(lo.y), a[5] = e4m3x2_to_f16x2(hi.y);
+                    a[6] = e4m3x2_to_f16x2(lo.y >> 16), a[7] = e4m3x2_to_f16x2(hi.y >> 16);
                 }
             }
-            __syncwarp();
-        }
-        if (r0 < N) {
+            float ws_lo = 1.0f, ws_hi = 1.0f;
+            if constexpr (F == kFP4) {
+                ws_lo = __uint_as_float((__byte_perm(wsb_lo[j / 4], 0u, 0x4440 + (j % 4)) + 14u) << 23);
+                ws_hi = __uint_as_float((__byte_perm(wsb_hi[j / 4], 0u, 0x4440 + (j % 4)) + 14u) << 23);
+            } else if constexpr (F == kFP8) {
+                const int kq = (static_cast<int>(boff) + 32 * j) >> wshift, kqw = (static_cast<int>(boff) >> wshift) & ~3;
+                ws_lo = ws_hi = e8m0_to_f32(sc[kq - kqw]);
+            }
+            // The tile's rows, 8 (one mma) at a time; the A fragment is shared.
 #pragma unroll
-            for (int j = 0; j < STEPS; ++j) {
-                if (j >= vsteps) break;  // the row's partial last stage (warp-uniform)
-                uint32_t a[4];
-                if constexpr (F == kFP4) {
-                    const uint32_t lo = *reinterpret_cast<const uint32_t*>(slot + g * RS + j * 16 + 4 * t);
-                    const uint32_t hi = *reinterpret_cast<const uint32_t*>(slot + (g + 8) * RS + j * 16 + 4 * t);
-                    fp4x8_to_e4m3_split(lo, a[0], a[2]);
-                    fp4x8_to_e4m3_split(hi, a[1], a[3]);
+            for (int c = 0; c < MT; ++c) {
+                if (c > 0 && c * kCols >= rows_cur) break;  // warp-uniform; a tile has a row
+                const uint8_t* brow = act + (ks0 + j) * STEP_ACT + (c * kCols + g) * AB;
+                if constexpr (F == kBF16) {
+                    const uint2 b = *reinterpret_cast<const uint2*>(brow + 8 * t);
+                    const uint32_t (&a4)[4] = *reinterpret_cast<const uint32_t(*)[4]>(a);
+                    mma_bf16(acc[c], a4, b.x, b.y);
                 } else {
-                    const uint2 lo = *reinterpret_cast<const uint2*>(slot + g * RS + j * 32 + 8 * t);
-                    const uint2 hi = *reinterpret_cast<const uint2*>(slot + (g + 8) * RS + j * 32 + 8 * t);
-                    a[0] = lo.x;
-                    a[2] = lo.y;
-                    a[1] = hi.x;
-                    a[3] = hi.y;
+                    // This lane's 8 f16 of activation row g: the B registers of both mmas.
+                    const uint4 b = *reinterpret_cast<const uint4*>(brow + 16 * t);
+                    const float2 as = *reinterpret_cast<const float2*>(ascale + (ks0 + j) * TR + c * kCols + 2 * t);
+                    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    mma_f16(d, *reinterpret_cast<const uint32_t(*)[4]>(a), b.x, b.y);
+                    mma_f16(d, *reinterpret_cast<const uint32_t(*)[4]>(a + 4), b.z, b.w);
+                    acc[c][0] = __fmaf_rn(d[0], ws_lo * as.x, acc[c][0]);
+                    acc[c][1] = __fmaf_rn(d[1], ws_lo * as.y, acc[c][1]);
+                    acc[c][2] = __fmaf_rn(d[2], ws_hi * as.x, acc[c][2]);
+                    acc[c][3] = __fmaf_rn(d[3], ws_hi * as.y, acc[c][3]);
                 }
-                float ws_lo = 1.0f, ws_hi = 1.0f;
-                if constexpr (F == kFP4) {
-                    ws_lo = fs[g * G::FS_STRIDE + j];
-                    ws_hi = fs[(g + 8) * G::FS_STRIDE + j];
-                } else if constexpr (F == kFP8) {
-                    const int kq = (static_cast<int>(boff) + 32 * j) >> wshift, kqw = (static_cast<int>(boff) >> wshift) & ~3;
-                    ws_lo = ws_hi = e8m0_to_f32(sc[kq - kqw]);
-                }
-                // The tile's rows, 8 (one mma) at a time; the A fragment is shared.
+            }
+        };
+        if (r0 < N) {
+            if (vsteps == STEPS) {
 #pragma unroll
-                for (int c = 0; c < MT; ++c) {
-                    if (c * kCols >= rows_cur) break;  // warp-uniform
-                    const uint2 b = *reinterpret_cast<const uint2*>(act + (ks0 + j) * STEP_ACT + (c * kCols + g) * 32 + 8 * t);
-                    if constexpr (F == kBF16) {
-                        mma_bf16(acc[c], a, b.x, b.y);
-                    } else {
-                        const float2 as = *reinterpret_cast<const float2*>(ascale + (ks0 + j) * TR + c * kCols + 2 * t);
-                        float d[4];
-                        mma_e4m3(d, a, b.x, b.y);
-                        acc[c][0] = __fmaf_rn(d[0], ws_lo * as.x, acc[c][0]);
-                        acc[c][1] = __fmaf_rn(d[1], ws_lo * as.y, acc[c][1]);
-                        acc[c][2] = __fmaf_rn(d[2], ws_hi * as.x, acc[c][2]);
-                        acc[c][3] = __fmaf_rn(d[3], ws_hi * as.y, acc[c][3]);
-                    }
+                for (int j = 0; j < STEPS; ++j) k_step(j);
+            } else {
+#pragma unroll
+                for (int j = 0; j < STEPS; ++j) {
+                    if (j >= vsteps) break;  // warp-uniform
+                    k_step(j);
                 }
             }
         }
@@ -470,12 +540,12 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
 // Shared memory of a CTA: the ring and the activation slice of `per` stages.
 template <int F, int CH, int ST>
 constexpr size_t ring_bytes() {
-    return static_cast<size_t>(kWarps) * (ST * Geo<F, CH>::SLOT + Geo<F, CH>::FSB);
+    return static_cast<size_t>(kWarps) * ST * Geo<F, CH>::SLOT;
 }
-// Staged activation bytes per mma k step of a tile of MT x 8 rows: 32 bytes per row, + fp32 scales.
+// Staged activation bytes per k step of a tile of MT x 8 rows: 16 bf16 or 32 f16 per row, + fp32 scales.
 template <int F, int MT>
 constexpr int act_step_bytes() {
-    return kCols * MT * (32 + (F == kBF16 ? 0 : 4));
+    return kCols * MT * (F == kBF16 ? 32 : 64 + 4);
 }
 template <int F, int CH, int MT>
 size_t act_bytes(int per) {
@@ -662,11 +732,14 @@ void launch_variant(int v, const float* x, const float* xs, int64_t M, const Lin
             else launch<F, 128, 6, 1, 4>(x, xs, M, w, y, experts, routing, false);
             break;
         case 6: launch<F, 128, 4, 2, 1>(x, xs, M, w, y, experts, routing, false); break;  // 48 KB, two CTAs per SM
-        default:  // 5 and 8: 96 KB in flight, 4 rows x 256 B per copy (8: persistent when routed)
-            if (mt == 1) launch<F, 256, 4, 1, 1>(x, xs, M, w, y, experts, routing, v == 8);
-            else if (mt == 2) launch<F, 256, 4, 1, 2>(x, xs, M, w, y, experts, routing, false);
-            else launch<F, 256, 4, 1, 4>(x, xs, M, w, y, experts, routing, false);
+        default: {  // 5 and 8: 96 KB in flight, 4 rows x 256 B per copy (8: persistent when routed). FP4: 64 KB,
+                    // so that a whole K of f16 activations (5120 values: 87 KB) fits beside the ring.
+            constexpr int st = F == kFP4 ? 3 : 4;
+            if (mt == 1) launch<F, 256, st, 1, 1>(x, xs, M, w, y, experts, routing, v == 8);
+            else if (mt == 2) launch<F, 256, st, 1, 2>(x, xs, M, w, y, experts, routing, false);
+            else launch<F, 256, st, 1, 4>(x, xs, M, w, y, experts, routing, false);
             break;
+        }
     }
 }
 

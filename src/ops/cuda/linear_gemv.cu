@@ -339,15 +339,12 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
 }
 
 // Variant per stored format (F32, BF16, FP8, FP4), from the environment at start (see kernels.h). The
-// defaults are the fastest end to end on the H200 (bench engine, 4 layers, batch 1-32 at 8K: 7.13 -> 6.20 ms
-// at batch 8, 16.95 -> 14.78 ms at 32 against 3/3/1): the streaming kernel with 256-byte stages for bf16 and
-// FP8, and its persistent form for the routed FP4 experts up to 384 pairs (about a row per expert); above
-// that the tensor-core kernel streams the experts faster (batch 128: 20.3 ms of routed experts against 32.1),
-// unless a variant was asked for.
+// defaults are the fastest end to end on the H200 (bench engine, 4 layers, 8K context): the streaming kernel
+// with 256-byte stages for bf16 and FP8, and its persistent form for the routed FP4 experts at every batch
+// (with f16 fragments it also beats the tensor-core kernel above 384 pairs: batch 256 35.3 -> 28.8 ms a step).
 struct Variants {
     int v[4] = {1, 5, 5, 8};
     bool fuse = true;
-    bool fp4_auto = true;  // FP4 not set by the environment or a setter
 };
 int clamp_variant(int format, int v) {
     if (format == kF32) return 1;
@@ -360,7 +357,6 @@ Variants& variants() {
         const char* legacy = std::getenv("PEREGRINE_GEMV");
         if (legacy && std::string(legacy) == "1") {
             r.v[1] = r.v[2] = r.v[3] = 1;
-            r.fp4_auto = false;
         }
         const char* e = std::getenv("PEREGRINE_GEMV_VARIANT");
         const std::string spec = e ? e : "";
@@ -375,10 +371,7 @@ Variants& variants() {
             if (v != 1 && (v < 3 || v > 8)) continue;
             for (int f = 0; f < 4; ++f) {
                 static const char* names[4] = {"f32", "bf16", "fp8", "fp4"};
-                if (name.empty() || name == names[f]) {
-                    r.v[f] = clamp_variant(f, v);
-                    if (f == kFP4) r.fp4_auto = false;
-                }
+                if (name.empty() || name == names[f]) r.v[f] = clamp_variant(f, v);
             }
         }
         const char* fuse = std::getenv("PEREGRINE_GEMV_FUSE");
@@ -388,18 +381,12 @@ Variants& variants() {
     return vs;
 }
 
-// The variant a call of M rows uses (routed: M pairs).
-int variant_for(int format, int64_t M, bool routed) {
-    const Variants& vs = variants();
-    if (format == kFP4 && routed && vs.fp4_auto && vs.v[kFP4] >= 4 && M > 384) return 3;
-    return vs.v[format];
-}
 
 template <int F>
 void launch_rows(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
                  const LinearRouting* routing) {
     const int64_t rows = routing ? routing->tile_rows : M;
-    const int v = variant_for(F, M, routing != nullptr);
+    const int v = variants().v[F];
     // Variants 4-8: the streaming kernels; 3: the tensor cores for FP8/FP4 (the default); else this kernel.
     // (A cp.async-pipelined CUDA-core variant measured 1.2-1.8x slower than the tensor-core one on every
     // FP8/FP4 shape on the H200, and slower than this one on the bf16 LM head and the grouped wo_a.)
@@ -447,20 +434,18 @@ void* gemv_scratch(int which, size_t bytes, bool zero) {
 void linear_gemv_set_variant(int v) {
     if (v != 1 && (v < 3 || v > 8)) fail("linear_gemv: no variant {} (1, 3 to 8)", v);
     for (int f = 0; f < 4; ++f) variants().v[f] = clamp_variant(f, v);
-    variants().fp4_auto = false;
 }
 void linear_gemv_set_variant(int format, int v) {
     if (format < 0 || format > 3 || (v != 1 && (v < 3 || v > 8))) fail("linear_gemv: no variant {} for format {}", v, format);
     variants().v[format] = clamp_variant(format, v);
-    if (format == kFP4) variants().fp4_auto = false;
 }
 int linear_gemv_variant() { return variants().v[kFP8]; }
 int linear_gemv_variant(int format) { return format >= 0 && format < 4 ? variants().v[format] : 1; }
 void linear_gemv_set_fuse(bool on) { variants().fuse = on; }
 
-bool linear_gemv_quantises(const LinearDev& w, int64_t M, bool routed) {
+bool linear_gemv_quantises(const LinearDev& w) {
     if (w.kind != kFP8 && w.kind != kFP4) return false;
-    return variants().fuse && variant_for(w.kind, M, routed) >= 4 && linear_gemv_stream_quantises(w);
+    return variants().fuse && variants().v[w.kind] >= 4 && linear_gemv_stream_quantises(w);
 }
 
 bool linear_gemv_supported(const LinearDev& w) {

@@ -23,47 +23,141 @@ __global__ void rms_norm_kernel(const float* x, int D, const float* w, float eps
 
 constexpr int kMaxMix = 64;
 
-// Pre/post weights and the Sinkhorn-normalised comb matrix of token t from its mixes (one thread).
-__device__ void hc_finish(int64_t t, const float* mixes, int hc, const float* base, const float* scale, float hc_eps,
-                          int iters, int mode, float* pre_out, float* post_out, float* comb_out) {
+constexpr int kMaxHc = 6;  // 2 hc + hc^2 <= kMaxMix
+
+// Pre/post weights and the Sinkhorn-normalised comb matrix of token t from its mixes (one thread). The matrix is
+// normalised in a local copy and written once: on device memory every step of the Sinkhorn loop was a dependent
+// global load and store (~60 us a call). HC > 0 fixes hc at compile time, so that the copy lives in registers;
+// the operations and their order are the same for every HC (the results are bit-identical).
+template <int HC>
+__device__ void hc_finish_n(int64_t t, const float* mixes, int hc_rt, const float* base, const float* scale, float hc_eps,
+                            int iters, int mode, float* pre_out, float* post_out, float* comb_out) {
+    const int hc = HC > 0 ? HC : hc_rt;
+    constexpr int kN = HC > 0 ? HC : kMaxHc;
     float* pre = pre_out + t * hc;
     if (mode == 1) {
         for (int j = 0; j < hc; ++j) pre[j] = 1.0f / (1.0f + exp_cr(-(mixes[j] * scale[0] + base[j]))) + hc_eps;
         return;
     }
     float* post = post_out + t * hc;
-    float* comb = comb_out + t * hc * hc;
-    for (int i = 0; i < hc; ++i) {
+#pragma unroll
+    for (int i = 0; i < kN; ++i) {
+        if (i >= hc) break;
         pre[i] = 1.0f / (1.0f + exp_cr(-(mixes[i] * scale[0] + base[i]))) + hc_eps;
         post[i] = 2.0f / (1.0f + exp_cr(-(mixes[hc + i] * scale[1] + base[hc + i])));
     }
-    for (int a = 0; a < hc; ++a) {
+    float comb[kN * kN];
+#pragma unroll
+    for (int a = 0; a < kN; ++a) {
+        if (a >= hc) break;
         float* row = comb + a * hc;
         float mx = -INFINITY;
-        for (int b = 0; b < hc; ++b) {
+#pragma unroll
+        for (int b = 0; b < kN; ++b) {
+            if (b >= hc) break;
             row[b] = mixes[2 * hc + a * hc + b] * scale[2] + base[2 * hc + a * hc + b];
             mx = fmaxf(mx, row[b]);
         }
         float sum = 0.0f;
-        for (int b = 0; b < hc; ++b) sum += (row[b] = exp_cr(row[b] - mx));
-        for (int b = 0; b < hc; ++b) row[b] = row[b] / sum + hc_eps;
+#pragma unroll
+        for (int b = 0; b < kN; ++b) {
+            if (b >= hc) break;
+            sum += (row[b] = exp_cr(row[b] - mx));
+        }
+#pragma unroll
+        for (int b = 0; b < kN; ++b) {
+            if (b >= hc) break;
+            row[b] = row[b] / sum + hc_eps;
+        }
     }
     auto col_norm = [&] {
-        for (int b = 0; b < hc; ++b) {
+#pragma unroll
+        for (int b = 0; b < kN; ++b) {
+            if (b >= hc) break;
             float s = 0.0f;
-            for (int a = 0; a < hc; ++a) s += comb[a * hc + b];
-            for (int a = 0; a < hc; ++a) comb[a * hc + b] /= (s + hc_eps);
+#pragma unroll
+            for (int a = 0; a < kN; ++a) {
+                if (a >= hc) break;
+                s += comb[a * hc + b];
+            }
+#pragma unroll
+            for (int a = 0; a < kN; ++a) {
+                if (a >= hc) break;
+                comb[a * hc + b] /= (s + hc_eps);
+            }
         }
     };
     col_norm();
     for (int it = 0; it < iters - 1; ++it) {
-        for (int a = 0; a < hc; ++a) {
+#pragma unroll
+        for (int a = 0; a < kN; ++a) {
+            if (a >= hc) break;
             float s = 0.0f;
-            for (int b = 0; b < hc; ++b) s += comb[a * hc + b];
-            for (int b = 0; b < hc; ++b) comb[a * hc + b] /= (s + hc_eps);
+#pragma unroll
+            for (int b = 0; b < kN; ++b) {
+                if (b >= hc) break;
+                s += comb[a * hc + b];
+            }
+#pragma unroll
+            for (int b = 0; b < kN; ++b) {
+                if (b >= hc) break;
+                comb[a * hc + b] /= (s + hc_eps);
+            }
         }
         col_norm();
     }
+    float* out = comb_out + t * hc * hc;
+#pragma unroll
+    for (int i = 0; i < kN * kN; ++i) {
+        if (i >= hc * hc) break;
+        out[i] = comb[i];
+    }
+}
+
+__device__ void hc_finish(int64_t t, const float* mixes, int hc, const float* base, const float* scale, float hc_eps,
+                          int iters, int mode, float* pre_out, float* post_out, float* comb_out) {
+    if (hc == 4) hc_finish_n<4>(t, mixes, hc, base, scale, hc_eps, iters, mode, pre_out, post_out, comb_out);
+    else hc_finish_n<0>(t, mixes, hc, base, scale, hc_eps, iters, mode, pre_out, post_out, comb_out);
+}
+
+// hc_finish on a whole warp (every lane calls it; `mixes` readable by all): lane a * hc + b holds comb[a][b] and
+// gathers its row or column with shuffles, so that the Sinkhorn loop's divisions run side by side instead of one
+// after another on one thread. Each sum is still formed in index order and each element sees the same
+// operations, so the results are those of hc_finish bit for bit. hc * hc > 32: one lane runs hc_finish.
+__device__ void hc_finish_warp(int64_t t, const float* mixes, int hc, const float* base, const float* scale,
+                               float hc_eps, int iters, int mode, float* pre_out, float* post_out, float* comb_out) {
+    const int lane = threadIdx.x & 31;
+    if (hc * hc > 32 || mode == 1) {
+        if (lane == 0) hc_finish(t, mixes, hc, base, scale, hc_eps, iters, mode, pre_out, post_out, comb_out);
+        return;
+    }
+    if (lane < hc) {
+        pre_out[t * hc + lane] = 1.0f / (1.0f + exp_cr(-(mixes[lane] * scale[0] + base[lane]))) + hc_eps;
+        post_out[t * hc + lane] = 2.0f / (1.0f + exp_cr(-(mixes[hc + lane] * scale[1] + base[hc + lane])));
+    }
+    const bool mine = lane < hc * hc;
+    const int a = mine ? lane / hc : 0, b = mine ? lane % hc : 0;
+    constexpr unsigned kAll = 0xffffffffu;
+    float v = mine ? mixes[2 * hc + lane] * scale[2] + base[2 * hc + lane] : 0.0f;
+    float mx = -INFINITY;
+    for (int j = 0; j < hc; ++j) mx = fmaxf(mx, __shfl_sync(kAll, v, a * hc + j));
+    v = exp_cr(v - mx);
+    float sum = 0.0f;
+    for (int j = 0; j < hc; ++j) sum += __shfl_sync(kAll, v, a * hc + j);
+    v = v / sum + hc_eps;
+    auto col_norm = [&] {
+        float c = 0.0f;
+        for (int i = 0; i < hc; ++i) c += __shfl_sync(kAll, v, i * hc + b);
+        v /= (c + hc_eps);
+    };
+    col_norm();
+    for (int it = 0; it < iters - 1; ++it) {
+        float r = 0.0f;
+        for (int j = 0; j < hc; ++j) r += __shfl_sync(kAll, v, a * hc + j);
+        v /= (r + hc_eps);
+        col_norm();
+    }
+    if (mine) comb_out[t * hc * hc + lane] = v;
 }
 
 __global__ void hc_mixes_kernel(const float* h, int hc, int D, const float* fn, int n_mix, const float* base,
@@ -86,8 +180,8 @@ __global__ void hc_mixes_kernel(const float* h, int hc, int D, const float* fn, 
         if (lane == 0) mixes[j] = static_cast<float>(s) * r;
     }
     __syncthreads();
-    if (threadIdx.x != 0) return;
-    hc_finish(t, mixes, hc, base, scale, hc_eps, iters, mode, pre_out, post_out, comb_out);
+    if (threadIdx.x >= 32) return;
+    hc_finish_warp(t, mixes, hc, base, scale, hc_eps, iters, mode, pre_out, post_out, comb_out);
 }
 
 // Fast mixes (Numerics::Fast): the n_mix dot products of every token are one double GEMM [T, hc*dim] x fn^T
@@ -104,11 +198,12 @@ __global__ void hc_mix_apply_kernel(const float* h, const float* raw, int W, int
     double ss = 0.0;
     for (int i = threadIdx.x; i < W; i += blockDim.x) ss += static_cast<double>(x[i] * x[i]);
     ss = block_sum(ss);
-    if (threadIdx.x != 0) return;
+    if (threadIdx.x >= 32) return;
     const float r = 1.0f / sqrtf(static_cast<float>(ss) / static_cast<float>(W) + eps);
-    float mixes[kFastMix];
-    for (int j = 0; j < n_mix; ++j) mixes[j] = raw[t * n_mix + j] * r;
-    hc_finish(t, mixes, hc, base, scale, hc_eps, iters, mode, pre, post, comb);
+    __shared__ float mixes[kFastMix];
+    if (threadIdx.x < n_mix) mixes[threadIdx.x] = raw[t * n_mix + threadIdx.x] * r;
+    __syncwarp();
+    hc_finish_warp(t, mixes, hc, base, scale, hc_eps, iters, mode, pre, post, comb);
 }
 
 // Fast mixes at decode sizes (Numerics::Fast, T <= kSmallMaxT): two launches instead of the FP64 GEMM path's
@@ -135,13 +230,29 @@ __global__ void __launch_bounds__(kSmallThreads) hc_mixes_partial_kernel(const f
     for (int q = 0; q < kSmallPerThread; ++q) acc[q] = 0.0;
     for (int c = c0; c < c1; ++c) {
         const int col0 = c * kSmallChunk, len = min(kSmallChunk, W - col0);
-        for (int i = tid; i < n_mix * kSmallChunk; i += kSmallThreads) {
-            const int j = i / kSmallChunk, k = i % kSmallChunk;
-            fs[j * kLd + k] = k < len ? fn[static_cast<int64_t>(j) * W + col0 + k] : 0.0f;
+        // Every load of the chunk in flight at once (a loop of dependent load-store pairs cost ~10 us).
+        constexpr int kFL = (kFastMix * kSmallChunk + kSmallThreads - 1) / kSmallThreads;
+        constexpr int kXL = (kSmallGroup * kSmallChunk + kSmallThreads - 1) / kSmallThreads;
+        float fv[kFL], xv[kXL];
+#pragma unroll
+        for (int q = 0; q < kFL; ++q) {
+            const int i = tid + q * kSmallThreads, j = i / kSmallChunk, k = i % kSmallChunk;
+            fv[q] = i < n_mix * kSmallChunk && k < len ? fn[static_cast<int64_t>(j) * W + col0 + k] : 0.0f;
         }
-        for (int i = tid; i < nt * kSmallChunk; i += kSmallThreads) {
-            const int t = i / kSmallChunk, k = i % kSmallChunk;
-            xs[t * kLd + k] = k < len ? h[static_cast<int64_t>(t0 + t) * W + col0 + k] : 0.0f;
+#pragma unroll
+        for (int q = 0; q < kXL; ++q) {
+            const int i = tid + q * kSmallThreads, t = i / kSmallChunk, k = i % kSmallChunk;
+            xv[q] = i < nt * kSmallChunk && k < len ? h[static_cast<int64_t>(t0 + t) * W + col0 + k] : 0.0f;
+        }
+#pragma unroll
+        for (int q = 0; q < kFL; ++q) {
+            const int i = tid + q * kSmallThreads;
+            if (i < n_mix * kSmallChunk) fs[(i / kSmallChunk) * kLd + i % kSmallChunk] = fv[q];
+        }
+#pragma unroll
+        for (int q = 0; q < kXL; ++q) {
+            const int i = tid + q * kSmallThreads;
+            if (i < nt * kSmallChunk) xs[(i / kSmallChunk) * kLd + i % kSmallChunk] = xv[q];
         }
         __syncthreads();
 #pragma unroll
@@ -186,11 +297,12 @@ __global__ void hc_mixes_finish_kernel(const double* part, int S, int W, int n_m
         if (lane == 0) mix[j] = static_cast<float>(s);
     }
     __syncthreads();
-    if (threadIdx.x != 0) return;
+    if (threadIdx.x >= 32) return;
     const float r = 1.0f / sqrtf(mix[n_mix] / static_cast<float>(W) + eps);
-    float mixes[kFastMix];
-    for (int j = 0; j < n_mix; ++j) mixes[j] = mix[j] * r;
-    hc_finish(t, mixes, hc, base, scale, hc_eps, iters, mode, pre, post, comb);
+    __shared__ float mixes[kFastMix];
+    if (threadIdx.x < n_mix) mixes[threadIdx.x] = mix[threadIdx.x] * r;
+    __syncwarp();
+    hc_finish_warp(t, mixes, hc, base, scale, hc_eps, iters, mode, pre, post, comb);
 }
 
 __global__ void hc_collapse_kernel(const float* h, const float* pre, int64_t T, int hc, int D, float* y) {

@@ -11,35 +11,39 @@ namespace peregrine::cuda {
 
 PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch) {
     const int64_t S = static_cast<int64_t>(batch.seqs.size()), T = batch.rows();
-    std::vector<int64_t> seq(static_cast<size_t>(4 * S));
-    std::vector<int32_t> pages;
+    int64_t n_pages = 0;
     for (int64_t s = 0; s < S; ++s) {
         const BatchSeq& b = batch.seqs[static_cast<size_t>(s)];
         const int64_t n = layout.pages_for(b.start_pos + b.n_tokens);
         PEREGRINE_CHECK(b.state && static_cast<int64_t>(b.state->pages.size()) >= n, "sequence {} lacks pages", s);
-        seq[static_cast<size_t>(4 * s)] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b.state->pool));
-        seq[static_cast<size_t>(4 * s + 1)] = static_cast<int64_t>(pages.size());
-        seq[static_cast<size_t>(4 * s + 2)] = b.start_pos;
-        seq[static_cast<size_t>(4 * s + 3)] = b.n_tokens;
-        pages.insert(pages.end(), b.state->pages.begin(), b.state->pages.begin() + n);
+        n_pages += n;
     }
-    std::vector<int64_t> row_pos(static_cast<size_t>(T));
-    std::vector<int32_t> row_seq(static_cast<size_t>(T));
+    // One buffer: the int64 arrays first (8-byte aligned), then the int32 ones. It is reused from step to step:
+    // at batch 128 and a 128K context the tables are 4 MB, and fresh memory each step cost its page faults (several
+    // ms of host time a step on the GPU machine).
+    const size_t b_seq = 0, b_pos = b_seq + static_cast<size_t>(4 * S) * 8, b_pages = b_pos + static_cast<size_t>(T) * 8,
+                 b_rows = b_pages + static_cast<size_t>(n_pages) * 4, total = b_rows + static_cast<size_t>(T) * 4;
+    thread_local std::vector<uint8_t> buf;
+    buf.resize(std::max<size_t>(total, 8));
+    auto* seq = reinterpret_cast<int64_t*>(buf.data() + b_seq);
+    auto* row_pos = reinterpret_cast<int64_t*>(buf.data() + b_pos);
+    auto* pages = reinterpret_cast<int32_t*>(buf.data() + b_pages);
+    auto* row_seq = reinterpret_cast<int32_t*>(buf.data() + b_rows);
+    int64_t at = 0;
     for (int64_t s = 0; s < S; ++s) {
         const BatchSeq& b = batch.seqs[static_cast<size_t>(s)];
+        const int64_t n = layout.pages_for(b.start_pos + b.n_tokens);
+        seq[4 * s] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b.state->pool));
+        seq[4 * s + 1] = at;
+        seq[4 * s + 2] = b.start_pos;
+        seq[4 * s + 3] = b.n_tokens;
+        if (n > 0) std::memcpy(pages + at, b.state->pages.data(), static_cast<size_t>(n) * 4);
+        at += n;
         for (int i = 0; i < b.n_tokens; ++i) {
-            row_pos[static_cast<size_t>(b.row0 + i)] = b.start_pos + i;
-            row_seq[static_cast<size_t>(b.row0 + i)] = static_cast<int32_t>(s);
+            row_pos[b.row0 + i] = b.start_pos + i;
+            row_seq[b.row0 + i] = static_cast<int32_t>(s);
         }
     }
-    // One buffer: the int64 arrays first (8-byte aligned), then the int32 ones.
-    const size_t b_seq = 0, b_pos = b_seq + seq.size() * 8, b_pages = b_pos + row_pos.size() * 8,
-                 b_rows = b_pages + pages.size() * 4, total = b_rows + row_seq.size() * 4;
-    std::vector<uint8_t> buf(std::max<size_t>(total, 8));
-    if (!seq.empty()) std::memcpy(buf.data() + b_seq, seq.data(), seq.size() * 8);
-    if (!row_pos.empty()) std::memcpy(buf.data() + b_pos, row_pos.data(), row_pos.size() * 8);
-    if (!pages.empty()) std::memcpy(buf.data() + b_pages, pages.data(), pages.size() * 4);
-    if (!row_seq.empty()) std::memcpy(buf.data() + b_rows, row_seq.data(), row_seq.size() * 4);
     auto dev = CudaBackend::upload(buf);
     PagedStep out;
     out.keep = dev.keep;

@@ -344,7 +344,7 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
 // (with f16 fragments it also beats the tensor-core kernel above 384 pairs: batch 256 35.3 -> 28.8 ms a step).
 struct Variants {
     int v[4] = {1, 5, 5, 8};
-    bool fuse = true;
+    int fuse = -1;  // quantise inside the GEMV: -1 routed calls and dense calls of <= 8 rows, 0 never, 1 always
 };
 int clamp_variant(int format, int v) {
     if (format == kF32) return 1;
@@ -375,7 +375,8 @@ Variants& variants() {
             }
         }
         const char* fuse = std::getenv("PEREGRINE_GEMV_FUSE");
-        r.fuse = !(fuse && std::string(fuse) == "0");
+        if (fuse && std::string(fuse) == "0") r.fuse = 0;
+        else if (fuse && std::string(fuse) == "1") r.fuse = 1;
         return r;
     }();
     return vs;
@@ -441,11 +442,15 @@ void linear_gemv_set_variant(int format, int v) {
 }
 int linear_gemv_variant() { return variants().v[kFP8]; }
 int linear_gemv_variant(int format) { return format >= 0 && format < 4 ? variants().v[format] : 1; }
-void linear_gemv_set_fuse(bool on) { variants().fuse = on; }
+void linear_gemv_set_fuse(bool on) { variants().fuse = on ? 1 : 0; }
 
-bool linear_gemv_quantises(const LinearDev& w) {
+// Dense calls of more rows quantise once beforehand (act_quant): every 128-row group of the output would
+// otherwise quantise the same activations again (wq_a at 32 rows: 10 groups x 7 K slices, 35 us for 6.5 MB).
+bool linear_gemv_quantises(const LinearDev& w, int64_t M, bool routed) {
+    const int fuse = variants().fuse;
+    if (fuse == 0 || (fuse < 0 && !routed && M > 8)) return false;
     if (w.kind != kFP8 && w.kind != kFP4) return false;
-    return variants().fuse && variants().v[w.kind] >= 4 && linear_gemv_stream_quantises(w);
+    return variants().v[w.kind] >= 4 && linear_gemv_stream_quantises(w);
 }
 
 bool linear_gemv_supported(const LinearDev& w) {

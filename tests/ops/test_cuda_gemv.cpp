@@ -396,7 +396,7 @@ TEST(CudaGemv, RoutedExpertsMatchExactAtRealShapes) {
 // Variants: 1 CUDA cores, 3 tensor cores (the default for FP8/FP4), "3+q" the same with act_quant's launch
 // (what a linear costs today), 4/5/6 the streaming kernels on quantised activations and "4f"/"5f"/"6f" the
 // same quantising the activations themselves (must equal 4/5/6 bit for bit); routed calls also 7/8 (4/5 with
-// persistent CTAs) and "7f"/"8f". Each is checked against the exact
+// persistent CTAs), 9 (FP4: persistent CTAs of 12 warps) and "7f"/"8f"/"9f". Each is checked against the exact
 // kernel: |d| <= one bf16 ulp of the output (+ 1e-5 max|ref| for outputs near cancellation). Bytes: the
 // weights and scales a call reads (active experts only); timed over copies of the weights (or rotating expert
 // sets) larger than L2, after a warm-up. PEREGRINE_GEMV_SWEEP_ROWS="1,8" narrows the rows.
@@ -467,8 +467,8 @@ void sweep_case(const SweepShape& sh, int rows, bool scaled, bool routed, const 
         variants.push_back({"3", {3, false}});
         variants.push_back({"3+q", {3, false}});
     }
-    for (int v : {4, 5, 6, 7, 8}) {
-        if (v >= 7 && !routed) continue;  // dense calls: the same as 4 and 5
+    for (int v : {4, 5, 6, 7, 8, 9}) {
+        if (v >= 7 && !routed) continue;  // dense calls: the same as 4 and 5 (9: FP4 with 12 warps, else 5)
         variants.push_back({std::to_string(v), {v, false}});
         if (scaled) variants.push_back({std::to_string(v) + "f", {v, true}});
     }

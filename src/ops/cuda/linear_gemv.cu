@@ -340,10 +340,10 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
 
 // Variant per stored format (F32, BF16, FP8, FP4), from the environment at start (see kernels.h). The
 // defaults are the fastest end to end on the H200 (bench engine, 4 layers, 8K context): the streaming kernel
-// with 256-byte stages for bf16 and FP8, and its persistent form for the routed FP4 experts at every batch
+// with 256-byte stages for bf16 and FP8, and its persistent 12-warp form (9) for the routed FP4 experts at every batch
 // (with f16 fragments it also beats the tensor-core kernel above 384 pairs: batch 256 35.3 -> 28.8 ms a step).
 struct Variants {
-    int v[4] = {1, 5, 5, 8};
+    int v[4] = {1, 5, 5, 9};
     int fuse = -1;  // quantise inside the GEMV: -1 routed calls and dense calls of <= 8 rows, 0 never, 1 always
 };
 int clamp_variant(int format, int v) {
@@ -368,7 +368,7 @@ Variants& variants() {
             const size_t eq = item.find('=');
             const std::string name = eq == std::string::npos ? "" : item.substr(0, eq);
             const int v = std::atoi(item.c_str() + (eq == std::string::npos ? 0 : eq + 1));
-            if (v != 1 && (v < 3 || v > 8)) continue;
+            if (v != 1 && (v < 3 || v > 9)) continue;
             for (int f = 0; f < 4; ++f) {
                 static const char* names[4] = {"f32", "bf16", "fp8", "fp4"};
                 if (name.empty() || name == names[f]) r.v[f] = clamp_variant(f, v);
@@ -433,11 +433,11 @@ void* gemv_scratch(int which, size_t bytes, bool zero) {
 }
 
 void linear_gemv_set_variant(int v) {
-    if (v != 1 && (v < 3 || v > 8)) fail("linear_gemv: no variant {} (1, 3 to 8)", v);
+    if (v != 1 && (v < 3 || v > 9)) fail("linear_gemv: no variant {} (1, 3 to 9)", v);
     for (int f = 0; f < 4; ++f) variants().v[f] = clamp_variant(f, v);
 }
 void linear_gemv_set_variant(int format, int v) {
-    if (format < 0 || format > 3 || (v != 1 && (v < 3 || v > 8))) fail("linear_gemv: no variant {} for format {}", v, format);
+    if (format < 0 || format > 3 || (v != 1 && (v < 3 || v > 9))) fail("linear_gemv: no variant {} for format {}", v, format);
     variants().v[format] = clamp_variant(format, v);
 }
 int linear_gemv_variant() { return variants().v[kFP8]; }

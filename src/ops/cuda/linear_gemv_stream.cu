@@ -40,7 +40,7 @@ namespace peregrine::cuda {
 namespace {
 
 constexpr int kBF16 = 1, kFP8 = 2, kFP4 = 3;
-constexpr int kWarps = 8, kThreads256 = kWarps * 32, kUnitRows = 16, kGroupRows = kWarps * kUnitRows;
+constexpr int kUnitRows = 16;  // weight rows per warp (an mma's A); a CTA of NW warps covers NW x 16 rows
 constexpr int kCols = 8;                  // activation rows per mma (its n); a tile is MT of them
 constexpr int kSmemMax = 225 * 1024;      // dynamic shared memory per block (sm_90 opt-in: 227 KB with the ~1.6 KB static)
 constexpr int kStageLoads = 8;            // activation float4 loads in flight per thread while staging
@@ -141,15 +141,15 @@ struct StreamArgs {
 // 4 bytes [4t, 4t+4) = values 8t..8t+7) of weight rows g and g+8, its B registers the same k positions of
 // activation row g; the mma's k order is a permutation of the step's, the same for A and B. D values: weight
 // rows g, g+8 x activation rows 2t, 2t+1.
-template <int F, int CH, int ST, int MINB, int MT>
-__global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamArgs p) {
+template <int F, int CH, int ST, int MINB, int MT, int NW>
+__global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p) {
     using G = Geo<F, CH>;
     constexpr int RS = G::RS, STEPS = G::STEPS, SLOT = G::SLOT;
     // Rows of a tile; staged activation bytes per row and k step (f16 x 32, bf16 x 16); per k step.
     constexpr int TR = kCols * MT, AB = F == kBF16 ? 32 : 64, STEP_ACT = TR * AB;
     extern __shared__ float4 smem4[];
     uint8_t* ring = reinterpret_cast<uint8_t*>(smem4);        // [warp][ST][SLOT]
-    uint8_t* act = ring + kWarps * ST * SLOT;                  // [k step][rows][AB bytes]
+    uint8_t* act = ring + NW * ST * SLOT;                  // [k step][rows][AB bytes]
     __shared__ int64_t row_s[TR];
     __shared__ const uint8_t* tile_w[kMaxCtaTiles];
     __shared__ const uint8_t* tile_sc[kMaxCtaTiles];
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
 
     const LinearDev& w = p.w;
     const int N = w.out, K = w.in;
-    const int groups = (N + kGroupRows - 1) / kGroupRows, nblk = (groups + p.gpb - 1) / p.gpb;
+    const int groups = (N + (NW * kUnitRows) - 1) / (NW * kUnitRows), nblk = (groups + p.gpb - 1) / p.gpb;
     // This CTA's units (tile-major: unit = tile * groups + group of 128 rows; a tile is 8 activation rows:
     // dense rows 8 mt.., or a routed tile) and K slice. Persistent: an equal share of all units of the call
     // (their count known on the device only), the whole of K. Otherwise: gpb groups of one tile, slice `split`.
@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
     if (u_begin >= u_end) return;
     // The tiles the units touch (at most kMaxCtaTiles: the host bounds the units per CTA).
     const int t_first = u_begin / groups, n_ct = (u_end - 1) / groups - t_first + 1;
-    for (int i = threadIdx.x; i < n_ct; i += kThreads256) {
+    for (int i = threadIdx.x; i < n_ct; i += (NW * 32)) {
         const int ti = t_first + i;
         if (p.tiles) {
             const int4 t = p.tiles[ti];
@@ -225,7 +225,7 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
     const int64_t pstride = static_cast<int64_t>(PROWS) * row_bytes;
     auto iss_unit = [&]() {
         const int gi = iss_u / groups, ti = gi - t_first;
-        iss_r0 = (iss_u - gi * groups) * kGroupRows + warp * kUnitRows;
+        iss_r0 = (iss_u - gi * groups) * (NW * kUnitRows) + warp * kUnitRows;
         iss_clamped = iss_r0 + kUnitRows > N;
         iss_w = tile_w[ti] + static_cast<int64_t>(min(iss_r0 + prow, N - 1)) * row_bytes +
                 static_cast<int64_t>(st0) * CH + pseg * 16;
@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
         const int qpr = slice_values / 4, quads = rows * qpr;  // quads per row, in all
         const int ab = F == kBF16 ? 4 : w.act_block, qpb = ab / 4;
         const bool fuse = F != kBF16 && p.xs == nullptr;
-        for (int b0 = warp * 32 * kStageLoads; b0 < quads; b0 += kWarps * 32 * kStageLoads) {
+        for (int b0 = warp * 32 * kStageLoads; b0 < quads; b0 += NW * 32 * kStageLoads) {
             float4 v[kStageLoads];
 #pragma unroll
             for (int i = 0; i < kStageLoads; ++i) {
@@ -370,7 +370,7 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
         // Rows past the tile: zero bytes and scales, so that their (unwritten) outputs stay finite.
         constexpr int WPS = AB / 4;  // 4-byte words per row and k step
         const int zq = (TR - rows) * KS * WPS;
-        for (int u = threadIdx.x; u < zq; u += kThreads256) {
+        for (int u = threadIdx.x; u < zq; u += (NW * 32)) {
             const int m = rows + u / (KS * WPS), r = u % (KS * WPS), ks = r / WPS, wd = r % WPS;
             *reinterpret_cast<uint32_t*>(act + ks * STEP_ACT + m * AB + wd * 4) = 0u;
             if (F != kBF16 && wd == 0) ascale[ks * TR + m] = 0.0f;
@@ -386,7 +386,7 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
         __syncwarp();             // and every lane's; every lane is done with the slot of step s - 1 ...
         issue();                  // ... which this refills
         const int u = c_u, st = c_st, gi = u / groups, ti = gi - t_first;
-        const int r0 = (u - gi * groups) * kGroupRows + warp * kUnitRows;
+        const int r0 = (u - gi * groups) * (NW * kUnitRows) + warp * kUnitRows;
         const uint8_t* slot = my_ring + c_slot * SLOT;
         const uint8_t* sc = slot + kUnitRows * RS;
         if (++c_slot == ST) c_slot = 0;
@@ -505,15 +505,15 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
     if (!last_s) return;
     __threadfence();
     // Four outputs per thread and eight slices at a time in flight (independent loads), summed in slice order.
-    const int rows = tile_rows[0], n0 = (u_begin - t_first * groups) * kGroupRows;
-    const int width = min(N, (u_end - t_first * groups) * kGroupRows) - n0, total = rows * width;
+    const int rows = tile_rows[0], n0 = (u_begin - t_first * groups) * (NW * kUnitRows);
+    const int width = min(N, (u_end - t_first * groups) * (NW * kUnitRows)) - n0, total = rows * width;
     const int64_t slice = p.M * static_cast<int64_t>(N);
-    for (int i0 = threadIdx.x; i0 < total; i0 += 4 * kThreads256) {
+    for (int i0 = threadIdx.x; i0 < total; i0 += 4 * (NW * 32)) {
         int64_t o[4];
         float v[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const int i = min(i0 + j * kThreads256, total - 1), m = i / width;
+            const int i = min(i0 + j * (NW * 32), total - 1), m = i / width;
             o[j] = row_s[m] * N + n0 + (i - m * width);
             v[j] = 0.0f;
         }
@@ -532,15 +532,15 @@ __global__ void __launch_bounds__(kThreads256, MINB) gemv_stream_kernel(StreamAr
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            if (i0 + j * kThreads256 < total) p.y[o[j]] = round_bf16(v[j]);
+            if (i0 + j * (NW * 32) < total) p.y[o[j]] = round_bf16(v[j]);
     }
     if (threadIdx.x == 0) p.counters[ticket] = 0;  // ready for the next call
 }
 
 // Shared memory of a CTA: the ring and the activation slice of `per` stages.
-template <int F, int CH, int ST>
+template <int F, int CH, int ST, int NW>
 constexpr size_t ring_bytes() {
-    return static_cast<size_t>(kWarps) * ST * Geo<F, CH>::SLOT;
+    return static_cast<size_t>(NW) * ST * Geo<F, CH>::SLOT;
 }
 // Staged activation bytes per k step of a tile of MT x 8 rows: 16 bf16 or 32 f16 per row, + fp32 scales.
 template <int F, int MT>
@@ -554,30 +554,30 @@ size_t act_bytes(int per) {
 
 // Dynamic shared memory this kernel may use (opted in once): kSmemMax, or less where the device's opt-in
 // limit minus the kernel's static shared memory is smaller.
-template <int F, int CH, int ST, int MINB, int MT>
+template <int F, int CH, int ST, int MINB, int MT, int NW>
 size_t smem_limit() {
     static const size_t limit = [] {
         int dev = 0, optin = 0;
         PG_CUDA(cudaGetDevice(&dev));
         PG_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
         cudaFuncAttributes fa{};
-        PG_CUDA(cudaFuncGetAttributes(&fa, gemv_stream_kernel<F, CH, ST, MINB, MT>));
+        PG_CUDA(cudaFuncGetAttributes(&fa, gemv_stream_kernel<F, CH, ST, MINB, MT, NW>));
         const size_t l = std::min<size_t>(kSmemMax, static_cast<size_t>(std::max<int64_t>(0, int64_t{optin} - static_cast<int64_t>(fa.sharedSizeBytes))));
-        PG_CUDA(cudaFuncSetAttribute(gemv_stream_kernel<F, CH, ST, MINB, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l)));
+        PG_CUDA(cudaFuncSetAttribute(gemv_stream_kernel<F, CH, ST, MINB, MT, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l)));
         return l;
     }();
     return limit;
 }
 
-template <int F, int CH, int ST, int MINB, int MT>
+template <int F, int CH, int ST, int MINB, int MT, int NW>
 int occupancy(size_t smem) {
     // Cached per KB of shared memory (the occupancy query is a runtime call), asked for the KB's upper end.
     static int cache[kSmemMax / 1024 + 2] = {};
-    const size_t limit = smem_limit<F, CH, ST, MINB, MT>(), kb = (smem + 1023) / 1024;
+    const size_t limit = smem_limit<F, CH, ST, MINB, MT, NW>(), kb = (smem + 1023) / 1024;
     if (smem > limit || kb >= sizeof(cache) / sizeof(cache[0])) return 0;
     if (cache[kb] == 0) {
         int n = 0;
-        PG_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_stream_kernel<F, CH, ST, MINB, MT>, kThreads256,
+        PG_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_stream_kernel<F, CH, ST, MINB, MT, NW>, (NW * 32),
                                                               std::min(kb * 1024, limit)));
         cache[kb] = std::max(n, 0) + 1;  // + 1: 0 means not asked yet
     }
@@ -589,14 +589,14 @@ int occupancy(size_t smem) {
 // its activation slice as fp32, a ramp for filling the pipeline, hidden in part where CTAs share an SM, and a
 // K split's partial sums and reduction). Rows per tile
 // estimated as the average (routed) or the tile's (dense). Returns (splits, gpb).
-template <int F, int CH, int ST, int MINB, int MT>
+template <int F, int CH, int ST, int MINB, int MT, int NW>
 std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, int64_t tiles) {
     using G = Geo<F, CH>;
-    const int groups = (N + kGroupRows - 1) / kGroupRows, sms = gemv_sm_count();
-    const size_t ring = ring_bytes<F, CH, ST>();
+    const int groups = (N + (NW * kUnitRows) - 1) / (NW * kUnitRows), sms = gemv_sm_count();
+    const size_t ring = ring_bytes<F, CH, ST, NW>();
     const int64_t base = static_cast<int64_t>(mtiles) * tiles;
     const int rows_est = static_cast<int>(std::clamp<int64_t>((M + base - 1) / base, 1, kCols * MT));
-    const int64_t stage_bytes = static_cast<int64_t>(kGroupRows) * CH;  // a CTA's bytes per stage
+    const int64_t stage_bytes = static_cast<int64_t>((NW * kUnitRows)) * CH;  // a CTA's bytes per stage
     const int64_t ramp = 64 * 1024;
     int best_splits = 0, best_gpb = 1;
     double best_cost = 0.0;
@@ -605,7 +605,7 @@ std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, i
         const int per = (all_stages + splits - 1) / splits;
         if ((all_stages + per - 1) / per != splits) continue;  // an empty slice
         const size_t smem = ring + act_bytes<F, CH, MT>(per);
-        const int occ = occupancy<F, CH, ST, MINB, MT>(smem);
+        const int occ = occupancy<F, CH, ST, MINB, MT, NW>(smem);
         if (occ < 1) continue;
         const int64_t act = static_cast<int64_t>(rows_est) * per * (CH / G::STEP_W_BYTES) * G::STEP_VALUES * 4;
         for (int gpb = 1; gpb <= groups; ++gpb) {
@@ -615,7 +615,7 @@ std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, i
             const int64_t per_sm = (ctas + sms - 1) / sms;
             // A K split: each slice writes its partial sums; the last reduces them, eight slices per round trip
             // (~1 us, ~32 KB of an SM's streaming) for every 1024 outputs.
-            const int64_t outs = static_cast<int64_t>(rows_est) * gpb * kGroupRows;
+            const int64_t outs = static_cast<int64_t>(rows_est) * gpb * (NW * kUnitRows);
             const int64_t split_cost = splits > 1 ? outs * 4 + 32 * 1024 * ((splits + 7) / 8) * ((outs + 1023) / 1024) : 0;
             const double cost = static_cast<double>(per_sm) *
                                 static_cast<double>(gpb * per * stage_bytes + act + ramp / occ + split_cost);
@@ -630,17 +630,17 @@ std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, i
     return {best_splits, best_gpb};
 }
 
-template <int F, int CH, int ST, int MINB, int MT>
+template <int F, int CH, int ST, int MINB, int MT, int NW>
 void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
             const LinearRouting* routing, bool persistent) {
-    const int N = w.out, groups = (N + kGroupRows - 1) / kGroupRows;
+    const int N = w.out, groups = (N + (NW * kUnitRows) - 1) / (NW * kUnitRows);
     const int64_t row_bytes = F == kFP4 ? w.in / 2 : F == kFP8 ? w.in : 2 * static_cast<int64_t>(w.in);
     const int all_stages = static_cast<int>((row_bytes + CH - 1) / CH);
     const int mtiles = routing ? 1 : static_cast<int>((M + kCols * MT - 1) / (kCols * MT));
     const int64_t tiles = routing ? std::min<int64_t>(routing->max_tiles, M) : 1;
     if (tiles > 65535) fail("linear_gemv: {} routed tiles exceed the grid limit", tiles);
-    const size_t ring = ring_bytes<F, CH, ST>();
-    const size_t limit = smem_limit<F, CH, ST, MINB, MT>();  // opts in: before the occupancy queries
+    const size_t ring = ring_bytes<F, CH, ST, NW>();
+    const size_t limit = smem_limit<F, CH, ST, MINB, MT, NW>();  // opts in: before the occupancy queries
     // The split of a shape is worked out once (the search is a few thousand steps of host arithmetic).
     static std::mutex mu;
     static std::map<std::tuple<int, int, int64_t, int64_t>, std::pair<int, int>> plans;
@@ -651,7 +651,7 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
         const auto key = std::make_tuple(N, w.in, M, tiles);
         auto it = plans.find(key);
         if (it == plans.end()) {
-            it = plans.emplace(key, choose_split<F, CH, ST, MINB, MT>(N, all_stages, M, mtiles, tiles)).first;
+            it = plans.emplace(key, choose_split<F, CH, ST, MINB, MT, NW>(N, all_stages, M, mtiles, tiles)).first;
             fresh = true;
         }
         plan = it->second;
@@ -665,7 +665,7 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     const int64_t units = tiles * groups;
     if (persistent && routing && units < (int64_t{1} << 31)) {
         const size_t full = ring + act_bytes<F, CH, MT>(all_stages);
-        const int occ = full <= limit ? occupancy<F, CH, ST, MINB, MT>(full) : 0;
+        const int occ = full <= limit ? occupancy<F, CH, ST, MINB, MT, NW>(full) : 0;
         const int64_t slots = static_cast<int64_t>(occ) * gemv_sm_count();
         if (occ > 0 && units >= slots) {
             ctas = std::max<int64_t>(slots, (units + kMaxCtaTiles - 2) / (kMaxCtaTiles - 1));
@@ -687,7 +687,7 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
                      F, CH, ST, N, w.in, static_cast<long long>(M), static_cast<long long>(tiles),
                      ctas > 0 ? "persistent" : "grid", splits, per, gpb,
                      static_cast<long long>(ctas > 0 ? ctas : static_cast<int64_t>(nblk) * splits * mtiles * tiles), smem,
-                     occupancy<F, CH, ST, MINB, MT>(smem));
+                     occupancy<F, CH, ST, MINB, MT, NW>(smem));
 
     StreamArgs a{};
     a.x = x;
@@ -714,7 +714,7 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
         a.counters = static_cast<unsigned*>(gemv_scratch(1, sizeof(unsigned) * static_cast<size_t>(tiles) * mtiles * nblk, true));
     }
     dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(ctas > 0 ? 1 : tiles));
-    gemv_stream_kernel<F, CH, ST, MINB, MT><<<grid, kThreads256, smem>>>(a);
+    gemv_stream_kernel<F, CH, ST, MINB, MT, NW><<<grid, (NW * 32), smem>>>(a);
     PG_LAUNCHED();
 }
 
@@ -727,17 +727,27 @@ void launch_variant(int v, const float* x, const float* xs, int64_t M, const Lin
     switch (v) {
         case 4:
         case 7:  // 80 KB in flight per CTA (7: persistent when routed)
-            if (mt == 1) launch<F, 128, 6, 1, 1>(x, xs, M, w, y, experts, routing, v == 7);
-            else if (mt == 2) launch<F, 128, 6, 1, 2>(x, xs, M, w, y, experts, routing, false);
-            else launch<F, 128, 6, 1, 4>(x, xs, M, w, y, experts, routing, false);
+            if (mt == 1) launch<F, 128, 6, 1, 1, 8>(x, xs, M, w, y, experts, routing, v == 7);
+            else if (mt == 2) launch<F, 128, 6, 1, 2, 8>(x, xs, M, w, y, experts, routing, false);
+            else launch<F, 128, 6, 1, 4, 8>(x, xs, M, w, y, experts, routing, false);
             break;
-        case 6: launch<F, 128, 4, 2, 1>(x, xs, M, w, y, experts, routing, false); break;  // 48 KB, two CTAs per SM
+        case 6: launch<F, 128, 4, 2, 1, 8>(x, xs, M, w, y, experts, routing, false); break;  // 48 KB, two CTAs per SM
+        case 9:  // FP4: 12 warps (192 rows) a CTA with 128-byte stages 4 deep (72 KB in flight; a whole K of f16
+                 // activations still fits), persistent when routed: three warps a scheduler to hide the k steps'
+                 // latency, where 8 warps left issue slots idle. Other formats: as 5.
+            if constexpr (F == kFP4) {
+                if (mt == 1) launch<F, 128, 4, 1, 1, 12>(x, xs, M, w, y, experts, routing, true);
+                else if (mt == 2) launch<F, 128, 4, 1, 2, 12>(x, xs, M, w, y, experts, routing, false);
+                else launch<F, 128, 4, 1, 4, 12>(x, xs, M, w, y, experts, routing, false);
+                break;
+            }
+            [[fallthrough]];
         default: {  // 5 and 8: 96 KB in flight, 4 rows x 256 B per copy (8: persistent when routed). FP4: 64 KB,
                     // so that a whole K of f16 activations (5120 values: 87 KB) fits beside the ring.
             constexpr int st = F == kFP4 ? 3 : 4;
-            if (mt == 1) launch<F, 256, st, 1, 1>(x, xs, M, w, y, experts, routing, v == 8);
-            else if (mt == 2) launch<F, 256, st, 1, 2>(x, xs, M, w, y, experts, routing, false);
-            else launch<F, 256, st, 1, 4>(x, xs, M, w, y, experts, routing, false);
+            if (mt == 1) launch<F, 256, st, 1, 1, 8>(x, xs, M, w, y, experts, routing, v == 8);
+            else if (mt == 2) launch<F, 256, st, 1, 2, 8>(x, xs, M, w, y, experts, routing, false);
+            else launch<F, 256, st, 1, 4, 8>(x, xs, M, w, y, experts, routing, false);
             break;
         }
     }
@@ -769,7 +779,7 @@ bool linear_gemv_stream_quantises(const LinearDev& w) {
 void linear_gemv_stream(int variant, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
                         const ExpertTable* experts, const LinearRouting* routing) {
     if (M == 0 || w.out == 0) return;
-    if (variant < 4 || variant > 8) fail("linear_gemv_stream: no variant {}", variant);
+    if (variant < 4 || variant > 9) fail("linear_gemv_stream: no variant {}", variant);
     if (!linear_gemv_stream_supported(w)) fail("linear_gemv_stream: unsupported linear (kind {}, in {})", w.kind, w.in);
     if (reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("linear_gemv_stream: activations must be 16-byte aligned");
     if (routing && routing->tile_rows > kCols) fail("linear_gemv_stream: routed tiles of {} rows", routing->tile_rows);

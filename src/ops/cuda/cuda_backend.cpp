@@ -299,7 +299,7 @@ Tensor CudaBackend::run_linear(const Tensor& x, const LinearWeight& w, const Exp
     if (quantised) {
         PEREGRINE_CHECK(w.act_block > 0 && w.in % w.act_block == 0,
                         "linear: input width {} is not a multiple of the activation block {}", w.in, w.act_block);
-        if (use_gemv(x.f32(), M, d, routed) && linear_gemv_quantises(d, M, routed != nullptr)) {  // act_quant inside the GEMV
+        if (use_gemv(x.f32(), M, d, routed) && linear_gemv_quantises(d)) {  // act_quant inside the GEMV
             linear_gemv(x.f32(), nullptr, M, d, y.f32(), experts, routed ? &routed->routing : nullptr);
             return y;
         }

@@ -65,9 +65,8 @@ void linear_gemv_set_variant(int kind_format, int v);  // one stored format: 0 F
 int linear_gemv_variant();                             // FP8's (the tests' A/B key)
 int linear_gemv_variant(int kind_format);
 // Whether linear_gemv takes this FP8/FP4 linear's activations unquantised (xs == nullptr) and quantises them
-// itself, with act_quant's arithmetic (variants 4-8): routed calls and dense calls of <= 8 rows by default;
-// PEREGRINE_GEMV_FUSE=0 / =1 (or the setter) turn it off / on for every call.
-bool linear_gemv_quantises(const LinearDev& w, int64_t M, bool routed);
+// itself, with act_quant's arithmetic (variants 4-8; PEREGRINE_GEMV_FUSE=0 or the setter turn it off).
+bool linear_gemv_quantises(const LinearDev& w);
 void linear_gemv_set_fuse(bool on);
 // ---- linear_gemv_mma.cu (variant 3): FP8/FP4 decode GEMV on mma.sync e4m3 (same contract as linear_gemv).
 bool linear_gemv_mma_supported(const LinearDev& w);

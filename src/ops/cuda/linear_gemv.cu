@@ -340,11 +340,13 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
 
 // Variant per stored format (F32, BF16, FP8, FP4), from the environment at start (see kernels.h). The
 // defaults are the fastest end to end on the H200 (bench engine, 4 layers, 8K context): the streaming kernel
-// with 256-byte stages for bf16 and FP8, and its persistent 12-warp form (9) for the routed FP4 experts at every batch
-// (with f16 fragments it also beats the tensor-core kernel above 384 pairs: batch 256 35.3 -> 28.8 ms a step).
+// with 256-byte stages for bf16 and FP8; for the routed FP4 experts its persistent form, 8 warps a CTA (8) up to
+// 384 pairs (about a pair per expert: batch 64 11.6 ms of routed experts against 13.6 with 12 warps) and 12 warps
+// (9) above (batch 128: 12.6 ms against 19.2), unless a variant was asked for.
 struct Variants {
-    int v[4] = {1, 5, 5, 9};
-    int fuse = -1;  // quantise inside the GEMV: -1 routed calls and dense calls of <= 8 rows, 0 never, 1 always
+    int v[4] = {1, 5, 5, 8};
+    bool fuse = true;
+    bool fp4_auto = true;  // FP4 not set by the environment or a setter
 };
 int clamp_variant(int format, int v) {
     if (format == kF32) return 1;
@@ -357,6 +359,7 @@ Variants& variants() {
         const char* legacy = std::getenv("PEREGRINE_GEMV");
         if (legacy && std::string(legacy) == "1") {
             r.v[1] = r.v[2] = r.v[3] = 1;
+            r.fp4_auto = false;
         }
         const char* e = std::getenv("PEREGRINE_GEMV_VARIANT");
         const std::string spec = e ? e : "";
@@ -371,24 +374,32 @@ Variants& variants() {
             if (v != 1 && (v < 3 || v > 9)) continue;
             for (int f = 0; f < 4; ++f) {
                 static const char* names[4] = {"f32", "bf16", "fp8", "fp4"};
-                if (name.empty() || name == names[f]) r.v[f] = clamp_variant(f, v);
+                if (name.empty() || name == names[f]) {
+                    r.v[f] = clamp_variant(f, v);
+                    if (f == kFP4) r.fp4_auto = false;
+                }
             }
         }
         const char* fuse = std::getenv("PEREGRINE_GEMV_FUSE");
-        if (fuse && std::string(fuse) == "0") r.fuse = 0;
-        else if (fuse && std::string(fuse) == "1") r.fuse = 1;
+        r.fuse = !(fuse && std::string(fuse) == "0");
         return r;
     }();
     return vs;
 }
 
+// The variant a call of M rows uses (routed: M pairs).
+int variant_for(int format, int64_t M, bool routed) {
+    const Variants& vs = variants();
+    if (format == kFP4 && routed && vs.fp4_auto && M > 384) return 9;
+    return vs.v[format];
+}
 
 template <int F>
 void launch_rows(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
                  const LinearRouting* routing) {
     const int64_t rows = routing ? routing->tile_rows : M;
-    const int v = variants().v[F];
-    // Variants 4-8: the streaming kernels; 3: the tensor cores for FP8/FP4 (the default); else this kernel.
+    const int v = variant_for(F, M, routing != nullptr);
+    // Variants 4-9: the streaming kernels (the defaults); 3: the older tensor-core kernel for FP8/FP4; else this one.
     // (A cp.async-pipelined CUDA-core variant measured 1.2-1.8x slower than the tensor-core one on every
     // FP8/FP4 shape on the H200, and slower than this one on the bf16 LM head and the grouped wo_a.)
     if (v >= 4 && linear_gemv_stream_supported(w)) {
@@ -435,22 +446,20 @@ void* gemv_scratch(int which, size_t bytes, bool zero) {
 void linear_gemv_set_variant(int v) {
     if (v != 1 && (v < 3 || v > 9)) fail("linear_gemv: no variant {} (1, 3 to 9)", v);
     for (int f = 0; f < 4; ++f) variants().v[f] = clamp_variant(f, v);
+    variants().fp4_auto = false;
 }
 void linear_gemv_set_variant(int format, int v) {
     if (format < 0 || format > 3 || (v != 1 && (v < 3 || v > 9))) fail("linear_gemv: no variant {} for format {}", v, format);
     variants().v[format] = clamp_variant(format, v);
+    if (format == kFP4) variants().fp4_auto = false;
 }
 int linear_gemv_variant() { return variants().v[kFP8]; }
 int linear_gemv_variant(int format) { return format >= 0 && format < 4 ? variants().v[format] : 1; }
-void linear_gemv_set_fuse(bool on) { variants().fuse = on ? 1 : 0; }
+void linear_gemv_set_fuse(bool on) { variants().fuse = on; }
 
-// Dense calls of more rows quantise once beforehand (act_quant): every 128-row group of the output would
-// otherwise quantise the same activations again (wq_a at 32 rows: 10 groups x 7 K slices, 35 us for 6.5 MB).
-bool linear_gemv_quantises(const LinearDev& w, int64_t M, bool routed) {
-    const int fuse = variants().fuse;
-    if (fuse == 0 || (fuse < 0 && !routed && M > 8)) return false;
+bool linear_gemv_quantises(const LinearDev& w) {
     if (w.kind != kFP8 && w.kind != kFP4) return false;
-    return variants().v[w.kind] >= 4 && linear_gemv_stream_quantises(w);
+    return variants().fuse && variants().v[w.kind] >= 4 && linear_gemv_stream_quantises(w);
 }
 
 bool linear_gemv_supported(const LinearDev& w) {

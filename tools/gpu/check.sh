@@ -5,7 +5,8 @@
 #   tools/gpu/check.sh [BIN_DIR] [OUT_DIR]
 #
 # BIN_DIR holds peregrine and the test_cuda_* binaries built on the CPU machine (default: build/, or build/tests/ops
-# for the test), and optionally lib/ with shared libraries the GPU image lacks (spdlog, fmt, ...).
+# for the test; bench_read_bandwidth beside them or under bench/ is run too), and optionally lib/ with shared
+# libraries the GPU image lacks (spdlog, fmt, ...).
 # Without prebuilt binaries it configures and builds with the system compilers (the GPU image's default
 # CXX breaks libstdc++ ABI, see docs), which needs the Debian build dependencies there.
 set -uo pipefail
@@ -77,10 +78,18 @@ if "$bin/peregrine" bench engine --help >/dev/null 2>&1; then
   bench_rc=${PIPESTATUS[0]}
 fi
 
+# Read-only streaming ceilings of this GPU by load scheme (bench/bench_read_bandwidth), when the binary is there.
+rb=$(ls "$bin"/bench_read_bandwidth "$bin"/bench/bench_read_bandwidth 2>/dev/null | head -1)
+if [[ -n $rb ]]; then
+  say "== read bandwidth"
+  timeout 120 "$rb" 2>&1 | tee "$out/read_bandwidth.log" >>"$log"
+fi
+
 echo
 echo "================ summary ================"
 grep '^PARITY' "$out/parity.log" | sed 's/^PARITY //'
 grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/parity.log"
+[[ -f $out/read_bandwidth.log ]] && cat "$out/read_bandwidth.log"
 [[ -f $out/bench.log ]] && tail -n 40 "$out/bench.log"
 printf '%-28s %s\n' "gtest exit code" "$parity_rc" "CLI generate cuda vs cpu" "$cli" "serve cuda vs generate cpu" "$serve" \
   "bench" "$bench_rc"

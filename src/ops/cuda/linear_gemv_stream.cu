@@ -1,4 +1,4 @@
-// Decode GEMV streaming weights at HBM bandwidth on the tensor cores (variants 4, 5, 6 of linear_gemv):
+// Decode GEMV streaming weights at HBM bandwidth on the tensor cores (variants 4-9 of linear_gemv):
 // FP8 (e4m3, ue8m0 tiles of 32/64/128), FP4 (e2m1, ue8m0 per 32) and BF16 weights whose activations are bf16
 // values (LinearDev::bf16_acts). 16 weight rows are the mma's A and up to 8 activation rows its B; each
 // 32-value k block is two f16 mma.sync m16n8k16 whose fp32 sum is scaled by the power-of-two product of the
@@ -11,10 +11,10 @@
 //
 // - Each warp streams its 16 rows through a ring of ST stages of CH bytes per row (CH = 128 or 256: whole
 //   128-byte lines per row and 2 or 4 rows per warp-wide copy), (ST - 1) x 16 x CH bytes in flight per warp,
-//   eight warps per CTA: 48-96 KB per SM in flight (Little's law at ~4 TB/s over 132 SMs needs ~30 KB).
+//   NW = 8 or 12 warps per CTA: 48-96 KB per SM in flight (Little's law at ~4 TB/s over 132 SMs needs ~30 KB).
 // - The weight scales of a stage come through the same ring (4-byte cp.async, issued with the stage's weights),
 //   so no load waits on global memory inside the loop.
-// - The work split (K slices x groups of 128 rows per CTA) is chosen by a small cost model over whole waves, so
+// - The work split (K slices x groups of NW x 16 rows per CTA) is chosen by a small cost model over whole waves, so
 //   that the last wave is full (routed calls: the expert tiles times the row groups).
 // - The activations may come unquantised (xs == nullptr): each CTA then quantises the blocks of its K slice
 //   itself, with act_quant's arithmetic (same amax, same ue8m0 scale, same e4m3 rounding), so the staged bytes
@@ -144,6 +144,7 @@ struct StreamArgs {
 template <int F, int CH, int ST, int MINB, int MT, int NW>
 __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p) {
     using G = Geo<F, CH>;
+    constexpr int NT = NW * 32, GR = NW * kUnitRows;  // threads; weight rows of a group (a unit's rows)
     constexpr int RS = G::RS, STEPS = G::STEPS, SLOT = G::SLOT;
     // Rows of a tile; staged activation bytes per row and k step (f16 x 32, bf16 x 16); per k step.
     constexpr int TR = kCols * MT, AB = F == kBF16 ? 32 : 64, STEP_ACT = TR * AB;
@@ -158,8 +159,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
 
     const LinearDev& w = p.w;
     const int N = w.out, K = w.in;
-    const int groups = (N + (NW * kUnitRows) - 1) / (NW * kUnitRows), nblk = (groups + p.gpb - 1) / p.gpb;
-    // This CTA's units (tile-major: unit = tile * groups + group of 128 rows; a tile is 8 activation rows:
+    const int groups = (N + GR - 1) / GR, nblk = (groups + p.gpb - 1) / p.gpb;
+    // This CTA's units (tile-major: unit = tile * groups + group of GR rows; a tile is 8 activation rows:
     // dense rows 8 mt.., or a routed tile) and K slice. Persistent: an equal share of all units of the call
     // (their count known on the device only), the whole of K. Otherwise: gpb groups of one tile, slice `split`.
     int split = 0, mt = 0, nbk = 0, u_begin, u_end;
@@ -181,7 +182,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
     if (u_begin >= u_end) return;
     // The tiles the units touch (at most kMaxCtaTiles: the host bounds the units per CTA).
     const int t_first = u_begin / groups, n_ct = (u_end - 1) / groups - t_first + 1;
-    for (int i = threadIdx.x; i < n_ct; i += (NW * 32)) {
+    for (int i = threadIdx.x; i < n_ct; i += NT) {
         const int ti = t_first + i;
         if (p.tiles) {
             const int4 t = p.tiles[ti];
@@ -225,7 +226,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
     const int64_t pstride = static_cast<int64_t>(PROWS) * row_bytes;
     auto iss_unit = [&]() {
         const int gi = iss_u / groups, ti = gi - t_first;
-        iss_r0 = (iss_u - gi * groups) * (NW * kUnitRows) + warp * kUnitRows;
+        iss_r0 = (iss_u - gi * groups) * GR + warp * kUnitRows;
         iss_clamped = iss_r0 + kUnitRows > N;
         iss_w = tile_w[ti] + static_cast<int64_t>(min(iss_r0 + prow, N - 1)) * row_bytes +
                 static_cast<int64_t>(st0) * CH + pseg * 16;
@@ -370,7 +371,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
         // Rows past the tile: zero bytes and scales, so that their (unwritten) outputs stay finite.
         constexpr int WPS = AB / 4;  // 4-byte words per row and k step
         const int zq = (TR - rows) * KS * WPS;
-        for (int u = threadIdx.x; u < zq; u += (NW * 32)) {
+        for (int u = threadIdx.x; u < zq; u += NT) {
             const int m = rows + u / (KS * WPS), r = u % (KS * WPS), ks = r / WPS, wd = r % WPS;
             *reinterpret_cast<uint32_t*>(act + ks * STEP_ACT + m * AB + wd * 4) = 0u;
             if (F != kBF16 && wd == 0) ascale[ks * TR + m] = 0.0f;
@@ -386,7 +387,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
         __syncwarp();             // and every lane's; every lane is done with the slot of step s - 1 ...
         issue();                  // ... which this refills
         const int u = c_u, st = c_st, gi = u / groups, ti = gi - t_first;
-        const int r0 = (u - gi * groups) * (NW * kUnitRows) + warp * kUnitRows;
+        const int r0 = (u - gi * groups) * GR + warp * kUnitRows;
         const uint8_t* slot = my_ring + c_slot * SLOT;
         const uint8_t* sc = slot + kUnitRows * RS;
         if (++c_slot == ST) c_slot = 0;
@@ -505,15 +506,15 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
     if (!last_s) return;
     __threadfence();
     // Four outputs per thread and eight slices at a time in flight (independent loads), summed in slice order.
-    const int rows = tile_rows[0], n0 = (u_begin - t_first * groups) * (NW * kUnitRows);
-    const int width = min(N, (u_end - t_first * groups) * (NW * kUnitRows)) - n0, total = rows * width;
+    const int rows = tile_rows[0], n0 = (u_begin - t_first * groups) * GR;
+    const int width = min(N, (u_end - t_first * groups) * GR) - n0, total = rows * width;
     const int64_t slice = p.M * static_cast<int64_t>(N);
-    for (int i0 = threadIdx.x; i0 < total; i0 += 4 * (NW * 32)) {
+    for (int i0 = threadIdx.x; i0 < total; i0 += 4 * NT) {
         int64_t o[4];
         float v[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            const int i = min(i0 + j * (NW * 32), total - 1), m = i / width;
+            const int i = min(i0 + j * NT, total - 1), m = i / width;
             o[j] = row_s[m] * N + n0 + (i - m * width);
             v[j] = 0.0f;
         }
@@ -532,7 +533,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            if (i0 + j * (NW * 32) < total) p.y[o[j]] = round_bf16(v[j]);
+            if (i0 + j * NT < total) p.y[o[j]] = round_bf16(v[j]);
     }
     if (threadIdx.x == 0) p.counters[ticket] = 0;  // ready for the next call
 }
@@ -577,14 +578,14 @@ int occupancy(size_t smem) {
     if (smem > limit || kb >= sizeof(cache) / sizeof(cache[0])) return 0;
     if (cache[kb] == 0) {
         int n = 0;
-        PG_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_stream_kernel<F, CH, ST, MINB, MT, NW>, (NW * 32),
+        PG_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_stream_kernel<F, CH, ST, MINB, MT, NW>, NW * 32,
                                                               std::min(kb * 1024, limit)));
         cache[kb] = std::max(n, 0) + 1;  // + 1: 0 means not asked yet
     }
     return cache[kb] - 1;
 }
 
-// Work split for a shape: `splits` K slices of `per` stages, `gpb` groups of 128 rows per CTA. Cost of a
+// Work split for a shape: `splits` K slices of `per` stages, `gpb` groups of NW x 16 rows per CTA. Cost of a
 // choice, in bytes an SM moves: the CTAs of the busiest SM (ceil(CTAs / SMs)) times what each reads (weights,
 // its activation slice as fp32, a ramp for filling the pipeline, hidden in part where CTAs share an SM, and a
 // K split's partial sums and reduction). Rows per tile
@@ -592,11 +593,12 @@ int occupancy(size_t smem) {
 template <int F, int CH, int ST, int MINB, int MT, int NW>
 std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, int64_t tiles) {
     using G = Geo<F, CH>;
-    const int groups = (N + (NW * kUnitRows) - 1) / (NW * kUnitRows), sms = gemv_sm_count();
+    constexpr int GR = NW * kUnitRows;
+    const int groups = (N + GR - 1) / GR, sms = gemv_sm_count();
     const size_t ring = ring_bytes<F, CH, ST, NW>();
     const int64_t base = static_cast<int64_t>(mtiles) * tiles;
     const int rows_est = static_cast<int>(std::clamp<int64_t>((M + base - 1) / base, 1, kCols * MT));
-    const int64_t stage_bytes = static_cast<int64_t>((NW * kUnitRows)) * CH;  // a CTA's bytes per stage
+    const int64_t stage_bytes = static_cast<int64_t>(GR) * CH;  // a CTA's bytes per stage
     const int64_t ramp = 64 * 1024;
     int best_splits = 0, best_gpb = 1;
     double best_cost = 0.0;
@@ -615,7 +617,7 @@ std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, i
             const int64_t per_sm = (ctas + sms - 1) / sms;
             // A K split: each slice writes its partial sums; the last reduces them, eight slices per round trip
             // (~1 us, ~32 KB of an SM's streaming) for every 1024 outputs.
-            const int64_t outs = static_cast<int64_t>(rows_est) * gpb * (NW * kUnitRows);
+            const int64_t outs = static_cast<int64_t>(rows_est) * gpb * GR;
             const int64_t split_cost = splits > 1 ? outs * 4 + 32 * 1024 * ((splits + 7) / 8) * ((outs + 1023) / 1024) : 0;
             const double cost = static_cast<double>(per_sm) *
                                 static_cast<double>(gpb * per * stage_bytes + act + ramp / occ + split_cost);
@@ -633,7 +635,8 @@ std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, i
 template <int F, int CH, int ST, int MINB, int MT, int NW>
 void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
             const LinearRouting* routing, bool persistent) {
-    const int N = w.out, groups = (N + (NW * kUnitRows) - 1) / (NW * kUnitRows);
+    constexpr int GR = NW * kUnitRows;
+    const int N = w.out, groups = (N + GR - 1) / GR;
     const int64_t row_bytes = F == kFP4 ? w.in / 2 : F == kFP8 ? w.in : 2 * static_cast<int64_t>(w.in);
     const int all_stages = static_cast<int>((row_bytes + CH - 1) / CH);
     const int mtiles = routing ? 1 : static_cast<int>((M + kCols * MT - 1) / (kCols * MT));
@@ -714,7 +717,7 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
         a.counters = static_cast<unsigned*>(gemv_scratch(1, sizeof(unsigned) * static_cast<size_t>(tiles) * mtiles * nblk, true));
     }
     dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(ctas > 0 ? 1 : tiles));
-    gemv_stream_kernel<F, CH, ST, MINB, MT, NW><<<grid, (NW * 32), smem>>>(a);
+    gemv_stream_kernel<F, CH, ST, MINB, MT, NW><<<grid, NW * 32, smem>>>(a);
     PG_LAUNCHED();
 }
 

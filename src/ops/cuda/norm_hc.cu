@@ -23,101 +23,47 @@ __global__ void rms_norm_kernel(const float* x, int D, const float* w, float eps
 
 constexpr int kMaxMix = 64;
 
-constexpr int kMaxHc = 6;  // 2 hc + hc^2 <= kMaxMix
-
-// Pre/post weights and the Sinkhorn-normalised comb matrix of token t from its mixes (one thread). The matrix is
-// normalised in a local copy and written once: on device memory every step of the Sinkhorn loop was a dependent
-// global load and store (~60 us a call). HC > 0 fixes hc at compile time, so that the copy lives in registers;
-// the operations and their order are the same for every HC (the results are bit-identical).
-template <int HC>
-__device__ void hc_finish_n(int64_t t, const float* mixes, int hc_rt, const float* base, const float* scale, float hc_eps,
-                            int iters, int mode, float* pre_out, float* post_out, float* comb_out) {
-    const int hc = HC > 0 ? HC : hc_rt;
-    constexpr int kN = HC > 0 ? HC : kMaxHc;
+// Pre/post weights and the Sinkhorn-normalised comb matrix of token t from its mixes (one thread).
+__device__ void hc_finish(int64_t t, const float* mixes, int hc, const float* base, const float* scale, float hc_eps,
+                          int iters, int mode, float* pre_out, float* post_out, float* comb_out) {
     float* pre = pre_out + t * hc;
     if (mode == 1) {
         for (int j = 0; j < hc; ++j) pre[j] = 1.0f / (1.0f + exp_cr(-(mixes[j] * scale[0] + base[j]))) + hc_eps;
         return;
     }
     float* post = post_out + t * hc;
-#pragma unroll
-    for (int i = 0; i < kN; ++i) {
-        if (i >= hc) break;
+    float* comb = comb_out + t * hc * hc;
+    for (int i = 0; i < hc; ++i) {
         pre[i] = 1.0f / (1.0f + exp_cr(-(mixes[i] * scale[0] + base[i]))) + hc_eps;
         post[i] = 2.0f / (1.0f + exp_cr(-(mixes[hc + i] * scale[1] + base[hc + i])));
     }
-    float comb[kN * kN];
-#pragma unroll
-    for (int a = 0; a < kN; ++a) {
-        if (a >= hc) break;
+    for (int a = 0; a < hc; ++a) {
         float* row = comb + a * hc;
         float mx = -INFINITY;
-#pragma unroll
-        for (int b = 0; b < kN; ++b) {
-            if (b >= hc) break;
+        for (int b = 0; b < hc; ++b) {
             row[b] = mixes[2 * hc + a * hc + b] * scale[2] + base[2 * hc + a * hc + b];
             mx = fmaxf(mx, row[b]);
         }
         float sum = 0.0f;
-#pragma unroll
-        for (int b = 0; b < kN; ++b) {
-            if (b >= hc) break;
-            sum += (row[b] = exp_cr(row[b] - mx));
-        }
-#pragma unroll
-        for (int b = 0; b < kN; ++b) {
-            if (b >= hc) break;
-            row[b] = row[b] / sum + hc_eps;
-        }
+        for (int b = 0; b < hc; ++b) sum += (row[b] = exp_cr(row[b] - mx));
+        for (int b = 0; b < hc; ++b) row[b] = row[b] / sum + hc_eps;
     }
     auto col_norm = [&] {
-#pragma unroll
-        for (int b = 0; b < kN; ++b) {
-            if (b >= hc) break;
+        for (int b = 0; b < hc; ++b) {
             float s = 0.0f;
-#pragma unroll
-            for (int a = 0; a < kN; ++a) {
-                if (a >= hc) break;
-                s += comb[a * hc + b];
-            }
-#pragma unroll
-            for (int a = 0; a < kN; ++a) {
-                if (a >= hc) break;
-                comb[a * hc + b] /= (s + hc_eps);
-            }
+            for (int a = 0; a < hc; ++a) s += comb[a * hc + b];
+            for (int a = 0; a < hc; ++a) comb[a * hc + b] /= (s + hc_eps);
         }
     };
     col_norm();
     for (int it = 0; it < iters - 1; ++it) {
-#pragma unroll
-        for (int a = 0; a < kN; ++a) {
-            if (a >= hc) break;
+        for (int a = 0; a < hc; ++a) {
             float s = 0.0f;
-#pragma unroll
-            for (int b = 0; b < kN; ++b) {
-                if (b >= hc) break;
-                s += comb[a * hc + b];
-            }
-#pragma unroll
-            for (int b = 0; b < kN; ++b) {
-                if (b >= hc) break;
-                comb[a * hc + b] /= (s + hc_eps);
-            }
+            for (int b = 0; b < hc; ++b) s += comb[a * hc + b];
+            for (int b = 0; b < hc; ++b) comb[a * hc + b] /= (s + hc_eps);
         }
         col_norm();
     }
-    float* out = comb_out + t * hc * hc;
-#pragma unroll
-    for (int i = 0; i < kN * kN; ++i) {
-        if (i >= hc * hc) break;
-        out[i] = comb[i];
-    }
-}
-
-__device__ void hc_finish(int64_t t, const float* mixes, int hc, const float* base, const float* scale, float hc_eps,
-                          int iters, int mode, float* pre_out, float* post_out, float* comb_out) {
-    if (hc == 4) hc_finish_n<4>(t, mixes, hc, base, scale, hc_eps, iters, mode, pre_out, post_out, comb_out);
-    else hc_finish_n<0>(t, mixes, hc, base, scale, hc_eps, iters, mode, pre_out, post_out, comb_out);
 }
 
 // hc_finish on a whole warp (every lane calls it; `mixes` readable by all): lane a * hc + b holds comb[a][b] and

@@ -20,6 +20,7 @@
 //   itself, with act_quant's arithmetic (same amax, same ue8m0 scale, same e4m3 rounding), so the staged bytes
 //   and therefore the outputs are those of act_quant followed by this kernel, and one launch disappears.
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/fp4_f16.h"
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
@@ -61,22 +62,6 @@ struct Geo {
     static_assert(SLOT % 16 == 0, "cp.async destinations must stay 16-byte aligned");
 };
 
-// Position of value v (0..31) of an FP4 k step in the staged f16 activations: the order in which
-// fp4x8_to_f16 hands the weights to the mmas (per 8 values: the even ones, then the odd ones).
-__device__ __forceinline__ int fp4_act_pos(int v) { return (v & ~7) | ((v & 1) << 2) | ((v & 7) >> 1); }
-
-// Eight e2m1 nibbles (low nibble first: v0..v7) as f16 pairs, each exactly its value x 2^-14: the nibble
-// s.ee.m becomes the f16 s.000ee.m000000000 (ee = 0 lands in the f16 subnormals: 0.5 -> 2^-15). Only the high
-// byte of an f16 is non-zero, so the high bytes are built for four values at once and byte-permuted into
-// place. p[0] = (v0, v2), p[1] = (v4, v6), p[2] = (v1, v3), p[3] = (v5, v7): fp4_act_pos's order.
-__device__ __forceinline__ void fp4x8_to_f16(uint32_t w, uint32_t (&p)[4]) {
-    const uint32_t he = ((w << 4) & 0x80808080u) | ((w << 1) & 0x0e0e0e0eu);  // high bytes of v0 v2 v4 v6
-    const uint32_t ho = (w & 0x80808080u) | ((w >> 3) & 0x0e0e0e0eu);         // high bytes of v1 v3 v5 v7
-    p[0] = __byte_perm(he, 0u, 0x1404);
-    p[1] = __byte_perm(he, 0u, 0x3424);
-    p[2] = __byte_perm(ho, 0u, 0x1404);
-    p[3] = __byte_perm(ho, 0u, 0x3424);
-}
 // Two e4m3 bytes (the low ones of v) as an f16 pair (exact).
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
     const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
@@ -396,9 +381,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
         const int vsteps = static_cast<int>(min(static_cast<int64_t>(CH), row_bytes - boff)) / G::STEP_W_BYTES;
         const int ks0 = st * STEPS;  // first k step of the stage in the slice
         const int rows_cur = tile_rows[ti];
-        // FP4: this lane's weight scale bytes of the stage (rows g and g + 8, one byte per k step). A ue8m0 byte
-        // e is 2^(e - 127); times 2^14 (the f16 weights are values x 2^-14) its float bits are (e + 14) << 23,
-        // exact for every finite scale a weight can have (e <= 240).
+        // FP4: this lane's weight scale bytes of the stage (rows g and g + 8, one byte per k step), turned into
+        // floats x 2^14 in the k step (ue8m0_times_2p14_bits: the f16 weights are values x 2^-14).
         uint32_t wsb_lo[(STEPS + 3) / 4], wsb_hi[(STEPS + 3) / 4];
         if constexpr (F == kFP4) {
 #pragma unroll
@@ -435,8 +419,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
             }
             float ws_lo = 1.0f, ws_hi = 1.0f;
             if constexpr (F == kFP4) {
-                ws_lo = __uint_as_float((__byte_perm(wsb_lo[j / 4], 0u, 0x4440 + (j % 4)) + 14u) << 23);
-                ws_hi = __uint_as_float((__byte_perm(wsb_hi[j / 4], 0u, 0x4440 + (j % 4)) + 14u) << 23);
+                ws_lo = __uint_as_float(ue8m0_times_2p14_bits(__byte_perm(wsb_lo[j / 4], 0u, 0x4440 + (j % 4))));
+                ws_hi = __uint_as_float(ue8m0_times_2p14_bits(__byte_perm(wsb_hi[j / 4], 0u, 0x4440 + (j % 4))));
             } else if constexpr (F == kFP8) {
                 const int kq = (static_cast<int>(boff) + 32 * j) >> wshift, kqw = (static_cast<int>(boff) >> wshift) & ~3;
                 ws_lo = ws_hi = e8m0_to_f32(sc[kq - kqw]);

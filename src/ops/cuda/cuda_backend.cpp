@@ -103,8 +103,8 @@ private:
 };
 }  // namespace
 
-// Uploads larger than a segment go through the ring a segment at a time: a pageable copy waits for the stream,
-// and the step's page tables pass 4 MB at batch 128 and a 128K context (a 4-8 ms stall a step).
+// Uploads larger than a segment go through the ring a segment at a time, since a copy from pageable memory may
+// wait for the stream (the step's page tables pass 4 MB at batch 128 and a 128K context).
 void copy_to_device(void* dst, const void* src, size_t bytes) {
     for (size_t o = 0; o < bytes; o += StagingRing::kSegment) {
         const size_t n = std::min(bytes - o, StagingRing::kSegment);

@@ -11,28 +11,23 @@
 //  - one 64-bit Philox4x32-10 draw per sample, keyed by the request's seed, counter = its sample index,
 //    maps to a target in [0, mass) by a 64x64 -> 128-bit product (no rounding), and the token is the
 //    first in id order whose cumulative weight exceeds it.
+#include "util/host_device.h"
+
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-
-#if defined(__CUDACC__)
-#define PG_HD __host__ __device__ __forceinline__
-#else
-#define PG_HD inline
-#endif
 
 namespace peregrine::sampling {
 
 // ---- Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011) -----------
 
-PG_HD void philox_mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+PEREGRINE_HD void philox_mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
     const uint64_t p = static_cast<uint64_t>(a) * b;
     hi = static_cast<uint32_t>(p >> 32);
     lo = static_cast<uint32_t>(p);
 }
 
 // out = Philox4x32-10(counter ctr, key key).
-PG_HD void philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
+PEREGRINE_HD void philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]) {
     uint32_t c0 = ctr[0], c1 = ctr[1], c2 = ctr[2], c3 = ctr[3];
     uint32_t k0 = key[0], k1 = key[1];
     for (int round = 0; round < 10; ++round) {
@@ -56,7 +51,7 @@ PG_HD void philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t 
 
 // The 64 random bits of a request's sample `index` under `seed`: counter (index lo, index hi, 0, 0),
 // key (seed lo, seed hi), the first two output words.
-PG_HD uint64_t sample_random_bits(uint64_t seed, uint64_t index) {
+PEREGRINE_HD uint64_t sample_random_bits(uint64_t seed, uint64_t index) {
     const uint32_t ctr[4] = {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32), 0u, 0u};
     const uint32_t key[2] = {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
     uint32_t out[4];
@@ -65,7 +60,7 @@ PG_HD uint64_t sample_random_bits(uint64_t seed, uint64_t index) {
 }
 
 // floor(a * b / 2^64): a uniform 64-bit a maps to [0, b).
-PG_HD uint64_t mul_hi64(uint64_t a, uint64_t b) {
+PEREGRINE_HD uint64_t mul_hi64(uint64_t a, uint64_t b) {
 #if defined(__CUDA_ARCH__)
     return __umul64hi(a, b);
 #else
@@ -75,29 +70,9 @@ PG_HD uint64_t mul_hi64(uint64_t a, uint64_t b) {
 
 // ---- ranking --------------------------------------------------------------------------------------
 
-PG_HD uint32_t float_bits(float f) {
-#if defined(__CUDA_ARCH__)
-    return __float_as_uint(f);
-#else
-    uint32_t u;
-    std::memcpy(&u, &f, sizeof u);
-    return u;
-#endif
-}
-
-PG_HD float float_from_bits(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-    return __uint_as_float(u);
-#else
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
-#endif
-}
-
 // Monotone image of a logit: a > b (as floats) iff ordered(a) > ordered(b); -0 and +0 map alike, NaN to 0
 // (below -inf).
-PG_HD uint32_t ordered_logit(float f) {
+PEREGRINE_HD uint32_t ordered_logit(float f) {
     if (f != f) return 0u;
     if (f == 0.0f) return 0x80000000u;
     const uint32_t u = float_bits(f);
@@ -105,10 +80,10 @@ PG_HD uint32_t ordered_logit(float f) {
 }
 
 // A token's rank key: larger is better (higher logit, then lower id); unique per token.
-PG_HD uint64_t logit_key(float l, int32_t id) {
+PEREGRINE_HD uint64_t logit_key(float l, int32_t id) {
     return (static_cast<uint64_t>(ordered_logit(l)) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(id));
 }
-PG_HD int32_t key_id(uint64_t key) { return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key)); }
+PEREGRINE_HD int32_t key_id(uint64_t key) { return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key)); }
 
 // ---- weights --------------------------------------------------------------------------------------
 
@@ -118,13 +93,13 @@ constexpr double kWeightFloor = -31.0;           // exp(-31) * 2^44 < 1: lighter
 
 // x = (l - max) / T, computed as (double(l) - double(max)) * inv_t; the token can weigh anything only when
 // x > kWeightFloor (this is monotone in l, so the tokens that can weigh anything are a prefix of the ranking).
-PG_HD double scaled_logit(float l, float max_logit, double inv_t) {
+PEREGRINE_HD double scaled_logit(float l, float max_logit, double inv_t) {
     return (static_cast<double>(l) - static_cast<double>(max_logit)) * inv_t;
 }
 
 // floor(exp(x) * 2^44) for x <= 0, by basic operations only: x = k ln2 + r, |r| <= ln2 / 2, exp(r) by
 // its Taylor series to r^13 (relative error < 1e-16 there), times 2^k.
-PG_HD uint64_t weight_of_scaled(double x) {
+PEREGRINE_HD uint64_t weight_of_scaled(double x) {
     if (!(x > kWeightFloor)) return 0;  // NaN too
     if (x > 0.0) x = 0.0;
     const double kd = floor(x * 1.4426950408889634 + 0.5);
@@ -152,7 +127,7 @@ PG_HD uint64_t weight_of_scaled(double x) {
     return wi > (uint64_t(1) << kWeightBits) ? (uint64_t(1) << kWeightBits) : wi;
 }
 
-PG_HD uint64_t token_weight(float l, float max_logit, double inv_t) {
+PEREGRINE_HD uint64_t token_weight(float l, float max_logit, double inv_t) {
     return weight_of_scaled(scaled_logit(l, max_logit, inv_t));
 }
 
@@ -172,7 +147,7 @@ struct Penalties {
     float repetition = 1.0f, presence = 0.0f, frequency = 0.0f;
 };
 
-PG_HD float adjust_logit(float l, const LogitAdjust& a, const Penalties& p) {
+PEREGRINE_HD float adjust_logit(float l, const LogitAdjust& a, const Penalties& p) {
     if (a.flags & LogitAdjust::kBiased) l = l + a.bias;
     if ((a.flags & LogitAdjust::kSeen) && p.repetition != 1.0f) l = l > 0.0f ? l / p.repetition : l * p.repetition;
     if (a.count > 0 && (p.presence != 0.0f || p.frequency != 0.0f))

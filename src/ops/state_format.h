@@ -12,14 +12,10 @@
 //   fp4ue8m0 [dim / 2 e2m1 codes][dim / block ue8m0 scales][pad]
 //         indexer keys (V4.1 and V4): 64 + 4 (blocks of 32) = 68 -> 80 B.
 // Entries are padded to 16 bytes so that kernels may read them with 16-byte vector loads.
+#include "util/host_device.h"
+
 #include <cstdint>
 #include <cstring>
-
-#if defined(__CUDACC__)
-#define PEREGRINE_SF_HD __host__ __device__ __forceinline__
-#else
-#define PEREGRINE_SF_HD inline
-#endif
 
 namespace peregrine {
 
@@ -35,7 +31,7 @@ struct EntryFormat {
     int32_t bytes = 0;         // entry size, a multiple of 16
 };
 
-PEREGRINE_SF_HD int32_t round_up16(int32_t n) { return (n + 15) / 16 * 16; }
+PEREGRINE_HD int32_t round_up16(int32_t n) { return (n + 15) / 16 * 16; }
 
 // e4m3 codes for the first quant_dims values (scale per block), the rest bf16.
 inline EntryFormat fp8_entry_format(int dim, int quant_dims, int block) {
@@ -62,46 +58,28 @@ inline EntryFormat fp4_entry_format(int dim, int block, bool e4m3_scales) {
 }
 
 // ---- scalar codecs (exact; no tables, so host and device share them)
-PEREGRINE_SF_HD float sf_bits_f32(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-    return __uint_as_float(u);
-#else
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-#endif
-}
-PEREGRINE_SF_HD uint32_t sf_f32_bits(float f) {
-#if defined(__CUDA_ARCH__)
-    return __float_as_uint(f);
-#else
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return u;
-#endif
-}
-PEREGRINE_SF_HD float sf_e4m3(uint8_t b) {
+PEREGRINE_HD float sf_e4m3(uint8_t b) {
     const uint32_t sign = static_cast<uint32_t>(b & 0x80) << 24, e = (b >> 3) & 15, m = b & 7;
-    if (e == 15 && m == 7) return sf_bits_f32(0x7fc00000u);
-    if (e == 0) return sf_bits_f32(sf_f32_bits(static_cast<float>(m) * 0.001953125f) | sign);  // m * 2^-9
-    return sf_bits_f32(sign | ((e + 120u) << 23) | (m << 20));
+    if (e == 15 && m == 7) return float_from_bits(0x7fc00000u);
+    if (e == 0) return float_from_bits(float_bits(static_cast<float>(m) * 0.001953125f) | sign);  // m * 2^-9
+    return float_from_bits(sign | ((e + 120u) << 23) | (m << 20));
 }
-PEREGRINE_SF_HD float sf_ue8m0(uint8_t b) {
-    if (b == 0) return sf_bits_f32(0x00400000u);  // 2^-127
-    if (b == 255) return sf_bits_f32(0x7fc00000u);
-    return sf_bits_f32(static_cast<uint32_t>(b) << 23);
+PEREGRINE_HD float sf_ue8m0(uint8_t b) {
+    if (b == 0) return float_from_bits(0x00400000u);  // 2^-127
+    if (b == 255) return float_from_bits(0x7fc00000u);
+    return float_from_bits(static_cast<uint32_t>(b) << 23);
 }
-PEREGRINE_SF_HD float sf_e2m1(uint8_t code) {
+PEREGRINE_HD float sf_e2m1(uint8_t code) {
     const uint32_t m = code & 7, e = m >> 1;
     const float mag = e == 0 ? 0.5f * static_cast<float>(m & 1)
-                             : sf_bits_f32(((e + 126u) << 23) | ((m & 1) << 22));  // (1 + m/2) * 2^(e-1)
+                             : float_from_bits(((e + 126u) << 23) | ((m & 1) << 22));  // (1 + m/2) * 2^(e-1)
     return (code & 8) ? -mag : mag;
 }
-PEREGRINE_SF_HD float sf_bf16(uint16_t h) { return sf_bits_f32(static_cast<uint32_t>(h) << 16); }
+PEREGRINE_HD float sf_bf16(uint16_t h) { return float_from_bits(static_cast<uint32_t>(h) << 16); }
 
 // The code of a value exactly representable in e4m3 (finite, |x| <= 448); false if it is not.
-PEREGRINE_SF_HD bool sf_encode_e4m3(float x, uint8_t* code) {
-    const uint32_t u = sf_f32_bits(x), sign = (u >> 24) & 0x80, a = u & 0x7fffffffu;
+PEREGRINE_HD bool sf_encode_e4m3(float x, uint8_t* code) {
+    const uint32_t u = float_bits(x), sign = (u >> 24) & 0x80, a = u & 0x7fffffffu;
     uint8_t c;
     if (a == 0) {
         c = 0;
@@ -112,7 +90,7 @@ PEREGRINE_SF_HD bool sf_encode_e4m3(float x, uint8_t* code) {
             c = static_cast<uint8_t>(((e + 7) << 3) | ((a >> 20) & 7));
             if (c == 0x7f) return false;
         } else {
-            const float m = sf_bits_f32(a) * 512.0f;  // subnormal: m * 2^-9, m in 1..7
+            const float m = float_from_bits(a) * 512.0f;  // subnormal: m * 2^-9, m in 1..7
             if (m != static_cast<float>(static_cast<int>(m)) || m >= 8.0f) return false;
             c = static_cast<uint8_t>(m);
         }
@@ -121,8 +99,8 @@ PEREGRINE_SF_HD bool sf_encode_e4m3(float x, uint8_t* code) {
     return true;
 }
 // The e2m1 code of a value exactly on the grid {0, .5, 1, 1.5, 2, 3, 4, 6} (either sign); false otherwise.
-PEREGRINE_SF_HD bool sf_encode_e2m1(float x, uint8_t* code) {
-    const uint32_t u = sf_f32_bits(x), sign = (u >> 28) & 8, a = u & 0x7fffffffu;
+PEREGRINE_HD bool sf_encode_e2m1(float x, uint8_t* code) {
+    const uint32_t u = float_bits(x), sign = (u >> 28) & 8, a = u & 0x7fffffffu;
     uint8_t c;
     if (a == 0) c = 0;
     else if (a == 0x3f000000u) c = 1;  // 0.5
@@ -136,19 +114,19 @@ PEREGRINE_SF_HD bool sf_encode_e2m1(float x, uint8_t* code) {
     return true;
 }
 // 2^k as a float for k in [-127, 127].
-PEREGRINE_SF_HD float sf_pow2(int k) { return k <= -127 ? sf_bits_f32(0x00400000u) : sf_bits_f32(static_cast<uint32_t>(k + 127) << 23); }
+PEREGRINE_HD float sf_pow2(int k) { return k <= -127 ? float_from_bits(0x00400000u) : float_from_bits(static_cast<uint32_t>(k + 127) << 23); }
 // The smallest k with a / 2^k <= limit, for limit = mant * 2^lim_exp (mant in [1, 2)), a > 0 normal.
-PEREGRINE_SF_HD int sf_scale_exp(float a, float limit_mant, int limit_exp) {
-    const uint32_t u = sf_f32_bits(a);
+PEREGRINE_HD int sf_scale_exp(float a, float limit_mant, int limit_exp) {
+    const uint32_t u = float_bits(a);
     const int E = static_cast<int>((u >> 23) & 255) - 127;
-    const float m = sf_bits_f32((u & 0x7fffffu) | 0x3f800000u);
+    const float m = float_from_bits((u & 0x7fffffu) | 0x3f800000u);
     int k = (m <= limit_mant ? E - limit_exp : E - limit_exp + 1);
     if ((u >> 23) == 0) k = -127;  // subnormal: the smallest scale
     return k < -127 ? -127 : (k > 127 ? 127 : k);
 }
 
 // ---- one value of an entry
-PEREGRINE_SF_HD float entry_value(const EntryFormat& f, const uint8_t* e, int c) {
+PEREGRINE_HD float entry_value(const EntryFormat& f, const uint8_t* e, int c) {
     if (f.kind == kEntryFp8) {
         if (c >= f.quant_dims) {
             uint16_t h;
@@ -163,15 +141,15 @@ PEREGRINE_SF_HD float entry_value(const EntryFormat& f, const uint8_t* e, int c)
     return v * (f.kind == kEntryFp4E4m3 ? sf_e4m3(sb) : sf_ue8m0(sb));
 }
 
-PEREGRINE_SF_HD void decode_entry(const EntryFormat& f, const uint8_t* e, float* out) {
+PEREGRINE_HD void decode_entry(const EntryFormat& f, const uint8_t* e, float* out) {
     for (int c = 0; c < f.dim; ++c) out[c] = entry_value(f, e, c);
 }
 
 // ---- encoding one scale block: [b0, b0 + f.block) of x into e; false if some value is not held exactly
-PEREGRINE_SF_HD bool encode_entry_block(const EntryFormat& f, const float* x, int b0, uint8_t* e) {
+PEREGRINE_HD bool encode_entry_block(const EntryFormat& f, const float* x, int b0, uint8_t* e) {
     float amax = 0.0f;
     for (int i = 0; i < f.block; ++i) {
-        const float a = sf_bits_f32(sf_f32_bits(x[b0 + i]) & 0x7fffffffu);
+        const float a = float_from_bits(float_bits(x[b0 + i]) & 0x7fffffffu);
         amax = a > amax ? a : amax;
     }
     const int b = b0 / f.block;
@@ -189,11 +167,11 @@ PEREGRINE_SF_HD bool encode_entry_block(const EntryFormat& f, const float* x, in
             if (fp8) {
                 ok = sf_encode_e4m3(q, &code) && ok;
                 e[c] = code;
-                ok = ok && sf_f32_bits(sf_e4m3(code) * s) == sf_f32_bits(x[c]);
+                ok = ok && float_bits(sf_e4m3(code) * s) == float_bits(x[c]);
             } else {
                 ok = sf_encode_e2m1(q, &code) && ok;
                 e[c >> 1] = static_cast<uint8_t>((c & 1) ? (e[c >> 1] & 15) | (code << 4) : (e[c >> 1] & 0xf0) | code);
-                ok = ok && sf_f32_bits(sf_e2m1(code) * s) == sf_f32_bits(x[c]);
+                ok = ok && float_bits(sf_e2m1(code) * s) == float_bits(x[c]);
             }
         }
         return ok;
@@ -208,7 +186,7 @@ PEREGRINE_SF_HD bool encode_entry_block(const EntryFormat& f, const float* x, in
         for (int i = 0; i < f.block && fits; ++i) {
             const int c = b0 + i;
             uint8_t code = 0;
-            fits = sf_encode_e2m1(x[c] / s, &code) && sf_f32_bits(sf_e2m1(code) * s) == sf_f32_bits(x[c]);
+            fits = sf_encode_e2m1(x[c] / s, &code) && float_bits(sf_e2m1(code) * s) == float_bits(x[c]);
             if (fits) e[c >> 1] = static_cast<uint8_t>((c & 1) ? (e[c >> 1] & 15) | (code << 4) : (e[c >> 1] & 0xf0) | code);
         }
         if (fits) {
@@ -220,15 +198,15 @@ PEREGRINE_SF_HD bool encode_entry_block(const EntryFormat& f, const float* x, in
 }
 
 // The bf16 tail of an fp8 entry: value c (>= quant_dims) as bf16; false if x[c] is not a bf16 value.
-PEREGRINE_SF_HD bool encode_entry_bf16(const EntryFormat& f, const float* x, int c, uint8_t* e) {
-    const uint32_t u = sf_f32_bits(x[c]);
+PEREGRINE_HD bool encode_entry_bf16(const EntryFormat& f, const float* x, int c, uint8_t* e) {
+    const uint32_t u = float_bits(x[c]);
     const uint16_t h = static_cast<uint16_t>(u >> 16);
     std::memcpy(e + f.bf16_offset + 2 * (c - f.quant_dims), &h, 2);
     return (u & 0xffffu) == 0;
 }
 
 // A whole entry (padding zeroed); false if any value was not held exactly.
-PEREGRINE_SF_HD bool encode_entry(const EntryFormat& f, const float* x, uint8_t* e) {
+PEREGRINE_HD bool encode_entry(const EntryFormat& f, const float* x, uint8_t* e) {
     for (int i = 0; i < f.bytes; ++i) e[i] = 0;
     bool ok = true;
     for (int b0 = 0; b0 < f.quant_dims; b0 += f.block) ok = encode_entry_block(f, x, b0, e) && ok;

@@ -2,13 +2,9 @@
 // The decode GEMV's exact re-encodings (linear_gemv_stream.cu), as plain bit arithmetic shared by the kernels
 // and host code so that tests/ops/test_fp4_f16.cpp checks them everywhere: e2m1 codes placed into f16 bits, the
 // order the mma then sees them in, and ue8m0 scales as float bits.
-#include <cstdint>
+#include "util/host_device.h"
 
-#if defined(__CUDACC__)
-#define PEREGRINE_HD __host__ __device__ __forceinline__
-#else
-#define PEREGRINE_HD inline
-#endif
+#include <cstdint>
 
 namespace peregrine::cuda {
 

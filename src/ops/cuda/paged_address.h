@@ -2,13 +2,9 @@
 // State-entry addresses from a page table and the window order, as plain arithmetic shared by the device
 // kernels (paged_tables.cu) and host code: the same results as StateLayout::entry and window_list
 // (attention_plan.cpp), checked against them in tests/ops/test_paged_address.cpp.
-#include <cstdint>
+#include "util/host_device.h"
 
-#if defined(__CUDACC__)
-#define PEREGRINE_HD __host__ __device__ __forceinline__
-#else
-#define PEREGRINE_HD inline
-#endif
+#include <cstdint>
 
 namespace peregrine::cuda {
 

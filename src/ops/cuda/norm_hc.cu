@@ -23,19 +23,27 @@ __global__ void rms_norm_kernel(const float* x, int D, const float* w, float eps
 
 constexpr int kMaxMix = 64;
 
+// A pre and a post weight from its mix (the reference's sigmoids), for hc_finish and hc_finish_warp alike.
+__device__ __forceinline__ float hc_pre(float mix, float scale, float base, float hc_eps) {
+    return 1.0f / (1.0f + exp_cr(-(mix * scale + base))) + hc_eps;
+}
+__device__ __forceinline__ float hc_post(float mix, float scale, float base) {
+    return 2.0f / (1.0f + exp_cr(-(mix * scale + base)));
+}
+
 // Pre/post weights and the Sinkhorn-normalised comb matrix of token t from its mixes (one thread).
 __device__ void hc_finish(int64_t t, const float* mixes, int hc, const float* base, const float* scale, float hc_eps,
                           int iters, int mode, float* pre_out, float* post_out, float* comb_out) {
     float* pre = pre_out + t * hc;
     if (mode == 1) {
-        for (int j = 0; j < hc; ++j) pre[j] = 1.0f / (1.0f + exp_cr(-(mixes[j] * scale[0] + base[j]))) + hc_eps;
+        for (int j = 0; j < hc; ++j) pre[j] = hc_pre(mixes[j], scale[0], base[j], hc_eps);
         return;
     }
     float* post = post_out + t * hc;
     float* comb = comb_out + t * hc * hc;
     for (int i = 0; i < hc; ++i) {
-        pre[i] = 1.0f / (1.0f + exp_cr(-(mixes[i] * scale[0] + base[i]))) + hc_eps;
-        post[i] = 2.0f / (1.0f + exp_cr(-(mixes[hc + i] * scale[1] + base[hc + i])));
+        pre[i] = hc_pre(mixes[i], scale[0], base[i], hc_eps);
+        post[i] = hc_post(mixes[hc + i], scale[1], base[hc + i]);
     }
     for (int a = 0; a < hc; ++a) {
         float* row = comb + a * hc;
@@ -78,8 +86,8 @@ __device__ void hc_finish_warp(int64_t t, const float* mixes, int hc, const floa
         return;
     }
     if (lane < hc) {
-        pre_out[t * hc + lane] = 1.0f / (1.0f + exp_cr(-(mixes[lane] * scale[0] + base[lane]))) + hc_eps;
-        post_out[t * hc + lane] = 2.0f / (1.0f + exp_cr(-(mixes[hc + lane] * scale[1] + base[hc + lane])));
+        pre_out[t * hc + lane] = hc_pre(mixes[lane], scale[0], base[lane], hc_eps);
+        post_out[t * hc + lane] = hc_post(mixes[hc + lane], scale[1], base[hc + lane]);
     }
     const bool mine = lane < hc * hc;
     const int a = mine ? lane / hc : 0, b = mine ? lane % hc : 0;

@@ -285,7 +285,7 @@ void check_routed(const Experts& ex, const std::vector<int32_t>& sel, int E, int
     std::string mode;
     if (mma) {
         fp4_grouped_linear(a.xp(), a.xsp(), P, 1, E, ex.d, ex.t, g.r, static_cast<float*>(y.get()));
-        mode = " mma";
+        mode = fp4_grouped_wgmma() ? " wgmma" : " mma";
     } else {
         linear_cublas(a.xp(), a.xsp(), P, ex.d, static_cast<float*>(y.get()), &ex.t, &g.r);
         mode = linear_cublas_grouped() ? " grouped" : " loop";
@@ -310,21 +310,24 @@ TEST(CudaGemm, RoutedExpertsFastMatchExact) {
     const Experts &w1 = fp4_experts(false), &w2 = fp4_experts(true);
     ASSERT_TRUE(fp4_grouped_supported(w1.d) && fp4_grouped_supported(w2.d));
     uint64_t seed = 300;
-    for (int variant : {0, 1, 2}) {  // grouped cuBLAS, one cuBLAS GEMM per expert, grouped FP4 kernel
+    // Grouped cuBLAS, one cuBLAS GEMM per expert, the grouped FP4 kernels on mma.sync and on wgmma.
+    for (int variant : {0, 1, 2, 3}) {
         linear_cublas_use_grouped(variant == 0);
+        fp4_grouped_use_wgmma(variant == 3);
         for (int64_t T : {64, 512, 4096})
             for (bool skewed : {false, true}) {
                 const auto sel = selection(T, kTopK, kExperts, skewed);
                 const int tr = routing_tile_rows(static_cast<int64_t>(sel.size()), kExperts);
                 const std::string tag = std::string(skewed ? " skewed" : " balanced") + " T=" + std::to_string(T);
-                check_routed(w1, sel, kExperts, tr, seed++, "experts.w1 5120->2304 fp4" + tag, variant == 2);
-                check_routed(w2, sel, kExperts, tr, seed++, "experts.w2 2304->5120 fp4" + tag, variant == 2);
+                check_routed(w1, sel, kExperts, tr, seed++, "experts.w1 5120->2304 fp4" + tag, variant >= 2);
+                check_routed(w2, sel, kExperts, tr, seed++, "experts.w2 2304->5120 fp4" + tag, variant >= 2);
             }
         if (variant == 0)
             std::printf("PARITY gemm cublasGemmGroupedBatchedEx (bf16 in/out, COMPUTE_32F): %s\n",
                         linear_cublas_grouped() ? "used" : ("rejected: " + linear_cublas_grouped_error()).c_str());
     }
     linear_cublas_use_grouped(true);
+    fp4_grouped_use_wgmma(true);
 }
 
 // Expert e of `ex` read as expert (e + 1) % E: a second weight set over the same matrices, so that the gated
@@ -392,12 +395,16 @@ TEST(CudaGemm, GatedExpertsFastMatchExact) {
     std::shared_ptr<void> keep;
     const ExpertTable w3 = rotated_table(w1, kExperts, keep);
     uint64_t seed = 700;
-    for (int64_t T : {64, 512, 4096})
-        for (bool skewed : {false, true})
-            for (float limit : {0.0f, 64.0f})
-                check_gated(w1, w3, T, skewed, limit, seed++,
-                            "experts.w1+w3 swiglu mma" + std::string(skewed ? " skewed" : " balanced") + " T=" +
-                                std::to_string(T) + (limit > 0 ? " lim64" : ""));
+    for (bool wgmma : {false, true}) {
+        fp4_grouped_use_wgmma(wgmma);
+        for (int64_t T : {64, 512, 4096})
+            for (bool skewed : {false, true})
+                for (float limit : {0.0f, 64.0f})
+                    check_gated(w1, w3, T, skewed, limit, seed++,
+                                std::string("experts.w1+w3 swiglu ") + (wgmma ? "wgmma" : "mma") +
+                                    (skewed ? " skewed" : " balanced") + " T=" + std::to_string(T) + (limit > 0 ? " lim64" : ""));
+    }
+    fp4_grouped_use_wgmma(true);
 }
 
 // The grouped wo_a: rows (t, g) of 4096 through group g's bf16 [1024, 4096] block (8 groups), as
@@ -473,20 +480,27 @@ TEST(CudaGemm, FastPathThroughputAtPrefillSize) {
                 ASSERT_EQ(cudaGetLastError(), cudaSuccess);
                 line(name, used ? "grouped" : "loop", ms, flop);
             }
-            const double ms = peregrine::test::device_ms([&] { fp4_grouped_linear(a.xp(), a.xsp(), P, 1, kExperts, ex->d, ex->t, g.r, static_cast<float*>(y.get())); }, 5);
-            ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-            line(name, "mma", ms, flop);
+            for (bool wgmma : {false, true}) {
+                fp4_grouped_use_wgmma(wgmma);
+                const double ms = peregrine::test::device_ms([&] { fp4_grouped_linear(a.xp(), a.xsp(), P, 1, kExperts, ex->d, ex->t, g.r, static_cast<float*>(y.get())); }, 5);
+                ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+                line(name, wgmma ? "wgmma" : "mma", ms, flop);
+            }
         }
         const Acts a = make_acts(T, w1.d, seed++);  // token rows, read by pair p as row p / top-k
         auto rw = device_alloc(sizeof(float) * P), out = device_alloc(sizeof(float) * P * w1.d.out);
         fill_random_bf16(static_cast<float*>(rw.get()), P, seed++);
-        const double ms = peregrine::test::device_ms([&] {
-            fp4_grouped_swiglu(a.xp(), a.xsp(), P, kTopK, kExperts, w1.d, w1.t, w3, g.r, static_cast<const float*>(rw.get()), 10.0f,
-                               static_cast<float*>(out.get()));
-        }, 5);
-        ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-        line("w1+w3 swiglu 5120->2x2304", "mma", ms, 2.0 * 2.0 * P * w1.d.out * w1.d.in);
+        for (bool wgmma : {false, true}) {
+            fp4_grouped_use_wgmma(wgmma);
+            const double ms = peregrine::test::device_ms([&] {
+                fp4_grouped_swiglu(a.xp(), a.xsp(), P, kTopK, kExperts, w1.d, w1.t, w3, g.r, static_cast<const float*>(rw.get()), 10.0f,
+                                   static_cast<float*>(out.get()));
+            }, 5);
+            ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+            line("w1+w3 swiglu 5120->2x2304", wgmma ? "wgmma" : "mma", ms, 2.0 * 2.0 * P * w1.d.out * w1.d.in);
+        }
     }
+    fp4_grouped_use_wgmma(true);
     linear_cublas_use_grouped(true);
 }
 

@@ -1,7 +1,8 @@
-// The decode GEMV's FP4 -> f16 bit placement and scale bits (src/ops/cuda/fp4_f16.h) on the host: every e2m1
-// code at every position of a packed word comes out as its value x 2^-14 in fp4_act_pos's order, and the
-// ue8m0 scale bits are 2^(e - 113). The kernels use these very functions, so a wrong shift or mask fails here
-// without a GPU.
+// The FP4 kernels' bit placements and scale bits (src/ops/cuda/fp4_f16.h) on the host. Decode GEMV: every e2m1
+// code at every position of a packed word comes out as its value x 2^-14 in fp4_act_pos's order, and the ue8m0
+// scale bits are 2^(e - 113). Grouped wgmma GEMM: every code comes out as its value x 2^-126 in bf16, at the
+// fragment position whose k slot holds the matching token value, and the scale pairs are 2^(e - 1). The kernels
+// use these very functions, so a wrong shift or mask fails here without a GPU.
 #include "ops/cuda/fp4_f16.h"
 
 #include <gtest/gtest.h>
@@ -29,6 +30,14 @@ float half_to_float(uint16_t h) {
 float e2m1_value(int code) {
     static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
     return (code & 8) ? -mag[code & 7] : mag[code & 7];
+}
+
+// bf16 bits -> float (exact).
+float bf16_to_float(uint16_t h) {
+    const uint32_t b = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
 }
 
 // The value at position i (0..7) of the word, read back from the f16 pairs: slot fp4_act_pos(i) of the 8 halves.
@@ -94,4 +103,54 @@ TEST(Fp4F16, ScaleBitsAreThePowerOfTwoTimes2Pow14) {
         std::memcpy(&f, &bits, 4);
         EXPECT_EQ(f, std::ldexp(1.0f, static_cast<int>(e) - 127 + 14)) << "e " << e;
     }
+}
+
+TEST(Fp4F16, SlotOrderIsAPermutationAndItsInverse) {
+    std::set<int> seen;
+    for (int k = 0; k < 64; ++k) {
+        seen.insert(wgmma_k_slot(k));
+        EXPECT_EQ(wgmma_k_source(wgmma_k_slot(k)), k) << k;
+    }
+    EXPECT_EQ(seen.size(), 64u);
+    EXPECT_EQ(*seen.rbegin(), 63);
+}
+
+// Every code of a thread's 16 (two words) at every position: the bf16 half of fragment f[s][h] at k 2t + 8h + j
+// of step s is the value at k16 slot 16s + 2t + 8h + j, i.e. code wgmma_k_source(slot) - 16t, times 2^-126.
+TEST(Fp4F16, WgmmaFragmentsHoldEachCodeAtItsSlot) {
+    std::mt19937 g(11);
+    auto check = [](uint32_t w0, uint32_t w1) {
+        uint32_t f[4][2];
+        fp4_wgmma_fragments(w0, w1, f);
+        for (int t = 0; t < 4; ++t)
+            for (int s = 0; s < 4; ++s)
+                for (int h = 0; h < 2; ++h)
+                    for (int j = 0; j < 2; ++j) {
+                        const int v = wgmma_k_source(16 * s + 2 * t + 8 * h + j) - 16 * t;
+                        ASSERT_TRUE(v >= 0 && v < 16) << "slot of another thread's k";
+                        const int code = static_cast<int>(((v < 8 ? w0 : w1) >> (4 * (v % 8))) & 15);
+                        const uint16_t b = static_cast<uint16_t>(f[s][h] >> (16 * j));
+                        EXPECT_EQ(bf16_to_float(b), e2m1_value(code) * std::ldexp(1.0f, -126)) << "step " << s << " h " << h << " j " << j;
+                        EXPECT_EQ(b >> 15, code >> 3) << "sign";
+                    }
+    };
+    for (int i = 0; i < 8; ++i)
+        for (int code = 0; code < 16; ++code) {
+            const uint32_t w = (g() & ~(15u << (4 * i))) | (static_cast<uint32_t>(code) << (4 * i));
+            check(w, g());
+            check(g(), w);
+        }
+    for (int rep = 0; rep < 5000; ++rep) check(g(), g());
+    check(0u, 0xffffffffu);
+    check(0x88888888u, 0x77777777u);
+}
+
+TEST(Fp4F16, Bf16ScalePairsAreThePowerOfTwoTimes2Pow126) {
+    for (uint32_t e = 0; e <= 128; ++e) {
+        const uint32_t p = ue8m0_times_2p126_bf16x2(e);
+        EXPECT_EQ(p >> 16, p & 0xffffu);
+        EXPECT_EQ(bf16_to_float(static_cast<uint16_t>(p)), std::ldexp(1.0f, static_cast<int>(e) - 1)) << "e " << e;
+    }
+    // Above 128 the first factor stays 2^127; the kernel multiplies by 2^(e - 128) as well.
+    EXPECT_EQ(bf16_to_float(static_cast<uint16_t>(ue8m0_times_2p126_bf16x2(200))), std::ldexp(1.0f, 127));
 }

@@ -7,20 +7,22 @@
 // tensor cores' order; outputs are rounded to bf16 as the reference rounds them, and scattered to the pair
 // rows. The gated form runs w1 and w3 over the same rows in one pass and applies the clamped SwiGLU and the
 // routing weight in the epilogue (moe_kernels.cu swiglu_kernel's arithmetic).
-#include "ops/cuda/device_math.cuh"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/moe_gemm_fp4.h"
-
-#include <cuda_bf16.h>
+#include "ops/cuda/moe_gemm_fp4_common.cuh"
 
 #include <climits>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 namespace peregrine::cuda {
 
 namespace {
 
-constexpr int kBM = 64, kBK = 128, kStages = 3, kGemmThreads = 128;  // 4 warps, each all 64 rows x 32 columns
+using namespace fp4g;
+
+constexpr int kBK = 128, kStages = 3, kGemmThreads = 128;  // 4 warps, each all 64 rows x 32 columns
 constexpr int kWRows = 128;                                        // weight rows staged per block (all sets)
 constexpr int kAStage = kBM * kBK * 2;                             // bf16, 16-byte chunks swizzled by row
 constexpr int kWRow = 80;                                          // 64 code bytes + 16 (conflict-free reads)
@@ -30,27 +32,9 @@ constexpr int kStage = kAStage + kWStage + kSStage;
 // The code-pair table, 16 copies interleaved so that lane l reads copy l % 16: random code bytes across a
 // warp then cost at most two shared-memory wavefronts instead of ~3.5 (bank conflicts).
 constexpr int kLutCopies = 16;
-constexpr int kSmem = kStages * kStage + 256 * kLutCopies * 4;  // 97,792 bytes: two blocks per SM
+constexpr int kLutBytes = 256 * kLutCopies * 4;
+constexpr int kSmem = kStages * kStage + kLutBytes;  // 97,792 bytes: two blocks per SM
 static_assert(kStage % 16 == 0, "stages stay 16-byte aligned");
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
-}
-
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -79,14 +63,12 @@ __device__ __forceinline__ uint32_t scale_bf16x2(uint32_t s) {
     return b | (b << 16);
 }
 
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-    __nv_bfloat162 x, y;
-    memcpy(&x, &a, 4);
-    memcpy(&y, &b, 4);
-    const __nv_bfloat162 p = __hmul2(x, y);  // exact: <= 2 significant bits times a power of two
-    uint32_t r;
-    memcpy(&r, &p, 4);
-    return r;
+// lut[b * kLutCopies + c] = the bf16x2 of code byte b (low nibble: the even k).
+__device__ __forceinline__ void fill_code_table(uint32_t* lut, int tid, int threads) {
+    for (int i = tid; i < 256 * kLutCopies; i += threads) {
+        const int b = i / kLutCopies;
+        lut[i] = e2m1_bf16(b & 15) | (e2m1_bf16(b >> 4) << 16);
+    }
 }
 
 // Sorted row tiles of at most kBM rows, one expert each, from the routing's tiles (rows of an expert are
@@ -122,36 +104,38 @@ __global__ void row_tiles_kernel(const int4* tiles, const int32_t* n_tiles, int 
             if (i < static_cast<int>(max_out)) out[i] = make_int4(e, first[e] + r, min(kBM, count[e] - r), 0);
 }
 
-// a[s, :] = bf16(x[row_map[s] / div, :] * xs[.., k / ab]) for the sorted rows s (8 values per thread).
+// a[s, :] = bf16(x[row_map[s] / div, :] * xs[.., k / ab]) for the sorted rows s, 8 values per thread; with
+// `slots`, each block of 64 in the wgmma kernel's order (slot c holds k = wgmma_k_source(c)).
 __global__ void gather_sorted_kernel(const float* x, const float* xs, int ab, int64_t rows, int K,
-                                     const int32_t* row_map, int div, __nv_bfloat16* a) {
+                                     const int32_t* row_map, int div, bool slots, __nv_bfloat16* a) {
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     const int per = K / 8;
     if (i >= rows * per) return;
     const int64_t s = i / per;
     const int k = static_cast<int>(i % per) * 8;
     const int64_t src = row_map[s] / div;
-    const float4 u = *reinterpret_cast<const float4*>(x + src * K + k);
-    const float4 v = *reinterpret_cast<const float4*>(x + src * K + k + 4);
-    const float sc = xs ? xs[src * (K / ab) + k / ab] : 1.0f;
-    __nv_bfloat162 h[4] = {__floats2bfloat162_rn(u.x * sc, u.y * sc), __floats2bfloat162_rn(u.z * sc, u.w * sc),
-                           __floats2bfloat162_rn(v.x * sc, v.y * sc), __floats2bfloat162_rn(v.z * sc, v.w * sc)};
+    const float* xr = x + src * K;
+    const float* sr = xs ? xs + src * (K / ab) : nullptr;
+    float v[8];
+    if (slots) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const int kk = (k & ~63) + wgmma_k_source((k & 63) + j);
+            v[j] = xr[kk] * (sr ? sr[kk / ab] : 1.0f);
+        }
+    } else {
+        const float4 u = *reinterpret_cast<const float4*>(xr + k), w = *reinterpret_cast<const float4*>(xr + k + 4);
+        const float sc = sr ? sr[k / ab] : 1.0f;
+        v[0] = u.x * sc, v[1] = u.y * sc, v[2] = u.z * sc, v[3] = u.w * sc;
+        v[4] = w.x * sc, v[5] = w.y * sc, v[6] = w.z * sc, v[7] = w.w * sc;
+    }
+    __nv_bfloat162 h[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) h[j] = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
     uint4 o;
     memcpy(&o, h, sizeof(o));
     *reinterpret_cast<uint4*>(a + s * K + k) = o;
 }
-
-struct GemmArgs {
-    const __nv_bfloat16* a;  // sorted rows [P, K]
-    int K, N;                // N: output columns (per weight set)
-    ExpertTable w0, w1;      // w1: the up projection of the gated form
-    const int32_t* row_map;
-    const int4* tiles;
-    const int32_t* n_tiles;
-    float* y;                // [pairs, N]
-    const float* route_w;    // gated: routing weight per pair
-    float limit;             // gated: SwiGLU clamp (<= 0: none)
-};
 
 // GATED: the 128 staged weight rows are 64 of w1 then the same 64 of w3 (64 output columns per block);
 // otherwise 128 rows of one weight (128 output columns). Each warp owns 4 n8 column tiles of the staged rows:
@@ -162,10 +146,7 @@ __global__ void __launch_bounds__(kGemmThreads) fp4_grouped_kernel(GemmArgs g) {
     extern __shared__ __align__(16) uint8_t smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     uint32_t* lut = reinterpret_cast<uint32_t*>(smem + kStages * kStage);
-    for (int i = tid; i < 256 * kLutCopies; i += kGemmThreads) {
-        const int b = i / kLutCopies;
-        lut[i] = e2m1_bf16(b & 15) | (e2m1_bf16(b >> 4) << 16);
-    }
+    fill_code_table(lut, tid, kGemmThreads);
     const uint32_t* my_lut = lut + (threadIdx.x & (kLutCopies - 1));
     if (static_cast<int>(blockIdx.y) >= *g.n_tiles) return;
     const int4 tile = g.tiles[blockIdx.y];
@@ -265,13 +246,7 @@ __global__ void __launch_bounds__(kGemmThreads) fp4_grouped_kernel(GemmArgs g) {
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
                     if constexpr (GATED) {
-                        float gv = round_bf16(acc[i][j][2 * h + c]), uv = round_bf16(acc[i][kJ + j][2 * h + c]);
-                        if (g.limit > 0.0f) {
-                            uv = fminf(fmaxf(uv, -g.limit), g.limit);
-                            gv = fminf(gv, g.limit);
-                        }
-                        const float a = gv / (1.0f + exp_cr(-gv)) * uv;
-                        v[c] = round_bf16(g.route_w[pair] * a);
+                        v[c] = gated_out(acc[i][j][2 * h + c], acc[i][kJ + j][2 * h + c], g.limit, g.route_w[pair]);
                     } else {
                         v[c] = round_bf16(acc[i][j][2 * h + c]);
                     }
@@ -322,26 +297,43 @@ void run(const float* x, const float* xs, int64_t M, int div, int E, const Linea
     auto* tiles = reinterpret_cast<int4*>(base + abytes);
     auto* n_tiles = reinterpret_cast<int32_t*>(base + abytes + sizeof(int4) * max_tiles);
 
-    gather_sorted_kernel<<<blocks_for(P * (K / 8), 256), 256>>>(x, xs, w.act_block, P, K, r.row_map, div, a);
+    const bool wgmma = fp4_grouped_wgmma() && wgmma_supported(K, N, GATED);
+    gather_sorted_kernel<<<blocks_for(P * (K / 8), 256), 256>>>(x, xs, w.act_block, P, K, r.row_map, div, wgmma, a);
     PG_LAUNCHED();
     row_tiles_kernel<<<1, 1024, 3 * sizeof(int32_t) * E>>>(reinterpret_cast<const int4*>(r.tiles), r.n_tiles, E,
                                                             max_tiles, tiles, n_tiles);
     PG_LAUNCHED();
 
+    GemmArgs args{a, K, N, w0, w1, r.row_map, tiles, n_tiles, y, route_w, limit};
+    if (wgmma) {
+        launch_wgmma(args, GATED, max_tiles);
+        return;
+    }
     static bool attr = [] {
         PG_CUDA(cudaFuncSetAttribute(fp4_grouped_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
         PG_CUDA(cudaFuncSetAttribute(fp4_grouped_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
         return true;
     }();
     (void)attr;
-    GemmArgs args{a, K, N, w0, w1, r.row_map, tiles, n_tiles, y, route_w, limit};
     const int cols = GATED ? kWRows / 2 : kWRows;
     const dim3 grid(static_cast<unsigned>(N / cols), max_tiles);
     fp4_grouped_kernel<GATED><<<grid, kGemmThreads, kSmem>>>(args);
     PG_LAUNCHED();
 }
 
+// The wgmma kernel unless PEREGRINE_MOE_GEMM=mma (A/B) or a test chose.
+int& wgmma_choice() {
+    static int on = [] {
+        const char* m = std::getenv("PEREGRINE_MOE_GEMM");
+        return m && std::strcmp(m, "mma") == 0 ? 0 : 1;
+    }();
+    return on;
+}
+
 }  // namespace
+
+void fp4_grouped_use_wgmma(bool on) { wgmma_choice() = on ? 1 : 0; }
+bool fp4_grouped_wgmma() { return wgmma_choice() != 0; }
 
 bool fp4_grouped_supported(const LinearDev& w) {
     return w.kind == 3 && w.in > 0 && w.in % kBK == 0 && w.out > 0 && w.out % kWRows == 0 && w.act_block > 0 &&

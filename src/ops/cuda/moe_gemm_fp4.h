@@ -9,6 +9,11 @@
 
 namespace peregrine::cuda {
 
+// Which kernel runs: wgmma (the default; `PEREGRINE_MOE_GEMM=mma` picks the mma.sync one) where the shape
+// allows (in % 128 == 0; out % 256 == 0, gated out % 128 == 0), else mma.sync. Tests switch it to compare both.
+void fp4_grouped_use_wgmma(bool on);
+bool fp4_grouped_wgmma();
+
 // FP4 weights with in % 128 == 0 and out % 128 == 0 (V4.1-Flash experts: 5120 <-> 2304).
 bool fp4_grouped_supported(const LinearDev& w);
 

@@ -1,0 +1,236 @@
+// Routed FP4 expert GEMMs on Hopper's warpgroup MMA (wgmma, bf16 in, fp32 sums). The weights are the A operand
+// and come from registers: each thread dequantises its fragment of the packed e2m1 codes exactly (codes placed
+// into bf16 bits on the integer pipe, then one bf16x2 multiply by the power-of-two scale), so the weights never
+// pass through shared memory as bf16 and no lookup table competes with the tensor cores for shared memory. The sorted bf16 token rows are the B operand, read by the tensor cores
+// from shared memory in the 128-byte swizzled layout. A block is two warpgroups over 64 token rows of one
+// expert and 256 staged weight rows (each warpgroup two m64 tiles); the output is D^T = W X^T, so a thread
+// holds output columns (features) by row and tokens by column. Gated: a warp's 16 rows are 8 features of w1
+// then the same 8 of w3, so that gate and up of one output meet in one thread for the SwiGLU epilogue.
+// Pipeline: four cp.async stages, three tiles in flight. A warpgroup waits for its MMAs at the end of each
+// step (with a second step's fragments in flight ptxas serialises every wgmma); two blocks per SM keep the
+// tensor cores busy while the other block dequantises.
+#include "ops/cuda/fp4_f16.h"
+#include "ops/cuda/launch_check.h"
+#include "ops/cuda/moe_gemm_fp4_common.cuh"
+
+namespace peregrine::cuda::fp4g {
+
+namespace {
+
+constexpr int kThreads = 256;                 // two warpgroups
+constexpr int kTok = kBM;                     // token rows per block: the wgmma N
+constexpr int kBK = 64;                       // k per stage: one 128-byte swizzle atom of bf16 per token row
+constexpr int kRows = 256;                    // staged weight rows: 2 warpgroups x 2 m64 tiles
+constexpr int kStages = 4, kAhead = kStages - 1;  // tile k+3 loads into the stage tile k-1 used
+constexpr int kBStage = kTok * kBK * 2;       // 8 KB of tokens, 1024-byte aligned (the swizzle atom)
+constexpr int kCStage = kRows * (kBK / 2);    // 8 KB of codes, 32 bytes a row
+constexpr int kSStage = kRows * 4;            // a scale word a row: the 4 ue8m0 of the k128 holding the stage
+constexpr int kStage = kBStage + kCStage + kSStage;
+constexpr int kSmem = kStages * kStage + 1024;  // + alignment of the first stage to 1024 bytes
+static_assert(kStage % 1024 == 0, "every stage's token tile starts on a swizzle atom");
+
+// Shared-memory matrix descriptor of a K-major bf16 tile in the 128-byte swizzle: rows of 128 bytes, atoms
+// of 8 rows (1024 bytes, the stride between 8-row groups); the leading offset is unused in this layout.
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
+    return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+           (uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Keeps the accumulators where the tensor cores wrote them until the wait (no early reads).
+__device__ __forceinline__ void hold(float& r) { asm volatile("" : "+f"(r)::"memory"); }
+
+// d (m64 x n64, fp32) += A (m64 x k16 bf16, registers) * B (k16 x n64 bf16, shared memory, K-major).
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+// Staged weight row R -> (weight set, feature offset from the block's first output column).
+__device__ __forceinline__ void staged_row(int R, bool gated, int& set, int& feature) {
+    if (!gated) {
+        set = 0;
+        feature = R;
+        return;
+    }
+    const int r = R & 63;  // m64 tile R / 64 covers 32 features; a warp's 16 rows are 8 of w1, then 8 of w3
+    set = (r >> 3) & 1;
+    feature = (R >> 6) * 32 + (r >> 4) * 8 + (r & 7);
+}
+
+template <bool GATED>
+__global__ void __launch_bounds__(kThreads, 2) fp4_wgmma_kernel(GemmArgs g) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
+    if (static_cast<int>(blockIdx.y) >= *g.n_tiles) return;
+    const int4 tile = g.tiles[blockIdx.y];
+    const int e = tile.x, row0 = tile.y, rows = tile.z;
+    const int n0 = blockIdx.x * (GATED ? kRows / 2 : kRows);
+    const int K = g.K, KB = K / 2, KS = K / 32, KT = K / kBK;
+
+    // This thread's copies, the same every stage: token rows tid/8 and tid/8 + 32 (16-byte chunk tid % 8),
+    // code rows tid/2 and tid/2 + 128 (chunk tid % 2), the scale word of row tid.
+    const __nv_bfloat16* tsrc[2];
+    uint32_t tdst[2], tbytes[2];
+    for (int i = 0; i < 2; ++i) {
+        const int r = (tid >> 3) + 32 * i, ch = tid & 7;
+        tbytes[i] = r < rows ? 16 : 0;
+        tsrc[i] = g.a + static_cast<int64_t>(row0 + (r < rows ? r : 0)) * K + ch * 8;
+        tdst[i] = r * 128 + ((ch ^ (r & 7)) << 4);
+    }
+    const uint8_t* csrc[2];
+    for (int i = 0; i < 2; ++i) {
+        int set, f;
+        staged_row((tid >> 1) + 128 * i, GATED, set, f);
+        const uint8_t* w = static_cast<const uint8_t*>((GATED && set ? g.w1 : g.w0).w[e]);
+        csrc[i] = w + static_cast<int64_t>(n0 + f) * KB + (tid & 1) * 16;
+    }
+    const uint8_t* ssrc;
+    {
+        int set, f;
+        staged_row(tid, GATED, set, f);
+        ssrc = (GATED && set ? g.w1 : g.w0).scale[e] + static_cast<int64_t>(n0 + f) * KS;
+    }
+    auto load = [&](int kt, int s) {
+        uint8_t* st = smem + s * kStage;
+        for (int i = 0; i < 2; ++i) cp_async16(st + tdst[i], tsrc[i] + kt * kBK, tbytes[i]);
+        for (int i = 0; i < 2; ++i)
+            cp_async16(st + kBStage + ((tid >> 1) + 128 * i) * 32 + (tid & 1) * 16, csrc[i] + kt * (kBK / 2), 16);
+        cp_async4(st + kBStage + kCStage + tid * 4, ssrc + (kt >> 1) * 4);
+    };
+
+    // Fragment rows: tile mt of this warpgroup, rows g and g + 8 of the warp's 16.
+    const int g4 = lane >> 2, t4 = lane & 3;
+    int frow[2][2];
+    for (int mt = 0; mt < 2; ++mt)
+        for (int h = 0; h < 2; ++h) frow[mt][h] = wg * 128 + mt * 64 + wq * 16 + g4 + 8 * h;
+
+    // a[mt][s]: the m64 x k16 A fragment of tile mt for k16 step s of stage `kt` (stored at `st`). The token
+    // rows hold k in the wgmma_k_slot order, so this thread's codes of a row are its bytes 8t .. 8t + 7, all in
+    // one block of 32 (one scale), placed into bf16 on the integer pipe (fp4_wgmma_fragments) and scaled by one
+    // exact bf16x2 multiply; scales above 2^1 (e > 128) take a second one.
+    auto dequantise = [&](const uint8_t* st, int kt, uint32_t (&a)[2][4][4]) {
+        const int shift = 16 * (kt & 1) + 8 * (t4 >> 1);
+        uint32_t big = 0;
+        uint32_t sc2[2][2];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int R = frow[mt][h];
+                const uint2 c = *reinterpret_cast<const uint2*>(st + kBStage + R * 32 + 8 * t4);
+                const uint32_t e = (*reinterpret_cast<const uint32_t*>(st + kBStage + kCStage + R * 4) >> shift) & 0xffu;
+                const uint32_t sc = ue8m0_times_2p126_bf16x2(e);
+                big |= e > 128u;
+                const uint32_t b2 = e > 128u ? (e - 1u) << 7 : 0x3f80u;  // 2^(e - 128), else 1
+                sc2[mt][h] = b2 | (b2 << 16);
+                uint32_t f[4][2];
+                fp4_wgmma_fragments(c.x, c.y, f);
+#pragma unroll
+                for (int s = 0; s < 4; ++s) {
+                    a[mt][s][h] = mul_bf16x2(f[s][0], sc);
+                    a[mt][s][2 + h] = mul_bf16x2(f[s][1], sc);
+                }
+            }
+        if (__any_sync(0xffffffffu, big))  // rare: keeps the common path at one multiply
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+                for (int s = 0; s < 4; ++s)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) a[mt][s][i] = mul_bf16x2(a[mt][s][i], sc2[mt][i & 1]);
+    };
+
+    float acc[2][32];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) acc[mt][i] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < kAhead; ++s) {
+        if (s < KT) load(s, s);
+        cp_async_commit();
+    }
+    // One k64 stage: wait for its tile, refill the stage of tile kt - 1 (every thread finished its MMAs before
+    // the barrier), dequantise, run the MMAs to completion.
+    uint32_t frag[2][4][4];
+    for (int kt = 0; kt < KT; ++kt) {
+        cp_async_wait<kAhead - 1>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async writes -> the tensor cores
+        __syncthreads();
+        if (kt + kAhead < KT) load(kt + kAhead, (kt + kAhead) % kStages);
+        cp_async_commit();
+        const uint8_t* st = smem + (kt % kStages) * kStage;
+        dequantise(st, kt, frag);
+        const uint32_t b0 = smem_addr(st);
+        wgmma_fence();
+#pragma unroll
+        for (int s = 0; s < 4; ++s)
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) wgmma_rs(acc[mt], frag[mt][s], desc_sw128(b0 + s * 32));
+        wgmma_commit();
+        wgmma_wait<0>();
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) hold(acc[mt][i]);
+
+    // acc[mt][4j + q]: row wq*16 + g4 + 8*(q >> 1) of tile mt, token column 8j + 2*t4 + (q & 1).
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                const int col = 8 * j + 2 * t4 + c;
+                if (col >= rows) continue;
+                const int64_t pair = g.row_map[row0 + col];
+                float* out = g.y + pair * g.N + n0;
+                if constexpr (GATED) {
+                    out[(wg * 2 + mt) * 32 + wq * 8 + g4] = gated_out(acc[mt][4 * j + c], acc[mt][4 * j + 2 + c], g.limit, g.route_w[pair]);
+                } else {
+                    const int f = wg * 128 + mt * 64 + wq * 16 + g4;
+                    out[f] = round_bf16(acc[mt][4 * j + c]);
+                    out[f + 8] = round_bf16(acc[mt][4 * j + 2 + c]);
+                }
+            }
+}
+
+}  // namespace
+
+bool wgmma_supported(int K, int N, bool gated) {
+    return K > 0 && K % 128 == 0 && N > 0 && N % (gated ? kRows / 2 : kRows) == 0;
+}
+
+void launch_wgmma(const GemmArgs& g, bool gated, unsigned max_tiles) {
+    static bool attr = [] {
+        PG_CUDA(cudaFuncSetAttribute(fp4_wgmma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+        PG_CUDA(cudaFuncSetAttribute(fp4_wgmma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+        return true;
+    }();
+    (void)attr;
+    const dim3 grid(static_cast<unsigned>(g.N / (gated ? kRows / 2 : kRows)), max_tiles);
+    if (gated) fp4_wgmma_kernel<true><<<grid, kThreads, kSmem>>>(g);
+    else fp4_wgmma_kernel<false><<<grid, kThreads, kSmem>>>(g);
+    PG_LAUNCHED();
+}
+
+}  // namespace peregrine::cuda::fp4g

@@ -129,13 +129,25 @@ TEST(CudaAttnFast, IndexScoresPrefillTensorCores) {
     for (int r = 0; r < T; r += 64) tiles.insert(tiles.end(), {r, std::min(64, T - r), 0, N});
     auto tiles_d = CudaBackend::upload(tiles);
     auto qb = cuda::device_alloc(sizeof(uint16_t) * T * kHeads * kDim), kb = cuda::device_alloc(sizeof(uint16_t) * N * kDim);
-    Tensor mma = CudaBackend::empty(DType::F32, {T, N}), stream = CudaBackend::empty(DType::F32, {T, N});
+    Tensor mma = CudaBackend::empty(DType::F32, {T, N}), stream = CudaBackend::empty(DType::F32, {T, N}),
+           wg = CudaBackend::empty(DType::F32, {T, N});
+    cuda::to_bf16(q.ptr, static_cast<int64_t>(T) * kHeads * kDim, static_cast<uint16_t*>(qb.get()));
+    cuda::gather_keys_bf16(td.ptr, N, kf, static_cast<uint16_t*>(kb.get()));
+    float ms_kernel[2];
+    for (int v = 0; v < 2; ++v) {  // mma.sync, then wgmma
+        cuda::index_scores_use_wgmma(v == 1);
+        ms_kernel[v] = peregrine::test::device_ms([&] {
+            cuda::index_scores_mma(static_cast<const uint16_t*>(qb.get()), w.ptr, kHeads, tiles_d.ptr,
+                                   static_cast<int>(tiles.size() / 4), static_cast<const uint16_t*>(kb.get()), vd.ptr, N,
+                                   (v ? wg : mma).f32());
+        });
+    }
     const float ms_mma = peregrine::test::device_ms([&] {
         cuda::to_bf16(q.ptr, static_cast<int64_t>(T) * kHeads * kDim, static_cast<uint16_t*>(qb.get()));
         cuda::gather_keys_bf16(td.ptr, N, kf, static_cast<uint16_t*>(kb.get()));
         cuda::index_scores_mma(static_cast<const uint16_t*>(qb.get()), w.ptr, kHeads, tiles_d.ptr,
                                static_cast<int>(tiles.size() / 4), static_cast<const uint16_t*>(kb.get()), vd.ptr, N,
-                               mma.f32());
+                               wg.f32());
     });
     const float ms_stream = peregrine::test::device_ms([&] {
         cuda::index_scores_stream(q.ptr, w.ptr, nullptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, kf, N,
@@ -143,6 +155,12 @@ TEST(CudaAttnFast, IndexScoresPrefillTensorCores) {
     });
     auto m = host(mma.f32(), static_cast<size_t>(T) * N), s = host(stream.f32(), static_cast<size_t>(T) * N);
     compare_scores(m, s, "index_scores_mma vs stream 4096x65536");
+    auto mw = host(wg.f32(), static_cast<size_t>(T) * N);
+    compare_scores(mw, s, "index_scores_wgmma vs stream 4096x65536");
+    size_t differ = 0;
+    for (size_t i = 0; i < mw.size(); ++i) differ += mw[i] != m[i] && !(std::isnan(mw[i]) && std::isnan(m[i]));
+    std::printf("PARITY attn index_scores_wgmma vs mma.sync 4096x65536: %zu of %zu scores differ\n", differ, mw.size());
+    m = mw;
     // The exact kernel on the first and last 64 rows (all of it would take seconds).
     const int sub = 64;
     Tensor ex = CudaBackend::empty(DType::F32, {2 * sub, N});
@@ -157,11 +175,12 @@ TEST(CudaAttnFast, IndexScoresPrefillTensorCores) {
     auto e = host(ex.f32(), static_cast<size_t>(2 * sub) * N);
     std::vector<float> msub(m.begin(), m.begin() + sub * N);
     msub.insert(msub.end(), m.end() - sub * N, m.end());
-    compare_scores(msub, e, "index_scores_mma vs exact 2x64 rows of 4096x65536");
+    compare_scores(msub, e, "index_scores_wgmma vs exact 2x64 rows of 4096x65536");
     const double tflop = 2.0 * T * N * kHeads * kDim / 1e12;
-    std::printf("PARITY attn index_scores_mma 4096x65536 fast %.3f ms (%.0f TFLOP/s, with bf16 staging) stream %.3f ms "
-                "exact %.3f ms for 128 rows (~%.0f ms for all)\n",
-                ms_mma, tflop / (ms_mma * 1e-3), ms_stream, ms_exact, ms_exact * T / (2 * sub));
+    std::printf("PARITY attn index_scores 4096x65536 mma.sync %.3f ms (%.0f TFLOP/s) wgmma %.3f ms (%.0f TFLOP/s); "
+                "wgmma with bf16 staging %.3f ms; stream %.3f ms; exact %.3f ms for 128 rows (~%.0f ms for all)\n",
+                ms_kernel[0], tflop / (ms_kernel[0] * 1e-3), ms_kernel[1], tflop / (ms_kernel[1] * 1e-3), ms_mma,
+                ms_stream, ms_exact, ms_exact * T / (2 * sub));
 }
 
 // Scores as the scorer writes them: bf16 values with many ties, -inf beyond `visible`.

@@ -25,6 +25,8 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 namespace peregrine::cuda {
 
@@ -464,9 +466,23 @@ void index_scores_stream(const float* iq, const float* wts, const int32_t* row_l
 
 bool index_scores_mma_supported(int nh, int hd) { return hd == kHD && nh >= 1 && nh <= kMmaMaxHeads; }
 
+namespace {
+int& index_wgmma_choice() {
+    static int on = [] {
+        const char* m = std::getenv("PEREGRINE_INDEX_GEMM");
+        return m && std::strcmp(m, "mma") == 0 ? 0 : 1;
+    }();
+    return on;
+}
+}  // namespace
+
+void index_scores_use_wgmma(bool on) { index_wgmma_choice() = on ? 1 : 0; }
+
 void index_scores_mma(const uint16_t* qb, const float* wts, int nh, const int64_t* tiles, int n_tiles,
                       const uint16_t* kb, const int64_t* visible, int64_t stride, float* scores) {
     if (n_tiles == 0 || stride == 0) return;
+    if (index_wgmma_choice() && index_scores_wgmma_supported(nh, kHD))
+        return index_scores_wgmma(qb, wts, nh, tiles, n_tiles, kb, visible, stride, scores);
     if (!index_scores_mma_supported(nh, kHD) || n_tiles > 65535)
         cuda_fail(cudaErrorInvalidValue, "index_scores_mma: unsupported shape", __FILE__, __LINE__);
     static bool configured = false;

@@ -271,8 +271,13 @@ void index_scores_stream(const float* iq, const float* wts, const int32_t* row_l
 bool index_scores_mma_supported(int nh, int hd);
 // Tensor-core scoring of query tiles that share their keys: tiles [n_tiles][4] int64 = (first row, rows
 // <= 64, first key in kb, keys of the sequence); qb bf16 [T, nh, 128]; kb bf16 [*, 128].
+// Runs index_wgmma.cu's wgmma kernel (the default; `PEREGRINE_INDEX_GEMM=mma` or a test picks mma.sync).
 void index_scores_mma(const uint16_t* qb, const float* wts, int nh, const int64_t* tiles, int n_tiles,
                       const uint16_t* kb, const int64_t* visible, int64_t stride, float* scores);
+void index_scores_use_wgmma(bool on);
+bool index_scores_wgmma_supported(int nh, int hd);
+void index_scores_wgmma(const uint16_t* qb, const float* wts, int nh, const int64_t* tiles, int n_tiles,
+                        const uint16_t* kb, const int64_t* visible, int64_t stride, float* scores);
 void to_bf16(const float* x, int64_t n, uint16_t* y);
 // out[i, :] = bf16 of the values of entry keys[i] (format kf, kf.dim values) for i < n.
 void gather_keys_bf16(const uint8_t* const* keys, int64_t n, const EntryFormat& kf, uint16_t* out);

@@ -12,10 +12,13 @@
 #include "ops/cuda/fp4_f16.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/moe_gemm_fp4_common.cuh"
+#include "ops/cuda/wgmma.cuh"
 
 namespace peregrine::cuda::fp4g {
 
 namespace {
+
+using namespace wgmma;
 
 constexpr int kThreads = 256;                 // two warpgroups
 constexpr int kTok = kBM;                     // token rows per block: the wgmma N
@@ -28,23 +31,6 @@ constexpr int kSStage = kRows * 4;            // a scale word a row: the 4 ue8m0
 constexpr int kStage = kBStage + kCStage + kSStage;
 constexpr int kSmem = kStages * kStage + 1024;  // + alignment of the first stage to 1024 bytes
 static_assert(kStage % 1024 == 0, "every stage's token tile starts on a swizzle atom");
-
-// Shared-memory matrix descriptor of a K-major bf16 tile in the 128-byte swizzle: rows of 128 bytes, atoms
-// of 8 rows (1024 bytes, the stride between 8-row groups); the leading offset is unused in this layout.
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
-    return static_cast<uint64_t>((addr & 0x3ffff) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
-           (uint64_t(1) << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-
-// Keeps the accumulators where the tensor cores wrote them until the wait (no early reads).
-__device__ __forceinline__ void hold(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
 // d (m64 x n64, fp32) += A (m64 x k16 bf16, registers) * B (k16 x n64 bf16, shared memory, K-major).
 __device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
@@ -91,7 +77,7 @@ __global__ void __launch_bounds__(kThreads, 2) fp4_wgmma_kernel(GemmArgs g) {
         const int r = (tid >> 3) + 32 * i, ch = tid & 7;
         tbytes[i] = r < rows ? 16 : 0;
         tsrc[i] = g.a + static_cast<int64_t>(row0 + (r < rows ? r : 0)) * K + ch * 8;
-        tdst[i] = r * 128 + ((ch ^ (r & 7)) << 4);
+        tdst[i] = sw128_offset(r, ch);
     }
     const uint8_t* csrc[2];
     for (int i = 0; i < 2; ++i) {
@@ -172,7 +158,7 @@ __global__ void __launch_bounds__(kThreads, 2) fp4_wgmma_kernel(GemmArgs g) {
     uint32_t frag[2][4][4];
     for (int kt = 0; kt < KT; ++kt) {
         cp_async_wait<kAhead - 1>();
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async writes -> the tensor cores
+        proxy_fence();
         __syncthreads();
         if (kt + kAhead < KT) load(kt + kAhead, (kt + kAhead) % kStages);
         cp_async_commit();

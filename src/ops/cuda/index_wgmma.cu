@@ -1,0 +1,187 @@
+// Prefill indexer scoring on Hopper's warpgroup MMA: the same contract and rounding points as index_mma_kernel
+// (index_fast.cu): per head bf16(q.k), relu, x weight, bf16, summed over heads in head order in fp32, bf16.
+// A block scores 64 query rows against 256 keys: the keys' bf16 tile stays in shared memory and each of the two
+// warpgroups runs m64 n128 k16 wgmmas (queries x its 128 keys, both operands from shared memory in the 128-byte
+// swizzle), streaming the heads' query tiles through its own two buffers and syncing only within itself (named
+// barriers), so that one warpgroup folds a head into its scores while the other's MMAs run. (Overlapping within
+// a warpgroup, head h + 1's MMAs in flight while head h is folded, made ptxas serialise every wgmma.)
+#include "ops/cuda/device_math.cuh"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/launch_check.h"
+#include "ops/cuda/wgmma.cuh"
+
+#include <cuda_bf16.h>
+
+namespace peregrine::cuda {
+
+namespace {
+
+using namespace wgmma;
+
+constexpr int kT = 64, kKeys = 256, kHD = 128, kWgThreads = 256, kMaxHeads = 64;
+constexpr int kKBytes = kKeys * kHD * 2;  // [2 halves of 64 dims][256 rows][128 B]
+constexpr int kQBytes = kT * kHD * 2;     // [2 halves][64 rows][128 B], two buffers per warpgroup
+constexpr int kSmem = 1024 + kKBytes + 4 * kQBytes + kMaxHeads * kT * 4 + kT * 8;
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// round_bf16 of both, as one packed conversion (the conversion pipe, a sixteenth of the FP32 rate, bounds the
+// per-head fold otherwise).
+__device__ __forceinline__ void round_bf16_pair(float& x, float& y) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(x, y);
+    uint32_t u;
+    memcpy(&u, &p, 4);
+    x = __uint_as_float(u << 16);
+    y = __uint_as_float(u & 0xffff0000u);
+}
+
+// d (m64 x n128, fp32) = A (m64 x k16) B^T (+ d when ACC), both bf16 K-major tiles in shared memory.
+template <int ACC>
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b) {
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
+        "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "%64, %65, %66, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+          "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+          "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a), "l"(b), "n"(ACC));
+}
+
+// tiles[4 * y] = (first row, rows <= kT, first key in kb, keys of the sequence); x: key tile of 256.
+__global__ void __launch_bounds__(kWgThreads, 1) index_wgmma_kernel(const __nv_bfloat16* qb, const float* wts, int nh,
+                                                                  const int64_t* tiles, const __nv_bfloat16* kb,
+                                                                  const int64_t* visible, int64_t stride,
+                                                                  float* scores) {
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t* sm = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+    const uint32_t ks = static_cast<uint32_t>(__cvta_generic_to_shared(sm)), qs = ks + kKBytes;
+    float* Ws = reinterpret_cast<float*>(sm + kKBytes + 4 * kQBytes);  // [nh][kT]
+    int64_t* Lim = reinterpret_cast<int64_t*>(Ws + kMaxHeads * kT);    // per row: min(width, visible)
+    const int64_t* td = tiles + 4 * static_cast<int64_t>(blockIdx.y);
+    const int64_t row0 = td[0], kbase = td[2], width = td[3];
+    const int nrows = static_cast<int>(td[1]);
+    const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kKeys;
+    if (j0 >= stride) return;
+    const int tid = threadIdx.x;
+    for (int r = tid; r < kT; r += kWgThreads) Lim[r] = r < nrows ? min(width, visible[row0 + r]) : 0;
+    __syncthreads();
+    int64_t lim_max = 0;
+    for (int r = 0; r < nrows; ++r) lim_max = max(lim_max, Lim[r]);
+    const int64_t jend = min(stride, j0 + kKeys);
+    if (j0 >= lim_max) {  // nothing visible in this tile
+        for (int i = tid; i < nrows * kKeys; i += kWgThreads) {
+            const int64_t j = j0 + i % kKeys;
+            if (j < jend) scores[(row0 + i / kKeys) * stride + j] = -INFINITY;
+        }
+        return;
+    }
+    // 16-byte chunk c of a 256-byte row goes to half c / 8 of the tile, chunk c % 8 of the row there.
+    for (int i = tid; i < kKeys * 16; i += kWgThreads) {
+        const int r = i >> 4, c = i & 15;
+        const int64_t j = j0 + r;
+        const bool ok = j < width;
+        cp_async16(ks + (c >> 3) * (kKeys * 128) + sw128_offset(r, c & 7), ok ? kb + (kbase + j) * kHD + c * 8 : kb,
+                   ok ? 16 : 0);
+    }
+    cp_async_commit();
+    for (int i = tid; i < nh * kT; i += kWgThreads) {
+        const int h = i / kT, r = i % kT;
+        Ws[i] = r < nrows ? wts[(row0 + r) * nh + h] : 0.0f;
+    }
+    const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3, g = lane >> 2, t = lane & 3;
+    const int wt = tid & 127;                                      // thread in the warpgroup
+    const uint32_t kt_base = ks + wg * (128 * 128);                // this warpgroup's 128 keys in each half
+    const uint32_t q_base = qs + wg * 2 * kQBytes;                 // this warpgroup's two query buffers
+    auto load_q = [&](int h) {
+        const uint32_t dst = q_base + (h & 1) * kQBytes;
+        for (int i = wt; i < kT * 16; i += 128) {
+            const int r = i >> 4, c = i & 15;
+            const bool ok = r < nrows;
+            cp_async16(dst + (c >> 3) * (kT * 128) + sw128_offset(r, c & 7),
+                       ok ? qb + ((row0 + r) * nh + h) * kHD + c * 8 : qb, ok ? 16 : 0);
+        }
+        cp_async_commit();
+    };
+    load_q(0);
+    cp_async_wait_all();  // the keys (every thread's share) and this warpgroup's first queries
+    proxy_fence();
+    __syncthreads();
+
+    float acc[64], d[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    for (int h = 0; h < nh; ++h) {
+        if (h > 0) {  // head h's queries, copied by this warpgroup during head h - 1
+            cp_async_wait_all();
+            proxy_fence();
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+        }
+        if (h + 1 < nh) load_q(h + 1);  // into the buffer head h - 1 read; its MMAs are done (waited below)
+        const uint32_t qa = q_base + (h & 1) * kQBytes;
+        wgmma_fence();
+        wgmma_ss<0>(d, desc_sw128(qa), desc_sw128(kt_base));
+#pragma unroll
+        for (int s = 1; s < 8; ++s)
+            wgmma_ss<1>(d, desc_sw128(qa + (s >> 2) * (kT * 128) + (s & 3) * 32),
+                        desc_sw128(kt_base + (s >> 2) * (kKeys * 128) + (s & 3) * 32));
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 64; ++i) hold(d[i]);
+        // d[4j + e]: query row wq*16 + g + 8*(e >> 1), key wg*128 + 8j + 2t + (e & 1).
+        const float wa = Ws[h * kT + wq * 16 + g], wb = Ws[h * kT + wq * 16 + g + 8];
+#pragma unroll
+        for (int i = 0; i < 64; i += 2) {  // columns i, i + 1 share their row
+            const float w = (i & 2) ? wb : wa;
+            float x = d[i], y = d[i + 1];
+            round_bf16_pair(x, y);
+            x = fmaxf(x, 0.0f) * w;
+            y = fmaxf(y, 0.0f) * w;
+            round_bf16_pair(x, y);
+            acc[i] += x;
+            acc[i + 1] += y;
+        }
+        // The barrier at the top of head h + 1 then tells every thread of this warpgroup that these MMAs are done.
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+        const int r = wq * 16 + g + ((i & 2) ? 8 : 0);
+        const int64_t j = j0 + wg * 128 + 8 * (i >> 2) + 2 * t + (i & 1);
+        if (r < nrows && j < jend) scores[(row0 + r) * stride + j] = j < Lim[r] ? round_bf16(acc[i]) : -INFINITY;
+    }
+}
+
+}  // namespace
+
+bool index_scores_wgmma_supported(int nh, int hd) { return hd == kHD && nh >= 1 && nh <= kMaxHeads; }
+
+void index_scores_wgmma(const uint16_t* qb, const float* wts, int nh, const int64_t* tiles, int n_tiles,
+                        const uint16_t* kb, const int64_t* visible, int64_t stride, float* scores) {
+    if (n_tiles == 0 || stride == 0) return;
+    if (!index_scores_wgmma_supported(nh, kHD) || n_tiles > 65535)
+        cuda_fail(cudaErrorInvalidValue, "index_scores_wgmma: unsupported shape", __FILE__, __LINE__);
+    static bool configured = [] {
+        PG_CUDA(cudaFuncSetAttribute(index_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+        return true;
+    }();
+    (void)configured;
+    const dim3 grid(static_cast<unsigned>((stride + kKeys - 1) / kKeys), static_cast<unsigned>(n_tiles));
+    index_wgmma_kernel<<<grid, kWgThreads, kSmem>>>(reinterpret_cast<const __nv_bfloat16*>(qb), wts, nh, tiles,
+                                                  reinterpret_cast<const __nv_bfloat16*>(kb), visible, stride, scores);
+    PG_LAUNCHED();
+}
+
+}  // namespace peregrine::cuda

@@ -32,8 +32,7 @@ constexpr int kStage = kAStage + kWStage + kSStage;
 // The code-pair table, 16 copies interleaved so that lane l reads copy l % 16: random code bytes across a
 // warp then cost at most two shared-memory wavefronts instead of ~3.5 (bank conflicts).
 constexpr int kLutCopies = 16;
-constexpr int kLutBytes = 256 * kLutCopies * 4;
-constexpr int kSmem = kStages * kStage + kLutBytes;  // 97,792 bytes: two blocks per SM
+constexpr int kSmem = kStages * kStage + 256 * kLutCopies * 4;  // 97,792 bytes: two blocks per SM
 static_assert(kStage % 16 == 0, "stages stay 16-byte aligned");
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
@@ -61,14 +60,6 @@ __device__ __forceinline__ uint32_t e2m1_bf16(uint32_t code) {
 __device__ __forceinline__ uint32_t scale_bf16x2(uint32_t s) {
     const uint32_t b = s == 0 ? 0x40u : s << 7;
     return b | (b << 16);
-}
-
-// lut[b * kLutCopies + c] = the bf16x2 of code byte b (low nibble: the even k).
-__device__ __forceinline__ void fill_code_table(uint32_t* lut, int tid, int threads) {
-    for (int i = tid; i < 256 * kLutCopies; i += threads) {
-        const int b = i / kLutCopies;
-        lut[i] = e2m1_bf16(b & 15) | (e2m1_bf16(b >> 4) << 16);
-    }
 }
 
 // Sorted row tiles of at most kBM rows, one expert each, from the routing's tiles (rows of an expert are
@@ -146,7 +137,10 @@ __global__ void __launch_bounds__(kGemmThreads) fp4_grouped_kernel(GemmArgs g) {
     extern __shared__ __align__(16) uint8_t smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     uint32_t* lut = reinterpret_cast<uint32_t*>(smem + kStages * kStage);
-    fill_code_table(lut, tid, kGemmThreads);
+    for (int i = tid; i < 256 * kLutCopies; i += kGemmThreads) {
+        const int b = i / kLutCopies;
+        lut[i] = e2m1_bf16(b & 15) | (e2m1_bf16(b >> 4) << 16);
+    }
     const uint32_t* my_lut = lut + (threadIdx.x & (kLutCopies - 1));
     if (static_cast<int>(blockIdx.y) >= *g.n_tiles) return;
     const int4 tile = g.tiles[blockIdx.y];

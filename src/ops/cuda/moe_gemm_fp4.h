@@ -1,10 +1,10 @@
 #pragma once
-// Routed FP4 expert GEMMs that read the packed e2m1 weights directly (moe_gemm_fp4.cu): tensor-core
-// mma.sync bf16 with fp32 accumulation, the weights dequantised exactly on their way into the fragments, no
-// host synchronisation. Same contract as the routed linear_tiled call (rows of pair p = row_map order of the
-// routing; output row p rounded to bf16), with the activation row of pair p read at x[p / div] (div = top-k
-// lets the experts read the token rows without a per-pair copy; div = 1 for pair rows). E: the experts of the
-// layer (ids in the routing are < E).
+// Routed FP4 expert GEMMs that read the packed e2m1 weights directly (moe_gemm_fp4_wgmma.cu on wgmma, or
+// moe_gemm_fp4.cu on mma.sync): bf16 tensor cores with fp32 accumulation, the weights dequantised exactly on
+// their way into the fragments, no host synchronisation. Same contract as the routed linear_tiled call (rows
+// of pair p = row_map order of the routing; output row p rounded to bf16), with the activation row of pair p
+// read at x[p / div] (div = top-k lets the experts read the token rows without a per-pair copy; div = 1 for
+// pair rows). E: the experts of the layer (ids in the routing are < E).
 #include "ops/cuda/kernels.h"
 
 namespace peregrine::cuda {

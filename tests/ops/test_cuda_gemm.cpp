@@ -61,8 +61,9 @@ void random_bytes(std::vector<uint8_t>& v, uint64_t seed, bool fp8) {
         }
     }
 }
-void random_scales(std::vector<uint8_t>& v, uint64_t seed) {
-    for (auto& b : v) b = static_cast<uint8_t>(120 + splitmix(seed) % 8);
+// ue8m0 scales in lo .. lo + span - 1 (2^-7 .. 2^0 by default).
+void random_scales(std::vector<uint8_t>& v, uint64_t seed, int lo = 120, int span = 8) {
+    for (auto& b : v) b = static_cast<uint8_t>(lo + static_cast<int>(splitmix(seed) % static_cast<uint64_t>(span)));
 }
 
 // One weight matrix in a checkpoint format: kind 0 F32 (stored f32 or bf16), 1 BF16, 2 FP8, 3 FP4.
@@ -70,7 +71,7 @@ struct Weight {
     std::shared_ptr<void> w, s;
     LinearDev d;
 };
-Weight make_weight(int kind, bool w_bf16, int K, int N, uint64_t seed) {
+Weight make_weight(int kind, bool w_bf16, int K, int N, uint64_t seed, int scale_lo = 120, int scale_span = 8) {
     Weight r;
     r.d.kind = kind;
     r.d.in = K;
@@ -93,7 +94,7 @@ Weight make_weight(int kind, bool w_bf16, int K, int N, uint64_t seed) {
         r.w = upload_bytes(v.data(), v.size());
         std::vector<uint8_t> s(kind == 2 ? static_cast<size_t>((N + kBlock - 1) / kBlock) * ((K + kBlock - 1) / kBlock)
                                          : n / 32);
-        random_scales(s, seed + 1);
+        random_scales(s, seed + 1, scale_lo, scale_span);
         r.s = upload_bytes(s.data(), s.size());
     }
     r.d.w = r.w.get();
@@ -212,11 +213,11 @@ struct Experts {
     ExpertTable t;
     LinearDev d;  // the shared shape
 };
-Experts make_experts(int kind, int E, int K, int N, uint64_t seed) {
+Experts make_experts(int kind, int E, int K, int N, uint64_t seed, int scale_lo = 120, int scale_span = 8) {
     Experts x;
     std::vector<const void*> ptrs(2 * static_cast<size_t>(E));
     for (int e = 0; e < E; ++e) {
-        x.each.push_back(make_weight(kind, false, K, N, seed + 7919 * e));
+        x.each.push_back(make_weight(kind, false, K, N, seed + 7919 * e, scale_lo, scale_span));
         ptrs[e] = x.each.back().d.w;
         ptrs[E + e] = x.each.back().d.scale;
     }
@@ -327,6 +328,24 @@ TEST(CudaGemm, RoutedExpertsFastMatchExact) {
                         linear_cublas_grouped() ? "used" : ("rejected: " + linear_cublas_grouped_error()).c_str());
     }
     linear_cublas_use_grouped(true);
+    fp4_grouped_use_wgmma(true);
+}
+
+// FP4 scales above 2^1 (e > 128) take a second exact multiply in the wgmma kernel: experts with e in 120..140
+// (both paths inside one warp's rows) and in 129..140, through both grouped kernels, against the exact kernel.
+TEST(CudaGemm, RoutedExpertsLargeScalesMatchExact) {
+    REQUIRE_GPU();
+    const int E = 16;
+    uint64_t seed = 1300;
+    for (int lo : {120, 129}) {
+        const Experts ex = make_experts(3, E, 512, 512, seed++, lo, 141 - lo);
+        const auto sel = selection(1024, kTopK, E, false);
+        for (bool wgmma : {false, true}) {
+            fp4_grouped_use_wgmma(wgmma);
+            check_routed(ex, sel, E, routing_tile_rows(static_cast<int64_t>(sel.size()), E), seed++,
+                         "experts fp4 512->512 scales 2^" + std::to_string(lo - 127) + "..2^13", true);
+        }
+    }
     fp4_grouped_use_wgmma(true);
 }
 

@@ -1,21 +1,13 @@
 #pragma once
 // Pieces shared by the decode GEMV kernels (linear_gemv.cu, linear_gemv_mma.cu): asynchronous global ->
-// shared copies, the exact e2m1 -> e4m3 re-encoding, and the split-K scratch.
+// shared copies (cp_async.cuh), the exact e2m1 -> e4m3 re-encoding, and the split-K scratch.
+#include "ops/cuda/cp_async.cuh"
+
 #include <cuda_runtime.h>
 #include <cstddef>
 #include <cstdint>
 
 namespace peregrine::cuda {
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 // Eight e2m1 nibbles (low nibble first: k0..k7) as eight e4m3 bytes, k0..k3 in lo and k4..k7 in hi. An e2m1
 // nibble s.ee.m placed as the e4m3 byte s.0 0ee.m00 is exactly its value x 2^-6 (normal and subnormal alike).

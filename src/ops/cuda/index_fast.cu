@@ -18,6 +18,7 @@
 // warp-aggregated shared atomics (bf16 scores pile up in few bins), stopping early once the k-th value's bin
 // is taken whole, then one counting pass and one ordered write pass per warp-contiguous chunk (ballots).
 // The selected set and order are the exact kernels' (ties to the lower index), so only scoring differs.
+#include "ops/cuda/cp_async.cuh"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
@@ -111,16 +112,6 @@ __global__ void __launch_bounds__(kStreamThreads) index_stream_kernel(
 constexpr int kBT = 64, kBN = 128, kHD = 128, kRowE = kHD + 8;  // smem rows padded by 16 B: no bank conflicts
 constexpr int kMmaThreads = 256, kMmaMaxHeads = 64;
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
-    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    const int n = valid ? 16 : 0;  // 0: zero-fill
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 __device__ __forceinline__ uint32_t lds32(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -167,14 +158,14 @@ __global__ void __launch_bounds__(kMmaThreads) index_mma_kernel(const __nv_bfloa
         const int r = i / (kHD / 8), ch = i % (kHD / 8);
         const int64_t j = j0 + r;
         const bool ok = j < width;
-        cp_async16(Ks + r * kRowE + ch * 8, ok ? kb + (kbase + j) * kHD + ch * 8 : kb, ok);
+        cp_async16(Ks + r * kRowE + ch * 8, ok ? kb + (kbase + j) * kHD + ch * 8 : kb, ok ? 16 : 0);
     }
     auto load_q = [&](int h, int buf) {
         __nv_bfloat16* dst = Qs + buf * kBT * kRowE;
         for (int i = tid; i < kBT * (kHD / 8); i += blockDim.x) {
             const int r = i / (kHD / 8), ch = i % (kHD / 8);
             const bool ok = r < nrows;
-            cp_async16(dst + r * kRowE + ch * 8, ok ? qb + ((row0 + r) * nh + h) * kHD + ch * 8 : qb, ok);
+            cp_async16(dst + r * kRowE + ch * 8, ok ? qb + ((row0 + r) * nh + h) * kHD + ch * 8 : qb, ok ? 16 : 0);
         }
     };
     load_q(0, 0);

@@ -5,6 +5,7 @@
 // swizzle), streaming the heads' query tiles through its own two buffers and syncing only within itself (named
 // barriers), so that one warpgroup folds a head into its scores while the other's MMAs run. (Overlapping within
 // a warpgroup, head h + 1's MMAs in flight while head h is folded, made ptxas serialise every wgmma.)
+#include "ops/cuda/cp_async.cuh"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
@@ -22,12 +23,6 @@ constexpr int kT = 64, kKeys = 256, kHD = 128, kWgThreads = 256, kMaxHeads = 64;
 constexpr int kKBytes = kKeys * kHD * 2;  // [2 halves of 64 dims][256 rows][128 B]
 constexpr int kQBytes = kT * kHD * 2;     // [2 halves][64 rows][128 B], two buffers per warpgroup
 constexpr int kSmem = 1024 + kKBytes + 4 * kQBytes + kMaxHeads * kT * 4 + kT * 8;
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 // round_bf16 of both, as one packed conversion (the conversion pipe, a sixteenth of the FP32 rate, bounds the
 // per-head fold otherwise).
@@ -116,7 +111,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) index_wgmma_kernel(const __nv_b
         cp_async_commit();
     };
     load_q(0);
-    cp_async_wait_all();  // the keys (every thread's share) and this warpgroup's first queries
+    cp_async_wait<0>();  // the keys (every thread's share) and this warpgroup's first queries
     proxy_fence();
     __syncthreads();
 
@@ -125,7 +120,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) index_wgmma_kernel(const __nv_b
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
     for (int h = 0; h < nh; ++h) {
         if (h > 0) {  // head h's queries, copied by this warpgroup during head h - 1
-            cp_async_wait_all();
+            cp_async_wait<0>();
             proxy_fence();
             asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
         }

@@ -1,7 +1,8 @@
 #pragma once
 // What the two grouped FP4 expert kernels share (moe_gemm_fp4.cu: mma.sync; moe_gemm_fp4_wgmma.cu: wgmma):
-// their arguments, cp.async, the exact bf16x2 multiply by a power-of-two scale, and the gated epilogue's
+// their arguments, the exact bf16x2 multiply by a power-of-two scale, and the gated epilogue's
 // arithmetic.
+#include "ops/cuda/cp_async.cuh"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/fp4_f16.h"
 #include "ops/cuda/kernels.h"
@@ -13,25 +14,6 @@
 namespace peregrine::cuda::fp4g {
 
 constexpr int kBM = 64;  // sorted rows (pairs of one expert) per row tile
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
-}
-
-__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
     __nv_bfloat162 x, y;

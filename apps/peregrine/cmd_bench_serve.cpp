@@ -30,7 +30,7 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--warmup-requests", o->warmup_requests)->check(CLI::Range(0, 1 << 20));
     cmd->add_option("--seed", o->seed);
     cmd->add_option("--output-file", *out, "Write the report as JSON");
-    cmd->callback([o, out, &exit_code] {
+    cmd->callback([o, out, dataset, &exit_code] {  // holds `dataset`, which the option writes into
         auto rep = run_bench_serve(*o);
         std::fputs(bench_serve_table(rep).c_str(), stdout);
         if (!out->empty()) {

@@ -311,7 +311,7 @@ def test_preemption_under_tiny_kv_memory_loses_nothing(server):
 
 def test_bench_serve_reports_sglang_metrics(server, tmp_path):
     out = tmp_path / "bench.json"
-    r = subprocess.run([BIN, "bench", "serve", "--url", server.url, "--input-len", "24", "--output-len", "6",
+    r = subprocess.run([BIN, "bench", "serve", "--url", server.url, "--dataset", "random", "--input-len", "24", "--output-len", "6",
                         "--num-prompts", "8", "--max-concurrency", "4", "--output-file", str(out)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -194,8 +194,8 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const StateLayout& layout, Engr
     PG_CUDA(cudaSetDevice(gpu_));
     if (const char* g = std::getenv("PEREGRINE_CUDA_GRAPHS")) {
         const std::string v = g;
-        if (v == "1") graphs_ = true;
-        else if (v != "0") fail("PEREGRINE_CUDA_GRAPHS='{}': expected 0 or 1", v);
+        if (v == "0") graphs_ = false;
+        else if (v != "1") fail("PEREGRINE_CUDA_GRAPHS='{}': expected 0 or 1", v);
     }
     if (const char* v = std::getenv("PEREGRINE_HC_SMALL")) hc_small_ = std::strcmp(v, "0") != 0;  // A/B switch
     if (const char* n = std::getenv("PEREGRINE_CUDA_NUMERICS")) {

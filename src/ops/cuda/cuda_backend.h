@@ -97,7 +97,7 @@ public:
     // Bound on the indexer's score matrix per chunk of query rows (default 256 MiB); tests shrink it to check
     // that the chunking changes nothing.
     void set_index_score_bytes(int64_t bytes) { index_score_bytes_ = bytes; }
-    // CUDA graphs (env PEREGRINE_CUDA_GRAPHS=1 at construction, or this call): a layer's MoE block at a batch
+    // CUDA graphs (on unless env PEREGRINE_CUDA_GRAPHS=0 at construction; or this call): a layer's MoE block at a batch
     // of graph_bucket() rows (decode sizes) is captured into a graph after one eager run at that size and
     // replayed from then on (cuda_graphs.cpp). Same kernels on the same inputs: results are bit-identical.
     // Each graph keeps its temporaries' memory, hence the buckets: 1-8, 12, 16, 24, 32 rows.
@@ -166,7 +166,7 @@ private:
     // Destroys every graph (after the device is idle).
     void drop_graphs();
     struct MoeGraph;
-    bool graphs_ = false;
+    bool graphs_ = true;
     double host_wait_ms_ = 0;
     int64_t graph_replays_ = 0, graph_captures_ = 0;
     std::map<std::pair<const void*, int64_t>, std::shared_ptr<MoeGraph>> moe_graphs_;

@@ -32,7 +32,7 @@ struct ServeArgs {
     int port = 30000, max_running = 64, max_queued = 1024, chunked_prefill = 512, page_tokens = 16, dp = 1, ep = 1;
     ExpertParallelOptions ep_opts;
     int64_t context_length = 0, default_max_tokens = 0;
-    bool disable_radix_cache = false, enable_thinking = false;
+    bool disable_radix_cache = false, enable_thinking = false, disable_overlap_schedule = false;
 };
 
 int64_t host_available_bytes() {
@@ -149,6 +149,7 @@ int run_serve(ServeArgs& a) {
     eo.kv_pages = pages;
     eo.radix_cache = !a.disable_radix_cache;
     eo.context_length = a.context_length;
+    if (a.disable_overlap_schedule) eo.overlap_schedule = 0;
     Engine engine(group.ranks(), &*tok, eo);
     progress.done();
     progress.begin("http server");
@@ -173,7 +174,7 @@ int run_serve(ServeArgs& a) {
                  "  chat       %s\n"
                  "  parallel   %s\n"
                  "  kv memory  %lld pages x %d tokens = %lld tokens (%.1f MiB) per rank, prefix cache %s\n"
-                 "  scheduler  context %lld, max running %d, max queued %d, chunked prefill %d\n"
+                 "  scheduler  context %lld, max running %d, max queued %d, chunked prefill %d, overlap schedule %s\n"
                  "  loaded in %.2f s\n",
                  ao.served_model_name.c_str(), cfg.is_v41() ? "DeepSeek-V4.1" : "DeepSeek-V4", cfg.n_layers, cfg.dim,
                  cfg.vocab_size, tok_source.c_str(), std::string(chat_format_name(ao.chat_format)).c_str(),
@@ -181,7 +182,8 @@ int run_serve(ServeArgs& a) {
                  static_cast<long long>(pages), model->layout().page_tokens, static_cast<long long>(engine.kv_tokens()),
                  static_cast<double>(pages * static_cast<int64_t>(model->layout().page_bytes)) / (1 << 20),
                  eo.radix_cache ? "on" : "off", static_cast<long long>(engine.context_length()), a.max_running, a.max_queued,
-                 a.chunked_prefill, secs);
+                 a.chunked_prefill,
+                 eo.overlap_schedule != 0 && a.dp == 1 && model->backend().sample_async() ? "on" : "off", secs);
     std::printf("peregrine serve: listening on http://%s:%d\n", a.host.c_str(), port);
     std::fflush(stdout);
     std::atomic<bool> finished{false};
@@ -225,6 +227,9 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY'");
     cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error");
     cmd->add_flag("--disable-radix-cache", a->disable_radix_cache, "No prefix cache");
+    cmd->add_flag("--disable-overlap-schedule", a->disable_overlap_schedule,
+                  "Wait for each step's tokens before building the next (by default, with cuda, the next step is "
+                  "enqueued while the GPU runs the current one)");
     cmd->add_flag("--enable-thinking", a->enable_thinking, "Chat requests think unless they say otherwise");
     cmd->add_option("--device", a->device, "cpu or cuda");
     cmd->add_option("--dp", a->dp, "Data-parallel attention ranks (with cuda: GPUs 0..N-1), each with its own requests and KV")

@@ -10,6 +10,7 @@
 #include <deque>
 #include <list>
 #include <mutex>
+#include <optional>
 
 namespace peregrine {
 
@@ -27,7 +28,7 @@ struct EngineRequest {
     uint64_t id = 0;
     std::shared_ptr<RequestStream> stream;
     GenerationParams params;
-    std::vector<int32_t> seq;  // prompt, then every sampled token (the last one not yet fed)
+    std::vector<int32_t> seq;  // prompt, then every sampled token on the host (the last one not yet fed)
     int64_t prompt_len = 0;
     int64_t completion = 0;  // sampled tokens, EOS / stop ids included
     Phase phase = Phase::queued;
@@ -44,12 +45,22 @@ struct EngineRequest {
     PenaltyState penalties;
     TextStream text;
 
+    // The overlapped schedule: tokens sampled by launched steps whose ids are not on the host yet (0-2); the
+    // row of the latest launch's samples that is this request's (its next input, as a deferred id); the
+    // position of its state's token history holding a deferred id (-1: none), set right when the id arrives.
+    int pending = 0;
+    int sample_row = -1;
+    int64_t deferred_pos = -1;
+
     Clock::time_point arrival, last_token;
     bool got_first = false;
 
     EngineRequest(const Tokenizer* tok, GenerationParams p)
         : params(std::move(p)), sampler(params.sampling), text(tok, params.stop, params.skip_special_tokens) {}
-    int64_t to_feed() const { return static_cast<int64_t>(seq.size()) - state.n_cached; }
+    int64_t to_feed() const { return static_cast<int64_t>(seq.size()) + pending - state.n_cached; }
+    // Whether the overlapped schedule may sample it: its logits need no host code and its penalties no
+    // knowledge of the tokens still on their way.
+    bool overlappable() const { return !params.processor && !params.sampling.has_penalties(); }
 };
 
 struct Engine::Impl {
@@ -140,6 +151,7 @@ struct Engine::Impl {
         }
         r.locked = nullptr;
         r.shared_pages = 0;
+        r.deferred_pos = -1;
         s.pages.clear();
         s.tokens.clear();
         s.n_cached = 0;
@@ -228,7 +240,11 @@ struct Engine::Impl {
                 if (idle && !ep) cv.wait(lk, ready);
                 else if (idle) cv.wait_for(lk, std::chrono::milliseconds(1), ready);
                 stopping = stop;
-                if (stop && !ep) return;
+                if (stop && !ep) {
+                    lk.unlock();
+                    drop_launched();
+                    return;
+                }
                 wake = false;
                 while (!incoming.empty()) {
                     waiting.push_back(std::move(incoming.front()));
@@ -243,6 +259,7 @@ struct Engine::Impl {
                 step();
             } catch (const std::exception& e) {
                 spdlog::error("engine step failed: {}", e.what());
+                drop_launched();
                 auto all = std::vector<std::shared_ptr<EngineRequest>>(running.begin(), running.end());
                 for (auto& r : all) finish(r, FinishReason::error, r->text.flush(), {}, e.what());
                 if (ep) {  // the other ranks wait in this step's exchanges: the group cannot go on
@@ -312,6 +329,87 @@ struct Engine::Impl {
         if (model.expert_parallel()) model.idle_step();
     }
 
+    // A step whose samples are on their way (the overlapped schedule): its sampled requests in sample-row order
+    // and the requests it fed, whose completed pages join the prefix cache once their ids are known.
+    struct Launched {
+        std::vector<std::shared_ptr<EngineRequest>> sampled, in_batch;
+    };
+    std::optional<Launched> launched;
+
+    bool overlap_on() const {
+        if (opts.overlap_schedule == 0 || model.expert_parallel()) return false;
+        if (opts.overlap_schedule < 0 && !model.backend().sample_async()) return false;
+        for (auto& r : running)
+            if (!r->overlappable()) return false;
+        return true;
+    }
+
+    uint64_t finish_launched() {
+        if (!launched) return 0;
+        Launched l = std::move(*launched);
+        launched.reset();
+        return take_samples(l);
+    }
+
+    // Takes step l's samples (the oldest the backend has started): patches the deferred ids that the step
+    // launched since (`fed`) left in token histories, lets both steps' completed pages join the prefix cache,
+    // and hands the tokens to their requests (which may finish them).
+    uint64_t take_samples(Launched& l, const std::vector<std::shared_ptr<EngineRequest>>& fed = {}) {
+        std::vector<SampleResult> res = model.backend().sample_finish();
+        PEREGRINE_CHECK(res.size() == l.sampled.size(), "{} samples for {} requests", res.size(), l.sampled.size());
+        for (size_t i = 0; i < res.size(); ++i) {
+            EngineRequest& r = *l.sampled[i];
+            --r.pending;
+            if (r.deferred_pos >= 0) {  // fed to the step launched since: its input was this sample
+                r.state.tokens.at(static_cast<size_t>(r.deferred_pos)) = res[i].id;
+                r.deferred_pos = -1;
+            }
+        }
+        extend_cache(l.in_batch);
+        extend_cache(fed);
+        const auto now = Clock::now();
+        uint64_t generated = 0;
+        for (size_t i = 0; i < res.size(); ++i) {
+            auto& r = l.sampled[i];
+            if (r->phase == EngineRequest::Phase::finished) continue;  // cancelled meanwhile
+            TokenOutput out;
+            out.id = res[i].id;
+            out.logprob = res[i].logprob;
+            out.top = std::move(res[i].top);
+            if (tok && tok->is_valid(out.id)) out.text = tok->token_bytes(out.id);
+            generated += deliver(r, std::move(out), now);
+        }
+        return generated;
+    }
+
+    // Drops the launched step's samples (shutdown, failures): the backend's queue of started samples stays in
+    // step with its callers.
+    void drop_launched() {
+        if (!launched) return;
+        for (auto& r : launched->sampled) r->pending = 0;
+        launched.reset();
+        try {
+            model.backend().sample_finish();
+        } catch (const std::exception& e) {
+            spdlog::error("dropping a launched step's samples: {}", e.what());
+        }
+    }
+
+    // Pages completed by the requests' fed tokens join the prefix cache at once, so concurrent requests with the
+    // same prefix (a shared system prompt) reuse them while these are still running.
+    void extend_cache(const std::vector<std::shared_ptr<EngineRequest>>& reqs) {
+        if (!cache) return;
+        for (auto& r : reqs) {
+            if (r->phase != EngineRequest::Phase::running || r->deferred_pos >= 0) continue;
+            int64_t full = std::min<int64_t>(r->state.n_cached / P, static_cast<int64_t>(r->state.pages.size()));
+            if (r->sharing_stopped || full <= r->shared_pages) continue;
+            const int64_t want = full;
+            r->locked = cache->extend(r->locked, r->state.tokens, r->state.pages, r->shared_pages, full);
+            r->shared_pages = full;
+            if (full < want) r->sharing_stopped = true;
+        }
+    }
+
     void step() {
         serve_flush();
         // Cancelled requests leave first, so their pages serve this very step.
@@ -336,9 +434,17 @@ struct Engine::Impl {
             --queued;
             running.push_back(r);
         }
-        if (running.empty()) return idle_step();
+        // Without the overlapped schedule this step, the launched one's tokens are needed first.
+        const bool overlap = overlap_on();
+        uint64_t generated = overlap ? 0 : finish_launched();
+        if (running.empty()) {
+            generated += finish_launched();
+            count_step(generated, false);
+            return idle_step();
+        }
 
-        // The batch: decodes first (one token each), then prefill chunks, within the token budget.
+        // The batch: decodes first (one token each), then prefill chunks, within the token budget. A token on its
+        // way is fed as a deferred id, unless it surely ends its request.
         std::vector<std::shared_ptr<EngineRequest>> order;
         for (auto& r : running)
             if (r->to_feed() == 1) order.push_back(r);
@@ -351,6 +457,9 @@ struct Engine::Impl {
         for (auto& r : order) {
             if (budget <= 0) break;
             if (r->phase != EngineRequest::Phase::running) continue;  // preempted by an earlier one
+            const int64_t known = static_cast<int64_t>(r->seq.size()), tokens = known + r->pending;
+            if (r->pending && (r->completion + r->pending >= r->params.max_new_tokens || tokens >= opts.context_length))
+                continue;
             const int take = static_cast<int>(std::min<int64_t>(r->to_feed(), budget));
             const int64_t start = r->state.n_cached;
             bool ok = ensure_pages(*r, start + take);
@@ -377,34 +486,51 @@ struct Engine::Impl {
             if (!ok) continue;
             const int row0 = batch.rows();
             batch.seqs.push_back({&r->state, start, take, row0});
-            batch.token_ids.insert(batch.token_ids.end(), r->seq.begin() + start, r->seq.begin() + start + take);
+            for (int64_t pos = start; pos < start + take; ++pos) {
+                if (pos < known) {
+                    batch.token_ids.push_back(r->seq[static_cast<size_t>(pos)]);
+                } else {
+                    batch.token_ids.push_back(Backend::deferred_id(r->sample_row));
+                    r->deferred_pos = pos;
+                }
+            }
             in_batch.push_back(r);
             budget -= take;
-            if (start + take == static_cast<int64_t>(r->seq.size())) {
+            if (start + take == tokens) {
                 logit_rows.push_back(row0 + take - 1);
                 sampled.push_back(r);
             }
         }
-        if (batch.seqs.empty()) return idle_step();
+        if (batch.seqs.empty()) {
+            generated += finish_launched();
+            count_step(generated, false);
+            return idle_step();
+        }
 
         // Where the backend samples on the device, the logits stay there and only the chosen ids come back;
         // rows with a logit processor (grammar masks, host code) copy just their own logits to the host.
         Backend& be = model.backend();
         const bool on_device = be.samples_on_device();
-        Tensor logits = model.forward(batch, logit_rows, !on_device);
-        // Pages completed in this step join the prefix cache at once, so concurrent requests with the same
-        // prefix (a shared system prompt) reuse them while this one is still running.
-        if (cache)
-            for (auto& r : in_batch) {
-                int64_t full = std::min<int64_t>(r->state.n_cached / P, static_cast<int64_t>(r->state.pages.size()));
-                if (r->sharing_stopped || full <= r->shared_pages) continue;
-                const int64_t want = full;
-                r->locked = cache->extend(r->locked, r->state.tokens, r->state.pages, r->shared_pages, full);
-                r->shared_pages = full;
-                if (full < want) r->sharing_stopped = true;
+        Tensor logits = model.forward(batch, logit_rows, !on_device && !overlap);
+        if (overlap) {
+            // This step's samples start; the previous step's arrive (the device runs this step meanwhile).
+            std::vector<SampleRow> rows;
+            for (size_t i = 0; i < sampled.size(); ++i) rows.push_back(sample_row(*sampled[i], static_cast<int>(i)));
+            be.sample_start(logits, rows);
+            for (size_t i = 0; i < sampled.size(); ++i) {
+                ++sampled[i]->pending;
+                sampled[i]->sample_row = static_cast<int>(i);
             }
+            std::optional<Launched> prev = std::move(launched);
+            launched = Launched{sampled, in_batch};
+            if (prev) generated += take_samples(*prev, in_batch);
+            else extend_cache(in_batch);
+            if (running.empty()) generated += finish_launched();  // every request ended: nothing to overlap with
+            count_step(generated, true, prev.has_value());
+            return;
+        }
+        extend_cache(in_batch);
         const auto now = Clock::now();
-        uint64_t generated = 0;
         std::vector<TokenOutput> chosen(sampled.size());
         std::vector<size_t> device_rows, host_rows;
         for (size_t i = 0; i < sampled.size(); ++i)
@@ -435,8 +561,14 @@ struct Engine::Impl {
             }
         });
         for (size_t i = 0; i < sampled.size(); ++i) generated += deliver(sampled[i], std::move(chosen[i]), now);
+        count_step(generated, true);
+    }
+
+    void count_step(uint64_t generated, bool stepped, bool overlapped = false) {
+        const auto now = Clock::now();
         std::lock_guard lk(stats_mu);
-        ++st.steps_total;
+        if (stepped) ++st.steps_total;
+        if (overlapped) ++st.steps_overlapped;
         tp_tokens += generated;
         const double window = seconds(now - tp_window);
         if (window >= 1.0) {
@@ -450,7 +582,7 @@ struct Engine::Impl {
     std::vector<LogitAdjust> adjustments(const EngineRequest& r) const {
         const auto& p = r.params;
         std::vector<int32_t> masked;
-        if (r.completion < p.min_new_tokens) {
+        if (r.completion + r.pending < p.min_new_tokens) {  // tokens on their way count
             const int32_t eos = model.config().eos_token_id;
             if (!p.ignore_eos && eos >= 0 && eos < vocab) masked.push_back(eos);
             masked.insert(masked.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());

@@ -22,6 +22,10 @@ struct EngineOptions {
     int64_t kv_pages = 0;            // state pages in the pool (required)
     bool radix_cache = true;
     int64_t context_length = 0;      // 0: the model's max_position_embeddings
+    // The overlapped schedule: the next step is built and enqueued while the device runs the current one, its
+    // input ids read on the device from the current step's samples. -1: where the backend samples
+    // asynchronously (CUDA); 0: off; 1: on (any backend: the same tokens, tests).
+    int overlap_schedule = -1;
 };
 
 // The waiting queue is full (HTTP 429).

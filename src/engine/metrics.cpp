@@ -48,6 +48,7 @@ void EngineStats::merge(const EngineStats& o) {
     cached_tokens_total += o.cached_tokens_total;
     preemptions_total += o.preemptions_total;
     steps_total = std::max(steps_total, o.steps_total);  // the ranks step together
+    steps_overlapped += o.steps_overlapped;
     running += o.running;
     queued += o.queued;
     pages_total += o.pages_total;

@@ -25,6 +25,7 @@ struct EngineStats {
     uint64_t requests_total = 0, requests_finished = 0, requests_aborted = 0, requests_rejected = 0;
     uint64_t prompt_tokens_total = 0, generation_tokens_total = 0, cached_tokens_total = 0;
     uint64_t preemptions_total = 0, steps_total = 0;
+    uint64_t steps_overlapped = 0;  // steps enqueued before the previous step's tokens were on the host
     // Gauges.
     int64_t running = 0, queued = 0;
     int64_t pages_total = 0, pages_used = 0, pages_cached = 0, pages_evictable = 0, page_tokens = 0;

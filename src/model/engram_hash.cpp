@@ -1,4 +1,5 @@
 #include "model/engram_hash.h"
+#include "ops/engram_hash_math.h"
 #include "util/error.h"
 #include "tokenizer/engram_token_map.h"
 #include "util/file.h"
@@ -147,24 +148,24 @@ EngramTables load_engram_tables(const ModelConfig& cfg, const std::string& model
 }
 
 void engram_rows(const EngramTables& t, int li, const std::vector<int32_t>& tokens, int64_t pos, int64_t* out) {
-    const auto& mult = t.multipliers[static_cast<size_t>(li)];
-    int64_t rolling = 0;
-    bool blocked = false;
-    for (int k = 0; k < t.max_ngram; ++k) {
-        int64_t src = pos - k;
-        if (src < 0) blocked = true;
-        int64_t tok = blocked ? t.pad : t.token_map.at(static_cast<size_t>(tokens.at(static_cast<size_t>(src))));
-        int64_t prod = tok * mult[static_cast<size_t>(k)];
-        if (k == 0) {
-            rolling = prod;
-            continue;
-        }
-        rolling ^= prod;
-        for (int h = 0; h < t.n_heads; ++h) {
-            size_t c = static_cast<size_t>((k - 1) * t.n_heads + h);
-            out[c] = rolling % t.primes[static_cast<size_t>(li)][c] + t.offsets[static_cast<size_t>(li)][c];
-        }
-    }
+    std::vector<int64_t> comp(static_cast<size_t>(t.max_ngram));
+    for (int k = 0; k < t.max_ngram; ++k)
+        comp[static_cast<size_t>(k)] = pos - k < 0 ? t.pad : t.token_map.at(static_cast<size_t>(tokens.at(static_cast<size_t>(pos - k))));
+    const size_t l = static_cast<size_t>(li);
+    engram_hash_window(comp.data(), t.max_ngram, t.n_heads, t.multipliers[l].data(), t.primes[l].data(), t.offsets[l].data(), out);
+}
+
+EngramHash engram_hash(const EngramTables& t, int li) {
+    const size_t l = static_cast<size_t>(li);
+    EngramHash h;
+    h.max_ngram = t.max_ngram;
+    h.n_heads = t.n_heads;
+    h.primes = t.primes[l].data();
+    h.offsets = t.offsets[l].data();
+    h.multipliers = t.multipliers[l].data();
+    h.token_map = &t.token_map;
+    h.pad = t.pad;
+    return h;
 }
 
 }  // namespace peregrine

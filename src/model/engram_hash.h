@@ -2,6 +2,7 @@
 // Engram n-gram hashing (tokenizer-dependent preprocessing of DeepSeek-V4.1): each position maps to one
 // table row per (n-gram size, head), from the compressed ids of the tokens ending there.
 #include "io/model_config.h"
+#include "ops/backend.h"
 
 #include <cstdint>
 #include <string>
@@ -31,6 +32,9 @@ std::vector<int64_t> engram_multipliers(int layer_id, int max_ngram, int64_t com
 // Row ids [n_cols] for layer `layer_index` (index into engram_layer_ids) at position `pos` of `tokens`.
 void engram_rows(const EngramTables& t, int layer_index, const std::vector<int32_t>& tokens, int64_t pos,
                  int64_t* out);
+
+// The hashing of layer `layer_index` for backends that hash themselves (pointers into `t`, which must outlive it).
+EngramHash engram_hash(const EngramTables& t, int layer_index);
 
 // The engram primes: per layer, per n-gram size, per head, the next unused prime above the last one,
 // restarting from vocab_size - 1 for each n-gram size.

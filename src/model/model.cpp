@@ -180,6 +180,14 @@ void Model::restore_state(SeqState& s, int64_t n_tokens) const {
 
 Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, bool logits_to_host) {
     const int T = batch.rows();
+    Backend& be = *backend_;
+    // Deferred ids (the previous step's samples, not yet on the host): backends that cannot take them have them.
+    bool deferred = false;
+    for (int32_t& id : batch.token_ids)
+        if (id < 0) {
+            if (be.takes_deferred_ids()) deferred = true;
+            else id = be.started_id(Backend::deferred_row(id));
+        }
     for (auto& s : batch.seqs) {
         PEREGRINE_CHECK(s.state && s.state->n_cached == s.start_pos, "sequence state holds {} tokens, step starts at {}",
                         s.state ? s.state->n_cached : -1, s.start_pos);
@@ -188,13 +196,25 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
         s.state->tokens.resize(static_cast<size_t>(s.start_pos));
         for (int i = 0; i < s.n_tokens; ++i) s.state->tokens.push_back(batch.token_ids[static_cast<size_t>(s.row0 + i)]);
     }
-    Backend& be = *backend_;
     auto scratch = be.begin_step(batch);
     Tensor h = be.embed(w_.embed, batch.token_ids);
 
-    // Engram rows of every row, per engram layer.
+    // Engram rows of every row, per engram layer; with deferred ids the backend hashes each row's window of
+    // token ids instead (only a row's own token may be deferred: the ones before it were sampled earlier).
     std::vector<std::vector<int64_t>> engram_rows_by_layer;
-    if (engram_) {
+    std::vector<int32_t> engram_windows;
+    if (engram_ && deferred) {
+        const int n = engram_->max_ngram;
+        engram_windows.assign(static_cast<size_t>(T) * n, Backend::kNoToken);
+        for (auto& s : batch.seqs)
+            for (int i = 0; i < s.n_tokens; ++i)
+                for (int k = 0; k < n && s.start_pos + i - k >= 0; ++k) {
+                    const int32_t id = s.state->tokens[static_cast<size_t>(s.start_pos + i - k)];
+                    PEREGRINE_CHECK(k == 0 || id >= 0, "engram window of position {} holds a deferred id {} tokens back",
+                                    s.start_pos + i, k);
+                    engram_windows[static_cast<size_t>(s.row0 + i) * n + k] = id;
+                }
+    } else if (engram_) {
         const int nc = engram_->n_cols();
         for (size_t li = 0; li < cfg_.engram_layer_ids.size(); ++li) {
             std::vector<int64_t> rows(static_cast<size_t>(T) * nc);
@@ -214,7 +234,8 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
         if (b.engram) {
             size_t li = static_cast<size_t>(std::find(cfg_.engram_layer_ids.begin(), cfg_.engram_layer_ids.end(), l) -
                                             cfg_.engram_layer_ids.begin());
-            be.engram(h, *b.engram, engram_rows_by_layer[li]);
+            if (deferred) be.engram_hashed(h, *b.engram, engram_hash(*engram_, static_cast<int>(li)), engram_windows);
+            else be.engram(h, *b.engram, engram_rows_by_layer[li]);
         }
         if (w_.dspark && std::find(cfg_.dspark_target_layer_ids.begin(), cfg_.dspark_target_layer_ids.end(), l) !=
                              cfg_.dspark_target_layer_ids.end())

@@ -5,8 +5,11 @@
 #include "ops/sampling.h"
 #include "ops/state.h"
 #include "ops/weights.h"
+#include "util/error.h"
 
+#include <cstdint>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,8 +27,19 @@ struct BatchSeq {
 
 struct ForwardBatch {
     std::vector<BatchSeq> seqs;
-    std::vector<int32_t> token_ids;  // per row
+    std::vector<int32_t> token_ids;  // per row; negative: a deferred id (Backend::deferred_id)
     int rows() const { return static_cast<int>(token_ids.size()); }
+};
+
+// One engram layer's n-gram hashing for backends that hash on their side (deferred ids); model/engram_hash.h
+// owns the tables, ops/engram_hash_math.h holds the arithmetic.
+struct EngramHash {
+    int max_ngram = 0, n_heads = 0;
+    const int64_t* primes = nullptr;       // [(max_ngram - 1) * n_heads]
+    const int64_t* offsets = nullptr;      // the same layout
+    const int64_t* multipliers = nullptr;  // [max_ngram]
+    const std::vector<int32_t>* token_map = nullptr;  // token id -> compressed id
+    int64_t pad = 0;                                  // compressed id where a window reaches before the sequence
 };
 
 // How one attention layer gets its compressed KV and its top-k selection.
@@ -143,6 +157,38 @@ public:
     virtual std::vector<SampleResult> sample(const Tensor& logits, const std::vector<SampleRow>& rows) {
         return sample_rows_host(logits.f32(), static_cast<int>(logits.dim(1)), rows);
     }
+    // The overlapped schedule. sample_start() starts sample() and, where sample_async(), returns before the ids
+    // exist; sample_finish() returns the results of the oldest unfinished call. Until the next sample_start(),
+    // a forward may name row j of the latest call as the token id deferred_id(j): backends that
+    // takes_deferred_ids() read it where it is (the CUDA backend: on the device), for the others the model
+    // replaces it with started_id(j) first.
+    static constexpr int32_t deferred_id(int j) { return -1 - j; }
+    static constexpr int deferred_row(int32_t id) { return -1 - id; }
+    virtual bool sample_async() const { return false; }
+    virtual bool takes_deferred_ids() const { return false; }
+    virtual void sample_start(const Tensor& logits, const std::vector<SampleRow>& rows) {
+        started_.push_back(sample(logits, rows));
+        started_ids_.clear();
+        for (const SampleResult& r : started_.back()) started_ids_.push_back(r.id);
+    }
+    virtual std::vector<SampleResult> sample_finish() {
+        PEREGRINE_CHECK(!started_.empty(), "sample_finish without sample_start");
+        std::vector<SampleResult> r = std::move(started_.front());
+        started_.pop_front();
+        return r;
+    }
+    int32_t started_id(int j) const {
+        PEREGRINE_CHECK(j >= 0 && j < static_cast<int>(started_ids_.size()), "deferred id of row {}: the last sample_start had {} rows", j, started_ids_.size());
+        return started_ids_[static_cast<size_t>(j)];
+    }
+    // Engram over windows [T, max_ngram] of token ids (each row's own, then the ones before it; kNoToken before
+    // the sequence's start), hashed by the backend: the path for deferred ids (takes_deferred_ids()).
+    static constexpr int32_t kNoToken = INT32_MIN;
+    virtual void engram_hashed(Tensor& h, const EngramWeight& w, const EngramHash& hash, const std::vector<int32_t>& windows) {
+        (void)h, (void)w, (void)hash, (void)windows;
+        fail("this backend hashes no engram windows");
+    }
+
     // Rows `rows` of logits as logits() returned them, in host memory [rows.size(), vocab].
     virtual Tensor logits_to_host(const Tensor& logits, const std::vector<int>& rows) {
         const int64_t V = logits.dim(1);
@@ -151,6 +197,10 @@ public:
             std::memcpy(out.f32() + static_cast<int64_t>(i) * V, logits.f32() + rows[i] * V, sizeof(float) * static_cast<size_t>(V));
         return out;
     }
+
+private:
+    std::deque<std::vector<SampleResult>> started_;  // sample_start results not yet finished (synchronous backends)
+    std::vector<int32_t> started_ids_;               // the latest call's ids
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& cfg, const StateLayout& layout);

@@ -32,6 +32,8 @@ std::string prometheus_text(const EngineStats& s, const std::string& model_name)
     metric(o, "num_aborted_requests_total", "counter", "Requests aborted (client gone).", l, static_cast<double>(s.requests_aborted));
     metric(o, "num_rejected_requests_total", "counter", "Requests refused with a full queue.", l, static_cast<double>(s.requests_rejected));
     metric(o, "num_preemptions_total", "counter", "Running requests preempted for memory.", l, static_cast<double>(s.preemptions_total));
+    metric(o, "num_overlapped_steps_total", "counter", "Forward steps enqueued while the previous one ran (overlapped schedule).", l,
+           static_cast<double>(s.steps_overlapped));
     metric(o, "num_running_reqs", "gauge", "Requests running.", l, static_cast<double>(s.running));
     metric(o, "num_queue_reqs", "gauge", "Requests waiting.", l, static_cast<double>(s.queued));
     metric(o, "num_used_tokens", "gauge", "Tokens of state held by live requests.", l,

@@ -7,6 +7,7 @@
 #include "model/fixture.h"
 
 #include <gtest/gtest.h>
+#include <cstdlib>
 #include <thread>
 
 using namespace peregrine;
@@ -61,6 +62,9 @@ EngineOptions opts(int64_t pages, bool cache = true) {
     o.kv_pages = pages;
     o.radix_cache = cache;
     o.chunked_prefill_size = 24;
+    // The suite runs twice (tests/engine/CMakeLists.txt): as the CPU backend picks, and with the overlapped
+    // schedule forced on.
+    if (const char* v = std::getenv("PEREGRINE_ENGINE_OVERLAP")) o.overlap_schedule = std::atoi(v);
     return o;
 }
 
@@ -271,6 +275,66 @@ TEST(Engine, StopsOnEosAndStopIdsAndContext) {
     auto c = eng.submit(near, greedy(100))->wait();
     EXPECT_EQ(c.finish, FinishReason::length);
     EXPECT_EQ(c.completion_tokens, 6);
+}
+
+// The overlapped schedule (the next step enqueued before the current step's tokens are on the host, its inputs
+// deferred ids) changes no token, logprob or finish: a mixed batch of greedy, seeded, logprob, stop-id,
+// min-tokens, one-token and EOS-ended requests, with a penalised one that makes some steps wait for their tokens.
+TEST(Engine, OverlapScheduleGivesTheSameTokens) {
+    for (const char* fx : {"dsv4-tiny-a", "dsv41-tiny-a"}) {
+        Model& m = model(fx);
+        std::vector<std::pair<std::vector<int32_t>, GenerationParams>> reqs;
+        for (int i = 0; i < 8; ++i) {
+            GenerationParams g = greedy(6 + 3 * i);
+            if (i % 2) {
+                g.sampling.temperature = 0.9f;
+                g.sampling.top_p = 0.95f;
+                g.sampling.seed = 40 + i;
+            }
+            if (i == 1) g.logprobs = true, g.top_logprobs = 3;
+            if (i == 2) g.max_new_tokens = 1;
+            if (i == 3) g.ignore_eos = false;
+            if (i == 4) g.stop_token_ids = {7, 9, 11, 13}, g.min_new_tokens = 3;
+            if (i == 5) g.sampling.frequency_penalty = 0.5f;  // host-known history: its steps do not overlap
+            reqs.emplace_back(prompt(fx, 4 + 7 * i, 2 * i), g);
+        }
+        auto run = [&](int overlap, bool with_penalised, EngineStats* stats) {
+            EngineOptions o = opts(64);
+            o.overlap_schedule = overlap;
+            Engine eng(m, nullptr, o);
+            std::vector<std::shared_ptr<RequestStream>> streams;
+            for (size_t i = 0; i < reqs.size(); ++i)
+                if (with_penalised || i != 5) streams.push_back(eng.submit(reqs[i].first, reqs[i].second));
+            std::vector<RequestDelta> out;
+            for (auto& st : streams) out.push_back(st->wait());
+            for (int i = 0; i < 200 && eng.stats().running != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            *stats = eng.stats();
+            return out;
+        };
+        for (bool with_penalised : {false, true}) {
+            EngineStats on_stats, off_stats;
+            auto on = run(1, with_penalised, &on_stats), off = run(0, with_penalised, &off_stats);
+            ASSERT_EQ(on.size(), off.size());
+            for (size_t i = 0; i < on.size(); ++i) {
+                EXPECT_EQ(on[i].finish, off[i].finish) << fx << " request " << i;
+                EXPECT_EQ(on[i].completion_tokens, off[i].completion_tokens) << fx << " request " << i;
+                ASSERT_EQ(ids_of(on[i]), ids_of(off[i])) << fx << " request " << i;
+                for (size_t t = 0; t < on[i].tokens.size(); ++t) {
+                    EXPECT_EQ(on[i].tokens[t].logprob, off[i].tokens[t].logprob);
+                    ASSERT_EQ(on[i].tokens[t].top.size(), off[i].tokens[t].top.size());
+                    for (size_t k = 0; k < on[i].tokens[t].top.size(); ++k)
+                        EXPECT_EQ(on[i].tokens[t].top[k].id, off[i].tokens[t].top[k].id);
+                }
+            }
+            EXPECT_EQ(on_stats.generation_tokens_total, off_stats.generation_tokens_total);
+            // The penalised request runs through most of the batch's steps on dsv41-tiny-a's short context.
+            if (!with_penalised) EXPECT_GT(on_stats.steps_overlapped, 0u) << fx;
+            EXPECT_EQ(off_stats.steps_overlapped, 0u);
+            EXPECT_EQ(on_stats.running, 0);
+            EXPECT_EQ(on_stats.pages_used, on_stats.pages_cached) << "no page held once the requests are gone";
+            EXPECT_EQ(off_stats.pages_used, off_stats.pages_cached);
+        }
+    }
 }
 
 // Data-parallel attention with expert parallelism: three ranks of one in-process group, each with its own

@@ -2,12 +2,14 @@
 // batch of sequences through prefill and then a dozen decode steps (contexts growing across page boundaries
 // and compressor groups), fed the same tokens (greedy on the eager logits); every step's logits must be bit for
 // bit the same, and the graphs must actually have been replayed. Also checks that a sequence's device-resident
-// carry survives a restore from a page snapshot (same logits as the uninterrupted sequence), with graphs on.
+// carry survives a restore from a page snapshot (same logits as the uninterrupted sequence), with graphs on. And the
+// overlapped schedule's deferred ids: decode steps fed the previous step's samples where they are, on the device.
 #include "cuda_test_util.h"
 #include "kv/page_pool.h"
 #include "model/fixture.h"
 #include "model/model.h"
 #include "ops/cuda/cuda_backend.h"
+#include "ops/sampling.h"
 
 #include <gtest/gtest.h>
 
@@ -142,4 +144,89 @@ TEST(CudaGraphs, RestoredCarryContinuesExactly) {
     }
 }
 
+// Each decode step fed the previous step's samples as deferred ids (read on the device by the embedding, the hash
+// routing and the engram hashing of V4.1) gives bit for bit the logits, and so the tokens, of the same steps fed the
+// ids from the host. Sequence i samples greedily (even i) or seeded (odd i); the token histories are patched once
+// the ids arrive, as the engine does.
+void compare_deferred(const char* fx, int n_seqs) {
+    auto ids = read_ids(fixture_dir(fx) + "/cases/prefill.ids");
+    const int decode_steps = 12;
+    const int64_t cap = static_cast<int64_t>(ids.size()) + decode_steps + 1;
+    ModelRun host = open(fx, true, n_seqs, cap), dev = open(fx, true, n_seqs, cap);
+    std::vector<Sampler> sh, sd;
+    for (int i = 0; i < n_seqs; ++i) {
+        SamplingParams p;
+        p.temperature = i % 2 ? 0.9f : 0.0f;
+        p.seed = 11 + i;
+        sh.emplace_back(p);
+        sd.emplace_back(p);
+    }
+    auto rows_of = [&](std::vector<Sampler>& s) {
+        std::vector<SampleRow> rows(static_cast<size_t>(n_seqs));
+        for (int i = 0; i < n_seqs; ++i) {
+            SampleRow& r = rows[static_cast<size_t>(i)];
+            r.row = i;
+            r.config = s[static_cast<size_t>(i)].config();
+            r.seed = s[static_cast<size_t>(i)].seed();
+            r.index = s[static_cast<size_t>(i)].take_index();
+        }
+        return rows;
+    };
+    auto forward = [&](ModelRun& r, const std::vector<std::vector<int32_t>>& feeds) {
+        ForwardBatch b;
+        std::vector<int> rows;
+        for (size_t i = 0; i < feeds.size(); ++i) {
+            SeqState& s = r.seqs[i];
+            b.seqs.push_back({&s, s.n_cached, static_cast<int>(feeds[i].size()), b.rows()});
+            b.token_ids.insert(b.token_ids.end(), feeds[i].begin(), feeds[i].end());
+            rows.push_back(b.rows() - 1);
+        }
+        return r.m->forward(b, rows, false);  // logits stay on the device
+    };
+    std::vector<std::vector<int32_t>> feeds(static_cast<size_t>(n_seqs)), dfeeds;
+    for (int i = 0; i < n_seqs; ++i) {
+        const size_t len = std::min(ids.size(), static_cast<size_t>(5 + 6 * i));
+        feeds[static_cast<size_t>(i)].assign(ids.begin() + i, ids.begin() + len);
+    }
+    dfeeds = feeds;
+    int same_steps = 0, deferred_tokens = 0;
+    std::vector<int64_t> fed_pos(static_cast<size_t>(n_seqs), -1);
+    for (int st = 0; st <= decode_steps; ++st) {
+        Tensor a = forward(host, feeds);
+        std::vector<SampleResult> ha = host.be().sample(a, rows_of(sh));
+        Tensor b = forward(dev, dfeeds);
+        dev.be().sample_start(b, rows_of(sd));
+        if (st > 0) {  // the previous step's samples arrive: patch the histories that hold them as deferred ids
+            std::vector<SampleResult> prev = dev.be().sample_finish();
+            for (int i = 0; i < n_seqs; ++i) {
+                EXPECT_EQ(prev[static_cast<size_t>(i)].id, feeds[static_cast<size_t>(i)][0]) << fx << " step " << st;
+                dev.seqs[static_cast<size_t>(i)].tokens.at(static_cast<size_t>(fed_pos[static_cast<size_t>(i)])) =
+                    prev[static_cast<size_t>(i)].id;
+                ++deferred_tokens;
+            }
+        }
+        Tensor ah = cuda::CudaBackend::to_host(a), bh = cuda::CudaBackend::to_host(b);
+        const bool same = ah.numel() == bh.numel() &&
+                          std::memcmp(ah.f32(), bh.f32(), sizeof(float) * static_cast<size_t>(ah.numel())) == 0;
+        same_steps += same;
+        EXPECT_TRUE(same) << fx << " step " << st << ": logits of deferred ids differ from host ids";
+        for (int i = 0; i < n_seqs; ++i) {
+            feeds[static_cast<size_t>(i)] = {ha[static_cast<size_t>(i)].id};
+            dfeeds[static_cast<size_t>(i)] = {Backend::deferred_id(i)};
+            fed_pos[static_cast<size_t>(i)] = dev.seqs[static_cast<size_t>(i)].n_cached;
+        }
+    }
+    std::vector<SampleResult> last = dev.be().sample_finish();
+    for (int i = 0; i < n_seqs; ++i) EXPECT_EQ(last[static_cast<size_t>(i)].id, feeds[static_cast<size_t>(i)][0]);
+    std::printf("PARITY deferred ids %-14s %d seqs: %d decode steps fed on the device (%d tokens), logits bit-identical "
+                "to host-fed ids in %d of %d steps\n",
+                fx, n_seqs, decode_steps, deferred_tokens, same_steps, decode_steps + 1);
+}
+
 }  // namespace
+
+TEST(CudaGraphs, DeferredIdsMatchHostIds) {
+    REQUIRE_GPU();
+    for (const char* fx : {"dsv41-tiny-a", "dsv4-tiny-a"})
+        for (int n : {1, 3}) compare_deferred(fx, n);
+}

@@ -169,9 +169,11 @@ private:
 };
 }  // namespace
 
+std::shared_ptr<void> pinned_host_buffer(size_t bytes) { return PinnedPool::get().take(std::max<size_t>(bytes, 64)); }
+
 Tensor CudaBackend::to_host_pinned(const Tensor& dev, double* wait_ms) {
     PEREGRINE_CHECK(dev.device() == Device::CUDA, "to_host: tensor is not on the device");
-    auto keep = PinnedPool::get().take(std::max<size_t>(dev.nbytes(), 64));
+    auto keep = pinned_host_buffer(dev.nbytes());
     void* p = keep.get();
     if (dev.nbytes()) {  // the step's one wait: for its results
         PG_CUDA(cudaMemcpyAsync(p, dev.raw(), dev.nbytes(), cudaMemcpyDeviceToHost, 0));
@@ -392,11 +394,11 @@ Tensor CudaBackend::gather_rows(const Tensor& x, const std::vector<int>& rows) {
 Tensor CudaBackend::embed(const Tensor& table, const std::vector<int32_t>& ids) {
     OpTimer op_(*this, "embed");
     const int64_t T = static_cast<int64_t>(ids.size());
-    for (int32_t id : ids)
-        if (id < 0 || id >= table.dim(0)) fail("token id {} is outside the vocabulary (0..{})", id, table.dim(0) - 1);
+    for (int32_t id : ids)  // negative: deferred (upload_ids reads them on the device)
+        if (id >= table.dim(0)) fail("token id {} is outside the vocabulary (0..{})", id, table.dim(0) - 1);
     PEREGRINE_CHECK(table.dtype() == DType::BF16 || table.dtype() == DType::F32, "embedding must be bf16 or f32");
     Tensor h = empty(DType::F32, {T, cfg_.hc_mult, cfg_.dim});
-    auto d = upload(ids);
+    auto d = upload_ids(ids);
     cuda::embed(dev_raw(table), table.dtype() == DType::BF16, d.ptr, T, cfg_.hc_mult, cfg_.dim, h.f32());
     return h;
 }

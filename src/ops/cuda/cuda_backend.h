@@ -8,6 +8,7 @@
 #include "ops/backend.h"
 #include "ops/cuda/kernels.h"
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <unordered_map>
@@ -17,6 +18,8 @@ namespace peregrine::cuda {
 // Device memory of `bytes`, freed in stream order when the last reference goes.
 std::shared_ptr<void> device_alloc(size_t bytes);
 void copy_to_device(void* dst, const void* src, size_t bytes);
+// Page-locked host memory of at least `bytes` from a reused pool (results copied back every step).
+std::shared_ptr<void> pinned_host_buffer(size_t bytes);
 
 // A typed device copy of a host vector (kept alive by `keep`).
 template <typename T>
@@ -87,6 +90,14 @@ public:
     bool samples_on_device() const override;
     std::vector<SampleResult> sample(const Tensor& logits, const std::vector<SampleRow>& rows) override;
     Tensor logits_to_host(const Tensor& logits, const std::vector<int>& rows) override;
+    // The overlapped schedule: sample_start() queues the sampler and the copy of its results into page-locked
+    // memory and returns; ops after it read deferred ids from the sampler's output on the device (embedding,
+    // hash routing, engram windows hashed here).
+    bool sample_async() const override { return samples_on_device(); }
+    bool takes_deferred_ids() const override { return true; }
+    void sample_start(const Tensor& logits, const std::vector<SampleRow>& rows) override;
+    std::vector<SampleResult> sample_finish() override;
+    void engram_hashed(Tensor& h, const EngramWeight& w, const EngramHash& hash, const std::vector<int32_t>& windows) override;
 
     // Benchmark support. Profiling records device time per outermost op (and per phase inside attention
     // and MoE) with events; profile() waits for the device and returns milliseconds by name, then clears.
@@ -158,6 +169,21 @@ private:
     // Sequence s's carry in device memory (created from its host carry if the model did not load one); the
     // caller advances it.
     float* device_carry(SeqState& s);
+    // A sampler call: its results on the device (the deferred ids' source) and on their way to the host.
+    struct StartedSample;
+    std::shared_ptr<StartedSample> launch_sample(const Tensor& logits, const std::vector<SampleRow>& rows);
+    std::vector<SampleResult> collect_sample(StartedSample& s);
+    std::deque<std::shared_ptr<StartedSample>> started_samples_;
+    std::shared_ptr<StartedSample> deferred_source_;  // the latest sample_start's
+    int deferred_rows_ = 0;
+    // Token ids on the device, deferred ones (Backend::deferred_id) read from deferred_source_; kNoToken kept.
+    DevArray<int32_t> upload_ids(const std::vector<int32_t>& ids);
+    void resolve_deferred(int32_t* ids_d, const std::vector<int32_t>& ids);
+    // Engram from table row ids on the device [T, n_cols].
+    void engram_rows_d(Tensor& h, const EngramWeight& w, const int64_t* rows_d);
+    const int64_t* dev_i64(const int64_t* host, size_t n);      // a host int64 table, uploaded once
+    const int32_t* dev_i32(const std::vector<int32_t>& host);   // the same for int32
+    std::unordered_map<const void*, std::shared_ptr<void>> tables_;
     // MoE on device ids (moe() uploads them); writes out [T, dim].
     void moe_body(const Tensor& x, const MoEWeight& w, const int32_t* ids_d, Tensor& out);
     // The MoE block through its graph (captured on the second call at this layer and size); false: run it

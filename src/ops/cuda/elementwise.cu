@@ -91,6 +91,13 @@ __global__ void fill_random_kernel(float* x, int64_t n, uint64_t seed) {
     x[i] = round_bf16(static_cast<float>(static_cast<uint32_t>(z >> 40)) / 16777216.0f * 2.0f - 1.0f);
 }
 
+__global__ void resolve_deferred_kernel(int32_t* ids, int64_t n, const int32_t* src, int stride) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= n) return;
+    const int32_t v = ids[i];
+    if (v < 0 && v != INT32_MIN) ids[i] = src[static_cast<int64_t>(-1 - v) * stride];
+}
+
 }  // namespace
 
 void fill_random_bf16(float* x, int64_t n, uint64_t seed) {
@@ -128,6 +135,11 @@ void head_norm_bf16(float* x, int64_t n_heads, int D, float eps) {
     PG_LAUNCHED();
 }
 
+void resolve_deferred_ids(int32_t* ids, int64_t n, const int32_t* src, int stride) {
+    if (n == 0) return;
+    resolve_deferred_kernel<<<blocks_for(n), kThreads>>>(ids, n, src, stride);
+    PG_LAUNCHED();
+}
 
 void scale_round_bf16(float* x, int64_t n, float s) {
     if (n == 0) return;

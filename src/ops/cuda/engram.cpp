@@ -24,6 +24,39 @@ const float* CudaBackend::engram_weight(const EngramWeight& w) {
 
 void CudaBackend::engram(Tensor& h, const EngramWeight& w, const std::vector<int64_t>& rows) {
     OpTimer op_(*this, "engram");
+    auto rows_d = upload(rows);
+    engram_rows_d(h, w, rows_d.ptr);
+}
+
+void CudaBackend::engram_hashed(Tensor& h, const EngramWeight& w, const EngramHash& hash, const std::vector<int32_t>& windows) {
+    OpTimer op_(*this, "engram");
+    const int64_t T = h.dim(0), nc = static_cast<int64_t>(hash.max_ngram - 1) * hash.n_heads;
+    PEREGRINE_CHECK(nc == w.n_cols && static_cast<int64_t>(windows.size()) == T * hash.max_ngram,
+                    "engram: {} windows of {} tokens for {} rows of {} columns", windows.size(), hash.max_ngram, T, w.n_cols);
+    for (int32_t id : windows)
+        PEREGRINE_CHECK(id < 0 || id < static_cast<int64_t>(hash.token_map->size()), "engram: token id {} has no compressed id", id);
+    auto win = upload_ids(windows);
+    auto rows = device_alloc(sizeof(int64_t) * static_cast<size_t>(T * nc));
+    engram_hash_rows(win.ptr, T, hash.max_ngram, hash.n_heads, dev_i32(*hash.token_map),
+                     static_cast<int64_t>(hash.token_map->size()), hash.pad, dev_i64(hash.multipliers, static_cast<size_t>(hash.max_ngram)),
+                     dev_i64(hash.primes, static_cast<size_t>(nc)), dev_i64(hash.offsets, static_cast<size_t>(nc)),
+                     static_cast<int64_t*>(rows.get()));
+    engram_rows_d(h, w, static_cast<const int64_t*>(rows.get()));
+}
+
+const int64_t* CudaBackend::dev_i64(const int64_t* host, size_t n) {
+    auto it = tables_.find(host);
+    if (it == tables_.end()) it = tables_.emplace(host, upload(std::vector<int64_t>(host, host + n)).keep).first;
+    return static_cast<const int64_t*>(it->second.get());
+}
+
+const int32_t* CudaBackend::dev_i32(const std::vector<int32_t>& host) {
+    auto it = tables_.find(host.data());
+    if (it == tables_.end()) it = tables_.emplace(host.data(), upload(host).keep).first;
+    return static_cast<const int32_t*>(it->second.get());
+}
+
+void CudaBackend::engram_rows_d(Tensor& h, const EngramWeight& w, const int64_t* rows_d) {
     const int64_t T = h.dim(0), hd = w.head_dim, ncol = w.n_cols;
     const uint8_t* table;
     const uint8_t* scale;
@@ -47,9 +80,8 @@ void CudaBackend::engram(Tensor& h, const EngramWeight& w, const std::vector<int
         table = static_cast<const uint8_t*>(dev_raw(w.table));
         scale = static_cast<const uint8_t*>(dev_raw(w.table_scale));
     }
-    auto rows_d = upload(rows);
     Tensor emb = empty(DType::F32, {T, ncol * hd});
-    engram_gather(table, scale, rows_d.ptr, T * ncol, static_cast<int>(hd), emb.f32());
+    engram_gather(table, scale, rows_d, T * ncol, static_cast<int>(hd), emb.f32());
     Tensor kv = run_linear(emb, w.wkv);
     engram_gate(h.f32(), kv.f32(), engram_weight(w), T, cfg_.hc_mult, cfg_.dim, eps());
 }

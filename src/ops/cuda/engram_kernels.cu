@@ -3,6 +3,7 @@
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/engram_hash_math.h"
 
 namespace peregrine::cuda {
 
@@ -40,7 +41,33 @@ __global__ void engram_gate_kernel(float* h, const float* kv, const float* wgt, 
     for (int c = threadIdx.x; c < D; c += blockDim.x) x[c] = round_bf16(x[c] + g * value[c]);
 }
 
+constexpr int kMaxNgram = 16;
+
+__global__ void engram_hash_kernel(const int32_t* windows, int64_t T, int max_ngram, int n_heads, const int32_t* token_map,
+                                   int64_t map_size, int64_t pad, const int64_t* mult, const int64_t* primes,
+                                   const int64_t* offsets, int64_t* rows) {
+    const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (t >= T) return;
+    int64_t comp[kMaxNgram];
+    for (int k = 0; k < max_ngram; ++k) {
+        const int32_t id = windows[t * max_ngram + k];
+        comp[k] = id >= 0 && id < map_size ? token_map[id] : pad;
+    }
+    engram_hash_window(comp, max_ngram, n_heads, mult, primes, offsets, rows + t * (max_ngram - 1) * n_heads);
+}
+
 }  // namespace
+
+void engram_hash_rows(const int32_t* windows, int64_t T, int max_ngram, int n_heads, const int32_t* token_map,
+                      int64_t map_size, int64_t pad, const int64_t* mult, const int64_t* primes, const int64_t* offsets,
+                      int64_t* rows) {
+    if (T == 0) return;
+    if (max_ngram < 2 || max_ngram > kMaxNgram)
+        cuda_fail(cudaErrorInvalidValue, "engram: n-gram size out of range", __FILE__, __LINE__);
+    engram_hash_kernel<<<blocks_for(T), kThreads>>>(windows, T, max_ngram, n_heads, token_map, map_size, pad, mult, primes,
+                                                    offsets, rows);
+    PG_LAUNCHED();
+}
 
 void engram_gather(const uint8_t* table, const uint8_t* scale, const int64_t* rows, int64_t n, int hd, float* emb) {
     if (n == 0) return;

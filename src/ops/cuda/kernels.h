@@ -154,6 +154,8 @@ void qdq_rows(float* x, int64_t rows, int64_t rs, int n, int block, int kind);
 void hadamard_rows(float* x, int64_t rows, int64_t rs, int n);
 // V4: unweighted per-head RMS norm in bf16 arithmetic, for rows x heads heads of width D.
 void head_norm_bf16(float* x, int64_t n_heads, int D, float eps);
+// ids[i] < 0 (other than INT32_MIN) is a deferred id: row -1 - ids[i] of src, read as src[row * stride].
+void resolve_deferred_ids(int32_t* ids, int64_t n, const int32_t* src, int stride);
 
 // ---- state_entries.cu: state entries in their packed formats (ops/state_format.h)
 // Row r of src [rows, f.dim] (QDQ'd values) encoded into the entry at dst[r]. A value the format cannot hold
@@ -299,6 +301,11 @@ void swiglu(const float* g, const float* u, int64_t n, int I, const float* weigh
 void moe_combine(const float* ye, const int32_t* sel, const float* shared, int64_t T, int K, int D, float* out);
 
 // ---- engram_kernels.cu
+// Row ids [T, (max_ngram - 1) * n_heads] from windows [T, max_ngram] of token ids (INT32_MIN before the sequence:
+// the pad id; ids outside the map: the pad id too, the host checks them), hashed as ops/engram_hash_math.h.
+void engram_hash_rows(const int32_t* windows, int64_t T, int max_ngram, int n_heads, const int32_t* token_map,
+                      int64_t map_size, int64_t pad, const int64_t* mult, const int64_t* primes, const int64_t* offsets,
+                      int64_t* rows);
 void engram_gather(const uint8_t* table, const uint8_t* scale, const int64_t* rows, int64_t n, int hd, float* emb);
 void engram_gate(float* h, const float* kv, const float* wgt, int64_t T, int hc, int D, float eps);
 

@@ -86,7 +86,7 @@ MoeRoute CudaBackend::route_rows(const Tensor& x, const MoEWeight& w, const int3
 
 MoeRoute CudaBackend::moe_route(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) {
     OpTimer op(*this, "moe");
-    auto ids_d = upload(ids);
+    auto ids_d = upload_ids(ids);
     return route_rows(x, w, ids_d.ptr);
 }
 
@@ -174,7 +174,7 @@ Tensor CudaBackend::moe(const Tensor& x, const MoEWeight& w, const std::vector<i
         Tensor out;
         if (moe_graph(x, w, ids, out)) return out;
     }
-    auto ids_d = upload(ids);
+    auto ids_d = upload_ids(ids);
     Tensor out = empty(DType::F32, {T, cfg_.dim});
     moe_body(x, w, ids_d.ptr, out);
     return out;

@@ -20,15 +20,33 @@ bool CudaBackend::samples_on_device() const {
     return !host && cfg_.vocab_size > 0 && cfg_.vocab_size <= kSampleMaxVocab;
 }
 
-std::vector<SampleResult> CudaBackend::sample(const Tensor& logits, const std::vector<SampleRow>& rows) {
-    if (rows.empty()) return {};
-    if (logits.device() != Device::CUDA) return Backend::sample(logits, rows);
-    OpTimer op_(*this, "sample");
+// Results of one sampler call: on the device (read by deferred ids) and copied into page-locked memory; or, where
+// the rows were sampled on the host, the results themselves (their ids uploaded for deferred ids).
+struct CudaBackend::StartedSample {
+    std::shared_ptr<void> d_out, d_top, h_out, h_top;
+    std::vector<int> top_n;
+    std::vector<SampleResult> host;
+    bool on_host = false;
+    cudaEvent_t done = nullptr;
+    ~StartedSample() {
+        if (done) cudaEventDestroy(done);
+    }
+};
+
+std::shared_ptr<CudaBackend::StartedSample> CudaBackend::launch_sample(const Tensor& logits, const std::vector<SampleRow>& rows) {
+    auto s = std::make_shared<StartedSample>();
+    const int V = static_cast<int>(logits.dim(1));
+    if (logits.device() != Device::CUDA || V > kSampleMaxVocab) {  // the host sampler (beyond the kernel's draw buffer)
+        s->on_host = true;
+        s->host = Backend::sample(logits.device() == Device::CUDA ? to_host(logits) : logits, rows);
+        std::vector<SampleOutDev> out(rows.size());
+        for (size_t i = 0; i < rows.size(); ++i) out[i] = {s->host[i].id, s->host[i].logprob};
+        s->d_out = upload(out).keep;
+        return s;
+    }
     PEREGRINE_CHECK(logits.dtype() == DType::F32 && logits.ndim() == 2, "sample: logits must be f32 [rows, vocab]");
     const int64_t R = logits.dim(0);
-    const int V = static_cast<int>(logits.dim(1));
     PEREGRINE_CHECK(V > 0 && R > 0, "sample: empty logits");
-    if (V > kSampleMaxVocab) return Backend::sample(to_host(logits), rows);  // beyond the kernel's draw buffer
     std::vector<SampleRowDev> dev(rows.size());
     std::vector<LogitAdjust> adj;
     std::vector<char> used(static_cast<size_t>(R), 0);
@@ -52,34 +70,84 @@ std::vector<SampleResult> CudaBackend::sample(const Tensor& logits, const std::v
         d.adj_count = static_cast<int>(r.adjust.size());
         d.pen = r.penalties;
         adj.insert(adj.end(), r.adjust.begin(), r.adjust.end());
+        s->top_n.push_back(std::min(d.top_n, V));
     }
     const int n = static_cast<int>(rows.size());
     auto d_rows = upload(dev);
     auto d_adj = upload(adj);
-    auto d_out = device_alloc(sizeof(SampleOutDev) * static_cast<size_t>(n));
-    const size_t top_elems = any_top ? static_cast<size_t>(n) * kSampleMaxTop : 1;
-    auto d_top = device_alloc(sizeof(SampleOutDev) * top_elems);
-    auto* out = static_cast<SampleOutDev*>(d_out.get());
-    auto* top = static_cast<SampleOutDev*>(d_top.get());
-    sample_rows(logits.f32(), V, d_rows.ptr, n, d_adj.ptr, out, top);
+    const size_t out_bytes = sizeof(SampleOutDev) * static_cast<size_t>(n);
+    const size_t top_bytes = sizeof(SampleOutDev) * (any_top ? static_cast<size_t>(n) * kSampleMaxTop : 1);
+    s->d_out = device_alloc(out_bytes);
+    s->d_top = device_alloc(top_bytes);
+    sample_rows(logits.f32(), V, d_rows.ptr, n, d_adj.ptr, static_cast<SampleOutDev*>(s->d_out.get()),
+                static_cast<SampleOutDev*>(s->d_top.get()));
+    // The results' way back: async copies into page-locked memory, then an event to wait on.
+    s->h_out = pinned_host_buffer(out_bytes);
+    PG_CUDA(cudaMemcpyAsync(s->h_out.get(), s->d_out.get(), out_bytes, cudaMemcpyDeviceToHost, 0));
+    if (any_top) {
+        s->h_top = pinned_host_buffer(top_bytes);
+        PG_CUDA(cudaMemcpyAsync(s->h_top.get(), s->d_top.get(), top_bytes, cudaMemcpyDeviceToHost, 0));
+    }
+    PG_CUDA(cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));
+    PG_CUDA(cudaEventRecord(s->done, 0));
+    return s;
+}
 
-    // The step's one wait: for the ids (and logprobs).
-    std::vector<SampleOutDev> h_out(static_cast<size_t>(n)), h_top(any_top ? top_elems : 0);
-    PG_CUDA(cudaMemcpyAsync(h_out.data(), out, sizeof(SampleOutDev) * h_out.size(), cudaMemcpyDeviceToHost, 0));
-    if (any_top) PG_CUDA(cudaMemcpyAsync(h_top.data(), top, sizeof(SampleOutDev) * top_elems, cudaMemcpyDeviceToHost, 0));
-    const auto t0 = std::chrono::steady_clock::now();
-    PG_CUDA(cudaStreamSynchronize(0));
+std::vector<SampleResult> CudaBackend::collect_sample(StartedSample& s) {
+    if (s.on_host) return std::move(s.host);
+    const auto t0 = std::chrono::steady_clock::now();  // the step's one wait: for the ids (and logprobs)
+    PG_CUDA(cudaEventSynchronize(s.done));
     host_wait_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    std::vector<SampleResult> res(rows.size());
-    for (size_t i = 0; i < rows.size(); ++i) {
-        res[i].id = h_out[i].id;
-        res[i].logprob = h_out[i].logprob;
-        for (int j = 0; j < std::min(dev[i].top_n, V); ++j) {
-            const SampleOutDev& t = h_top[i * kSampleMaxTop + static_cast<size_t>(j)];
+    const auto* out = static_cast<const SampleOutDev*>(s.h_out.get());
+    const auto* top = static_cast<const SampleOutDev*>(s.h_top.get());
+    std::vector<SampleResult> res(s.top_n.size());
+    for (size_t i = 0; i < res.size(); ++i) {
+        res[i].id = out[i].id;
+        res[i].logprob = out[i].logprob;
+        for (int j = 0; j < s.top_n[i]; ++j) {
+            const SampleOutDev& t = top[i * kSampleMaxTop + static_cast<size_t>(j)];
             res[i].top.push_back({t.id, t.logprob});
         }
     }
     return res;
+}
+
+std::vector<SampleResult> CudaBackend::sample(const Tensor& logits, const std::vector<SampleRow>& rows) {
+    if (rows.empty()) return {};
+    OpTimer op_(*this, "sample");
+    return collect_sample(*launch_sample(logits, rows));
+}
+
+void CudaBackend::sample_start(const Tensor& logits, const std::vector<SampleRow>& rows) {
+    OpTimer op_(*this, "sample");
+    deferred_source_ = launch_sample(logits, rows);
+    deferred_rows_ = static_cast<int>(rows.size());
+    started_samples_.push_back(deferred_source_);
+}
+
+std::vector<SampleResult> CudaBackend::sample_finish() {
+    PEREGRINE_CHECK(!started_samples_.empty(), "sample_finish without sample_start");
+    auto s = std::move(started_samples_.front());
+    started_samples_.pop_front();
+    return collect_sample(*s);
+}
+
+void CudaBackend::resolve_deferred(int32_t* ids_d, const std::vector<int32_t>& ids) {
+    bool any = false;
+    for (int32_t id : ids)
+        if (id < 0 && id != kNoToken) {
+            PEREGRINE_CHECK(deferred_source_ && deferred_row(id) < deferred_rows_,
+                            "deferred id of row {}: the latest sample_start had {} rows", deferred_row(id), deferred_rows_);
+            any = true;
+        }
+    static_assert(sizeof(SampleOutDev) == 2 * sizeof(int32_t), "SampleOutDev is {id, logprob}: ids every second int32");
+    if (any) resolve_deferred_ids(ids_d, static_cast<int64_t>(ids.size()), static_cast<const int32_t*>(deferred_source_->d_out.get()), 2);
+}
+
+DevArray<int32_t> CudaBackend::upload_ids(const std::vector<int32_t>& ids) {
+    auto d = upload(ids);
+    resolve_deferred(d.ptr, ids);
+    return d;
 }
 
 Tensor CudaBackend::logits_to_host(const Tensor& logits, const std::vector<int>& rows) {

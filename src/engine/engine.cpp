@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <list>
 #include <mutex>
@@ -100,6 +102,7 @@ struct Engine::Impl {
         if (opts.radix_cache) cache = std::make_unique<RadixCache>(*pool);
         st.pages_total = pool->capacity();
         st.page_tokens = P;
+        if (const char* t = std::getenv("PEREGRINE_ENGINE_TRACE")) trace.on = std::strcmp(t, "0") != 0;
         thread = std::thread([this] { loop(); });
     }
 
@@ -336,6 +339,25 @@ struct Engine::Impl {
     };
     std::optional<Launched> launched;
 
+    // PEREGRINE_ENGINE_TRACE=1: the host's time per step by phase, logged as averages every 500 steps.
+    struct Trace {
+        bool on = false;
+        int64_t steps = 0, rows = 0;
+        double build = 0, forward = 0, wait = 0, deliver = 0, total = 0;
+    } trace;
+    static double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+    void trace_step(int rows, Clock::time_point t0) {
+        if (!trace.on) return;
+        trace.rows += rows;
+        trace.total += ms_since(t0);
+        if (++trace.steps < 500) return;
+        const double n = static_cast<double>(trace.steps);
+        spdlog::info("engine trace: {} steps, {:.1f} rows, ms/step: build {:.3f}, forward enqueue {:.3f}, wait for "
+                     "tokens {:.3f}, deliver {:.3f}, all {:.3f}", trace.steps, static_cast<double>(trace.rows) / n,
+                     trace.build / n, trace.forward / n, trace.wait / n, trace.deliver / n, trace.total / n);
+        trace = Trace{true};
+    }
+
     bool overlap_on() const {
         if (opts.overlap_schedule == 0 || model.expert_parallel()) return false;
         if (opts.overlap_schedule < 0 && !model.backend().sample_async()) return false;
@@ -355,7 +377,10 @@ struct Engine::Impl {
     // launched since (`fed`) left in token histories, lets both steps' completed pages join the prefix cache,
     // and hands the tokens to their requests (which may finish them).
     uint64_t take_samples(Launched& l, const std::vector<std::shared_ptr<EngineRequest>>& fed = {}) {
+        auto tw = Clock::now();
         std::vector<SampleResult> res = model.backend().sample_finish();
+        trace.wait += ms_since(tw);
+        tw = Clock::now();
         PEREGRINE_CHECK(res.size() == l.sampled.size(), "{} samples for {} requests", res.size(), l.sampled.size());
         for (size_t i = 0; i < res.size(); ++i) {
             EngineRequest& r = *l.sampled[i];
@@ -379,6 +404,7 @@ struct Engine::Impl {
             if (tok && tok->is_valid(out.id)) out.text = tok->token_bytes(out.id);
             generated += deliver(r, std::move(out), now);
         }
+        trace.deliver += ms_since(tw);
         return generated;
     }
 
@@ -411,6 +437,7 @@ struct Engine::Impl {
     }
 
     void step() {
+        const auto t0 = Clock::now();
         serve_flush();
         // Cancelled requests leave first, so their pages serve this very step.
         for (auto r : std::vector<std::shared_ptr<EngineRequest>>(waiting.begin(), waiting.end()))
@@ -511,12 +538,15 @@ struct Engine::Impl {
         // rows with a logit processor (grammar masks, host code) copy just their own logits to the host.
         Backend& be = model.backend();
         const bool on_device = be.samples_on_device();
+        auto tf = Clock::now();
+        trace.build += std::chrono::duration<double, std::milli>(tf - t0).count();
         Tensor logits = model.forward(batch, logit_rows, !on_device && !overlap);
         if (overlap) {
             // This step's samples start; the previous step's arrive (the device runs this step meanwhile).
             std::vector<SampleRow> rows;
             for (size_t i = 0; i < sampled.size(); ++i) rows.push_back(sample_row(*sampled[i], static_cast<int>(i)));
             be.sample_start(logits, rows);
+            trace.forward += ms_since(tf);
             for (size_t i = 0; i < sampled.size(); ++i) {
                 ++sampled[i]->pending;
                 sampled[i]->sample_row = static_cast<int>(i);
@@ -527,10 +557,12 @@ struct Engine::Impl {
             else extend_cache(in_batch);
             if (running.empty()) generated += finish_launched();  // every request ended: nothing to overlap with
             count_step(generated, true, prev.has_value());
+            trace_step(batch.rows(), t0);
             return;
         }
         extend_cache(in_batch);
-        const auto now = Clock::now();
+        trace.forward += ms_since(tf);
+        auto tw = Clock::now();
         std::vector<TokenOutput> chosen(sampled.size());
         std::vector<size_t> device_rows, host_rows;
         for (size_t i = 0; i < sampled.size(); ++i)
@@ -560,8 +592,13 @@ struct Engine::Impl {
                 chosen[i] = choose(*sampled[i], host_logits.f32() + src * static_cast<int64_t>(vocab), row);
             }
         });
+        trace.wait += ms_since(tw);  // the synchronous sample (or the host's choice) waits for the logits
+        tw = Clock::now();
+        const auto now = Clock::now();
         for (size_t i = 0; i < sampled.size(); ++i) generated += deliver(sampled[i], std::move(chosen[i]), now);
+        trace.deliver += ms_since(tw);
         count_step(generated, true);
+        trace_step(batch.rows(), t0);
     }
 
     void count_step(uint64_t generated, bool stepped, bool overlapped = false) {

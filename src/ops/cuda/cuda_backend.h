@@ -178,6 +178,10 @@ private:
     int deferred_rows_ = 0;
     // Token ids on the device, deferred ones (Backend::deferred_id) read from deferred_source_; kNoToken kept.
     DevArray<int32_t> upload_ids(const std::vector<int32_t>& ids);
+    uint64_t deferred_gen_ = 0;             // sample_start calls so far
+    DevArray<int32_t> ids_cache_;           // the latest upload_ids: its host ids and deferred_gen_
+    std::vector<int32_t> ids_cache_host_;
+    uint64_t ids_cache_gen_ = 0;
     void resolve_deferred(int32_t* ids_d, const std::vector<int32_t>& ids);
     // Engram from table row ids on the device [T, n_cols].
     void engram_rows_d(Tensor& h, const EngramWeight& w, const int64_t* rows_d);

@@ -35,7 +35,8 @@ void CudaBackend::engram_hashed(Tensor& h, const EngramWeight& w, const EngramHa
                     "engram: {} windows of {} tokens for {} rows of {} columns", windows.size(), hash.max_ngram, T, w.n_cols);
     for (int32_t id : windows)
         PEREGRINE_CHECK(id < 0 || id < static_cast<int64_t>(hash.token_map->size()), "engram: token id {} has no compressed id", id);
-    auto win = upload_ids(windows);
+    auto win = upload(windows);
+    resolve_deferred(win.ptr, windows);
     auto rows = device_alloc(sizeof(int64_t) * static_cast<size_t>(T * nc));
     engram_hash_rows(win.ptr, T, hash.max_ngram, hash.n_heads, dev_i32(*hash.token_map),
                      static_cast<int64_t>(hash.token_map->size()), hash.pad, dev_i64(hash.multipliers, static_cast<size_t>(hash.max_ngram)),

@@ -121,6 +121,7 @@ std::vector<SampleResult> CudaBackend::sample(const Tensor& logits, const std::v
 void CudaBackend::sample_start(const Tensor& logits, const std::vector<SampleRow>& rows) {
     OpTimer op_(*this, "sample");
     deferred_source_ = launch_sample(logits, rows);
+    ++deferred_gen_;
     deferred_rows_ = static_cast<int>(rows.size());
     started_samples_.push_back(deferred_source_);
 }
@@ -145,8 +146,13 @@ void CudaBackend::resolve_deferred(int32_t* ids_d, const std::vector<int32_t>& i
 }
 
 DevArray<int32_t> CudaBackend::upload_ids(const std::vector<int32_t>& ids) {
+    // A step's ops take the same ids (embedding, then every MoE layer): uploaded and resolved once.
+    if (ids_cache_.keep && ids == ids_cache_host_ && ids_cache_gen_ == deferred_gen_) return ids_cache_;
     auto d = upload(ids);
     resolve_deferred(d.ptr, ids);
+    ids_cache_ = d;
+    ids_cache_host_ = ids;
+    ids_cache_gen_ = deferred_gen_;
     return d;
 }
 

@@ -273,13 +273,46 @@ __device__ __forceinline__ uint32_t order_key(float x) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// Rows of at least kCompactMinRow keys whose remaining candidates fit in kCompactMax are finished in shared memory
+// (see select_stream); shorter rows cost less read again than sorted.
+constexpr int kCompactMax = 4096;
+constexpr int64_t kCompactMinRow = 32768;
+
+// Sorts c_idx[0..n) ascending (with c_key alongside), n <= kCompactMax: bitonic over the next power of two.
+__device__ void sort_by_index(int32_t* c_idx, uint32_t* c_key, int n) {
+    int n2 = 1;
+    while (n2 < n) n2 <<= 1;
+    for (int i = n + static_cast<int>(threadIdx.x); i < n2; i += blockDim.x) c_idx[i] = INT32_MAX;
+    __syncthreads();
+    for (int size = 2; size <= n2; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = threadIdx.x; i < n2; i += blockDim.x) {
+                const int j = i ^ stride;
+                if (j > i && (c_idx[i] > c_idx[j]) == ((i & size) == 0)) {
+                    const int32_t ti = c_idx[i];
+                    c_idx[i] = c_idx[j];
+                    c_idx[j] = ti;
+                    const uint32_t tk = c_key[i];
+                    c_key[i] = c_key[j];
+                    c_key[j] = tk;
+                }
+            }
+            __syncthreads();
+        }
+}
+
 // The k largest of v[0..n) (ties to the lower index), written to sel in ascending index order; returns
-// min(k, n). Every thread of the block calls it (blockDim.x == kSelThreads).
+// min(k, n). Every thread of the block calls it (blockDim.x == kSelThreads). 8-bit radix passes over the
+// order keys find the k-th key; as soon as the keys that can still be selected (those above the current prefix
+// and those sharing it) fit in shared memory, one pass copies them there (sorted back into index order) and the
+// remaining passes and the selection run on that copy: two or three reads of the row instead of up to six.
 __device__ int select_stream(const float* v, int64_t n, int k, int32_t* sel) {
     __shared__ int hist[256];
     __shared__ uint32_t s_prefix, s_mask;
-    __shared__ int s_remaining, s_done;
+    __shared__ int s_remaining, s_done, s_fit, s_nc;
     __shared__ int64_t w_gt[kSelWarps], w_eq[kSelWarps];
+    __shared__ int32_t c_idx[kCompactMax];
+    __shared__ uint32_t c_key[kCompactMax];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int kk = static_cast<int>(min(static_cast<int64_t>(k), n));
     if (kk <= 0) return 0;
@@ -293,28 +326,40 @@ __device__ int select_stream(const float* v, int64_t n, int k, int32_t* sel) {
         s_mask = 0;
         s_remaining = kk;
         s_done = 0;
+        s_nc = 0;
     }
     __syncthreads();
+    bool compacted = false;  // uniform
+    int nc = 0;
+    auto count_bin = [&](uint32_t key, bool valid, uint32_t prefix, uint32_t mask, int shift) {
+        const bool cand = valid && (key & mask) == prefix;
+        const uint32_t bin = cand ? (key >> shift) & 255u : 256u;
+        const unsigned peers = __match_any_sync(0xffffffffu, bin);
+        if (cand && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+    };
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
         __syncthreads();
         if (s_done) break;  // uniform: read after the barrier
         const uint32_t prefix = s_prefix, mask = s_mask;
-        for (int64_t base = 0; base < n; base += 4 * static_cast<int64_t>(blockDim.x)) {
-            float x[4];
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int64_t j = base + u * static_cast<int64_t>(blockDim.x) + tid;
-                x[u] = j < n ? v[j] : 0.0f;
+        if (compacted) {
+            for (int base = 0; base < nc; base += blockDim.x) {
+                const int i = base + tid;
+                count_bin(i < nc ? c_key[i] : 0u, i < nc, prefix, mask, shift);
             }
+        } else {
+            for (int64_t base = 0; base < n; base += 4 * static_cast<int64_t>(blockDim.x)) {
+                float x[4];
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int64_t j = base + u * static_cast<int64_t>(blockDim.x) + tid;
-                const uint32_t key = order_key(x[u]);
-                const bool cand = j < n && (key & mask) == prefix;
-                const uint32_t bin = cand ? (key >> shift) & 255u : 256u;
-                const unsigned peers = __match_any_sync(0xffffffffu, bin);
-                if (cand && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+                for (int u = 0; u < 4; ++u) {
+                    const int64_t j = base + u * static_cast<int64_t>(blockDim.x) + tid;
+                    x[u] = j < n ? v[j] : 0.0f;
+                }
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int64_t j = base + u * static_cast<int64_t>(blockDim.x) + tid;
+                    count_bin(order_key(x[u]), j < n, prefix, mask, shift);
+                }
             }
         }
         __syncthreads();
@@ -329,18 +374,56 @@ __device__ int select_stream(const float* v, int64_t n, int k, int32_t* sel) {
             s_mask = mask | (255u << shift);
             s_remaining = remaining - cum;
             if (hist[b] == remaining - cum) s_done = 1;  // the whole bin is taken: no tie to break
+            // Selected so far (above the new prefix) plus those sharing it.
+            s_fit = !compacted && n >= kCompactMinRow && (kk - s_remaining) + hist[b] <= kCompactMax;
         }
         __syncthreads();
+        if (s_fit) {  // uniform: copy every key at or above the prefix (its bits) with its index
+            const uint32_t p = s_prefix, m = s_mask;
+            for (int64_t base = 0; base < n; base += 4 * static_cast<int64_t>(blockDim.x)) {
+                float x[4];  // four loads in flight, as in the histogram passes
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int64_t j = base + u * static_cast<int64_t>(blockDim.x) + tid;
+                    x[u] = j < n ? v[j] : 0.0f;
+                }
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int64_t j = base + u * static_cast<int64_t>(blockDim.x) + tid;
+                    const uint32_t key = order_key(x[u]);
+                    const bool keep = j < n && (key & m) >= p;
+                    const unsigned kept = __ballot_sync(0xffffffffu, keep);
+                    int first = 0;
+                    if (lane == 0 && kept) first = atomicAdd(&s_nc, __popc(kept));
+                    first = __shfl_sync(0xffffffffu, first, 0);
+                    if (keep) {
+                        const int pos = first + __popc(kept & ((1u << lane) - 1u));
+                        c_idx[pos] = static_cast<int32_t>(j);
+                        c_key[pos] = key;
+                    }
+                }
+            }
+            __syncthreads();
+            nc = s_nc;
+            sort_by_index(c_idx, c_key, nc);
+            compacted = true;
+            if (tid == 0) s_fit = 0;
+            __syncthreads();
+        }
     }
     const uint32_t thr = s_prefix, mask = s_mask;
     const int need = s_remaining;  // how many of the keys equal to thr (under mask) are taken
-    // Warp-contiguous chunks: count, scan over warps, then write in index order.
-    const int64_t chunk = ((n + kSelWarps - 1) / kSelWarps + 31) / 32 * 32;
-    const int64_t c0 = warp * chunk, c1 = min(n, c0 + chunk);
+    // The candidates in index order: the row, or its copy. Warp-contiguous chunks: count, scan over warps, then
+    // write in index order.
+    const int64_t items = compacted ? nc : n;
+    auto key_at = [&](int64_t i) { return compacted ? c_key[i] : order_key(v[i]); };
+    auto index_at = [&](int64_t i) { return compacted ? c_idx[i] : static_cast<int32_t>(i); };
+    const int64_t chunk = ((items + kSelWarps - 1) / kSelWarps + 31) / 32 * 32;
+    const int64_t c0 = warp * chunk, c1 = min(items, c0 + chunk);
     int64_t gt = 0, eq = 0;
     for (int64_t base = c0; base < c1; base += 32) {
         const int64_t j = base + lane;
-        const uint32_t key = j < c1 ? order_key(v[j]) & mask : 0u;
+        const uint32_t key = j < c1 ? key_at(j) & mask : 0u;
         gt += __popc(__ballot_sync(0xffffffffu, j < c1 && key > thr));
         eq += __popc(__ballot_sync(0xffffffffu, j < c1 && key == thr));
     }
@@ -364,12 +447,12 @@ __device__ int select_stream(const float* v, int64_t n, int k, int32_t* sel) {
     const unsigned lt = (1u << lane) - 1u;
     for (int64_t base = c0; base < c1; base += 32) {
         const int64_t j = base + lane;
-        const uint32_t key = j < c1 ? order_key(v[j]) & mask : 0u;
+        const uint32_t key = j < c1 ? key_at(j) & mask : 0u;
         const bool is_gt = j < c1 && key > thr, is_eq = j < c1 && key == thr;
         const unsigned bg = __ballot_sync(0xffffffffu, is_gt), be = __ballot_sync(0xffffffffu, is_eq);
         const int64_t eq_before = e + __popc(be & lt);
         if (is_gt || (is_eq && eq_before < need))
-            sel[g + __popc(bg & lt) + min(eq_before, static_cast<int64_t>(need))] = static_cast<int32_t>(j);
+            sel[g + __popc(bg & lt) + min(eq_before, static_cast<int64_t>(need))] = index_at(j);
         g += __popc(bg);
         e += __popc(be);
     }

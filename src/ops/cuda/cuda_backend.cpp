@@ -58,13 +58,20 @@ namespace {
 // Page-locked staging for host-to-device uploads: an upload is copied into the next free bytes of a pinned ring
 // and sent with an async copy, so the host never waits for the GPU (a copy from pageable memory may wait for the
 // stream). The ring is cut into segments; leaving a segment records an event on the stream, and a segment is
-// written again only once its event has completed, which waits only if the GPU is a whole ring behind.
+// written again only once its event has completed, which waits only if the GPU is a whole ring behind. One per
+// thread: the events are recorded on the thread's own stream, so they cover only its own copies.
 class StagingRing {
 public:
     static constexpr size_t kSegment = size_t(4) << 20, kSegments = 16, kAlign = 256;
     static StagingRing& get() {
-        static auto* ring = new StagingRing;  // never freed: the CUDA context may be gone at exit
-        return *ring;
+        thread_local StagingRing ring;
+        return ring;
+    }
+    ~StagingRing() {  // the thread ends (before the runtime does, also for the main thread)
+        if (!base_) return;
+        cudaDeviceSynchronize();  // the thread's copies out of the ring are done
+        for (auto& e : done_) cudaEventDestroy(e);
+        cudaFreeHost(base_);
     }
     // Queues the copy of bytes from src to dst through the ring; false (nothing queued) when it is larger than
     // a segment (copy_to_device splits larger uploads).

@@ -53,7 +53,7 @@ struct Scratch {
     }
 };
 
-// One handle (the calling thread's default stream, workspace set once) and the scratch buffers; calls are serialised.
+// One handle (the calling thread's default stream, workspace set once) and the scratch buffers.
 struct Context {
     std::mutex mu;
     cublasHandle_t handle = nullptr;
@@ -73,18 +73,24 @@ struct Context {
         }
         return handle;
     }
+    ~Context() {  // the thread ends (before the runtime does, also for the main thread)
+        if (weights.p || acts.p || outs.p || table.p) cudaDeviceSynchronize();
+        weights.release();
+        acts.release();
+        outs.release();
+        table.release();
+        if (handle) cublasDestroy(handle);
+        if (workspace) cudaFree(workspace);
+    }
 };
 
-// One per device (a cuBLAS handle belongs to the device it was created on).
+// One per device (a cuBLAS handle belongs to the device it was created on) and thread: threads run on streams of
+// their own (ranks sharing a GPU), so they must not share the workspace or the scratch buffers.
 Context& context() {
     int dev = 0;
     PG_CUDA(cudaGetDevice(&dev));
-    static std::mutex mu;
-    static auto* per_device = new std::map<int, Context*>;  // never destroyed: the CUDA runtime may be gone at exit
-    std::lock_guard lk(mu);
-    Context*& c = (*per_device)[dev];
-    if (!c) c = new Context;
-    return *c;
+    thread_local std::map<int, Context> per_device;
+    return per_device[dev];
 }
 
 cudaDataType_t elem_type(bool f32) { return f32 ? CUDA_R_32F : CUDA_R_16BF; }

@@ -421,15 +421,19 @@ void launch_rows(const float* x, const float* xs, int64_t M, const LinearDev& w,
 
 int gemv_sm_count() { return sm_count(); }
 
-// Stream-ordered like every launch here (the default stream), so the next call may reuse it at once; the
-// tickets are left zero by the kernels.
+// Stream-ordered like every launch here (the calling thread's default stream), so the next call may reuse it at
+// once; the tickets are left zero by the kernels. One per device and thread: threads run on streams of their own
+// (ranks sharing a GPU), so they must not share partial sums or tickets. Freed when the thread ends.
 void* gemv_scratch(int which, size_t bytes, bool zero) {
     struct Scratch {
         void* p = nullptr;
         size_t bytes = 0;
+        ~Scratch() {
+            if (p) cudaFree(p);
+        }
     };
     constexpr int kMaxDevices = 16;
-    static Scratch table[kMaxDevices][2];
+    thread_local Scratch table[kMaxDevices][2];
     int dev = 0;
     PG_CUDA(cudaGetDevice(&dev));
     if (dev < 0 || dev >= kMaxDevices || which < 0 || which > 1) fail("linear_gemv: no scratch {} on device {}", which, dev);

@@ -14,7 +14,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
+#include <map>
 
 namespace peregrine::cuda {
 
@@ -250,11 +250,14 @@ __global__ void __launch_bounds__(kGemmThreads) fp4_grouped_kernel(GemmArgs g) {
         }
 }
 
-// Grow-only device scratch on the backend's stream (0): the sorted bf16 rows and the row tiles.
+// Grow-only device scratch on the calling thread's stream (0): the sorted bf16 rows and the row tiles. One per device
+// and thread (threads have streams of their own), freed when the thread ends.
 struct Scratch {
-    std::mutex mu;
     void* p = nullptr;
     size_t cap = 0;
+    ~Scratch() {
+        if (p) cudaFree(p);
+    }
     char* reserve(size_t bytes) {
         if (bytes > cap) {
             if (p) PG_CUDA(cudaFreeAsync(p, 0));
@@ -268,8 +271,10 @@ struct Scratch {
 };
 
 Scratch& scratch() {
-    static Scratch* s = new Scratch;  // never destroyed: the CUDA runtime may be gone at exit
-    return *s;
+    int dev = 0;
+    PG_CUDA(cudaGetDevice(&dev));
+    thread_local std::map<int, Scratch> per_device;
+    return per_device[dev];
 }
 
 template <bool GATED>
@@ -282,7 +287,6 @@ void run(const float* x, const float* xs, int64_t M, int div, int E, const Linea
     if (!fp4_grouped_supported(w))
         cuda_fail(cudaErrorInvalidValue, "fp4_grouped: unsupported shape", __FILE__, __LINE__);
     Scratch& s = scratch();
-    std::lock_guard<std::mutex> lock(s.mu);
     const unsigned max_tiles = static_cast<unsigned>((P + kBM - 1) / kBM + E);  // each expert adds <= 1 partial tile
     if (max_tiles > 65535u) cuda_fail(cudaErrorInvalidValue, "fp4_grouped: too many row tiles", __FILE__, __LINE__);
     const size_t abytes = (static_cast<size_t>(P) * K * 2 + 255) & ~size_t(255);

@@ -77,7 +77,6 @@ public:
     // a segment (copy_to_device splits larger uploads).
     bool copy(void* dst, const void* src, size_t bytes) {
         if (bytes > kSegment) return false;
-        std::lock_guard lk(mu_);
         if (!base_) {
             PG_CUDA(cudaMallocHost(&base_, kSegment * kSegments));
             for (auto& e : done_) PG_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -102,7 +101,6 @@ public:
     }
 
 private:
-    std::mutex mu_;
     void* base_ = nullptr;
     size_t seg_ = 0, off_ = 0;
     cudaEvent_t done_[kSegments] = {};

@@ -16,7 +16,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -55,7 +54,6 @@ struct Scratch {
 
 // One handle (the calling thread's default stream, workspace set once) and the scratch buffers.
 struct Context {
-    std::mutex mu;
     cublasHandle_t handle = nullptr;
     void* workspace = nullptr;
     Scratch weights, acts, outs, table;
@@ -287,7 +285,6 @@ void linear_cublas(const float* x, const float* xs, int64_t M, const LinearDev& 
     PEREGRINE_CHECK(M <= INT_MAX, "linear_cublas: {} rows", M);
     PEREGRINE_CHECK(w.kind < 2 || xs, "linear_cublas: quantised weights need activation scales");
     Context& c = context();
-    std::lock_guard<std::mutex> lock(c.mu);
     if (routing) {
         PEREGRINE_CHECK(experts, "linear_cublas: a routed GEMM needs its expert table");
         routed(c, x, xs, M, w, y, *experts, *routing);
@@ -300,7 +297,6 @@ void gemm_f64(const float* x, int64_t M, int K, const float* w, int N, float* y,
     if (M == 0 || N == 0) return;
     PEREGRINE_CHECK(M <= INT_MAX, "gemm_f64: {} rows", M);
     Context& c = context();
-    std::lock_guard<std::mutex> lock(c.mu);
     cublasHandle_t h = c.get();
     double* xd = reinterpret_cast<double*>(c.acts.reserve(sizeof(double) * static_cast<size_t>(M) * K));
     const double* wd = w_f64;
@@ -318,7 +314,6 @@ void gemm_f64(const float* x, int64_t M, int K, const float* w, int N, float* y,
 
 void linear_cublas_use_grouped(bool on) {
     Context& c = context();
-    std::lock_guard<std::mutex> lock(c.mu);
     c.get();
     c.grouped = on;
     if (on) c.grouped_error.clear();
@@ -328,7 +323,6 @@ void grouped_linear_cublas(const float* x, int64_t T, int G, int R, int GD, cons
     if (T == 0 || G == 0 || R == 0) return;
     PEREGRINE_CHECK(GD % 8 == 0 && T <= INT_MAX, "grouped_linear_cublas: group width {} / {} rows", GD, T);
     Context& c = context();
-    std::lock_guard<std::mutex> lock(c.mu);
     cublasHandle_t h = c.get();
     char* a = c.acts.reserve(static_cast<size_t>(T) * G * GD * sizeof(uint16_t));
     cublas_prep::gather_activations(x, nullptr, 0, T * G, GD, nullptr, 0, true, a);  // bf16 values: exact
@@ -344,20 +338,17 @@ void grouped_linear_cublas(const float* x, int64_t T, int G, int R, int GD, cons
 
 bool linear_cublas_grouped() {
     Context& c = context();
-    std::lock_guard<std::mutex> lock(c.mu);
     c.get();
     return c.grouped;
 }
 
 std::string linear_cublas_grouped_error() {
     Context& c = context();
-    std::lock_guard<std::mutex> lock(c.mu);
     return c.grouped_error;
 }
 
 void linear_cublas_release() {
     Context& c = context();
-    std::lock_guard<std::mutex> lock(c.mu);
     if (c.weights.p || c.acts.p || c.outs.p || c.table.p) cudaDeviceSynchronize();
     c.weights.release();
     c.acts.release();

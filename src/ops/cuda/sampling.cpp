@@ -36,7 +36,7 @@ struct CudaBackend::StartedSample {
 std::shared_ptr<CudaBackend::StartedSample> CudaBackend::launch_sample(const Tensor& logits, const std::vector<SampleRow>& rows) {
     auto s = std::make_shared<StartedSample>();
     const int V = static_cast<int>(logits.dim(1));
-    if (logits.device() != Device::CUDA || V > kSampleMaxVocab) {  // the host sampler (beyond the kernel's draw buffer)
+    if (rows.empty() || logits.device() != Device::CUDA || V > kSampleMaxVocab) {  // the host sampler (beyond the kernel's draw buffer)
         s->on_host = true;
         s->host = Backend::sample(logits.device() == Device::CUDA ? to_host(logits) : logits, rows);
         std::vector<SampleOutDev> out(rows.size());

@@ -145,7 +145,8 @@ struct Engine::Impl {
     void release(EngineRequest& r) {
         auto& s = r.state;
         if (cache) {
-            const int64_t full = std::min<int64_t>(s.n_cached / P, static_cast<int64_t>(s.pages.size()));
+            int64_t full = std::min<int64_t>(s.n_cached / P, static_cast<int64_t>(s.pages.size()));
+            if (r.deferred_pos >= 0) full = std::min(full, r.deferred_pos / P);  // a token never known (a failed step)
             cache->insert(s.tokens, s.pages, full);
             for (size_t i = static_cast<size_t>(full); i < s.pages.size(); ++i) pool->free(s.pages[i]);
             if (r.locked) cache->unlock(r.locked);
@@ -262,7 +263,7 @@ struct Engine::Impl {
                 step();
             } catch (const std::exception& e) {
                 spdlog::error("engine step failed: {}", e.what());
-                drop_launched();
+                drop_launched(e.what());
                 auto all = std::vector<std::shared_ptr<EngineRequest>>(running.begin(), running.end());
                 for (auto& r : all) finish(r, FinishReason::error, r->text.flush(), {}, e.what());
                 if (ep) {  // the other ranks wait in this step's exchanges: the group cannot go on
@@ -408,17 +409,20 @@ struct Engine::Impl {
         return generated;
     }
 
-    // Drops the launched step's samples (shutdown, failures): the backend's queue of started samples stays in
-    // step with its callers.
-    void drop_launched() {
-        if (!launched) return;
-        for (auto& r : launched->sampled) r->pending = 0;
+    // At shutdown or after a failed step (`why`): every started sample is dropped (the backend's queue stays in
+    // step with its callers) and no request waits for a token any more; after a failure, a preempted request whose
+    // token is lost ends with the error.
+    void drop_launched(const std::string& why = "") {
         launched.reset();
         try {
-            model.backend().sample_finish();
+            model.backend().sample_discard();
         } catch (const std::exception& e) {
-            spdlog::error("dropping a launched step's samples: {}", e.what());
+            spdlog::error("dropping the started samples: {}", e.what());
         }
+        for (auto r : std::vector<std::shared_ptr<EngineRequest>>(waiting.begin(), waiting.end()))
+            if (r->pending && !why.empty()) finish(r, FinishReason::error, r->text.flush(), {}, why);
+        for (auto& r : running) r->pending = 0;
+        for (auto& r : waiting) r->pending = 0;
     }
 
     // Pages completed by the requests' fed tokens join the prefix cache at once, so concurrent requests with the

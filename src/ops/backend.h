@@ -177,6 +177,11 @@ public:
         started_.pop_front();
         return r;
     }
+    // Drops every started call's results (after a failed step), once the device is done with them.
+    virtual void sample_discard() {
+        started_.clear();
+        started_ids_.clear();
+    }
     int32_t started_id(int j) const {
         PEREGRINE_CHECK(j >= 0 && j < static_cast<int>(started_ids_.size()), "deferred id of row {}: the last sample_start had {} rows", j, started_ids_.size());
         return started_ids_[static_cast<size_t>(j)];

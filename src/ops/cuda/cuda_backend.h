@@ -97,6 +97,7 @@ public:
     bool takes_deferred_ids() const override { return true; }
     void sample_start(const Tensor& logits, const std::vector<SampleRow>& rows) override;
     std::vector<SampleResult> sample_finish() override;
+    void sample_discard() override;
     void engram_hashed(Tensor& h, const EngramWeight& w, const EngramHash& hash, const std::vector<int32_t>& windows) override;
 
     // Benchmark support. Profiling records device time per outermost op (and per phase inside attention

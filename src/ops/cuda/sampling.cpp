@@ -133,6 +133,14 @@ std::vector<SampleResult> CudaBackend::sample_finish() {
     return collect_sample(*s);
 }
 
+void CudaBackend::sample_discard() {
+    for (auto& s : started_samples_)
+        if (s->done) cudaEventSynchronize(s->done);  // its copies into page-locked memory are done
+    started_samples_.clear();
+    deferred_source_.reset();
+    deferred_rows_ = 0;
+}
+
 void CudaBackend::resolve_deferred(int32_t* ids_d, const std::vector<int32_t>& ids) {
     bool any = false;
     for (int32_t id : ids)

@@ -28,8 +28,9 @@ namespace {
 
 struct ServeArgs {
     std::string model, tokenizer, host = "127.0.0.1", served_model_name, kv_memory = "0.05", api_key,
-        log_level = "info", device = "cpu", scripted_output;
+        log_level = "info", device = "cpu", scripted_output, synthetic;
     int port = 30000, max_running = 64, max_queued = 1024, chunked_prefill = 512, page_tokens = 16, dp = 1, ep = 1;
+    int synthetic_layers = 4, synthetic_experts = 384;
     ExpertParallelOptions ep_opts;
     int64_t context_length = 0, default_max_tokens = 0;
     bool disable_radix_cache = false, enable_thinking = false, disable_overlap_schedule = false;
@@ -102,7 +103,11 @@ int run_serve(ServeArgs& a) {
     pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
     std::signal(SIGPIPE, SIG_IGN);
     log_init(a.log_level);
-    if (a.model.empty()) a.model = default_model_dir();
+    if (!a.synthetic.empty()) {
+        PEREGRINE_CHECK(a.synthetic == "v41-flash", "--synthetic: only v41-flash is available");
+        PEREGRINE_CHECK(a.model.empty() && a.dp == 1, "--synthetic takes neither --model nor --dp");
+    }
+    if (a.model.empty()) a.model = a.synthetic.empty() ? default_model_dir() : "synthetic-" + a.synthetic;
     const auto t0 = std::chrono::steady_clock::now();
     std::fprintf(stderr, "peregrine serve: loading %s (%s)\n", a.model.c_str(), a.device.c_str());
     StartupProgress progress(4);
@@ -114,7 +119,12 @@ int run_serve(ServeArgs& a) {
         fail("--ep {} with --dp {}: expert parallelism runs over the data-parallel attention ranks (give both the same N)",
              a.ep, a.dp);
     a.ep_opts.ranks = a.dp;
-    ParallelModels group = ParallelModels::load(a.model, mo, a.ep_opts);
+    ParallelModels group;
+    if (a.synthetic.empty()) {
+        group = ParallelModels::load(a.model, mo, a.ep_opts);
+    } else {  // V4.1-Flash's dimensions and formats with made-up weights (serving benchmarks at real sizes)
+        group.models.push_back(Model::synthetic(synthetic_v41_flash_config(a.synthetic_layers, a.synthetic_experts), mo));
+    }
     Model* model = group.models[0].get();
     progress.done();
     progress.begin("tokenizer");
@@ -157,7 +167,7 @@ int run_serve(ServeArgs& a) {
     ApiOptions ao;
     ao.served_model_name = a.served_model_name.empty() ? a.model.substr(a.model.find_last_of('/') + 1) : a.served_model_name;
     ao.api_key = a.api_key;
-    ao.chat_format = chat_format_from_model_dir(a.model);
+    ao.chat_format = a.synthetic.empty() ? chat_format_from_model_dir(a.model) : chat_format_from_model_type(cfg.model_type);
     ao.default_thinking = a.enable_thinking;
     ao.default_max_tokens = a.default_max_tokens;
     if (!a.scripted_output.empty()) {
@@ -213,6 +223,11 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     auto a = std::make_shared<ServeArgs>();
     auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (continuous batching, prefix cache)");
     cmd->add_option("--model", a->model, "Model directory (default: the embedded demo model)");
+    cmd->add_option("--synthetic", a->synthetic,
+                    "Serve made-up weights at a release's dimensions and formats instead (v41-flash; byte tokenizer)");
+    cmd->add_option("--synthetic-layers", a->synthetic_layers, "Layers of the synthetic model")->check(CLI::Range(1, 40));
+    cmd->add_option("--synthetic-experts", a->synthetic_experts, "Routed experts per layer of the synthetic model (384 in the release)")
+        ->check(CLI::Range(6, 4096));
     cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's; bytes when it has none)");
     cmd->add_option("--host", a->host, "Address to listen on");
     cmd->add_option("--port", a->port, "Port (0: any free port)")->check(CLI::Range(0, 65535));

@@ -5,7 +5,8 @@
 namespace peregrine {
 
 std::string StreamDecoder::push(int32_t id) {
-    if (skip_special_ && tok_->is_special(id)) return {};
+    // A generated id the tokenizer has no bytes for (a model vocabulary padded beyond the tokenizer's) adds no text.
+    if (!tok_->is_valid(id) || (skip_special_ && tok_->is_special(id))) return {};
     pending_ += tok_->token_bytes(id);
     size_t n = utf8_complete_prefix(pending_);
     std::string out = pending_.substr(0, n);

@@ -9,7 +9,7 @@ class StreamDecoder {
 public:
     explicit StreamDecoder(const Tokenizer& tok, bool skip_special = false) : tok_(&tok), skip_special_(skip_special) {}
     // Text completed by this id; an incomplete trailing character is held back until it completes
-    // (bytes that can never complete are released at once).
+    // (bytes that can never complete are released at once). An id outside the tokenizer's vocabulary adds nothing.
     std::string push(int32_t id);
     // Whatever is still held back (an incomplete character at the end of the stream).
     std::string flush();

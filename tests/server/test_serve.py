@@ -18,8 +18,8 @@ NAME = "tiny"
 
 
 class Server:
-    def __init__(self, *extra):
-        self.proc = subprocess.Popen([BIN, "serve", "--model", MODEL, "--port", "0", "--served-model-name", NAME,
+    def __init__(self, *extra, model=MODEL):  # model None: the arguments choose (--synthetic)
+        self.proc = subprocess.Popen([BIN, "serve", "--port", "0", *(("--model", model, "--served-model-name", NAME) if model else ()),
                                       *(() if "--context-length" in extra else ("--context-length", "256")), *extra],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self.proc.stdout.readline()
@@ -374,3 +374,22 @@ def test_data_and_expert_parallel_ranks_give_identical_output(server):
         assert bad.returncode != 0 and "--ep 1 with --dp 2" in bad.stderr
     finally:
         dp.stop()
+
+
+def test_synthetic_release_dims_and_ids_beyond_the_tokenizer():
+    # V4.1-Flash's dimensions and formats with made-up weights (one layer, 8 experts) behind the byte tokenizer:
+    # the model samples ids the tokenizer has no bytes for; they come back as ids without text, and the server
+    # goes on serving.
+    s = Server("--synthetic", "v41-flash", "--synthetic-layers", "1", "--synthetic-experts", "8", "--kv-memory", "64M",
+               model=None)
+    try:
+        for _ in range(2):
+            status, body = s.raw("POST", "/generate", {"input_ids": [1, 2, 3], "sampling_params": {
+                "temperature": 0, "max_new_tokens": 2, "ignore_eos": True}})
+            assert status == 200, body
+            r = json.loads(body)
+            assert len(r["output_ids"]) == 2 and any(i >= 256 for i in r["output_ids"]), r
+        status, body = s.raw("GET", "/v1/models")
+        assert status == 200 and json.loads(body)["data"][0]["id"] == "synthetic-v41-flash"
+    finally:
+        s.stop()

@@ -136,6 +136,19 @@ TEST(StreamDecoder, RandomIdsConcatenateToDecode) {
     }
 }
 
+// A model may sample an id its tokenizer has no entry for (vocabularies padded beyond the tokenizer's): no text,
+// and the stream goes on (the engine reports the id itself).
+TEST(StreamDecoder, IdsOutsideTheVocabularyAddNoText) {
+    const Tokenizer& t = small();
+    StreamDecoder sd(t);
+    const int32_t a = t.token_id("a");
+    ASSERT_GE(a, 0);
+    EXPECT_EQ(sd.push(t.vocab_size()), "");
+    EXPECT_EQ(sd.push(t.vocab_size() + 1000), "");
+    EXPECT_EQ(sd.push(a), "a");
+    EXPECT_EQ(sd.flush(), "");
+}
+
 TEST(StreamDecoder, TruncatedCharacterComesOutOnFlush) {
     const Tokenizer& t = small();
     int32_t e4 = t.token_id("\xc3\xa4");

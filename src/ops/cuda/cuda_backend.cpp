@@ -174,7 +174,18 @@ private:
 };
 }  // namespace
 
-std::shared_ptr<void> pinned_host_buffer(size_t bytes) { return PinnedPool::get().take(std::max<size_t>(bytes, 64)); }
+// Small requests (the sampler's ids and logprobs, whose size follows the batch) are rounded up to a power of two
+// of at least 4 KB, so that a pooled buffer serves them again and no step pays for a fresh allocation (or for the
+// synchronising free of a buffer the bounded pool drops).
+std::shared_ptr<void> pinned_host_buffer(size_t bytes) {
+    size_t b = std::max<size_t>(bytes, 64);
+    if (b <= (size_t(1) << 20)) {
+        size_t r = 4096;
+        while (r < b) r <<= 1;
+        b = r;
+    }
+    return PinnedPool::get().take(b);
+}
 
 Tensor CudaBackend::to_host_pinned(const Tensor& dev, double* wait_ms) {
     PEREGRINE_CHECK(dev.device() == Device::CUDA, "to_host: tensor is not on the device");

@@ -78,6 +78,25 @@ if "$bin/peregrine" bench engine --help >/dev/null 2>&1; then
   bench_rc=${PIPESTATUS[0]}
 fi
 
+# Serving at V4.1-Flash's dimensions (synthetic weights; SERVE_LAYERS, default 4): `bench serve` with the overlapped
+# schedule and without (SERVE_BENCH=0 skips it).
+serve_bench=()
+if [[ ${SERVE_BENCH:-1} != 0 ]]; then
+  say "== serve --synthetic v41-flash: bench serve, overlap on / off"
+  for ov in on off; do
+    flag=(); [[ $ov == off ]] && flag=(--disable-overlap-schedule)
+    "$bin/peregrine" serve --device cuda --synthetic v41-flash --synthetic-layers "${SERVE_LAYERS:-4}" --port 30124 \
+      --host 127.0.0.1 "${flag[@]}" >"$out/serve-synthetic-$ov.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 600); do curl -sf http://127.0.0.1:30124/health >/dev/null 2>&1 && break; sleep 0.5; done
+    timeout 600 "$bin/peregrine" bench serve --url http://127.0.0.1:30124 --dataset random --input-len 512 --output-len 128 \
+      --num-prompts 64 --max-concurrency 16 --output-file "$out/bench-serve-$ov.json" >"$out/bench-serve-$ov.log" 2>&1
+    kill $pid 2>/dev/null; wait $pid 2>/dev/null
+    serve_bench+=("$(printf '%-28s %s' "bench serve (overlap $ov)" "$(grep -E 'Output token throughput|Median TPOT|Median TTFT' \
+      "$out/bench-serve-$ov.log" | sed -E 's/ +/ /g; s/ \(ms\)//; s/ \(tok\/s\)//' | tr '\n' ';')")")
+  done
+fi
+
 # Read-only streaming ceilings of this GPU by load scheme (bench/bench_read_bandwidth), when the binary is there.
 rb=$(ls "$bin"/bench_read_bandwidth "$bin"/bench/bench_read_bandwidth 2>/dev/null | head -1)
 if [[ -n $rb ]]; then
@@ -93,4 +112,5 @@ grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/parity.log"
 [[ -f $out/bench.log ]] && tail -n 40 "$out/bench.log"
 printf '%-28s %s\n' "gtest exit code" "$parity_rc" "CLI generate cuda vs cpu" "$cli" "serve cuda vs generate cpu" "$serve" \
   "bench" "$bench_rc"
+for l in "${serve_bench[@]}"; do echo "$l"; done
 [[ $parity_rc == 0 && $cli == same && $serve == same ]]

@@ -331,6 +331,23 @@ __device__ int select_stream(const float* v, int64_t n, int k, int32_t* sel) {
     __syncthreads();
     bool compacted = false;  // uniform
     int nc = 0;
+    // Calls f(j, order key of v[j], j < n) for every j of the row, four loads in flight per thread; the whole
+    // block calls it (f may use warp collectives: every lane takes part in every call).
+    auto stream_row = [&](auto&& f) {
+        for (int64_t base = 0; base < n; base += 4 * static_cast<int64_t>(blockDim.x)) {
+            float x[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int64_t j = base + u * static_cast<int64_t>(blockDim.x) + tid;
+                x[u] = j < n ? v[j] : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int64_t j = base + u * static_cast<int64_t>(blockDim.x) + tid;
+                f(j, order_key(x[u]), j < n);
+            }
+        }
+    };
     auto count_bin = [&](uint32_t key, bool valid, uint32_t prefix, uint32_t mask, int shift) {
         const bool cand = valid && (key & mask) == prefix;
         const uint32_t bin = cand ? (key >> shift) & 255u : 256u;
@@ -348,19 +365,7 @@ __device__ int select_stream(const float* v, int64_t n, int k, int32_t* sel) {
                 count_bin(i < nc ? c_key[i] : 0u, i < nc, prefix, mask, shift);
             }
         } else {
-            for (int64_t base = 0; base < n; base += 4 * static_cast<int64_t>(blockDim.x)) {
-                float x[4];
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    const int64_t j = base + u * static_cast<int64_t>(blockDim.x) + tid;
-                    x[u] = j < n ? v[j] : 0.0f;
-                }
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    const int64_t j = base + u * static_cast<int64_t>(blockDim.x) + tid;
-                    count_bin(order_key(x[u]), j < n, prefix, mask, shift);
-                }
-            }
+            stream_row([&](int64_t, uint32_t key, bool valid) { count_bin(key, valid, prefix, mask, shift); });
         }
         __syncthreads();
         if (tid == 0) {
@@ -380,29 +385,18 @@ __device__ int select_stream(const float* v, int64_t n, int k, int32_t* sel) {
         __syncthreads();
         if (s_fit) {  // uniform: copy every key at or above the prefix (its bits) with its index
             const uint32_t p = s_prefix, m = s_mask;
-            for (int64_t base = 0; base < n; base += 4 * static_cast<int64_t>(blockDim.x)) {
-                float x[4];  // four loads in flight, as in the histogram passes
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    const int64_t j = base + u * static_cast<int64_t>(blockDim.x) + tid;
-                    x[u] = j < n ? v[j] : 0.0f;
+            stream_row([&](int64_t j, uint32_t key, bool valid) {
+                const bool keep = valid && (key & m) >= p;
+                const unsigned kept = __ballot_sync(0xffffffffu, keep);
+                int first = 0;
+                if (lane == 0 && kept) first = atomicAdd(&s_nc, __popc(kept));
+                first = __shfl_sync(0xffffffffu, first, 0);
+                if (keep) {
+                    const int pos = first + __popc(kept & ((1u << lane) - 1u));
+                    c_idx[pos] = static_cast<int32_t>(j);
+                    c_key[pos] = key;
                 }
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    const int64_t j = base + u * static_cast<int64_t>(blockDim.x) + tid;
-                    const uint32_t key = order_key(x[u]);
-                    const bool keep = j < n && (key & m) >= p;
-                    const unsigned kept = __ballot_sync(0xffffffffu, keep);
-                    int first = 0;
-                    if (lane == 0 && kept) first = atomicAdd(&s_nc, __popc(kept));
-                    first = __shfl_sync(0xffffffffu, first, 0);
-                    if (keep) {
-                        const int pos = first + __popc(kept & ((1u << lane) - 1u));
-                        c_idx[pos] = static_cast<int32_t>(j);
-                        c_key[pos] = key;
-                    }
-                }
-            }
+            });
             __syncthreads();
             nc = s_nc;
             sort_by_index(c_idx, c_key, nc);

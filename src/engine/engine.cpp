@@ -398,12 +398,7 @@ struct Engine::Impl {
         for (size_t i = 0; i < res.size(); ++i) {
             auto& r = l.sampled[i];
             if (r->phase == EngineRequest::Phase::finished) continue;  // cancelled meanwhile
-            TokenOutput out;
-            out.id = res[i].id;
-            out.logprob = res[i].logprob;
-            out.top = std::move(res[i].top);
-            if (tok && tok->is_valid(out.id)) out.text = tok->token_bytes(out.id);
-            generated += deliver(r, std::move(out), now);
+            generated += deliver(r, token_output(std::move(res[i])), now);
         }
         trace.deliver += ms_since(tw);
         return generated;
@@ -578,13 +573,7 @@ struct Engine::Impl {
             std::vector<SampleRow> rows;
             for (size_t i : device_rows) rows.push_back(sample_row(*sampled[i], static_cast<int>(i)));
             std::vector<SampleResult> res = be.sample(logits, rows);
-            for (size_t j = 0; j < device_rows.size(); ++j) {
-                TokenOutput& out = chosen[device_rows[j]];
-                out.id = res[j].id;
-                out.logprob = res[j].logprob;
-                out.top = std::move(res[j].top);
-                if (tok && tok->is_valid(out.id)) out.text = tok->token_bytes(out.id);
-            }
+            for (size_t j = 0; j < device_rows.size(); ++j) chosen[device_rows[j]] = token_output(std::move(res[j]));
         }
         // Choosing the tokens on the host is independent per request (own logits row, sampler, grammar
         // matcher): it runs in parallel; delivering them and the finishing rules run in order.
@@ -645,6 +634,16 @@ struct Engine::Impl {
         s.logprobs = p.logprobs;
         s.top_logprobs = p.logprobs ? p.top_logprobs : 0;
         return s;
+    }
+
+    // A token the backend sampled, with its bytes for the stream.
+    TokenOutput token_output(SampleResult&& s) const {
+        TokenOutput out;
+        out.id = s.id;
+        out.logprob = s.logprob;
+        out.top = std::move(s.top);
+        if (tok && tok->is_valid(out.id)) out.text = tok->token_bytes(out.id);
+        return out;
     }
 
     // Samples the next token of `r` from its logits row on the host (grammar mask, then the same adjustments

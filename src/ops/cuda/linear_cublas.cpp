@@ -4,6 +4,7 @@
 // the exact kernels' products, only summed in fp32 in another order; the output is rounded to bf16 as the
 // reference does. F32 linears run an fp32 GEMM (COMPUTE_32F, no TF32). Weights are dequantised per call into
 // a bounded scratch that grows and is reused; the model keeps only its stored formats.
+#include "ops/cuda/device_scratch.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/linear_cublas.h"
 #include "util/error.h"
@@ -31,32 +32,11 @@ void check(cublasStatus_t s, const char* what) {
     if (s != CUBLAS_STATUS_SUCCESS) fail("cuBLAS {} failed: {}", what, cublasGetStatusString(s));
 }
 
-// Device memory on the backend's stream (the per-thread default stream) that only grows; stream order keeps reuse safe.
-struct Scratch {
-    void* p = nullptr;
-    size_t cap = 0;
-    char* reserve(size_t bytes) {
-        if (bytes > cap) {
-            if (p) PG_CUDA(cudaFreeAsync(p, 0));
-            p = nullptr;
-            cap = 0;
-            PG_CUDA(cudaMallocAsync(&p, bytes, 0));
-            cap = bytes;
-        }
-        return static_cast<char*>(p);
-    }
-    void release() {
-        if (p) cudaFree(p);
-        p = nullptr;
-        cap = 0;
-    }
-};
-
 // One handle (the calling thread's default stream, workspace set once) and the scratch buffers.
 struct Context {
     cublasHandle_t handle = nullptr;
     void* workspace = nullptr;
-    Scratch weights, acts, outs, table;
+    DeviceScratch weights, acts, outs, table;
     bool grouped = true;  // routed GEMMs through cublasGemmGroupedBatchedEx (else one GEMM per expert)
     std::string grouped_error;  // why the grouped call was turned off ("" while it works)
 
@@ -71,12 +51,8 @@ struct Context {
         }
         return handle;
     }
-    ~Context() {  // the thread ends (before the runtime does, also for the main thread)
+    ~Context() {  // the thread ends (before the runtime does, also for the main thread); the scratch goes after
         if (weights.p || acts.p || outs.p || table.p) cudaDeviceSynchronize();
-        weights.release();
-        acts.release();
-        outs.release();
-        table.release();
         if (handle) cublasDestroy(handle);
         if (workspace) cudaFree(workspace);
     }

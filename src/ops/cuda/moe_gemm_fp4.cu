@@ -7,6 +7,7 @@
 // tensor cores' order; outputs are rounded to bf16 as the reference rounds them, and scattered to the pair
 // rows. The gated form runs w1 and w3 over the same rows in one pass and applies the clamped SwiGLU and the
 // routing weight in the epilogue (moe_kernels.cu swiglu_kernel's arithmetic).
+#include "ops/cuda/device_scratch.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/moe_gemm_fp4.h"
 #include "ops/cuda/moe_gemm_fp4_common.cuh"
@@ -250,30 +251,12 @@ __global__ void __launch_bounds__(kGemmThreads) fp4_grouped_kernel(GemmArgs g) {
         }
 }
 
-// Grow-only device scratch on the calling thread's stream (0): the sorted bf16 rows and the row tiles. One per device
-// and thread (threads have streams of their own), freed when the thread ends.
-struct Scratch {
-    void* p = nullptr;
-    size_t cap = 0;
-    ~Scratch() {
-        if (p) cudaFree(p);
-    }
-    char* reserve(size_t bytes) {
-        if (bytes > cap) {
-            if (p) PG_CUDA(cudaFreeAsync(p, 0));
-            p = nullptr;
-            cap = 0;
-            PG_CUDA(cudaMallocAsync(&p, bytes, 0));
-            cap = bytes;
-        }
-        return static_cast<char*>(p);
-    }
-};
-
-Scratch& scratch() {
+// The sorted bf16 rows and the row tiles: one scratch per device and thread (threads have streams of their own),
+// freed when the thread ends.
+DeviceScratch& scratch() {
     int dev = 0;
     PG_CUDA(cudaGetDevice(&dev));
-    thread_local std::map<int, Scratch> per_device;
+    thread_local std::map<int, DeviceScratch> per_device;
     return per_device[dev];
 }
 
@@ -286,7 +269,7 @@ void run(const float* x, const float* xs, int64_t M, int div, int E, const Linea
     if (E <= 0 || E > 4096 || div <= 0) cuda_fail(cudaErrorInvalidValue, "fp4_grouped: bad expert count", __FILE__, __LINE__);
     if (!fp4_grouped_supported(w))
         cuda_fail(cudaErrorInvalidValue, "fp4_grouped: unsupported shape", __FILE__, __LINE__);
-    Scratch& s = scratch();
+    DeviceScratch& s = scratch();
     const unsigned max_tiles = static_cast<unsigned>((P + kBM - 1) / kBM + E);  // each expert adds <= 1 partial tile
     if (max_tiles > 65535u) cuda_fail(cudaErrorInvalidValue, "fp4_grouped: too many row tiles", __FILE__, __LINE__);
     const size_t abytes = (static_cast<size_t>(P) * K * 2 + 255) & ~size_t(255);

@@ -47,8 +47,9 @@ ModelRun open(const std::string& fx, bool graphs, int n_seqs, int64_t tokens) {
     return r;
 }
 
-// One step: sequence i feeds feeds[i] (empty: not in the batch); logits of every sequence's last row.
-Tensor step(ModelRun& r, const std::vector<std::vector<int32_t>>& feeds) {
+// One step: sequence i feeds feeds[i] (empty: not in the batch); logits of every sequence's last row (in host
+// memory, or left on the device).
+Tensor step(ModelRun& r, const std::vector<std::vector<int32_t>>& feeds, bool logits_to_host = true) {
     ForwardBatch b;
     std::vector<int> rows;
     for (size_t i = 0; i < feeds.size(); ++i) {
@@ -58,7 +59,7 @@ Tensor step(ModelRun& r, const std::vector<std::vector<int32_t>>& feeds) {
         b.token_ids.insert(b.token_ids.end(), feeds[i].begin(), feeds[i].end());
         rows.push_back(b.rows() - 1);
     }
-    return r.m->forward(b, rows);
+    return r.m->forward(b, rows, logits_to_host);
 }
 
 int32_t argmax(const float* row, int n) {
@@ -172,17 +173,6 @@ void compare_deferred(const char* fx, int n_seqs) {
         }
         return rows;
     };
-    auto forward = [&](ModelRun& r, const std::vector<std::vector<int32_t>>& feeds) {
-        ForwardBatch b;
-        std::vector<int> rows;
-        for (size_t i = 0; i < feeds.size(); ++i) {
-            SeqState& s = r.seqs[i];
-            b.seqs.push_back({&s, s.n_cached, static_cast<int>(feeds[i].size()), b.rows()});
-            b.token_ids.insert(b.token_ids.end(), feeds[i].begin(), feeds[i].end());
-            rows.push_back(b.rows() - 1);
-        }
-        return r.m->forward(b, rows, false);  // logits stay on the device
-    };
     std::vector<std::vector<int32_t>> feeds(static_cast<size_t>(n_seqs)), dfeeds;
     for (int i = 0; i < n_seqs; ++i) {
         const size_t len = std::min(ids.size(), static_cast<size_t>(5 + 6 * i));
@@ -192,9 +182,9 @@ void compare_deferred(const char* fx, int n_seqs) {
     int same_steps = 0, deferred_tokens = 0;
     std::vector<int64_t> fed_pos(static_cast<size_t>(n_seqs), -1);
     for (int st = 0; st <= decode_steps; ++st) {
-        Tensor a = forward(host, feeds);
+        Tensor a = step(host, feeds, false);  // logits stay on the device
         std::vector<SampleResult> ha = host.be().sample(a, rows_of(sh));
-        Tensor b = forward(dev, dfeeds);
+        Tensor b = step(dev, dfeeds, false);
         dev.be().sample_start(b, rows_of(sd));
         if (st > 0) {  // the previous step's samples arrive: patch the histories that hold them as deferred ids
             std::vector<SampleResult> prev = dev.be().sample_finish();

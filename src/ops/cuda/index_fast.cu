@@ -20,6 +20,7 @@
 // The selected set and order are the exact kernels' (ties to the lower index), so only scoring differs.
 #include "ops/cuda/cp_async.cuh"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/gemv_common.cuh"  // gemv_sm_count
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
 
@@ -261,6 +262,114 @@ __global__ void gather_keys_kernel(const uint8_t* const* keys, int64_t n, EntryF
     const int hd = kf.dim;
     if (i >= n * hd) return;
     out[i] = __float2bfloat16_rn(entry_value(kf, keys[i / hd], static_cast<int>(i % hd)));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Decode scorer on the tensor cores: a CTA takes one query row (its heads as the mma's M, up to 16 x MT) and walks
+// its keys 64 at a time (4 warps x 16 keys as N), decoding the packed fp4 keys into bf16 shared memory as it loads
+// them (e2m1 x ue8m0 values are bf16 values; so are the fp4-quantised queries). The per-head fold (bf16(dot), relu,
+// x weight, bf16) and the sum over heads in head order are the streaming kernel's; only the dot products' fp32 sums
+// run in another order (within a bf16 step of the streaming kernel's where they are not exact).
+constexpr int kDecKeys = 64, kDecThreads = 128, kDecMaxHeads = 64;
+
+template <int MT>
+__global__ void __launch_bounds__(kDecThreads) index_decode_mma_kernel(
+    const float* iq, const float* wts, const int32_t* row_list, int n_rows, int nh, const int64_t* width,
+    const int64_t* visible, const int64_t* keybase, const uint8_t* const* keys, int64_t stride, float* scores) {
+    constexpr int NH = 16 * MT, VS = kDecKeys + 1;
+    __shared__ __align__(16) __nv_bfloat16 Qs[NH * kRowE];
+    // The keys [kDecKeys][kRowE] (bf16), then, once every warp has read them, the folded values [NH][VS] (fp32).
+    __shared__ __align__(16) float KV[kDecKeys * kRowE / 2];
+    static_assert(NH * VS <= kDecKeys * kRowE / 2, "the folded values fit where the keys were");
+    __shared__ float Ws[NH];
+    __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(KV);
+    float* Vs = KV;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+    for (int ri = blockIdx.y; ri < n_rows; ri += gridDim.y) {
+        const int64_t t = row_list ? row_list[ri] : ri;
+        const int64_t lim = min(width[t], visible[t]);
+        __syncthreads();  // the previous row is done with Qs and Ws
+        for (int i = tid; i < NH * (kHD / 2); i += blockDim.x) {
+            const int h = i / (kHD / 2), c = 2 * (i % (kHD / 2));
+            const float2 v = h < nh ? *reinterpret_cast<const float2*>(iq + (t * nh + h) * kHD + c) : make_float2(0.0f, 0.0f);
+            *reinterpret_cast<__nv_bfloat162*>(Qs + h * kRowE + c) = __floats2bfloat162_rn(v.x, v.y);
+        }
+        for (int i = tid; i < NH; i += blockDim.x) Ws[i] = i < nh ? wts[t * nh + i] : 0.0f;
+        __syncthreads();
+        for (int64_t j0 = static_cast<int64_t>(blockIdx.x) * kDecKeys; j0 < stride;
+             j0 += static_cast<int64_t>(gridDim.x) * kDecKeys) {
+            if (j0 >= lim) {  // nothing visible (uniform)
+                for (int i = tid; i < kDecKeys; i += blockDim.x)
+                    if (j0 + i < stride) scores[t * stride + j0 + i] = -INFINITY;
+                continue;
+            }
+            // A key is four blocks of 32 values (16 bytes of codes, one ue8m0 scale at byte 64 + block).
+            for (int i = tid; i < kDecKeys * 4; i += blockDim.x) {
+                const int r = i >> 2, q = i & 3;
+                const int64_t j = j0 + r;
+                __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(Ks + r * kRowE + 32 * q);
+                if (j < lim) {
+                    const uint8_t* p = keys[keybase[t] + j];
+                    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + q);
+                    const float s = sf_ue8m0(__ldg(p + 64 + q));
+                    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                    for (int k = 0; k < 4; ++k)
+#pragma unroll
+                        for (int n = 0; n < 8; n += 2)
+                            dst[4 * k + n / 2] = __floats2bfloat162_rn(sf_e2m1(static_cast<uint8_t>((w[k] >> (4 * n)) & 15u)) * s,
+                                                                      sf_e2m1(static_cast<uint8_t>((w[k] >> (4 * n + 4)) & 15u)) * s);
+                } else {
+#pragma unroll
+                    for (int k = 0; k < 16; ++k) dst[k] = __floats2bfloat162_rn(0.0f, 0.0f);
+                }
+            }
+            __syncthreads();
+            float dot[MT][2][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) dot[mt][nt][e] = 0.0f;
+#pragma unroll
+            for (int k0 = 0; k0 < kHD; k0 += 16) {
+                uint32_t b[2][2];
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt) {
+                    const __nv_bfloat16* k = Ks + (warp * 16 + nt * 8 + g) * kRowE + k0 + 2 * tq;
+                    b[nt][0] = lds32(k);
+                    b[nt][1] = lds32(k + 8);
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    const __nv_bfloat16* q = Qs + (mt * 16 + g) * kRowE + k0 + 2 * tq;
+                    const uint32_t a[4] = {lds32(q), lds32(q + 8 * kRowE), lds32(q + 8), lds32(q + 8 * kRowE + 8)};
+#pragma unroll
+                    for (int nt = 0; nt < 2; ++nt) mma_bf16(dot[mt][nt], a, b[nt][0], b[nt][1]);
+                }
+            }
+            __syncthreads();  // every warp has read the keys: their space takes the folded values
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int h = mt * 16 + g + (e < 2 ? 0 : 8), key = warp * 16 + nt * 8 + 2 * tq + (e & 1);
+                        const float d = round_bf16(dot[mt][nt][e]);
+                        Vs[h * VS + key] = round_bf16(fmaxf(d, 0.0f) * Ws[h]);
+                    }
+            __syncthreads();
+            if (tid < kDecKeys && j0 + tid < stride) {
+                const int64_t j = j0 + tid;
+                float acc = 0.0f;
+                for (int h = 0; h < nh; ++h) acc += Vs[h * VS + tid];
+                scores[t * stride + j] = j < lim ? round_bf16(acc) : -INFINITY;
+            }
+            __syncthreads();  // the folded values are read before the next keys overwrite them
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -519,12 +628,40 @@ bool index_scores_stream_supported(int nh, int hd) {
     return hd <= kStreamMaxDim && hd % 4 == 0 && static_cast<size_t>(nh) * (hd + 1) * sizeof(float) <= 48 * 1024;
 }
 
+namespace {
+int& index_decode_choice() {  // PEREGRINE_INDEX_DECODE=stream: the CUDA-core kernel for every decode row (A/B)
+    static int on = [] {
+        const char* m = std::getenv("PEREGRINE_INDEX_DECODE");
+        return m && std::strcmp(m, "stream") == 0 ? 0 : 1;
+    }();
+    return on;
+}
+}  // namespace
+
+void index_scores_decode_use_mma(bool on) { index_decode_choice() = on ? 1 : 0; }
+
 void index_scores_stream(const float* iq, const float* wts, const int32_t* row_list, int n_rows, int nh, int hd,
                          const int64_t* width, const int64_t* visible, const int64_t* keybase,
                          const uint8_t* const* keys, const EntryFormat& kf, int64_t stride, float* scores) {
     if (n_rows == 0 || stride == 0) return;
     if (!index_scores_stream_supported(nh, hd) || kf.dim != hd)
         cuda_fail(cudaErrorInvalidValue, "index_scores_stream: unsupported head shape", __FILE__, __LINE__);
+    if (index_decode_choice() && hd == kHD && nh <= kDecMaxHeads && kf.kind == kEntryFp4Ue8m0 && kf.dim == kHD && kf.block == 32 &&
+        kf.scale_offset == 64 && kf.bytes % 16 == 0) {
+        // About two waves of CTAs (each stages its row's queries once and walks its share of the keys).
+        const int64_t chunks = (stride + kDecKeys - 1) / kDecKeys;
+        const int64_t want = (2 * 6 * static_cast<int64_t>(gemv_sm_count()) + n_rows - 1) / n_rows;
+        const dim3 grid(static_cast<unsigned>(std::clamp<int64_t>(want, 1, chunks)), static_cast<unsigned>(std::min(n_rows, 65535)));
+        const int mt = (nh + 15) / 16;
+        auto run = [&](auto kernel) {
+            kernel<<<grid, kDecThreads>>>(iq, wts, row_list, n_rows, nh, width, visible, keybase, keys, stride, scores);
+        };
+        if (mt == 1) run(index_decode_mma_kernel<1>);
+        else if (mt == 2) run(index_decode_mma_kernel<2>);
+        else run(index_decode_mma_kernel<4>);  // 3 takes 4: the extra heads are zero and not summed
+        PG_LAUNCHED();
+        return;
+    }
     const dim3 grid(blocks_for(stride, kStreamThreads), static_cast<unsigned>(std::min(n_rows, 65535)));
     const size_t smem = sizeof(float) * static_cast<size_t>(nh) * (hd + 1);
     index_stream_kernel<<<grid, kStreamThreads, smem>>>(iq, wts, row_list, n_rows, nh, hd, width, visible, keybase,

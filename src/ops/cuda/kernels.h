@@ -270,6 +270,9 @@ bool index_scores_stream_supported(int nh, int hd);
 void index_scores_stream(const float* iq, const float* wts, const int32_t* row_list, int n_rows, int nh, int hd,
                          const int64_t* width, const int64_t* visible, const int64_t* keybase,
                          const uint8_t* const* keys, const EntryFormat& kf, int64_t stride, float* scores);
+// The fp4 indexer keys of 128 values (the release's format) score on the tensor cores, a CTA per query row with its
+// heads as the mma's M (default), or on the CUDA cores (false; PEREGRINE_INDEX_DECODE=stream): within a bf16 step.
+void index_scores_decode_use_mma(bool on);
 bool index_scores_mma_supported(int nh, int hd);
 // Tensor-core scoring of query tiles that share their keys: tiles [n_tiles][4] int64 = (first row, rows
 // <= 64, first key in kb, keys of the sequence); qb bf16 [T, nh, 128]; kb bf16 [*, 128].

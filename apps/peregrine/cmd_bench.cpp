@@ -36,6 +36,7 @@ struct BenchArgs {
     int layers = 6, experts = 384, steps = 3, ep = 1;
     bool balanced = false;
     bool device_sampling = false;  // sample on the device instead of copying the logits to the host
+    bool overlap = false;          // decode: the serving engine's overlapped schedule (implies device sampling)
     std::string decode_batches = "8,16,32,64,128,256", contexts = "8192,131072", prefill_tokens = "4096,8192,16384,32768,65536";
     int64_t prefill_context = 131072;
     double max_step_seconds = 20.0;
@@ -122,7 +123,7 @@ struct Measured {
 // Runs `steps` timed forward steps (after one warm-up) of `n_seqs` sequences with cached context `ctx`,
 // feeding `rows_per_seq` tokens each; the last step is profiled per op.
 Measured run_steps(Model& m, cuda::CudaBackend& be, int n_seqs, int64_t ctx, int rows_per_seq, int steps,
-                   double max_step_seconds, bool* too_slow, bool device_sampling = false) {
+                   double max_step_seconds, bool* too_slow, bool device_sampling = false, bool overlap = false) {
     // Untimed first steps: decode's second call at a batch size captures its CUDA graphs, so it warms up twice.
     const int warm = rows_per_seq == 1 && steps > 1 ? 2 : 1;
     CachedSequences seqs(m, be, n_seqs, ctx, static_cast<int64_t>(rows_per_seq) * (steps + warm + 1));
@@ -135,7 +136,7 @@ Measured run_steps(Model& m, cuda::CudaBackend& be, int n_seqs, int64_t ctx, int
         const bool last = step == warm + steps - 1;
         be.set_profiling(last);
         auto t0 = std::chrono::steady_clock::now();
-        if (device_sampling) {  // logits stay on the device; the ids come back: the step is complete
+        auto sample_rows = [&] {
             std::vector<SampleRow> rows(logit_rows.size());
             SamplingParams sp;
             sp.top_p = 0.95f;
@@ -145,7 +146,18 @@ Measured run_steps(Model& m, cuda::CudaBackend& be, int n_seqs, int64_t ctx, int
                 rows[i].seed = i;
                 rows[i].index = static_cast<uint64_t>(step);
             }
-            (void)be.sample(m.forward(batch, logit_rows, false), rows);
+            return rows;
+        };
+        if (overlap) {
+            // The engine's overlapped schedule: this step reads the previous step's samples on the device (deferred
+            // ids), is enqueued, and only then are the previous step's ids taken. A step's time is one iteration:
+            // in the steady state the longer of the host's enqueue and the device's step.
+            if (step > 0)
+                for (size_t i = 0; i < batch.token_ids.size(); ++i) batch.token_ids[i] = Backend::deferred_id(static_cast<int>(i));
+            be.sample_start(m.forward(batch, logit_rows, false), sample_rows());
+            if (step > 0) (void)be.sample_finish();
+        } else if (device_sampling) {  // logits stay on the device; the ids come back: the step is complete
+            (void)be.sample(m.forward(batch, logit_rows, false), sample_rows());
         } else {
             Tensor logits = m.forward(batch, logit_rows);  // host logits: the step is complete
         }
@@ -169,6 +181,7 @@ Measured run_steps(Model& m, cuda::CudaBackend& be, int n_seqs, int64_t ctx, int
             }
         }
     }
+    if (overlap) (void)be.sample_finish();  // the last step's samples
     std::sort(times.begin(), times.end());
     std::sort(waits.begin(), waits.end());
     r.ms = times[times.size() / 2] * 1e3;  // median
@@ -202,12 +215,15 @@ int run_bench(const BenchArgs& a) {
                 sb.total(), sb.window, sb.comp, sb.index, model->layout().page_tokens, model->layout().page_bytes,
                 static_cast<double>(model->layout().page_bytes) / model->layout().page_tokens);
     std::printf("CUDA graphs (PEREGRINE_CUDA_GRAPHS): %s\n", be.graphs() ? "on (decode MoE blocks)" : "off");
+    if (a.overlap)
+        std::printf("decode schedule: overlapped (each step enqueued before the previous step's ids come back)\n");
 
     nlohmann::json out;
     out["device"] = cuda::CudaBackend::device_name();
     out["layers"] = a.layers;
     out["experts"] = a.experts;
-    out["device_sampling"] = a.device_sampling;
+    out["device_sampling"] = a.device_sampling || a.overlap;
+    out["overlap"] = a.overlap;
     out["balanced_routing"] = a.balanced;
     out["copy_bandwidth_gbs"] = bw;
     out["cuda_graphs"] = be.graphs();
@@ -260,7 +276,8 @@ int run_bench(const BenchArgs& a) {
                 continue;
             }
             bool slow = false;
-            Measured r = run_steps(*model, be, static_cast<int>(B), ctx, 1, a.steps, a.max_step_seconds, &slow, a.device_sampling);
+            Measured r = run_steps(*model, be, static_cast<int>(B), ctx, 1, a.steps, a.max_step_seconds, &slow, a.device_sampling,
+                                   a.overlap);
             Cost k = step_cost(*model, B, ctx, B, a.balanced);
             const double sec = r.ms * 1e-3;
             const double gbs = (k.weight_bytes + k.state_bytes) / sec / 1e9;
@@ -337,6 +354,9 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_flag("--balanced-routing", a->balanced, "Every expert equally loaded");
     cmd->add_flag("--device-sampling", a->device_sampling,
                   "Decode steps sample every row on the device (top-p 0.95, seeded) instead of copying the logits");
+    cmd->add_flag("--overlap", a->overlap,
+                  "Decode steps as the serving engine's overlapped schedule: step N+1 enqueued (reading step N's samples "
+                  "on the device) before step N's ids are taken");
     cmd->add_option("--device", a->device, "cuda");
     cmd->add_option("--decode-batches", a->decode_batches, "Comma-separated decode batch sizes");
     cmd->add_option("--contexts", a->contexts, "Comma-separated cached contexts for decode");
@@ -348,6 +368,7 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--ep", a->ep, "Expert-parallel ranks (GPUs 0..N-1; batches and prefill tokens are per GPU)")
         ->check(CLI::Range(1, 64));
     cmd->callback([a, &exit_code] {
+        PEREGRINE_CHECK(!(a->overlap && a->ep > 1), "--overlap: expert-parallel ranks step without the overlapped schedule");
         if (a->ep == 1) {
             exit_code = run_bench(*a);
             return;

@@ -14,6 +14,7 @@
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/moe_gemm_fp4.h"
 #include "tensor/dtype.h"
+#include "tensor/quant.h"
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -22,6 +23,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -181,6 +183,76 @@ const DenseShape kDense[] = {
     {"gate 5120->384 f32", 0, false, 5120, 384},         {"gate 5120->384 f32(bf16 w)", 0, true, 5120, 384},
     {"head 5120->129280 f32(bf16 w)", 0, true, 5120, 129280}, {"head 5120->129280 bf16", 1, false, 5120, 129280},
 };
+
+// Activation quantisation (act_quant) and the in-place quantise-dequantise of cached entries (qdq_rows) against the
+// host's reference functions, bit for bit: the vectorised path (lanes sharing a block) and the general one
+// (misaligned rows), at prefill size with blocks of special values (zeros, tiny, huge).
+TEST(CudaQuant, ActivationQuantisationMatchesHost) {
+    REQUIRE_GPU();
+    uint64_t seed = 7;
+    auto fill = [&](std::vector<float>& v, int block) {
+        for (size_t i = 0; i < v.size(); ++i) {
+            const double u = static_cast<double>(splitmix(seed) >> 11) * 0x1.0p-53;
+            v[i] = bf16_to_f32(f32_to_bf16(static_cast<float>((u - 0.5) * std::ldexp(1.0, static_cast<int>(i / block % 24) - 12))));
+        }
+        const float special[] = {0.0f, 1e-30f, 3e38f, -3e38f, 1e-4f, -0.0f};
+        for (size_t b = 0; b < 6 && (b + 1) * block <= v.size(); ++b)  // block b: one special value, or all of it
+            for (int j = 0; j < block; ++j) v[b * block + j] = (b == 0 || j == 3) ? special[b] : v[b * block + j];
+    };
+    auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+        int64_t bad = 0;
+        for (size_t i = 0; i < a.size(); ++i) bad += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+        return bad;
+    };
+    struct Shape { int64_t M; int K, block; };
+    for (const Shape sh : {Shape{4096, 5120, 32}, Shape{37, 2304, 128}, Shape{5, 96, 8}, Shape{3, 96, 96}}) {
+        for (int offset : {0, 1}) {  // offset 1: rows not 16-byte aligned, the general kernel
+            const int64_t n = sh.M * sh.K;
+            std::vector<float> x(n), q(n), s(n / sh.block);
+            fill(x, sh.block);
+            for (int64_t m = 0; m < sh.M; ++m)
+                act_quant_fp8(&x[m * sh.K], sh.K, sh.block, &q[m * sh.K], &s[m * (sh.K / sh.block)]);
+            auto xd = device_alloc(sizeof(float) * (n + 1)), qd = device_alloc(sizeof(float) * (n + 1)),
+                 sd = device_alloc(sizeof(float) * s.size());
+            float* xp = static_cast<float*>(xd.get()) + offset;
+            float* qp = static_cast<float*>(qd.get()) + offset;
+            CK(cudaMemcpy(xp, x.data(), sizeof(float) * n, cudaMemcpyHostToDevice));
+            const double ms = test::device_ms([&] { act_quant(xp, sh.M, sh.K, sh.block, qp, static_cast<float*>(sd.get())); }, 5);
+            CK(cudaDeviceSynchronize());
+            std::vector<float> qg(n), sg(s.size());
+            CK(cudaMemcpy(qg.data(), qp, sizeof(float) * n, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(sg.data(), sd.get(), sizeof(float) * s.size(), cudaMemcpyDeviceToHost));
+            EXPECT_EQ(same(q, qg), 0) << sh.M << "x" << sh.K << " block " << sh.block << " offset " << offset;
+            EXPECT_EQ(same(s, sg), 0) << sh.M << "x" << sh.K << " block " << sh.block << " offset " << offset;
+            std::printf("PARITY quant act_quant %lldx%d block %d offset %d: bit-identical to the host, %.3f ms (%.0f GB/s)\n",
+                        static_cast<long long>(sh.M), sh.K, sh.block, offset, ms, 8.0 * n / ms / 1e6);
+        }
+    }
+    // qdq_rows: rows of `n` values at stride `rs`, the three kinds, as the attention path calls it.
+    struct Rows { int64_t rows; int rs, n, block, kind; };
+    for (const Rows r : {Rows{4096, 512, 512, 32, 0}, Rows{4096, 512, 448, 64, 0}, Rows{65536, 128, 128, 32, 1},
+                         Rows{4096, 512, 512, 16, 2}, Rows{33, 130, 128, 32, 1}}) {
+        std::vector<float> x(r.rows * r.rs);
+        fill(x, r.block);
+        std::vector<float> want = x;
+        for (int64_t i = 0; i < r.rows; ++i) {
+            float* row = &want[i * r.rs];
+            if (r.kind == 0) qdq_fp8(row, r.n, r.block);
+            else if (r.kind == 1) qdq_fp4_ue8m0(row, r.n, r.block);
+            else qdq_fp4_e4m3(row, r.n, r.block);
+        }
+        auto xd = device_alloc(sizeof(float) * x.size());
+        CK(cudaMemcpy(xd.get(), x.data(), sizeof(float) * x.size(), cudaMemcpyHostToDevice));
+        qdq_rows(static_cast<float*>(xd.get()), r.rows, r.rs, r.n, r.block, r.kind);
+        CK(cudaDeviceSynchronize());
+        std::vector<float> got(x.size());
+        CK(cudaMemcpy(got.data(), xd.get(), sizeof(float) * x.size(), cudaMemcpyDeviceToHost));
+        EXPECT_EQ(same(want, got), 0) << "qdq " << r.rows << "x" << r.n << " stride " << r.rs << " block " << r.block
+                                      << " kind " << r.kind;
+        std::printf("PARITY quant qdq_rows %lldx%d stride %d block %d kind %d: bit-identical to the host\n",
+                    static_cast<long long>(r.rows), r.n, r.rs, r.block, r.kind);
+    }
+}
 
 TEST(CudaGemm, DenseFastMatchesExact) {
     REQUIRE_GPU();

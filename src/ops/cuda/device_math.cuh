@@ -49,6 +49,17 @@ __device__ __forceinline__ float pow2_round_scale(float amax, float max_inv) {
     return __uint_as_float(static_cast<uint32_t>(l + 127) << 23);
 }
 
+// Max |x| of a quantisation block spread over `lanes` consecutive lanes (a power of two <= 32, blocks aligned to it),
+// every lane of the warp taking part. Max is exact in any order: the serial loop's value.
+__device__ __forceinline__ float group_amax(float v, int lanes) {
+    for (int o = lanes / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// Quantisation blocks that lanes can share four floats each (one 16-byte load a lane, coalesced): a power of two
+// in [4, 128].
+inline bool quad_blocks(int block) { return block >= 4 && block <= 128 && (block & (block - 1)) == 0; }
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
 // Transcendentals correctly rounded to float (computed in double, rounded once), so that they agree with
 // the host's (glibc's expf/sinf/cosf are correctly rounded in practice) instead of differing by an ulp.
 __device__ __forceinline__ float exp_cr(float x) { return static_cast<float>(exp(static_cast<double>(x))); }

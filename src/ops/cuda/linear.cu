@@ -9,6 +9,10 @@ namespace peregrine::cuda {
 
 namespace {
 
+__device__ __forceinline__ float act_quant_value(float v, float s) { return round_e4m3(fminf(fmaxf(v / s, -448.0f), 448.0f)); }
+__device__ __forceinline__ float act_quant_scale(float amax) { return pow2_round_scale(fmaxf(amax, 1e-4f), 1.0f / 448.0f); }
+
+// A thread per block: the general case.
 __global__ void act_quant_kernel(const float* x, int64_t M, int K, int block, float* q, float* scales) {
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     const int nb = K / block;
@@ -18,10 +22,26 @@ __global__ void act_quant_kernel(const float* x, int64_t M, int K, int block, fl
     const float* xb = x + m * K + static_cast<int64_t>(b) * block;
     float amax = 0.0f;
     for (int j = 0; j < block; ++j) amax = fmaxf(amax, fabsf(xb[j]));
-    const float s = pow2_round_scale(fmaxf(amax, 1e-4f), 1.0f / 448.0f);
+    const float s = act_quant_scale(amax);
     scales[m * nb + b] = s;
     float* qb = q + m * K + static_cast<int64_t>(b) * block;
-    for (int j = 0; j < block; ++j) qb[j] = round_e4m3(fminf(fmaxf(xb[j] / s, -448.0f), 448.0f));
+    for (int j = 0; j < block; ++j) qb[j] = act_quant_value(xb[j], s);
+}
+
+// Four floats a thread, block / 4 lanes a block (quad_blocks): coalesced 16-byte loads and stores. The rows are
+// contiguous, so element e's block is e / block whatever its row. n4 = M * K / 4 is a multiple of the lanes of a
+// block, so a block's lanes are all live or all dead.
+__global__ void act_quant4_kernel(const float* x, int64_t n4, int block, float* q, float* scales) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    const bool live = i < n4;
+    const int64_t e = live ? i * 4 : 0;
+    const float4 v = *reinterpret_cast<const float4*>(x + e);
+    const float amax = group_amax(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))), block / 4);
+    if (!live) return;
+    const float s = act_quant_scale(amax);
+    if ((threadIdx.x & (block / 4 - 1)) == 0) scales[e / block] = s;
+    *reinterpret_cast<float4*>(q + e) =
+        make_float4(act_quant_value(v.x, s), act_quant_value(v.y, s), act_quant_value(v.z, s), act_quant_value(v.w, s));
 }
 
 // Weight value k of row n (without its block scale).
@@ -102,7 +122,12 @@ __global__ void grouped_linear_kernel(const float* x, int64_t T, int G, int R, i
 void act_quant(const float* x, int64_t M, int K, int block, float* q, float* scales) {
     const int64_t n = M * (K / block);
     if (n == 0) return;
-    act_quant_kernel<<<blocks_for(n), kThreads>>>(x, M, K, block, q, scales);
+    if (quad_blocks(block) && aligned16(x) && aligned16(q)) {
+        const int64_t n4 = M * K / 4;
+        act_quant4_kernel<<<blocks_for(n4), kThreads>>>(x, n4, block, q, scales);
+    } else {
+        act_quant_kernel<<<blocks_for(n), kThreads>>>(x, M, K, block, q, scales);
+    }
     PG_LAUNCHED();
 }
 

@@ -15,6 +15,9 @@
 
 namespace peregrine::cuda {
 
+// A step with a sequence this long runs the compressor over its tokens in parallel (compressor_parallel); shorter
+// ones (decode) run them in order per channel (compressor_batch), which is cheaper for a token or a few.
+constexpr int64_t kParallelCompressorTokens = 32;
 
 struct CudaBackend::Emitted {
     Tensor latent;               // [n, d] normalised, before RoPE
@@ -79,7 +82,6 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
         if (carry_base) {
             const int n_active = static_cast<int>(meta.size() / 6);
             auto meta_d = upload(meta);
-            auto snap_d = upload(snap);
             CompressorArgs a;
             a.kv = kv.f32();
             a.score = score.f32();
@@ -89,8 +91,19 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
             a.overlap = cw.overlap ? 1 : 0;
             a.state = carry_base;
             a.pooled = pooled.f32();
-            a.snapshot = snap_d.ptr;
-            compressor_batch(a, n_active, meta_d.ptr);
+            int64_t longest = 0;
+            for (int s = 0; s < n_active; ++s) longest = std::max(longest, meta[6 * static_cast<size_t>(s) + 1]);
+            if (longest >= kParallelCompressorTokens) {  // prefill: the tokens in parallel too
+                const CompressorJobs jobs = compressor_jobs(meta.data(), n_active, ratio, snap.data());
+                auto emit_d = upload(jobs.emit), carry_d = upload(jobs.carry);
+                auto dest_d = upload(jobs.dest);
+                compressor_parallel(a, n_active, meta_d.ptr, emit_d.ptr, static_cast<int64_t>(jobs.emit.size() / 2),
+                                    carry_d.ptr, dest_d.ptr, static_cast<int64_t>(jobs.dest.size()));
+            } else {  // decode: a token or a few per sequence, one after another per channel
+                auto snap_d = upload(snap);
+                a.snapshot = snap_d.ptr;
+                compressor_batch(a, n_active, meta_d.ptr);
+            }
         }
         if (out.n() > 0) out.latent = rms_norm(pooled.reshaped({std::max(out.n(), 1), d}), cw.norm);
         return out;

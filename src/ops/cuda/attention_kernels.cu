@@ -127,6 +127,86 @@ __global__ void compressor_batch_kernel(CompressorArgs a, int n_seqs, const int6
     }
 }
 
+// Parallel compressor (Numerics::Fast, prefill-sized steps). What a carry slot holds after token p of a sequence
+// is known without running the state machine: a current-group slot (the only slots without overlap) holds the
+// latest token q <= p of its residue, a previous-group slot (overlap) what its current-group twin held at the
+// latest emission <= p. A token of this step comes from the projections (score plus ape, as the sequential kernel
+// stores it), an earlier one from the carry before the step. So emissions and snapshots run in parallel, reading
+// only the old carry, and give the sequential kernel's values bit for bit (each emission's arithmetic is
+// compressor_batch_kernel's, in the same order). s: kv slots then score slots.
+__device__ float carry_at(const CompressorArgs& a, int64_t P, int64_t row0, const float* st, int64_t p, int s, int col) {
+    const int ratio = a.ratio, off = a.overlap ? ratio : 0, slots = (a.overlap ? 2 : 1) * ratio;
+    const int width = (a.overlap ? 2 : 1) * a.d;
+    const bool score = s >= slots;
+    const int slot = score ? s - slots : s;
+    int64_t q = -1;   // the token the slot holds, when this step's
+    int from = slot;  // otherwise the old carry's slot that holds it
+    if (slot >= off) {
+        const int r = slot - off;
+        q = p - (((p - r) % ratio) + ratio) % ratio;
+    } else {
+        const int64_t g = (p + 1 >= 0 ? (p + 1) / ratio : -((-(p + 1) + ratio - 1) / ratio)) - 1;  // last group done by p
+        if (g * ratio + ratio - 1 >= P) {
+            q = g * ratio + slot;
+            from = ratio + slot;
+        }
+    }
+    if (q >= P) {
+        const int64_t row = row0 + (q - P);
+        if (!score) return a.kv[row * width + col];
+        const float v = a.score[row * width + col];
+        return a.ape ? v + a.ape[(q % ratio) * width + col] : v;
+    }
+    return st[static_cast<int64_t>((score ? slots : 0) + from) * width + col];
+}
+
+// Thread (emission k, channel c): jobs[2k ..] = (sequence, position of the emitting token); pooled row k.
+__global__ void compressor_emit_kernel(CompressorArgs a, const int64_t* seq, const int64_t* jobs, int64_t n_jobs) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    const int d = a.d, ratio = a.ratio, slots = (a.overlap ? 2 : 1) * ratio;
+    if (i >= n_jobs * d) return;
+    const int64_t k = i / d;
+    const int c = static_cast<int>(i % d);
+    const int64_t* m = seq + 6 * jobs[2 * k];
+    const int64_t P = m[0], row0 = m[2], pe = jobs[2 * k + 1];
+    const float* st = a.state + m[4];
+    const int n = a.overlap ? 2 * ratio : ratio;
+    auto at = [&](bool score, int j) {
+        const int s = (score ? slots : 0) + j;
+        if (!a.overlap) return carry_at(a, P, row0, st, pe, s, c);
+        return j < ratio ? carry_at(a, P, row0, st, pe - 1, s, c) : carry_at(a, P, row0, st, pe, s, d + c);
+    };
+    float mx = -INFINITY;
+    for (int j = 0; j < n; ++j) mx = fmaxf(mx, at(true, j));
+    float sum = 0.0f;
+    for (int j = 0; j < n; ++j) sum += exp_cr(at(true, j) - mx);
+    float acc = 0.0f;
+    for (int j = 0; j < n; ++j) acc += at(false, j) * (exp_cr(at(true, j) - mx) / sum);
+    a.pooled[k * d + c] = round_bf16(acc);
+}
+
+// Thread (job k, carry float r): the carry after token jobs[2k + 1] of sequence jobs[2k], into dest[k] (a page
+// snapshot) or, for a null dest, the sequence's new carry staged in `fresh` (written back once all have read the
+// old carries).
+__global__ void compressor_carry_kernel(CompressorArgs a, const int64_t* seq, const int64_t* jobs, float* const* dest,
+                                        int64_t n_jobs, int64_t per, float* fresh) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= n_jobs * per) return;
+    const int64_t k = i / per, r = i % per, s = jobs[2 * k];
+    const int width = (a.overlap ? 2 : 1) * a.d;
+    const int64_t* m = seq + 6 * s;
+    const float v = carry_at(a, m[0], m[2], a.state + m[4], jobs[2 * k + 1], static_cast<int>(r / width),
+                             static_cast<int>(r % width));
+    (dest[k] ? dest[k] : fresh + s * per)[r] = v;
+}
+
+__global__ void compressor_commit_kernel(float* state, const int64_t* seq, int n_seqs, int64_t per, const float* fresh) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= n_seqs * per) return;
+    const int64_t s = i / per, r = i % per;
+    if (seq[6 * s + 1] > 0) state[seq[6 * s + 4] + r] = fresh[i];
+}
+
 __global__ void index_scores_kernel(const float* iq, const float* wts, int64_t T, int nh, int hd, const int64_t* width,
                                     const int64_t* visible, const int64_t* keybase, const uint8_t* const* keys,
                                     EntryFormat kf, int64_t stride, float* scores) {
@@ -408,6 +488,44 @@ void compressor_batch(const CompressorArgs& a, int n_seqs, const int64_t* seq) {
     const dim3 grid(static_cast<unsigned>((a.d + kChannels - 1) / kChannels), static_cast<unsigned>(n_seqs));
     compressor_batch_kernel<<<grid, kChannels>>>(a, n_seqs, seq);
     PG_LAUNCHED();
+}
+
+CompressorJobs compressor_jobs(const int64_t* seq, int n_seqs, int ratio, float* const* snapshot) {
+    CompressorJobs j;
+    for (int s = 0; s < n_seqs; ++s) {
+        const int64_t* m = seq + 6 * static_cast<int64_t>(s);
+        for (int64_t i = 0; i < m[1]; ++i) {
+            const int64_t pos = m[0] + i;
+            if ((pos + 1) % ratio == 0) j.emit.insert(j.emit.end(), {s, pos});
+            if (float* p = snapshot[m[5] + i]) {
+                j.carry.insert(j.carry.end(), {s, pos});
+                j.dest.push_back(p);
+            }
+        }
+        if (m[1] > 0) {  // the new carry
+            j.carry.insert(j.carry.end(), {s, m[0] + m[1] - 1});
+            j.dest.push_back(nullptr);
+        }
+    }
+    return j;
+}
+
+void compressor_parallel(const CompressorArgs& a, int n_seqs, const int64_t* seq, const int64_t* emit, int64_t n_emit,
+                         const int64_t* carry, float* const* dest, int64_t n_carry) {
+    if (n_seqs == 0) return;
+    const int64_t per = 2LL * (a.overlap ? 2 : 1) * a.ratio * (a.overlap ? 2 : 1) * a.d;
+    if (n_emit > 0) {
+        compressor_emit_kernel<<<blocks_for(n_emit * a.d), kThreads>>>(a, seq, emit, n_emit);
+        PG_LAUNCHED();
+    }
+    if (n_carry == 0) return;
+    float* fresh = nullptr;
+    PG_CUDA(cudaMallocAsync(&fresh, sizeof(float) * static_cast<size_t>(n_seqs * per), 0));
+    compressor_carry_kernel<<<blocks_for(n_carry * per), kThreads>>>(a, seq, carry, dest, n_carry, per, fresh);
+    PG_LAUNCHED();
+    compressor_commit_kernel<<<blocks_for(n_seqs * per), kThreads>>>(a.state, seq, n_seqs, per, fresh);
+    PG_LAUNCHED();
+    PG_CUDA(cudaFreeAsync(fresh, 0));
 }
 
 void index_scores(const float* iq, const float* wts, int64_t T, int nh, int hd, const int64_t* width,

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace peregrine::cuda {
 
@@ -192,6 +193,17 @@ void compressor_seq(const CompressorArgs& a);
 // fields of `a` are ignored: seq[6 s ..] = (start_pos, n_tokens, row0, emit_base, state offset in floats,
 // first snapshot slot).
 void compressor_batch(const CompressorArgs& a, int n_seqs, const int64_t* seq);
+// The same results with the tokens in parallel too (prefill-sized steps): the emissions and every carry (page
+// snapshots and the new carries) computed directly from the projections and the old carries. The jobs come from
+// compressor_jobs on the host copies of `seq` and of the snapshot pointers; emit: (sequence, position) per emission
+// in pooled order; carry: (sequence, position) per carry to write, into dest (null: the sequence's new carry).
+struct CompressorJobs {
+    std::vector<int64_t> emit, carry;
+    std::vector<float*> dest;
+};
+CompressorJobs compressor_jobs(const int64_t* seq, int n_seqs, int ratio, float* const* snapshot);
+void compressor_parallel(const CompressorArgs& a, int n_seqs, const int64_t* seq, const int64_t* emit, int64_t n_emit,
+                         const int64_t* carry, float* const* dest, int64_t n_carry);
 // scores[t, j] for j < width[t] (j >= visible[t]: -inf); keys[keybase[t] + j] are indexer keys in format kf.
 void index_scores(const float* iq, const float* wts, int64_t T, int nh, int hd, const int64_t* width,
                   const int64_t* visible, const int64_t* keybase, const uint8_t* const* keys, const EntryFormat& kf,

@@ -531,8 +531,8 @@ TEST(CudaAttnFast, CompressorBatchSameAsSequential) {
     }
 }
 
-// hc mixes at V4.1-Flash's hc 4 x dim 5120 (24 mixes, 20 Sinkhorn iterations): the split kernel against the
-// block-per-token one. Both sum in double, in different orders, so the float results agree to an ulp or so.
+// hc mixes at V4.1-Flash's hc 4 x dim 5120 (24 mixes, 20 Sinkhorn iterations): the FP64 tensor-core kernel against
+// the block-per-token one. Both sum in double, in different orders, so the float results agree to an ulp or so.
 TEST(CudaAttnFast, HcMixesSplitMatchesExact) {
     REQUIRE_GPU();
     const int hc = 4, D = 5120, W = hc * D, n_mix = 24, iters = 20;
@@ -542,7 +542,7 @@ TEST(CudaAttnFast, HcMixesSplitMatchesExact) {
     for (auto& x : fn) x = n(g) * 0.01f;
     for (auto& x : base) x = n(g) * 0.1f;
     auto fd = CudaBackend::upload(fn), bd = CudaBackend::upload(base), sd = CudaBackend::upload(scale);
-    for (int64_t T : {8, 1023, 1025, 4096}) {  // the prefill split starts at 1024 tokens (2 a block: 1025 leaves one alone)
+    for (int64_t T : {8, 1023, 1025, 4096}) {  // partial 32-token tiles, and column splits from 264 down to 3
         std::vector<float> h(static_cast<size_t>(T) * W);
         for (auto& x : h) x = round_bf16(n(g));
         auto hd = CudaBackend::upload(h);

@@ -1,4 +1,4 @@
-// The decode-sized mixes (hc_mixes_small, Numerics::Fast) against the FP64 GEMM path (hc_mixes_fast) and
+// The decode-sized mixes (hc_mixes_small, Numerics::Fast) against the FP64 tensor-core path (hc_mixes_fast) and
 // the exact kernel (hc_mixes) at V4.1-Flash's shape (4 copies x 5120, 24 mixes; the V4 head's 4 mixes): all
 // three form exact products of the fp32 inputs and sum them in double, each in its own order, so the outputs
 // agree to a few ulps (almost always bit for bit). Repeated calls must give identical bits. Prints one PARITY line per check and the device time per call of each path.
@@ -86,12 +86,9 @@ void run_case(const Case& c) {
         Dev pre, post, comb;
         Out(size_t np, size_t nc) : pre(np * 4), post(np * 4), comb(nc * 4) {}
     };
-    Out exact(np, nc), gemm(np, nc), small(np, nc), again(np, nc);
+    Out exact(np, nc), dmma(np, nc), small(np, nc), again(np, nc);
     ASSERT_TRUE(hc_mixes_small_supported(T, n_mix));
     Dev ws(hc_mixes_small_workspace(T, hc, D, n_mix));
-    Dev fn64(fn.size() * sizeof(double));
-    std::vector<double> fnd(fn.begin(), fn.end());
-    CK(cudaMemcpy(fn64.p, fnd.data(), fnd.size() * sizeof(double), cudaMemcpyHostToDevice));
     const float eps = 1e-6f, hc_eps = 1e-6f;
     auto outs = [&](Out& o, bool m0) { return m0 ? std::make_pair(o.post.f(), o.comb.f()) : std::make_pair((float*)nullptr, (float*)nullptr); };
     const bool m0 = c.mode == 0;
@@ -99,27 +96,27 @@ void run_case(const Case& c) {
         hc_mixes(dh.f(), T, hc, D, dfn.f(), n_mix, dbase.f(), dscale.f(), eps, hc_eps, iters, c.mode, exact.pre.f(),
                  outs(exact, m0).first, outs(exact, m0).second);
     };
-    auto run_gemm = [&] {
-        hc_mixes_fast_wide(dh.f(), T, hc, D, dfn.f(), static_cast<const double*>(fn64.p), n_mix, dbase.f(), dscale.f(),
-                           eps, hc_eps, iters, c.mode, gemm.pre.f(), outs(gemm, m0).first, outs(gemm, m0).second);
+    auto run_dmma = [&] {
+        hc_mixes_fast(dh.f(), T, hc, D, dfn.f(), n_mix, dbase.f(), dscale.f(), eps, hc_eps, iters, c.mode, dmma.pre.f(),
+                      outs(dmma, m0).first, outs(dmma, m0).second);
     };
     auto run_small = [&](Out& o) {
         hc_mixes_small(dh.f(), T, hc, D, dfn.f(), n_mix, dbase.f(), dscale.f(), eps, hc_eps, iters, c.mode, o.pre.f(),
                        outs(o, m0).first, outs(o, m0).second, ws.p);
     };
     run_exact();
-    run_gemm();
+    run_dmma();
     run_small(small);
     run_small(again);
     CK(cudaDeviceSynchronize());
     CK(cudaGetLastError());
     char what[96];
     auto cmp = [&](const char* name, Dev Out::*field, size_t n) {
-        auto s = to_host((small.*field).f(), n), e = to_host((exact.*field).f(), n), gm = to_host((gemm.*field).f(), n),
+        auto s = to_host((small.*field).f(), n), e = to_host((exact.*field).f(), n), gm = to_host((dmma.*field).f(), n),
              a = to_host((again.*field).f(), n);
         std::snprintf(what, sizeof what, "small vs exact T=%d mode=%d %s", T, c.mode, name);
         expect_close(s, e, 1e-5f, 1e-6f, what);
-        std::snprintf(what, sizeof what, "small vs gemm T=%d mode=%d %s", T, c.mode, name);
+        std::snprintf(what, sizeof what, "small vs dmma T=%d mode=%d %s", T, c.mode, name);
         expect_close(s, gm, 1e-5f, 1e-6f, what);
         EXPECT_EQ(std::memcmp(s.data(), a.data(), n * 4), 0) << "repeated call differs: T=" << T << " " << name;
     };
@@ -129,13 +126,13 @@ void run_case(const Case& c) {
         cmp("comb", &Out::comb, nc);
     }
     const double t_small = device_ms([&] { run_small(small); }, 20, 2);
-    const double t_gemm = device_ms(run_gemm, 20, 2);
+    const double t_dmma = device_ms(run_dmma, 20, 2);
     const double t_exact = device_ms(run_exact, 5, 1);
-    std::printf("hc_mixes T=%-3d mode=%d n_mix=%-2d: small %.1f us, fp64 gemm (fn widened once) %.1f us, exact %.1f us\n",
-                T, c.mode, n_mix, t_small * 1e3, t_gemm * 1e3, t_exact * 1e3);
+    std::printf("hc_mixes T=%-3d mode=%d n_mix=%-2d: small %.1f us, fp64 tensor cores %.1f us, exact %.1f us\n",
+                T, c.mode, n_mix, t_small * 1e3, t_dmma * 1e3, t_exact * 1e3);
 }
 
-TEST(CudaHcMixes, SmallMatchesGemmAndExact) {
+TEST(CudaHcMixes, SmallMatchesTensorCoresAndExact) {
     REQUIRE_GPU();
     for (Case c : {Case{1, 0}, Case{2, 0}, Case{8, 0}, Case{32, 0}, Case{64, 0}, Case{1, 1}, Case{8, 1}, Case{64, 1}})
         run_case(c);

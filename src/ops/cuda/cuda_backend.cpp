@@ -419,14 +419,6 @@ Tensor CudaBackend::embed(const Tensor& table, const std::vector<int32_t>& ids) 
     return h;
 }
 
-const double* CudaBackend::dev_f64(const Tensor& t) {
-    auto it = f64_.find(t.raw());
-    if (it != f64_.end()) return static_cast<const double*>(it->second.get());
-    auto keep = device_alloc(sizeof(double) * static_cast<size_t>(t.numel()));
-    cublas_prep::widen_f64(dev_f32(t), t.numel(), static_cast<double*>(keep.get()));
-    return static_cast<const double*>(f64_.emplace(t.raw(), keep).first->second.get());
-}
-
 void CudaBackend::run_hc_mixes(const Tensor& h, const Tensor& fn, int n_mix, const Tensor& base, const Tensor& scale,
                                int iters, int mode, float* pre, float* post, float* comb) {
     const int64_t T = h.dim(0);
@@ -439,8 +431,8 @@ void CudaBackend::run_hc_mixes(const Tensor& h, const Tensor& fn, int n_mix, con
         hc_mixes_small(h.f32(), T, hc, cfg_.dim, dev_f32(fn), n_mix, dev_f32(base), dev_f32(scale), eps(),
                        static_cast<float>(cfg_.hc_eps), iters, mode, pre, post, comb, ws.get());
     } else {
-        hc_mixes_fast_wide(h.f32(), T, hc, cfg_.dim, dev_f32(fn), dev_f64(fn), n_mix, dev_f32(base), dev_f32(scale),
-                           eps(), static_cast<float>(cfg_.hc_eps), iters, mode, pre, post, comb);
+        hc_mixes_fast(h.f32(), T, hc, cfg_.dim, dev_f32(fn), n_mix, dev_f32(base), dev_f32(scale), eps(),
+                      static_cast<float>(cfg_.hc_eps), iters, mode, pre, post, comb);
     }
 }
 

@@ -207,12 +207,11 @@ private:
 
     const void* dev_raw(const Tensor& t);    // the stored bytes, uploaded once
     const float* dev_f32(const Tensor& t);   // a BF16/F32 parameter as floats, uploaded once
-    const double* dev_f64(const Tensor& t);  // the same widened to double once (the FP64 GEMM's operand)
     // Mixing coefficients (hc_mixes / hc_head) by numerics and size: exact kernel, small-T kernels,
-    // or the FP64 GEMM.
+    // or the FP64 tensor-core kernel.
     void run_hc_mixes(const Tensor& h, const Tensor& fn, int n_mix, const Tensor& base, const Tensor& scale, int iters,
                       int mode, float* pre, float* post, float* comb);
-    bool hc_small_ = true;             // PEREGRINE_HC_SMALL=0: the FP64 GEMM path at every size (A/B)
+    bool hc_small_ = true;             // PEREGRINE_HC_SMALL=0: the FP64 tensor-core path at every size (A/B)
     LinearDev dev_linear(const LinearWeight& w);
     const float* rope_freqs(const AttentionLayerInfo& info);
     const float* engram_weight(const EngramWeight& w);
@@ -253,7 +252,7 @@ private:
     ModelConfig cfg_;
     StateLayout layout_;
     EngramPlacement engram_placement_;
-    std::unordered_map<const void*, std::shared_ptr<void>> raw_, f32_, f64_, engram_w_;
+    std::unordered_map<const void*, std::shared_ptr<void>> raw_, f32_, engram_w_;
     std::unordered_map<const void*, ExpertTables> experts_;
     std::map<std::pair<double, bool>, std::shared_ptr<void>> ropes_;
     std::vector<void*> pinned_;  // host-placed engram tables

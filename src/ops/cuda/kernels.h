@@ -93,9 +93,6 @@ void grouped_linear_cublas(const float* x, int64_t T, int G, int R, int GD, cons
 // GEMM per expert. Falls back to the loop where this cuBLAS lacks the grouped call; linear_cublas_grouped()
 // says which is in use.
 void linear_cublas_use_grouped(bool on);
-// y[M, N] = x[M, K] w[N, K]^T in double (exact products of the fp32 inputs, double sums), rounded to fp32.
-// w_f64: w already widened to double (null: widened per call into scratch).
-void gemm_f64(const float* x, int64_t M, int K, const float* w, int N, float* y, const double* w_f64 = nullptr);
 bool linear_cublas_grouped();
 // Why the grouped call was turned off (cuBLAS status string), "" while it is in use or untried.
 std::string linear_cublas_grouped_error();
@@ -117,14 +114,11 @@ void rms_norm(const float* x, int64_t rows, int D, const float* w, float eps, fl
 void hc_mixes(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
               const float* scale, float eps, float hc_eps, int sinkhorn_iters, int mode, float* pre, float* post,
               float* comb);
-// Numerics::Fast: the mixes as one double GEMM (gemm_f64), then the same finish per token.
+// Numerics::Fast: the mixes on the FP64 tensor cores (exact products, double sums in another order), then the
+// same finish per token.
 void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
                    const float* scale, float eps, float hc_eps, int sinkhorn_iters, int mode, float* pre, float* post,
                    float* comb);
-// The same with fn already widened to double (fn_f64, kept by the caller) instead of widened per call.
-void hc_mixes_fast_wide(const float* h, int64_t T, int hc, int D, const float* fn, const double* fn_f64, int n_mix,
-                        const float* base, const float* scale, float eps, float hc_eps, int sinkhorn_iters, int mode,
-                        float* pre, float* post, float* comb);
 // Numerics::Fast at decode sizes (T <= 64): the same mixes (exact products, double sums in a fixed order of
 // their own) and finish in two launches (column-sliced partial sums, then a block per token).
 // workspace: hc_mixes_small_workspace() bytes.

@@ -269,25 +269,6 @@ void linear_cublas(const float* x, const float* xs, int64_t M, const LinearDev& 
     }
 }
 
-void gemm_f64(const float* x, int64_t M, int K, const float* w, int N, float* y, const double* w_f64) {
-    if (M == 0 || N == 0) return;
-    PEREGRINE_CHECK(M <= INT_MAX, "gemm_f64: {} rows", M);
-    Context& c = context();
-    cublasHandle_t h = c.get();
-    double* xd = reinterpret_cast<double*>(c.acts.reserve(sizeof(double) * static_cast<size_t>(M) * K));
-    const double* wd = w_f64;
-    if (!wd) {
-        double* wide = reinterpret_cast<double*>(c.weights.reserve(sizeof(double) * static_cast<size_t>(N) * K));
-        cublas_prep::widen_f64(w, static_cast<int64_t>(N) * K, wide);
-        wd = wide;
-    }
-    double* yd = reinterpret_cast<double*>(c.outs.reserve(sizeof(double) * static_cast<size_t>(M) * N));
-    cublas_prep::widen_f64(x, M * K, xd);
-    const double one = 1.0, zero = 0.0;
-    check(cublasDgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, N, static_cast<int>(M), K, &one, wd, K, xd, K, &zero, yd, N), "dgemm");
-    cublas_prep::narrow_f32(yd, M * N, y);
-}
-
 void linear_cublas_use_grouped(bool on) {
     Context& c = context();
     c.get();

@@ -202,27 +202,4 @@ void scatter_rows_bf16(const uint16_t* ys, int64_t rows, int N, const int32_t* r
     PG_LAUNCHED();
 }
 
-namespace {
-__global__ void widen_kernel(const float* x, int64_t n, double* out) {
-    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    if (i < n) out[i] = static_cast<double>(x[i]);
-}
-__global__ void narrow_kernel(const double* d, int64_t n, float* y) {
-    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    if (i < n) y[i] = static_cast<float>(d[i]);
-}
-}  // namespace
-
-void widen_f64(const float* x, int64_t n, double* out) {
-    if (n == 0) return;
-    widen_kernel<<<blocks_for(n), kThreads>>>(x, n, out);
-    PG_LAUNCHED();
-}
-
-void narrow_f32(const double* d, int64_t n, float* y) {
-    if (n == 0) return;
-    narrow_kernel<<<blocks_for(n), kThreads>>>(d, n, y);
-    PG_LAUNCHED();
-}
-
 }  // namespace peregrine::cuda::cublas_prep

@@ -22,8 +22,4 @@ void scatter_rows(const float* ys, int64_t rows, int N, const int32_t* row_map, 
 // y[row_map[row0 + r], :] = ys[r, :] for bf16 ys [rows, N].
 void scatter_rows_bf16(const uint16_t* ys, int64_t rows, int N, const int32_t* row_map, int64_t row0, float* y);
 
-// out[i] = double(x[i]) and y[i] = float(d[i]) for i < n.
-void widen_f64(const float* x, int64_t n, double* out);
-void narrow_f32(const double* d, int64_t n, float* y);
-
 }  // namespace peregrine::cuda::cublas_prep

@@ -5,6 +5,7 @@
 #include "ops/cuda/launch_check.h"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace peregrine::cuda {
 
@@ -138,35 +139,15 @@ __global__ void hc_mixes_kernel(const float* h, int hc, int D, const float* fn, 
     hc_finish_warp(t, mixes, hc, base, scale, hc_eps, iters, mode, pre_out, post_out, comb_out);
 }
 
-// Fast mixes (Numerics::Fast): the n_mix dot products of every token are one double GEMM [T, hc*dim] x fn^T
-// (cuBLAS on the FP64 tensor cores: exact products and double sums like the exact kernel, in another order,
-// so the fp32 mixes almost always come out the same; an fp32 GEMM here moved V4 logits by 0.06 through the
-// bf16 roundings downstream); this kernel adds the row's sum of squares and finishes each token.
+// Mixes of up to kFastMix per token in the fast paths below.
 constexpr int kFastMix = 32;
 
-__global__ void hc_mix_apply_kernel(const float* h, const float* raw, int W, int n_mix, int hc, const float* base,
-                                    const float* scale, float eps, float hc_eps, int iters, int mode, float* pre,
-                                    float* post, float* comb) {
-    const int64_t t = blockIdx.x;
-    const float* x = h + t * W;
-    double ss = 0.0;
-    for (int i = threadIdx.x; i < W; i += blockDim.x) ss += static_cast<double>(x[i] * x[i]);
-    ss = block_sum(ss);
-    if (threadIdx.x >= 32) return;
-    const float r = 1.0f / sqrtf(static_cast<float>(ss) / static_cast<float>(W) + eps);
-    __shared__ float mixes[kFastMix];
-    if (threadIdx.x < n_mix) mixes[threadIdx.x] = raw[t * n_mix + threadIdx.x] * r;
-    __syncwarp();
-    hc_finish_warp(t, mixes, hc, base, scale, hc_eps, iters, mode, pre, post, comb);
-}
-
-// Fast mixes at decode sizes (Numerics::Fast, T <= kSmallMaxT): two launches instead of the FP64 GEMM path's
-// four (widen, GEMM, narrow, apply). The row is cut into chunks of kSmallChunk columns; block (b, g) sums chunks
-// [c0, c1) of every (token, mix) pair of token group g in double (exact products of the fp32 inputs, as the GEMM
-// forms them) and each token's sum of squares (fp32 squares, double sums, as hc_mix_apply forms them), staging the
-// fn and h chunks in shared memory. Then a block per token adds its pairs' partials in a fixed order
-// (deterministic; double sums in another order than the GEMM's, which Fast already accepts) and finishes the
-// token as hc_mix_apply does.
+// Fast mixes at decode sizes (Numerics::Fast, T <= kSmallMaxT), in two launches. The row is cut into chunks of
+// kSmallChunk columns; block (b, g) sums chunks [c0, c1) of every (token, mix) pair of token group g in double
+// (exact products of the fp32 inputs) and each token's sum of squares (fp32 squares, double sums, as the exact
+// kernel forms them), staging the fn and h chunks in shared memory. Then a block per token adds its pairs'
+// partials in a fixed order (deterministic; double sums in another order than the exact kernel's, which Fast
+// accepts) and finishes the token.
 constexpr int kSmallChunk = 128, kSmallThreads = 256, kSmallGroup = 8, kSmallMaxT = 64;
 constexpr int kSmallPerThread = (kSmallGroup * (kFastMix + 1) + kSmallThreads - 1) / kSmallThreads;
 
@@ -257,6 +238,88 @@ __global__ void hc_mixes_finish_kernel(const double* part, int S, int W, int n_m
     if (threadIdx.x < n_mix) mixes[threadIdx.x] = mix[threadIdx.x] * r;
     __syncwarp();
     hc_finish_warp(t, mixes, hc, base, scale, hc_eps, iters, mode, pre, post, comb);
+}
+
+// Fast mixes at prefill sizes (Numerics::Fast): the n_mix dot products of every token on the FP64 tensor cores
+// (mma m8n8k4: exact products of the fp32 inputs, double sums) and each token's sum of squares (fp32 squares,
+// double sums), reading h once; hc_mixes_finish_kernel then adds the column splits' partials in a fixed order and
+// finishes each token. Block (g, s): tokens 32 g.. x all mixes (zero-padded to 32) over column split s, in chunks
+// of 64 columns staged in shared memory as doubles (converted once), the next chunk's loads in flight during the
+// current chunk's MMAs. Warp w: tokens 8 w.. x four 8-mix tiles. (A cuBLAS FP64 GEMM on widened copies did the
+// same in 0.8 ms for 4,096 tokens; an fp32 GEMM moved V4 logits by 0.06 through the bf16 roundings downstream.)
+constexpr int kDmmaTokens = 32, kDmmaChunk = 64, kDmmaLd = kDmmaChunk + 4, kDmmaThreads = 128;
+constexpr int kDmmaLoads = kDmmaTokens * kDmmaChunk / 4 / kDmmaThreads;  // float4 of h (and of fn) per thread
+
+__device__ __forceinline__ void dmma_m8n8k4(double& d0, double& d1, double a, double b) {
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
+                 : "+d"(d0), "+d"(d1)
+                 : "d"(a), "d"(b));
+}
+
+__global__ void __launch_bounds__(kDmmaThreads) hc_mixes_dmma_kernel(const float* h, int T, int W, const float* fn,
+                                                                      int n_mix, int n_chunks, double* part) {
+    __shared__ double xs[kDmmaTokens * kDmmaLd];
+    __shared__ double fs[kFastMix * kDmmaLd];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int S = gridDim.y, J = n_mix + 1, t0 = blockIdx.x * kDmmaTokens;
+    const int c0 = static_cast<int>(static_cast<int64_t>(blockIdx.y) * n_chunks / S);
+    const int c1 = static_cast<int>(static_cast<int64_t>(blockIdx.y + 1) * n_chunks / S);
+    for (int i = tid; i < (kFastMix - n_mix) * kDmmaLd; i += kDmmaThreads) fs[n_mix * kDmmaLd + i] = 0.0;
+    // Thread's float4 i of a chunk: row (tid >> 4) + 8 i (a token, or a mix of fn), columns 4 (tid & 15)..
+    float4 hv[kDmmaLoads], fv[kDmmaLoads];
+    auto load = [&](int c) {
+        const int col = c * kDmmaChunk + 4 * (tid & 15);
+#pragma unroll
+        for (int i = 0; i < kDmmaLoads; ++i) {
+            const int r = (tid >> 4) + 8 * i, t = t0 + r;
+            hv[i] = t < T && col < W ? *reinterpret_cast<const float4*>(h + static_cast<int64_t>(t) * W + col)
+                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            fv[i] = r < n_mix && col < W ? *reinterpret_cast<const float4*>(fn + static_cast<int64_t>(r) * W + col)
+                                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+    };
+    double acc[4][2] = {}, ss[kDmmaLoads] = {};
+    if (c0 < c1) load(c0);
+    for (int c = c0; c < c1; ++c) {
+        __syncthreads();  // the previous chunk's MMAs are done with the shared tiles
+#pragma unroll
+        for (int i = 0; i < kDmmaLoads; ++i) {
+            const int r = (tid >> 4) + 8 * i, k = 4 * (tid & 15);
+            const float x[4] = {hv[i].x, hv[i].y, hv[i].z, hv[i].w}, f[4] = {fv[i].x, fv[i].y, fv[i].z, fv[i].w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                xs[r * kDmmaLd + k + e] = static_cast<double>(x[e]);
+                ss[i] += static_cast<double>(x[e] * x[e]);
+                if (r < n_mix) fs[r * kDmmaLd + k + e] = static_cast<double>(f[e]);
+            }
+        }
+        __syncthreads();
+        if (c + 1 < c1) load(c + 1);
+        const double* xa = xs + (warp * 8 + (lane >> 2)) * kDmmaLd + (lane & 3);
+        const double* fb = fs + (lane >> 2) * kDmmaLd + (lane & 3);
+#pragma unroll 4
+        for (int k = 0; k < kDmmaChunk; k += 4) {
+            const double a = xa[k];
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) dmma_m8n8k4(acc[nt][0], acc[nt][1], a, fb[nt * 8 * kDmmaLd + k]);
+        }
+    }
+    const int t = t0 + warp * 8 + (lane >> 2);
+    if (t < T)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int j = nt * 8 + 2 * (lane & 3) + e;
+                if (j < n_mix) part[(static_cast<int64_t>(t) * J + j) * S + blockIdx.y] = acc[nt][e];
+            }
+#pragma unroll
+    for (int i = 0; i < kDmmaLoads; ++i) {  // the 16 threads of a row
+        double v = ss[i];
+        for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        const int tr = t0 + (tid >> 4) + 8 * i;
+        if ((tid & 15) == 0 && tr < T) part[(static_cast<int64_t>(tr) * J + n_mix) * S + blockIdx.y] = v;
+    }
 }
 
 __global__ void hc_collapse_kernel(const float* h, const float* pre, int64_t T, int hc, int D, float* y) {
@@ -361,17 +424,20 @@ void hc_mixes(const float* h, int64_t T, int hc, int D, const float* fn, int n_m
 }
 
 namespace {
-// Column blocks of the small-T partial kernel: about two blocks per SM over all token groups.
-int small_blocks(int64_t T, int W) {
+int sm_count() {
     static const int sms = [] {
         int dev = 0, n = 0;
         PG_CUDA(cudaGetDevice(&dev));
         PG_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
         return n;
     }();
+    return sms;
+}
+// Column blocks of the small-T partial kernel: about two blocks per SM over all token groups.
+int small_blocks(int64_t T, int W) {
     const int n_chunks = (W + kSmallChunk - 1) / kSmallChunk;
     const int groups = static_cast<int>((T + kSmallGroup - 1) / kSmallGroup);
-    return std::clamp(2 * sms / groups, 1, n_chunks);
+    return std::clamp(2 * sm_count() / groups, 1, n_chunks);
 }
 }  // namespace
 
@@ -403,25 +469,25 @@ void hc_mixes_small(const float* h, int64_t T, int hc, int D, const float* fn, i
 void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
                    const float* scale, float eps, float hc_eps, int iters, int mode, float* pre, float* post,
                    float* comb) {
-    hc_mixes_fast_wide(h, T, hc, D, fn, nullptr, n_mix, base, scale, eps, hc_eps, iters, mode, pre, post, comb);
-}
-
-void hc_mixes_fast_wide(const float* h, int64_t T, int hc, int D, const float* fn, const double* fn_f64, int n_mix,
-                        const float* base, const float* scale, float eps, float hc_eps, int iters, int mode,
-                        float* pre, float* post, float* comb) {
     if (T == 0) return;
-    if (n_mix > kFastMix || T > 2147483647) {
+    const int W = hc * D;
+    if (n_mix > kFastMix || T > 2147483647 || W % 4 != 0 || (reinterpret_cast<uintptr_t>(h) & 15) != 0 ||
+        (reinterpret_cast<uintptr_t>(fn) & 15) != 0) {
         hc_mixes(h, T, hc, D, fn, n_mix, base, scale, eps, hc_eps, iters, mode, pre, post, comb);
         return;
     }
-    const int W = hc * D;
-    float* raw = nullptr;
-    PG_CUDA(cudaMallocAsync(&raw, sizeof(float) * static_cast<size_t>(T) * n_mix, 0));
-    gemm_f64(h, T, W, fn, n_mix, raw, fn_f64);
-    hc_mix_apply_kernel<<<static_cast<unsigned>(T), 256>>>(h, raw, W, n_mix, hc, base, scale, eps, hc_eps, iters, mode,
-                                                           pre, post, comb);
+    const int n_chunks = (W + kDmmaChunk - 1) / kDmmaChunk;
+    const int tiles = static_cast<int>((T + kDmmaTokens - 1) / kDmmaTokens);
+    const int S = std::clamp((2 * sm_count() + tiles - 1) / tiles, 1, n_chunks);
+    double* part = nullptr;
+    PG_CUDA(cudaMallocAsync(&part, sizeof(double) * static_cast<size_t>(T) * (n_mix + 1) * S, 0));
+    hc_mixes_dmma_kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(S)), kDmmaThreads>>>(
+        h, static_cast<int>(T), W, fn, n_mix, n_chunks, part);
     PG_LAUNCHED();
-    PG_CUDA(cudaFreeAsync(raw, 0));
+    hc_mixes_finish_kernel<<<static_cast<unsigned>(T), 256>>>(part, S, W, n_mix, hc, base, scale, eps, hc_eps, iters,
+                                                               mode, pre, post, comb);
+    PG_LAUNCHED();
+    PG_CUDA(cudaFreeAsync(part, 0));
 }
 
 void hc_collapse(const float* h, const float* pre, int64_t T, int hc, int D, float* y) {

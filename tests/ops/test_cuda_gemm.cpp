@@ -254,6 +254,50 @@ TEST(CudaQuant, ActivationQuantisationMatchesHost) {
     }
 }
 
+// The routed GEMMs' stable counting sort (expert_tiles) against the host's: row_map (pairs by expert, in pair
+// order within one), the tiles of at most mt rows and their count, for decode- and prefill-sized pair counts with
+// skewed routing (a tenth of the pairs on three experts).
+TEST(CudaGemm, ExpertTilesAreAStableSort) {
+    REQUIRE_GPU();
+    uint64_t seed = 99;
+    for (int64_t n : {int64_t{6}, int64_t{192}, int64_t{24576}, int64_t{393216}}) {
+        for (int mt : {8, 32}) {
+            std::vector<int32_t> sel(n);
+            for (auto& e : sel) {
+                const uint64_t r = splitmix(seed);
+                e = r % 10 == 0 ? static_cast<int32_t>(r / 10 % 3) : static_cast<int32_t>(r / 10 % kExperts);
+            }
+            std::vector<int32_t> want_map;
+            std::vector<int32_t> want_tiles;
+            for (int e = 0; e < kExperts; ++e) {
+                const int first = static_cast<int>(want_map.size());
+                for (int64_t i = 0; i < n; ++i)
+                    if (sel[i] == e) want_map.push_back(static_cast<int32_t>(i));
+                const int c = static_cast<int>(want_map.size()) - first;
+                for (int r = 0; r < c; r += mt) want_tiles.insert(want_tiles.end(), {e, first + r, std::min(mt, c - r), 0});
+            }
+            auto sd = upload_bytes(sel.data(), sizeof(int32_t) * n);
+            auto md = device_alloc(sizeof(int32_t) * n), td = device_alloc(sizeof(int32_t) * (want_tiles.size() + 4)),
+                 nd = device_alloc(sizeof(int32_t));
+            const double ms = test::device_ms([&] {
+                expert_tiles(static_cast<const int32_t*>(sd.get()), n, kExperts, mt, static_cast<int32_t*>(md.get()),
+                             static_cast<int32_t*>(td.get()), static_cast<int32_t*>(nd.get()));
+            });
+            std::vector<int32_t> map(n), tiles(want_tiles.size());
+            int32_t nt = 0;
+            CK(cudaMemcpy(map.data(), md.get(), sizeof(int32_t) * n, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(tiles.data(), td.get(), sizeof(int32_t) * tiles.size(), cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(&nt, nd.get(), sizeof(int32_t), cudaMemcpyDeviceToHost));
+            EXPECT_EQ(map, want_map) << "n " << n << " mt " << mt;
+            EXPECT_EQ(nt, static_cast<int32_t>(want_tiles.size() / 4)) << "n " << n << " mt " << mt;
+            EXPECT_EQ(tiles, want_tiles) << "n " << n << " mt " << mt;
+            std::printf("PARITY gemm expert_tiles %lld pairs x %d experts, tiles of %d: %s, %.3f ms\n",
+                        static_cast<long long>(n), kExperts, mt,
+                        map == want_map && tiles == want_tiles ? "the host's stable sort" : "DIFFERS", ms);
+        }
+    }
+}
+
 TEST(CudaGemm, DenseFastMatchesExact) {
     REQUIRE_GPU();
     uint64_t seed = 11;

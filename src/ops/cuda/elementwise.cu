@@ -99,6 +99,13 @@ __global__ void scale_round_kernel(float* x, int64_t n, float s) {
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i < n) x[i] = round_bf16(x[i] * s);
 }
+// Four values a thread (n % 4 == 0, x 16-byte aligned): GEMM outputs of 100+ MB in one pass at full bandwidth.
+__global__ void scale_round4_kernel(float4* x, int64_t n4, float s) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= n4) return;
+    const float4 v = x[i];
+    x[i] = make_float4(round_bf16(v.x * s), round_bf16(v.y * s), round_bf16(v.z * s), round_bf16(v.w * s));
+}
 
 __global__ void fill_random_kernel(float* x, int64_t n, uint64_t seed) {
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -167,7 +174,10 @@ void resolve_deferred_ids(int32_t* ids, int64_t n, const int32_t* src, int strid
 
 void scale_round_bf16(float* x, int64_t n, float s) {
     if (n == 0) return;
-    scale_round_kernel<<<blocks_for(n), kThreads>>>(x, n, s);
+    if (n % 4 == 0 && aligned16(x))
+        scale_round4_kernel<<<blocks_for(n / 4), kThreads>>>(reinterpret_cast<float4*>(x), n / 4, s);
+    else
+        scale_round_kernel<<<blocks_for(n), kThreads>>>(x, n, s);
     PG_LAUNCHED();
 }
 

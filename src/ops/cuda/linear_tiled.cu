@@ -7,6 +7,8 @@
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
 
+#include <algorithm>
+
 namespace peregrine::cuda {
 
 namespace {
@@ -108,38 +110,53 @@ __global__ void __launch_bounds__(kTileThreads) linear_tiled_kernel(const float*
     }
 }
 
-// Counting sort of the (row, slot) pairs by expert (stable), and tiles of at most mt rows per expert.
-__global__ void expert_tiles_kernel(const int32_t* sel, int64_t n, int E, int mt, int32_t* row_map, int4* tiles,
-                                    int32_t* n_tiles) {
-    extern __shared__ int32_t count[];
-    for (int e = threadIdx.x; e < E; e += blockDim.x) count[e] = 0;
+// Counting sort of the (row, slot) pairs by expert (stable), and tiles of at most mt rows per expert. The pairs
+// are cut into `segs` consecutive segments, one per warp: each warp counts its segment's pairs per expert, a
+// prefix over the segments gives each warp its first slot per expert, and each warp then places its pairs in
+// order (lanes with the same expert take consecutive slots in lane order). Shared memory: E * (segs + 1) ints.
+__global__ void expert_tiles_kernel(const int32_t* sel, int64_t n, int E, int mt, int segs, int32_t* row_map,
+                                    int4* tiles, int32_t* n_tiles) {
+    extern __shared__ int32_t count[];  // [E]: pairs per expert, then the expert's first slot
+    int32_t* seg = count + E;            // [segs][E]: the segment's pairs per expert, then its next slot
+    for (int i = threadIdx.x; i < E * (segs + 1); i += blockDim.x) count[i] = 0;
     __syncthreads();
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&count[sel[i]], 1);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t per = (n + segs - 1) / segs, lo = warp * per, hi = min(n, lo + per);
+    if (warp < segs)
+        for (int64_t i = lo + lane; i < hi; i += 32) atomicAdd(&seg[warp * E + sel[i]], 1);
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int run = 0;
+        for (int w = 0; w < segs; ++w) {
+            const int c = seg[w * E + e];
+            seg[w * E + e] = run;
+            run += c;
+        }
+        count[e] = run;
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
         int nt = 0, off = 0;
         for (int e = 0; e < E; ++e) {
             const int c = count[e];
             for (int r = 0; r < c; r += mt) tiles[nt++] = make_int4(e, off + r, min(mt, c - r), 0);
-            count[e] = off;  // becomes the next free slot of expert e
+            count[e] = off;
             off += c;
         }
         *n_tiles = nt;
     }
     __syncthreads();
-    // Stable placement (ascending pair order within an expert), 32 pairs at a time by one warp: lanes with the
-    // same expert take consecutive slots in lane order, then the group's lowest lane advances the expert's slot.
-    if (threadIdx.x >= 32) return;
-    const int lane = threadIdx.x;
-    for (int64_t b = 0; b < n; b += 32) {
+    if (warp >= segs) return;
+    int32_t* next = seg + warp * E;
+    for (int64_t b = lo; b < hi; b += 32) {  // warp-uniform trip count
         const int64_t i = b + lane;
-        const bool ok = i < n;
+        const bool ok = i < hi;
         const int e = ok ? sel[i] : -1;
         const unsigned peers = __match_any_sync(0xffffffffu, e);
         const unsigned lower = peers & ((1u << lane) - 1u);
-        if (ok) row_map[count[e] + __popc(lower)] = static_cast<int32_t>(i);
+        if (ok) row_map[count[e] + next[e] + __popc(lower)] = static_cast<int32_t>(i);
         __syncwarp();
-        if (ok && lower == 0) count[e] += __popc(peers);
+        if (ok && lower == 0) next[e] += __popc(peers);
         __syncwarp();
     }
 }
@@ -168,7 +185,11 @@ bool linear_tiled_supported(const LinearDev& w) {
 int routing_tile_rows(int64_t pairs, int E) { return pairs <= static_cast<int64_t>(8) * E ? 8 : 32; }
 
 void expert_tiles(const int32_t* sel, int64_t n, int E, int mt, int32_t* row_map, int32_t* tiles, int32_t* n_tiles) {
-    expert_tiles_kernel<<<1, 1024, sizeof(int32_t) * E>>>(sel, n, E, mt, row_map, reinterpret_cast<int4*>(tiles), n_tiles);
+    // As many segments (warps) as 48 KB of shared memory holds, at least 64 pairs each.
+    const int segs = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>((48 * 1024 / 4) / std::max(E, 1) - 1, (n + 63) / 64),
+                                                          1, 32));
+    expert_tiles_kernel<<<1, 1024, sizeof(int32_t) * E * (segs + 1)>>>(sel, n, E, mt, segs, row_map,
+                                                                        reinterpret_cast<int4*>(tiles), n_tiles);
     PG_LAUNCHED();
 }
 

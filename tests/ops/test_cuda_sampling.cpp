@@ -1,7 +1,7 @@
 // The device sampler (CudaBackend::sample) against the host one (sample_rows_host): the same ids for greedy
 // and seeded sampling over many rows and parameter sets (top-k, top-p, min-p, penalties, bias, masks, ties,
-// masked rows), logprobs within 1e-5, on random logits at the V4.1 vocabulary (129,280) and on the tiny
-// fixtures' real logits; then the device time per call at 1, 8, 64 and 256 rows.
+// masked rows), logprobs within 1e-5, on random logits at the V4.1 vocabulary (129,280) in calls of every cluster
+// size and on the tiny fixtures' real logits; then the device time per call at 1, 8, 64 and 256 rows.
 #include "cuda_test_util.h"
 #include "engine/engine.h"
 #include "model/fixture.h"
@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -127,15 +128,21 @@ struct Compared {
     double max_dlp = 0.0;
 };
 
-// Samples `logits` [rows, V] on both sides with `rows_`; every id must match, logprobs within 1e-5.
+// Samples `logits` [rows, V] on both sides with `rows_` (on the device in calls of at most `batch` rows: the
+// kernel's cluster size depends on it); every id must match, logprobs within 1e-5.
 Compared compare(CudaBackend& gpu, const std::vector<float>& logits, int V, const std::vector<SampleRow>& rows,
-                 const std::vector<Case>& cs, int case_offset, const std::string& tag) {
+                 const std::vector<Case>& cs, int case_offset, const std::string& tag, size_t batch = SIZE_MAX) {
     const int R = static_cast<int>(logits.size() / static_cast<size_t>(V));
     Tensor host = Tensor::zeros(DType::F32, {R, V});
     std::copy(logits.begin(), logits.end(), host.f32());
     Tensor dev = CudaBackend::to_device(host);
     const auto want = sample_rows_host(host.f32(), V, rows);
-    const auto got = gpu.sample(dev, rows);
+    std::vector<SampleResult> got;
+    for (size_t b = 0; b < rows.size(); b += batch) {
+        const std::vector<SampleRow> part(rows.begin() + static_cast<std::ptrdiff_t>(b),
+                                          rows.begin() + static_cast<std::ptrdiff_t>(std::min(rows.size(), b + batch)));
+        for (auto& g : gpu.sample(dev, part)) got.push_back(std::move(g));
+    }
     Compared c;
     c.rows = static_cast<int>(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -174,13 +181,15 @@ TEST(CudaSampling, MatchesHostSamplerOnRandomLogits) {
     const auto cs = cases();
     const char* kinds[] = {"gaussian", "lm-like", "ties", "flat"};
     for (int kind = 0; kind < 4; ++kind) {
-        const int R = 64;
+        const int R = 160;
         const auto logits = make_logits(R, kVocab, kind, 77 + static_cast<uint64_t>(kind));
         Compared all;
         for (uint64_t round = 0; round < 3; ++round) {
             const int offset = static_cast<int>(round) * 5 + kind;
             const auto rows = make_rows(R, kVocab, cs, offset, round);
-            const Compared c = compare(gpu, logits, kVocab, rows, cs, offset, std::string(kinds[kind]));
+            // Calls of 160 rows (a block per row), 100 and 60 (clusters of 2 and 4 blocks), 24 and 16 (of 8).
+            const size_t batch = round == 0 ? 160 : round == 1 ? 100 : 24;
+            const Compared c = compare(gpu, logits, kVocab, rows, cs, offset, std::string(kinds[kind]), batch);
             all.rows += c.rows, all.same_ids += c.same_ids, all.max_dlp = std::max(all.max_dlp, c.max_dlp);
         }
         report(std::string(kinds[kind]) + " x " + std::to_string(cs.size()) + " parameter sets, vocab 129280", all);

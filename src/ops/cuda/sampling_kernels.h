@@ -1,6 +1,7 @@
 #pragma once
-// Device sampling (sampling.cu): one block per row, the same kept set and draw as the host sampler
-// (ops/sampling.h) found by radix selection over the row instead of sorting it.
+// Device sampling (sampling.cu): a block per row (a cluster of up to 8 blocks per row when there are few rows),
+// the same kept set and draw as the host sampler (ops/sampling.h) found by radix selection over the row instead
+// of sorting it.
 #include "ops/sampling_math.h"
 
 #include <cstdint>

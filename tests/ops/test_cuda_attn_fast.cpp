@@ -139,7 +139,9 @@ TEST(CudaAttnFast, IndexScoresDecodeTensorCores) {
         for (int t = 0; t < T; ++t) {
             const int64_t v = visible[static_cast<size_t>(t)];
             EXPECT_EQ(a[static_cast<size_t>(t * N + N - 1)], v < N ? -INFINITY : b[static_cast<size_t>(t * N + N - 1)]) << "row " << t;
-            if (v < N) EXPECT_EQ(a[static_cast<size_t>(t * N + v)], -INFINITY) << "row " << t;
+            if (v < N) {
+                EXPECT_EQ(a[static_cast<size_t>(t * N + v)], -INFINITY) << "row " << t;
+            }
         }
         compare_scores(a, b, "index_scores decode tensor cores vs stream " + std::to_string(T) + "x131072");
         if (T <= 8) {  // the exact kernel's ~9 ms per 8 rows

@@ -426,7 +426,9 @@ void CudaBackend::run_hc_mixes(const Tensor& h, const Tensor& fn, int n_mix, con
     if (numerics_ != Numerics::Fast) {
         cuda::hc_mixes(h.f32(), T, hc, cfg_.dim, dev_f32(fn), n_mix, dev_f32(base), dev_f32(scale), eps(),
                        static_cast<float>(cfg_.hc_eps), iters, mode, pre, post, comb);
-    } else if (hc_small_ && hc_mixes_small_supported(T, n_mix)) {  // decode: two launches, fn read as fp32
+    } else if (hc_small_ && T < 8 && hc_mixes_small_supported(T, n_mix)) {
+        // A few rows: two launches, fn read as fp32 (18.5 us at one row against the tensor-core kernel's 20.5; from
+        // 8 rows on that kernel is faster: 22.8 against 37.8 us at 32 rows, 24.0 against 53.6 at 64).
         auto ws = device_alloc(hc_mixes_small_workspace(T, hc, cfg_.dim, n_mix));
         hc_mixes_small(h.f32(), T, hc, cfg_.dim, dev_f32(fn), n_mix, dev_f32(base), dev_f32(scale), eps(),
                        static_cast<float>(cfg_.hc_eps), iters, mode, pre, post, comb, ws.get());

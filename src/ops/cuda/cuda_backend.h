@@ -211,7 +211,7 @@ private:
     // or the FP64 tensor-core kernel.
     void run_hc_mixes(const Tensor& h, const Tensor& fn, int n_mix, const Tensor& base, const Tensor& scale, int iters,
                       int mode, float* pre, float* post, float* comb);
-    bool hc_small_ = true;             // PEREGRINE_HC_SMALL=0: the FP64 tensor-core path at every size (A/B)
+    bool hc_small_ = true;             // PEREGRINE_HC_SMALL=0: the FP64 tensor-core path below 8 rows too (A/B)
     LinearDev dev_linear(const LinearWeight& w);
     const float* rope_freqs(const AttentionLayerInfo& info);
     const float* engram_weight(const EngramWeight& w);

@@ -18,8 +18,6 @@ __device__ __forceinline__ void fp4x8_to_e4m3(uint32_t w, uint32_t& lo, uint32_t
     hi = __byte_perm(even, odd, 0x7362);
 }
 
-// SM count of the current device (cached).
-int gemv_sm_count();
 // Grow-only device scratch (which: 0 split partial sums, 1 split tickets, zeroed when allocated).
 void* gemv_scratch(int which, size_t bytes, bool zero);
 

@@ -20,7 +20,7 @@
 // The selected set and order are the exact kernels' (ties to the lower index), so only scoring differs.
 #include "ops/cuda/cp_async.cuh"
 #include "ops/cuda/device_math.cuh"
-#include "ops/cuda/gemv_common.cuh"  // gemv_sm_count
+#include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
 
@@ -650,7 +650,7 @@ void index_scores_stream(const float* iq, const float* wts, const int32_t* row_l
         kf.scale_offset == 64 && kf.bytes % 16 == 0) {
         // About two waves of CTAs (each stages its row's queries once and walks its share of the keys).
         const int64_t chunks = (stride + kDecKeys - 1) / kDecKeys;
-        const int64_t want = (2 * 6 * static_cast<int64_t>(gemv_sm_count()) + n_rows - 1) / n_rows;
+        const int64_t want = (2 * 6 * static_cast<int64_t>(sm_count()) + n_rows - 1) / n_rows;
         const dim3 grid(static_cast<unsigned>(std::clamp<int64_t>(want, 1, chunks)), static_cast<unsigned>(std::min(n_rows, 65535)));
         const int mt = (nh + 15) / 16;
         auto run = [&](auto kernel) {

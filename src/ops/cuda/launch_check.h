@@ -4,6 +4,8 @@
 
 namespace peregrine::cuda {
 [[noreturn]] void cuda_fail(cudaError_t e, const char* what, const char* file, int line);
+// SM count of the current device, read once (the launch shapes that fill the GPU depend on it).
+int sm_count();
 }
 
 #define PG_CUDA(expr)                                                                          \

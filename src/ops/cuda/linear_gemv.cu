@@ -276,16 +276,6 @@ int stored_format(const LinearDev& w) {
     return w.kind;
 }
 
-int sm_count() {
-    static int n = [] {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-            v = 132;
-        return v;
-    }();
-    return n;
-}
-
 template <int F, int MR>
 void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
             const LinearRouting* routing) {
@@ -419,7 +409,15 @@ void launch_rows(const float* x, const float* xs, int64_t M, const LinearDev& w,
 
 }  // namespace
 
-int gemv_sm_count() { return sm_count(); }
+int sm_count() {
+    static const int n = [] {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+            v = 132;
+        return v;
+    }();
+    return n;
+}
 
 // Stream-ordered like every launch here (the calling thread's default stream), so the next call may reuse it at
 // once; the tickets are left zero by the kernels. One per device and thread: threads run on streams of their own

@@ -285,7 +285,7 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     const int min_splits = (all_stages + max_stages_smem - 1) / max_stages_smem;
     // Aim for ~4 blocks per SM: several groups per block over whole K slices when there are many (tile,
     // group) pairs; otherwise a group per block and a K split (slices of at least 4 stages).
-    const int64_t base = static_cast<int64_t>(mtiles) * tiles, want = 4 * static_cast<int64_t>(gemv_sm_count());
+    const int64_t base = static_cast<int64_t>(mtiles) * tiles, want = 4 * static_cast<int64_t>(sm_count());
     int splits, gpb;
     if (base * groups >= want) {
         splits = min_splits;

@@ -578,7 +578,7 @@ template <int F, int CH, int ST, int MINB, int MT, int NW>
 std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, int64_t tiles) {
     using G = Geo<F, CH>;
     constexpr int GR = NW * kUnitRows;
-    const int groups = (N + GR - 1) / GR, sms = gemv_sm_count();
+    const int groups = (N + GR - 1) / GR, sms = sm_count();
     const size_t ring = ring_bytes<F, CH, ST, NW>();
     const int64_t base = static_cast<int64_t>(mtiles) * tiles;
     const int rows_est = static_cast<int>(std::clamp<int64_t>((M + base - 1) / base, 1, kCols * MT));
@@ -653,7 +653,7 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     if (persistent && routing && units < (int64_t{1} << 31)) {
         const size_t full = ring + act_bytes<F, CH, MT>(all_stages);
         const int occ = full <= limit ? occupancy<F, CH, ST, MINB, MT, NW>(full) : 0;
-        const int64_t slots = static_cast<int64_t>(occ) * gemv_sm_count();
+        const int64_t slots = static_cast<int64_t>(occ) * sm_count();
         if (occ > 0 && units >= slots) {
             ctas = std::max<int64_t>(slots, (units + kMaxCtaTiles - 2) / (kMaxCtaTiles - 1));
             splits = 1;

@@ -424,15 +424,6 @@ void hc_mixes(const float* h, int64_t T, int hc, int D, const float* fn, int n_m
 }
 
 namespace {
-int sm_count() {
-    static const int sms = [] {
-        int dev = 0, n = 0;
-        PG_CUDA(cudaGetDevice(&dev));
-        PG_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-        return n;
-    }();
-    return sms;
-}
 // Column blocks of the small-T partial kernel: about two blocks per SM over all token groups.
 int small_blocks(int64_t T, int W) {
     const int n_chunks = (W + kSmallChunk - 1) / kSmallChunk;
@@ -471,8 +462,7 @@ void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, in
                    float* comb) {
     if (T == 0) return;
     const int W = hc * D;
-    if (n_mix > kFastMix || T > 2147483647 || W % 4 != 0 || (reinterpret_cast<uintptr_t>(h) & 15) != 0 ||
-        (reinterpret_cast<uintptr_t>(fn) & 15) != 0) {
+    if (n_mix > kFastMix || T > 2147483647 || W % 4 != 0 || !aligned16(h) || !aligned16(fn)) {
         hc_mixes(h, T, hc, D, fn, n_mix, base, scale, eps, hc_eps, iters, mode, pre, post, comb);
         return;
     }

@@ -433,16 +433,6 @@ __global__ void sparse_attention_combine_kernel(const float* part_o, const float
     }
 }
 
-int sm_count() {
-    static int n = [] {
-        int dev = 0, v = 0;
-        PG_CUDA(cudaGetDevice(&dev));
-        PG_CUDA(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-        return std::max(v, 1);
-    }();
-    return n;
-}
-
 // Key splits: one per 64-key block at most, enough CTAs to cover the SMs once (one CTA fills an SM).
 int split_count(int64_t T, int H, int maxk) {
     const int64_t ctas = T * (H / kHeads);

@@ -228,16 +228,16 @@ Routing make_routing(const std::vector<int32_t>& sel, int E, unsigned max_tiles 
     return rt;
 }
 
-// GEMV variants checked and timed in one run: the default (no tag: the tensor-core kernel for FP8/FP4, the
-// CUDA-core one for the rest) and the CUDA-core kernel everywhere ("[v1]", where it differs from the default).
-const int kVariants[] = {3, 1};
+// GEMV variants checked and timed in one run: the defaults (0, no tag: each format's default variant, the
+// streaming kernels for bf16/FP8/FP4) and the CUDA-core kernel everywhere ("[v1]", where it differs).
+const int kVariants[] = {0, 1};
 bool variant_applies(int v, const LinearDev& l) { return v != 1 || linear_gemv_mma_supported(l); }
-std::string variant_tag(int v) { return v == 3 ? "" : " [v1]"; }
-struct VariantScope {  // every format's variant set to v, restored afterwards
+std::string variant_tag(int v) { return v == 0 ? "" : " [v1]"; }
+struct VariantScope {  // every format's variant set to v (0: left at the defaults), restored afterwards
     int before[4];
     explicit VariantScope(int v) {
         for (int f = 0; f < 4; ++f) before[f] = linear_gemv_variant(f);
-        linear_gemv_set_variant(v);
+        if (v != 0) linear_gemv_set_variant(v);
     }
     ~VariantScope() {
         for (int f = 0; f < 4; ++f) linear_gemv_set_variant(f, before[f]);

@@ -11,6 +11,20 @@ namespace peregrine::cuda {
 
 namespace {
 
+// A completed group's pooled value in one latent channel: the softmax of its n slots' scores weighting their kv
+// values, summed in slot order and rounded to bf16 (the reference's arithmetic in its order). at(score, j): slot
+// j's score (true) or kv value (false) in this channel.
+template <class At>
+__device__ __forceinline__ float pool_channel(int n, At at) {
+    float mx = -INFINITY;
+    for (int j = 0; j < n; ++j) mx = fmaxf(mx, at(true, j));
+    float sum = 0.0f;
+    for (int j = 0; j < n; ++j) sum += exp_cr(at(true, j) - mx);
+    float acc = 0.0f;
+    for (int j = 0; j < n; ++j) acc += at(false, j) * (exp_cr(at(true, j) - mx) / sum);
+    return round_bf16(acc);
+}
+
 __global__ void compressor_kernel(CompressorArgs a) {
     const int ratio = a.ratio, d = a.d, width = (a.overlap ? 2 : 1) * d, slots = (a.overlap ? 2 : 1) * ratio;
     float* kv_state = a.state;
@@ -29,16 +43,11 @@ __global__ void compressor_kernel(CompressorArgs a) {
         if ((pos + 1) % ratio == 0) {
             const int n = a.overlap ? 2 * ratio : ratio;
             for (int c = threadIdx.x; c < d; c += blockDim.x) {
-                auto at = [&](const float* st, int j) {
+                auto at = [&](bool score, int j) {
+                    const float* st = score ? sc_state : kv_state;
                     return a.overlap ? (j < ratio ? st[j * width + c] : st[j * width + d + c]) : st[j * width + c];
                 };
-                float mx = -INFINITY;
-                for (int j = 0; j < n; ++j) mx = fmaxf(mx, at(sc_state, j));
-                float sum = 0.0f;
-                for (int j = 0; j < n; ++j) sum += exp_cr(at(sc_state, j) - mx);
-                float acc = 0.0f;
-                for (int j = 0; j < n; ++j) acc += at(kv_state, j) * (exp_cr(at(sc_state, j) - mx) / sum);
-                a.pooled[static_cast<int64_t>(e) * d + c] = round_bf16(acc);
+                a.pooled[static_cast<int64_t>(e) * d + c] = pool_channel(n, at);
             }
             ++e;
             __syncthreads();
@@ -84,16 +93,11 @@ __global__ void compressor_batch_kernel(CompressorArgs a, int n_seqs, const int6
         }
         if ((pos + 1) % ratio == 0) {
             const int n = a.overlap ? 2 * ratio : ratio;
-            auto at = [&](const float* st, int j) {
+            auto at = [&](bool score, int j) {
+                const float* st = score ? sc_state : kv_state;
                 return a.overlap ? (j < ratio ? st[j * width + c] : st[j * width + d + c]) : st[j * width + c];
             };
-            float mx = -INFINITY;
-            for (int j = 0; j < n; ++j) mx = fmaxf(mx, at(sc_state, j));
-            float sum = 0.0f;
-            for (int j = 0; j < n; ++j) sum += exp_cr(at(sc_state, j) - mx);
-            float acc = 0.0f;
-            for (int j = 0; j < n; ++j) acc += at(kv_state, j) * (exp_cr(at(sc_state, j) - mx) / sum);
-            a.pooled[static_cast<int64_t>(e) * d + c] = round_bf16(acc);
+            a.pooled[static_cast<int64_t>(e) * d + c] = pool_channel(n, at);
             ++e;
             if (a.overlap)
                 for (int j = 0; j < ratio; ++j)
@@ -132,8 +136,8 @@ __global__ void compressor_batch_kernel(CompressorArgs a, int n_seqs, const int6
 // latest token q <= p of its residue, a previous-group slot (overlap) what its current-group twin held at the
 // latest emission <= p. A token of this step comes from the projections (score plus ape, as the sequential kernel
 // stores it), an earlier one from the carry before the step. So emissions and snapshots run in parallel, reading
-// only the old carry, and give the sequential kernel's values bit for bit (each emission's arithmetic is
-// compressor_batch_kernel's, in the same order). s: kv slots then score slots.
+// only the old carry, and give the sequential kernel's values bit for bit (each emission is pool_channel). s: kv
+// slots then score slots.
 __device__ float carry_at(const CompressorArgs& a, int64_t P, int64_t row0, const float* st, int64_t p, int s, int col) {
     const int ratio = a.ratio, off = a.overlap ? ratio : 0, slots = (a.overlap ? 2 : 1) * ratio;
     const int width = (a.overlap ? 2 : 1) * a.d;
@@ -176,13 +180,7 @@ __global__ void compressor_emit_kernel(CompressorArgs a, const int64_t* seq, con
         if (!a.overlap) return carry_at(a, P, row0, st, pe, s, c);
         return j < ratio ? carry_at(a, P, row0, st, pe - 1, s, c) : carry_at(a, P, row0, st, pe, s, d + c);
     };
-    float mx = -INFINITY;
-    for (int j = 0; j < n; ++j) mx = fmaxf(mx, at(true, j));
-    float sum = 0.0f;
-    for (int j = 0; j < n; ++j) sum += exp_cr(at(true, j) - mx);
-    float acc = 0.0f;
-    for (int j = 0; j < n; ++j) acc += at(false, j) * (exp_cr(at(true, j) - mx) / sum);
-    a.pooled[k * d + c] = round_bf16(acc);
+    a.pooled[k * d + c] = pool_channel(n, at);
 }
 
 // Thread (job k, carry float r): the carry after token jobs[2k + 1] of sequence jobs[2k], into dest[k] (a page

@@ -1,4 +1,5 @@
 #include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/env_switch.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/linear_cublas.h"
 #include "ops/attention_plan.h"
@@ -215,7 +216,7 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const StateLayout& layout, Engr
         if (v == "0") graphs_ = false;
         else if (v != "1") fail("PEREGRINE_CUDA_GRAPHS='{}': expected 0 or 1", v);
     }
-    if (const char* v = std::getenv("PEREGRINE_HC_SMALL")) hc_small_ = std::strcmp(v, "0") != 0;  // A/B switch
+    hc_small_ = !env_is("PEREGRINE_HC_SMALL", "0");  // A/B switch
     if (const char* n = std::getenv("PEREGRINE_CUDA_NUMERICS")) {
         const std::string v = n;
         if (v == "exact") numerics_ = Numerics::Exact;

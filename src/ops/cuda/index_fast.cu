@@ -20,6 +20,7 @@
 // The selected set and order are the exact kernels' (ties to the lower index), so only scoring differs.
 #include "ops/cuda/cp_async.cuh"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/env_switch.h"
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
@@ -27,8 +28,6 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 namespace peregrine::cuda {
 
@@ -630,10 +629,7 @@ bool index_scores_stream_supported(int nh, int hd) {
 
 namespace {
 int& index_decode_choice() {  // PEREGRINE_INDEX_DECODE=stream: the CUDA-core kernel for every decode row (A/B)
-    static int on = [] {
-        const char* m = std::getenv("PEREGRINE_INDEX_DECODE");
-        return m && std::strcmp(m, "stream") == 0 ? 0 : 1;
-    }();
+    static int on = env_is("PEREGRINE_INDEX_DECODE", "stream") ? 0 : 1;
     return on;
 }
 }  // namespace
@@ -673,10 +669,7 @@ bool index_scores_mma_supported(int nh, int hd) { return hd == kHD && nh >= 1 &&
 
 namespace {
 int& index_wgmma_choice() {
-    static int on = [] {
-        const char* m = std::getenv("PEREGRINE_INDEX_GEMM");
-        return m && std::strcmp(m, "mma") == 0 ? 0 : 1;
-    }();
+    static int on = env_is("PEREGRINE_INDEX_GEMM", "mma") ? 0 : 1;
     return on;
 }
 }  // namespace

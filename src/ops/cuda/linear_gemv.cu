@@ -12,6 +12,7 @@
 // FP8/FP4 take variant 3, the tensor-core one in linear_gemv_mma.cu, by default; variants 4-8 are the
 // streaming kernels of linear_gemv_stream.cu (see kernels.h and launch_rows).
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/env_switch.h"
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
@@ -346,8 +347,7 @@ int clamp_variant(int format, int v) {
 Variants& variants() {
     static Variants vs = [] {
         Variants r;
-        const char* legacy = std::getenv("PEREGRINE_GEMV");
-        if (legacy && std::string(legacy) == "1") {
+        if (env_is("PEREGRINE_GEMV", "1")) {
             r.v[1] = r.v[2] = r.v[3] = 1;
             r.fp4_auto = false;
         }
@@ -370,8 +370,7 @@ Variants& variants() {
                 }
             }
         }
-        const char* fuse = std::getenv("PEREGRINE_GEMV_FUSE");
-        r.fuse = !(fuse && std::string(fuse) == "0");
+        r.fuse = !env_is("PEREGRINE_GEMV_FUSE", "0");
         return r;
     }();
     return vs;

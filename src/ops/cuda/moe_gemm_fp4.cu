@@ -8,6 +8,7 @@
 // rows. The gated form runs w1 and w3 over the same rows in one pass and applies the clamped SwiGLU and the
 // routing weight in the epilogue (moe_kernels.cu swiglu_kernel's arithmetic).
 #include "ops/cuda/device_scratch.h"
+#include "ops/cuda/env_switch.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/moe_gemm_fp4.h"
 #include "ops/cuda/moe_gemm_fp4_common.cuh"
@@ -304,10 +305,7 @@ void run(const float* x, const float* xs, int64_t M, int div, int E, const Linea
 
 // The wgmma kernel unless PEREGRINE_MOE_GEMM=mma (A/B) or a test chose.
 int& wgmma_choice() {
-    static int on = [] {
-        const char* m = std::getenv("PEREGRINE_MOE_GEMM");
-        return m && std::strcmp(m, "mma") == 0 ? 0 : 1;
-    }();
+    static int on = env_is("PEREGRINE_MOE_GEMM", "mma") ? 0 : 1;
     return on;
 }
 

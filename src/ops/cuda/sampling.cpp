@@ -1,22 +1,18 @@
 // CudaBackend::sample: packs the rows' parameters and adjustments, runs the device sampler on logits that
 // never leave the device, and reads back only the chosen ids (and logprobs when asked).
 #include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/env_switch.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/sampling_kernels.h"
 #include "util/error.h"
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
-#include <cstring>
 
 namespace peregrine::cuda {
 
 bool CudaBackend::samples_on_device() const {
-    static const bool host = [] {
-        const char* v = std::getenv("PEREGRINE_SAMPLING");
-        return v && std::strcmp(v, "host") == 0;
-    }();
+    static const bool host = env_is("PEREGRINE_SAMPLING", "host");
     return !host && cfg_.vocab_size > 0 && cfg_.vocab_size <= kSampleMaxVocab;
 }
 

@@ -5,13 +5,11 @@
 // rank keys, the top-p cut-off by a radix selection on the cumulative weight, and the draw by per-64-token
 // weight sums and a scan. Every decision uses the integer weights and keys of ops/sampling_math.h (exact sums in
 // any order), so the token is the host sampler's (ops/sampling.cpp) bit for bit whatever C is.
+#include "ops/cuda/env_switch.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/sampling_kernels.h"
 
 #include <cooperative_groups.h>
-
-#include <cstdlib>
-#include <cstring>
 
 namespace peregrine::cuda {
 
@@ -73,30 +71,26 @@ struct Team {
         if constexpr (C == 1) return p;
         else return cg::this_cluster().map_shared_rank(p, r);
     }
-    // The sum (or max) over the blocks of a value every thread of each block holds.
-    template <bool Max>
-    __device__ static u64 reduce(u64 v, Shared& s) {
+    // Every block's copy of v (a value every thread of each block holds) folded in rank order by op: sums are
+    // deterministic, doubles included.
+    template <class T, class Op>
+    __device__ static T fold(T v, T* slot, Op op) {
         if constexpr (C == 1) return v;
-        if (threadIdx.x == 0) s.pub = v;
+        if (threadIdx.x == 0) *slot = v;
         sync();
-        u64 r = 0;
+        T r = *at(slot, 0u);
 #pragma unroll 1
-        for (unsigned q = 0; q < C; ++q) {
-            const u64 x = *at(&s.pub, q);
-            r = Max ? (x > r ? x : r) : r + x;
-        }
+        for (unsigned q = 1; q < C; ++q) r = op(r, *at(slot, q));
         sync();
         return r;
     }
+    // The sum (or max) over the blocks.
+    template <bool Max>
+    __device__ static u64 reduce(u64 v, Shared& s) {
+        return fold(v, &s.pub, [](u64 a, u64 b) { return Max ? (b > a ? b : a) : a + b; });
+    }
     __device__ static double sumd(double v, Shared& s) {
-        if constexpr (C == 1) return v;
-        if (threadIdx.x == 0) s.pubd = v;
-        sync();
-        double r = 0.0;
-#pragma unroll 1
-        for (unsigned q = 0; q < C; ++q) r += *at(&s.pubd, q);
-        sync();
-        return r;
+        return fold(v, &s.pubd, [](double a, double b) { return a + b; });
     }
     // This block's value and the sum over the blocks before it (exclusive prefix) and over all.
     __device__ static void scan(u64 v, Shared& s, u64* before, u64* total) {
@@ -596,10 +590,7 @@ void sample_rows(float* logits, int vocab, const SampleRowDev* rows, int n_rows,
                  SampleOutDev* out, SampleOutDev* top) {
     if (n_rows <= 0) return;
     // Clusters while the rows alone would leave SMs idle (PEREGRINE_SAMPLER_CLUSTER=0: a block per row, A/B).
-    static const bool clusters = [] {
-        const char* v = std::getenv("PEREGRINE_SAMPLER_CLUSTER");
-        return !(v && std::strcmp(v, "0") == 0);
-    }();
+    static const bool clusters = !env_is("PEREGRINE_SAMPLER_CLUSTER", "0");
     if (clusters && n_rows <= 32) launch<8>(logits, vocab, rows, n_rows, adj, out, top);
     else if (clusters && n_rows <= 64) launch<4>(logits, vocab, rows, n_rows, adj, out, top);
     else if (clusters && n_rows <= 128) launch<2>(logits, vocab, rows, n_rows, adj, out, top);

@@ -4,7 +4,8 @@
 // 16; V4: fp8 with ue8m0 per 64 on the first 448 dims, the RoPE dims bf16), read from their packed state
 // entries (state_format.h), a per-head sink, key counts from 0 to 640 (below one 64-key block, on and off block boundaries) and
 // masked (null) entries. 8 and 40 queries take the split-key path (decode), 256 and 4096 one CTA per query.
-// Prints one PARITY line per size with the device times and the effective rate of the key reads.
+// The 16-warp CTAs must give the 8-warp CTAs' output bit for bit. Prints PARITY lines per size with the device
+// times and the effective rate of the key reads.
 // Skipped without a GPU.
 #include "cuda_test_util.h"
 #include "ops/backend.h"
@@ -18,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <functional>
 #include <random>
@@ -109,6 +111,21 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
         const float ms_exact = peregrine::test::device_ms([&] {
             cuda::sparse_attention(qd.ptr, T, H, Dh, scale, sd.ptr, kr, oe.f32(), true);
         });
+        // CTAs of 16 warps: the same bits as the 8-warp CTAs.
+        Tensor o16 = CudaBackend::empty(DType::F32, {T, H, Dh});
+        cuda::sparse_attention_mma_use_warps(16);
+        const float ms_16 = peregrine::test::device_ms([&] {
+            cuda::sparse_attention_mma(qd.ptr, T, H, Dh, scale, sd.ptr, kr, o16.f32(), ws.get());
+        });
+        cuda::sparse_attention_mma_use_warps(8);
+        {
+            const auto x8 = host(om.f32(), static_cast<size_t>(T * H * Dh)), x16 = host(o16.f32(), static_cast<size_t>(T * H * Dh));
+            int64_t differ = 0;
+            for (size_t i = 0; i < x8.size(); ++i) differ += std::memcmp(&x8[i], &x16[i], sizeof(float)) != 0;
+            EXPECT_EQ(differ, 0) << "T=" << T << ": 16-warp CTAs differ from 8-warp ones";
+            std::printf("PARITY attn sparse_attention_mma %s %ldx64x512, 16 warps vs 8: %s, %.3f ms against %.3f ms\n", arch,
+                        static_cast<long>(T), differ == 0 ? "identical" : "DIFFER", ms_16, ms_mma);
+        }
         const auto a = host(om.f32(), static_cast<size_t>(T * H * Dh)), b = host(oe.f32(), static_cast<size_t>(T * H * Dh));
 
         // Per (query, head) row: within 2 bf16 steps of the row's largest exact output (the fp32 sums in

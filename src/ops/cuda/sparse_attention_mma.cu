@@ -36,12 +36,14 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 namespace peregrine::cuda {
 
 namespace {
 
-constexpr int kHeads = 64, kDim = 512, kBlk = 64, kCtaThreads = 256;
+constexpr int kHeads = 64, kDim = 512, kBlk = 64, kCtaThreads = 256;  // kCtaThreads: the chunk loaders
 constexpr int kRow = kDim + 8;   // bf16 per shared row of Q and K: 1040 B, so ldmatrix rows hit distinct banks
 constexpr int kPRow = kBlk + 8;  // bf16 per shared row of P: 144 B
 constexpr int kChunkKeys = 16, kChunks = kBlk / kChunkKeys;
@@ -190,7 +192,17 @@ __device__ __forceinline__ void store_chunk(const Chunk& c, __nv_bfloat16* kbuf,
     if (part == 0) valid[r] = c.mode != kMasked;
 }
 
-__global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_mma_kernel(MmaArgs a) {
+// NW warps: 8 (warp (mh, ng): heads 32 mh.. x keys 16 ng.. of S; output dims 64 w..) or 16 (heads 16 mh.. x keys
+// 16 ng..; output dims 32 w..: half the accumulators a thread, twice the warps an SM can switch between). Every
+// output sums the same products in the same order either way, so the two give the same bits. The first 256
+// threads prefetch and decode the keys.
+template <int NW>
+__global__ void __launch_bounds__(NW * 32, 1) sparse_attention_mma_kernel(MmaArgs a) {
+    static_assert(NW == 8 || NW == 16, "warps");
+    constexpr int MI = NW == 8 ? 2 : 1;  // m16 head tiles of S a warp
+    constexpr int HG = 4 / MI;           // head groups of S (x 4 key groups = NW warps)
+    constexpr int DW = kDim / NW;        // output dims a warp
+    constexpr int NP = DW / 16;          // 16-dim V fragments a warp per key step
     extern __shared__ float4 smem_f4[];
     __nv_bfloat16* Qs = reinterpret_cast<__nv_bfloat16*>(smem_f4);  // [kHeads][kRow]
     __nv_bfloat16* Ks = Qs + kHeads * kRow;                          // [2][kBlk][kRow]
@@ -207,6 +219,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_mma_kernel(Mm
     const int hg = static_cast<int>(blockIdx.x % G);
     const int split = blockIdx.y;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const bool loader = tid < kCtaThreads;
     const int64_t row0 = t * a.H + static_cast<int64_t>(hg) * kHeads;  // first (token, head) row of the CTA
 
     const int n = a.keys.count(t), nwin = a.keys.windows(t);
@@ -219,13 +232,13 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_mma_kernel(Mm
     }
     {  // queries -> bf16 (exact: they are bf16 values)
         const float4* q4 = reinterpret_cast<const float4*>(a.q + row0 * kDim);
-        for (int i = tid; i < kHeads * kDim / 4; i += kCtaThreads) {
+        for (int i = tid; i < kHeads * kDim / 4; i += NW * 32) {
             const int r = i / (kDim / 4), c4 = i % (kDim / 4);
             store_bf16x4(Qs + r * kRow + 4 * c4, __ldg(q4 + i));
         }
     }
     Chunk pf;
-    if (b_begin < b_end)
+    if (b_begin < b_end && loader)
         for (int c = 0; c < kChunks; ++c) {
             bool w = true;
             const uint8_t* p = chunk_key(a.keys, t, n, nwin, b_begin * kBlk + c * kChunkKeys, &w);
@@ -234,15 +247,15 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_mma_kernel(Mm
         }
     __syncthreads();
 
-    float acc[4][8][4];  // O: heads 16 mt + g (+8), dims 64 warp + 8 nt + 2 tq (+1)
+    float acc[4][2 * NP][4];  // O: heads 16 mt + g (+8), dims DW warp + 8 nt + 2 tq (+1)
 #pragma unroll
     for (int mt = 0; mt < 4; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
+        for (int nt = 0; nt < 2 * NP; ++nt)
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
 
-    const int mh = warp & 1, ng = warp >> 1;  // S tile: heads 32 mh .. +32, keys 16 ng .. +16
+    const int mh = warp % HG, ng = warp / HG;  // S tile: heads 16 MI mh .. + 16 MI, keys 16 ng .. +16
     for (int b = b_begin; b < b_end; ++b) {
         const int buf = (b - b_begin) & 1;
         const bool next = b + 1 < b_end;
@@ -255,33 +268,33 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_mma_kernel(Mm
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
             kw[c] = true;
-            kp[c] = next ? chunk_key(a.keys, t, n, nwin, (b + 1) * kBlk + c * kChunkKeys, &kw[c]) : nullptr;
+            kp[c] = next && loader ? chunk_key(a.keys, t, n, nwin, (b + 1) * kBlk + c * kChunkKeys, &kw[c]) : nullptr;
         }
 
-        // ---- S = Q K^T for the warp's 32 heads x 16 keys, in two halves of the 512 dims.
-        float s[2][2][4];
+        // ---- S = Q K^T for the warp's 16 MI heads x 16 keys, in two halves of the 512 dims.
+        float s[MI][2][4];
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
+        for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
             for (int nj = 0; nj < 2; ++nj)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) s[mi][nj][e] = 0.0f;
-        const __nv_bfloat16* qa = Qs + (32 * mh + (lane & 15)) * kRow + (lane >> 4) * 8;
+        const __nv_bfloat16* qa = Qs + (16 * MI * mh + (lane & 15)) * kRow + (lane >> 4) * 8;
         const __nv_bfloat16* kb = K + (16 * ng + (lane & 7) + ((lane >> 4) << 3)) * kRow + ((lane >> 3) & 1) * 8;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            if (next) {
+            if (next && loader) {
                 if (half == 1) store_chunk(pf, Kn, vn, 0);
                 load_chunk(pf, kp[half], kw[half] ? a.keys.r.win : a.keys.r.comp);
             }
 #pragma unroll
             for (int kk = half * 16; kk < half * 16 + 16; ++kk) {
-                uint32_t qf[2][4], kf[4];
-                ldsm_x4(qf[0], qa + 16 * kk);
-                ldsm_x4(qf[1], qa + 16 * kRow + 16 * kk);
+                uint32_t qf[MI][4], kf[4];
+#pragma unroll
+                for (int mi = 0; mi < MI; ++mi) ldsm_x4(qf[mi], qa + 16 * mi * kRow + 16 * kk);
                 ldsm_x4(kf, kb + 16 * kk);
 #pragma unroll
-                for (int mi = 0; mi < 2; ++mi) {
+                for (int mi = 0; mi < MI; ++mi) {
                     mma_bf16(s[mi][0], qf[mi], kf[0], kf[1]);
                     mma_bf16(s[mi][1], qf[mi], kf[2], kf[3]);
                 }
@@ -291,7 +304,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_mma_kernel(Mm
         // ---- Online softmax of the block (rows = heads). Masked keys score -inf.
         const int* vb = valid + buf * kBlk;
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
+        for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
             for (int nj = 0; nj < 2; ++nj)
 #pragma unroll
@@ -300,20 +313,20 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_mma_kernel(Mm
                     s[mi][nj][e] = vb[key] ? s[mi][nj][e] * a.scale : -INFINITY;
                 }
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
+        for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
                 float mx = fmaxf(fmaxf(s[mi][0][2 * hf], s[mi][0][2 * hf + 1]), fmaxf(s[mi][1][2 * hf], s[mi][1][2 * hf + 1]));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                if (tq == 0) red_max[ng * kHeads + 32 * mh + 16 * mi + 8 * hf + g] = mx;
+                if (tq == 0) red_max[ng * kHeads + 16 * MI * mh + 16 * mi + 8 * hf + g] = mx;
             }
         __syncthreads();
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
+        for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
-                const int r = 32 * mh + 16 * mi + 8 * hf + g;
+                const int r = 16 * MI * mh + 16 * mi + 8 * hf + g;
                 const float m_new = fmaxf(fmaxf(m_run[r], fmaxf(red_max[r], red_max[kHeads + r])),
                                           fmaxf(red_max[2 * kHeads + r], red_max[3 * kHeads + r]));
                 float sum = 0.0f;
@@ -340,12 +353,12 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_mma_kernel(Mm
         }
         __syncthreads();
 
-        // ---- O = O * rescale + P V over the warp's 64 dims, in two halves of the 64 keys.
+        // ---- O = O * rescale + P V over the warp's DW dims, in two halves of the 64 keys.
 #pragma unroll
         for (int mt = 0; mt < 4; ++mt) {
             const float r0 = resc[16 * mt + g], r1 = resc[16 * mt + g + 8];
 #pragma unroll
-            for (int nt = 0; nt < 8; ++nt) {
+            for (int nt = 0; nt < 2 * NP; ++nt) {
                 acc[mt][nt][0] *= r0;
                 acc[mt][nt][1] *= r0;
                 acc[mt][nt][2] *= r1;
@@ -353,10 +366,10 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_mma_kernel(Mm
             }
         }
         const __nv_bfloat16* pa = Ps + (lane & 15) * kPRow + (lane >> 4) * 8;
-        const __nv_bfloat16* vbp = K + ((lane & 7) + ((lane >> 3) & 1) * 8) * kRow + 64 * warp + (lane >> 4) * 8;
+        const __nv_bfloat16* vbp = K + ((lane & 7) + ((lane >> 3) & 1) * 8) * kRow + DW * warp + (lane >> 4) * 8;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-            if (next) {
+            if (next && loader) {
                 store_chunk(pf, Kn, vn, 1 + half);
                 load_chunk(pf, kp[2 + half], kw[2 + half] ? a.keys.r.win : a.keys.r.comp);
             }
@@ -366,7 +379,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_mma_kernel(Mm
 #pragma unroll
                 for (int mt = 0; mt < 4; ++mt) ldsm_x4(pf4[mt], pa + 16 * mt * kPRow + 16 * ks);
 #pragma unroll
-                for (int np = 0; np < 4; ++np) {
+                for (int np = 0; np < NP; ++np) {
                     uint32_t vf[4];
                     ldsm_x4_trans(vf, vbp + 16 * ks * kRow + 16 * np);
 #pragma unroll
@@ -377,7 +390,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_mma_kernel(Mm
                 }
             }
         }
-        if (next) store_chunk(pf, Kn, vn, 3);
+        if (next && loader) store_chunk(pf, Kn, vn, 3);
         __syncthreads();  // the next block's keys are in place; this block's buffers may be refilled
     }
 
@@ -390,9 +403,9 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_mma_kernel(Mm
             for (int hf = 0; hf < 2; ++hf) {
                 const int r = 16 * mt + 8 * hf + g;
                 const float l = resc[r];
-                float* o = a.out + (row0 + r) * kDim + 64 * warp + 2 * tq;
+                float* o = a.out + (row0 + r) * kDim + DW * warp + 2 * tq;
 #pragma unroll
-                for (int nt = 0; nt < 8; ++nt)
+                for (int nt = 0; nt < 2 * NP; ++nt)
                     *reinterpret_cast<float2*>(o + 8 * nt) =
                         make_float2(round_bf16(acc[mt][nt][2 * hf] / l), round_bf16(acc[mt][nt][2 * hf + 1] / l));
             }
@@ -407,9 +420,9 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_mma_kernel(Mm
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
                 const int r = 16 * mt + 8 * hf + g;
-                float* o = a.part_o + (prow + r) * kDim + 64 * warp + 2 * tq;
+                float* o = a.part_o + (prow + r) * kDim + DW * warp + 2 * tq;
 #pragma unroll
-                for (int nt = 0; nt < 8; ++nt)
+                for (int nt = 0; nt < 2 * NP; ++nt)
                     *reinterpret_cast<float2*>(o + 8 * nt) = make_float2(acc[mt][nt][2 * hf], acc[mt][nt][2 * hf + 1]);
             }
     }
@@ -450,7 +463,17 @@ bool mma_format_supported(const EntryFormat& f) {
     return blocks && f.quant_dims == f.dim;
 }
 
+int& sparse_warps() {  // PEREGRINE_SPARSE_WARPS=16: the 16-warp CTAs (A/B until measured)
+    static int nw = [] {
+        const char* v = std::getenv("PEREGRINE_SPARSE_WARPS");
+        return v && std::strcmp(v, "16") == 0 ? 16 : 8;
+    }();
+    return nw;
+}
+
 }  // namespace
+
+void sparse_attention_mma_use_warps(int nw) { sparse_warps() = nw == 16 ? 16 : 8; }
 
 bool sparse_attention_mma_supported(int H, int D, const EntryFormat& win, const EntryFormat& comp) {
     return D == kDim && H > 0 && H % kHeads == 0 && mma_format_supported(win) && mma_format_supported(comp);
@@ -473,7 +496,9 @@ void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, 
     if (ctas > 0x7fffffff) cuda_fail(cudaErrorInvalidValue, "sparse_attention_mma: too many rows", __FILE__, __LINE__);
     static bool configured = false;
     if (!configured) {
-        PG_CUDA(cudaFuncSetAttribute(sparse_attention_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        PG_CUDA(cudaFuncSetAttribute(sparse_attention_mma_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(kSmemBytes)));
+        PG_CUDA(cudaFuncSetAttribute(sparse_attention_mma_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(kSmemBytes)));
         configured = true;
     }
@@ -486,7 +511,9 @@ void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, 
         a.part_o = static_cast<float*>(workspace);
         a.part_ml = a.part_o + static_cast<size_t>(ns) * T * H * kDim;
     }
-    sparse_attention_mma_kernel<<<dim3(static_cast<unsigned>(ctas), static_cast<unsigned>(ns)), kCtaThreads, kSmemBytes>>>(a);
+    const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(ns));
+    if (sparse_warps() == 16) sparse_attention_mma_kernel<16><<<grid, 16 * 32, kSmemBytes>>>(a);
+    else sparse_attention_mma_kernel<8><<<grid, 8 * 32, kSmemBytes>>>(a);
     PG_LAUNCHED();
     if (ns > 1) {
         sparse_attention_combine_kernel<<<static_cast<unsigned>(T * H), 128>>>(a.part_o, a.part_ml, T * H, ns, H, sink,

@@ -30,14 +30,13 @@
 // heads 32 mh.. x keys 16 ng..; the row maxima and sums cross the four key groups through shared memory.
 // P.V: warp w owns output dims 64 w.. of all 64 heads (128 fp32 accumulators per thread).
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/env_switch.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
 
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 
 namespace peregrine::cuda {
 
@@ -464,10 +463,7 @@ bool mma_format_supported(const EntryFormat& f) {
 }
 
 int& sparse_warps() {  // PEREGRINE_SPARSE_WARPS=16: the 16-warp CTAs (A/B until measured)
-    static int nw = [] {
-        const char* v = std::getenv("PEREGRINE_SPARSE_WARPS");
-        return v && std::strcmp(v, "16") == 0 ? 16 : 8;
-    }();
+    static int nw = env_is("PEREGRINE_SPARSE_WARPS", "16") ? 16 : 8;
     return nw;
 }
 

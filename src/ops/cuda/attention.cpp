@@ -43,7 +43,8 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
         out.latent = rms_norm(kv_sorted, cw.norm);
         return out;
     }
-    Tensor kv = run_linear(x, cw.wkv), score = run_linear(x, cw.wgate);
+    // x is the attention norm's output (bf16 values): the fp32 projections take the bf16 tensor cores.
+    Tensor kv = run_linear(x, cw.wkv, nullptr, nullptr, true), score = run_linear(x, cw.wgate, nullptr, nullptr, true);
     for (auto& s : batch.seqs)
         for (int i = 0; i < s.n_tokens; ++i)
             if ((s.start_pos + i + 1) % ratio == 0) {

@@ -313,7 +313,10 @@ Tensor CudaBackend::run_linear(const Tensor& x, const LinearWeight& w, const Exp
     const int64_t M = x.numel() / w.in;
     Tensor y = empty(DType::F32, {M, w.out});
     LinearDev d = dev_linear(w);
-    d.bf16_acts = bf16_acts && w.kind == LinearWeight::Kind::BF16;
+    // bf16 activations with bf16-stored weights: exact products on the bf16 tensor cores (for F32 linears the sums stay
+    // fp32 and unrounded; only their order changes, as for the LM head).
+    d.bf16_acts = bf16_acts && (w.kind == LinearWeight::Kind::BF16 ||
+                                (w.kind == LinearWeight::Kind::F32 && w.w.dtype() == DType::BF16));
     const bool quantised = w.kind == LinearWeight::Kind::FP8 || w.kind == LinearWeight::Kind::FP4;
     if (quantised) {
         PEREGRINE_CHECK(w.act_block > 0 && w.in % w.act_block == 0,

@@ -72,7 +72,7 @@ MoeRoute CudaBackend::route_rows(const Tensor& x, const MoEWeight& w, const int3
     else if (cfg_.score_func == "sigmoid") score_func = 1;
     else score_func = 2;
     phase("moe.gate");
-    Tensor logits = run_linear(x, w.gate);
+    Tensor logits = run_linear(x, w.gate, nullptr, nullptr, /*bf16_acts=*/true);  // x: an rms_norm output
     phase("moe.route");
     MoeRoute r{empty(DType::I32, {T * K}), empty(DType::F32, {T * K})};
     (numerics_ == Numerics::Fast ? route_fast : route)(logits.f32(), T, E, K, score_func, w.bias.empty() ? nullptr : dev_f32(w.bias),

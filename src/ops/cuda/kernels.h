@@ -244,8 +244,8 @@ bool sparse_attention_mma_supported(int H, int D, const EntryFormat& win, const 
 size_t sparse_attention_mma_workspace(int64_t T, int H, int D, int maxk);
 void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, const float* sink,
                           const KeyRefs& keys, float* out, void* workspace);
-// CTAs of 8 warps (the default) or 16 (half the accumulators a thread, twice the warps an SM switches between):
-// the same outputs bit for bit. PEREGRINE_SPARSE_WARPS=16 sets it at start.
+// CTAs of 8 warps or 16 (half the accumulators a thread, twice the warps an SM switches between): the same
+// outputs bit for bit. 0 (the default) picks 16 from 256 queries on; PEREGRINE_SPARSE_WARPS=8|16 fixes it at start.
 void sparse_attention_mma_use_warps(int nw);
 // ---- paged_tables.cu (Numerics::Fast): entry addresses worked out on the device from the step's page tables
 // (StateLayout::entry), so the host uploads page tables (one id per page) instead of one address per entry.

@@ -22,13 +22,14 @@
 //    bf16 relative to the split's running maximum instead of the whole list's, so outputs can move by a
 //    bf16 step of their size (the single-split path keeps the reference's maxima).
 //
-// Layout: one CTA (8 warps) per (query, group of 64 heads, key split). Shared memory holds the queries as
+// Layout: one CTA (8 or 16 warps, see sparse_warps) per (query, group of 64 heads, key split). Shared memory holds the queries as
 // bf16 (64 x 512) and two 64-key K=V buffers as bf16, filled from the packed state entries (state_format.h:
 // e4m3 or e2m1 codes with their scales, V4's bf16 RoPE dims) by a register prefetch of the next block's raw
 // bytes in four 16-key chunks interleaved with the current block's math, decoded exactly as they are stored
 // to shared memory. S: warp (mh, ng) computes
 // heads 32 mh.. x keys 16 ng..; the row maxima and sums cross the four key groups through shared memory.
-// P.V: warp w owns output dims 64 w.. of all 64 heads (128 fp32 accumulators per thread).
+// P.V: warp w owns output dims 64 w.. of all 64 heads (128 fp32 accumulators per thread). With 16 warps each
+// has half of that and of S (kernel comment).
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/env_switch.h"
 #include "ops/cuda/kernels.h"
@@ -462,14 +463,17 @@ bool mma_format_supported(const EntryFormat& f) {
     return blocks && f.quant_dims == f.dim;
 }
 
-int& sparse_warps() {  // PEREGRINE_SPARSE_WARPS=16: the 16-warp CTAs (A/B until measured)
-    static int nw = env_is("PEREGRINE_SPARSE_WARPS", "16") ? 16 : 8;
+// 0: by size. On the H200 16-warp CTAs took 2.71 against 3.02 ms at 4,096 queries and 0.25 against 0.28 at 256,
+// but were no faster or slower at decode sizes (0.050 against 0.042 ms at 8 queries), where there are few CTAs.
+int& sparse_warps() {  // PEREGRINE_SPARSE_WARPS=8 or 16 fixes the CTA size
+    static int nw = env_is("PEREGRINE_SPARSE_WARPS", "16") ? 16 : env_is("PEREGRINE_SPARSE_WARPS", "8") ? 8 : 0;
     return nw;
 }
+constexpr int64_t kWideFrom = 256;  // queries from which CTAs have 16 warps, when by size
 
 }  // namespace
 
-void sparse_attention_mma_use_warps(int nw) { sparse_warps() = nw == 16 ? 16 : 8; }
+void sparse_attention_mma_use_warps(int nw) { sparse_warps() = nw == 16 || nw == 8 ? nw : 0; }
 
 bool sparse_attention_mma_supported(int H, int D, const EntryFormat& win, const EntryFormat& comp) {
     return D == kDim && H > 0 && H % kHeads == 0 && mma_format_supported(win) && mma_format_supported(comp);
@@ -508,7 +512,8 @@ void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, 
         a.part_ml = a.part_o + static_cast<size_t>(ns) * T * H * kDim;
     }
     const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(ns));
-    if (sparse_warps() == 16) sparse_attention_mma_kernel<16><<<grid, 16 * 32, kSmemBytes>>>(a);
+    const int nw = sparse_warps() ? sparse_warps() : T >= kWideFrom ? 16 : 8;
+    if (nw == 16) sparse_attention_mma_kernel<16><<<grid, 16 * 32, kSmemBytes>>>(a);
     else sparse_attention_mma_kernel<8><<<grid, 8 * 32, kSmemBytes>>>(a);
     PG_LAUNCHED();
     if (ns > 1) {

@@ -382,43 +382,45 @@ __device__ __forceinline__ uint32_t order_key(float x) {
 }
 
 // Rows of at least kCompactMinRow keys whose remaining candidates fit in kCompactMax are finished in shared memory
-// (see select_stream); shorter rows cost less read again than sorted.
+// (see select_stream); shorter rows are cheap enough to read again.
 constexpr int kCompactMax = 4096;
-constexpr int64_t kCompactMinRow = 32768;
+constexpr int64_t kCompactMinRow = 8192;
+constexpr int kRun = 8;   // consecutive keys a thread takes per step of a row
 
-// Sorts c_idx[0..n) ascending (with c_key alongside), n <= kCompactMax: bitonic over the next power of two.
-__device__ void sort_by_index(int32_t* c_idx, uint32_t* c_key, int n) {
-    int n2 = 1;
-    while (n2 < n) n2 <<= 1;
-    for (int i = n + static_cast<int>(threadIdx.x); i < n2; i += blockDim.x) c_idx[i] = INT32_MAX;
+// Exclusive prefix sum of x over the block in thread order; *total gets the sum. Every thread calls it.
+__device__ __forceinline__ int block_scan(int x, int* warp_sums, int* total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int incl = x;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += y;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
     __syncthreads();
-    for (int size = 2; size <= n2; size <<= 1)
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int i = threadIdx.x; i < n2; i += blockDim.x) {
-                const int j = i ^ stride;
-                if (j > i && (c_idx[i] > c_idx[j]) == ((i & size) == 0)) {
-                    const int32_t ti = c_idx[i];
-                    c_idx[i] = c_idx[j];
-                    c_idx[j] = ti;
-                    const uint32_t tk = c_key[i];
-                    c_key[i] = c_key[j];
-                    c_key[j] = tk;
-                }
-            }
-            __syncthreads();
-        }
+    int before = 0, sum = 0;
+    for (int w = 0; w < kSelWarps; ++w) {
+        const int c = warp_sums[w];
+        before += w < warp ? c : 0;
+        sum += c;
+    }
+    __syncthreads();  // warp_sums may be reused
+    *total = sum;
+    return before + incl - x;
 }
 
 // The k largest of v[0..n) (ties to the lower index), written to sel in ascending index order; returns
 // min(k, n). Every thread of the block calls it (blockDim.x == kSelThreads). 8-bit radix passes over the
 // order keys find the k-th key; as soon as the keys that can still be selected (those above the current prefix
-// and those sharing it) fit in shared memory, one pass copies them there (sorted back into index order) and the
-// remaining passes and the selection run on that copy: two or three reads of the row instead of up to six.
+// and those sharing it) fit in shared memory, one pass copies them there in index order and the remaining
+// passes and the selection run on that copy: two or three reads of the row instead of up to five. A thread
+// reads 8 consecutive keys a step (two 16-byte loads when the row is aligned).
 __device__ int select_stream(const float* v, int64_t n, int k, int32_t* sel) {
     __shared__ int hist[256];
     __shared__ uint32_t s_prefix, s_mask;
-    __shared__ int s_remaining, s_done, s_fit, s_nc;
+    __shared__ int s_remaining, s_done, s_fit;
     __shared__ int64_t w_gt[kSelWarps], w_eq[kSelWarps];
+    __shared__ int w_sum[kSelWarps];
     __shared__ int32_t c_idx[kCompactMax];
     __shared__ uint32_t c_key[kCompactMax];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -434,26 +436,31 @@ __device__ int select_stream(const float* v, int64_t n, int k, int32_t* sel) {
         s_mask = 0;
         s_remaining = kk;
         s_done = 0;
-        s_nc = 0;
     }
     __syncthreads();
     bool compacted = false;  // uniform
     int nc = 0;
-    // Calls f(j, order key of v[j], j < n) for every j of the row, four loads in flight per thread; the whole
-    // block calls it (f may use warp collectives: every lane takes part in every call).
+    const bool aligned = (reinterpret_cast<uintptr_t>(v) & 15) == 0;
+    // Calls f(j0, keys) for every step of the row: keys[i] is the order key of v[j0 + i] (valid when j0 + i < n);
+    // the whole block calls it, every thread every step (f may use warp collectives and barriers).
     auto stream_row = [&](auto&& f) {
-        for (int64_t base = 0; base < n; base += 4 * static_cast<int64_t>(blockDim.x)) {
-            float x[4];
+        for (int64_t base = 0; base < n; base += kRun * static_cast<int64_t>(blockDim.x)) {
+            const int64_t j0 = base + kRun * static_cast<int64_t>(tid);
+            float x[kRun];
+            if (aligned && j0 + kRun <= n) {
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int64_t j = base + u * static_cast<int64_t>(blockDim.x) + tid;
-                x[u] = j < n ? v[j] : 0.0f;
-            }
+                for (int u = 0; u < kRun / 4; ++u) {
+                    const float4 q = __ldg(reinterpret_cast<const float4*>(v + j0) + u);
+                    x[4 * u] = q.x, x[4 * u + 1] = q.y, x[4 * u + 2] = q.z, x[4 * u + 3] = q.w;
+                }
+            } else {
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int64_t j = base + u * static_cast<int64_t>(blockDim.x) + tid;
-                f(j, order_key(x[u]), j < n);
+                for (int i = 0; i < kRun; ++i) x[i] = j0 + i < n ? __ldg(v + j0 + i) : 0.0f;
             }
+            uint32_t keys[kRun];
+#pragma unroll
+            for (int i = 0; i < kRun; ++i) keys[i] = order_key(x[i]);
+            f(j0, keys);
         }
     };
     auto count_bin = [&](uint32_t key, bool valid, uint32_t prefix, uint32_t mask, int shift) {
@@ -473,7 +480,10 @@ __device__ int select_stream(const float* v, int64_t n, int k, int32_t* sel) {
                 count_bin(i < nc ? c_key[i] : 0u, i < nc, prefix, mask, shift);
             }
         } else {
-            stream_row([&](int64_t, uint32_t key, bool valid) { count_bin(key, valid, prefix, mask, shift); });
+            stream_row([&](int64_t j0, const uint32_t (&keys)[kRun]) {
+#pragma unroll
+                for (int i = 0; i < kRun; ++i) count_bin(keys[i], j0 + i < n, prefix, mask, shift);
+            });
         }
         __syncthreads();
         if (tid == 0) {
@@ -491,23 +501,25 @@ __device__ int select_stream(const float* v, int64_t n, int k, int32_t* sel) {
             s_fit = !compacted && n >= kCompactMinRow && (kk - s_remaining) + hist[b] <= kCompactMax;
         }
         __syncthreads();
-        if (s_fit) {  // uniform: copy every key at or above the prefix (its bits) with its index
+        if (s_fit) {  // uniform: copy every key at or above the prefix (its bits) with its index, in index order
             const uint32_t p = s_prefix, m = s_mask;
-            stream_row([&](int64_t j, uint32_t key, bool valid) {
-                const bool keep = valid && (key & m) >= p;
-                const unsigned kept = __ballot_sync(0xffffffffu, keep);
-                int first = 0;
-                if (lane == 0 && kept) first = atomicAdd(&s_nc, __popc(kept));
-                first = __shfl_sync(0xffffffffu, first, 0);
-                if (keep) {
-                    const int pos = first + __popc(kept & ((1u << lane) - 1u));
-                    c_idx[pos] = static_cast<int32_t>(j);
-                    c_key[pos] = key;
-                }
+            nc = 0;
+            stream_row([&](int64_t j0, const uint32_t (&keys)[kRun]) {
+                int cnt = 0;
+#pragma unroll
+                for (int i = 0; i < kRun; ++i) cnt += j0 + i < n && (keys[i] & m) >= p;
+                int total;
+                int pos = nc + block_scan(cnt, w_sum, &total);
+#pragma unroll
+                for (int i = 0; i < kRun; ++i)
+                    if (j0 + i < n && (keys[i] & m) >= p) {
+                        c_idx[pos] = static_cast<int32_t>(j0 + i);
+                        c_key[pos] = keys[i];
+                        ++pos;
+                    }
+                nc += total;
             });
             __syncthreads();
-            nc = s_nc;
-            sort_by_index(c_idx, c_key, nc);
             compacted = true;
             if (tid == 0) s_fit = 0;
             __syncthreads();
@@ -607,9 +619,17 @@ __global__ void __launch_bounds__(kSelThreads) candidate_fast_kernel(const float
     int32_t* sel = bsel + t * bstride;
     uint8_t* mr = mask + t * mstride;
     const float* sr = scores + t * stride;
+    // Block maxima; 8-entry blocks of an aligned row as two 16-byte loads.
+    const bool vec8 = bs == 8 && (reinterpret_cast<uintptr_t>(sr) & 15) == 0;
     for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) {
         float m = -INFINITY;
-        for (int64_t j = b * bs; j < min(w, (b + 1) * bs); ++j) m = fmaxf(m, sr[j]);
+        if (vec8 && (b + 1) * bs <= w) {
+            const float4* p4 = reinterpret_cast<const float4*>(sr + b * bs);
+            const float4 p = __ldg(p4), q = __ldg(p4 + 1);
+            m = fmaxf(fmaxf(fmaxf(p.x, p.y), fmaxf(p.z, p.w)), fmaxf(fmaxf(q.x, q.y), fmaxf(q.z, q.w)));
+        } else {
+            for (int64_t j = b * bs; j < min(w, (b + 1) * bs); ++j) m = fmaxf(m, sr[j]);
+        }
         bsr[b] = b == last ? INFINITY : m;
     }
     for (int64_t j = threadIdx.x; j < (nb + 31) / 32; j += blockDim.x) reinterpret_cast<unsigned int*>(mr)[j] = 0u;

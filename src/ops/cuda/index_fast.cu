@@ -114,6 +114,19 @@ constexpr int kMmaThreads = 256, kMmaMaxHeads = 64;
 
 __device__ __forceinline__ uint32_t lds32(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
+// m16n8k16 operand fragments from bf16 rows kRowE apart in shared memory, p at this lane's row (g) and k (2 tq):
+// A, 16 rows x 16 k; B, 8 keys x 16 k.
+__device__ __forceinline__ void frag_a(const __nv_bfloat16* p, uint32_t (&a)[4]) {
+    a[0] = lds32(p);
+    a[1] = lds32(p + 8 * kRowE);
+    a[2] = lds32(p + 8);
+    a[3] = lds32(p + 8 * kRowE + 8);
+}
+__device__ __forceinline__ void frag_b(const __nv_bfloat16* p, uint32_t (&b)[2]) {
+    b[0] = lds32(p);
+    b[1] = lds32(p + 8);
+}
+
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -205,19 +218,9 @@ __global__ void __launch_bounds__(kMmaThreads) index_mma_kernel(const __nv_bfloa
         for (int k0 = 0; k0 < kHD; k0 += 16) {
             uint32_t a[2][4], b[4][2];
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt) {
-                const __nv_bfloat16* q = Q + (wm * 32 + mt * 16 + g) * kRowE + k0 + 2 * tq;
-                a[mt][0] = lds32(q);
-                a[mt][1] = lds32(q + 8 * kRowE);
-                a[mt][2] = lds32(q + 8);
-                a[mt][3] = lds32(q + 8 * kRowE + 8);
-            }
+            for (int mt = 0; mt < 2; ++mt) frag_a(Q + (wm * 32 + mt * 16 + g) * kRowE + k0 + 2 * tq, a[mt]);
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-                const __nv_bfloat16* k = Ks + (wn * 32 + nt * 8 + g) * kRowE + k0 + 2 * tq;
-                b[nt][0] = lds32(k);
-                b[nt][1] = lds32(k + 8);
-            }
+            for (int nt = 0; nt < 4; ++nt) frag_b(Ks + (wn * 32 + nt * 8 + g) * kRowE + k0 + 2 * tq, b[nt]);
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -335,15 +338,11 @@ __global__ void __launch_bounds__(kDecThreads) index_decode_mma_kernel(
             for (int k0 = 0; k0 < kHD; k0 += 16) {
                 uint32_t b[2][2];
 #pragma unroll
-                for (int nt = 0; nt < 2; ++nt) {
-                    const __nv_bfloat16* k = Ks + (warp * 16 + nt * 8 + g) * kRowE + k0 + 2 * tq;
-                    b[nt][0] = lds32(k);
-                    b[nt][1] = lds32(k + 8);
-                }
+                for (int nt = 0; nt < 2; ++nt) frag_b(Ks + (warp * 16 + nt * 8 + g) * kRowE + k0 + 2 * tq, b[nt]);
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
-                    const __nv_bfloat16* q = Qs + (mt * 16 + g) * kRowE + k0 + 2 * tq;
-                    const uint32_t a[4] = {lds32(q), lds32(q + 8 * kRowE), lds32(q + 8), lds32(q + 8 * kRowE + 8)};
+                    uint32_t a[4];
+                    frag_a(Qs + (mt * 16 + g) * kRowE + k0 + 2 * tq, a);
 #pragma unroll
                     for (int nt = 0; nt < 2; ++nt) mma_bf16(dot[mt][nt], a, b[nt][0], b[nt][1]);
                 }

@@ -217,6 +217,17 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const StateLayout& layout, Engr
         else if (v != "1") fail("PEREGRINE_CUDA_GRAPHS='{}': expected 0 or 1", v);
     }
     hc_small_ = !env_is("PEREGRINE_HC_SMALL", "0");  // A/B switch
+    // Activations come from the stream-ordered pool (cudaMallocAsync). With its default release threshold (0) every
+    // synchronisation hands the freed memory back to the driver, and the next step maps it again; after a large
+    // cudaFree (a batch's state) that mapping stalled the host for tens of milliseconds inside a prefill step. Keep
+    // it (alloc_state trims the pool when a state allocation would not fit otherwise). PEREGRINE_CUDA_POOL_KEEP=0:
+    // the driver's default (A/B).
+    if (!env_is("PEREGRINE_CUDA_POOL_KEEP", "0")) {
+        cudaMemPool_t pool = nullptr;
+        PG_CUDA(cudaDeviceGetDefaultMemPool(&pool, gpu_));
+        uint64_t keep = UINT64_MAX;
+        PG_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    }
     if (const char* n = std::getenv("PEREGRINE_CUDA_NUMERICS")) {
         const std::string v = n;
         if (v == "exact") numerics_ = Numerics::Exact;
@@ -345,7 +356,16 @@ std::unique_ptr<StepScratch> CudaBackend::begin_step(const ForwardBatch&) { retu
 uint8_t* CudaBackend::alloc_state(size_t bytes) {
     bind_thread();
     void* p = nullptr;
-    PG_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 64)));
+    cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 64));
+    if (e == cudaErrorMemoryAllocation) {  // the activation pool may hold freed memory: give it back and retry
+        cudaGetLastError();
+        PG_CUDA(cudaDeviceSynchronize());
+        cudaMemPool_t pool = nullptr;
+        PG_CUDA(cudaDeviceGetDefaultMemPool(&pool, gpu_));
+        PG_CUDA(cudaMemPoolTrimTo(pool, 0));
+        e = cudaMalloc(&p, std::max<size_t>(bytes, 64));
+    }
+    PG_CUDA(e);
     PG_CUDA(cudaMemset(p, 0, bytes));
     return static_cast<uint8_t*>(p);
 }
@@ -602,10 +622,18 @@ double CudaBackend::copy_bandwidth_gbs(size_t bytes, int reps) {
     return 2.0 * static_cast<double>(bytes) * reps / (ms * 1e-3) / 1e9;
 }
 
+// Free device memory, counting the activation pool's freed but still mapped memory (alloc_state can take it back).
 size_t CudaBackend::free_device_memory() {
     size_t free = 0, total = 0;
     PG_CUDA(cudaMemGetInfo(&free, &total));
-    return free;
+    int dev = 0;
+    PG_CUDA(cudaGetDevice(&dev));
+    cudaMemPool_t pool = nullptr;
+    PG_CUDA(cudaDeviceGetDefaultMemPool(&pool, dev));
+    uint64_t reserved = 0, used = 0;
+    PG_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+    PG_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+    return free + static_cast<size_t>(reserved > used ? reserved - used : 0);
 }
 
 std::string CudaBackend::device_name() {

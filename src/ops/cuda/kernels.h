@@ -83,7 +83,7 @@ void linear_gemv_stream(int variant, const float* x, const float* xs, int64_t M,
 // ---- linear_cublas.cpp (prefill: tensor-core GEMMs through cuBLAS on exact bf16 images of the quantised
 // operands, fp32 accumulation; F32 linears as fp32 GEMMs). Same contract as linear_tiled; routed calls read
 // the tile table back to the host (one synchronisation). Weights are dequantised per call into a bounded,
-// reused scratch.
+// reused scratch. A dense call with quantised weights and xs null quantises x itself (act_quant_bf16).
 bool linear_cublas_supported(const LinearDev& w);
 void linear_cublas(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
                    const LinearRouting* routing);
@@ -101,6 +101,11 @@ void linear_cublas_release();
 
 // ---- linear.cu
 void act_quant(const float* x, int64_t M, int K, int block, float* q, float* scales);
+// act_quant straight into the bf16 image of its output (each e4m3 value times its block's scale, exact), as the
+// cuBLAS path's operand: one pass instead of act_quant and a gather. Needs 16-byte aligned rows of whole blocks of
+// 4..128 (act_quant_bf16_supported); out 8-byte aligned.
+bool act_quant_bf16_supported(const float* x, int K, int block);
+void act_quant_bf16(const float* x, int64_t M, int K, int block, uint16_t* out);
 // y[M, out] = x W^T; xs: activation scales when quantised (x then holds e4m3 values). With `experts`,
 // row m uses expert row_expert[m]'s weights (the layout of `w` gives the shared shapes).
 void linear(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,

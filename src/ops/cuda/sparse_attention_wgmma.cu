@@ -4,19 +4,19 @@
 // to bf16, per-row rescales and the sink with exp_cr, bf16 output. Only fp32 summation orders differ from the
 // mma.sync kernel: the tensor cores' within q.k, and the block sums' tree.
 //
-// Why: the mma.sync kernel reads its operands from shared memory into every warp's registers, so each 64-key
-// block moves ~512 KB through shared memory for 8 MFLOP and runs latency-bound at one CTA an SM. Here a
-// warpgroup's MMA reads each operand once from shared memory for its four warps.
-//
-// Layout: one CTA of two warpgroups per (query, group of 64 heads). Shared memory holds the queries and two
-// 64-key K=V buffers as bf16 in the 128-byte swizzle, as eight 64-dim slices of [rows][128 B] each. Per block
-// both warpgroups compute the whole S = Q K^T [64 heads x 64 keys] (m64n64k16 over the 512 dims, both operands
-// K-major in shared memory; the two copies are identical, so no scores cross warpgroups), run the online
-// softmax in registers (a row's 64 keys sit in one quad of lanes), and warpgroup w adds P V for output dims
-// 256 w .. +256 (m64n128k16 twice a 16-key step, P from registers in the accumulator's layout, V read
-// MN-major from the same key tile). While the MMAs run, the next block's entries are copied whole into a staging
-// area (cp.async, 32 keys at a time, so that a block waits for two memory latencies at most instead of one per
-// 16-key chunk and per query row as a register prefetch did) and decoded from there into the other key tile.
+// One CTA per (query, group of 64 heads), three warpgroups with separate jobs, so that loading and decoding the
+// keys overlaps the MMAs instead of alternating with them:
+//  - the producer (warpgroup 2) copies a block's 64 key entries whole into a staging area (cp.async), decodes
+//    them into one of two bf16 key tiles once the consumers have released it, then starts the next block's
+//    copies; named barriers FULL[b] / EMPTY[b] hand the tiles over;
+//  - the two consumers (warpgroups 0 and 1) each compute the whole S = Q K^T [64 heads x 64 keys] (m64n64k16
+//    over the 512 dims, both operands K-major in shared memory; identical copies, so no scores cross warpgroups),
+//    run the online softmax in registers (a row's 64 keys sit in one quad of lanes), and consumer w adds P V for
+//    output dims 256 w .. +256 (m64n128k16 twice a 16-key step, P from registers in the accumulator's layout, V
+//    read MN-major from the same key tile).
+// Shared memory: queries and key tiles as bf16 in the 128-byte swizzle, as eight 64-dim slices of [rows][128 B].
+// The consumers take 224 registers a thread and the producer 56 (setmaxnreg): the two must add up to at most the
+// CTA's launch allocation (168 x 384), or the consumers' allocation waits forever.
 #include "ops/cuda/cp_async.cuh"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/sparse_keys.cuh"
@@ -28,16 +28,28 @@ namespace {
 
 using namespace wgmma;
 
-constexpr int kSlice = 64;                           // dims per 128-byte row
-constexpr int kSlices = kDim / kSlice;               // 8
-constexpr int kTileBytes = kSlices * kBlk * 128;     // 64 rows (heads or keys) x 512 dims of bf16: 64 KB
-constexpr int kSliceBytes = kBlk * 128;              // one slice of a tile: 8 KB
-constexpr int kHalf = kBlk / 2;                      // keys staged at a time
-constexpr int kMaxSlot = 608;                        // staged bytes a key: the largest entry read (V4's fp8: 592)
-constexpr int kStageBytes = kHalf * kMaxSlot;
-// alignment, Q, two key tiles, staging, valid flags [2][kBlk], staged keys present [kHalf]
-constexpr int kSmem = 1024 + 3 * kTileBytes + kStageBytes + 2 * kBlk * 4 + kHalf * 4;
+constexpr int kSlice = 64;                        // dims per 128-byte row
+constexpr int kTileBytes = kDim / kSlice * kBlk * 128;  // 64 rows (heads or keys) x 512 dims of bf16: 64 KB
+constexpr int kSliceBytes = kBlk * 128;           // one slice of a tile: 8 KB
+constexpr int kMaxSlot = 528;                     // staged bytes a key: V4.1's fp8 window entry (512 + 16)
+constexpr int kStageBytes = kBlk * kMaxSlot;      // a whole block's entries
+constexpr int kThreads = 384, kConsumers = 256, kProducers = 128;
+constexpr int kConsumerRegs = 224, kProducerRegs = 56;
+static_assert(kConsumers * kConsumerRegs + kProducers * kProducerRegs <= kThreads * 168, "register pool");
+// alignment, Q, two key tiles, staging, valid flags [2][kBlk], key addresses [kBlk]
+constexpr int kSmem = 1024 + 3 * kTileBytes + kStageBytes + 2 * kBlk * 4 + kBlk * 8;
 static_assert(kHeads == kBlk, "a tile is 64 rows of heads or of keys");
+// Named barriers (0 is __syncthreads): key tile b full / empty, the producers among themselves, the consumers.
+constexpr int kFull = 1, kEmpty = 3, kProducerBar = 5, kConsumerBar = 6;
+
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
 
 // Descriptor of V read MN-major: rows of 128 bytes are keys (k), holding 64 dims (n) each; the next 8 keys are
 // the next 1024-byte atom (stride offset) and the next 64 dims the next slice (leading offset).
@@ -86,108 +98,101 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[64], const uint32_t (&a)[4],
 // Byte offset of dims 8u .. 8u + 7 of row r in a tile (u < 64: the 16-byte unit along the 512 dims).
 __device__ __forceinline__ uint32_t tile_offset(int r, int u) { return (u >> 3) * kSliceBytes + sw128_offset(r, u & 7); }
 
-// Decodes this thread's part of a chunk (key r = chunk * 16 + tid / 16, dims 32 (tid % 16) .. +32) into a tile.
-__device__ __forceinline__ void store_key_chunk(const Chunk& c, uint8_t* tile, int* valid, int chunk) {
-    const int r = chunk * kChunkKeys + (threadIdx.x >> 4), part = threadIdx.x & 15;
-    uint32_t o[kPartDims / 2];
-    const bool real = decode_chunk(c, o);
-#pragma unroll
-    for (int u = 0; u < kPartDims / 8; ++u)
-        *reinterpret_cast<uint4*>(tile + tile_offset(r, part * (kPartDims / 8) + u)) =
-            make_uint4(o[4 * u], o[4 * u + 1], o[4 * u + 2], o[4 * u + 3]);
-    if (part == 0) valid[r] = real;
-}
+// ---- Producer (p = thread 0..127 of warpgroup 2).
 
-// Copies the entries of keys j0 .. j0 + 31 of query t whole into the staging area, `slot` bytes a key (cp.async,
-// one group), and notes which exist. All key addresses are read before the first copy is issued.
-__device__ __forceinline__ void stage_keys(const MmaArgs& a, int64_t t, int n, int nwin, int j0, int slot, uint8_t* st,
-                                           int* present) {
-    constexpr int kIt = (kHalf * (kMaxSlot / 16) + kCtaThreads - 1) / kCtaThreads;
-    const int pieces = slot >> 4, total = kHalf * pieces;
-    const uint8_t* src[kIt];
-#pragma unroll
-    for (int it = 0; it < kIt; ++it) {
-        const int p = threadIdx.x + it * kCtaThreads, k = p / pieces;
-        src[it] = p < total && j0 + k < n ? a.keys.at(t, j0 + k) : nullptr;
+// Starts copying block b's entries whole into the staging area, `slot` bytes a key: the key addresses first
+// (one load each, through shared memory), then 16-byte copies of every present entry.
+__device__ __forceinline__ void stage_block(const MmaArgs& a, int64_t t, int n, int nwin, int b, int slot, int p,
+                                            uint8_t* st, const uint8_t** kaddr) {
+    if (p < kBlk) {
+        const int j = b * kBlk + p;
+        kaddr[p] = j < n ? a.keys.at(t, j) : nullptr;
     }
-#pragma unroll
-    for (int it = 0; it < kIt; ++it) {
-        const int p = threadIdx.x + it * kCtaThreads, k = p / pieces, piece = p - k * pieces;
-        if (p >= total) continue;
-        if (piece == 0) present[k] = src[it] != nullptr;
-        const int bytes = (j0 + k < nwin ? a.keys.r.win : a.keys.r.comp).bytes;
-        if (src[it] && piece * 16 < bytes) cp_async16(st + k * slot + piece * 16, src[it] + piece * 16);
+    bar_sync(kProducerBar, kProducers);
+    const int pieces = slot >> 4;
+    for (int q = p; q < kBlk * pieces; q += kProducers) {
+        const int k = q / pieces, piece = q - k * pieces;
+        const uint8_t* src = kaddr[k];
+        const int bytes = (b * kBlk + k < nwin ? a.keys.r.win : a.keys.r.comp).bytes;
+        if (src && piece * 16 < bytes) cp_async16(st + k * slot + piece * 16, src + piece * 16);
     }
     cp_async_commit();
 }
 
-// Decodes staged keys j0 .. j0 + 31 (half h of their block) into a key tile, once the copies have landed.
-__device__ __forceinline__ void decode_keys(const MmaArgs& a, int nwin, int j0, int slot, const uint8_t* st,
-                                            const int* present, uint8_t* tile, int* valid, int h) {
-#pragma unroll
-    for (int c = 0; c < kHalf / kChunkKeys; ++c) {
-        const int k = c * kChunkKeys + (threadIdx.x >> 4);
+// Decodes the staged block b into key tile `tile` and its valid flags: part (key q / 16, dims 32 (q % 16) ..)
+// for q = p, p + 128, ...; q % 16 == p % 16, the part load_chunk reads for this thread.
+__device__ __forceinline__ void decode_block(const MmaArgs& a, int nwin, int b, int slot, int p, const uint8_t* st,
+                                             const uint8_t* const* kaddr, uint8_t* tile, int* valid) {
+    for (int q = p; q < kBlk * 16; q += kProducers) {
+        const int k = q >> 4, part = q & 15;
         Chunk ch;
-        load_chunk<false>(ch, present[k] ? st + k * slot : nullptr, j0 + k < nwin ? a.keys.r.win : a.keys.r.comp);
-        store_key_chunk(ch, tile, valid, h * (kHalf / kChunkKeys) + c);
+        load_chunk<false>(ch, kaddr[k] ? st + k * slot : nullptr, b * kBlk + k < nwin ? a.keys.r.win : a.keys.r.comp);
+        uint32_t o[kPartDims / 2];
+        const bool real = decode_chunk(ch, o);
+#pragma unroll
+        for (int u = 0; u < kPartDims / 8; ++u)
+            *reinterpret_cast<uint4*>(tile + tile_offset(k, part * (kPartDims / 8) + u)) =
+                make_uint4(o[4 * u], o[4 * u + 1], o[4 * u + 2], o[4 * u + 3]);
+        if (part == 0) valid[k] = real;
     }
 }
 
-__global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_wgmma_kernel(MmaArgs a) {
+__global__ void __launch_bounds__(kThreads, 1) sparse_attention_wgmma_kernel(MmaArgs a) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t* sm = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     uint8_t* Qs = sm;
-    uint8_t* Kb = sm + kTileBytes;                                      // [2] key tiles
-    uint8_t* St = sm + 3 * kTileBytes;                                  // staging
-    int* valid = reinterpret_cast<int*>(St + kStageBytes);              // [2][kBlk]
-    int* present = valid + 2 * kBlk;                                    // [kHalf]
-    const uint32_t q_addr = smem_addr(Qs), k_addr = smem_addr(Kb);
+    uint8_t* Kb = sm + kTileBytes;                                 // [2] key tiles
+    uint8_t* St = sm + 3 * kTileBytes;                             // staging
+    int* valid = reinterpret_cast<int*>(St + kStageBytes);         // [2][kBlk]
+    const uint8_t** kaddr = reinterpret_cast<const uint8_t**>(valid + 2 * kBlk);  // [kBlk]
 
     const int G = a.H / kHeads;
     const int64_t t = blockIdx.x / G;
     const int hg = static_cast<int>(blockIdx.x % G);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
-    const int g = lane >> 2, tq = lane & 3;
+    const int tid = threadIdx.x;
     const int64_t row0 = t * a.H + static_cast<int64_t>(hg) * kHeads;  // first (token, head) row of the CTA
     const int n = a.keys.count(t), nwin = a.keys.windows(t);
     const int nblk = (n + kBlk - 1) / kBlk;
-    const int slot = a.keys.r.nwin ? max(a.keys.r.win.bytes, a.keys.r.comp.bytes) : a.keys.r.win.bytes;
-    // Block b1's keys into key tile `tile`, two halves through the staging area: stage_first leaves the second
-    // half's copies in flight (landing while the caller's MMAs run), decode_second finishes.
-    auto stage_first = [&](int b1, uint8_t* tile, int* vt) {
-        stage_keys(a, t, n, nwin, b1 * kBlk, slot, St, present);
-        cp_async_wait<0>();
-        __syncthreads();
-        decode_keys(a, nwin, b1 * kBlk, slot, St, present, tile, vt, 0);
-        __syncthreads();  // the staging area is free again
-        stage_keys(a, t, n, nwin, b1 * kBlk + kHalf, slot, St, present);
-    };
-    auto decode_second = [&](int b1, uint8_t* tile, int* vt) {
-        cp_async_wait<0>();
-        __syncthreads();
-        decode_keys(a, nwin, b1 * kBlk + kHalf, slot, St, present, tile, vt, 1);
-    };
 
+    if (tid >= kConsumers) {  // ---- producer
+        setmaxnreg_dec<kProducerRegs>();
+        const int p = tid - kConsumers;
+        const int slot = a.keys.r.nwin ? max(a.keys.r.win.bytes, a.keys.r.comp.bytes) : a.keys.r.win.bytes;
+        if (nblk > 0) stage_block(a, t, n, nwin, 0, slot, p, St, kaddr);
+        for (int b = 0; b < nblk; ++b) {
+            const int buf = b & 1;
+            cp_async_wait<0>();
+            bar_sync(kProducerBar, kProducers);  // every copy of block b has landed
+            if (b >= 2) bar_sync(kEmpty + buf, kThreads);  // the consumers are done with block b - 2's tile
+            decode_block(a, nwin, b, slot, p, St, kaddr, Kb + buf * kTileBytes, valid + buf * kBlk);
+            bar_sync(kProducerBar, kProducers);  // the staging area and the addresses are free
+            if (b + 1 < nblk) stage_block(a, t, n, nwin, b + 1, slot, p, St, kaddr);
+            proxy_fence();
+            bar_arrive(kFull + buf, kThreads);
+        }
+        return;
+    }
+
+    // ---- consumers
+    setmaxnreg_inc<kConsumerRegs>();
+    const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3, g = lane >> 2, tq = lane & 3;
+    const uint32_t q_addr = smem_addr(Qs), k_addr = smem_addr(Kb);
     {  // queries -> bf16 (exact: they are bf16 values); float4 i: head i / 128, dims 4 (i % 128) .., 8 loads in flight
         const float4* q4 = reinterpret_cast<const float4*>(a.q + row0 * kDim);
-        for (int i0 = tid; i0 < kHeads * kDim / 4; i0 += 8 * kCtaThreads) {
+        for (int i0 = tid; i0 < kHeads * kDim / 4; i0 += 8 * kConsumers) {
             float4 v[8];
 #pragma unroll
-            for (int u = 0; u < 8; ++u) v[u] = __ldg(q4 + i0 + u * kCtaThreads);
+            for (int u = 0; u < 8; ++u) v[u] = __ldg(q4 + i0 + u * kConsumers);
 #pragma unroll
             for (int u = 0; u < 8; ++u) {
-                const int i = i0 + u * kCtaThreads, r = i >> 7, c4 = i & 127;
+                const int i = i0 + u * kConsumers, r = i >> 7, c4 = i & 127;
                 *reinterpret_cast<uint2*>(Qs + tile_offset(r, c4 >> 1) + (c4 & 1) * 8) =
                     make_uint2(pack_bf16(v[u].x, v[u].y), pack_bf16(v[u].z, v[u].w));
             }
         }
     }
-    if (nblk > 0) {
-        stage_first(0, Kb, valid);
-        decode_second(0, Kb, valid);
-    }
     proxy_fence();
-    __syncthreads();
+    bar_sync(kConsumerBar, kConsumers);
 
     // o[h][4j + e]: head wq*16 + g + 8 (e >> 1), dim 256 wg + 128 h + 8j + 2 tq + (e & 1). Rows g and g + 8 of the
     // warp's 16 heads: m_run, l_run (the same in the four lanes of a quad).
@@ -200,11 +205,9 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_wgmma_kernel(
 
     for (int b = 0; b < nblk; ++b) {
         const int buf = b & 1;
-        const bool next = b + 1 < nblk;
         const uint32_t kt = k_addr + buf * kTileBytes;
-        uint8_t* kn = Kb + (buf ^ 1) * kTileBytes;
         const int* vb = valid + buf * kBlk;
-        int* vn = valid + (buf ^ 1) * kBlk;
+        bar_sync(kFull + buf, kThreads);  // the producer has decoded block b into this tile
 
         // ---- S = Q K^T: 32 k16 steps over the 512 dims (4 per 64-dim slice, 32 bytes apart).
         float s[32];
@@ -216,11 +219,9 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_wgmma_kernel(
             wgmma_qk<1>(s, desc_sw128(q_addr + off), desc_sw128(kt + off));
         }
         wgmma_commit();
-        if (next) stage_first(b + 1, kn, vn);
         wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < 32; ++i) hold(s[i]);
-
         // ---- Online softmax of the block. s[4j + e]: head wq*16 + g + 8 (e >> 1), key 8j + 2 tq + (e & 1).
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -266,14 +267,12 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_wgmma_kernel(
 #pragma unroll
             for (int h = 0; h < 2; ++h) wgmma_pv(o[h], pa[ks], desc_v(kt + (4 * wg + 2 * h) * kSliceBytes + ks * 2048));
         wgmma_commit();
-        if (next) decode_second(b + 1, kn, vn);
         wgmma_wait<0>();
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
             for (int i = 0; i < 64; ++i) hold(o[h][i]);
-        proxy_fence();
-        __syncthreads();  // the next block's keys are in place; this block's buffer may be refilled
+        if (b + 2 < nblk) bar_arrive(kEmpty + buf, kThreads);  // the producer may refill this tile
     }
 
     // The sink, normalise, round.
@@ -303,7 +302,7 @@ void launch_sparse_wgmma(const MmaArgs& a, unsigned ctas) {
         return true;
     }();
     (void)attr;
-    sparse_attention_wgmma_kernel<<<ctas, kCtaThreads, kSmem>>>(a);
+    sparse_attention_wgmma_kernel<<<ctas, kThreads, kSmem>>>(a);
     PG_LAUNCHED();
 }
 

@@ -1,8 +1,9 @@
 #pragma once
 // The key side of the tensor-core sparse attention kernels (sparse_attention_mma.cu, sparse_attention_wgmma.cu):
 // the arguments, each query's key list, and the chunk loader that prefetches 16 keys' packed state entries into
-// registers and decodes them exactly into bf16 (every stored value is a bf16 value).
+// registers and decodes them exactly into bf16 (every stored value is a bf16 value; entry_decode.h).
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/entry_decode.h"
 #include "ops/cuda/kernels.h"
 
 #include <cuda_bf16.h>
@@ -114,21 +115,21 @@ __device__ __forceinline__ bool decode_chunk(const Chunk& c, uint32_t (&o)[kPart
     } else if (c.mode == kCodes8) {
 #pragma unroll
         for (int w = 0; w < kPartDims / 4; ++w) {
-            const uint32_t codes = raw_word(c, w);
-            const float s = sf_ue8m0(static_cast<uint8_t>(c.sc >> (8 * ((4 * w) / c.blk))));
-            o[2 * w] = pack_bf16(sf_e4m3(static_cast<uint8_t>(codes)) * s, sf_e4m3(static_cast<uint8_t>(codes >> 8)) * s);
-            o[2 * w + 1] = pack_bf16(sf_e4m3(static_cast<uint8_t>(codes >> 16)) * s, sf_e4m3(static_cast<uint8_t>(codes >> 24)) * s);
+            uint32_t v[2];
+            e4m3x4_to_bf16(raw_word(c, w), v);
+            const ScaleFactors f = e4m3_ue8m0_factors((c.sc >> (8 * ((4 * w) / c.blk))) & 0xffu);
+            o[2 * w] = apply(f, v[0]);
+            o[2 * w + 1] = apply(f, v[1]);
         }
     } else if (c.mode == kCodes4) {
 #pragma unroll
         for (int w = 0; w < kPartDims / 8; ++w) {
-            const uint32_t codes = raw_word(c, w);
+            uint32_t v[4];
+            e2m1x8_to_bf16(raw_word(c, w), v);
             const uint8_t sb = static_cast<uint8_t>(c.sc >> (8 * ((8 * w) / c.blk)));
-            const float s = c.e4m3_scale ? sf_e4m3(sb) : sf_ue8m0(sb);
+            const ScaleFactors f = c.e4m3_scale ? e2m1_e4m3_factors(sb) : e2m1_ue8m0_factors(sb);
 #pragma unroll
-            for (int n = 0; n < 4; ++n)
-                o[4 * w + n] = pack_bf16(sf_e2m1(static_cast<uint8_t>((codes >> (8 * n)) & 15u)) * s,
-                                         sf_e2m1(static_cast<uint8_t>((codes >> (8 * n + 4)) & 15u)) * s);
+            for (int n = 0; n < 4; ++n) o[4 * w + n] = apply(f, v[n]);
         }
     } else {
 #pragma unroll

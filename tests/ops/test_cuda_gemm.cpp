@@ -184,8 +184,8 @@ const DenseShape kDense[] = {
     {"head 5120->129280 f32(bf16 w)", 0, true, 5120, 129280}, {"head 5120->129280 bf16", 1, false, 5120, 129280},
 };
 
-// Activation quantisation (act_quant) and the in-place quantise-dequantise of cached entries (qdq_rows) against the
-// host's reference functions, bit for bit: the vectorised path (lanes sharing a block) and the general one
+// Activation quantisation (act_quant, and act_quant_bf16's bf16 image of it) and the in-place quantise-dequantise of
+// cached entries (qdq_rows) against the host's reference functions, bit for bit: the vectorised path (lanes sharing a block) and the general one
 // (misaligned rows), at prefill size with blocks of special values (zeros, tiny, huge).
 TEST(CudaQuant, ActivationQuantisationMatchesHost) {
     REQUIRE_GPU();
@@ -226,6 +226,18 @@ TEST(CudaQuant, ActivationQuantisationMatchesHost) {
             EXPECT_EQ(same(s, sg), 0) << sh.M << "x" << sh.K << " block " << sh.block << " offset " << offset;
             std::printf("PARITY quant act_quant %lldx%d block %d offset %d: bit-identical to the host, %.3f ms (%.0f GB/s)\n",
                         static_cast<long long>(sh.M), sh.K, sh.block, offset, ms, 8.0 * n / ms / 1e6);
+            if (act_quant_bf16_supported(xp, sh.K, sh.block)) {  // straight into the bf16 image: q x s, exact
+                auto bd = device_alloc(sizeof(uint16_t) * n);
+                const double ms16 = test::device_ms(
+                    [&] { act_quant_bf16(xp, sh.M, sh.K, sh.block, static_cast<uint16_t*>(bd.get())); }, 5);
+                std::vector<uint16_t> bg(n);
+                CK(cudaMemcpy(bg.data(), bd.get(), sizeof(uint16_t) * n, cudaMemcpyDeviceToHost));
+                int64_t bad = 0;
+                for (int64_t i = 0; i < n; ++i) bad += bg[i] != f32_to_bf16(q[i] * s[i / sh.block]);
+                EXPECT_EQ(bad, 0) << sh.M << "x" << sh.K << " block " << sh.block << ": act_quant_bf16";
+                std::printf("PARITY quant act_quant_bf16 %lldx%d block %d: the host's q x s bit for bit, %.3f ms\n",
+                            static_cast<long long>(sh.M), sh.K, sh.block, ms16);
+            }
         }
     }
     // qdq_rows: rows of `n` values at stride `rs`, the three kinds, as the attention path calls it.

@@ -4,7 +4,8 @@
 // 16; V4: fp8 with ue8m0 per 64 on the first 448 dims, the RoPE dims bf16), read from their packed state
 // entries (state_format.h), a per-head sink, key counts from 0 to 640 (below one 64-key block, on and off block boundaries) and
 // masked (null) entries. 8 and 40 queries take the split-key path (decode), 256 and 4096 one CTA per query.
-// The 16-warp CTAs must give the 8-warp CTAs' output bit for bit. Prints PARITY lines per size with the device
+// The 16-warp CTAs must give the 8-warp CTAs' output bit for bit; the wgmma kernel (one split: 256 and 4096
+// queries) meets the same tolerances as the mma.sync kernel. Prints PARITY lines per size with the device
 // times and the effective rate of the key reads.
 // Skipped without a GPU.
 #include "cuda_test_util.h"
@@ -102,62 +103,70 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
         kr.maxk = maxk;
         kr.win = wf;
         kr.comp = cf;
+        const size_t n_out = static_cast<size_t>(T * H * Dh);
         Tensor om = CudaBackend::empty(DType::F32, {T, H, Dh}), oe = CudaBackend::empty(DType::F32, {T, H, Dh});
         const size_t ws_bytes = cuda::sparse_attention_mma_workspace(T, H, Dh, maxk);
+        const bool split = ws_bytes > 0;
         auto ws = cuda::device_alloc(ws_bytes);
+        auto run = [&](Tensor& o) { cuda::sparse_attention_mma(qd.ptr, T, H, Dh, scale, sd.ptr, kr, o.f32(), ws.get()); };
+        cuda::sparse_attention_use_wgmma(false);
         cuda::sparse_attention_mma_use_warps(8);
-        const float ms_mma = peregrine::test::device_ms([&] {
-            cuda::sparse_attention_mma(qd.ptr, T, H, Dh, scale, sd.ptr, kr, om.f32(), ws.get());
-        });
+        const float ms_mma = peregrine::test::device_ms([&] { run(om); });
         const float ms_exact = peregrine::test::device_ms([&] {
             cuda::sparse_attention(qd.ptr, T, H, Dh, scale, sd.ptr, kr, oe.f32(), true);
         });
         // CTAs of 16 warps: the same bits as the 8-warp CTAs.
         Tensor o16 = CudaBackend::empty(DType::F32, {T, H, Dh});
         cuda::sparse_attention_mma_use_warps(16);
-        const float ms_16 = peregrine::test::device_ms([&] {
-            cuda::sparse_attention_mma(qd.ptr, T, H, Dh, scale, sd.ptr, kr, o16.f32(), ws.get());
-        });
+        const float ms_16 = peregrine::test::device_ms([&] { run(o16); });
         cuda::sparse_attention_mma_use_warps(0);
+        cuda::sparse_attention_use_wgmma(true);
+        const auto a = host(om.f32(), n_out), b = host(oe.f32(), n_out);
         {
-            const auto x8 = host(om.f32(), static_cast<size_t>(T * H * Dh)), x16 = host(o16.f32(), static_cast<size_t>(T * H * Dh));
+            const auto x16 = host(o16.f32(), n_out);
             int64_t differ = 0;
-            for (size_t i = 0; i < x8.size(); ++i) differ += std::memcmp(&x8[i], &x16[i], sizeof(float)) != 0;
+            for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &x16[i], sizeof(float)) != 0;
             EXPECT_EQ(differ, 0) << "T=" << T << ": 16-warp CTAs differ from 8-warp ones";
             std::printf("PARITY attn sparse_attention_mma %s %ldx64x512, 16 warps vs 8: %s, %.3f ms against %.3f ms\n", arch,
                         static_cast<long>(T), differ == 0 ? "identical" : "DIFFER", ms_16, ms_mma);
         }
-        const auto a = host(om.f32(), static_cast<size_t>(T * H * Dh)), b = host(oe.f32(), static_cast<size_t>(T * H * Dh));
 
         // Per (query, head) row: within 2 bf16 steps of the row's largest exact output (the fp32 sums in
-        // another order move a bf16-rounded probability or output by one step now and then).
-        int64_t equal = 0, bad = 0;
-        double worst_steps = 0.0;
-        for (int64_t r = 0; r < T * H; ++r) {
-            const float* x = a.data() + r * Dh;
-            const float* y = b.data() + r * Dh;
-            float ymax = 0.0f;
-            for (int c = 0; c < Dh; ++c) ymax = std::max(ymax, std::fabs(y[c]));
-            const float step = ymax > 0.0f ? std::ldexp(1.0f, std::ilogb(ymax) - 7) : 0.0f;
-            for (int c = 0; c < Dh; ++c) {
-                const float d = std::fabs(x[c] - y[c]);
-                equal += x[c] == y[c];
-                if (!(d <= 2.0f * step)) ++bad;
-                if (step > 0.0f) worst_steps = std::max(worst_steps, static_cast<double>(d / step));
-                else if (d > 0.0f || std::isnan(d)) worst_steps = INFINITY;
+        // another order move a bf16-rounded probability or output by one step now and then). One split keeps
+        // the reference's running maxima, so bf16(p) differs only where an fp32 dot product lands across a
+        // rounding boundary; split keys round p against the split's own maximum.
+        auto check = [&](const char* kernel, const std::vector<float>& x_all, float ms) {
+            int64_t equal = 0, bad = 0;
+            double worst_steps = 0.0;
+            for (int64_t r = 0; r < T * H; ++r) {
+                const float* x = x_all.data() + r * Dh;
+                const float* y = b.data() + r * Dh;
+                float ymax = 0.0f;
+                for (int c = 0; c < Dh; ++c) ymax = std::max(ymax, std::fabs(y[c]));
+                const float step = ymax > 0.0f ? std::ldexp(1.0f, std::ilogb(ymax) - 7) : 0.0f;
+                for (int c = 0; c < Dh; ++c) {
+                    const float d = std::fabs(x[c] - y[c]);
+                    equal += x[c] == y[c];
+                    if (!(d <= 2.0f * step)) ++bad;
+                    if (step > 0.0f) worst_steps = std::max(worst_steps, static_cast<double>(d / step));
+                    else if (d > 0.0f || std::isnan(d)) worst_steps = INFINITY;
+                }
             }
+            const double share = static_cast<double>(equal) / static_cast<double>(x_all.size());
+            EXPECT_EQ(bad, 0) << kernel << " T=" << T << ": " << bad << " outputs beyond 2 bf16 steps of their row's maximum";
+            EXPECT_GE(share, split ? 0.5 : 0.98) << kernel << " T=" << T;
+            const double gbs = static_cast<double>(key_bytes) / (ms * 1e-3) / 1e9;
+            std::printf("PARITY attn sparse_attention %s %s %ldx64x512 over <=640 packed keys%s: %.3f ms (%.0f GB/s of key reads)"
+                        " exact %.3f ms, equal %.4f, max |d| %.2f bf16 steps of the row max (tol 2, equal >= %.2f)\n",
+                        kernel, arch, static_cast<long>(T), split ? " (split keys)" : "", ms, gbs, ms_exact, share,
+                        worst_steps, split ? 0.5 : 0.98);
+        };
+        check("mma", a, ms_mma);
+        if (!split) {  // one split: the default path is the wgmma kernel
+            Tensor ow = CudaBackend::empty(DType::F32, {T, H, Dh});
+            const float ms_w = peregrine::test::device_ms([&] { run(ow); });
+            check("wgmma", host(ow.f32(), n_out), ms_w);
         }
-        const double share = static_cast<double>(equal) / static_cast<double>(a.size());
-        const bool split = ws_bytes > 0;
-        EXPECT_EQ(bad, 0) << "T=" << T << ": " << bad << " outputs beyond 2 bf16 steps of their row's maximum";
-        // One split keeps the reference's running maxima, so bf16(p) differs only where an fp32 dot product
-        // lands across a rounding boundary; split keys round p against the split's own maximum.
-        EXPECT_GE(share, split ? 0.5 : 0.98) << "T=" << T;
-        const double gbs = static_cast<double>(key_bytes) / (ms_mma * 1e-3) / 1e9;
-        std::printf("PARITY attn sparse_attention_mma %s %ldx64x512 over <=640 packed keys%s: mma %.3f ms (%.0f GB/s of key reads)"
-                    " exact %.3f ms, equal %.4f, max |d| %.2f bf16 steps of the row max (tol 2, equal >= %.2f)\n",
-                    arch, static_cast<long>(T), split ? " (split keys)" : "", ms_mma, gbs, ms_exact, share, worst_steps,
-                    split ? 0.5 : 0.98);
     }
 }
 

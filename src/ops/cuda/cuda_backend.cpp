@@ -336,6 +336,13 @@ Tensor CudaBackend::run_linear(const Tensor& x, const LinearWeight& w, const Exp
             linear_gemv(x.f32(), nullptr, M, d, y.f32(), experts, routed ? &routed->routing : nullptr);
             return y;
         }
+        // PEREGRINE_CUBLAS_QUANTISE=0: act_quant, then the operand gather (A/B).
+        static const bool fuse = !env_is("PEREGRINE_CUBLAS_QUANTISE", "0");
+        if (fuse && !routed && !use_gemv(x.f32(), M, d, routed) && numerics_ == Numerics::Fast && linear_cublas_supported(d) &&
+            act_quant_bf16_supported(x.f32(), w.in, w.act_block)) {  // cuBLAS: quantised straight into its bf16 operand
+            linear_cublas(x.f32(), nullptr, M, d, y.f32(), nullptr, nullptr);
+            return y;
+        }
         Tensor xq = empty(DType::F32, {M, w.in}), xs = empty(DType::F32, {M, w.in / w.act_block});
         act_quant(x.f32(), M, w.in, w.act_block, xq.f32(), xs.f32());
         gemm(xq.f32(), xs.f32(), M, d, y.f32(), experts, routed);

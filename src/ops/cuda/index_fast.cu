@@ -20,6 +20,7 @@
 // The selected set and order are the exact kernels' (ties to the lower index), so only scoring differs.
 #include "ops/cuda/cp_async.cuh"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/entry_decode.h"
 #include "ops/cuda/env_switch.h"
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/kernels.h"
@@ -268,10 +269,11 @@ __global__ void gather_keys_kernel(const uint8_t* const* keys, int64_t n, EntryF
 
 // ---------------------------------------------------------------------------------------------------
 // Decode scorer on the tensor cores: a CTA takes one query row (its heads as the mma's M, up to 16 x MT) and walks
-// its keys 64 at a time (4 warps x 16 keys as N), decoding the packed fp4 keys into bf16 shared memory as it loads
-// them (e2m1 x ue8m0 values are bf16 values; so are the fp4-quantised queries). The per-head fold (bf16(dot), relu,
-// x weight, bf16) and the sum over heads in head order are the streaming kernel's; only the dot products' fp32 sums
-// run in another order (within a bf16 step of the streaming kernel's where they are not exact).
+// its keys 64 at a time (4 warps x 16 keys as N), decoding the packed fp4 keys into bf16 shared memory on the
+// integer pipe as it loads them (entry_decode.h; e2m1 x ue8m0 values are bf16 values; so are the fp4-quantised
+// queries). The per-head fold (bf16(dot), relu, x weight, bf16) and the sum over heads in head order are the
+// streaming kernel's; only the dot products' fp32 sums run in another order (within a bf16 step of the streaming
+// kernel's where they are not exact).
 constexpr int kDecKeys = 64, kDecThreads = 128, kDecMaxHeads = 64;
 
 template <int MT>
@@ -310,17 +312,19 @@ __global__ void __launch_bounds__(kDecThreads) index_decode_mma_kernel(
                 const int r = i >> 2, q = i & 3;
                 const int64_t j = j0 + r;
                 __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(Ks + r * kRowE + 32 * q);
-                if (j < lim) {
+                if (j < lim) {  // codes placed into bf16 bits and scaled exactly (entry_decode.h)
                     const uint8_t* p = keys[keybase[t] + j];
                     const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + q);
-                    const float s = sf_ue8m0(__ldg(p + 64 + q));
+                    const ScaleFactors f = e2m1_ue8m0_factors(__ldg(p + 64 + q));
                     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+                    uint32_t* d32 = reinterpret_cast<uint32_t*>(dst);
 #pragma unroll
-                    for (int k = 0; k < 4; ++k)
+                    for (int k = 0; k < 4; ++k) {
+                        uint32_t pr[4];
+                        e2m1x8_to_bf16(w[k], pr);
 #pragma unroll
-                        for (int n = 0; n < 8; n += 2)
-                            dst[4 * k + n / 2] = __floats2bfloat162_rn(sf_e2m1(static_cast<uint8_t>((w[k] >> (4 * n)) & 15u)) * s,
-                                                                      sf_e2m1(static_cast<uint8_t>((w[k] >> (4 * n + 4)) & 15u)) * s);
+                        for (int n = 0; n < 4; ++n) d32[4 * k + n] = apply(f, pr[n]);
+                    }
                 } else {
 #pragma unroll
                     for (int k = 0; k < 16; ++k) dst[k] = __floats2bfloat162_rn(0.0f, 0.0f);

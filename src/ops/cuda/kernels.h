@@ -83,7 +83,7 @@ void linear_gemv_stream(int variant, const float* x, const float* xs, int64_t M,
 // ---- linear_cublas.cpp (prefill: tensor-core GEMMs through cuBLAS on exact bf16 images of the quantised
 // operands, fp32 accumulation; F32 linears as fp32 GEMMs). Same contract as linear_tiled; routed calls read
 // the tile table back to the host (one synchronisation). Weights are dequantised per call into a bounded,
-// reused scratch.
+// reused scratch. A dense call with quantised weights and xs null quantises x itself (act_quant_bf16).
 bool linear_cublas_supported(const LinearDev& w);
 void linear_cublas(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
                    const LinearRouting* routing);
@@ -101,6 +101,11 @@ void linear_cublas_release();
 
 // ---- linear.cu
 void act_quant(const float* x, int64_t M, int K, int block, float* q, float* scales);
+// act_quant straight into the bf16 image of its output (each e4m3 value times its block's scale, exact), as the
+// cuBLAS path's operand: one pass instead of act_quant and a gather. Needs 16-byte aligned rows of whole blocks of
+// 4..128 (act_quant_bf16_supported); out 8-byte aligned.
+bool act_quant_bf16_supported(const float* x, int K, int block);
+void act_quant_bf16(const float* x, int64_t M, int K, int block, uint16_t* out);
 // y[M, out] = x W^T; xs: activation scales when quantised (x then holds e4m3 values). With `experts`,
 // row m uses expert row_expert[m]'s weights (the layout of `w` gives the shared shapes).
 void linear(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
@@ -247,6 +252,9 @@ void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, 
 // CTAs of 8 warps or 16 (half the accumulators a thread, twice the warps an SM switches between): the same
 // outputs bit for bit. 0 (the default) picks 16 from 256 queries on; PEREGRINE_SPARSE_WARPS=8|16 fixes it at start.
 void sparse_attention_mma_use_warps(int nw);
+// With one key split (enough queries to fill the SMs) the wgmma kernel (sparse_attention_wgmma.cu) runs instead,
+// unless switched off here or by PEREGRINE_SPARSE_KERNEL=mma; the warp count then does not apply.
+void sparse_attention_use_wgmma(bool on);
 // ---- paged_tables.cu (Numerics::Fast): entry addresses worked out on the device from the step's page tables
 // (StateLayout::entry), so the host uploads page tables (one id per page) instead of one address per entry.
 struct PagedSeqs {

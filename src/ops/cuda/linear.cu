@@ -5,6 +5,8 @@
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
 
+#include <cuda_bf16.h>
+
 namespace peregrine::cuda {
 
 namespace {
@@ -42,6 +44,24 @@ __global__ void act_quant4_kernel(const float* x, int64_t n4, int block, float* 
     if ((threadIdx.x & (block / 4 - 1)) == 0) scales[e / block] = s;
     *reinterpret_cast<float4*>(q + e) =
         make_float4(act_quant_value(v.x, s), act_quant_value(v.y, s), act_quant_value(v.z, s), act_quant_value(v.w, s));
+}
+
+// act_quant4_kernel's arithmetic with the bf16 image of each quantised value (e4m3 value x scale, exact) written
+// instead of the value and its scale: what the cuBLAS path's operand gather makes of act_quant's output.
+__global__ void act_quant4_bf16_kernel(const float* x, int64_t n4, int block, uint2* out) {
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    const bool live = i < n4;
+    const int64_t e = live ? i * 4 : 0;
+    const float4 v = *reinterpret_cast<const float4*>(x + e);
+    const float amax = group_amax(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))), block / 4);
+    if (!live) return;
+    const float s = act_quant_scale(amax);
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(act_quant_value(v.x, s) * s, act_quant_value(v.y, s) * s);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(act_quant_value(v.z, s) * s, act_quant_value(v.w, s) * s);
+    uint2 u;
+    memcpy(&u.x, &lo, 4);
+    memcpy(&u.y, &hi, 4);
+    out[i] = u;
 }
 
 // Weight value k of row n (without its block scale).
@@ -128,6 +148,19 @@ void act_quant(const float* x, int64_t M, int K, int block, float* q, float* sca
     } else {
         act_quant_kernel<<<blocks_for(n), kThreads>>>(x, M, K, block, q, scales);
     }
+    PG_LAUNCHED();
+}
+
+bool act_quant_bf16_supported(const float* x, int K, int block) {
+    return quad_blocks(block) && K % block == 0 && aligned16(x);
+}
+
+void act_quant_bf16(const float* x, int64_t M, int K, int block, uint16_t* out) {
+    const int64_t n4 = M * K / 4;
+    if (n4 == 0) return;
+    if (!act_quant_bf16_supported(x, K, block) || (reinterpret_cast<uintptr_t>(out) & 7) != 0)
+        cuda_fail(cudaErrorInvalidValue, "act_quant_bf16: unaligned rows or an unsupported block", __FILE__, __LINE__);
+    act_quant4_bf16_kernel<<<blocks_for(n4), kThreads>>>(x, n4, block, reinterpret_cast<uint2*>(out));
     PG_LAUNCHED();
 }
 

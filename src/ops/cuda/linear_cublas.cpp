@@ -94,7 +94,8 @@ void dense(Context& c, const float* x, const float* xs, int64_t M, const LinearD
     const void* a = x;
     if (!f32) {
         char* ab = c.acts.reserve(static_cast<size_t>(M) * K * elt);
-        cublas_prep::gather_activations(x, w.kind >= 2 ? xs : nullptr, w.act_block, M, K, nullptr, 0, true, ab);
+        if (w.kind >= 2 && !xs) act_quant_bf16(x, M, K, w.act_block, reinterpret_cast<uint16_t*>(ab));
+        else cublas_prep::gather_activations(x, w.kind >= 2 ? xs : nullptr, w.act_block, M, K, nullptr, 0, true, ab);
         a = ab;
     }
     const bool stored = w.kind == 1 || (w.kind == 0 && !w.w_bf16);  // usable as the GEMM operand directly
@@ -260,7 +261,8 @@ void linear_cublas(const float* x, const float* xs, int64_t M, const LinearDev& 
     if (M == 0 || w.out == 0) return;
     PEREGRINE_CHECK(linear_cublas_supported(w), "linear_cublas: unsupported weight layout (kind {}, in {})", w.kind, w.in);
     PEREGRINE_CHECK(M <= INT_MAX, "linear_cublas: {} rows", M);
-    PEREGRINE_CHECK(w.kind < 2 || xs, "linear_cublas: quantised weights need activation scales");
+    PEREGRINE_CHECK(w.kind < 2 || xs || (!routing && act_quant_bf16_supported(x, w.in, w.act_block)),
+                    "linear_cublas: quantised weights need activation scales");
     Context& c = context();
     if (routing) {
         PEREGRINE_CHECK(experts, "linear_cublas: a routed GEMM needs its expert table");

@@ -33,6 +33,7 @@
 #include "ops/cuda/env_switch.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/cuda/sparse_keys.cuh"
 
 #include <cuda_bf16.h>
 
@@ -42,36 +43,13 @@ namespace peregrine::cuda {
 
 namespace {
 
-constexpr int kHeads = 64, kDim = 512, kBlk = 64, kCtaThreads = 256;  // kCtaThreads: the chunk loaders
+using namespace sparse;
+
 constexpr int kRow = kDim + 8;   // bf16 per shared row of Q and K: 1040 B, so ldmatrix rows hit distinct banks
 constexpr int kPRow = kBlk + 8;  // bf16 per shared row of P: 144 B
-constexpr int kChunkKeys = 16, kChunks = kBlk / kChunkKeys;
-constexpr int kPartDims = kChunkKeys * kDim / kCtaThreads;  // dims per thread per chunk key (32)
 
 constexpr size_t kSmemBytes = sizeof(__nv_bfloat16) * (static_cast<size_t>(kHeads) * kRow + 2 * kBlk * kRow + kHeads * kPRow) +
                               sizeof(float) * (2 * 4 * kHeads + 3 * kHeads) + sizeof(int) * 2 * kBlk;
-
-// The keys of query t: count(t) entries, entry i a packed state entry (null: a masked entry), the first
-// windows(t) of them window entries. The only place that knows how key addresses are represented.
-struct KeyList {
-    KeyRefs r;
-    __device__ __forceinline__ int count(int64_t t) const { return r.nkeys[t]; }
-    __device__ __forceinline__ int windows(int64_t t) const { return r.nwin ? r.nwin[t] : r.nkeys[t]; }
-    __device__ __forceinline__ const uint8_t* at(int64_t t, int i) const { return r.keys[t * r.maxk + i]; }
-};
-
-struct MmaArgs {
-    const float* q;  // [T, H, kDim]
-    int64_t T;
-    int H;
-    float scale;
-    const float* sink;  // [H]
-    KeyList keys;
-    float* out;      // [T, H, kDim]; with splits: null
-    float* part_o;   // [nsplit, T*H, kDim] unnormalised outputs (splits only)
-    float* part_ml;  // [nsplit, T*H, 2] running max and sum (splits only)
-    int blocks_per_split;
-};
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const __nv_bfloat16* p) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -92,103 +70,20 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
-    return *reinterpret_cast<const uint32_t*>(&v);
-}
 __device__ __forceinline__ void store_bf16x4(__nv_bfloat16* dst, float4 v) {
     *reinterpret_cast<uint2*>(dst) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
 }
 
-// Prefetch of one 16-key chunk: thread i loads dims 32 (i % 16) .. +32 of key (i / 16) of the chunk as raw
-// entry bytes (32 e4m3 codes, 32 e2m1 codes or 32 bf16 values) and the scale bytes that cover them.
-enum ChunkMode : int { kMasked = 0, kCodes8 = 1, kBf16 = 2, kCodes4 = 3 };
-struct Chunk {
-    uint4 raw[4];
-    uint32_t sc;      // scale bytes, one per `blk` dims
-    int mode, blk;
-    bool e4m3_scale;  // fp4 with e4m3 scales (else ue8m0)
-};
-
-// Entry address of this thread's key in the chunk starting at first_key (null past the list's end) and
-// whether it is a window entry.
-__device__ __forceinline__ const uint8_t* chunk_key(const KeyList& keys, int64_t t, int n, int nwin, int first_key,
-                                                   bool* window) {
-    const int j = first_key + (threadIdx.x >> 4);
-    *window = j < nwin;
-    return j < n ? keys.at(t, j) : nullptr;
-}
-
-__device__ __forceinline__ uint32_t scale_bytes(const uint8_t* p, const EntryFormat& f, int c0, int* blk) {
-    *blk = f.block < kPartDims ? f.block : kPartDims;
-    uint32_t sc = 0;
-    for (int u = 0; u < kPartDims / *blk; ++u) sc |= static_cast<uint32_t>(__ldg(p + f.scale_offset + (c0 + u * *blk) / f.block)) << (8 * u);
-    return sc;
-}
-
-__device__ __forceinline__ void load_chunk(Chunk& c, const uint8_t* p, const EntryFormat& f) {
-    const int c0 = kPartDims * (threadIdx.x & 15);
-    c.mode = kMasked;
-    if (!p) return;
-    if (f.kind == kEntryFp8 && c0 >= f.quant_dims) {
-        const uint4* b = reinterpret_cast<const uint4*>(p + f.bf16_offset + 2 * (c0 - f.quant_dims));
-#pragma unroll
-        for (int u = 0; u < 4; ++u) c.raw[u] = __ldg(b + u);
-        c.mode = kBf16;
-    } else if (f.kind == kEntryFp8) {
-        const uint4* b = reinterpret_cast<const uint4*>(p + c0);
-        c.raw[0] = __ldg(b);
-        c.raw[1] = __ldg(b + 1);
-        c.sc = scale_bytes(p, f, c0, &c.blk);
-        c.mode = kCodes8;
-    } else {
-        c.raw[0] = __ldg(reinterpret_cast<const uint4*>(p + c0 / 2));
-        c.sc = scale_bytes(p, f, c0, &c.blk);
-        c.e4m3_scale = f.kind == kEntryFp4E4m3;
-        c.mode = kCodes4;
-    }
-}
-
-__device__ __forceinline__ uint32_t raw_word(const Chunk& c, int w) {
-    const uint4& v = c.raw[w >> 2];
-    return (w & 3) == 0 ? v.x : (w & 3) == 1 ? v.y : (w & 3) == 2 ? v.z : v.w;
-}
-
-// Decodes the chunk (exact: every stored value is a bf16 value) into its shared-memory row.
+// Decodes the chunk into its shared-memory row.
 __device__ __forceinline__ void store_chunk(const Chunk& c, __nv_bfloat16* kbuf, int* valid, int chunk) {
     const int kc = threadIdx.x >> 4, part = threadIdx.x & 15;
     const int r = chunk * kChunkKeys + kc;
     uint32_t o[kPartDims / 2];  // bf16 pairs
-    if (c.mode == kBf16) {
-#pragma unroll
-        for (int w = 0; w < kPartDims / 2; ++w) o[w] = raw_word(c, w);
-    } else if (c.mode == kCodes8) {
-#pragma unroll
-        for (int w = 0; w < kPartDims / 4; ++w) {
-            const uint32_t codes = raw_word(c, w);
-            const float s = sf_ue8m0(static_cast<uint8_t>(c.sc >> (8 * ((4 * w) / c.blk))));
-            o[2 * w] = pack_bf16(sf_e4m3(static_cast<uint8_t>(codes)) * s, sf_e4m3(static_cast<uint8_t>(codes >> 8)) * s);
-            o[2 * w + 1] = pack_bf16(sf_e4m3(static_cast<uint8_t>(codes >> 16)) * s, sf_e4m3(static_cast<uint8_t>(codes >> 24)) * s);
-        }
-    } else if (c.mode == kCodes4) {
-#pragma unroll
-        for (int w = 0; w < kPartDims / 8; ++w) {
-            const uint32_t codes = raw_word(c, w);
-            const uint8_t sb = static_cast<uint8_t>(c.sc >> (8 * ((8 * w) / c.blk)));
-            const float s = c.e4m3_scale ? sf_e4m3(sb) : sf_ue8m0(sb);
-#pragma unroll
-            for (int n = 0; n < 4; ++n)
-                o[4 * w + n] = pack_bf16(sf_e2m1(static_cast<uint8_t>((codes >> (8 * n)) & 15u)) * s,
-                                         sf_e2m1(static_cast<uint8_t>((codes >> (8 * n + 4)) & 15u)) * s);
-        }
-    } else {
-#pragma unroll
-        for (int w = 0; w < kPartDims / 2; ++w) o[w] = 0u;  // masked: P is 0, V must be finite
-    }
+    const bool real = decode_chunk(c, o);
     uint4* dst = reinterpret_cast<uint4*>(kbuf + r * kRow + kPartDims * part);
 #pragma unroll
     for (int u = 0; u < kPartDims / 8; ++u) dst[u] = make_uint4(o[4 * u], o[4 * u + 1], o[4 * u + 2], o[4 * u + 3]);
-    if (part == 0) valid[r] = c.mode != kMasked;
+    if (part == 0) valid[r] = real;
 }
 
 // NW warps: 8 (warp (mh, ng): heads 32 mh.. x keys 16 ng.. of S; output dims 64 w..) or 16 (heads 16 mh.. x keys
@@ -469,10 +364,15 @@ int& sparse_warps() {  // PEREGRINE_SPARSE_WARPS=8 or 16 fixes the CTA size
     return nw;
 }
 constexpr int64_t kWideFrom = 256;  // queries from which CTAs have 16 warps, when by size
+bool& sparse_wgmma() {  // PEREGRINE_SPARSE_KERNEL=mma: the mma.sync kernel for one key split too (A/B)
+    static bool on = !env_is("PEREGRINE_SPARSE_KERNEL", "mma");
+    return on;
+}
 
 }  // namespace
 
 void sparse_attention_mma_use_warps(int nw) { sparse_warps() = nw == 16 || nw == 8 ? nw : 0; }
+void sparse_attention_use_wgmma(bool on) { sparse_wgmma() = on; }
 
 bool sparse_attention_mma_supported(int H, int D, const EntryFormat& win, const EntryFormat& comp) {
     return D == kDim && H > 0 && H % kHeads == 0 && mma_format_supported(win) && mma_format_supported(comp);
@@ -509,6 +409,10 @@ void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, 
         a.out = nullptr;
         a.part_o = static_cast<float*>(workspace);
         a.part_ml = a.part_o + static_cast<size_t>(ns) * T * H * kDim;
+    }
+    if (ns == 1 && sparse_wgmma() && sparse::sparse_wgmma_supported(keys.win, keys.nwin ? keys.comp : keys.win)) {
+        sparse::launch_sparse_wgmma(a, static_cast<unsigned>(ctas));
+        return;
     }
     const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(ns));
     const int nw = sparse_warps() ? sparse_warps() : T >= kWideFrom ? 16 : 8;

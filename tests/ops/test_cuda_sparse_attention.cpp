@@ -4,8 +4,7 @@
 // 16; V4: fp8 with ue8m0 per 64 on the first 448 dims, the RoPE dims bf16), read from their packed state
 // entries (state_format.h), a per-head sink, key counts from 0 to 640 (below one 64-key block, on and off block boundaries) and
 // masked (null) entries. 8 and 40 queries take the split-key path (decode), 256 and 4096 one CTA per query.
-// The 16-warp CTAs must give the 8-warp CTAs' output bit for bit; the wgmma kernel (one split: 256 and 4096
-// queries) meets the same tolerances as the mma.sync kernel. Prints PARITY lines per size with the device
+// The 16-warp CTAs must give the 8-warp CTAs' output bit for bit. Prints PARITY lines per size with the device
 // times and the effective rate of the key reads.
 // Skipped without a GPU.
 #include "cuda_test_util.h"
@@ -109,7 +108,6 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
         const bool split = ws_bytes > 0;
         auto ws = cuda::device_alloc(ws_bytes);
         auto run = [&](Tensor& o) { cuda::sparse_attention_mma(qd.ptr, T, H, Dh, scale, sd.ptr, kr, o.f32(), ws.get()); };
-        cuda::sparse_attention_use_wgmma(false);
         cuda::sparse_attention_mma_use_warps(8);
         const float ms_mma = peregrine::test::device_ms([&] { run(om); });
         const float ms_exact = peregrine::test::device_ms([&] {
@@ -120,7 +118,6 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
         cuda::sparse_attention_mma_use_warps(16);
         const float ms_16 = peregrine::test::device_ms([&] { run(o16); });
         cuda::sparse_attention_mma_use_warps(0);
-        cuda::sparse_attention_use_wgmma(true);
         const auto a = host(om.f32(), n_out), b = host(oe.f32(), n_out);
         {
             const auto x16 = host(o16.f32(), n_out);
@@ -162,11 +159,6 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
                         worst_steps, split ? 0.5 : 0.98);
         };
         check("mma", a, ms_mma);
-        if (!split) {  // one split: the default path is the wgmma kernel
-            Tensor ow = CudaBackend::empty(DType::F32, {T, H, Dh});
-            const float ms_w = peregrine::test::device_ms([&] { run(ow); });
-            check("wgmma", host(ow.f32(), n_out), ms_w);
-        }
     }
 }
 

@@ -252,9 +252,6 @@ void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, 
 // CTAs of 8 warps or 16 (half the accumulators a thread, twice the warps an SM switches between): the same
 // outputs bit for bit. 0 (the default) picks 16 from 256 queries on; PEREGRINE_SPARSE_WARPS=8|16 fixes it at start.
 void sparse_attention_mma_use_warps(int nw);
-// With one key split (enough queries to fill the SMs) the wgmma kernel (sparse_attention_wgmma.cu) runs instead,
-// unless switched off here or by PEREGRINE_SPARSE_KERNEL=mma; the warp count then does not apply.
-void sparse_attention_use_wgmma(bool on);
 // ---- paged_tables.cu (Numerics::Fast): entry addresses worked out on the device from the step's page tables
 // (StateLayout::entry), so the host uploads page tables (one id per page) instead of one address per entry.
 struct PagedSeqs {

@@ -364,15 +364,10 @@ int& sparse_warps() {  // PEREGRINE_SPARSE_WARPS=8 or 16 fixes the CTA size
     return nw;
 }
 constexpr int64_t kWideFrom = 256;  // queries from which CTAs have 16 warps, when by size
-bool& sparse_wgmma() {  // PEREGRINE_SPARSE_KERNEL=mma: the mma.sync kernel for one key split too (A/B)
-    static bool on = !env_is("PEREGRINE_SPARSE_KERNEL", "mma");
-    return on;
-}
 
 }  // namespace
 
 void sparse_attention_mma_use_warps(int nw) { sparse_warps() = nw == 16 || nw == 8 ? nw : 0; }
-void sparse_attention_use_wgmma(bool on) { sparse_wgmma() = on; }
 
 bool sparse_attention_mma_supported(int H, int D, const EntryFormat& win, const EntryFormat& comp) {
     return D == kDim && H > 0 && H % kHeads == 0 && mma_format_supported(win) && mma_format_supported(comp);
@@ -409,10 +404,6 @@ void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, 
         a.out = nullptr;
         a.part_o = static_cast<float*>(workspace);
         a.part_ml = a.part_o + static_cast<size_t>(ns) * T * H * kDim;
-    }
-    if (ns == 1 && sparse_wgmma() && sparse::sparse_wgmma_supported(keys.win, keys.nwin ? keys.comp : keys.win)) {
-        sparse::launch_sparse_wgmma(a, static_cast<unsigned>(ctas));
-        return;
     }
     const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(ns));
     const int nw = sparse_warps() ? sparse_warps() : T >= kWideFrom ? 16 : 8;

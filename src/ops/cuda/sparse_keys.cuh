@@ -1,5 +1,5 @@
 #pragma once
-// The key side of the tensor-core sparse attention kernels (sparse_attention_mma.cu, sparse_attention_wgmma.cu):
+// The key side of the tensor-core sparse attention kernel (sparse_attention_mma.cu):
 // the arguments, each query's key list, and the chunk loader that prefetches 16 keys' packed state entries into
 // registers and decodes them exactly into bf16 (every stored value is a bf16 value; entry_decode.h).
 #include "ops/cuda/device_math.cuh"
@@ -137,10 +137,5 @@ __device__ __forceinline__ bool decode_chunk(const Chunk& c, uint32_t (&o)[kPart
     }
     return c.mode != kMasked;
 }
-
-// The wgmma kernel for one key split (sparse_attention_wgmma.cu): whether it reads these key formats, and its
-// launch.
-bool sparse_wgmma_supported(const EntryFormat& win, const EntryFormat& comp);
-void launch_sparse_wgmma(const MmaArgs& a, unsigned ctas);
 
 }  // namespace peregrine::cuda::sparse

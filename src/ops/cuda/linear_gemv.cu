@@ -361,7 +361,7 @@ Variants& variants() {
             const size_t eq = item.find('=');
             const std::string name = eq == std::string::npos ? "" : item.substr(0, eq);
             const int v = std::atoi(item.c_str() + (eq == std::string::npos ? 0 : eq + 1));
-            if (v != 1 && (v < 3 || v > 9)) continue;
+            if (v != 1 && (v < 3 || v > 10)) continue;
             for (int f = 0; f < 4; ++f) {
                 static const char* names[4] = {"f32", "bf16", "fp8", "fp4"};
                 if (name.empty() || name == names[f]) {
@@ -445,12 +445,12 @@ void* gemv_scratch(int which, size_t bytes, bool zero) {
 }
 
 void linear_gemv_set_variant(int v) {
-    if (v != 1 && (v < 3 || v > 9)) fail("linear_gemv: no variant {} (1, 3 to 9)", v);
+    if (v != 1 && (v < 3 || v > 10)) fail("linear_gemv: no variant {} (1, 3 to 10)", v);
     for (int f = 0; f < 4; ++f) variants().v[f] = clamp_variant(f, v);
     variants().fp4_auto = false;
 }
 void linear_gemv_set_variant(int format, int v) {
-    if (format < 0 || format > 3 || (v != 1 && (v < 3 || v > 9))) fail("linear_gemv: no variant {} for format {}", v, format);
+    if (format < 0 || format > 3 || (v != 1 && (v < 3 || v > 10))) fail("linear_gemv: no variant {} for format {}", v, format);
     variants().v[format] = clamp_variant(format, v);
     if (format == kFP4) variants().fp4_auto = false;
 }

@@ -729,6 +729,17 @@ void launch_variant(int v, const float* x, const float* xs, int64_t M, const Lin
                 break;
             }
             [[fallthrough]];
+        case 10:  // FP4: 16 warps (256 rows) a CTA, 128-byte stages 3 deep, persistent when routed: four warps a
+                  // scheduler. Other formats: as 5.
+            if constexpr (F == kFP4) {
+                if (v == 10) {
+                    if (mt == 1) launch<F, 128, 3, 1, 1, 16>(x, xs, M, w, y, experts, routing, true);
+                    else if (mt == 2) launch<F, 128, 3, 1, 2, 16>(x, xs, M, w, y, experts, routing, false);
+                    else launch<F, 128, 3, 1, 4, 16>(x, xs, M, w, y, experts, routing, false);
+                    break;
+                }
+            }
+            [[fallthrough]];
         default: {  // 5 and 8: 96 KB in flight, 4 rows x 256 B per copy (8: persistent when routed). FP4: 64 KB,
                     // so that a whole K of f16 activations (5120 values: 87 KB) fits beside the ring.
             constexpr int st = F == kFP4 ? 3 : 4;
@@ -766,7 +777,7 @@ bool linear_gemv_stream_quantises(const LinearDev& w) {
 void linear_gemv_stream(int variant, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
                         const ExpertTable* experts, const LinearRouting* routing) {
     if (M == 0 || w.out == 0) return;
-    if (variant < 4 || variant > 9) fail("linear_gemv_stream: no variant {}", variant);
+    if (variant < 4 || variant > 10) fail("linear_gemv_stream: no variant {}", variant);
     if (!linear_gemv_stream_supported(w)) fail("linear_gemv_stream: unsupported linear (kind {}, in {})", w.kind, w.in);
     if (reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("linear_gemv_stream: activations must be 16-byte aligned");
     if (routing && routing->tile_rows > kCols) fail("linear_gemv_stream: routed tiles of {} rows", routing->tile_rows);

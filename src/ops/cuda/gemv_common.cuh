@@ -18,7 +18,8 @@ __device__ __forceinline__ void fp4x8_to_e4m3(uint32_t w, uint32_t& lo, uint32_t
     hi = __byte_perm(even, odd, 0x7362);
 }
 
-// Grow-only device scratch (which: 0 split partial sums, 1 split tickets, zeroed when allocated).
+// Grow-only device scratch (which: 0 split partial sums, 1 split tickets, zeroed when allocated, 2 the stream
+// kernel's staged activations).
 void* gemv_scratch(int which, size_t bytes, bool zero);
 
 }  // namespace peregrine::cuda

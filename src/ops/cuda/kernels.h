@@ -54,10 +54,10 @@ bool linear_gemv_supported(const LinearDev& w);
 void linear_gemv(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
                  const LinearRouting* routing);
 // Kernel variants, per stored format: 1 the CUDA-core kernel (register double buffer, separate split
-// reduction; every format), 3 the older tensor-core one (linear_gemv_mma.cu; FP8/FP4), 4-9 the streaming
+// reduction; every format), 3 the older tensor-core one (linear_gemv_mma.cu; FP8/FP4), 4-10 the streaming
 // tensor-core ones (linear_gemv_stream.cu; FP8/FP4, and BF16 when LinearDev::bf16_acts; 7/8 are 4/5 with
-// persistent CTAs for routed calls, 9 FP4 on persistent CTAs of 12 warps). A variant a linear
-// does not support falls back to 3, then 1. Defaults: BF16 and FP8 5, FP4 8 (9 above 384 routed pairs), F32 1
+// persistent CTAs for routed calls, 9 and 10 FP4 on persistent CTAs of 12 and 16 warps). A variant a linear
+// does not support falls back to 3, then 1. Defaults: BF16 and FP8 5, FP4 10 (9 above 384 routed pairs), F32 1
 // (linear_gemv.cu). Env at start:
 // PEREGRINE_GEMV_VARIANT=<v> (every format) or a list such as "fp8=4,fp4=5,bf16=4"; PEREGRINE_GEMV=1 as
 // PEREGRINE_GEMV_VARIANT=1. Tests A/B them in one run.
@@ -66,18 +66,21 @@ void linear_gemv_set_variant(int kind_format, int v);  // one stored format: 0 F
 int linear_gemv_variant();                             // FP8's (the tests' A/B key)
 int linear_gemv_variant(int kind_format);
 // Whether linear_gemv takes this FP8/FP4 linear's activations unquantised (xs == nullptr) and quantises them
-// itself, with act_quant's arithmetic (variants 4-9; PEREGRINE_GEMV_FUSE=0 or the setter turn it off).
+// itself, with act_quant's arithmetic (variants 4-10; PEREGRINE_GEMV_FUSE=0 or the setter turn it off).
 bool linear_gemv_quantises(const LinearDev& w);
 void linear_gemv_set_fuse(bool on);
 // ---- linear_gemv_mma.cu (variant 3): FP8/FP4 decode GEMV on mma.sync e4m3 (same contract as linear_gemv).
 bool linear_gemv_mma_supported(const LinearDev& w);
 void linear_gemv_mma(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
                      const ExpertTable* experts, const LinearRouting* routing);
-// ---- linear_gemv_stream.cu (variants 4 to 8): the weights streamed through deep cp.async rings (scales
+// ---- linear_gemv_stream.cu (variants 4 to 10): the weights streamed through deep cp.async rings (scales
 // included) on mma.sync e4m3 / bf16, the work split chosen for full waves; same contract as linear_gemv, and
 // FP8/FP4 activations may come unquantised (xs == nullptr) where linear_gemv_stream_quantises.
 bool linear_gemv_stream_supported(const LinearDev& w);
 bool linear_gemv_stream_quantises(const LinearDev& w);
+// Dense calls from this many rows on stage their activations once for all CTAs (0: never; the default 9 or
+// PEREGRINE_GEMV_IMAGE_ROWS at start): the same outputs bit for bit. Returns the previous setting.
+int linear_gemv_set_image_rows(int rows);
 void linear_gemv_stream(int variant, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
                         const ExpertTable* experts, const LinearRouting* routing);
 // ---- linear_cublas.cpp (prefill: tensor-core GEMMs through cuBLAS on exact bf16 images of the quantised

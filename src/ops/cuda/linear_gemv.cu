@@ -9,8 +9,8 @@
 // order differs from the exact kernels, before the same bf16 rounding.
 //
 // This is variant 1 (a block per 32-row group, a register double buffer, a separate split reduction kernel).
-// FP8/FP4 take variant 3, the tensor-core one in linear_gemv_mma.cu, by default; variants 4-8 are the
-// streaming kernels of linear_gemv_stream.cu (see kernels.h and launch_rows).
+// The defaults are the streaming kernels of linear_gemv_stream.cu (variants 4-10; see kernels.h and
+// launch_rows); variant 3 is the older tensor-core one in linear_gemv_mma.cu.
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/env_switch.h"
 #include "ops/cuda/gemv_common.cuh"
@@ -331,11 +331,12 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
 
 // Variant per stored format (F32, BF16, FP8, FP4), from the environment at start (see kernels.h). The
 // defaults are the fastest end to end on the H200 (bench engine, 4 layers, 8K context): the streaming kernel
-// with 256-byte stages for bf16 and FP8; for the routed FP4 experts its persistent form, 8 warps a CTA (8) up to
-// 384 pairs (about a pair per expert: batch 64 11.6 ms of routed experts against 13.6 with 12 warps) and 12 warps
-// (9) above (batch 128: 12.6 ms against 19.2), unless a variant was asked for.
+// with 256-byte stages for bf16 and FP8; for the routed FP4 experts its persistent form, 16 warps a CTA (10) up
+// to 384 pairs (about a pair per expert: 2627 against 2545 GB/s for 8 warps (8) at 192 pairs, which had taken
+// batch 64 in 11.6 ms of routed experts against 13.6 with 12 warps) and 12 warps (9) above (batch 128: 12.6 ms
+// against 19.2 with 8), unless a variant was asked for.
 struct Variants {
-    int v[4] = {1, 5, 5, 8};
+    int v[4] = {1, 5, 5, 10};
     bool fuse = true;
     bool fp4_auto = true;  // FP4 not set by the environment or a setter
 };
@@ -388,7 +389,7 @@ void launch_rows(const float* x, const float* xs, int64_t M, const LinearDev& w,
                  const LinearRouting* routing) {
     const int64_t rows = routing ? routing->tile_rows : M;
     const int v = variant_for(F, M, routing != nullptr);
-    // Variants 4-9: the streaming kernels (the defaults); 3: the older tensor-core kernel for FP8/FP4; else this one.
+    // Variants 4-10: the streaming kernels (the defaults); 3: the older tensor-core kernel for FP8/FP4; else this one.
     // (A cp.async-pipelined CUDA-core variant measured 1.2-1.8x slower than the tensor-core one on every
     // FP8/FP4 shape on the H200, and slower than this one on the bf16 LM head and the grouped wo_a.)
     if (v >= 4 && linear_gemv_stream_supported(w)) {
@@ -430,10 +431,10 @@ void* gemv_scratch(int which, size_t bytes, bool zero) {
         }
     };
     constexpr int kMaxDevices = 16;
-    thread_local Scratch table[kMaxDevices][2];
+    thread_local Scratch table[kMaxDevices][3];
     int dev = 0;
     PG_CUDA(cudaGetDevice(&dev));
-    if (dev < 0 || dev >= kMaxDevices || which < 0 || which > 1) fail("linear_gemv: no scratch {} on device {}", which, dev);
+    if (dev < 0 || dev >= kMaxDevices || which < 0 || which > 2) fail("linear_gemv: no scratch {} on device {}", which, dev);
     Scratch& s = table[dev][which];
     if (bytes > s.bytes) {
         if (s.p) PG_CUDA(cudaFreeAsync(s.p, 0));

@@ -1,6 +1,6 @@
-// Decode GEMV streaming weights at HBM bandwidth on the tensor cores (variants 4-9 of linear_gemv):
+// Decode GEMV streaming weights at HBM bandwidth on the tensor cores (variants 4-10 of linear_gemv):
 // FP8 (e4m3, ue8m0 tiles of 32/64/128), FP4 (e2m1, ue8m0 per 32) and BF16 weights whose activations are bf16
-// values (LinearDev::bf16_acts). 16 weight rows are the mma's A and up to 8 activation rows its B; each
+// values (LinearDev::bf16_acts; F32 linears on bf16 weights too, their outputs left in fp32). 16 weight rows are the mma's A and up to 8 activation rows its B; each
 // 32-value k block is two f16 mma.sync m16n8k16 whose fp32 sum is scaled by the power-of-two product of the
 // weight and activation scales and added in fp32 (bf16: one m16n8k16 per 16 values, no scales); the output is
 // rounded to bf16. Hopper has no e4m3 mma.sync: the compiler would unpack both operands to f16 on the
@@ -19,6 +19,9 @@
 // - The activations may come unquantised (xs == nullptr): each CTA then quantises the blocks of its K slice
 //   itself, with act_quant's arithmetic (same amax, same ue8m0 scale, same e4m3 rounding), so the staged bytes
 //   and therefore the outputs are those of act_quant followed by this kernel, and one launch disappears.
+// - Dense calls of 9+ rows stage them once instead (act_image_kernel), which every CTA copies with cp.async
+//   beside its first weight stages: converting 16-32 rows in every CTA took as long as its weights at 32 rows
+//   (FP8 linears at 400-700 GB/s).
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/fp4_f16.h"
 #include "ops/cuda/gemv_common.cuh"
@@ -120,7 +123,69 @@ struct StreamArgs {
     const int32_t* row_map;
     const int4* tiles;
     const int32_t* n_tiles;
+    const uint8_t* image;  // dense calls: the activations already staged (act_image_kernel), or null
+    int64_t image_tile;    // bytes of the image per tile
 };
+
+// Four f16 of values within..within+3 of a k step into its 64 bytes of one row (FP4: permuted).
+template <int F>
+__device__ __forceinline__ void store_act4(uint8_t* row64, int within, uint2 h) {
+    if constexpr (F == kFP4) {
+        uint16_t* r = reinterpret_cast<uint16_t*>(row64);
+        r[fp4_act_pos(within)] = static_cast<uint16_t>(h.x);
+        r[fp4_act_pos(within + 1)] = static_cast<uint16_t>(h.x >> 16);
+        r[fp4_act_pos(within + 2)] = static_cast<uint16_t>(h.y);
+        r[fp4_act_pos(within + 3)] = static_cast<uint16_t>(h.y >> 16);
+    } else {
+        *reinterpret_cast<uint2*>(row64 + within * 2) = h;
+    }
+}
+
+// One quad (4 values) of an activation row as the stream kernel stages it: bf16 pairs (BF16), or e4m3 values as
+// f16 with their block's scale, quantised here with act_quant's arithmetic when xs is null (amax over the block
+// by shuffles: every lane of the warp calls this, the block's quads in consecutive lanes, aligned).
+template <int F>
+__device__ __forceinline__ uint2 stage_quad(float4 v, const float* xs, int64_t xs_index, int qpb, float& scale) {
+    if constexpr (F == kBF16) {
+        scale = 1.0f;
+        return make_uint2(bf16x2(v.x, v.y), bf16x2(v.z, v.w));
+    } else {
+        if (xs) {
+            scale = xs[xs_index];
+            return e4m3_f16x4(v.x, v.y, v.z, v.w);
+        }
+        // act_quant: amax over the block, s = 2^ceil(log2(max(amax, 1e-4) / 448)), q = e4m3(x / s).
+        float a = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+        for (int o = qpb >> 1; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+        const float s = pow2_round_scale(fmaxf(a, 1e-4f), 1.0f / 448.0f);
+        scale = s;
+        return e4m3_f16x4(fminf(fmaxf(v.x / s, -448.0f), 448.0f), fminf(fmaxf(v.y / s, -448.0f), 448.0f),
+                          fminf(fmaxf(v.z / s, -448.0f), 448.0f), fminf(fmaxf(v.w / s, -448.0f), 448.0f));
+    }
+}
+
+// The staged activations of a dense call written once to global memory, so that every CTA copies its slice
+// (cp.async, beside its first weight stages) instead of converting it: per tile of TR rows, [k step][row][AB
+// bytes] for all of K, then [k step][row] fp32 scales; rows past M zero. A thread per quad, a row's quads in
+// whole warps (K % 128 == 0).
+template <int F, int MT>
+__global__ void act_image_kernel(const float* x, const float* xs, int64_t M, int K, int ab, int64_t quads,
+                                 uint8_t* image) {
+    constexpr int TR = kCols * MT, AB = F == kBF16 ? 32 : 64, STEP_VALUES = F == kBF16 ? 16 : 32;
+    const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (g >= quads) return;  // whole warps
+    const int qpr = K / 4, ks_all = K / STEP_VALUES;
+    const int64_t m = g / qpr;
+    const int kv = static_cast<int>(g - m * qpr) * 4, ks = kv / STEP_VALUES, within = kv % STEP_VALUES;
+    const int r = static_cast<int>(m % TR);
+    uint8_t* base = image + (m / TR) * static_cast<int64_t>(ks_all) * (TR * AB + TR * 4);
+    const float4 v = m < M ? *reinterpret_cast<const float4*>(x + m * K + kv) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float s;
+    uint2 h = stage_quad<F>(v, xs, m * (K / ab) + kv / ab, ab / 4, s);
+    if (m >= M) h = make_uint2(0u, 0u), s = 0.0f;
+    store_act4<F>(base + static_cast<int64_t>(ks) * TR * AB + r * AB, within, h);
+    if (F != kBF16 && within == 0) reinterpret_cast<float*>(base + static_cast<int64_t>(ks_all) * TR * AB)[ks * TR + r] = s;
+}
 
 // Lane (g, t) = (lane / 4, lane % 4): for every mma step its A registers hold bytes [8t, 8t+8) (FP4: the
 // 4 bytes [4t, 4t+4) = values 8t..8t+7) of weight rows g and g+8, its B registers the same k positions of
@@ -282,25 +347,27 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
         if (++iss_slot == ST) iss_slot = 0;
         cp_async_commit();
     };
+    float* ascale = reinterpret_cast<float*>(act + KS * STEP_ACT);
+    if (p.image) {
+        // Dense call with the activations staged already: this slice of the tile's image, copied ahead of the
+        // first weight stages (one commit group before theirs).
+        const uint8_t* src = p.image + static_cast<int64_t>(mt) * p.image_tile + static_cast<int64_t>(k0 / G::STEP_VALUES) * STEP_ACT;
+        for (int o = threadIdx.x * 16; o < KS * STEP_ACT; o += NT * 16) cp_async16(act + o, src + o);
+        if constexpr (F != kBF16) {
+            const uint8_t* ssrc = p.image + static_cast<int64_t>(mt) * p.image_tile + static_cast<int64_t>(K / G::STEP_VALUES) * STEP_ACT +
+                                  static_cast<int64_t>(k0 / G::STEP_VALUES) * TR * 4;
+            for (int o = threadIdx.x * 16; o < KS * TR * 4; o += NT * 16)
+                cp_async16(reinterpret_cast<uint8_t*>(ascale) + o, ssrc + o);
+        }
+        cp_async_commit();
+        if (threadIdx.x < TR) row_s[threadIdx.x] = tile_m0[0] + threadIdx.x;
+    }
 #pragma unroll
     for (int s = 0; s < ST - 1; ++s) issue();
 
     // Stage the slice's activations: e4m3 bytes (bf16 pairs) per [k step][row][32 bytes], fp32 scales per
     // [k step][row]; rows past the tile as zeros. A warp handles 32 consecutive quads (4 values) per load, so
     // an activation block (8, 16 or 32 quads, aligned) lies within one warp's load.
-    float* ascale = reinterpret_cast<float*>(act + KS * STEP_ACT);
-    // Four f16 of values within..within+3 of a k step into its 64 bytes of one row (FP4: permuted).
-    auto store_act4 = [](uint8_t* row64, int within, uint2 h) {
-        if constexpr (F == kFP4) {
-            uint16_t* r = reinterpret_cast<uint16_t*>(row64);
-            r[fp4_act_pos(within)] = static_cast<uint16_t>(h.x);
-            r[fp4_act_pos(within + 1)] = static_cast<uint16_t>(h.x >> 16);
-            r[fp4_act_pos(within + 2)] = static_cast<uint16_t>(h.y);
-            r[fp4_act_pos(within + 3)] = static_cast<uint16_t>(h.y >> 16);
-        } else {
-            *reinterpret_cast<uint2*>(row64 + within * 2) = h;
-        }
-    };
     // Tile ti's activations; called by every thread (barriers inside), after the previous tile's last reads.
     auto stage = [&](int ti) {
         const int rows = tile_rows[ti];
@@ -311,7 +378,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
         __syncthreads();
         const int qpr = slice_values / 4, quads = rows * qpr;  // quads per row, in all
         const int ab = F == kBF16 ? 4 : w.act_block, qpb = ab / 4;
-        const bool fuse = F != kBF16 && p.xs == nullptr;
         for (int b0 = warp * 32 * kStageLoads; b0 < quads; b0 += NW * 32 * kStageLoads) {
             float4 v[kStageLoads];
 #pragma unroll
@@ -328,28 +394,13 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
             for (int i = 0; i < kStageLoads; ++i) {
                 const int u = b0 + i * 32 + lane;  // whole activation blocks are in or out together
                 if (b0 + i * 32 >= quads) break;   // warp-uniform
-                const int m = u / qpr, kq = u - m * qpr;
+                const int m = min(u / qpr, rows - 1), kq = u - (u / qpr) * qpr;
                 const int kv = kq * 4, ks = kv / G::STEP_VALUES, within = kv % G::STEP_VALUES;
-                if constexpr (F == kBF16) {
-                    if (u < quads)
-                        *reinterpret_cast<uint2*>(act + ks * STEP_ACT + m * AB + within * 2) =
-                            make_uint2(bf16x2(v[i].x, v[i].y), bf16x2(v[i].z, v[i].w));
-                } else if (fuse) {
-                    // act_quant: amax over the block, s = 2^ceil(log2(max(amax, 1e-4) / 448)), q = e4m3(x / s).
-                    float a = fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w)));
-                    for (int o = qpb >> 1; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-                    const float s = pow2_round_scale(fmaxf(a, 1e-4f), 1.0f / 448.0f);
-                    if (u < quads) {
-                        store_act4(act + ks * STEP_ACT + m * AB, within,
-                                   e4m3_f16x4(fminf(fmaxf(v[i].x / s, -448.0f), 448.0f), fminf(fmaxf(v[i].y / s, -448.0f), 448.0f),
-                                          fminf(fmaxf(v[i].z / s, -448.0f), 448.0f), fminf(fmaxf(v[i].w / s, -448.0f), 448.0f)));
-                        if (within == 0) ascale[ks * TR + m] = s;
-                    }
-                } else {
-                    if (u < quads) {
-                        store_act4(act + ks * STEP_ACT + m * AB, within, e4m3_f16x4(v[i].x, v[i].y, v[i].z, v[i].w));
-                        if (within == 0) ascale[ks * TR + m] = p.xs[row_s[m] * (K / ab) + (k0 + kv) / ab];
-                    }
+                float s;
+                const uint2 h = stage_quad<F>(v[i], p.xs, row_s[m] * (K / ab) + (k0 + kv) / ab, qpb, s);
+                if (u < quads) {
+                    store_act4<F>(act + ks * STEP_ACT + m * AB, within, h);
+                    if (F != kBF16 && within == 0) ascale[ks * TR + m] = s;
                 }
             }
         }
@@ -363,7 +414,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
         }
         __syncthreads();
     };
-    stage(0);
+    if (p.image) {
+        cp_async_wait<ST - 1>();  // the image's group (the oldest) has landed, for every thread ...
+        __syncthreads();          // ... and is visible to every warp
+    } else {
+        stage(0);
+    }
 
     float acc[MT][4] = {};
     int c_u = u_begin, c_st = 0, c_slot = 0;  // the mma side's unit, stage and ring slot
@@ -469,7 +525,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
                     if (m < rows_cur && n < N) {
                         const int64_t idx = row_s[m] * N + n;
                         if (p.splits > 1) p.partial[static_cast<int64_t>(split) * p.M * N + idx] = acc[c][i];
-                        else p.y[idx] = round_bf16(acc[c][i]);
+                        else p.y[idx] = w.kind != 0 ? round_bf16(acc[c][i]) : acc[c][i];  // F32 kind: fp32 out
                     }
                     acc[c][i] = 0.0f;
                 }
@@ -517,7 +573,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            if (i0 + j * NT < total) p.y[o[j]] = round_bf16(v[j]);
+            if (i0 + j * NT < total) p.y[o[j]] = w.kind != 0 ? round_bf16(v[j]) : v[j];
     }
     if (threadIdx.x == 0) p.counters[ticket] = 0;  // ready for the next call
 }
@@ -569,13 +625,28 @@ int occupancy(size_t smem) {
     return cache[kb] - 1;
 }
 
+// Dense calls of at least PEREGRINE_GEMV_IMAGE_ROWS rows (default 9: where the CTAs' own staging of 16+ rows
+// cost as much as their weights; 0: never) stage their activations once (act_image_kernel) for every CTA to copy.
+int& image_rows() {
+    static int r = [] {
+        const char* e = std::getenv("PEREGRINE_GEMV_IMAGE_ROWS");
+        return e && *e ? std::atoi(e) : 9;
+    }();
+    return r;
+}
+bool use_image(int F, int64_t M, int K) {
+    return image_rows() > 0 && M >= image_rows() && K % 128 == 0 && (F != kBF16 || K % 16 == 0);
+}
+
 // Work split for a shape: `splits` K slices of `per` stages, `gpb` groups of NW x 16 rows per CTA. Cost of a
 // choice, in bytes an SM moves: the CTAs of the busiest SM (ceil(CTAs / SMs)) times what each reads (weights,
 // its activation slice as fp32, a ramp for filling the pipeline, hidden in part where CTAs share an SM, and a
 // K split's partial sums and reduction). Rows per tile
 // estimated as the average (routed) or the tile's (dense). Returns (splits, gpb).
+// act_bytes_per_value: what a CTA's staging costs per activation value it stages, in bytes of streaming (fp32
+// values converted in the CTA: 4; copied from the staged image: 2).
 template <int F, int CH, int ST, int MINB, int MT, int NW>
-std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, int64_t tiles) {
+std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, int64_t tiles, int act_bytes_per_value) {
     using G = Geo<F, CH>;
     constexpr int GR = NW * kUnitRows;
     const int groups = (N + GR - 1) / GR, sms = sm_count();
@@ -593,7 +664,7 @@ std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, i
         const size_t smem = ring + act_bytes<F, CH, MT>(per);
         const int occ = occupancy<F, CH, ST, MINB, MT, NW>(smem);
         if (occ < 1) continue;
-        const int64_t act = static_cast<int64_t>(rows_est) * per * (CH / G::STEP_W_BYTES) * G::STEP_VALUES * 4;
+        const int64_t act = static_cast<int64_t>(rows_est) * per * (CH / G::STEP_W_BYTES) * G::STEP_VALUES * act_bytes_per_value;
         for (int gpb = 1; gpb <= groups; ++gpb) {
             const int nblk = (groups + gpb - 1) / gpb;
             if (gpb > 1 && (groups + gpb - 2) / (gpb - 1) == nblk) continue;  // same CTA count as gpb - 1
@@ -630,15 +701,16 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     const size_t limit = smem_limit<F, CH, ST, MINB, MT, NW>();  // opts in: before the occupancy queries
     // The split of a shape is worked out once (the search is a few thousand steps of host arithmetic).
     static std::mutex mu;
-    static std::map<std::tuple<int, int, int64_t, int64_t>, std::pair<int, int>> plans;
+    const bool image = !routing && use_image(F, M, w.in);
+    static std::map<std::tuple<int, int, int64_t, int64_t, bool>, std::pair<int, int>> plans;
     std::pair<int, int> plan;
     bool fresh = false;
     {
         std::lock_guard<std::mutex> lock(mu);
-        const auto key = std::make_tuple(N, w.in, M, tiles);
+        const auto key = std::make_tuple(N, w.in, M, tiles, image);
         auto it = plans.find(key);
         if (it == plans.end()) {
-            it = plans.emplace(key, choose_split<F, CH, ST, MINB, MT, NW>(N, all_stages, M, mtiles, tiles)).first;
+            it = plans.emplace(key, choose_split<F, CH, ST, MINB, MT, NW>(N, all_stages, M, mtiles, tiles, image ? 2 : 4)).first;
             fresh = true;
         }
         plan = it->second;
@@ -669,10 +741,10 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
         return e && *e && std::string(e) != "0";
     }();
     if (trace && fresh)
-        std::fprintf(stderr, "gemv-stream plan: fmt %d CH %d ST %d | N %d K %d M %lld tiles %lld -> %s splits %d x %d stages, "
+        std::fprintf(stderr, "gemv-stream plan: fmt %d CH %d ST %d | N %d K %d M %lld tiles %lld -> %s%s splits %d x %d stages, "
                              "%d groups/CTA, %lld CTAs, %zu B smem, %d CTAs/SM\n",
                      F, CH, ST, N, w.in, static_cast<long long>(M), static_cast<long long>(tiles),
-                     ctas > 0 ? "persistent" : "grid", splits, per, gpb,
+                     ctas > 0 ? "persistent" : "grid", image ? " (image)" : "", splits, per, gpb,
                      static_cast<long long>(ctas > 0 ? ctas : static_cast<int64_t>(nblk) * splits * mtiles * tiles), smem,
                      occupancy<F, CH, ST, MINB, MT, NW>(smem));
 
@@ -694,6 +766,16 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     a.row_map = routing ? routing->row_map : nullptr;
     a.tiles = routing ? reinterpret_cast<const int4*>(routing->tiles) : nullptr;
     a.n_tiles = routing ? routing->n_tiles : nullptr;
+    if (image) {
+        constexpr int TR = kCols * MT, AB = F == kBF16 ? 32 : 64, STEP_VALUES = F == kBF16 ? 16 : 32;
+        a.image_tile = static_cast<int64_t>(w.in / STEP_VALUES) * TR * (AB + 4);
+        auto* img = static_cast<uint8_t*>(gemv_scratch(2, static_cast<size_t>(a.image_tile) * mtiles, false));
+        const int64_t quads = static_cast<int64_t>(mtiles) * TR * (w.in / 4);
+        act_image_kernel<F, MT><<<static_cast<unsigned>((quads + 255) / 256), 256>>>(x, xs, M, w.in, F == kBF16 ? 4 : w.act_block,
+                                                                                   quads, img);
+        PG_LAUNCHED();
+        a.image = img;
+    }
     const int64_t gx = ctas > 0 ? ctas : static_cast<int64_t>(nblk) * splits * mtiles;
     if (gx > 0x7fffffff) fail("linear_gemv: grid of {} blocks is too large", gx);
     if (splits > 1) {
@@ -758,6 +840,7 @@ bool linear_gemv_stream_supported(const LinearDev& w) {
     if (reinterpret_cast<uintptr_t>(w.w) % 16 != 0) return false;
     switch (w.kind) {
         case kBF16: return w.bf16_acts && w.in % 16 == 0;  // whole mma steps (32-byte rows pieces)
+        case 0: return w.w_bf16 && w.bf16_acts && w.in % 16 == 0;  // F32 on bf16 values: as BF16, fp32 outputs
         case kFP8:  // the reference's pairing (one activation scale per weight block), blocks of 32/64/128
             return w.in % 32 == 0 && (w.weight_block == 32 || w.weight_block == 64 || w.weight_block == 128) &&
                    w.act_block == w.weight_block && w.in % w.act_block == 0 && w.scale != nullptr;
@@ -767,6 +850,8 @@ bool linear_gemv_stream_supported(const LinearDev& w) {
         default: return false;
     }
 }
+
+int linear_gemv_set_image_rows(int rows) { return std::exchange(image_rows(), rows); }
 
 bool linear_gemv_stream_quantises(const LinearDev& w) {
     if (!linear_gemv_stream_supported(w) || (w.kind != kFP8 && w.kind != kFP4)) return false;

@@ -135,17 +135,43 @@ __global__ void expert_tiles_kernel(const int32_t* sel, int64_t n, int E, int mt
         count[e] = run;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int nt = 0, off = 0;
-        for (int e = 0; e < E; ++e) {
-            const int c = count[e];
-            for (int r = 0; r < c; r += mt) tiles[nt++] = make_int4(e, off + r, min(mt, c - r), 0);
-            count[e] = off;
-            off += c;
+    // Each expert's first slot and first tile: an exclusive scan of (pairs, tiles) over the experts, a block of
+    // experts at a time (one thread walking the experts took ~20 us at 384 experts).
+    __shared__ int2 warp_sums[32];
+    __shared__ int2 carry;
+    const int nwarps = static_cast<int>(blockDim.x) >> 5;
+    if (threadIdx.x == 0) carry = make_int2(0, 0);
+    for (int e0 = 0; e0 < E; e0 += blockDim.x) {
+        const int e = e0 + static_cast<int>(threadIdx.x);
+        const int c = e < E ? count[e] : 0, t = (c + mt - 1) / mt;
+        int2 v = make_int2(c, t);
+        for (int o = 1; o < 32; o <<= 1) {
+            const int a = __shfl_up_sync(0xffffffffu, v.x, o), b = __shfl_up_sync(0xffffffffu, v.y, o);
+            if (lane >= o) v.x += a, v.y += b;
         }
-        *n_tiles = nt;
+        if (lane == 31) warp_sums[warp] = v;
+        __syncthreads();  // also orders carry's initialisation or last update before its reads
+        if (warp == 0) {
+            int2 u = lane < nwarps ? warp_sums[lane] : make_int2(0, 0);
+            for (int o = 1; o < 32; o <<= 1) {
+                const int a = __shfl_up_sync(0xffffffffu, u.x, o), b = __shfl_up_sync(0xffffffffu, u.y, o);
+                if (lane >= o) u.x += a, u.y += b;
+            }
+            if (lane < nwarps) warp_sums[lane] = u;
+        }
+        __syncthreads();
+        const int2 before = warp > 0 ? warp_sums[warp - 1] : make_int2(0, 0);
+        const int off = carry.x + before.x + v.x - c, first = carry.y + before.y + v.y - t;
+        if (e < E) {
+            for (int r = 0; r < c; r += mt) tiles[first + r / mt] = make_int4(e, off + r, min(mt, c - r), 0);
+            count[e] = off;
+        }
+        const int2 total = warp_sums[nwarps - 1];
+        __syncthreads();
+        if (threadIdx.x == 0) carry = make_int2(carry.x + total.x, carry.y + total.y);
     }
     __syncthreads();
+    if (threadIdx.x == 0) *n_tiles = carry.y;
     if (warp >= segs) return;
     int32_t* next = seg + warp * E;
     for (int64_t b = lo; b < hi; b += 32) {  // warp-uniform trip count

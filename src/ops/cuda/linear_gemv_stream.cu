@@ -627,6 +627,7 @@ int occupancy(size_t smem) {
 
 // Dense calls of at least PEREGRINE_GEMV_IMAGE_ROWS rows (default 9: where the CTAs' own staging of 16+ rows
 // cost as much as their weights; 0: never) stage their activations once (act_image_kernel) for every CTA to copy.
+// The work split does not depend on it, so the outputs are the same bits either way.
 int& image_rows() {
     static int r = [] {
         const char* e = std::getenv("PEREGRINE_GEMV_IMAGE_ROWS");
@@ -643,10 +644,8 @@ bool use_image(int F, int64_t M, int K) {
 // its activation slice as fp32, a ramp for filling the pipeline, hidden in part where CTAs share an SM, and a
 // K split's partial sums and reduction). Rows per tile
 // estimated as the average (routed) or the tile's (dense). Returns (splits, gpb).
-// act_bytes_per_value: what a CTA's staging costs per activation value it stages, in bytes of streaming (fp32
-// values converted in the CTA: 4; copied from the staged image: 2).
 template <int F, int CH, int ST, int MINB, int MT, int NW>
-std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, int64_t tiles, int act_bytes_per_value) {
+std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, int64_t tiles) {
     using G = Geo<F, CH>;
     constexpr int GR = NW * kUnitRows;
     const int groups = (N + GR - 1) / GR, sms = sm_count();
@@ -664,7 +663,7 @@ std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, i
         const size_t smem = ring + act_bytes<F, CH, MT>(per);
         const int occ = occupancy<F, CH, ST, MINB, MT, NW>(smem);
         if (occ < 1) continue;
-        const int64_t act = static_cast<int64_t>(rows_est) * per * (CH / G::STEP_W_BYTES) * G::STEP_VALUES * act_bytes_per_value;
+        const int64_t act = static_cast<int64_t>(rows_est) * per * (CH / G::STEP_W_BYTES) * G::STEP_VALUES * 4;
         for (int gpb = 1; gpb <= groups; ++gpb) {
             const int nblk = (groups + gpb - 1) / gpb;
             if (gpb > 1 && (groups + gpb - 2) / (gpb - 1) == nblk) continue;  // same CTA count as gpb - 1
@@ -702,15 +701,15 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     // The split of a shape is worked out once (the search is a few thousand steps of host arithmetic).
     static std::mutex mu;
     const bool image = !routing && use_image(F, M, w.in);
-    static std::map<std::tuple<int, int, int64_t, int64_t, bool>, std::pair<int, int>> plans;
+    static std::map<std::tuple<int, int, int64_t, int64_t>, std::pair<int, int>> plans;
     std::pair<int, int> plan;
     bool fresh = false;
     {
         std::lock_guard<std::mutex> lock(mu);
-        const auto key = std::make_tuple(N, w.in, M, tiles, image);
+        const auto key = std::make_tuple(N, w.in, M, tiles);
         auto it = plans.find(key);
         if (it == plans.end()) {
-            it = plans.emplace(key, choose_split<F, CH, ST, MINB, MT, NW>(N, all_stages, M, mtiles, tiles, image ? 2 : 4)).first;
+            it = plans.emplace(key, choose_split<F, CH, ST, MINB, MT, NW>(N, all_stages, M, mtiles, tiles)).first;
             fresh = true;
         }
         plan = it->second;
@@ -866,7 +865,7 @@ void linear_gemv_stream(int variant, const float* x, const float* xs, int64_t M,
     if (!linear_gemv_stream_supported(w)) fail("linear_gemv_stream: unsupported linear (kind {}, in {})", w.kind, w.in);
     if (reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("linear_gemv_stream: activations must be 16-byte aligned");
     if (routing && routing->tile_rows > kCols) fail("linear_gemv_stream: routed tiles of {} rows", routing->tile_rows);
-    if (w.kind != kBF16 && xs == nullptr && !linear_gemv_stream_quantises(w))
+    if ((w.kind == kFP8 || w.kind == kFP4) && xs == nullptr && !linear_gemv_stream_quantises(w))
         fail("linear_gemv_stream: cannot quantise activation blocks of {}", w.act_block);
     if (w.kind == kFP4) launch_variant<kFP4>(variant, x, xs, M, w, y, experts, routing);
     else if (w.kind == kFP8) launch_variant<kFP8>(variant, x, xs, M, w, y, experts, routing);

@@ -78,7 +78,7 @@ void linear_gemv_mma(const float* x, const float* xs, int64_t M, const LinearDev
 // FP8/FP4 activations may come unquantised (xs == nullptr) where linear_gemv_stream_quantises.
 bool linear_gemv_stream_supported(const LinearDev& w);
 bool linear_gemv_stream_quantises(const LinearDev& w);
-// Dense calls from this many rows on stage their activations once for all CTAs (0: never; the default 9 or
+// Dense calls from this many rows on stage their activations once for all CTAs (0: never; the default 3 or
 // PEREGRINE_GEMV_IMAGE_ROWS at start): the same outputs bit for bit. Returns the previous setting.
 int linear_gemv_set_image_rows(int rows);
 void linear_gemv_stream(int variant, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,

@@ -417,13 +417,15 @@ TEST(CudaGemv, RoutedExpertsMatchExactAtRealShapes) {
 // ---- Every GEMV variant at decode shapes, one line each for comparing them:
 //   GEMV <format> rows=<r> variant=<v> <us> us <GB/s> GB/s        (all shapes of the format together)
 //   GEMV <format>:<shape> rows=<r> variant=<v> <us> us <GB/s> GB/s max|d| <d> (<ulps> bf16 ulp) [fused==unfused]
-// Variants: 1 CUDA cores, 3 tensor cores (the default for FP8/FP4), "3+q" the same with act_quant's launch
-// (what a linear costs today), 4/5/6 the streaming kernels on quantised activations and "4f"/"5f"/"6f" the
+// Variants: 1 CUDA cores, 3 the older tensor-core kernel, "3+q" the same with act_quant's launch, 4/5/6 the
+// streaming kernels (5 the default for FP8 and BF16) on quantised activations and "4f"/"5f"/"6f" the
 // same quantising the activations themselves (must equal 4/5/6 bit for bit); routed calls also 7/8 (4/5 with
-// persistent CTAs), 9 (FP4: persistent CTAs of 12 warps) and "7f"/"8f"/"9f". Each is checked against the exact
-// kernel: |d| <= one bf16 ulp of the output (+ 1e-5 max|ref| for outputs near cancellation). Bytes: the
+// persistent CTAs), 9 and 10 (FP4: persistent CTAs of 12 and 16 warps) and "7f" .. "10f". Dense calls of 3+
+// rows also run with the CTAs staging their own activations, which must give the staged image's bits. Each is
+// checked against the exact kernel: |d| <= one bf16 ulp of the output (+ 1e-5 max|ref| for outputs near cancellation). Bytes: the
 // weights and scales a call reads (active experts only); timed over copies of the weights (or rotating expert
-// sets) larger than L2, after a warm-up. PEREGRINE_GEMV_SWEEP_ROWS="1,8" narrows the rows.
+// sets) larger than L2, after a warm-up. PEREGRINE_GEMV_SWEEP_ROWS="1,8" picks the rows (up to 128; routed
+// calls take that many tokens of top-6 pairs).
 namespace {
 
 struct SweepShape {
@@ -439,7 +441,7 @@ std::vector<int> sweep_rows() {
             char* end = nullptr;
             const long v = std::strtol(p, &end, 10);
             if (end == p) break;
-            if (v > 0 && v <= 32) r.push_back(static_cast<int>(v));
+            if (v > 0 && v <= 128) r.push_back(static_cast<int>(v));
             p = *end ? end + 1 : end;
         }
     }

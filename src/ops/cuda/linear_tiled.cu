@@ -211,8 +211,9 @@ bool linear_tiled_supported(const LinearDev& w) {
 int routing_tile_rows(int64_t pairs, int E) { return pairs <= static_cast<int64_t>(8) * E ? 8 : 32; }
 
 void expert_tiles(const int32_t* sel, int64_t n, int E, int mt, int32_t* row_map, int32_t* tiles, int32_t* n_tiles) {
-    // As many segments (warps) as 48 KB of shared memory holds, at least 64 pairs each.
-    const int segs = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>((48 * 1024 / 4) / std::max(E, 1) - 1, (n + 63) / 64),
+    // As many segments (warps) as 46 KB of shared memory holds (the 48 KB a launch may ask for without opting in,
+    // less the kernel's static scan scratch), at least 64 pairs each.
+    const int segs = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>((46 * 1024 / 4) / std::max(E, 1) - 1, (n + 63) / 64),
                                                           1, 32));
     expert_tiles_kernel<<<1, 1024, sizeof(int32_t) * E * (segs + 1)>>>(sel, n, E, mt, segs, row_map,
                                                                         reinterpret_cast<int4*>(tiles), n_tiles);

@@ -2,8 +2,9 @@
 // batch of sequences through prefill and then a dozen decode steps (contexts growing across page boundaries
 // and compressor groups), fed the same tokens (greedy on the eager logits); every step's logits must be bit for
 // bit the same, and the graphs must actually have been replayed. Also checks that a sequence's device-resident
-// carry survives a restore from a page snapshot (same logits as the uninterrupted sequence), with graphs on. And the
-// overlapped schedule's deferred ids: decode steps fed the previous step's samples where they are, on the device.
+// carry survives a restore from a page snapshot (same logits as the uninterrupted sequence), with graphs on; that
+// graphs are captured again when the GEMV scratch they hold on to moves; and the overlapped schedule's deferred
+// ids: decode steps fed the previous step's samples where they are, on the device.
 #include "cuda_test_util.h"
 #include "kv/page_pool.h"
 #include "model/fixture.h"
@@ -69,7 +70,15 @@ int32_t argmax(const float* row, int n) {
     return best;
 }
 
-void compare_decode(const char* fx, int n_seqs) {
+}  // namespace
+namespace peregrine::cuda {
+void* gemv_scratch(int which, size_t bytes, bool zero);  // linear_gemv.cu
+}
+namespace {
+
+// grow_scratch: halfway through the decode steps, grow the GEMV's staged-activation scratch (as a larger call
+// elsewhere would): the graphs captured with the old buffer must be dropped and captured again.
+void compare_decode(const char* fx, int n_seqs, bool grow_scratch = false) {
     auto ids = read_ids(fixture_dir(fx) + "/cases/prefill.ids");
     const int decode_steps = 12;
     const int64_t cap = static_cast<int64_t>(ids.size()) + decode_steps + 1;
@@ -80,8 +89,13 @@ void compare_decode(const char* fx, int n_seqs) {
         const size_t len = std::min(ids.size(), static_cast<size_t>(5 + 6 * i));
         feeds[static_cast<size_t>(i)].assign(ids.begin() + i, ids.begin() + len);
     }
-    int64_t differing = 0;
+    int64_t differing = 0, captures_before_growth = -1;
     for (int st = 0; st <= decode_steps; ++st) {
+        if (grow_scratch && st == decode_steps / 2) {
+            captures_before_growth = graph.be().graph_captures();
+            ASSERT_GT(captures_before_growth, 0) << "no graph captured before the growth";
+            cuda::gemv_scratch(2, size_t(64) << 20, false);
+        }
         Tensor a = step(eager, feeds), b = step(graph, feeds);
         ASSERT_EQ(a.numel(), b.numel());
         const bool same = std::memcmp(a.f32(), b.f32(), sizeof(float) * static_cast<size_t>(a.numel())) == 0;
@@ -93,6 +107,7 @@ void compare_decode(const char* fx, int n_seqs) {
     const int64_t replays = graph.be().graph_replays(), captures = graph.be().graph_captures();
     EXPECT_GT(replays, 0) << "no graph was replayed";
     EXPECT_EQ(eager.be().graph_replays(), 0);
+    if (grow_scratch) EXPECT_GT(captures, captures_before_growth) << fx << ": graphs kept after their scratch moved";
     std::printf("PARITY graphs %-14s %d seqs: prefill + %d decode steps, graph vs eager logits bit-identical in %d of "
                 "%d steps (%lld graph replays, %lld captures)\n",
                 fx, n_seqs, decode_steps, decode_steps + 1 - static_cast<int>(differing), decode_steps + 1,
@@ -103,6 +118,12 @@ TEST(CudaGraphs, DecodeMatchesEagerBitForBit) {
     REQUIRE_GPU();
     for (const char* fx : {"dsv41-tiny-a", "dsv4-tiny-a"})
         for (int n : {1, 3}) compare_decode(fx, n);
+}
+
+// Three sequences: the shared expert's GEMVs stage their activations in the scratch the graphs hold on to.
+TEST(CudaGraphs, RecapturedWhenScratchGrows) {
+    REQUIRE_GPU();
+    compare_decode("dsv41-tiny-a", 3, /*grow_scratch=*/true);
 }
 
 // A sequence restored from its page snapshot (device carry copied from the page) continues exactly as the

@@ -201,7 +201,7 @@ private:
     double host_wait_ms_ = 0;
     int64_t graph_replays_ = 0, graph_captures_ = 0;
     std::map<std::pair<const void*, int64_t>, std::shared_ptr<MoeGraph>> moe_graphs_;
-    void* graph_scratch_[2] = {nullptr, nullptr};  // the GEMV scratch the graphs were captured with
+    void* graph_scratch_[3] = {nullptr, nullptr, nullptr};  // the GEMV scratch the graphs were captured with
     struct Emitted;  // compressor output
     Emitted run_compressor(const CompressorWeight& cw, size_t carry_offset, const Tensor& x, ForwardBatch& batch);
 

@@ -4,7 +4,9 @@
 // buffers, its output copied out. The first call at each (layer, T) runs eagerly, so that weights, expert
 // tables and scratch buffers exist before capture (capture cannot upload). The block's temporaries are
 // allocated inside the graph (stream-ordered allocation nodes). Captured kernels read the GEMV's grow-only
-// scratch (gemv_scratch): it is grown before the first capture, and every graph is dropped if it moves.
+// scratch (gemv_scratch: split partials, tickets, staged activations): it is grown before the first capture, and
+// every graph is dropped if any of it moves (a larger call elsewhere, e.g. the attention's projections at a new
+// batch size, may grow it).
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/launch_check.h"
 #include "util/error.h"
@@ -16,6 +18,15 @@
 namespace peregrine::cuda {
 
 void* gemv_scratch(int which, size_t bytes, bool zero);  // linear_gemv.cu
+
+namespace {
+constexpr int kScratchSlots = 3;
+bool scratch_moved(void* const (&captured)[kScratchSlots]) {
+    for (int i = 0; i < kScratchSlots; ++i)
+        if (gemv_scratch(i, 0, i == 1) != captured[i]) return true;
+    return false;
+}
+}  // namespace
 
 struct CudaBackend::MoeGraph {
     int eager_runs = 0;
@@ -45,16 +56,14 @@ void CudaBackend::drop_graphs() {
     if (moe_graphs_.empty()) return;
     PG_CUDA(cudaStreamSynchronize(0));
     moe_graphs_.clear();
-    graph_scratch_[0] = graph_scratch_[1] = nullptr;
+    for (void*& p : graph_scratch_) p = nullptr;
 }
 
 bool CudaBackend::moe_graph(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids, Tensor& out) {
     const int64_t T = x.dim(0);
     const auto key = std::make_pair(static_cast<const void*>(w.experts.at(0).w1.w.raw()), T);
     // The GEMV scratch moved (grown by a larger call): the captured graphs point at freed memory.
-    if (!moe_graphs_.empty() && graph_scratch_[0] &&
-        (gemv_scratch(0, 0, false) != graph_scratch_[0] || gemv_scratch(1, 0, true) != graph_scratch_[1]))
-        drop_graphs();
+    if (!moe_graphs_.empty() && graph_scratch_[0] && scratch_moved(graph_scratch_)) drop_graphs();
     auto& slot = moe_graphs_[key];
     if (!slot) slot = std::make_shared<MoeGraph>();
     MoeGraph& g = *slot;
@@ -64,6 +73,7 @@ bool CudaBackend::moe_graph(const Tensor& x, const MoEWeight& w, const std::vect
         if (!graph_scratch_[0]) {  // room for every decode-sized GEMV, so that no capture grows it
             graph_scratch_[0] = gemv_scratch(0, size_t(64) << 20, false);
             graph_scratch_[1] = gemv_scratch(1, size_t(4) << 20, true);
+            graph_scratch_[2] = gemv_scratch(2, size_t(4) << 20, false);  // 32 staged rows of K up to ~61,000
         }
         g.x_in = empty(DType::F32, {T, cfg_.dim});
         g.out = empty(DType::F32, {T, cfg_.dim});
@@ -86,8 +96,7 @@ bool CudaBackend::moe_graph(const Tensor& x, const MoEWeight& w, const std::vect
             }
         }
         if (graph) cudaGraphDestroy(graph);
-        if (why.empty() && (gemv_scratch(0, 0, false) != graph_scratch_[0] || gemv_scratch(1, 0, true) != graph_scratch_[1]))
-            why = "the GEMV scratch grew during capture";
+        if (why.empty() && scratch_moved(graph_scratch_)) why = "the GEMV scratch grew during capture";
         if (!why.empty()) {
             cudaGetLastError();  // capture errors are not sticky
             std::fprintf(stderr, "peregrine: CUDA graph for the MoE block at %lld rows not used: %s\n",

@@ -1,7 +1,7 @@
 // Decode GEMV streaming weights at HBM bandwidth on the tensor cores (variants 4-10 of linear_gemv):
 // FP8 (e4m3, ue8m0 tiles of 32/64/128), FP4 (e2m1, ue8m0 per 32) and BF16 weights whose activations are bf16
-// values (LinearDev::bf16_acts; F32 linears on bf16 weights too, their outputs left in fp32). 16 weight rows are the mma's A and up to 8 activation rows its B; each
-// 32-value k block is two f16 mma.sync m16n8k16 whose fp32 sum is scaled by the power-of-two product of the
+// values (LinearDev::bf16_acts; F32 linears on bf16 weights too, their outputs left in fp32). 16 weight rows are
+// the mma's A and up to 8 activation rows its B; each 32-value k block is two f16 mma.sync m16n8k16 whose fp32 sum is scaled by the power-of-two product of the
 // weight and activation scales and added in fp32 (bf16: one m16n8k16 per 16 values, no scales); the output is
 // rounded to bf16. Hopper has no e4m3 mma.sync: the compiler would unpack both operands to f16 on the
 // conversion pipe (16 lanes a clock), which bounded FP4 at ~1.4 TB/s. So the activations are staged once as
@@ -365,8 +365,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
 #pragma unroll
     for (int s = 0; s < ST - 1; ++s) issue();
 
-    // Stage the slice's activations: e4m3 bytes (bf16 pairs) per [k step][row][32 bytes], fp32 scales per
-    // [k step][row]; rows past the tile as zeros. A warp handles 32 consecutive quads (4 values) per load, so
+    // Stage the slice's activations: the e4m3 values as f16 (64 bytes) or bf16 pairs (32 bytes) per [k step][row],
+    // fp32 scales per [k step][row]; rows past the tile as zeros. A warp handles 32 consecutive quads (4 values) per load, so
     // an activation block (8, 16 or 32 quads, aligned) lies within one warp's load.
     // Tile ti's activations; called by every thread (barriers inside), after the previous tile's last reads.
     auto stage = [&](int ti) {
@@ -636,8 +636,8 @@ int& image_rows() {
     }();
     return r;
 }
-bool use_image(int F, int64_t M, int K) {
-    return image_rows() > 0 && M >= image_rows() && K % 128 == 0 && (F != kBF16 || K % 16 == 0);
+bool use_image(int64_t M, int K) {
+    return image_rows() > 0 && M >= image_rows() && K % 128 == 0;  // a row's quads in whole warps
 }
 
 // Work split for a shape: `splits` K slices of `per` stages, `gpb` groups of NW x 16 rows per CTA. Cost of a
@@ -701,7 +701,7 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     const size_t limit = smem_limit<F, CH, ST, MINB, MT, NW>();  // opts in: before the occupancy queries
     // The split of a shape is worked out once (the search is a few thousand steps of host arithmetic).
     static std::mutex mu;
-    const bool image = !routing && use_image(F, M, w.in);
+    const bool image = !routing && use_image(M, w.in);
     static std::map<std::tuple<int, int, int64_t, int64_t>, std::pair<int, int>> plans;
     std::pair<int, int> plan;
     bool fresh = false;

@@ -136,7 +136,7 @@ __global__ void expert_tiles_kernel(const int32_t* sel, int64_t n, int E, int mt
     }
     __syncthreads();
     // Each expert's first slot and first tile: an exclusive scan of (pairs, tiles) over the experts, a block of
-    // experts at a time (one thread walking the experts took ~20 us at 384 experts).
+    // experts at a time (with one thread walking the experts the kernel took 27 us at 384).
     __shared__ int2 warp_sums[32];
     __shared__ int2 carry;
     const int nwarps = static_cast<int>(blockDim.x) >> 5;

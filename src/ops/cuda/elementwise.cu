@@ -27,12 +27,12 @@ __global__ void rope_kernel(float* x, int64_t rows, int heads, int64_t rs, int64
 
 // kind 0: e4m3 with a ue8m0 scale; 1: e2m1 with a ue8m0 scale; 2: e2m1 with an e4m3 scale.
 __device__ __forceinline__ float qdq_scale(float amax, int kind) {
-    if (kind == 0) return pow2_round_scale(fmaxf(amax, 1e-4f), 1.0f / 448.0f);
+    if (kind == 0) return act_quant_scale(amax);
     if (kind == 1) return pow2_round_scale(fmaxf(amax, 6.0f * ldexpf(1.0f, -126)), 1.0f / 6.0f);
     return round_e4m3(fmaxf(amax, 6.0f * ldexpf(1.0f, -9)) / 6.0f);
 }
 __device__ __forceinline__ float qdq_value(float v, float s, int kind) {
-    if (kind == 0) return round_bf16(round_e4m3(fminf(fmaxf(v / s, -448.0f), 448.0f)) * s);
+    if (kind == 0) return round_bf16(act_quant_value(v, s) * s);
     return round_bf16(e2m1_to_f32(f32_to_e2m1(fminf(fmaxf(v / s, -6.0f), 6.0f))) * s);
 }
 

@@ -11,9 +11,6 @@ namespace peregrine::cuda {
 
 namespace {
 
-__device__ __forceinline__ float act_quant_value(float v, float s) { return round_e4m3(fminf(fmaxf(v / s, -448.0f), 448.0f)); }
-__device__ __forceinline__ float act_quant_scale(float amax) { return pow2_round_scale(fmaxf(amax, 1e-4f), 1.0f / 448.0f); }
-
 // A thread per block: the general case.
 __global__ void act_quant_kernel(const float* x, int64_t M, int K, int block, float* q, float* scales) {
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -33,35 +30,44 @@ __global__ void act_quant_kernel(const float* x, int64_t M, int K, int block, fl
 // Four floats a thread, block / 4 lanes a block (quad_blocks): coalesced 16-byte loads and stores. The rows are
 // contiguous, so element e's block is e / block whatever its row. n4 = M * K / 4 is a multiple of the lanes of a
 // block, so a block's lanes are all live or all dead.
+struct Quad {
+    int64_t i, e;  // quad index, its first element
+    bool live;     // i < n4 (the others read element 0 so that every lane joins the block's maximum)
+    float4 v;
+    float s;       // the block's scale (live quads)
+};
+__device__ __forceinline__ Quad load_quad(const float* x, int64_t n4, int block) {
+    Quad d;
+    d.i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    d.live = d.i < n4;
+    d.e = d.live ? d.i * 4 : 0;
+    d.v = *reinterpret_cast<const float4*>(x + d.e);
+    const float amax = group_amax(fmaxf(fmaxf(fabsf(d.v.x), fabsf(d.v.y)), fmaxf(fabsf(d.v.z), fabsf(d.v.w))), block / 4);
+    d.s = d.live ? act_quant_scale(amax) : 0.0f;
+    return d;
+}
+
 __global__ void act_quant4_kernel(const float* x, int64_t n4, int block, float* q, float* scales) {
-    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    const bool live = i < n4;
-    const int64_t e = live ? i * 4 : 0;
-    const float4 v = *reinterpret_cast<const float4*>(x + e);
-    const float amax = group_amax(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))), block / 4);
-    if (!live) return;
-    const float s = act_quant_scale(amax);
-    if ((threadIdx.x & (block / 4 - 1)) == 0) scales[e / block] = s;
-    *reinterpret_cast<float4*>(q + e) =
-        make_float4(act_quant_value(v.x, s), act_quant_value(v.y, s), act_quant_value(v.z, s), act_quant_value(v.w, s));
+    const Quad d = load_quad(x, n4, block);
+    if (!d.live) return;
+    if ((threadIdx.x & (block / 4 - 1)) == 0) scales[d.e / block] = d.s;
+    *reinterpret_cast<float4*>(q + d.e) = make_float4(act_quant_value(d.v.x, d.s), act_quant_value(d.v.y, d.s),
+                                                      act_quant_value(d.v.z, d.s), act_quant_value(d.v.w, d.s));
 }
 
 // act_quant4_kernel's arithmetic with the bf16 image of each quantised value (e4m3 value x scale, exact) written
 // instead of the value and its scale: what the cuBLAS path's operand gather makes of act_quant's output.
 __global__ void act_quant4_bf16_kernel(const float* x, int64_t n4, int block, uint2* out) {
-    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    const bool live = i < n4;
-    const int64_t e = live ? i * 4 : 0;
-    const float4 v = *reinterpret_cast<const float4*>(x + e);
-    const float amax = group_amax(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))), block / 4);
-    if (!live) return;
-    const float s = act_quant_scale(amax);
+    const Quad d = load_quad(x, n4, block);
+    if (!d.live) return;
+    const float4 v = d.v;
+    const float s = d.s;  // the bf16 image: value x scale
     const __nv_bfloat162 lo = __floats2bfloat162_rn(act_quant_value(v.x, s) * s, act_quant_value(v.y, s) * s);
     const __nv_bfloat162 hi = __floats2bfloat162_rn(act_quant_value(v.z, s) * s, act_quant_value(v.w, s) * s);
     uint2 u;
     memcpy(&u.x, &lo, 4);
     memcpy(&u.y, &hi, 4);
-    out[i] = u;
+    out[d.i] = u;
 }
 
 // Weight value k of row n (without its block scale).

@@ -154,10 +154,8 @@ __device__ __forceinline__ uint2 stage_quad(float4 v, const float* xs, int64_t x
             scale = xs[xs_index];
             return e4m3_f16x4(v.x, v.y, v.z, v.w);
         }
-        // act_quant: amax over the block, s = 2^ceil(log2(max(amax, 1e-4) / 448)), q = e4m3(x / s).
-        float a = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-        for (int o = qpb >> 1; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-        const float s = pow2_round_scale(fmaxf(a, 1e-4f), 1.0f / 448.0f);
+        // act_quant: amax over the block, its scale, q = e4m3(x / s) (satfinite after the same clamp).
+        const float s = act_quant_scale(group_amax(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))), qpb));
         scale = s;
         return e4m3_f16x4(fminf(fmaxf(v.x / s, -448.0f), 448.0f), fminf(fmaxf(v.y / s, -448.0f), 448.0f),
                           fminf(fmaxf(v.z / s, -448.0f), 448.0f), fminf(fmaxf(v.w / s, -448.0f), 448.0f));

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -542,8 +543,12 @@ void sweep_case(const SweepShape& sh, int rows, bool scaled, bool routed, const 
         EXPECT_EQ(std::memcmp(got.data(), to_host(yf, n).data(), n * sizeof(float)), 0)
             << sh.name << " rows=" << rows << " variant=" << tag << ": not repeatable";
         const double us = ms * 1e3, gbs = bytes / (ms * 1e-3) / 1e9;
-        std::printf("GEMV %s:%s rows=%d variant=%s %.1f us %.0f GB/s max|d| %.3g (%.2f bf16 ulp)%s\n", sh.format.c_str(),
-                    sh.name.c_str(), rows, tag.c_str(), us, gbs, d.max_abs, d.max_ulps, same.c_str());
+        // The outputs' bits as a hash, so that two builds can be compared case by case.
+        uint32_t bits_hash = 2166136261u;
+        for (float f : got) bits_hash = (bits_hash ^ std::bit_cast<uint32_t>(f)) * 16777619u;
+        std::printf("GEMV %s:%s rows=%d variant=%s %.1f us %.0f GB/s max|d| %.3g (%.2f bf16 ulp) bits %08x%s\n",
+                    sh.format.c_str(), sh.name.c_str(), rows, tag.c_str(), us, gbs, d.max_abs, d.max_ulps, bits_hash,
+                    same.c_str());
         Total& t = totals[sh.format + " rows=" + std::to_string(rows) + " variant=" + tag];
         t.us += us;
         t.bytes += bytes;
@@ -695,10 +700,15 @@ void sweep_routed(const SweepShape& sh, int E, int top_k, int mode, uint64_t see
 
 }  // namespace
 
-// PEREGRINE_GEMV_SWEEP_FORMATS="fp4" (a substring of the sweep's format names) narrows the shapes.
+// PEREGRINE_GEMV_SWEEP_FORMATS="fp4" (a substring of the sweep's format names) narrows the shapes, and
+// PEREGRINE_GEMV_SWEEP_SHAPES="wkv" (a substring of their names) too, e.g. to profile one shape.
 bool sweep_format(const char* f) {
     const char* e = std::getenv("PEREGRINE_GEMV_SWEEP_FORMATS");
     return !e || !*e || std::string(f).find(e) != std::string::npos;
+}
+bool sweep_shape(const std::string& name) {
+    const char* e = std::getenv("PEREGRINE_GEMV_SWEEP_SHAPES");
+    return !e || !*e || name.find(e) != std::string::npos;
 }
 
 TEST(CudaGemv, VariantsAtDecodeShapes) {
@@ -713,7 +723,7 @@ TEST(CudaGemv, VariantsAtDecodeShapes) {
     for (int blk : {32, 128}) {
         for (const auto& [name, nk] : dense) {
             SweepShape sh{blk == 32 ? "fp8-32" : "fp8-128", name, {name, 2, false, nk.first, nk.second, blk, blk}};
-            if (sweep_format(sh.format.c_str())) sweep_dense(sh, seed, totals);
+            if (sweep_format(sh.format.c_str()) && sweep_shape(name)) sweep_dense(sh, seed, totals);
             ++seed;
         }
     }

@@ -37,6 +37,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 namespace peregrine::cuda {
@@ -445,9 +446,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
                 wsb_hi[i] = *reinterpret_cast<const uint32_t*>(sc + (g + 8) * STEPS + 4 * i);
             }
         }
-        // One mma k step of the stage (a lambda so that whole stages run as one unrolled, branch-free block
-        // the compiler can schedule across steps; only a row's partial last stage checks each step).
-        auto k_step = [&](int j) {
+        // One mma k step of the stage for the tile's first NC groups of 8 rows (a lambda so that whole stages run
+        // as one unrolled, branch-free block the compiler can schedule across steps and groups; only a row's
+        // partial last stage checks each step).
+        auto k_step = [&](int j, auto nc) {
+            constexpr int NC = decltype(nc)::value;
             // A fragments: bf16 (one mma per step), or f16 for the two mmas of a 32-value step: a[0..3] the
             // first (values 0, 2 / 4, 6 of each lane's 8 for FP4; 0, 1 / 2, 3 for FP8), a[4..7] the second.
             uint32_t a[8];
@@ -471,7 +474,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
                     a[6] = e4m3x2_to_f16x2(lo.y >> 16), a[7] = e4m3x2_to_f16x2(hi.y >> 16);
                 }
             }
-            float ws_lo = 1.0f, ws_hi = 1.0f;
+            [[maybe_unused]] float ws_lo = 1.0f, ws_hi = 1.0f;
             if constexpr (F == kFP4) {
                 ws_lo = __uint_as_float(ue8m0_times_2p14_bits(__byte_perm(wsb_lo[j / 4], 0u, 0x4440 + (j % 4))));
                 ws_hi = __uint_as_float(ue8m0_times_2p14_bits(__byte_perm(wsb_hi[j / 4], 0u, 0x4440 + (j % 4))));
@@ -481,8 +484,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
             }
             // The tile's rows, 8 (one mma) at a time; the A fragment is shared.
 #pragma unroll
-            for (int c = 0; c < MT; ++c) {
-                if (c > 0 && c * kCols >= rows_cur) break;  // warp-uniform; a tile has a row
+            for (int c = 0; c < NC; ++c) {
                 const uint8_t* brow = act + (ks0 + j) * STEP_ACT + (c * kCols + g) * AB;
                 if constexpr (F == kBF16) {
                     const uint2 b = *reinterpret_cast<const uint2*>(brow + 8 * t);
@@ -502,17 +504,26 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
                 }
             }
         };
-        if (r0 < N) {
+        auto run_stage = [&](auto nc) {
             if (vsteps == STEPS) {
 #pragma unroll
-                for (int j = 0; j < STEPS; ++j) k_step(j);
+                for (int j = 0; j < STEPS; ++j) k_step(j, nc);
             } else {
 #pragma unroll
                 for (int j = 0; j < STEPS; ++j) {
                     if (j >= vsteps) break;  // warp-uniform
-                    k_step(j);
+                    k_step(j, nc);
                 }
             }
+        };
+        // The groups of 8 rows the tile fills (1, 2 or all MT; a third of four runs as four, on zero rows), fixed
+        // for the stage: a test per group inside the step kept the compiler from overlapping the groups' mma
+        // chains (32 rows: FP8 projections at ~500 GB/s).
+        if (r0 < N) {
+            const int nc = (rows_cur + kCols - 1) / kCols;
+            if (nc > 2) run_stage(std::integral_constant<int, MT>{});
+            else if (nc == 2) run_stage(std::integral_constant<int, (MT >= 2 ? 2 : 1)>{});
+            else run_stage(std::integral_constant<int, 1>{});
         }
         if (st == S - 1) {  // the unit's last stage: write this lane's outputs, restart
 #pragma unroll

@@ -72,6 +72,13 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
     return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
 }
 
+// 2^k as an f16 pair, k <= 15 (subnormal from -15 down to -24, zero below).
+__device__ __forceinline__ __half2 pow2_h2(int k) {
+    const uint32_t b = k >= -14 ? static_cast<uint32_t>(k + 15) << 10 : k >= -24 ? 1u << (k + 24) : 0u;
+    const uint32_t bb = b | (b << 16);
+    return *reinterpret_cast<const __half2*>(&bb);
+}
+
 __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(gmem) : "memory");
@@ -201,6 +208,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
     uint8_t* ring = reinterpret_cast<uint8_t*>(smem4);        // [warp][ST][SLOT]
     uint8_t* act = ring + NW * ST * SLOT;                  // [k step][rows][AB bytes]
     __shared__ int64_t row_s[TR];
+    __shared__ int row_e[TR];  // FP8/FP4: the largest activation scale exponent of each tile row (fold)
     __shared__ const uint8_t* tile_w[kMaxCtaTiles];
     __shared__ const uint8_t* tile_sc[kMaxCtaTiles];
     __shared__ int tile_m0[kMaxCtaTiles], tile_rows[kMaxCtaTiles];
@@ -364,6 +372,34 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
 #pragma unroll
     for (int s = 0; s < ST - 1; ++s) issue();
 
+    // The activation scales folded into the staged f16 values (FP8/FP4), so that a k step scales its mma sums
+    // by the weight scale alone: row m's values of k step ks times 2^(e - row_e[m] + 7), e the step's scale
+    // exponent and row_e[m] the row's largest, and the row's outputs times 2^(row_e[m] - 134) at the end. All
+    // powers of two: the same products and fp32 sums, only scaled, so the same outputs bit for bit. Exact while
+    // a row's scales span at most 2^22 (the largest block's 448 x 2^7 stays below the f16 maximum; smaller
+    // blocks keep their 2^-9 steps above 2^-24); a block further below its row's largest (values under 2^-22 of
+    // the row's largest block) is rounded at 2^-24 of the f16 range. Called by every thread (barriers inside).
+    auto fold = [&]() {
+        if constexpr (F != kBF16) {
+            for (int m = warp; m < TR; m += NW) {
+                unsigned e = 0;
+                for (int ks = lane; ks < KS; ks += 32) e = max(e, __float_as_uint(ascale[ks * TR + m]) >> 23);
+                e = __reduce_max_sync(0xffffffffu, e);
+                if (lane == 0) row_e[m] = static_cast<int>(e);
+            }
+            __syncthreads();
+            // Word i of the staged values: row (i / 16) % TR of k step i / 16 / TR (AB = 64 bytes a row and step).
+            uint32_t* words = reinterpret_cast<uint32_t*>(act);
+            for (int i = threadIdx.x; i < KS * TR * (AB / 4); i += NT) {
+                const int sr = i / (AB / 4), m = sr % TR;
+                const int k = static_cast<int>(__float_as_uint(ascale[sr]) >> 23) - row_e[m] + 7;
+                __half2 h = *reinterpret_cast<const __half2*>(words + i);
+                h = __hmul2(h, pow2_h2(k));
+                words[i] = *reinterpret_cast<const uint32_t*>(&h);
+            }
+            __syncthreads();
+        }
+    };
     // Stage the slice's activations: the e4m3 values as f16 (64 bytes) or bf16 pairs (32 bytes) per [k step][row],
     // fp32 scales per [k step][row]; rows past the tile as zeros. A warp handles 32 consecutive quads (4 values) per load, so
     // an activation block (8, 16 or 32 quads, aligned) lies within one warp's load.
@@ -412,10 +448,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
             if (F != kBF16 && wd == 0) ascale[ks * TR + m] = 0.0f;
         }
         __syncthreads();
+        fold();
     };
     if (p.image) {
         cp_async_wait<ST - 1>();  // the image's group (the oldest) has landed, for every thread ...
         __syncthreads();          // ... and is visible to every warp
+        fold();
     } else {
         stage(0);
     }
@@ -491,16 +529,15 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
                     const uint32_t (&a4)[4] = *reinterpret_cast<const uint32_t(*)[4]>(a);
                     mma_bf16(acc[c], a4, b.x, b.y);
                 } else {
-                    // This lane's 8 f16 of activation row g: the B registers of both mmas.
+                    // This lane's 8 f16 of activation row g (their scales folded in): the B registers of both mmas.
                     const uint4 b = *reinterpret_cast<const uint4*>(brow + 16 * t);
-                    const float2 as = *reinterpret_cast<const float2*>(ascale + (ks0 + j) * TR + c * kCols + 2 * t);
                     float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                     mma_f16(d, *reinterpret_cast<const uint32_t(*)[4]>(a), b.x, b.y);
                     mma_f16(d, *reinterpret_cast<const uint32_t(*)[4]>(a + 4), b.z, b.w);
-                    acc[c][0] = __fmaf_rn(d[0], ws_lo * as.x, acc[c][0]);
-                    acc[c][1] = __fmaf_rn(d[1], ws_lo * as.y, acc[c][1]);
-                    acc[c][2] = __fmaf_rn(d[2], ws_hi * as.x, acc[c][2]);
-                    acc[c][3] = __fmaf_rn(d[3], ws_hi * as.y, acc[c][3]);
+                    acc[c][0] = __fmaf_rn(d[0], ws_lo, acc[c][0]);
+                    acc[c][1] = __fmaf_rn(d[1], ws_lo, acc[c][1]);
+                    acc[c][2] = __fmaf_rn(d[2], ws_hi, acc[c][2]);
+                    acc[c][3] = __fmaf_rn(d[3], ws_hi, acc[c][3]);
                 }
             }
         };
@@ -533,8 +570,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
                     const int n = r0 + g + (i >> 1) * 8, m = c * kCols + 2 * t + (i & 1);
                     if (m < rows_cur && n < N) {
                         const int64_t idx = row_s[m] * N + n;
-                        if (p.splits > 1) p.partial[static_cast<int64_t>(split) * p.M * N + idx] = acc[c][i];
-                        else p.y[idx] = w.kind != 0 ? round_bf16(acc[c][i]) : acc[c][i];  // F32 kind: fp32 out
+                        const float v = F == kBF16 ? acc[c][i] : ldexpf(acc[c][i], row_e[m] - 134);  // unfold
+                        if (p.splits > 1) p.partial[static_cast<int64_t>(split) * p.M * N + idx] = v;
+                        else p.y[idx] = w.kind != 0 ? round_bf16(v) : v;  // F32 kind: fp32 out
                     }
                     acc[c][i] = 0.0f;
                 }
@@ -812,21 +850,20 @@ void launch_variant(int v, const float* x, const float* xs, int64_t M, const Lin
         case 6: launch<F, 128, 4, 2, 1, 8>(x, xs, M, w, y, experts, routing, false); break;  // 48 KB, two CTAs per SM
         case 9:  // FP4: 12 warps (192 rows) a CTA with 128-byte stages 4 deep (72 KB in flight; a whole K of f16
                  // activations still fits), persistent when routed: three warps a scheduler to hide the k steps'
-                 // latency, where 8 warps left issue slots idle. Other formats: as 5.
+                 // latency, where 8 warps left issue slots idle. Other formats, and dense tiles of 16-32 rows
+                 // (whose k steps would not fit the registers of so many warps): as 5.
             if constexpr (F == kFP4) {
-                if (mt == 1) launch<F, 128, 4, 1, 1, 12>(x, xs, M, w, y, experts, routing, true);
-                else if (mt == 2) launch<F, 128, 4, 1, 2, 12>(x, xs, M, w, y, experts, routing, false);
-                else launch<F, 128, 4, 1, 4, 12>(x, xs, M, w, y, experts, routing, false);
-                break;
+                if (mt == 1) {
+                    launch<F, 128, 4, 1, 1, 12>(x, xs, M, w, y, experts, routing, true);
+                    break;
+                }
             }
             [[fallthrough]];
         case 10:  // FP4: 16 warps (256 rows) a CTA, 128-byte stages 3 deep, persistent when routed: four warps a
-                  // scheduler. Other formats: as 5.
+                  // scheduler. Other formats and 16-32-row tiles: as 5.
             if constexpr (F == kFP4) {
-                if (v == 10) {
-                    if (mt == 1) launch<F, 128, 3, 1, 1, 16>(x, xs, M, w, y, experts, routing, true);
-                    else if (mt == 2) launch<F, 128, 3, 1, 2, 16>(x, xs, M, w, y, experts, routing, false);
-                    else launch<F, 128, 3, 1, 4, 16>(x, xs, M, w, y, experts, routing, false);
+                if (v == 10 && mt == 1) {
+                    launch<F, 128, 3, 1, 1, 16>(x, xs, M, w, y, experts, routing, true);
                     break;
                 }
             }

@@ -378,24 +378,26 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
     // powers of two: the same products and fp32 sums, only scaled, so the same outputs bit for bit. Exact while
     // a row's scales span at most 2^22 (the largest block's 448 x 2^7 stays below the f16 maximum; smaller
     // blocks keep their 2^-9 steps above 2^-24); a block further below its row's largest (values under 2^-22 of
-    // the row's largest block) is rounded at 2^-24 of the f16 range. Called by every thread (barriers inside).
-    auto fold = [&]() {
+    // the row's largest block) is rounded at 2^-24 of the f16 range. The tile's first `rows` rows (the others
+    // are zeros). Called by every thread (barriers inside).
+    auto fold = [&](int rows) {
         if constexpr (F != kBF16) {
-            for (int m = warp; m < TR; m += NW) {
+            for (int m = warp; m < rows; m += NW) {
                 unsigned e = 0;
                 for (int ks = lane; ks < KS; ks += 32) e = max(e, __float_as_uint(ascale[ks * TR + m]) >> 23);
                 e = __reduce_max_sync(0xffffffffu, e);
                 if (lane == 0) row_e[m] = static_cast<int>(e);
             }
             __syncthreads();
-            // Word i of the staged values: row (i / 16) % TR of k step i / 16 / TR (AB = 64 bytes a row and step).
+            // Word wd of row m of k step ks: word (ks x TR + m) x 16 + wd of the staged values (64 bytes a row and step).
             uint32_t* words = reinterpret_cast<uint32_t*>(act);
-            for (int i = threadIdx.x; i < KS * TR * (AB / 4); i += NT) {
-                const int sr = i / (AB / 4), m = sr % TR;
+            for (int i = threadIdx.x; i < KS * rows * (AB / 4); i += NT) {
+                const int wd = i % (AB / 4), mk = i / (AB / 4), m = mk % rows, sr = (mk / rows) * TR + m;
                 const int k = static_cast<int>(__float_as_uint(ascale[sr]) >> 23) - row_e[m] + 7;
-                __half2 h = *reinterpret_cast<const __half2*>(words + i);
+                uint32_t* word = words + sr * (AB / 4) + wd;
+                __half2 h = *reinterpret_cast<const __half2*>(word);
                 h = __hmul2(h, pow2_h2(k));
-                words[i] = *reinterpret_cast<const uint32_t*>(&h);
+                *word = *reinterpret_cast<const uint32_t*>(&h);
             }
             __syncthreads();
         }
@@ -448,12 +450,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
             if (F != kBF16 && wd == 0) ascale[ks * TR + m] = 0.0f;
         }
         __syncthreads();
-        fold();
+        fold(rows);
     };
     if (p.image) {
         cp_async_wait<ST - 1>();  // the image's group (the oldest) has landed, for every thread ...
         __syncthreads();          // ... and is visible to every warp
-        fold();
+        fold(tile_rows[0]);
     } else {
         stage(0);
     }

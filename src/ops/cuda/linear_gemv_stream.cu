@@ -1,10 +1,11 @@
 // Decode GEMV streaming weights at HBM bandwidth on the tensor cores (variants 4-10 of linear_gemv):
 // FP8 (e4m3, ue8m0 tiles of 32/64/128), FP4 (e2m1, ue8m0 per 32) and BF16 weights whose activations are bf16
 // values (LinearDev::bf16_acts; F32 linears on bf16 weights too, their outputs left in fp32). 16 weight rows are
-// the mma's A and up to 8 activation rows its B; each 32-value k block is two f16 mma.sync m16n8k16 whose fp32 sum is scaled by the power-of-two product of the
-// weight and activation scales and added in fp32 (bf16: one m16n8k16 per 16 values, no scales); the output is
-// rounded to bf16. Hopper has no e4m3 mma.sync: the compiler would unpack both operands to f16 on the
-// conversion pipe (16 lanes a clock), which bounded FP4 at ~1.4 TB/s. So the activations are staged once as
+// the mma's A and up to 8 activation rows its B; each 32-value k block is two f16 mma.sync m16n8k16 whose fp32
+// sum is scaled by the block's power-of-two weight scale and added in fp32 (the activation scales are folded into
+// the staged values, see fold; bf16: one m16n8k16 per 16 values, no scales); the output is rounded to bf16.
+// Hopper has no e4m3 mma.sync: the compiler would unpack both operands to f16 on the conversion pipe (16 lanes a
+// clock), which bounded FP4 at ~1.4 TB/s. So the activations are staged once as
 // f16 (e4m3 values are exact in f16), FP8 weights are unpacked to f16 once per fragment, and FP4 weights are
 // bit-placed into f16 on the integer pipe (fp4x8_to_f16). Products are exact and sums fp32, as before.
 // What the kernels differ in is how the bytes arrive:

@@ -348,6 +348,94 @@ TEST(CudaGemv, DenseMatchesExactAtRealShapes) {
     }
 }
 
+// Two linears of one input in one launch (linear_gemv_pair: wq_a + wkv, the shared expert's w1 + w3, the
+// compressor's wkv + wgate): each output within the exact kernel's tolerance, nothing left unwritten (NaN fill),
+// and the pair the same bits as two calls when it falls back (a first linear ending inside a CTA's rows).
+TEST(CudaGemv, PairMatchesExact) {
+    REQUIRE_GPU();
+    struct Pair {
+        Shape a, b;
+        bool bf16_acts;
+    };
+    const Pair pairs[] = {
+        {{"wq_a fp8", 2, false, 1280, 5120, 32, 32}, {"wkv fp8", 2, false, 512, 5120, 32, 32}, false},
+        {{"shared.w1 fp8", 2, false, 2304, 5120, 32, 32}, {"shared.w3 fp8", 2, false, 2304, 5120, 32, 32}, false},
+        {{"v4 w1 fp8 block128", 2, false, 2048, 4096, 128, 128}, {"v4 w3 fp8 block128", 2, false, 2048, 4096, 128, 128}, false},
+        {{"odd fp8 (1056 rows)", 2, false, 1056, 5120, 32, 32}, {"wkv fp8", 2, false, 512, 5120, 32, 32}, false},
+        {{"compressor.wkv f32(bf16)", 0, true, 1024, 5120, 0, 0}, {"compressor.wgate f32(bf16)", 0, true, 1024, 5120, 0, 0}, true},
+    };
+    uint64_t seed = 501;
+    for (const Pair& pr : pairs) {
+        DevWeight da = make_weight(pr.a, seed++), db = make_weight(pr.b, seed++);
+        ASSERT_TRUE(da.w->p && db.w->p) << pr.a.name;
+        LinearDev la = dev_linear(pr.a, da), lb = dev_linear(pr.b, db);
+        la.bf16_acts = lb.bf16_acts = pr.bf16_acts;
+        for (int64_t M : {1, 8, 32}) {
+            Rng r(seed++);
+            std::vector<float> xh(static_cast<size_t>(M) * pr.a.in);
+            for (auto& v : xh) v = bf16_value(r.uniform() * 2.0f);
+            BufPtr x = upload(xh);
+            const size_t na = static_cast<size_t>(M) * pr.a.out, nb = static_cast<size_t>(M) * pr.b.out;
+            Buf ya(na * sizeof(float)), yb(nb * sizeof(float)), ea(na * sizeof(float)), eb(nb * sizeof(float));
+            CK(cudaMemset(ya.p, 0xff, na * sizeof(float)));  // NaN: an output left unwritten fails
+            CK(cudaMemset(yb.p, 0xff, nb * sizeof(float)));
+            linear_gemv_pair(x->as<float>(), nullptr, M, la, ya.as<float>(), lb, yb.as<float>());
+            // The references: the exact kernel on the quantised activations (FP8), or with fp32 sums (F32 kind).
+            BufPtr q, qs;
+            const float* xq = x->as<float>();
+            const float* xs = nullptr;
+            if (pr.a.kind >= 2) {
+                q = std::make_unique<Buf>(xh.size() * sizeof(float));
+                qs = std::make_unique<Buf>(static_cast<size_t>(M) * (pr.a.in / pr.a.act_block) * sizeof(float));
+                act_quant(x->as<float>(), M, pr.a.in, pr.a.act_block, q->as<float>(), qs->as<float>());
+                xq = q->as<float>();
+                xs = qs->as<float>();
+            }
+            LinearDev ra = la, rb = lb;
+            ra.bf16_acts = rb.bf16_acts = false;
+            linear_tiled(xq, xs, M, ra, ea.as<float>(), nullptr, nullptr);
+            linear_tiled(xq, xs, M, rb, eb.as<float>(), nullptr, nullptr);
+            CK(cudaDeviceSynchronize());
+            const std::string tag = " (pair) M=" + std::to_string(M);
+            if (pr.a.kind >= 2) {
+                compare(to_host(ya, na), to_host(ea, na), true, pr.a.name + tag);
+                compare(to_host(yb, nb), to_host(eb, nb), true, pr.b.name + tag);
+            } else {  // exact products, fp32 sums in another order: within 1e-4 of max|ref|
+                for (int which = 0; which < 2; ++which) {
+                    const std::vector<float> got = to_host(which ? yb : ya, which ? nb : na), ref = to_host(which ? eb : ea, which ? nb : na);
+                    float emax = 0.0f, worst = 0.0f;
+                    for (size_t i = 0; i < got.size(); ++i) {
+                        emax = std::max(emax, std::fabs(ref[i]));
+                        const float d = std::fabs(got[i] - ref[i]);
+                        if (!(d <= worst)) worst = d;
+                    }
+                    EXPECT_LE(worst, 1e-4f * emax) << (which ? pr.b.name : pr.a.name) << tag;
+                    std::printf("PARITY gemv %-44s max|d| %.3g (max|ref| %.3g)\n", ((which ? pr.b.name : pr.a.name) + tag).c_str(),
+                                worst, emax);
+                }
+            }
+            if (pr.a.out % 128 != 0) {  // falls back to two calls: the same bits as two linear_gemv calls
+                Buf sa(na * sizeof(float)), sb(nb * sizeof(float));
+                linear_gemv(x->as<float>(), nullptr, M, la, sa.as<float>(), nullptr, nullptr);
+                linear_gemv(x->as<float>(), nullptr, M, lb, sb.as<float>(), nullptr, nullptr);
+                CK(cudaDeviceSynchronize());
+                EXPECT_EQ(std::memcmp(to_host(sa, na).data(), to_host(ya, na).data(), na * sizeof(float)), 0) << pr.a.name << tag;
+                EXPECT_EQ(std::memcmp(to_host(sb, nb).data(), to_host(yb, nb).data(), nb * sizeof(float)), 0) << pr.b.name << tag;
+            }
+            if (M == 8) {
+                const double pair_ms = peregrine::test::device_ms(
+                    [&] { linear_gemv_pair(x->as<float>(), nullptr, M, la, ya.as<float>(), lb, yb.as<float>()); }, 20, 3);
+                const double two_ms = peregrine::test::device_ms([&] {
+                    linear_gemv(x->as<float>(), nullptr, M, la, ya.as<float>(), nullptr, nullptr);
+                    linear_gemv(x->as<float>(), nullptr, M, lb, yb.as<float>(), nullptr, nullptr);
+                }, 20, 3);
+                std::printf("PARITY gemv %-44s M=8 pair %.1f us, two calls %.1f us\n", (pr.a.name + " + " + pr.b.name).c_str(),
+                            pair_ms * 1e3, two_ms * 1e3);
+            }
+        }
+    }
+}
+
 namespace {
 
 // Routed GEMM over E experts whose weights come from `distinct` separate buffers (expert e uses e % distinct),

@@ -107,7 +107,9 @@ void compare_decode(const char* fx, int n_seqs, bool grow_scratch = false) {
     const int64_t replays = graph.be().graph_replays(), captures = graph.be().graph_captures();
     EXPECT_GT(replays, 0) << "no graph was replayed";
     EXPECT_EQ(eager.be().graph_replays(), 0);
-    if (grow_scratch) EXPECT_GT(captures, captures_before_growth) << fx << ": graphs kept after their scratch moved";
+    if (grow_scratch) {
+        EXPECT_GT(captures, captures_before_growth) << fx << ": graphs kept after their scratch moved";
+    }
     std::printf("PARITY graphs %-14s %d seqs: prefill + %d decode steps, graph vs eager logits bit-identical in %d of "
                 "%d steps (%lld graph replays, %lld captures)\n",
                 fx, n_seqs, decode_steps, decode_steps + 1 - static_cast<int>(differing), decode_steps + 1,

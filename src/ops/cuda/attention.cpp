@@ -44,7 +44,7 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
         return out;
     }
     // x is the attention norm's output (bf16 values): the fp32 projections take the bf16 tensor cores.
-    Tensor kv = run_linear(x, cw.wkv, nullptr, nullptr, true), score = run_linear(x, cw.wgate, nullptr, nullptr, true);
+    auto [kv, score] = run_linear_pair(x, cw.wkv, cw.wgate, true);
     for (auto& s : batch.seqs)
         for (int i = 0; i < s.n_tokens; ++i)
             if ((s.start_pos + i + 1) % ratio == 0) {
@@ -180,11 +180,12 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
 
     // Queries.
     phase("attn.q+kv projections");
-    Tensor qr = rms_norm(run_linear(x, w.wq_a), w.q_norm);
+    auto [qa, kva] = run_linear_pair(x, w.wq_a, w.wkv);  // one GEMV launch at decode
+    Tensor qr = rms_norm(qa, w.q_norm);
     Tensor q = project_queries(qr, w, freqs, pos.ptr, T);
 
     // Sliding-window K=V, stored per token (packed: state_format.h).
-    Tensor kv = window_kv(x, w, freqs, pos.ptr, T);
+    Tensor kv = window_kv_of(kva, w, freqs, pos.ptr, T);
     if (device_tables) {
         paged_store_entries(kv.f32(), T, L.window.format, paged(), paged_section(L.window));
     } else {
@@ -494,8 +495,13 @@ Tensor CudaBackend::project_queries(const Tensor& qr, const AttentionWeight& w, 
 }
 
 Tensor CudaBackend::window_kv(const Tensor& x, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T) {
+    return window_kv_of(run_linear(x, w.wkv), w, freqs, pos, T);
+}
+
+Tensor CudaBackend::window_kv_of(const Tensor& projected, const AttentionWeight& w, const float* freqs,
+                                 const int64_t* pos, int T) {
     const int D = cfg_.head_dim, rd = cfg_.rope_head_dim;
-    Tensor kv = rms_norm(run_linear(x, w.wkv), w.kv_norm);
+    Tensor kv = rms_norm(projected, w.kv_norm);
     rope(kv.f32(), T, 1, D, D, D - rd, pos, freqs, rd, false);
     if (cfg_.is_v41()) qdq_rows(kv.f32(), T, D, D, cfg_.act_block, 0);
     else qdq_rows(kv.f32(), T, D, D - rd, 64, 0);  // V4: the rope dims stay bf16

@@ -352,6 +352,28 @@ Tensor CudaBackend::run_linear(const Tensor& x, const LinearWeight& w, const Exp
     return y;
 }
 
+std::pair<Tensor, Tensor> CudaBackend::run_linear_pair(const Tensor& x, const LinearWeight& a, const LinearWeight& b,
+                                                       bool bf16_acts) {
+    const int64_t M = x.numel() / a.in;
+    LinearDev da = dev_linear(a), db = dev_linear(b);
+    auto acts = [&](const LinearWeight& w) {  // as run_linear sets them
+        return bf16_acts && (w.kind == LinearWeight::Kind::BF16 ||
+                             (w.kind == LinearWeight::Kind::F32 && w.w.dtype() == DType::BF16));
+    };
+    da.bf16_acts = acts(a);
+    db.bf16_acts = acts(b);
+    // The GEMV quantises FP8/FP4 activations itself; both must be decode-sized GEMV calls of one input width.
+    const bool quantised = a.kind == LinearWeight::Kind::FP8 || a.kind == LinearWeight::Kind::FP4;
+    if (a.in == b.in && a.kind == b.kind && use_gemv(x.f32(), M, da, nullptr) && use_gemv(x.f32(), M, db, nullptr) &&
+        (!quantised || (linear_gemv_quantises(da) && linear_gemv_quantises(db)))) {
+        Tensor ya = empty(DType::F32, {M, a.out}), yb = empty(DType::F32, {M, b.out});
+        linear_gemv_pair(x.f32(), nullptr, M, da, ya.f32(), db, yb.f32());
+        return {std::move(ya), std::move(yb)};
+    }
+    Tensor ya = run_linear(x, a, nullptr, nullptr, bf16_acts);
+    return {std::move(ya), run_linear(x, b, nullptr, nullptr, bf16_acts)};
+}
+
 Tensor CudaBackend::linear(const Tensor& x, const LinearWeight& w) {
     OpTimer op_(*this, "linear");
     return run_linear(x, w);

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <unordered_map>
+#include <utility>
 
 namespace peregrine::cuda {
 
@@ -164,6 +165,8 @@ private:
     Tensor project_queries(const Tensor& qr, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
     // Window K=V rows: kv_norm(wkv(x)), RoPE, fp8 quantise-dequantise.
     Tensor window_kv(const Tensor& x, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
+    // The same from x's wkv projection already made.
+    Tensor window_kv_of(const Tensor& projected, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
     // Inverse RoPE of the attention output (in place), grouped wo_a (bf16), wo_b.
     Tensor project_output(Tensor& o, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
 
@@ -224,6 +227,9 @@ private:
     // values (BF16 weights may then run on the bf16 tensor cores: exact products).
     Tensor run_linear(const Tensor& x, const LinearWeight& w, const ExpertTable* experts = nullptr,
                       const Routed* routed = nullptr, bool bf16_acts = false);
+    // Two linears of the same input: one GEMV launch where both are decode-sized and alike (linear_gemv_pair).
+    std::pair<Tensor, Tensor> run_linear_pair(const Tensor& x, const LinearWeight& a, const LinearWeight& b,
+                                              bool bf16_acts = false);
     // Fast numerics: whether gemm() takes the decode GEMV for this call.
     bool use_gemv(const float* x, int64_t M, const LinearDev& d, const Routed* routed) const;
     void gemm(const float* x, const float* xs, int64_t M, const LinearDev& d, float* y, const ExpertTable* experts,

@@ -445,6 +445,18 @@ void* gemv_scratch(int which, size_t bytes, bool zero) {
     return s.p;
 }
 
+void linear_gemv_pair(const float* x, const float* xs, int64_t M, const LinearDev& a, float* ya, const LinearDev& b,
+                      float* yb) {
+    static const bool on = !env_is("PEREGRINE_GEMV_PAIR", "0");
+    const int v = variant_for(stored_format(a), M, false);
+    if (on && M > 0 && v >= 4 && variant_for(stored_format(b), M, false) == v && linear_gemv_stream_pairs(a, b)) {
+        linear_gemv_stream_pair(v, x, xs, M, a, ya, b, yb);
+        return;
+    }
+    linear_gemv(x, xs, M, a, ya, nullptr, nullptr);
+    linear_gemv(x, xs, M, b, yb, nullptr, nullptr);
+}
+
 void linear_gemv_set_variant(int v) {
     if (v != 1 && (v < 3 || v > 10)) fail("linear_gemv: no variant {} (1, 3 to 10)", v);
     for (int f = 0; f < 4; ++f) variants().v[f] = clamp_variant(f, v);

@@ -134,6 +134,11 @@ struct StreamArgs {
     const int32_t* n_tiles;
     const uint8_t* image;  // dense calls: the activations already staged (act_image_kernel), or null
     int64_t image_tile;    // bytes of the image per tile
+    // Pairs (two dense linears of one input, same format and K): rows n1.. of the call are w2's, written to y2.
+    // Otherwise n1 = w.out and y2 null.
+    LinearDev w2;
+    float* y2;
+    int n1;
 };
 
 // Four f16 of values within..within+3 of a k step into its 64 bytes of one row (FP4: permuted).
@@ -216,7 +221,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
     __shared__ bool last_s;
 
     const LinearDev& w = p.w;
-    const int N = w.out, K = w.in;
+    const int N = p.n1 + (p.y2 ? p.w2.out : 0), K = w.in;
+    // Output (token row, call row n): y, or y2 for a pair's second linear.
+    auto out_at = [&](int64_t row, int n) -> float* {
+        return p.y2 && n >= p.n1 ? p.y2 + row * (N - p.n1) + (n - p.n1) : p.y + row * p.n1 + n;
+    };
     const int groups = (N + GR - 1) / GR, nblk = (groups + p.gpb - 1) / p.gpb;
     // This CTA's units (tile-major: unit = tile * groups + group of GR rows; a tile is 8 activation rows:
     // dense rows 8 mt.., or a routed tile) and K slice. Persistent: an equal share of all units of the call
@@ -281,15 +290,21 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
     const uint8_t* iss_w = nullptr;           // this lane's first piece in stage 0 of the slice
     const uint8_t* iss_sb = nullptr;          // the unit's scale table
     const uint8_t* iss_sc = nullptr;          // FP4: this lane's first scale word at k block 0
+    const uint8_t* iss_wb = nullptr;          // the rows' matrix (a pair's second from row n1 on) ...
+    int iss_off = 0;                          // ... and its first row's index in the call
     const int64_t pstride = static_cast<int64_t>(PROWS) * row_bytes;
     auto iss_unit = [&]() {
         const int gi = iss_u / groups, ti = gi - t_first;
         iss_r0 = (iss_u - gi * groups) * GR + warp * kUnitRows;
         iss_clamped = iss_r0 + kUnitRows > N;
-        iss_w = tile_w[ti] + static_cast<int64_t>(min(iss_r0 + prow, N - 1)) * row_bytes +
+        const bool second = p.y2 && iss_r0 >= p.n1;  // n1 is a multiple of the group's rows (host)
+        iss_off = second ? p.n1 : 0;
+        iss_wb = second ? static_cast<const uint8_t*>(p.w2.w) : tile_w[ti];
+        iss_sb = second ? p.w2.scale : tile_sc[ti];
+        iss_w = iss_wb + static_cast<int64_t>(min(iss_r0 + prow, N - 1) - iss_off) * row_bytes +
                 static_cast<int64_t>(st0) * CH + pseg * 16;
-        iss_sb = tile_sc[ti];
-        if constexpr (F == kFP4) iss_sc = iss_sb + static_cast<int64_t>(min(iss_r0 + lane / WPR, N - 1)) * nkb + (lane % WPR) * 4;
+        if constexpr (F == kFP4)
+            iss_sc = iss_sb + static_cast<int64_t>(min(iss_r0 + lane / WPR, N - 1) - iss_off) * nkb + (lane % WPR) * 4;
     };
     if (iss_u < u_end) iss_unit();
     auto issue = [&]() {
@@ -304,11 +319,11 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
                     for (int i = 0; i < kUnitRows / PROWS; ++i)
                         cp_async16(slot + (prow + i * PROWS) * RS + pseg * 16, iss_w + soff + i * pstride);
                 } else {
-                    const uint8_t* base = tile_w[iss_u / groups - t_first] + boff + pseg * 16;
+                    const uint8_t* base = iss_wb + boff + pseg * 16;
 #pragma unroll
                     for (int i = 0; i < kUnitRows / PROWS; ++i)
                         cp_async16(slot + (prow + i * PROWS) * RS + pseg * 16,
-                                   base + static_cast<int64_t>(min(iss_r0 + prow + i * PROWS, N - 1)) * row_bytes);
+                                   base + static_cast<int64_t>(min(iss_r0 + prow + i * PROWS, N - 1) - iss_off) * row_bytes);
                 }
             }
             if constexpr (F == kFP4) {
@@ -323,7 +338,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
                         if (p.scale_words && !iss_clamped) {
                             cp_async4(sc + r * STEPS + wd * 4, iss_sc + kb0 + static_cast<int64_t>(i) * SROWS * nkb);
                         } else {
-                            const uint8_t* src = iss_sb + static_cast<int64_t>(min(iss_r0 + r, N - 1)) * nkb + kb0 + wd * 4;
+                            const uint8_t* src = iss_sb + static_cast<int64_t>(min(iss_r0 + r, N - 1) - iss_off) * nkb + kb0 + wd * 4;
 #pragma unroll
                             for (int b = 0; b < 4; ++b)
                                 if (wd * 4 + b < vsteps) sc[r * STEPS + wd * 4 + b] = src[b];
@@ -333,7 +348,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
             } else if constexpr (F == kFP8) {
                 // The tile row's scales covering the stage (aligned 4-byte words, at most 4).
                 uint8_t* sc = slot + kUnitRows * RS;
-                const int64_t srow = static_cast<int64_t>(iss_r0 >> wshift) * nkb;
+                const int64_t srow = static_cast<int64_t>((iss_r0 - iss_off) >> wshift) * nkb;
                 const int kq0 = static_cast<int>(boff) >> wshift, kq1 = (static_cast<int>(boff) + vbytes - 1) >> wshift;
                 const int w0 = kq0 >> 2, nw = (kq1 >> 2) - w0 + 1;
                 if (lane < nw) {
@@ -572,10 +587,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
                 for (int i = 0; i < 4; ++i) {
                     const int n = r0 + g + (i >> 1) * 8, m = c * kCols + 2 * t + (i & 1);
                     if (m < rows_cur && n < N) {
-                        const int64_t idx = row_s[m] * N + n;
                         const float v = F == kBF16 ? acc[c][i] : ldexpf(acc[c][i], row_e[m] - 134);  // unfold
-                        if (p.splits > 1) p.partial[static_cast<int64_t>(split) * p.M * N + idx] = v;
-                        else p.y[idx] = w.kind != 0 ? round_bf16(v) : v;  // F32 kind: fp32 out
+                        if (p.splits > 1) p.partial[(static_cast<int64_t>(split) * p.M + row_s[m]) * N + n] = v;
+                        else *out_at(row_s[m], n) = w.kind != 0 ? round_bf16(v) : v;  // F32 kind: fp32 out
                     }
                     acc[c][i] = 0.0f;
                 }
@@ -600,7 +614,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
     const int width = min(N, (u_end - t_first * groups) * GR) - n0, total = rows * width;
     const int64_t slice = p.M * static_cast<int64_t>(N);
     for (int i0 = threadIdx.x; i0 < total; i0 += 4 * NT) {
-        int64_t o[4];
+        int64_t o[4];  // the outputs' indices in the [M][N] partial sums
         float v[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -623,7 +637,7 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            if (i0 + j * NT < total) p.y[o[j]] = w.kind != 0 ? round_bf16(v[j]) : v[j];
+            if (i0 + j * NT < total) *out_at(o[j] / N, static_cast<int>(o[j] % N)) = w.kind != 0 ? round_bf16(v[j]) : v[j];
     }
     if (threadIdx.x == 0) p.counters[ticket] = 0;  // ready for the next call
 }
@@ -739,9 +753,14 @@ std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, i
 
 template <int F, int CH, int ST, int MINB, int MT, int NW>
 void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
-            const LinearRouting* routing, bool persistent) {
+            const LinearRouting* routing, bool persistent, const LinearDev* w2, float* y2) {
     constexpr int GR = NW * kUnitRows;
-    const int N = w.out, groups = (N + GR - 1) / GR;
+    if (w2 && w.out % GR != 0) {  // a pair whose first linear ends inside a group of rows: two calls
+        launch<F, CH, ST, MINB, MT, NW>(x, xs, M, w, y, experts, routing, persistent, nullptr, nullptr);
+        launch<F, CH, ST, MINB, MT, NW>(x, xs, M, *w2, y2, experts, routing, persistent, nullptr, nullptr);
+        return;
+    }
+    const int N = w.out + (w2 ? w2->out : 0), groups = (N + GR - 1) / GR;
     const int64_t row_bytes = F == kFP4 ? w.in / 2 : F == kFP8 ? w.in : 2 * static_cast<int64_t>(w.in);
     const int all_stages = static_cast<int>((row_bytes + CH - 1) / CH);
     const int mtiles = routing ? 1 : static_cast<int>((M + kCols * MT - 1) / (kCols * MT));
@@ -811,7 +830,13 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     a.persistent = ctas > 0;
     // 4-byte scale copies: scale rows a multiple of 4 bytes and the (first expert's) table 4-byte aligned.
     const int nkb = F == kFP8 ? (w.in + w.weight_block - 1) / w.weight_block : w.in / 32;
-    a.scale_words = F != kBF16 && nkb % 4 == 0 && reinterpret_cast<uintptr_t>(w.scale) % 4 == 0;
+    a.scale_words = F != kBF16 && nkb % 4 == 0 && reinterpret_cast<uintptr_t>(w.scale) % 4 == 0 &&
+                    (!w2 || reinterpret_cast<uintptr_t>(w2->scale) % 4 == 0);
+    a.n1 = w.out;
+    if (w2) {
+        a.w2 = *w2;
+        a.y2 = y2;
+    }
     a.experts = experts ? *experts : ExpertTable{};
     a.row_map = routing ? routing->row_map : nullptr;
     a.tiles = routing ? reinterpret_cast<const int4*>(routing->tiles) : nullptr;
@@ -839,25 +864,25 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
 
 template <int F>
 void launch_variant(int v, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
-                    const ExpertTable* experts, const LinearRouting* routing) {
+                    const ExpertTable* experts, const LinearRouting* routing, const LinearDev* w2, float* y2) {
     // Dense calls of more than 8 rows: tiles of 16 or 32 rows, so that each weight fragment feeds 2 or 4 mmas
     // (and the weights are streamed once instead of once per 8 rows).
     const int mt = routing || M <= 8 ? 1 : M <= 16 ? 2 : 4;
     switch (v) {
         case 4:
         case 7:  // 80 KB in flight per CTA (7: persistent when routed)
-            if (mt == 1) launch<F, 128, 6, 1, 1, 8>(x, xs, M, w, y, experts, routing, v == 7);
-            else if (mt == 2) launch<F, 128, 6, 1, 2, 8>(x, xs, M, w, y, experts, routing, false);
-            else launch<F, 128, 6, 1, 4, 8>(x, xs, M, w, y, experts, routing, false);
+            if (mt == 1) launch<F, 128, 6, 1, 1, 8>(x, xs, M, w, y, experts, routing, v == 7, w2, y2);
+            else if (mt == 2) launch<F, 128, 6, 1, 2, 8>(x, xs, M, w, y, experts, routing, false, w2, y2);
+            else launch<F, 128, 6, 1, 4, 8>(x, xs, M, w, y, experts, routing, false, w2, y2);
             break;
-        case 6: launch<F, 128, 4, 2, 1, 8>(x, xs, M, w, y, experts, routing, false); break;  // 48 KB, two CTAs per SM
+        case 6: launch<F, 128, 4, 2, 1, 8>(x, xs, M, w, y, experts, routing, false, w2, y2); break;  // 48 KB, two CTAs per SM
         case 9:  // FP4: 12 warps (192 rows) a CTA with 128-byte stages 4 deep (72 KB in flight; a whole K of f16
                  // activations still fits), persistent when routed: three warps a scheduler to hide the k steps'
                  // latency, where 8 warps left issue slots idle. Other formats, and dense tiles of 16-32 rows
                  // (whose k steps would not fit the registers of so many warps): as 5.
             if constexpr (F == kFP4) {
                 if (mt == 1) {
-                    launch<F, 128, 4, 1, 1, 12>(x, xs, M, w, y, experts, routing, true);
+                    launch<F, 128, 4, 1, 1, 12>(x, xs, M, w, y, experts, routing, true, w2, y2);
                     break;
                 }
             }
@@ -866,7 +891,7 @@ void launch_variant(int v, const float* x, const float* xs, int64_t M, const Lin
                   // scheduler. Other formats and 16-32-row tiles: as 5.
             if constexpr (F == kFP4) {
                 if (v == 10 && mt == 1) {
-                    launch<F, 128, 3, 1, 1, 16>(x, xs, M, w, y, experts, routing, true);
+                    launch<F, 128, 3, 1, 1, 16>(x, xs, M, w, y, experts, routing, true, w2, y2);
                     break;
                 }
             }
@@ -874,9 +899,9 @@ void launch_variant(int v, const float* x, const float* xs, int64_t M, const Lin
         default: {  // 5 and 8: 96 KB in flight, 4 rows x 256 B per copy (8: persistent when routed). FP4: 64 KB,
                     // so that a whole K of f16 activations (5120 values: 87 KB) fits beside the ring.
             constexpr int st = F == kFP4 ? 3 : 4;
-            if (mt == 1) launch<F, 256, st, 1, 1, 8>(x, xs, M, w, y, experts, routing, v == 8);
-            else if (mt == 2) launch<F, 256, st, 1, 2, 8>(x, xs, M, w, y, experts, routing, false);
-            else launch<F, 256, st, 1, 4, 8>(x, xs, M, w, y, experts, routing, false);
+            if (mt == 1) launch<F, 256, st, 1, 1, 8>(x, xs, M, w, y, experts, routing, v == 8, w2, y2);
+            else if (mt == 2) launch<F, 256, st, 1, 2, 8>(x, xs, M, w, y, experts, routing, false, w2, y2);
+            else launch<F, 256, st, 1, 4, 8>(x, xs, M, w, y, experts, routing, false, w2, y2);
             break;
         }
     }
@@ -908,8 +933,9 @@ bool linear_gemv_stream_quantises(const LinearDev& w) {
     return w.act_block <= 128;
 }
 
-void linear_gemv_stream(int variant, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
-                        const ExpertTable* experts, const LinearRouting* routing) {
+namespace {
+void stream(int variant, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
+            const ExpertTable* experts, const LinearRouting* routing, const LinearDev* w2, float* y2) {
     if (M == 0 || w.out == 0) return;
     if (variant < 4 || variant > 10) fail("linear_gemv_stream: no variant {}", variant);
     if (!linear_gemv_stream_supported(w)) fail("linear_gemv_stream: unsupported linear (kind {}, in {})", w.kind, w.in);
@@ -917,9 +943,32 @@ void linear_gemv_stream(int variant, const float* x, const float* xs, int64_t M,
     if (routing && routing->tile_rows > kCols) fail("linear_gemv_stream: routed tiles of {} rows", routing->tile_rows);
     if ((w.kind == kFP8 || w.kind == kFP4) && xs == nullptr && !linear_gemv_stream_quantises(w))
         fail("linear_gemv_stream: cannot quantise activation blocks of {}", w.act_block);
-    if (w.kind == kFP4) launch_variant<kFP4>(variant, x, xs, M, w, y, experts, routing);
-    else if (w.kind == kFP8) launch_variant<kFP8>(variant, x, xs, M, w, y, experts, routing);
-    else launch_variant<kBF16>(variant, x, xs, M, w, y, experts, routing);
+    if (w.kind == kFP4) launch_variant<kFP4>(variant, x, xs, M, w, y, experts, routing, w2, y2);
+    else if (w.kind == kFP8) launch_variant<kFP8>(variant, x, xs, M, w, y, experts, routing, w2, y2);
+    else launch_variant<kBF16>(variant, x, xs, M, w, y, experts, routing, w2, y2);
+}
+}  // namespace
+
+void linear_gemv_stream(int variant, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
+                        const ExpertTable* experts, const LinearRouting* routing) {
+    stream(variant, x, xs, M, w, y, experts, routing, nullptr, nullptr);
+}
+
+bool linear_gemv_stream_pairs(const LinearDev& a, const LinearDev& b) {
+    return linear_gemv_stream_supported(a) && linear_gemv_stream_supported(b) && a.kind == b.kind && a.in == b.in &&
+           a.w_bf16 == b.w_bf16 && a.bf16_acts == b.bf16_acts && a.weight_block == b.weight_block &&
+           a.act_block == b.act_block && (a.weight_block <= 0 || a.out % a.weight_block == 0);
+}
+
+void linear_gemv_stream_pair(int variant, const float* x, const float* xs, int64_t M, const LinearDev& a, float* ya,
+                             const LinearDev& b, float* yb) {
+    if (!linear_gemv_stream_pairs(a, b)) fail("linear_gemv_stream_pair: linears of different formats or widths");
+    if (a.out == 0 || b.out == 0) {
+        stream(variant, x, xs, M, a, ya, nullptr, nullptr, nullptr, nullptr);
+        stream(variant, x, xs, M, b, yb, nullptr, nullptr, nullptr, nullptr);
+        return;
+    }
+    stream(variant, x, xs, M, a, ya, nullptr, nullptr, &b, yb);
 }
 
 }  // namespace peregrine::cuda

@@ -149,7 +149,7 @@ void CudaBackend::combine_into(const Tensor& x, const MoEWeight& w, const Tensor
     const int64_t T = x.dim(0);
     const int D = cfg_.dim;
     const float limit = static_cast<float>(cfg_.swiglu_limit);
-    Tensor gs = run_linear(x, w.shared.w1), us = run_linear(x, w.shared.w3);
+    auto [gs, us] = run_linear_pair(x, w.shared.w1, w.shared.w3);
     const int Is = w.shared.w1.out;
     Tensor as = empty(DType::F32, {T, Is});
     swiglu(gs.f32(), us.f32(), T, Is, nullptr, limit, as.f32());

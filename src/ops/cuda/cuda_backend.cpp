@@ -319,15 +319,21 @@ void CudaBackend::gemm(const float* x, const float* xs, int64_t M, const LinearD
         cuda::linear(x, xs, M, d, y, experts, routed ? routed->row_expert : nullptr);
 }
 
+namespace {
+// bf16 activations with bf16-stored weights: exact products on the bf16 tensor cores (for F32 linears the sums stay
+// fp32 and unrounded; only their order changes, as for the LM head).
+bool takes_bf16_acts(const LinearWeight& w, bool bf16_acts) {
+    return bf16_acts && (w.kind == LinearWeight::Kind::BF16 ||
+                         (w.kind == LinearWeight::Kind::F32 && w.w.dtype() == DType::BF16));
+}
+}  // namespace
+
 Tensor CudaBackend::run_linear(const Tensor& x, const LinearWeight& w, const ExpertTable* experts,
                                const Routed* routed, bool bf16_acts) {
     const int64_t M = x.numel() / w.in;
     Tensor y = empty(DType::F32, {M, w.out});
     LinearDev d = dev_linear(w);
-    // bf16 activations with bf16-stored weights: exact products on the bf16 tensor cores (for F32 linears the sums stay
-    // fp32 and unrounded; only their order changes, as for the LM head).
-    d.bf16_acts = bf16_acts && (w.kind == LinearWeight::Kind::BF16 ||
-                                (w.kind == LinearWeight::Kind::F32 && w.w.dtype() == DType::BF16));
+    d.bf16_acts = takes_bf16_acts(w, bf16_acts);
     const bool quantised = w.kind == LinearWeight::Kind::FP8 || w.kind == LinearWeight::Kind::FP4;
     if (quantised) {
         PEREGRINE_CHECK(w.act_block > 0 && w.in % w.act_block == 0,
@@ -356,12 +362,8 @@ std::pair<Tensor, Tensor> CudaBackend::run_linear_pair(const Tensor& x, const Li
                                                        bool bf16_acts) {
     const int64_t M = x.numel() / a.in;
     LinearDev da = dev_linear(a), db = dev_linear(b);
-    auto acts = [&](const LinearWeight& w) {  // as run_linear sets them
-        return bf16_acts && (w.kind == LinearWeight::Kind::BF16 ||
-                             (w.kind == LinearWeight::Kind::F32 && w.w.dtype() == DType::BF16));
-    };
-    da.bf16_acts = acts(a);
-    db.bf16_acts = acts(b);
+    da.bf16_acts = takes_bf16_acts(a, bf16_acts);
+    db.bf16_acts = takes_bf16_acts(b, bf16_acts);
     // The GEMV quantises FP8/FP4 activations itself; both must be decode-sized GEMV calls of one input width.
     const bool quantised = a.kind == LinearWeight::Kind::FP8 || a.kind == LinearWeight::Kind::FP4;
     if (a.in == b.in && a.kind == b.kind && use_gemv(x.f32(), M, da, nullptr) && use_gemv(x.f32(), M, db, nullptr) &&

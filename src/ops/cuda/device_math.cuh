@@ -50,9 +50,11 @@ __device__ __forceinline__ float pow2_round_scale(float amax, float max_inv) {
     return __uint_as_float(static_cast<uint32_t>(l + 127) << 23);
 }
 
-// act_quant (the reference's activation quantisation): s = 2^ceil(log2(max(amax, 1e-4) / 448)), q = e4m3(x / s).
+// act_quant (the reference's activation quantisation): s = 2^ceil(log2(max(amax, 1e-4) / 448)), q = e4m3(x / s),
+// x / s clamped to the e4m3 range first (act_quant_clamped: the input of the e4m3 rounding).
 __device__ __forceinline__ float act_quant_scale(float amax) { return pow2_round_scale(fmaxf(amax, 1e-4f), 1.0f / 448.0f); }
-__device__ __forceinline__ float act_quant_value(float v, float s) { return round_e4m3(fminf(fmaxf(v / s, -448.0f), 448.0f)); }
+__device__ __forceinline__ float act_quant_clamped(float v, float s) { return fminf(fmaxf(v / s, -448.0f), 448.0f); }
+__device__ __forceinline__ float act_quant_value(float v, float s) { return round_e4m3(act_quant_clamped(v, s)); }
 
 // Max |x| of a quantisation block spread over `lanes` consecutive lanes (a power of two <= 32, blocks aligned to it),
 // every lane of the warp taking part. Max is exact in any order: the serial loop's value.

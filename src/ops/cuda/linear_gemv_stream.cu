@@ -171,8 +171,8 @@ __device__ __forceinline__ uint2 stage_quad(float4 v, const float* xs, int64_t x
         // act_quant: amax over the block, its scale, q = e4m3(x / s) (satfinite after the same clamp).
         const float s = act_quant_scale(group_amax(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))), qpb));
         scale = s;
-        return e4m3_f16x4(fminf(fmaxf(v.x / s, -448.0f), 448.0f), fminf(fmaxf(v.y / s, -448.0f), 448.0f),
-                          fminf(fmaxf(v.z / s, -448.0f), 448.0f), fminf(fmaxf(v.w / s, -448.0f), 448.0f));
+        return e4m3_f16x4(act_quant_clamped(v.x, s), act_quant_clamped(v.y, s), act_quant_clamped(v.z, s),
+                          act_quant_clamped(v.w, s));
     }
 }
 

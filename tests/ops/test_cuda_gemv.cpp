@@ -205,6 +205,20 @@ void compare(const std::vector<float>& fast, const std::vector<float>& exact, bo
                 emax, share);
 }
 
+// fp32 outputs of exact products summed in fp32 in another order (F32 linears on bf16 values): within 1e-4 of
+// max|ref| (a block of K missing would be ~1e-2).
+void compare_f32(const std::vector<float>& got, const std::vector<float>& ref, const std::string& what) {
+    ASSERT_EQ(got.size(), ref.size());
+    float emax = 0.0f, worst = 0.0f;
+    for (size_t i = 0; i < got.size(); ++i) {
+        emax = std::max(emax, std::fabs(ref[i]));
+        const float d = std::fabs(got[i] - ref[i]);
+        if (!(d <= worst)) worst = d;
+    }
+    EXPECT_LE(worst, 1e-4f * emax) << what;
+    std::printf("PARITY gemv %-44s max|d| %.3g (max|ref| %.3g)\n", what.c_str(), worst, emax);
+}
+
 // Routing of `pairs` rows over E experts: tiles of 8 rows (the decode tile) built on the device.
 struct Routing {
     BufPtr sel, row_map, tiles, n_tiles;
@@ -322,23 +336,13 @@ TEST(CudaGemv, DenseMatchesExactAtRealShapes) {
             }
             if (s.kind == 0 && s.w_bf16) {
                 // bf16 activations on bf16-stored F32 weights (the MoE gate, the compressor): the bf16 streaming
-                // kernel with fp32 outputs. Exact products, fp32 sums in another order: within 1e-4 of max|ref|
-                // (a block of K missing would be ~1e-2).
+                // kernel with fp32 outputs.
                 LinearDev lb = l;
                 lb.bf16_acts = true;
                 CK(cudaMemset(yf.p, 0xff, n * sizeof(float)));
                 linear_gemv(a.xp, nullptr, M, lb, yf.as<float>(), nullptr, nullptr);
                 CK(cudaDeviceSynchronize());
-                const std::vector<float> got = to_host(yf, n), ref = to_host(ye, n);
-                float emax = 0.0f, worst = 0.0f;
-                for (size_t i = 0; i < n; ++i) {
-                    emax = std::max(emax, std::fabs(ref[i]));
-                    const float d = std::fabs(got[i] - ref[i]);
-                    if (!(d <= worst)) worst = d;
-                }
-                EXPECT_LE(worst, 1e-4f * emax) << s.name << " bf16 activations M=" << M;
-                std::printf("PARITY gemv %-44s max|d| %.3g (max|ref| %.3g)\n",
-                            (s.name + " bf16 acts M=" + std::to_string(M)).c_str(), worst, emax);
+                compare_f32(to_host(yf, n), to_host(ye, n), s.name + " bf16 acts M=" + std::to_string(M));
                 if (M == 8) {
                     const double ms = peregrine::test::device_ms([&] { linear_gemv(a.xp, nullptr, M, lb, yf.as<float>(), nullptr, nullptr); }, 20, 3);
                     report_speed(s.name + " bf16 acts", ms, static_cast<double>(weight_bytes(s)));
@@ -371,48 +375,27 @@ TEST(CudaGemv, PairMatchesExact) {
         LinearDev la = dev_linear(pr.a, da), lb = dev_linear(pr.b, db);
         la.bf16_acts = lb.bf16_acts = pr.bf16_acts;
         for (int64_t M : {1, 8, 32}) {
-            Rng r(seed++);
-            std::vector<float> xh(static_cast<size_t>(M) * pr.a.in);
-            for (auto& v : xh) v = bf16_value(r.uniform() * 2.0f);
-            BufPtr x = upload(xh);
+            // Raw bf16 activations for the pair (it quantises them itself), act_quant's output for the references.
+            const Acts in = make_acts(pr.a, M, seed++);
+            const Buf* x = in.x.get();
             const size_t na = static_cast<size_t>(M) * pr.a.out, nb = static_cast<size_t>(M) * pr.b.out;
             Buf ya(na * sizeof(float)), yb(nb * sizeof(float)), ea(na * sizeof(float)), eb(nb * sizeof(float));
             CK(cudaMemset(ya.p, 0xff, na * sizeof(float)));  // NaN: an output left unwritten fails
             CK(cudaMemset(yb.p, 0xff, nb * sizeof(float)));
             linear_gemv_pair(x->as<float>(), nullptr, M, la, ya.as<float>(), lb, yb.as<float>());
             // The references: the exact kernel on the quantised activations (FP8), or with fp32 sums (F32 kind).
-            BufPtr q, qs;
-            const float* xq = x->as<float>();
-            const float* xs = nullptr;
-            if (pr.a.kind >= 2) {
-                q = std::make_unique<Buf>(xh.size() * sizeof(float));
-                qs = std::make_unique<Buf>(static_cast<size_t>(M) * (pr.a.in / pr.a.act_block) * sizeof(float));
-                act_quant(x->as<float>(), M, pr.a.in, pr.a.act_block, q->as<float>(), qs->as<float>());
-                xq = q->as<float>();
-                xs = qs->as<float>();
-            }
             LinearDev ra = la, rb = lb;
             ra.bf16_acts = rb.bf16_acts = false;
-            linear_tiled(xq, xs, M, ra, ea.as<float>(), nullptr, nullptr);
-            linear_tiled(xq, xs, M, rb, eb.as<float>(), nullptr, nullptr);
+            linear_tiled(in.xp, in.sp, M, ra, ea.as<float>(), nullptr, nullptr);
+            linear_tiled(in.xp, in.sp, M, rb, eb.as<float>(), nullptr, nullptr);
             CK(cudaDeviceSynchronize());
             const std::string tag = " (pair) M=" + std::to_string(M);
             if (pr.a.kind >= 2) {
                 compare(to_host(ya, na), to_host(ea, na), true, pr.a.name + tag);
                 compare(to_host(yb, nb), to_host(eb, nb), true, pr.b.name + tag);
-            } else {  // exact products, fp32 sums in another order: within 1e-4 of max|ref|
-                for (int which = 0; which < 2; ++which) {
-                    const std::vector<float> got = to_host(which ? yb : ya, which ? nb : na), ref = to_host(which ? eb : ea, which ? nb : na);
-                    float emax = 0.0f, worst = 0.0f;
-                    for (size_t i = 0; i < got.size(); ++i) {
-                        emax = std::max(emax, std::fabs(ref[i]));
-                        const float d = std::fabs(got[i] - ref[i]);
-                        if (!(d <= worst)) worst = d;
-                    }
-                    EXPECT_LE(worst, 1e-4f * emax) << (which ? pr.b.name : pr.a.name) << tag;
-                    std::printf("PARITY gemv %-44s max|d| %.3g (max|ref| %.3g)\n", ((which ? pr.b.name : pr.a.name) + tag).c_str(),
-                                worst, emax);
-                }
+            } else {
+                compare_f32(to_host(ya, na), to_host(ea, na), pr.a.name + tag);
+                compare_f32(to_host(yb, nb), to_host(eb, nb), pr.b.name + tag);
             }
             if (pr.a.out % 128 != 0) {  // falls back to two calls: the same bits as two linear_gemv calls
                 Buf sa(na * sizeof(float)), sb(nb * sizeof(float));

@@ -182,7 +182,16 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     phase("attn.q+kv projections");
     auto [qa, kva] = run_linear_pair(x, w.wq_a, w.wkv);  // one GEMV launch at decode
     Tensor qr = rms_norm(qa, w.q_norm);
-    Tensor q = project_queries(qr, w, freqs, pos.ptr, T);
+    // The indexer's queries read qr too: its wq_b rides in the queries' launch (decode).
+    const bool index_queries = info.ratio > 0 && info.has_indexer;
+    Tensor q, iq_projected;
+    if (index_queries) {
+        auto [qb, ib] = run_linear_pair(qr, w.wq_b, w.indexer->wq_b);
+        q = queries_of(qb, freqs, pos.ptr, T);
+        iq_projected = std::move(ib);
+    } else {
+        q = project_queries(qr, w, freqs, pos.ptr, T);
+    }
 
     // Sliding-window K=V, stored per token (packed: state_format.h).
     Tensor kv = window_kv_of(kva, w, freqs, pos.ptr, T);
@@ -265,7 +274,7 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                     store_entries(e.latent.f32(), n, L.index_k.format, dd.ptr);
                 }
             }
-            Tensor iq = run_linear(qr, iw.wq_b);
+            Tensor iq = std::move(iq_projected);
             Tensor wts = run_linear(x, iw.weights_proj);
             rope(iq.f32(), T, nh, static_cast<int64_t>(nh) * hd, hd, hd - rd, pos.ptr, freqs, rd, false);
             if (!v41) hadamard_rows(iq.f32(), static_cast<int64_t>(T) * nh, hd, hd);
@@ -487,8 +496,11 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
 
 Tensor CudaBackend::project_queries(const Tensor& qr, const AttentionWeight& w, const float* freqs, const int64_t* pos,
                                     int T) {
+    return queries_of(run_linear(qr, w.wq_b), freqs, pos, T);
+}
+
+Tensor CudaBackend::queries_of(Tensor q, const float* freqs, const int64_t* pos, int T) {
     const int H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim;
-    Tensor q = run_linear(qr, w.wq_b);
     if (!cfg_.is_v41()) head_norm_bf16(q.f32(), static_cast<int64_t>(T) * H, D, eps());
     rope(q.f32(), T, H, static_cast<int64_t>(H) * D, D, D - rd, pos, freqs, rd, false);
     return q;

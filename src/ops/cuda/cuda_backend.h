@@ -163,6 +163,8 @@ private:
 
     // q = wq_b(qr) per head (V4: unweighted head norm), RoPE at each row's position.
     Tensor project_queries(const Tensor& qr, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
+    // The same from the wq_b projection already made (head norm, RoPE in place).
+    Tensor queries_of(Tensor q, const float* freqs, const int64_t* pos, int T);
     // Window K=V rows: kv_norm(wkv(x)), RoPE, fp8 quantise-dequantise.
     Tensor window_kv(const Tensor& x, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
     // The same from x's wkv projection already made.

@@ -4,6 +4,7 @@
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/cuda/pdl.cuh"
 
 #include <cub/block/block_scan.cuh>
 
@@ -26,6 +27,7 @@ __device__ __forceinline__ float pool_channel(int n, At at) {
 }
 
 __global__ void compressor_kernel(CompressorArgs a) {
+    pdl_enter();
     const int ratio = a.ratio, d = a.d, width = (a.overlap ? 2 : 1) * d, slots = (a.overlap ? 2 : 1) * ratio;
     float* kv_state = a.state;
     float* sc_state = a.state + static_cast<int64_t>(slots) * width;
@@ -72,6 +74,7 @@ __global__ void compressor_kernel(CompressorArgs a) {
 // page snapshots. seq[6 s ..] = (start_pos, n_tokens, row0, emit_base, state offset in floats, first
 // snapshot slot).
 __global__ void compressor_batch_kernel(CompressorArgs a, int n_seqs, const int64_t* seq) {
+    pdl_enter();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     const int s = blockIdx.y;
     if (c >= a.d || s >= n_seqs) return;
@@ -166,6 +169,7 @@ __device__ float carry_at(const CompressorArgs& a, int64_t P, int64_t row0, cons
 
 // Thread (emission k, channel c): jobs[2k ..] = (sequence, position of the emitting token); pooled row k.
 __global__ void compressor_emit_kernel(CompressorArgs a, const int64_t* seq, const int64_t* jobs, int64_t n_jobs) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     const int d = a.d, ratio = a.ratio, slots = (a.overlap ? 2 : 1) * ratio;
     if (i >= n_jobs * d) return;
@@ -188,6 +192,7 @@ __global__ void compressor_emit_kernel(CompressorArgs a, const int64_t* seq, con
 // old carries).
 __global__ void compressor_carry_kernel(CompressorArgs a, const int64_t* seq, const int64_t* jobs, float* const* dest,
                                         int64_t n_jobs, int64_t per, float* fresh) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= n_jobs * per) return;
     const int64_t k = i / per, r = i % per, s = jobs[2 * k];
@@ -199,6 +204,7 @@ __global__ void compressor_carry_kernel(CompressorArgs a, const int64_t* seq, co
 }
 
 __global__ void compressor_commit_kernel(float* state, const int64_t* seq, int n_seqs, int64_t per, const float* fresh) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= n_seqs * per) return;
     const int64_t s = i / per, r = i % per;
@@ -208,6 +214,7 @@ __global__ void compressor_commit_kernel(float* state, const int64_t* seq, int n
 __global__ void index_scores_kernel(const float* iq, const float* wts, int64_t T, int nh, int hd, const int64_t* width,
                                     const int64_t* visible, const int64_t* keybase, const uint8_t* const* keys,
                                     EntryFormat kf, int64_t stride, float* scores) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * stride) return;
     const int64_t t = i / stride, j = i % stride;
@@ -303,6 +310,7 @@ __device__ int block_select(const float* v, int64_t n, int k, int32_t* sel) {
 __global__ void candidate_kernel(const float* scores, int64_t stride, const int64_t* width, const int64_t* visible,
                                  int bs, int topb, float* bscore, int32_t* bsel, int64_t bstride, uint8_t* mask,
                                  int64_t mstride) {
+    pdl_enter();
     const int64_t t = blockIdx.x;
     const int64_t w = width[t], vis = visible[t];
     if (w == 0) return;
@@ -328,6 +336,7 @@ __global__ void candidate_kernel(const float* scores, int64_t stride, const int6
 
 __global__ void apply_candidates_kernel(float* scores, int64_t T, int64_t stride, const int64_t* width,
                                         const uint8_t* mask, const int64_t* mask_width, int64_t mstride, int bs) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * stride) return;
     const int64_t t = i / stride, j = i % stride;
@@ -338,6 +347,7 @@ __global__ void apply_candidates_kernel(float* scores, int64_t T, int64_t stride
 // Per row: the top-k, by index (ascending) or by (value desc, index asc); entries >= visible become -1.
 __global__ void topk_kernel(const float* scores, int64_t stride, const int64_t* width, const int64_t* visible, int k,
                             bool ascending, int32_t* tmp, int32_t* out, int32_t* count) {
+    pdl_enter();
     const int64_t t = blockIdx.x;
     const float* v = scores + t * stride;
     int32_t* sel = tmp + t * k;
@@ -364,6 +374,7 @@ __global__ void topk_kernel(const float* scores, int64_t stride, const int64_t* 
 __global__ void build_keys_kernel(int64_t T, const uint8_t* const* win, const int32_t* nwin, int W, const int32_t* sel,
                                   const int32_t* nsel, int kmax, const uint8_t* const* comp_addr, const int64_t* compbase,
                                   const uint8_t** keys, int32_t* nkeys, int maxk) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * maxk) return;
     const int64_t t = i / maxk, s = i % maxk;
@@ -384,6 +395,7 @@ constexpr int kAttnThreads = 128, kKeyBlock = 64, kMaxHeadDim = 512;
 template <bool kFast>
 __global__ void sparse_attention_kernel(const float* q, int H, int D, float scale, const float* sink, KeyRefs keys,
                                         float* out) {
+    pdl_enter();
     __shared__ float qs[kMaxHeadDim];
     __shared__ float s[kKeyBlock], p[kKeyBlock], pe[kKeyBlock];
     __shared__ float m_sh, sum_sh, rescale_sh;
@@ -475,8 +487,7 @@ __global__ void sparse_attention_kernel(const float* q, int H, int D, float scal
 
 void compressor_seq(const CompressorArgs& a) {
     if (a.n_tokens == 0) return;
-    compressor_kernel<<<1, 256>>>(a);
-    PG_LAUNCHED();
+    launch_pdl(compressor_kernel, dim3(1), dim3(256), 0, a);
 }
 
 void compressor_batch(const CompressorArgs& a, int n_seqs, const int64_t* seq) {
@@ -484,8 +495,7 @@ void compressor_batch(const CompressorArgs& a, int n_seqs, const int64_t* seq) {
     constexpr int kChannels = 32;
     if (n_seqs > 65535) cuda_fail(cudaErrorInvalidValue, "compressor_batch: too many sequences", __FILE__, __LINE__);
     const dim3 grid(static_cast<unsigned>((a.d + kChannels - 1) / kChannels), static_cast<unsigned>(n_seqs));
-    compressor_batch_kernel<<<grid, kChannels>>>(a, n_seqs, seq);
-    PG_LAUNCHED();
+    launch_pdl(compressor_batch_kernel, dim3(grid), dim3(kChannels), 0, a, n_seqs, seq);
 }
 
 CompressorJobs compressor_jobs(const int64_t* seq, int n_seqs, int ratio, float* const* snapshot) {
@@ -513,16 +523,13 @@ void compressor_parallel(const CompressorArgs& a, int n_seqs, const int64_t* seq
     if (n_seqs == 0) return;
     const int64_t per = 2LL * (a.overlap ? 2 : 1) * a.ratio * (a.overlap ? 2 : 1) * a.d;
     if (n_emit > 0) {
-        compressor_emit_kernel<<<blocks_for(n_emit * a.d), kThreads>>>(a, seq, emit, n_emit);
-        PG_LAUNCHED();
+        launch_pdl(compressor_emit_kernel, dim3(blocks_for(n_emit * a.d)), dim3(kThreads), 0, a, seq, emit, n_emit);
     }
     if (n_carry == 0) return;
     float* fresh = nullptr;
     PG_CUDA(cudaMallocAsync(&fresh, sizeof(float) * static_cast<size_t>(n_seqs * per), 0));
-    compressor_carry_kernel<<<blocks_for(n_carry * per), kThreads>>>(a, seq, carry, dest, n_carry, per, fresh);
-    PG_LAUNCHED();
-    compressor_commit_kernel<<<blocks_for(n_seqs * per), kThreads>>>(a.state, seq, n_seqs, per, fresh);
-    PG_LAUNCHED();
+    launch_pdl(compressor_carry_kernel, dim3(blocks_for(n_carry * per)), dim3(kThreads), 0, a, seq, carry, dest, n_carry, per, fresh);
+    launch_pdl(compressor_commit_kernel, dim3(blocks_for(n_seqs * per)), dim3(kThreads), 0, a.state, seq, n_seqs, per, fresh);
     PG_CUDA(cudaFreeAsync(fresh, 0));
 }
 
@@ -531,9 +538,8 @@ void index_scores(const float* iq, const float* wts, int64_t T, int nh, int hd, 
                   int64_t stride, float* scores) {
     if (T * stride == 0) return;
     if (kf.dim != hd) cuda_fail(cudaErrorInvalidValue, "index_scores: key format width", __FILE__, __LINE__);
-    index_scores_kernel<<<blocks_for(T * stride), kThreads>>>(iq, wts, T, nh, hd, width, visible, keybase, keys, kf,
+    launch_pdl(index_scores_kernel, dim3(blocks_for(T * stride)), dim3(kThreads), 0, iq, wts, T, nh, hd, width, visible, keybase, keys, kf,
                                                               stride, scores);
-    PG_LAUNCHED();
 }
 
 void candidate_blocks(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible,
@@ -541,34 +547,30 @@ void candidate_blocks(const float* scores, int64_t T, int64_t stride, const int6
                       int64_t mask_stride) {
     if (T == 0) return;
     if (mask_stride % 4 != 0) cuda_fail(cudaErrorInvalidValue, "candidate_blocks: mask rows must be words", __FILE__, __LINE__);
-    candidate_kernel<<<static_cast<unsigned>(T), kSelectThreads>>>(scores, stride, width, visible, bs, topb, bscore, bsel,
+    launch_pdl(candidate_kernel, dim3(static_cast<unsigned>(T)), dim3(kSelectThreads), 0, scores, stride, width, visible, bs, topb, bscore, bsel,
                                                                     bstride, mask, mask_stride);
-    PG_LAUNCHED();
 }
 
 void apply_candidates(float* scores, int64_t T, int64_t stride, const int64_t* width, const uint8_t* mask,
                       const int64_t* mask_width, int64_t mask_stride, int bs) {
     if (T * stride == 0) return;
-    apply_candidates_kernel<<<blocks_for(T * stride), kThreads>>>(scores, T, stride, width, mask, mask_width,
+    launch_pdl(apply_candidates_kernel, dim3(blocks_for(T * stride)), dim3(kThreads), 0, scores, T, stride, width, mask, mask_width,
                                                                   mask_stride, bs);
-    PG_LAUNCHED();
 }
 
 void topk_rows(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible, int k,
                bool ascending, int32_t* tmp, int32_t* out, int32_t* count) {
     if (T == 0 || k == 0) return;
-    topk_kernel<<<static_cast<unsigned>(T), kSelectThreads>>>(scores, stride, width, visible, k, ascending, tmp, out,
+    launch_pdl(topk_kernel, dim3(static_cast<unsigned>(T)), dim3(kSelectThreads), 0, scores, stride, width, visible, k, ascending, tmp, out,
                                                               count);
-    PG_LAUNCHED();
 }
 
 void build_keys(int64_t T, const uint8_t* const* win, const int32_t* nwin, int W, const int32_t* sel,
                 const int32_t* nsel, int kmax, const uint8_t* const* comp_addr, const int64_t* compbase,
                 const uint8_t** keys, int32_t* nkeys, int maxk) {
     if (T * maxk == 0) return;
-    build_keys_kernel<<<blocks_for(T * maxk), kThreads>>>(T, win, nwin, W, sel, nsel, kmax, comp_addr, compbase, keys,
+    launch_pdl(build_keys_kernel, dim3(blocks_for(T * maxk)), dim3(kThreads), 0, T, win, nwin, W, sel, nsel, kmax, comp_addr, compbase, keys,
                                                           nkeys, maxk);
-    PG_LAUNCHED();
 }
 
 void sparse_attention(const float* q, int64_t T, int H, int D, float scale, const float* sink, const KeyRefs& keys,
@@ -577,9 +579,7 @@ void sparse_attention(const float* q, int64_t T, int H, int D, float scale, cons
     if (D > kMaxHeadDim) cuda_fail(cudaErrorInvalidValue, "sparse_attention: head_dim > 512", __FILE__, __LINE__);
     if (keys.win.dim != D || (keys.nwin && keys.comp.dim != D))
         cuda_fail(cudaErrorInvalidValue, "sparse_attention: key format width", __FILE__, __LINE__);
-    (fast ? sparse_attention_kernel<true> : sparse_attention_kernel<false>)<<<static_cast<unsigned>(T * H), kAttnThreads>>>(
-        q, H, D, scale, sink, keys, out);
-    PG_LAUNCHED();
+    launch_pdl((fast ? sparse_attention_kernel<true> : sparse_attention_kernel<false>), dim3(static_cast<unsigned>(T * H)), dim3(kAttnThreads), 0, q, H, D, scale, sink, keys, out);
 }
 
 }  // namespace peregrine::cuda

@@ -3,6 +3,7 @@
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace peregrine::cuda {
 
@@ -10,6 +11,7 @@ namespace {
 
 __global__ void rope_kernel(float* x, int64_t rows, int heads, int64_t rs, int64_t hs, int offset, const int64_t* pos,
                             const float* freqs, int dim, bool inverse) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     const int half = dim / 2;
     if (i >= rows * heads * half) return;
@@ -38,6 +40,7 @@ __device__ __forceinline__ float qdq_value(float v, float s, int kind) {
 
 // A thread per block: the general case.
 __global__ void qdq_kernel(float* x, int64_t rows, int64_t rs, int n, int block, int kind) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     const int nb = n / block;
     if (i >= rows * nb) return;
@@ -51,6 +54,7 @@ __global__ void qdq_kernel(float* x, int64_t rows, int64_t rs, int n, int block,
 // Four floats a thread, block / 4 lanes a block (quad_blocks; rs % 4 == 0): coalesced 16-byte loads and stores.
 // n4 = rows * n / 4 is a multiple of the lanes of a block, so a block's lanes are all live or all dead.
 __global__ void qdq4_kernel(float* x, int64_t n4, int64_t rs, int n, int block, int kind) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     const bool live = i < n4;
     const int64_t e = live ? i * 4 : 0;
@@ -66,6 +70,7 @@ __global__ void qdq4_kernel(float* x, int64_t n4, int64_t rs, int n, int block, 
 constexpr int kMaxHadamard = 1024;
 
 __global__ void hadamard_kernel(float* x, int64_t rows, int64_t rs, int n) {
+    pdl_enter();
     __shared__ double v[kMaxHadamard];
     float* xr = x + static_cast<int64_t>(blockIdx.x) * rs;
     for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = xr[i];
@@ -84,6 +89,7 @@ __global__ void hadamard_kernel(float* x, int64_t rows, int64_t rs, int n) {
 }
 
 __global__ void head_norm_kernel(float* x, int64_t n_heads, int D, float eps) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= n_heads) return;
     float* q = x + i * D;
@@ -96,17 +102,20 @@ __global__ void head_norm_kernel(float* x, int64_t n_heads, int D, float eps) {
 
 
 __global__ void scale_round_kernel(float* x, int64_t n, float s) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i < n) x[i] = round_bf16(x[i] * s);
 }
 // Four values a thread (n % 4 == 0, x 16-byte aligned): GEMM outputs of 100+ MB in one pass at full bandwidth.
 __global__ void scale_round4_kernel(float4* x, int64_t n4, float s) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= n4) return;
     const float4 v = x[i];
     x[i] = make_float4(round_bf16(v.x * s), round_bf16(v.y * s), round_bf16(v.z * s), round_bf16(v.w * s));
 }
 
+// Launched plainly: it may write what the next kernel reads before its pdl_wait (random weights).
 __global__ void fill_random_kernel(float* x, int64_t n, uint64_t seed) {
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= n) return;
@@ -118,6 +127,7 @@ __global__ void fill_random_kernel(float* x, int64_t n, uint64_t seed) {
 }
 
 __global__ void resolve_deferred_kernel(int32_t* ids, int64_t n, const int32_t* src, int stride) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= n) return;
     const int32_t v = ids[i];
@@ -125,6 +135,8 @@ __global__ void resolve_deferred_kernel(int32_t* ids, int64_t n, const int32_t* 
 }
 
 }  // namespace
+
+bool set_pdl(bool on) { return pdl_flag().exchange(on); }
 
 void fill_random_bf16(float* x, int64_t n, uint64_t seed) {
     if (n == 0) return;
@@ -136,8 +148,7 @@ void rope(float* x, int64_t rows, int heads, int64_t rs, int64_t hs, int offset,
           int dim, bool inverse) {
     const int64_t n = rows * heads * (dim / 2);
     if (n == 0) return;
-    rope_kernel<<<blocks_for(n), kThreads>>>(x, rows, heads, rs, hs, offset, pos, freqs, dim, inverse);
-    PG_LAUNCHED();
+    launch_pdl(rope_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, x, rows, heads, rs, hs, offset, pos, freqs, dim, inverse);
 }
 
 void qdq_rows(float* x, int64_t rows, int64_t rs, int n, int block, int kind) {
@@ -145,9 +156,9 @@ void qdq_rows(float* x, int64_t rows, int64_t rs, int n, int block, int kind) {
     if (m == 0) return;
     if (quad_blocks(block) && rs % 4 == 0 && aligned16(x)) {
         const int64_t n4 = rows * (n / block) * block / 4;
-        qdq4_kernel<<<blocks_for(n4), kThreads>>>(x, n4, rs, n, block, kind);
+        launch_pdl(qdq4_kernel, dim3(blocks_for(n4)), dim3(kThreads), 0, x, n4, rs, n, block, kind);
     } else {
-        qdq_kernel<<<blocks_for(m), kThreads>>>(x, rows, rs, n, block, kind);
+        launch_pdl(qdq_kernel, dim3(blocks_for(m)), dim3(kThreads), 0, x, rows, rs, n, block, kind);
     }
     PG_LAUNCHED();
 }
@@ -156,29 +167,25 @@ void hadamard_rows(float* x, int64_t rows, int64_t rs, int n) {
     if (rows == 0) return;
     if (n > kMaxHadamard || (n & (n - 1)) != 0)
         cuda_fail(cudaErrorInvalidValue, "hadamard: width must be a power of two <= 1024", __FILE__, __LINE__);
-    hadamard_kernel<<<static_cast<unsigned>(rows), 128>>>(x, rows, rs, n);
-    PG_LAUNCHED();
+    launch_pdl(hadamard_kernel, dim3(static_cast<unsigned>(rows)), dim3(128), 0, x, rows, rs, n);
 }
 
 void head_norm_bf16(float* x, int64_t n_heads, int D, float eps) {
     if (n_heads == 0) return;
-    head_norm_kernel<<<blocks_for(n_heads), kThreads>>>(x, n_heads, D, eps);
-    PG_LAUNCHED();
+    launch_pdl(head_norm_kernel, dim3(blocks_for(n_heads)), dim3(kThreads), 0, x, n_heads, D, eps);
 }
 
 void resolve_deferred_ids(int32_t* ids, int64_t n, const int32_t* src, int stride) {
     if (n == 0) return;
-    resolve_deferred_kernel<<<blocks_for(n), kThreads>>>(ids, n, src, stride);
-    PG_LAUNCHED();
+    launch_pdl(resolve_deferred_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, ids, n, src, stride);
 }
 
 void scale_round_bf16(float* x, int64_t n, float s) {
     if (n == 0) return;
     if (n % 4 == 0 && aligned16(x))
-        scale_round4_kernel<<<blocks_for(n / 4), kThreads>>>(reinterpret_cast<float4*>(x), n / 4, s);
+        launch_pdl(scale_round4_kernel, dim3(blocks_for(n / 4)), dim3(kThreads), 0, reinterpret_cast<float4*>(x), n / 4, s);
     else
-        scale_round_kernel<<<blocks_for(n), kThreads>>>(x, n, s);
-    PG_LAUNCHED();
+        launch_pdl(scale_round_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, x, n, s);
 }
 
 }  // namespace peregrine::cuda

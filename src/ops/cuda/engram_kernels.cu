@@ -3,6 +3,7 @@
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/cuda/pdl.cuh"
 #include "ops/engram_hash_math.h"
 
 namespace peregrine::cuda {
@@ -11,6 +12,7 @@ namespace {
 
 __global__ void engram_gather_kernel(const uint8_t* table, const uint8_t* scale, const int64_t* rows, int64_t n, int hd,
                                      float* emb) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= n * hd) return;
     const int64_t r = rows[i / hd], k = i % hd;
@@ -18,6 +20,7 @@ __global__ void engram_gather_kernel(const uint8_t* table, const uint8_t* scale,
 }
 
 __global__ void engram_gate_kernel(float* h, const float* kv, const float* wgt, int hc, int D, float eps) {
+    pdl_enter();
     const int64_t t = blockIdx.x / hc;
     const int i = blockIdx.x % hc;
     float* x = h + (t * hc + i) * D;
@@ -46,6 +49,7 @@ constexpr int kMaxNgram = 16;
 __global__ void engram_hash_kernel(const int32_t* windows, int64_t T, int max_ngram, int n_heads, const int32_t* token_map,
                                    int64_t map_size, int64_t pad, const int64_t* mult, const int64_t* primes,
                                    const int64_t* offsets, int64_t* rows) {
+    pdl_enter();
     const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (t >= T) return;
     int64_t comp[kMaxNgram];
@@ -64,21 +68,18 @@ void engram_hash_rows(const int32_t* windows, int64_t T, int max_ngram, int n_he
     if (T == 0) return;
     if (max_ngram < 2 || max_ngram > kMaxNgram)
         cuda_fail(cudaErrorInvalidValue, "engram: n-gram size out of range", __FILE__, __LINE__);
-    engram_hash_kernel<<<blocks_for(T), kThreads>>>(windows, T, max_ngram, n_heads, token_map, map_size, pad, mult, primes,
+    launch_pdl(engram_hash_kernel, dim3(blocks_for(T)), dim3(kThreads), 0, windows, T, max_ngram, n_heads, token_map, map_size, pad, mult, primes,
                                                     offsets, rows);
-    PG_LAUNCHED();
 }
 
 void engram_gather(const uint8_t* table, const uint8_t* scale, const int64_t* rows, int64_t n, int hd, float* emb) {
     if (n == 0) return;
-    engram_gather_kernel<<<blocks_for(n * hd), kThreads>>>(table, scale, rows, n, hd, emb);
-    PG_LAUNCHED();
+    launch_pdl(engram_gather_kernel, dim3(blocks_for(n * hd)), dim3(kThreads), 0, table, scale, rows, n, hd, emb);
 }
 
 void engram_gate(float* h, const float* kv, const float* wgt, int64_t T, int hc, int D, float eps) {
     if (T == 0) return;
-    engram_gate_kernel<<<static_cast<unsigned>(T * hc), 256>>>(h, kv, wgt, hc, D, eps);
-    PG_LAUNCHED();
+    launch_pdl(engram_gate_kernel, dim3(static_cast<unsigned>(T * hc)), dim3(256), 0, h, kv, wgt, hc, D, eps);
 }
 
 }  // namespace peregrine::cuda

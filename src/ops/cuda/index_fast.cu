@@ -25,6 +25,7 @@
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/cuda/pdl.cuh"
 
 #include <cuda_bf16.h>
 
@@ -68,6 +69,7 @@ __global__ void __launch_bounds__(kStreamThreads) index_stream_kernel(
     const float* iq, const float* wts, const int32_t* row_list, int n_rows, int nh, int hd, const int64_t* width,
     const int64_t* visible, const int64_t* keybase, const uint8_t* const* keys, EntryFormat kf, int64_t stride,
     float* scores) {
+    pdl_enter();
     extern __shared__ float4 stream_smem[];
     float* qs = reinterpret_cast<float*>(stream_smem);
     float* ws = qs + nh * hd;
@@ -144,6 +146,7 @@ __global__ void __launch_bounds__(kMmaThreads) index_mma_kernel(const __nv_bfloa
                                                                 const int64_t* tiles, const __nv_bfloat16* kb,
                                                                 const int64_t* visible, int64_t stride,
                                                                 float* scores) {
+    pdl_enter();
     extern __shared__ float4 mma_smem[];
     __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(mma_smem);
     __nv_bfloat16* Qs = Ks + kBN * kRowE;  // two buffers of [kBT][kRowE]
@@ -256,11 +259,13 @@ __global__ void __launch_bounds__(kMmaThreads) index_mma_kernel(const __nv_bfloa
 }
 
 __global__ void to_bf16_kernel(const float* x, int64_t n, __nv_bfloat16* y) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i < n) y[i] = __float2bfloat16_rn(x[i]);
 }
 
 __global__ void gather_keys_kernel(const uint8_t* const* keys, int64_t n, EntryFormat kf, __nv_bfloat16* out) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     const int hd = kf.dim;
     if (i >= n * hd) return;
@@ -280,6 +285,7 @@ template <int MT>
 __global__ void __launch_bounds__(kDecThreads) index_decode_mma_kernel(
     const float* iq, const float* wts, const int32_t* row_list, int n_rows, int nh, const int64_t* width,
     const int64_t* visible, const int64_t* keybase, const uint8_t* const* keys, int64_t stride, float* scores) {
+    pdl_enter();
     constexpr int NH = 16 * MT, VS = kDecKeys + 1;
     __shared__ __align__(16) __nv_bfloat16 Qs[NH * kRowE];
     // The keys [kDecKeys][kRowE] (bf16), then, once every warp has read them, the folded values [NH][VS] (fp32).
@@ -581,6 +587,7 @@ __global__ void __launch_bounds__(kSelThreads) topk_fast_kernel(const float* sco
                                                                 const int64_t* width, const int64_t* visible, int k,
                                                                 bool ascending, int32_t* tmp, int32_t* out,
                                                                 int32_t* count) {
+    pdl_enter();
     extern __shared__ float4 topk_smem[];
     const int64_t t = blockIdx.x;
     const float* v = scores + t * stride;
@@ -614,6 +621,7 @@ __global__ void __launch_bounds__(kSelThreads) candidate_fast_kernel(const float
                                                                      const int64_t* width, const int64_t* visible,
                                                                      int bs, int topb, float* bscore, int32_t* bsel,
                                                                      int64_t bstride, uint8_t* mask, int64_t mstride) {
+    pdl_enter();
     const int64_t t = blockIdx.x;
     const int64_t w = width[t], vis = visible[t];
     if (w == 0) return;
@@ -673,7 +681,7 @@ void index_scores_stream(const float* iq, const float* wts, const int32_t* row_l
         const dim3 grid(static_cast<unsigned>(std::clamp<int64_t>(want, 1, chunks)), static_cast<unsigned>(std::min(n_rows, 65535)));
         const int mt = (nh + 15) / 16;
         auto run = [&](auto kernel) {
-            kernel<<<grid, kDecThreads>>>(iq, wts, row_list, n_rows, nh, width, visible, keybase, keys, stride, scores);
+            launch_pdl(kernel, dim3(grid), dim3(kDecThreads), 0, iq, wts, row_list, n_rows, nh, width, visible, keybase, keys, stride, scores);
         };
         if (mt == 1) run(index_decode_mma_kernel<1>);
         else if (mt == 2) run(index_decode_mma_kernel<2>);
@@ -683,9 +691,8 @@ void index_scores_stream(const float* iq, const float* wts, const int32_t* row_l
     }
     const dim3 grid(blocks_for(stride, kStreamThreads), static_cast<unsigned>(std::min(n_rows, 65535)));
     const size_t smem = sizeof(float) * static_cast<size_t>(nh) * (hd + 1);
-    index_stream_kernel<<<grid, kStreamThreads, smem>>>(iq, wts, row_list, n_rows, nh, hd, width, visible, keybase,
+    launch_pdl(index_stream_kernel, dim3(grid), dim3(kStreamThreads), smem, iq, wts, row_list, n_rows, nh, hd, width, visible, keybase,
                                                         keys, kf, stride, scores);
-    PG_LAUNCHED();
 }
 
 bool index_scores_mma_supported(int nh, int hd) { return hd == kHD && nh >= 1 && nh <= kMmaMaxHeads; }
@@ -713,22 +720,19 @@ void index_scores_mma(const uint16_t* qb, const float* wts, int nh, const int64_
         configured = true;
     }
     const dim3 grid(static_cast<unsigned>((stride + kBN - 1) / kBN), static_cast<unsigned>(n_tiles));
-    index_mma_kernel<<<grid, kMmaThreads, kMmaSmemBytes>>>(reinterpret_cast<const __nv_bfloat16*>(qb), wts, nh, tiles,
+    launch_pdl(index_mma_kernel, dim3(grid), dim3(kMmaThreads), kMmaSmemBytes, reinterpret_cast<const __nv_bfloat16*>(qb), wts, nh, tiles,
                                                           reinterpret_cast<const __nv_bfloat16*>(kb), visible, stride,
                                                           scores);
-    PG_LAUNCHED();
 }
 
 void to_bf16(const float* x, int64_t n, uint16_t* y) {
     if (n == 0) return;
-    to_bf16_kernel<<<blocks_for(n), kThreads>>>(x, n, reinterpret_cast<__nv_bfloat16*>(y));
-    PG_LAUNCHED();
+    launch_pdl(to_bf16_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, x, n, reinterpret_cast<__nv_bfloat16*>(y));
 }
 
 void gather_keys_bf16(const uint8_t* const* keys, int64_t n, const EntryFormat& kf, uint16_t* out) {
     if (n * kf.dim == 0) return;
-    gather_keys_kernel<<<blocks_for(n * kf.dim), kThreads>>>(keys, n, kf, reinterpret_cast<__nv_bfloat16*>(out));
-    PG_LAUNCHED();
+    launch_pdl(gather_keys_kernel, dim3(blocks_for(n * kf.dim)), dim3(kThreads), 0, keys, n, kf, reinterpret_cast<__nv_bfloat16*>(out));
 }
 
 void topk_rows_fast(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible,
@@ -736,9 +740,8 @@ void topk_rows_fast(const float* scores, int64_t T, int64_t stride, const int64_
     if (T == 0 || k == 0) return;
     const size_t smem = ascending ? 0 : static_cast<size_t>(k) * (sizeof(float) + sizeof(int32_t));
     if (smem > 48 * 1024) cuda_fail(cudaErrorInvalidValue, "topk_rows_fast: k too large", __FILE__, __LINE__);
-    topk_fast_kernel<<<static_cast<unsigned>(T), kSelThreads, smem>>>(scores, stride, width, visible, k, ascending, tmp,
+    launch_pdl(topk_fast_kernel, dim3(static_cast<unsigned>(T)), dim3(kSelThreads), smem, scores, stride, width, visible, k, ascending, tmp,
                                                                      out, count);
-    PG_LAUNCHED();
 }
 
 void candidate_blocks_fast(const float* scores, int64_t T, int64_t stride, const int64_t* width,
@@ -746,9 +749,8 @@ void candidate_blocks_fast(const float* scores, int64_t T, int64_t stride, const
                            uint8_t* mask, int64_t mask_stride) {
     if (T == 0) return;
     if (mask_stride % 4 != 0) cuda_fail(cudaErrorInvalidValue, "candidate_blocks_fast: mask rows must be words", __FILE__, __LINE__);
-    candidate_fast_kernel<<<static_cast<unsigned>(T), kSelThreads>>>(scores, stride, width, visible, bs, topb, bscore,
+    launch_pdl(candidate_fast_kernel, dim3(static_cast<unsigned>(T)), dim3(kSelThreads), 0, scores, stride, width, visible, bs, topb, bscore,
                                                                      bsel, bstride, mask, mask_stride);
-    PG_LAUNCHED();
 }
 
 }  // namespace peregrine::cuda

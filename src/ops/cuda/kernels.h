@@ -183,6 +183,8 @@ void sanitize_entries(uint8_t* pool, int64_t n_pages, int64_t page_bytes, int64_
                       const EntryFormat& f);
 void scale_round_bf16(float* x, int64_t n, float s);
 void fill_random_bf16(float* x, int64_t n, uint64_t seed);
+// Programmatic dependent launch of the backend's kernels (pdl.cuh): on unless PEREGRINE_PDL=0; returns the old setting.
+bool set_pdl(bool on);
 
 // ---- attention_kernels.cu
 // Compressor state machine of one sequence (see cpu attention.cpp run_compressor).

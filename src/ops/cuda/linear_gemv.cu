@@ -16,6 +16,7 @@
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/cuda/pdl.cuh"
 #include "util/error.h"
 
 #include <algorithm>
@@ -89,6 +90,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) gemv_kernel(const float* x, 
                                                                  float* y, float* partial, int splits, int mtiles,
                                                                  ExpertTable experts, const int32_t* row_map,
                                                                  const int4* tiles, const int32_t* n_tiles) {
+    pdl_enter();
     constexpr int WV = word_values<F>(), VEC = chunk_values<F>(), AV = WV < 4 ? WV : 4, NS = WV / AV;
     constexpr int EB = F == kF32 ? 4 : F == kBF16 ? 2 : 1;  // bytes per element (FP4: handled by VEC)
     constexpr bool kScaled = F >= kFP8;
@@ -265,6 +267,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock) gemv_kernel(const float* x, 
 
 // y = sum of the slices' partial sums in slice order, then the output rounding.
 __global__ void gemv_reduce_kernel(const float* partial, int splits, int64_t n, bool round, float* y) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= n) return;
     float s = partial[i];
@@ -317,14 +320,11 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     const int64_t gx = static_cast<int64_t>(nblocks) * splits * mtiles;
     if (gx > 0x7fffffff) fail("linear_gemv: grid of {} blocks is too large", gx);
     dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(tiles));
-    gemv_kernel<F, MR><<<grid, kThreadsPerBlock, smem>>>(
-        x, xs, M, w, y, partial, splits, mtiles, experts ? *experts : ExpertTable{}, routing ? routing->row_map : nullptr,
+    launch_pdl(gemv_kernel<F, MR>, dim3(grid), dim3(kThreadsPerBlock), smem, x, xs, M, w, y, partial, splits, mtiles, experts ? *experts : ExpertTable{}, routing ? routing->row_map : nullptr,
         routing ? reinterpret_cast<const int4*>(routing->tiles) : nullptr, routing ? routing->n_tiles : nullptr);
-    PG_LAUNCHED();
     if (splits > 1) {
         const int64_t n = M * N;
-        gemv_reduce_kernel<<<blocks_for(n), kThreads>>>(partial, splits, n, w.kind != 0, y);
-        PG_LAUNCHED();
+        launch_pdl(gemv_reduce_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, partial, splits, n, w.kind != 0, y);
         PG_CUDA(cudaFreeAsync(partial, 0));
     }
 }

@@ -28,6 +28,7 @@
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/cuda/pdl.cuh"
 #include "util/error.h"
 
 #include <algorithm>
@@ -184,6 +185,7 @@ template <int F, int MT>
 __global__ void act_image_kernel(const float* x, const float* xs, int64_t M, int K, int ab, int64_t quads,
                                  uint8_t* image) {
     constexpr int TR = kCols * MT, AB = F == kBF16 ? 32 : 64, STEP_VALUES = F == kBF16 ? 16 : 32;
+    pdl_enter();
     const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (g >= quads) return;  // whole warps
     const int qpr = K / 4, ks_all = K / STEP_VALUES;
@@ -220,6 +222,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
     __shared__ int tile_m0[kMaxCtaTiles], tile_rows[kMaxCtaTiles];
     __shared__ bool last_s;
 
+    // Routed calls read the tile table the previous kernels wrote; dense ones stream their first weight stages
+    // (never written during a step) before waiting (pdl.cuh).
+    if (p.tiles) pdl_enter();
     const LinearDev& w = p.w;
     const int N = p.n1 + (p.y2 ? p.w2.out : 0), K = w.in;
     // Output (token row, call row n): y, or y2 for a pair's second linear.
@@ -371,9 +376,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
         cp_async_commit();
     };
     float* ascale = reinterpret_cast<float*>(act + KS * STEP_ACT);
+#pragma unroll
+    for (int s = 0; s < ST - 1; ++s) issue();
+    if (!p.tiles) pdl_enter();
     if (p.image) {
-        // Dense call with the activations staged already: this slice of the tile's image, copied ahead of the
-        // first weight stages (one commit group before theirs).
+        // Dense call with the activations staged already: this slice of the tile's image, copied behind the
+        // first weight stages (one commit group after theirs).
         const uint8_t* src = p.image + static_cast<int64_t>(mt) * p.image_tile + static_cast<int64_t>(k0 / G::STEP_VALUES) * STEP_ACT;
         for (int o = threadIdx.x * 16; o < KS * STEP_ACT; o += NT * 16) cp_async16(act + o, src + o);
         if constexpr (F != kBF16) {
@@ -385,8 +393,6 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
         cp_async_commit();
         if (threadIdx.x < TR) row_s[threadIdx.x] = tile_m0[0] + threadIdx.x;
     }
-#pragma unroll
-    for (int s = 0; s < ST - 1; ++s) issue();
 
     // The activation scales folded into the staged f16 values (FP8/FP4), so that a k step scales its mma sums
     // by the weight scale alone: row m's values of k step ks times 2^(e - row_e[m] + 7), e the step's scale
@@ -469,8 +475,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
         fold(rows);
     };
     if (p.image) {
-        cp_async_wait<ST - 1>();  // the image's group (the oldest) has landed, for every thread ...
-        __syncthreads();          // ... and is visible to every warp
+        cp_async_wait<0>();  // the image's group (the newest, so the weight stages' too) has landed ...
+        __syncthreads();     // ... and is visible to every warp
         fold(tile_rows[0]);
     } else {
         stage(0);
@@ -846,9 +852,8 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
         a.image_tile = static_cast<int64_t>(w.in / STEP_VALUES) * TR * (AB + 4);
         auto* img = static_cast<uint8_t*>(gemv_scratch(2, static_cast<size_t>(a.image_tile) * mtiles, false));
         const int64_t quads = static_cast<int64_t>(mtiles) * TR * (w.in / 4);
-        act_image_kernel<F, MT><<<static_cast<unsigned>((quads + 255) / 256), 256>>>(x, xs, M, w.in, F == kBF16 ? 4 : w.act_block,
-                                                                                   quads, img);
-        PG_LAUNCHED();
+        launch_pdl(act_image_kernel<F, MT>, dim3(static_cast<unsigned>((quads + 255) / 256)), dim3(256), 0, x, xs, M,
+                   w.in, F == kBF16 ? 4 : w.act_block, quads, img);
         a.image = img;
     }
     const int64_t gx = ctas > 0 ? ctas : static_cast<int64_t>(nblk) * splits * mtiles;
@@ -858,8 +863,7 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
         a.counters = static_cast<unsigned*>(gemv_scratch(1, sizeof(unsigned) * static_cast<size_t>(tiles) * mtiles * nblk, true));
     }
     dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(ctas > 0 ? 1 : tiles));
-    gemv_stream_kernel<F, CH, ST, MINB, MT, NW><<<grid, NW * 32, smem>>>(a);
-    PG_LAUNCHED();
+    launch_pdl(gemv_stream_kernel<F, CH, ST, MINB, MT, NW>, grid, dim3(NW * 32), smem, a);
 }
 
 template <int F>

@@ -6,6 +6,7 @@
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/cuda/pdl.cuh"
 
 #include <algorithm>
 
@@ -33,6 +34,7 @@ __global__ void __launch_bounds__(kTileThreads) linear_tiled_kernel(const float*
                                                                     LinearDev w, float* y, ExpertTable experts,
                                                                     const int32_t* row_map, const int4* tiles,
                                                                     const int32_t* n_tiles) {
+    pdl_enter();
     constexpr int OUT = MT * NT / kTileThreads;
     __shared__ float w_s[NT][kKStep + 1];
     __shared__ float a_s[MT][kKStep + 1];
@@ -116,6 +118,7 @@ __global__ void __launch_bounds__(kTileThreads) linear_tiled_kernel(const float*
 // order (lanes with the same expert take consecutive slots in lane order). Shared memory: E * (segs + 1) ints.
 __global__ void expert_tiles_kernel(const int32_t* sel, int64_t n, int E, int mt, int segs, int32_t* row_map,
                                     int4* tiles, int32_t* n_tiles) {
+    pdl_enter();
     extern __shared__ int32_t count[];  // [E]: pairs per expert, then the expert's first slot
     int32_t* seg = count + E;            // [segs][E]: the segment's pairs per expert, then its next slot
     for (int i = threadIdx.x; i < E * (segs + 1); i += blockDim.x) count[i] = 0;
@@ -191,11 +194,10 @@ template <int MT, int NT>
 void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
             const LinearRouting* routing) {
     dim3 grid((w.out + NT - 1) / NT, routing ? routing->max_tiles : static_cast<unsigned>((M + MT - 1) / MT));
-    linear_tiled_kernel<MT, NT><<<grid, kTileThreads>>>(x, xs, M, w, y, experts ? *experts : ExpertTable{},
+    launch_pdl(linear_tiled_kernel<MT, NT>, dim3(grid), dim3(kTileThreads), 0, x, xs, M, w, y, experts ? *experts : ExpertTable{},
                                                          routing ? routing->row_map : nullptr,
                                                          routing ? reinterpret_cast<const int4*>(routing->tiles) : nullptr,
                                                          routing ? routing->n_tiles : nullptr);
-    PG_LAUNCHED();
 }
 
 }  // namespace
@@ -215,9 +217,8 @@ void expert_tiles(const int32_t* sel, int64_t n, int E, int mt, int32_t* row_map
     // less the kernel's static scan scratch), at least 64 pairs each.
     const int segs = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>((46 * 1024 / 4) / std::max(E, 1) - 1, (n + 63) / 64),
                                                           1, 32));
-    expert_tiles_kernel<<<1, 1024, sizeof(int32_t) * E * (segs + 1)>>>(sel, n, E, mt, segs, row_map,
+    launch_pdl(expert_tiles_kernel, dim3(1), dim3(1024), sizeof(int32_t) * E * (segs + 1), sel, n, E, mt, segs, row_map,
                                                                         reinterpret_cast<int4*>(tiles), n_tiles);
-    PG_LAUNCHED();
 }
 
 void linear_tiled(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,

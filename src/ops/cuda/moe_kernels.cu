@@ -4,6 +4,7 @@
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace peregrine::cuda {
 
@@ -16,6 +17,7 @@ __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1
 __global__ void route_kernel(const float* logits, int64_t T, int E, int K, int score_func, const float* bias,
                              const int64_t* tid2eid, const int32_t* ids, bool v41, bool norm_topk_prob,
                              float route_scale, bool balanced, int32_t* sel, float* wsel) {
+    pdl_enter();
     const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (t >= T) return;
     float score[kMaxExperts];
@@ -75,6 +77,7 @@ constexpr int kRouteWarps = 4;
 __global__ void __launch_bounds__(32 * kRouteWarps) route_fast_kernel(
     const float* logits, int64_t T, int E, int K, int score_func, const float* bias, const int64_t* tid2eid,
     const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale, bool balanced, int32_t* sel, float* wsel) {
+    pdl_enter();
     __shared__ float s_score[kRouteWarps][kMaxExperts];
     __shared__ float s_biased[kRouteWarps][kMaxExperts];
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
@@ -150,6 +153,7 @@ __global__ void __launch_bounds__(32 * kRouteWarps) route_fast_kernel(
 }
 
 __global__ void gather_pairs_kernel(const float* x, int64_t T, int K, int D, float* xp) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * K * D) return;
     xp[i] = x[(i / (static_cast<int64_t>(K) * D)) * D + i % D];
@@ -157,6 +161,7 @@ __global__ void gather_pairs_kernel(const float* x, int64_t T, int K, int D, flo
 
 __global__ void swiglu_kernel(const float* g, const float* u, int64_t n, int I, const float* weights, float limit,
                               float* out) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= n * I) return;
     float gv = g[i], uv = u[i];
@@ -171,6 +176,7 @@ __global__ void swiglu_kernel(const float* g, const float* u, int64_t n, int I, 
 
 __global__ void combine_kernel(const float* ye, const int32_t* sel, const float* shared, int64_t T, int K, int D,
                                float* out) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * D) return;
     const int64_t t = i / D, c = i % D;
@@ -195,9 +201,8 @@ void route(const float* logits, int64_t T, int E, int K, int score_func, const f
            float* wsel) {
     if (T == 0) return;
     if (E > kMaxExperts || K > kMaxTopK) cuda_fail(cudaErrorInvalidValue, "route: too many experts", __FILE__, __LINE__);
-    route_kernel<<<blocks_for(T, 64), 64>>>(logits, T, E, K, score_func, bias, tid2eid, ids, v41, norm_topk_prob,
+    launch_pdl(route_kernel, dim3(blocks_for(T, 64)), dim3(64), 0, logits, T, E, K, score_func, bias, tid2eid, ids, v41, norm_topk_prob,
                                             route_scale, balanced, sel, wsel);
-    PG_LAUNCHED();
 }
 
 void route_fast(const float* logits, int64_t T, int E, int K, int score_func, const float* bias,
@@ -205,27 +210,22 @@ void route_fast(const float* logits, int64_t T, int E, int K, int score_func, co
                 bool balanced, int32_t* sel, float* wsel) {
     if (T == 0) return;
     if (E > kMaxExperts || K > kMaxTopK) cuda_fail(cudaErrorInvalidValue, "route: too many experts", __FILE__, __LINE__);
-    route_fast_kernel<<<static_cast<unsigned>((T + kRouteWarps - 1) / kRouteWarps), 32 * kRouteWarps>>>(
-        logits, T, E, K, score_func, bias, tid2eid, ids, v41, norm_topk_prob, route_scale, balanced, sel, wsel);
-    PG_LAUNCHED();
+    launch_pdl(route_fast_kernel, dim3(static_cast<unsigned>((T + kRouteWarps - 1) / kRouteWarps)), dim3(32 * kRouteWarps), 0, logits, T, E, K, score_func, bias, tid2eid, ids, v41, norm_topk_prob, route_scale, balanced, sel, wsel);
 }
 
 void gather_pairs(const float* x, int64_t T, int K, int D, float* xp) {
     if (T == 0) return;
-    gather_pairs_kernel<<<blocks_for(T * K * D), kThreads>>>(x, T, K, D, xp);
-    PG_LAUNCHED();
+    launch_pdl(gather_pairs_kernel, dim3(blocks_for(T * K * D)), dim3(kThreads), 0, x, T, K, D, xp);
 }
 
 void swiglu(const float* g, const float* u, int64_t n, int I, const float* weights, float limit, float* out) {
     if (n == 0) return;
-    swiglu_kernel<<<blocks_for(n * I), kThreads>>>(g, u, n, I, weights, limit, out);
-    PG_LAUNCHED();
+    launch_pdl(swiglu_kernel, dim3(blocks_for(n * I)), dim3(kThreads), 0, g, u, n, I, weights, limit, out);
 }
 
 void moe_combine(const float* ye, const int32_t* sel, const float* shared, int64_t T, int K, int D, float* out) {
     if (T == 0) return;
-    combine_kernel<<<blocks_for(T * D), kThreads>>>(ye, sel, shared, T, K, D, out);
-    PG_LAUNCHED();
+    launch_pdl(combine_kernel, dim3(blocks_for(T * D)), dim3(kThreads), 0, ye, sel, shared, T, K, D, out);
 }
 
 }  // namespace peregrine::cuda

@@ -3,6 +3,7 @@
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/cuda/pdl.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -16,6 +17,7 @@ namespace {
 // twice). The sum of squares is in double in each thread's strided order, then the block's tree.
 constexpr int kNormVals = 8;
 __global__ void rms_norm_kernel(const float* x, int D, const float* w, float eps, float* y) {
+    pdl_enter();
     const float* xr = x + static_cast<int64_t>(blockIdx.x) * D;
     float* yr = y + static_cast<int64_t>(blockIdx.x) * D;
     const int B = static_cast<int>(blockDim.x);
@@ -136,6 +138,7 @@ __device__ void hc_finish_warp(int64_t t, const float* mixes, int hc, const floa
 __global__ void hc_mixes_kernel(const float* h, int hc, int D, const float* fn, int n_mix, const float* base,
                                 const float* scale, float eps, float hc_eps, int iters, int mode, float* pre_out,
                                 float* post_out, float* comb_out) {
+    pdl_enter();
     __shared__ float mixes[kMaxMix];
     const int64_t t = blockIdx.x;
     const int W = hc * D;
@@ -171,6 +174,7 @@ constexpr int kSmallPerThread = (kSmallGroup * (kFastMix + 1) + kSmallThreads - 
 
 __global__ void __launch_bounds__(kSmallThreads) hc_mixes_partial_kernel(const float* h, int T, int W, const float* fn,
                                                                          int n_mix, int n_chunks, double* part) {
+    pdl_enter();
     constexpr int kLd = kSmallChunk + 1;  // padded rows: the pairs of a warp read distinct banks
     __shared__ float fs[kFastMix * kLd];
     __shared__ float xs[kSmallGroup * kLd];
@@ -240,6 +244,7 @@ __global__ void __launch_bounds__(kSmallThreads) hc_mixes_partial_kernel(const f
 __global__ void hc_mixes_finish_kernel(const double* part, int S, int W, int n_mix, int hc, const float* base,
                                        const float* scale, float eps, float hc_eps, int iters, int mode, float* pre,
                                        float* post, float* comb) {
+    pdl_enter();
     __shared__ float mix[kFastMix + 1];
     const int t = blockIdx.x, J = n_mix + 1, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     for (int j = warp; j < J; j += blockDim.x >> 5) {
@@ -276,6 +281,7 @@ __device__ __forceinline__ void dmma_m8n8k4(double& d0, double& d1, double a, do
 
 __global__ void __launch_bounds__(kDmmaThreads) hc_mixes_dmma_kernel(const float* h, int T, int W, const float* fn,
                                                                       int n_mix, int n_chunks, double* part) {
+    pdl_enter();
     __shared__ double xs[kDmmaTokens * kDmmaLd];
     __shared__ double fs[kFastMix * kDmmaLd];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -341,6 +347,7 @@ __global__ void __launch_bounds__(kDmmaThreads) hc_mixes_dmma_kernel(const float
 }
 
 __global__ void hc_collapse_kernel(const float* h, const float* pre, int64_t T, int hc, int D, float* y) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * D) return;
     const int64_t t = i / D, c = i % D;
@@ -353,6 +360,7 @@ __global__ void hc_collapse_kernel(const float* h, const float* pre, int64_t T, 
 
 __global__ void hc_expand_kernel(const float* y, const float* res, const float* post, const float* comb, int64_t T,
                                  int hc, int D, float* out) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * hc * D) return;
     const int64_t t = i / (hc * D), j = (i / D) % hc, c = i % D;
@@ -368,6 +376,7 @@ __global__ void hc_expand_kernel(const float* y, const float* res, const float* 
 template <int kHc>
 __global__ void hc_expand4_kernel(const float* y, const float* res, const float* post, const float* comb, int64_t T,
                                   int D, float* out) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     const int D4 = D / 4;
     if (i >= T * D4) return;
@@ -397,6 +406,7 @@ __global__ void hc_expand4_kernel(const float* y, const float* res, const float*
 }
 
 __global__ void hc_mean_kernel(const float* h, int64_t T, int hc, int D, float* y) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * D) return;
     const int64_t t = i / D, c = i % D;
@@ -406,6 +416,7 @@ __global__ void hc_mean_kernel(const float* h, int64_t T, int hc, int D, float* 
 }
 
 __global__ void embed_kernel(const void* table, bool bf16, const int32_t* ids, int64_t T, int hc, int D, float* h) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * hc * D) return;
     const int64_t t = i / (hc * D), c = i % D;
@@ -413,12 +424,14 @@ __global__ void embed_kernel(const void* table, bool bf16, const int32_t* ids, i
 }
 
 __global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t n, int64_t len, float* y) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= n * len) return;
     y[i] = x[static_cast<int64_t>(rows[i / len]) * len + i % len];
 }
 
 __global__ void first_stream_kernel(int64_t T, int hc, float* pre) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * hc) return;
     pre[i] = (i % hc) == 0 ? 1.0f : 0.0f;
@@ -430,17 +443,15 @@ void rms_norm(const float* x, int64_t rows, int D, const float* w, float eps, fl
     if (rows == 0) return;
     // About four values a thread: 1024 threads for V4.1-Flash's 5120-wide rows.
     const int threads = std::clamp((D / 4 + 31) / 32 * 32, 32, 1024);
-    rms_norm_kernel<<<static_cast<unsigned>(rows), threads>>>(x, D, w, eps, y);
-    PG_LAUNCHED();
+    launch_pdl(rms_norm_kernel, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, x, D, w, eps, y);
 }
 
 void hc_mixes(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
               const float* scale, float eps, float hc_eps, int iters, int mode, float* pre, float* post, float* comb) {
     if (T == 0) return;
     if (n_mix > kFastMix) cuda_fail(cudaErrorInvalidValue, "hc_mixes: too many mixes", __FILE__, __LINE__);
-    hc_mixes_kernel<<<static_cast<unsigned>(T), 256>>>(h, hc, D, fn, n_mix, base, scale, eps, hc_eps, iters, mode, pre,
+    launch_pdl(hc_mixes_kernel, dim3(static_cast<unsigned>(T)), dim3(256), 0, h, hc, D, fn, n_mix, base, scale, eps, hc_eps, iters, mode, pre,
                                                        post, comb);
-    PG_LAUNCHED();
 }
 
 namespace {
@@ -469,12 +480,10 @@ void hc_mixes_small(const float* h, int64_t T, int hc, int D, const float* fn, i
     const int W = hc * D, S = small_blocks(T, W), n_chunks = (W + kSmallChunk - 1) / kSmallChunk;
     const unsigned groups = static_cast<unsigned>((T + kSmallGroup - 1) / kSmallGroup);
     double* part = static_cast<double*>(workspace);
-    hc_mixes_partial_kernel<<<dim3(static_cast<unsigned>(S), groups), kSmallThreads>>>(h, static_cast<int>(T), W, fn,
+    launch_pdl(hc_mixes_partial_kernel, dim3(dim3(static_cast<unsigned>(S), groups)), dim3(kSmallThreads), 0, h, static_cast<int>(T), W, fn,
                                                                                      n_mix, n_chunks, part);
-    PG_LAUNCHED();
-    hc_mixes_finish_kernel<<<static_cast<unsigned>(T), 256>>>(part, S, W, n_mix, hc, base, scale, eps, hc_eps, iters,
+    launch_pdl(hc_mixes_finish_kernel, dim3(static_cast<unsigned>(T)), dim3(256), 0, part, S, W, n_mix, hc, base, scale, eps, hc_eps, iters,
                                                                mode, pre, post, comb);
-    PG_LAUNCHED();
 }
 
 void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
@@ -491,26 +500,21 @@ void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, in
     const int S = std::clamp((2 * sm_count() + tiles - 1) / tiles, 1, n_chunks);
     double* part = nullptr;
     PG_CUDA(cudaMallocAsync(&part, sizeof(double) * static_cast<size_t>(T) * (n_mix + 1) * S, 0));
-    hc_mixes_dmma_kernel<<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(S)), kDmmaThreads>>>(
-        h, static_cast<int>(T), W, fn, n_mix, n_chunks, part);
-    PG_LAUNCHED();
-    hc_mixes_finish_kernel<<<static_cast<unsigned>(T), 256>>>(part, S, W, n_mix, hc, base, scale, eps, hc_eps, iters,
+    launch_pdl(hc_mixes_dmma_kernel, dim3(dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(S))), dim3(kDmmaThreads), 0, h, static_cast<int>(T), W, fn, n_mix, n_chunks, part);
+    launch_pdl(hc_mixes_finish_kernel, dim3(static_cast<unsigned>(T)), dim3(256), 0, part, S, W, n_mix, hc, base, scale, eps, hc_eps, iters,
                                                                mode, pre, post, comb);
-    PG_LAUNCHED();
     PG_CUDA(cudaFreeAsync(part, 0));
 }
 
 void hc_collapse(const float* h, const float* pre, int64_t T, int hc, int D, float* y) {
     if (T == 0) return;
-    hc_collapse_kernel<<<blocks_for(T * D), kThreads>>>(h, pre, T, hc, D, y);
-    PG_LAUNCHED();
+    launch_pdl(hc_collapse_kernel, dim3(blocks_for(T * D)), dim3(kThreads), 0, h, pre, T, hc, D, y);
 }
 
 void hc_expand(const float* y, const float* residual, const float* post, const float* comb, int64_t T, int hc, int D,
                float* out) {
     if (T == 0) return;
-    hc_expand_kernel<<<blocks_for(T * hc * D), kThreads>>>(y, residual, post, comb, T, hc, D, out);
-    PG_LAUNCHED();
+    launch_pdl(hc_expand_kernel, dim3(blocks_for(T * hc * D)), dim3(kThreads), 0, y, residual, post, comb, T, hc, D, out);
 }
 
 void hc_expand_fast(const float* y, const float* residual, const float* post, const float* comb, int64_t T, int hc,
@@ -522,32 +526,27 @@ void hc_expand_fast(const float* y, const float* residual, const float* post, co
         hc_expand(y, residual, post, comb, T, hc, D, out);
         return;
     }
-    hc_expand4_kernel<4><<<blocks_for(T * (D / 4)), kThreads>>>(y, residual, post, comb, T, D, out);
-    PG_LAUNCHED();
+    launch_pdl(hc_expand4_kernel<4>, dim3(blocks_for(T * (D / 4))), dim3(kThreads), 0, y, residual, post, comb, T, D, out);
 }
 
 void hc_mean(const float* h, int64_t T, int hc, int D, float* y) {
     if (T == 0) return;
-    hc_mean_kernel<<<blocks_for(T * D), kThreads>>>(h, T, hc, D, y);
-    PG_LAUNCHED();
+    launch_pdl(hc_mean_kernel, dim3(blocks_for(T * D)), dim3(kThreads), 0, h, T, hc, D, y);
 }
 
 void embed(const void* table, bool bf16, const int32_t* ids, int64_t T, int hc, int D, float* h) {
     if (T == 0) return;
-    embed_kernel<<<blocks_for(T * hc * D), kThreads>>>(table, bf16, ids, T, hc, D, h);
-    PG_LAUNCHED();
+    launch_pdl(embed_kernel, dim3(blocks_for(T * hc * D)), dim3(kThreads), 0, table, bf16, ids, T, hc, D, h);
 }
 
 void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t len, float* y) {
     if (n * len == 0) return;
-    gather_rows_kernel<<<blocks_for(n * len), kThreads>>>(x, rows, n, len, y);
-    PG_LAUNCHED();
+    launch_pdl(gather_rows_kernel, dim3(blocks_for(n * len)), dim3(kThreads), 0, x, rows, n, len, y);
 }
 
 void first_stream_mix(int64_t T, int hc, float* pre) {
     if (T == 0) return;
-    first_stream_kernel<<<blocks_for(T * hc), kThreads>>>(T, hc, pre);
-    PG_LAUNCHED();
+    launch_pdl(first_stream_kernel, dim3(blocks_for(T * hc)), dim3(kThreads), 0, T, hc, pre);
 }
 
 }  // namespace peregrine::cuda

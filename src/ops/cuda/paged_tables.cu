@@ -4,6 +4,7 @@
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/cuda/pdl.cuh"
 
 #include <algorithm>
 
@@ -20,6 +21,7 @@ __device__ __forceinline__ const uint8_t* paged_entry(const PagedSeqs& p, const 
 // Grid: x over entries, y over sequences.
 __global__ void entry_table_kernel(PagedSeqs p, PagedSection sec, int ratio, const int64_t* seq_base,
                                    const uint8_t** table) {
+    pdl_enter();
     const int s = blockIdx.y;
     const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);
     if (m[3] <= 0) return;
@@ -32,6 +34,7 @@ __global__ void entry_table_kernel(PagedSeqs p, PagedSection sec, int ratio, con
 
 __global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, int W, bool v41, const uint8_t** win,
                                     int32_t* nwin) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * W) return;
     const int64_t t = i / W;
@@ -47,6 +50,7 @@ __global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, in
 // V4 HCA: row t attends to every compressed entry of its sequence (a one-shot prefill: the step's width,
 // else the visible ones), invisible ones as -1, the list padded with -1 to kmax.
 __global__ void all_entries_kernel(PagedSeqs p, int ratio, int64_t T, int kmax, int32_t* list, int32_t* counts) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * kmax) return;
     const int64_t t = i / kmax;
@@ -62,8 +66,7 @@ __global__ void all_entries_kernel(PagedSeqs p, int ratio, int64_t T, int kmax, 
 
 void paged_all_entries(const PagedSeqs& p, int ratio, int64_t T, int kmax, int32_t* list, int32_t* counts) {
     if (T * kmax == 0) return;
-    all_entries_kernel<<<blocks_for(T * kmax), kThreads>>>(p, ratio, T, kmax, list, counts);
-    PG_LAUNCHED();
+    launch_pdl(all_entries_kernel, dim3(blocks_for(T * kmax)), dim3(kThreads), 0, p, ratio, T, kmax, list, counts);
 }
 
 void paged_entry_table(const PagedSeqs& p, const PagedSection& sec, int ratio, const int64_t* seq_base,
@@ -72,15 +75,13 @@ void paged_entry_table(const PagedSeqs& p, const PagedSection& sec, int ratio, c
     if (p.n_seqs > 65535 || ratio <= 0)
         cuda_fail(cudaErrorInvalidValue, "paged_entry_table: bad sequence count or ratio", __FILE__, __LINE__);
     const dim3 grid(std::min<unsigned>(blocks_for(max_entries), 1u << 16), static_cast<unsigned>(p.n_seqs));
-    entry_table_kernel<<<grid, kThreads>>>(p, sec, ratio, seq_base, table);
-    PG_LAUNCHED();
+    launch_pdl(entry_table_kernel, dim3(grid), dim3(kThreads), 0, p, sec, ratio, seq_base, table);
 }
 
 void paged_window_table(const PagedSeqs& p, const PagedSection& sec, int64_t T, int W, bool v41, const uint8_t** win,
                         int32_t* nwin) {
     if (T * W == 0) return;
-    window_table_kernel<<<blocks_for(T * W), kThreads>>>(p, sec, T, W, v41, win, nwin);
-    PG_LAUNCHED();
+    launch_pdl(window_table_kernel, dim3(blocks_for(T * W)), dim3(kThreads), 0, p, sec, T, W, v41, win, nwin);
 }
 
 }  // namespace peregrine::cuda

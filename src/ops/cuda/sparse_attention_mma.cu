@@ -33,6 +33,7 @@
 #include "ops/cuda/env_switch.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/cuda/pdl.cuh"
 #include "ops/cuda/sparse_keys.cuh"
 
 #include <cuda_bf16.h>
@@ -92,6 +93,7 @@ __device__ __forceinline__ void store_chunk(const Chunk& c, __nv_bfloat16* kbuf,
 // threads prefetch and decode the keys.
 template <int NW>
 __global__ void __launch_bounds__(NW * 32, 1) sparse_attention_mma_kernel(MmaArgs a) {
+    pdl_enter();
     static_assert(NW == 8 || NW == 16, "warps");
     constexpr int MI = NW == 8 ? 2 : 1;  // m16 head tiles of S a warp
     constexpr int HG = 4 / MI;           // head groups of S (x 4 key groups = NW warps)
@@ -325,6 +327,7 @@ __global__ void __launch_bounds__(NW * 32, 1) sparse_attention_mma_kernel(MmaArg
 // Merges the key splits of one (token, head) row: common maximum, rescaled sums, the sink, bf16.
 __global__ void sparse_attention_combine_kernel(const float* part_o, const float* part_ml, int64_t rows, int nsplit,
                                                 int H, const float* sink, float* out) {
+    pdl_enter();
     const int64_t row = blockIdx.x;
     const int h = static_cast<int>(row % H);
     float m = -INFINITY;
@@ -407,13 +410,11 @@ void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, 
     }
     const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(ns));
     const int nw = sparse_warps() ? sparse_warps() : T >= kWideFrom ? 16 : 8;
-    if (nw == 16) sparse_attention_mma_kernel<16><<<grid, 16 * 32, kSmemBytes>>>(a);
-    else sparse_attention_mma_kernel<8><<<grid, 8 * 32, kSmemBytes>>>(a);
-    PG_LAUNCHED();
+    if (nw == 16) launch_pdl(sparse_attention_mma_kernel<16>, dim3(grid), dim3(16 * 32), kSmemBytes, a);
+    else launch_pdl(sparse_attention_mma_kernel<8>, dim3(grid), dim3(8 * 32), kSmemBytes, a);
     if (ns > 1) {
-        sparse_attention_combine_kernel<<<static_cast<unsigned>(T * H), 128>>>(a.part_o, a.part_ml, T * H, ns, H, sink,
+        launch_pdl(sparse_attention_combine_kernel, dim3(static_cast<unsigned>(T * H)), dim3(128), 0, a.part_o, a.part_ml, T * H, ns, H, sink,
                                                                               out);
-        PG_LAUNCHED();
     }
 }
 

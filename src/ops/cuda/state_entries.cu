@@ -4,6 +4,7 @@
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/cuda/pdl.cuh"
 
 namespace peregrine::cuda {
 
@@ -26,11 +27,13 @@ __device__ void encode_entry_cta(const EntryFormat& f, const float* x, uint8_t* 
 }
 
 __global__ void store_entries_kernel(const float* src, EntryFormat f, uint8_t* const* dst) {
+    pdl_enter();
     const int64_t r = blockIdx.x;
     if (dst[r]) encode_entry_cta(f, src + r * f.dim, dst[r]);
 }
 
 __global__ void paged_store_entries_kernel(const float* src, EntryFormat f, PagedSeqs p, PagedSection sec) {
+    pdl_enter();
     const int64_t t = blockIdx.x;
     const int64_t* m = p.seq + 4 * static_cast<int64_t>(p.row_seq[t]);
     uint8_t* base = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(m[0]));
@@ -39,6 +42,7 @@ __global__ void paged_store_entries_kernel(const float* src, EntryFormat f, Page
 }
 
 __global__ void load_entries_kernel(const uint8_t* const* src, int64_t rows, EntryFormat f, float* out) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= rows * f.dim) return;
     const int64_t r = i / f.dim;
@@ -50,6 +54,7 @@ __global__ void load_entries_kernel(const uint8_t* const* src, int64_t rows, Ent
 // e4m3 0.5..0.94), bf16 values near 1 in magnitude.
 __global__ void sanitize_kernel(uint8_t* pool, int64_t n_pages, int64_t page_bytes, int64_t offset, int per_page,
                                 EntryFormat f) {
+    pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= n_pages * per_page) return;
     uint8_t* e = pool + (i / per_page) * page_bytes + offset + (i % per_page) * f.bytes;
@@ -71,21 +76,18 @@ __global__ void sanitize_kernel(uint8_t* pool, int64_t n_pages, int64_t page_byt
 void store_entries(const float* src, int64_t rows, const EntryFormat& f, uint8_t* const* dst) {
     if (rows == 0) return;
     if (rows > 0x7fffffff) cuda_fail(cudaErrorInvalidValue, "store_entries: too many rows", __FILE__, __LINE__);
-    store_entries_kernel<<<static_cast<unsigned>(rows), kEncodeThreads>>>(src, f, dst);
-    PG_LAUNCHED();
+    launch_pdl(store_entries_kernel, dim3(static_cast<unsigned>(rows)), dim3(kEncodeThreads), 0, src, f, dst);
 }
 
 void paged_store_entries(const float* src, int64_t T, const EntryFormat& f, const PagedSeqs& p, const PagedSection& sec) {
     if (T == 0) return;
     if (T > 0x7fffffff) cuda_fail(cudaErrorInvalidValue, "paged_store_entries: too many rows", __FILE__, __LINE__);
-    paged_store_entries_kernel<<<static_cast<unsigned>(T), kEncodeThreads>>>(src, f, p, sec);
-    PG_LAUNCHED();
+    launch_pdl(paged_store_entries_kernel, dim3(static_cast<unsigned>(T)), dim3(kEncodeThreads), 0, src, f, p, sec);
 }
 
 void load_entries(const uint8_t* const* src, int64_t rows, const EntryFormat& f, float* out) {
     if (rows * f.dim == 0) return;
-    load_entries_kernel<<<blocks_for(rows * f.dim), kThreads>>>(src, rows, f, out);
-    PG_LAUNCHED();
+    launch_pdl(load_entries_kernel, dim3(blocks_for(rows * f.dim)), dim3(kThreads), 0, src, rows, f, out);
 }
 
 uint64_t state_encode_failures() {
@@ -98,8 +100,7 @@ uint64_t state_encode_failures() {
 void sanitize_entries(uint8_t* pool, int64_t n_pages, int64_t page_bytes, int64_t offset, int per_page,
                       const EntryFormat& f) {
     if (n_pages * per_page == 0) return;
-    sanitize_kernel<<<blocks_for(n_pages * per_page), kThreads>>>(pool, n_pages, page_bytes, offset, per_page, f);
-    PG_LAUNCHED();
+    launch_pdl(sanitize_kernel, dim3(blocks_for(n_pages * per_page)), dim3(kThreads), 0, pool, n_pages, page_bytes, offset, per_page, f);
 }
 
 }  // namespace peregrine::cuda

@@ -69,50 +69,61 @@ __global__ void route_kernel(const float* logits, int64_t T, int E, int K, int s
     }
 }
 
-// Fast routing (Numerics::Fast): one warp per token, the same arithmetic as route_kernel (scores per expert,
-// the softmax sum taken in expert order by one lane) with the top-k as K rounds of a warp-wide argmax (value
-// desc, ties to the lower id), so the selection and the weights are route_kernel's.
-constexpr int kRouteWarps = 4;
+// Fast routing (Numerics::Fast): a block per token, the same arithmetic as route_kernel (scores per expert, the
+// softmax sum taken in expert order by one thread) with the top-k as K rounds of a warp-wide argmax (value desc,
+// ties to the lower id), so the selection and the weights are route_kernel's. The scores (transcendentals in
+// double) take a thread per expert or three; the selection one warp (a warp per token, 12 scores a lane, took
+// ~14 us a call).
+constexpr int kRouteThreads = 128;
 
-__global__ void __launch_bounds__(32 * kRouteWarps) route_fast_kernel(
+__global__ void __launch_bounds__(kRouteThreads) route_fast_kernel(
     const float* logits, int64_t T, int E, int K, int score_func, const float* bias, const int64_t* tid2eid,
     const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale, bool balanced, int32_t* sel, float* wsel) {
     pdl_enter();
-    __shared__ float s_score[kRouteWarps][kMaxExperts];
-    __shared__ float s_biased[kRouteWarps][kMaxExperts];
-    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
-    const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + wi;
-    if (t >= T) return;  // the whole warp
-    float* score = s_score[wi];
-    float* biased = s_biased[wi];
+    __shared__ float score[kMaxExperts];
+    __shared__ float biased[kMaxExperts];
+    __shared__ float red[kRouteThreads / 32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t t = blockIdx.x;
     const float* l = logits + t * E;
-    for (int e = lane; e < E; e += 32) {
+    for (int e = tid; e < E; e += kRouteThreads) {
         if (score_func == 0) score[e] = l[e];
         else if (score_func == 1) score[e] = 1.0f / (1.0f + exp_cr(-l[e]));
         else score[e] = sqrtf(softplus(l[e]));
     }
-    __syncwarp();
+    __syncthreads();
     if (score_func == 0) {
         float mx = -INFINITY;
-        for (int e = lane; e < E; e += 32) mx = fmaxf(mx, score[e]);
+        for (int e = tid; e < E; e += kRouteThreads) mx = fmaxf(mx, score[e]);
         for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        for (int e = lane; e < E; e += 32) score[e] = exp_cr(score[e] - mx);
-        __syncwarp();
-        float sum = 0.0f;
-        if (lane == 0)
+        if (lane == 0) red[warp] = mx;
+        __syncthreads();
+        mx = red[0];
+        for (int w = 1; w < kRouteThreads / 32; ++w) mx = fmaxf(mx, red[w]);
+        for (int e = tid; e < E; e += kRouteThreads) score[e] = exp_cr(score[e] - mx);
+        __syncthreads();
+        if (tid == 0) {
+            float sum = 0.0f;
             for (int e = 0; e < E; ++e) sum += score[e];
-        sum = __shfl_sync(0xffffffffu, sum, 0);
-        for (int e = lane; e < E; e += 32) score[e] /= sum;
-        __syncwarp();
+            red[0] = sum;
+        }
+        __syncthreads();
+        const float sum = red[0];
+        for (int e = tid; e < E; e += kRouteThreads) score[e] /= sum;
+        __syncthreads();
     }
+    const bool search = !balanced && !tid2eid;
+    if (search) {
+        for (int e = tid; e < E; e += kRouteThreads) biased[e] = bias ? score[e] + bias[e] : score[e];
+        __syncthreads();
+    }
+    if (warp != 0) return;
     int top[kMaxTopK];
     if (balanced) {
         for (int k = 0; k < K; ++k) top[k] = static_cast<int>((t * K + k) % E);
     } else if (tid2eid) {
         for (int k = 0; k < K; ++k) top[k] = static_cast<int>(tid2eid[static_cast<int64_t>(ids[t]) * K + k]);
     } else {
-        for (int e = lane; e < E; e += 32) biased[e] = bias ? score[e] + bias[e] : score[e];
-        __syncwarp();
         uint32_t taken = 0;  // bit i: expert lane + 32 i
         for (int k = 0; k < K; ++k) {
             int best = -1;
@@ -210,7 +221,8 @@ void route_fast(const float* logits, int64_t T, int E, int K, int score_func, co
                 bool balanced, int32_t* sel, float* wsel) {
     if (T == 0) return;
     if (E > kMaxExperts || K > kMaxTopK) cuda_fail(cudaErrorInvalidValue, "route: too many experts", __FILE__, __LINE__);
-    launch_pdl(route_fast_kernel, dim3(static_cast<unsigned>((T + kRouteWarps - 1) / kRouteWarps)), dim3(32 * kRouteWarps), 0, logits, T, E, K, score_func, bias, tid2eid, ids, v41, norm_topk_prob, route_scale, balanced, sel, wsel);
+        if (T > 0x7fffffff) cuda_fail(cudaErrorInvalidValue, "route: too many tokens", __FILE__, __LINE__);
+    launch_pdl(route_fast_kernel, dim3(static_cast<unsigned>(T)), dim3(kRouteThreads), 0, logits, T, E, K, score_func, bias, tid2eid, ids, v41, norm_topk_prob, route_scale, balanced, sel, wsel);
 }
 
 void gather_pairs(const float* x, int64_t T, int K, int D, float* xp) {

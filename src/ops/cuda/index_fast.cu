@@ -449,6 +449,15 @@ __device__ int select_stream(const float* v, int64_t n, int k, int32_t* sel) {
     __syncthreads();
     bool compacted = false;  // uniform
     int nc = 0;
+    if (n <= kCompactMax) {  // a short row (decode at 8K: 2,048 keys): into shared memory at once
+        for (int j = tid; j < static_cast<int>(n); j += blockDim.x) {
+            c_key[j] = order_key(__ldg(v + j));
+            c_idx[j] = j;
+        }
+        nc = static_cast<int>(n);
+        compacted = true;
+        __syncthreads();
+    }
     const bool aligned = (reinterpret_cast<uintptr_t>(v) & 15) == 0;
     // Calls f(j0, keys) for every step of the row: keys[i] is the order key of v[j0 + i] (valid when j0 + i < n);
     // the whole block calls it, every thread every step (f may use warp collectives and barriers).
@@ -495,19 +504,36 @@ __device__ int select_stream(const float* v, int64_t n, int k, int32_t* sel) {
             });
         }
         __syncthreads();
-        if (tid == 0) {
-            int cum = 0, b = 255;
+        if (warp == 0) {
+            // The highest bin b >= 1 whose keys and those of the bins above reach `remaining` (else 0), and cum,
+            // the count above it. Lane l holds bins 8l..8l+7; suffix sums over the lanes find the lane.
             const int remaining = s_remaining;
-            for (; b > 0; --b) {
-                if (cum + hist[b] >= remaining) break;
-                cum += hist[b];
+            int h[8], seg = 0;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) seg += h[i] = hist[8 * lane + i];
+            int suf = seg;  // bins 8 lane .. 255
+#pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                const int y = __shfl_down_sync(0xffffffffu, suf, d);
+                if (lane + d < 32) suf += y;
             }
-            s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
-            s_mask = mask | (255u << shift);
-            s_remaining = remaining - cum;
-            if (hist[b] == remaining - cum) s_done = 1;  // the whole bin is taken: no tie to break
-            // Selected so far (above the new prefix) plus those sharing it.
-            s_fit = !compacted && n >= kCompactMinRow && (kk - s_remaining) + hist[b] <= kCompactMax;
+            const unsigned reach = __ballot_sync(0xffffffffu, suf >= remaining);
+            if (lane == (reach ? 31 - __clz(reach) : 0)) {
+                int cum = suf - seg, b = 8 * lane;  // none of bins 8 lane + 7 .. 8 lane + 1: bin 8 lane
+                for (int i = 7; i > 0; --i) {
+                    if (cum + h[i] >= remaining) {
+                        b = 8 * lane + i;
+                        break;
+                    }
+                    cum += h[i];
+                }
+                s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
+                s_mask = mask | (255u << shift);
+                s_remaining = remaining - cum;
+                if (hist[b] == remaining - cum) s_done = 1;  // the whole bin is taken: no tie to break
+                // Selected so far (above the new prefix) plus those sharing it.
+                s_fit = !compacted && n >= kCompactMinRow && (kk - s_remaining) + hist[b] <= kCompactMax;
+            }
         }
         __syncthreads();
         if (s_fit) {  // uniform: copy every key at or above the prefix (its bits) with its index, in index order

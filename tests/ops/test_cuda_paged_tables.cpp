@@ -454,3 +454,60 @@ TEST(CudaPagedTables, Decode32Timing) {
 }
 
 }  // namespace
+
+namespace {
+
+// The device encoder (store_entries) against the host's encode_entry, byte for byte, in every entry format:
+// rows of values decoded from random valid entries (so each is exactly some code times some scale; the encoder
+// then picks its own scale), V4.1's window (e4m3, blocks of 32), compressed latents (e2m1 under e4m3 scales) and
+// indexer keys (e2m1 under ue8m0 scales), V4's window (e4m3 blocks of 64 and a bf16 tail).
+TEST(CudaPagedTables, EncodersMatchHostBytes) {
+    REQUIRE_GPU();
+    const std::vector<std::pair<const char*, EntryFormat>> formats = {
+        {"fp8 512 / 32", fp8_entry_format(512, 512, 32)},
+        {"fp8 448 / 64 + bf16", fp8_entry_format(512, 448, 64)},
+        {"fp4 e4m3 512 / 16", fp4_entry_format(512, 16, true)},
+        {"fp4 ue8m0 128 / 32", fp4_entry_format(128, 32, false)}};
+    std::mt19937_64 g(91);
+    for (const auto& [name, f] : formats) {
+        const int rows = 96;
+        std::vector<uint8_t> raw(static_cast<size_t>(f.bytes));
+        std::vector<float> x(static_cast<size_t>(rows) * f.dim);
+        for (int r = 0; r < rows; ++r) {
+            for (auto& b : raw) b = static_cast<uint8_t>(g());
+            const int nb = f.quant_dims / f.block;
+            for (int i = 0; i < f.quant_dims && f.kind == kEntryFp8; ++i)
+                if ((raw[static_cast<size_t>(i)] & 0x7f) == 0x7f) raw[static_cast<size_t>(i)] ^= 1;  // no NaN codes
+            for (int i = f.quant_dims; i < f.dim && f.kind == kEntryFp8; ++i) {  // bf16 near 1
+                uint8_t& hi = raw[static_cast<size_t>(f.bf16_offset + 2 * (i - f.quant_dims) + 1)];
+                hi = static_cast<uint8_t>((hi & 0x80) | 0x3f);
+            }
+            for (int b = 0; b < nb; ++b) {
+                uint8_t& s = raw[static_cast<size_t>(f.scale_offset + b)];
+                s = f.kind == kEntryFp4E4m3 ? static_cast<uint8_t>(0x30 | (s & 15)) : static_cast<uint8_t>(120 + (s & 15));
+            }
+            if (r % 8 == 7)  // a block of zeros now and then
+                for (int c = 0; c < f.block; ++c) raw[static_cast<size_t>(f.kind == kEntryFp8 ? c : c / 2)] = 0;
+            for (int c = 0; c < f.dim; ++c) x[static_cast<size_t>(r) * f.dim + c] = entry_value(f, raw.data(), c);
+        }
+        auto xd = CudaBackend::upload(x);
+        auto pool = cuda::device_alloc(static_cast<size_t>(rows) * f.bytes);
+        std::vector<uint8_t*> dst(static_cast<size_t>(rows));
+        for (int r = 0; r < rows; ++r) dst[static_cast<size_t>(r)] = static_cast<uint8_t*>(pool.get()) + static_cast<size_t>(r) * f.bytes;
+        auto dd = CudaBackend::upload(dst);
+        (void)cuda::state_encode_failures();
+        cuda::store_entries(xd.ptr, rows, f, dd.ptr);
+        EXPECT_EQ(cuda::state_encode_failures(), 0u) << name;
+        auto got = host(static_cast<const uint8_t*>(pool.get()), static_cast<size_t>(rows) * f.bytes);
+        int bad = 0;
+        std::vector<uint8_t> want(static_cast<size_t>(f.bytes));
+        for (int r = 0; r < rows; ++r) {
+            EXPECT_TRUE(encode_entry(f, x.data() + static_cast<size_t>(r) * f.dim, want.data())) << name << " row " << r;
+            bad += std::memcmp(want.data(), got.data() + static_cast<size_t>(r) * f.bytes, want.size()) != 0;
+        }
+        EXPECT_EQ(bad, 0) << name;
+        std::printf("PARITY entry encoder %-22s %d rows: %s\n", name, rows, bad ? "DIFFER from the host's bytes" : "the host's bytes");
+    }
+}
+
+}  // namespace

@@ -12,17 +12,65 @@ namespace {
 
 __device__ unsigned long long g_encode_failures = 0;
 
-constexpr int kEncodeThreads = 64;
+constexpr int kEncodeThreads = 128, kMaxEntryDim = 1024, kMaxEntryBlocks = 128;
 
-// One CTA per entry: thread b encodes scale block b, then the bf16 tail and the padding.
+// One CTA per entry, with encode_entry's bytes: the values staged in shared memory; e4m3 and ue8m0-scaled e2m1
+// codes a byte per thread (each block's scale first, a thread per block, with encode_entry_block's arithmetic);
+// e2m1 under e4m3 scales (a search over the scales of each block) a thread per block. Then the bf16 tail and the
+// padding. (A thread per block reading global memory took ~10 us an entry.)
 __device__ void encode_entry_cta(const EntryFormat& f, const float* x, uint8_t* e) {
-    const int nblocks = f.quant_dims / f.block;
+    __shared__ float xs[kMaxEntryDim];
+    __shared__ int ks[kMaxEntryBlocks];
+    const int nblocks = f.quant_dims / f.block, tid = threadIdx.x;
+    const bool staged = f.dim <= kMaxEntryDim && nblocks <= kMaxEntryBlocks;  // uniform
+    if (staged) {
+        for (int c = tid; c < f.dim; c += blockDim.x) xs[c] = x[c];
+        __syncthreads();
+        x = xs;
+    }
     bool ok = true;
-    for (int b = threadIdx.x; b < nblocks; b += blockDim.x) ok = encode_entry_block(f, x, b * f.block, e) && ok;
+    if (!staged || f.kind == kEntryFp4E4m3) {
+        for (int b = tid; b < nblocks; b += blockDim.x) ok = encode_entry_block(f, x, b * f.block, e) && ok;
+    } else {
+        const bool fp8 = f.kind == kEntryFp8;
+        for (int b = tid; b < nblocks; b += blockDim.x) {
+            float amax = 0.0f;
+            for (int i = 0; i < f.block; ++i) {
+                const float a = fabsf(x[b * f.block + i]);
+                amax = a > amax ? a : amax;
+            }
+            const int k = amax == 0.0f ? 0 : (fp8 ? sf_scale_exp(amax, 1.75f, 8) : sf_scale_exp(amax, 1.5f, 2));
+            ks[b] = k;
+            e[f.scale_offset + b] = static_cast<uint8_t>(k + 127);
+        }
+        __syncthreads();
+        // Value c under its block's scale 2^k: its code, and whether the code times the scale gives it back.
+        auto code_of = [&](int c, uint8_t& code) {
+            const int k = ks[c / f.block];
+            const float s = sf_pow2(k), q = x[c] * sf_pow2(-k < 127 ? -k : 127);
+            code = 0;
+            const bool enc = fp8 ? sf_encode_e4m3(q, &code) : sf_encode_e2m1(q, &code);
+            return enc && float_bits((fp8 ? sf_e4m3(code) : sf_e2m1(code)) * s) == float_bits(x[c]);
+        };
+        if (fp8) {
+            for (int c = tid; c < f.quant_dims; c += blockDim.x) {
+                uint8_t code;
+                ok = code_of(c, code) && ok;
+                e[c] = code;
+            }
+        } else {  // two values a byte, the even one in the low nibble (a block never splits a byte: blocks are even)
+            for (int i = tid; i < f.quant_dims / 2; i += blockDim.x) {
+                uint8_t lo, hi;
+                ok = code_of(2 * i, lo) && ok;
+                ok = code_of(2 * i + 1, hi) && ok;
+                e[i] = static_cast<uint8_t>((lo & 15) | (hi << 4));
+            }
+        }
+    }
     if (f.kind == kEntryFp8)
-        for (int c = f.quant_dims + threadIdx.x; c < f.dim; c += blockDim.x) ok = encode_entry_bf16(f, x, c, e) && ok;
+        for (int c = f.quant_dims + tid; c < f.dim; c += blockDim.x) ok = encode_entry_bf16(f, x, c, e) && ok;
     const int used = f.scale_offset + nblocks;
-    for (int i = used + threadIdx.x; i < f.bytes; i += blockDim.x) e[i] = 0;
+    for (int i = used + tid; i < f.bytes; i += blockDim.x) e[i] = 0;
     if (!ok) atomicAdd(&g_encode_failures, 1ull);
 }
 

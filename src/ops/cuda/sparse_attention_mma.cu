@@ -324,31 +324,37 @@ __global__ void __launch_bounds__(NW * 32, 1) sparse_attention_mma_kernel(MmaArg
     }
 }
 
-// Merges the key splits of one (token, head) row: common maximum, rescaled sums, the sink, bf16.
+// Merges the key splits of one (token, head) row: common maximum, rescaled sums, the sink, bf16. Block (row, y)
+// writes dims 128 y.., a thread each; each split's factor exp(m_s - m) is computed once, by a thread of its own
+// (a block per row recomputing it per output and split, in double, took ~14 us a call at decode).
+constexpr int kCombineThreads = 128;
+constexpr int kMaxSplits = 256;
 __global__ void sparse_attention_combine_kernel(const float* part_o, const float* part_ml, int64_t rows, int nsplit,
                                                 int H, const float* sink, float* out) {
     pdl_enter();
+    __shared__ float f[kMaxSplits];
     const int64_t row = blockIdx.x;
     const int h = static_cast<int>(row % H);
     float m = -INFINITY;
     for (int s = 0; s < nsplit; ++s) m = fmaxf(m, part_ml[(s * rows + row) * 2]);
+    for (int s = threadIdx.x; s < nsplit; s += blockDim.x) f[s] = exp_cr(part_ml[(s * rows + row) * 2] - m);
+    __syncthreads();
     float l = 0.0f;
-    for (int s = 0; s < nsplit; ++s) l += part_ml[(s * rows + row) * 2 + 1] * exp_cr(part_ml[(s * rows + row) * 2] - m);
+    for (int s = 0; s < nsplit; ++s) l += part_ml[(s * rows + row) * 2 + 1] * f[s];
     l += exp_cr(sink[h] - m);
-    for (int c = threadIdx.x; c < kDim; c += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < nsplit; ++s)
-            o += part_o[(s * rows + row) * kDim + c] * exp_cr(part_ml[(s * rows + row) * 2] - m);
-        out[row * kDim + c] = round_bf16(o / l);
-    }
+    const int c = blockIdx.y * kCombineThreads + threadIdx.x;
+    float o = 0.0f;
+    for (int s = 0; s < nsplit; ++s) o += part_o[(s * rows + row) * kDim + c] * f[s];
+    out[row * kDim + c] = round_bf16(o / l);
 }
+static_assert(kDim % kCombineThreads == 0, "combine: whole blocks of dims");
 
 // Key splits: one per 64-key block at most, enough CTAs to cover the SMs once (one CTA fills an SM).
 int split_count(int64_t T, int H, int maxk) {
     const int64_t ctas = T * (H / kHeads);
     const int nblk = std::max((maxk + kBlk - 1) / kBlk, 1);
     if (ctas >= sm_count()) return 1;
-    return static_cast<int>(std::clamp<int64_t>(sm_count() / std::max<int64_t>(ctas, 1), 1, nblk));
+    return static_cast<int>(std::clamp<int64_t>(sm_count() / std::max<int64_t>(ctas, 1), 1, std::min(nblk, kMaxSplits)));
 }
 
 // A format the chunk loader reads: 16-byte aligned pieces of 32 dims, at most four scales per piece.
@@ -413,7 +419,7 @@ void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, 
     if (nw == 16) launch_pdl(sparse_attention_mma_kernel<16>, dim3(grid), dim3(16 * 32), kSmemBytes, a);
     else launch_pdl(sparse_attention_mma_kernel<8>, dim3(grid), dim3(8 * 32), kSmemBytes, a);
     if (ns > 1) {
-        launch_pdl(sparse_attention_combine_kernel, dim3(static_cast<unsigned>(T * H)), dim3(128), 0, a.part_o, a.part_ml, T * H, ns, H, sink,
+        launch_pdl(sparse_attention_combine_kernel, dim3(static_cast<unsigned>(T * H), kDim / kCombineThreads), dim3(kCombineThreads), 0, a.part_o, a.part_ml, T * H, ns, H, sink,
                                                                               out);
     }
 }

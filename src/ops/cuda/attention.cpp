@@ -533,28 +533,19 @@ Tensor CudaBackend::project_output(Tensor& o, const AttentionWeight& w, const fl
         // Prefill: the groups as one strided batched GEMM on the tensor cores (cuBLAS, bf16, fp32 sums).
         grouped_linear_cublas(o.f32(), T, G, R, GD, wo_a, oa.f32());
     } else {  // rows (t, g) of length GD through group g's [R, GD] block: a routed GEMM with G "experts"
-        std::vector<const void*> ptrs(static_cast<size_t>(2 * G), nullptr);
-        for (int g = 0; g < G; ++g) ptrs[static_cast<size_t>(g)] = wo_a + static_cast<size_t>(g) * R * GD;
-        auto table = upload(ptrs);
-        ExpertTable groups{reinterpret_cast<const void* const*>(table.ptr),
-                           reinterpret_cast<const uint8_t* const*>(table.ptr + G)};
-        std::vector<int32_t> sel(static_cast<size_t>(T) * G);
-        for (size_t i = 0; i < sel.size(); ++i) sel[i] = static_cast<int32_t>(i % G);
-        auto sel_d = upload(sel);
+        const GroupRouting& gr = group_routing(T, G);
+        auto& table = group_tables_[wo_a];
+        if (!table) {
+            std::vector<const void*> ptrs(static_cast<size_t>(2 * G), nullptr);
+            for (int g = 0; g < G; ++g) ptrs[static_cast<size_t>(g)] = wo_a + static_cast<size_t>(g) * R * GD;
+            table = upload(ptrs).keep;
+        }
+        const void* const* tp = static_cast<const void* const*>(table.get());
+        ExpertTable groups{tp, reinterpret_cast<const uint8_t* const*>(tp + G)};
         const int64_t rows = static_cast<int64_t>(T) * G;
         Routed routed;
-        routed.row_expert = sel_d.ptr;
-        routed.routing.tile_rows = routing_tile_rows(rows, G);
-        // Every group gets exactly T rows, so exactly G * ceil(T / tile_rows) tiles (a tight bound sizes the GEMV's grid).
-        routed.routing.max_tiles = static_cast<unsigned>(G * ((T + routed.routing.tile_rows - 1) / routed.routing.tile_rows));
-        auto row_map = device_alloc(sizeof(int32_t) * static_cast<size_t>(rows));
-        auto tiles = device_alloc(sizeof(int32_t) * 4 * routed.routing.max_tiles);
-        auto n_tiles = device_alloc(sizeof(int32_t));
-        expert_tiles(sel_d.ptr, rows, G, routed.routing.tile_rows, static_cast<int32_t*>(row_map.get()),
-                     static_cast<int32_t*>(tiles.get()), static_cast<int32_t*>(n_tiles.get()));
-        routed.routing.row_map = static_cast<const int32_t*>(row_map.get());
-        routed.routing.tiles = static_cast<const int32_t*>(tiles.get());
-        routed.routing.n_tiles = static_cast<const int32_t*>(n_tiles.get());
+        routed.row_expert = static_cast<const int32_t*>(gr.sel.get());
+        routed.routing = gr.routing;
         LinearWeight wg;
         wg.kind = LinearWeight::Kind::BF16;
         wg.out = R;
@@ -565,6 +556,30 @@ Tensor CudaBackend::project_output(Tensor& o, const AttentionWeight& w, const fl
         oa = oa_rows.reshaped({T, static_cast<int64_t>(G) * R});
     }
     return run_linear(oa, w.wo_b);
+}
+
+// Row (t, g) goes to group g: the tile table depends on T alone, so it is built once per T (expert_tiles on the
+// device) and kept.
+const CudaBackend::GroupRouting& CudaBackend::group_routing(int T, int G) {
+    GroupRouting& gr = group_routing_[{T, G}];
+    if (gr.sel) return gr;
+    std::vector<int32_t> sel(static_cast<size_t>(T) * G);
+    for (size_t i = 0; i < sel.size(); ++i) sel[i] = static_cast<int32_t>(i % G);
+    gr.sel = upload(sel).keep;
+    const int64_t rows = static_cast<int64_t>(T) * G;
+    LinearRouting& r = gr.routing;
+    r.tile_rows = routing_tile_rows(rows, G);
+    // Every group gets exactly T rows, so exactly G * ceil(T / tile_rows) tiles (a tight bound sizes the GEMV's grid).
+    r.max_tiles = static_cast<unsigned>(G * ((T + r.tile_rows - 1) / r.tile_rows));
+    gr.row_map = device_alloc(sizeof(int32_t) * static_cast<size_t>(rows));
+    gr.tiles = device_alloc(sizeof(int32_t) * 4 * r.max_tiles);
+    gr.n_tiles = device_alloc(sizeof(int32_t));
+    expert_tiles(static_cast<const int32_t*>(gr.sel.get()), rows, G, r.tile_rows, static_cast<int32_t*>(gr.row_map.get()),
+                 static_cast<int32_t*>(gr.tiles.get()), static_cast<int32_t*>(gr.n_tiles.get()));
+    r.row_map = static_cast<const int32_t*>(gr.row_map.get());
+    r.tiles = static_cast<const int32_t*>(gr.tiles.get());
+    r.n_tiles = static_cast<const int32_t*>(gr.n_tiles.get());
+    return gr;
 }
 
 }  // namespace peregrine::cuda

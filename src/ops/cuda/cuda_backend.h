@@ -225,6 +225,14 @@ private:
         const int* row_expert = nullptr;
         LinearRouting routing;
     };
+    // The grouped wo_a's routing (row (t, g) to group g) at T rows, built once per T; its group tables per weight.
+    struct GroupRouting {
+        std::shared_ptr<void> sel, row_map, tiles, n_tiles;
+        LinearRouting routing;
+    };
+    const GroupRouting& group_routing(int T, int G);
+    std::map<std::pair<int, int>, GroupRouting> group_routing_;
+    std::unordered_map<const void*, std::shared_ptr<void>> group_tables_;
     // y = x W^T for x [M, in] (device); with experts, row m uses its expert's weights. bf16_acts: x holds bf16
     // values (BF16 weights may then run on the bf16 tensor cores: exact products).
     Tensor run_linear(const Tensor& x, const LinearWeight& w, const ExpertTable* experts = nullptr,

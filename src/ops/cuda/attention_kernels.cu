@@ -495,7 +495,7 @@ void compressor_batch(const CompressorArgs& a, int n_seqs, const int64_t* seq) {
     constexpr int kChannels = 32;
     if (n_seqs > 65535) cuda_fail(cudaErrorInvalidValue, "compressor_batch: too many sequences", __FILE__, __LINE__);
     const dim3 grid(static_cast<unsigned>((a.d + kChannels - 1) / kChannels), static_cast<unsigned>(n_seqs));
-    launch_pdl(compressor_batch_kernel, dim3(grid), dim3(kChannels), 0, a, n_seqs, seq);
+    launch_pdl(compressor_batch_kernel, grid, dim3(kChannels), 0, a, n_seqs, seq);
 }
 
 CompressorJobs compressor_jobs(const int64_t* seq, int n_seqs, int ratio, float* const* snapshot) {
@@ -528,8 +528,10 @@ void compressor_parallel(const CompressorArgs& a, int n_seqs, const int64_t* seq
     if (n_carry == 0) return;
     float* fresh = nullptr;
     PG_CUDA(cudaMallocAsync(&fresh, sizeof(float) * static_cast<size_t>(n_seqs * per), 0));
-    launch_pdl(compressor_carry_kernel, dim3(blocks_for(n_carry * per)), dim3(kThreads), 0, a, seq, carry, dest, n_carry, per, fresh);
-    launch_pdl(compressor_commit_kernel, dim3(blocks_for(n_seqs * per)), dim3(kThreads), 0, a.state, seq, n_seqs, per, fresh);
+    launch_pdl(compressor_carry_kernel, dim3(blocks_for(n_carry * per)), dim3(kThreads), 0, a, seq, carry, dest,
+               n_carry, per, fresh);
+    launch_pdl(compressor_commit_kernel, dim3(blocks_for(n_seqs * per)), dim3(kThreads), 0, a.state, seq, n_seqs, per,
+               fresh);
     PG_CUDA(cudaFreeAsync(fresh, 0));
 }
 
@@ -538,8 +540,8 @@ void index_scores(const float* iq, const float* wts, int64_t T, int nh, int hd, 
                   int64_t stride, float* scores) {
     if (T * stride == 0) return;
     if (kf.dim != hd) cuda_fail(cudaErrorInvalidValue, "index_scores: key format width", __FILE__, __LINE__);
-    launch_pdl(index_scores_kernel, dim3(blocks_for(T * stride)), dim3(kThreads), 0, iq, wts, T, nh, hd, width, visible, keybase, keys, kf,
-                                                              stride, scores);
+    launch_pdl(index_scores_kernel, dim3(blocks_for(T * stride)), dim3(kThreads), 0, iq, wts, T, nh, hd, width, visible,
+               keybase, keys, kf, stride, scores);
 }
 
 void candidate_blocks(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible,
@@ -547,30 +549,30 @@ void candidate_blocks(const float* scores, int64_t T, int64_t stride, const int6
                       int64_t mask_stride) {
     if (T == 0) return;
     if (mask_stride % 4 != 0) cuda_fail(cudaErrorInvalidValue, "candidate_blocks: mask rows must be words", __FILE__, __LINE__);
-    launch_pdl(candidate_kernel, dim3(static_cast<unsigned>(T)), dim3(kSelectThreads), 0, scores, stride, width, visible, bs, topb, bscore, bsel,
-                                                                    bstride, mask, mask_stride);
+    launch_pdl(candidate_kernel, dim3(static_cast<unsigned>(T)), dim3(kSelectThreads), 0, scores, stride, width,
+               visible, bs, topb, bscore, bsel, bstride, mask, mask_stride);
 }
 
 void apply_candidates(float* scores, int64_t T, int64_t stride, const int64_t* width, const uint8_t* mask,
                       const int64_t* mask_width, int64_t mask_stride, int bs) {
     if (T * stride == 0) return;
-    launch_pdl(apply_candidates_kernel, dim3(blocks_for(T * stride)), dim3(kThreads), 0, scores, T, stride, width, mask, mask_width,
-                                                                  mask_stride, bs);
+    launch_pdl(apply_candidates_kernel, dim3(blocks_for(T * stride)), dim3(kThreads), 0, scores, T, stride, width, mask,
+               mask_width, mask_stride, bs);
 }
 
 void topk_rows(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible, int k,
                bool ascending, int32_t* tmp, int32_t* out, int32_t* count) {
     if (T == 0 || k == 0) return;
-    launch_pdl(topk_kernel, dim3(static_cast<unsigned>(T)), dim3(kSelectThreads), 0, scores, stride, width, visible, k, ascending, tmp, out,
-                                                              count);
+    launch_pdl(topk_kernel, dim3(static_cast<unsigned>(T)), dim3(kSelectThreads), 0, scores, stride, width, visible, k,
+               ascending, tmp, out, count);
 }
 
 void build_keys(int64_t T, const uint8_t* const* win, const int32_t* nwin, int W, const int32_t* sel,
                 const int32_t* nsel, int kmax, const uint8_t* const* comp_addr, const int64_t* compbase,
                 const uint8_t** keys, int32_t* nkeys, int maxk) {
     if (T * maxk == 0) return;
-    launch_pdl(build_keys_kernel, dim3(blocks_for(T * maxk)), dim3(kThreads), 0, T, win, nwin, W, sel, nsel, kmax, comp_addr, compbase, keys,
-                                                          nkeys, maxk);
+    launch_pdl(build_keys_kernel, dim3(blocks_for(T * maxk)), dim3(kThreads), 0, T, win, nwin, W, sel, nsel, kmax,
+               comp_addr, compbase, keys, nkeys, maxk);
 }
 
 void sparse_attention(const float* q, int64_t T, int H, int D, float scale, const float* sink, const KeyRefs& keys,
@@ -579,7 +581,8 @@ void sparse_attention(const float* q, int64_t T, int H, int D, float scale, cons
     if (D > kMaxHeadDim) cuda_fail(cudaErrorInvalidValue, "sparse_attention: head_dim > 512", __FILE__, __LINE__);
     if (keys.win.dim != D || (keys.nwin && keys.comp.dim != D))
         cuda_fail(cudaErrorInvalidValue, "sparse_attention: key format width", __FILE__, __LINE__);
-    launch_pdl((fast ? sparse_attention_kernel<true> : sparse_attention_kernel<false>), dim3(static_cast<unsigned>(T * H)), dim3(kAttnThreads), 0, q, H, D, scale, sink, keys, out);
+    launch_pdl((fast ? sparse_attention_kernel<true> : sparse_attention_kernel<false>),
+               dim3(static_cast<unsigned>(T * H)), dim3(kAttnThreads), 0, q, H, D, scale, sink, keys, out);
 }
 
 }  // namespace peregrine::cuda

@@ -148,7 +148,8 @@ void rope(float* x, int64_t rows, int heads, int64_t rs, int64_t hs, int offset,
           int dim, bool inverse) {
     const int64_t n = rows * heads * (dim / 2);
     if (n == 0) return;
-    launch_pdl(rope_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, x, rows, heads, rs, hs, offset, pos, freqs, dim, inverse);
+    launch_pdl(rope_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, x, rows, heads, rs, hs, offset, pos, freqs, dim,
+               inverse);
 }
 
 void qdq_rows(float* x, int64_t rows, int64_t rs, int n, int block, int kind) {
@@ -183,7 +184,8 @@ void resolve_deferred_ids(int32_t* ids, int64_t n, const int32_t* src, int strid
 void scale_round_bf16(float* x, int64_t n, float s) {
     if (n == 0) return;
     if (n % 4 == 0 && aligned16(x))
-        launch_pdl(scale_round4_kernel, dim3(blocks_for(n / 4)), dim3(kThreads), 0, reinterpret_cast<float4*>(x), n / 4, s);
+        launch_pdl(scale_round4_kernel, dim3(blocks_for(n / 4)), dim3(kThreads), 0, reinterpret_cast<float4*>(x), n / 4,
+                   s);
     else
         launch_pdl(scale_round_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, x, n, s);
 }

@@ -68,8 +68,8 @@ void engram_hash_rows(const int32_t* windows, int64_t T, int max_ngram, int n_he
     if (T == 0) return;
     if (max_ngram < 2 || max_ngram > kMaxNgram)
         cuda_fail(cudaErrorInvalidValue, "engram: n-gram size out of range", __FILE__, __LINE__);
-    launch_pdl(engram_hash_kernel, dim3(blocks_for(T)), dim3(kThreads), 0, windows, T, max_ngram, n_heads, token_map, map_size, pad, mult, primes,
-                                                    offsets, rows);
+    launch_pdl(engram_hash_kernel, dim3(blocks_for(T)), dim3(kThreads), 0, windows, T, max_ngram, n_heads, token_map,
+               map_size, pad, mult, primes, offsets, rows);
 }
 
 void engram_gather(const uint8_t* table, const uint8_t* scale, const int64_t* rows, int64_t n, int hd, float* emb) {

@@ -707,7 +707,8 @@ void index_scores_stream(const float* iq, const float* wts, const int32_t* row_l
         const dim3 grid(static_cast<unsigned>(std::clamp<int64_t>(want, 1, chunks)), static_cast<unsigned>(std::min(n_rows, 65535)));
         const int mt = (nh + 15) / 16;
         auto run = [&](auto kernel) {
-            launch_pdl(kernel, dim3(grid), dim3(kDecThreads), 0, iq, wts, row_list, n_rows, nh, width, visible, keybase, keys, stride, scores);
+            launch_pdl(kernel, grid, dim3(kDecThreads), 0, iq, wts, row_list, n_rows, nh, width, visible, keybase, keys,
+                       stride, scores);
         };
         if (mt == 1) run(index_decode_mma_kernel<1>);
         else if (mt == 2) run(index_decode_mma_kernel<2>);
@@ -717,8 +718,8 @@ void index_scores_stream(const float* iq, const float* wts, const int32_t* row_l
     }
     const dim3 grid(blocks_for(stride, kStreamThreads), static_cast<unsigned>(std::min(n_rows, 65535)));
     const size_t smem = sizeof(float) * static_cast<size_t>(nh) * (hd + 1);
-    launch_pdl(index_stream_kernel, dim3(grid), dim3(kStreamThreads), smem, iq, wts, row_list, n_rows, nh, hd, width, visible, keybase,
-                                                        keys, kf, stride, scores);
+    launch_pdl(index_stream_kernel, grid, dim3(kStreamThreads), smem, iq, wts, row_list, n_rows, nh, hd, width, visible,
+               keybase, keys, kf, stride, scores);
 }
 
 bool index_scores_mma_supported(int nh, int hd) { return hd == kHD && nh >= 1 && nh <= kMmaMaxHeads; }
@@ -746,9 +747,8 @@ void index_scores_mma(const uint16_t* qb, const float* wts, int nh, const int64_
         configured = true;
     }
     const dim3 grid(static_cast<unsigned>((stride + kBN - 1) / kBN), static_cast<unsigned>(n_tiles));
-    launch_pdl(index_mma_kernel, dim3(grid), dim3(kMmaThreads), kMmaSmemBytes, reinterpret_cast<const __nv_bfloat16*>(qb), wts, nh, tiles,
-                                                          reinterpret_cast<const __nv_bfloat16*>(kb), visible, stride,
-                                                          scores);
+    launch_pdl(index_mma_kernel, grid, dim3(kMmaThreads), kMmaSmemBytes, reinterpret_cast<const __nv_bfloat16*>(qb),
+               wts, nh, tiles, reinterpret_cast<const __nv_bfloat16*>(kb), visible, stride, scores);
 }
 
 void to_bf16(const float* x, int64_t n, uint16_t* y) {
@@ -758,7 +758,8 @@ void to_bf16(const float* x, int64_t n, uint16_t* y) {
 
 void gather_keys_bf16(const uint8_t* const* keys, int64_t n, const EntryFormat& kf, uint16_t* out) {
     if (n * kf.dim == 0) return;
-    launch_pdl(gather_keys_kernel, dim3(blocks_for(n * kf.dim)), dim3(kThreads), 0, keys, n, kf, reinterpret_cast<__nv_bfloat16*>(out));
+    launch_pdl(gather_keys_kernel, dim3(blocks_for(n * kf.dim)), dim3(kThreads), 0, keys, n, kf,
+               reinterpret_cast<__nv_bfloat16*>(out));
 }
 
 void topk_rows_fast(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible,
@@ -766,8 +767,8 @@ void topk_rows_fast(const float* scores, int64_t T, int64_t stride, const int64_
     if (T == 0 || k == 0) return;
     const size_t smem = ascending ? 0 : static_cast<size_t>(k) * (sizeof(float) + sizeof(int32_t));
     if (smem > 48 * 1024) cuda_fail(cudaErrorInvalidValue, "topk_rows_fast: k too large", __FILE__, __LINE__);
-    launch_pdl(topk_fast_kernel, dim3(static_cast<unsigned>(T)), dim3(kSelThreads), smem, scores, stride, width, visible, k, ascending, tmp,
-                                                                     out, count);
+    launch_pdl(topk_fast_kernel, dim3(static_cast<unsigned>(T)), dim3(kSelThreads), smem, scores, stride, width,
+               visible, k, ascending, tmp, out, count);
 }
 
 void candidate_blocks_fast(const float* scores, int64_t T, int64_t stride, const int64_t* width,
@@ -775,8 +776,8 @@ void candidate_blocks_fast(const float* scores, int64_t T, int64_t stride, const
                            uint8_t* mask, int64_t mask_stride) {
     if (T == 0) return;
     if (mask_stride % 4 != 0) cuda_fail(cudaErrorInvalidValue, "candidate_blocks_fast: mask rows must be words", __FILE__, __LINE__);
-    launch_pdl(candidate_fast_kernel, dim3(static_cast<unsigned>(T)), dim3(kSelThreads), 0, scores, stride, width, visible, bs, topb, bscore,
-                                                                     bsel, bstride, mask, mask_stride);
+    launch_pdl(candidate_fast_kernel, dim3(static_cast<unsigned>(T)), dim3(kSelThreads), 0, scores, stride, width,
+               visible, bs, topb, bscore, bsel, bstride, mask, mask_stride);
 }
 
 }  // namespace peregrine::cuda

@@ -320,8 +320,9 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     const int64_t gx = static_cast<int64_t>(nblocks) * splits * mtiles;
     if (gx > 0x7fffffff) fail("linear_gemv: grid of {} blocks is too large", gx);
     dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(tiles));
-    launch_pdl(gemv_kernel<F, MR>, dim3(grid), dim3(kThreadsPerBlock), smem, x, xs, M, w, y, partial, splits, mtiles, experts ? *experts : ExpertTable{}, routing ? routing->row_map : nullptr,
-        routing ? reinterpret_cast<const int4*>(routing->tiles) : nullptr, routing ? routing->n_tiles : nullptr);
+    launch_pdl(gemv_kernel<F, MR>, grid, dim3(kThreadsPerBlock), smem, x, xs, M, w, y, partial, splits, mtiles,
+               experts ? *experts : ExpertTable{}, routing ? routing->row_map : nullptr,
+               routing ? reinterpret_cast<const int4*>(routing->tiles) : nullptr, routing ? routing->n_tiles : nullptr);
     if (splits > 1) {
         const int64_t n = M * N;
         launch_pdl(gemv_reduce_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, partial, splits, n, w.kind != 0, y);

@@ -194,10 +194,9 @@ template <int MT, int NT>
 void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
             const LinearRouting* routing) {
     dim3 grid((w.out + NT - 1) / NT, routing ? routing->max_tiles : static_cast<unsigned>((M + MT - 1) / MT));
-    launch_pdl(linear_tiled_kernel<MT, NT>, dim3(grid), dim3(kTileThreads), 0, x, xs, M, w, y, experts ? *experts : ExpertTable{},
-                                                         routing ? routing->row_map : nullptr,
-                                                         routing ? reinterpret_cast<const int4*>(routing->tiles) : nullptr,
-                                                         routing ? routing->n_tiles : nullptr);
+    launch_pdl(linear_tiled_kernel<MT, NT>, grid, dim3(kTileThreads), 0, x, xs, M, w, y,
+               experts ? *experts : ExpertTable{}, routing ? routing->row_map : nullptr,
+               routing ? reinterpret_cast<const int4*>(routing->tiles) : nullptr, routing ? routing->n_tiles : nullptr);
 }
 
 }  // namespace
@@ -218,7 +217,7 @@ void expert_tiles(const int32_t* sel, int64_t n, int E, int mt, int32_t* row_map
     const int segs = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>((46 * 1024 / 4) / std::max(E, 1) - 1, (n + 63) / 64),
                                                           1, 32));
     launch_pdl(expert_tiles_kernel, dim3(1), dim3(1024), sizeof(int32_t) * E * (segs + 1), sel, n, E, mt, segs, row_map,
-                                                                        reinterpret_cast<int4*>(tiles), n_tiles);
+               reinterpret_cast<int4*>(tiles), n_tiles);
 }
 
 void linear_tiled(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,

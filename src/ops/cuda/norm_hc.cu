@@ -454,8 +454,8 @@ void hc_mixes(const float* h, int64_t T, int hc, int D, const float* fn, int n_m
               const float* scale, float eps, float hc_eps, int iters, int mode, float* pre, float* post, float* comb) {
     if (T == 0) return;
     if (n_mix > kFastMix) cuda_fail(cudaErrorInvalidValue, "hc_mixes: too many mixes", __FILE__, __LINE__);
-    launch_pdl(hc_mixes_kernel, dim3(static_cast<unsigned>(T)), dim3(256), 0, h, hc, D, fn, n_mix, base, scale, eps, hc_eps, iters, mode, pre,
-                                                       post, comb);
+    launch_pdl(hc_mixes_kernel, dim3(static_cast<unsigned>(T)), dim3(256), 0, h, hc, D, fn, n_mix, base, scale, eps,
+               hc_eps, iters, mode, pre, post, comb);
 }
 
 namespace {
@@ -484,10 +484,10 @@ void hc_mixes_small(const float* h, int64_t T, int hc, int D, const float* fn, i
     const int W = hc * D, S = small_blocks(T, W), n_chunks = (W + kSmallChunk - 1) / kSmallChunk;
     const unsigned groups = static_cast<unsigned>((T + kSmallGroup - 1) / kSmallGroup);
     double* part = static_cast<double*>(workspace);
-    launch_pdl(hc_mixes_partial_kernel, dim3(dim3(static_cast<unsigned>(S), groups)), dim3(kSmallThreads), 0, h, static_cast<int>(T), W, fn,
-                                                                                     n_mix, n_chunks, part);
-    launch_pdl(hc_mixes_finish_kernel, dim3(static_cast<unsigned>(T)), dim3(finish_threads(n_mix)), 0, part, S, W, n_mix, hc, base, scale, eps, hc_eps, iters,
-                                                               mode, pre, post, comb);
+    launch_pdl(hc_mixes_partial_kernel, dim3(static_cast<unsigned>(S), groups), dim3(kSmallThreads), 0, h,
+               static_cast<int>(T), W, fn, n_mix, n_chunks, part);
+    launch_pdl(hc_mixes_finish_kernel, dim3(static_cast<unsigned>(T)), dim3(finish_threads(n_mix)), 0, part, S, W,
+               n_mix, hc, base, scale, eps, hc_eps, iters, mode, pre, post, comb);
 }
 
 void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
@@ -504,9 +504,10 @@ void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, in
     const int S = std::clamp((2 * sm_count() + tiles - 1) / tiles, 1, n_chunks);
     double* part = nullptr;
     PG_CUDA(cudaMallocAsync(&part, sizeof(double) * static_cast<size_t>(T) * (n_mix + 1) * S, 0));
-    launch_pdl(hc_mixes_dmma_kernel, dim3(dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(S))), dim3(kDmmaThreads), 0, h, static_cast<int>(T), W, fn, n_mix, n_chunks, part);
-    launch_pdl(hc_mixes_finish_kernel, dim3(static_cast<unsigned>(T)), dim3(finish_threads(n_mix)), 0, part, S, W, n_mix, hc, base, scale, eps, hc_eps, iters,
-                                                               mode, pre, post, comb);
+    launch_pdl(hc_mixes_dmma_kernel, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(S)), dim3(kDmmaThreads),
+               0, h, static_cast<int>(T), W, fn, n_mix, n_chunks, part);
+    launch_pdl(hc_mixes_finish_kernel, dim3(static_cast<unsigned>(T)), dim3(finish_threads(n_mix)), 0, part, S, W,
+               n_mix, hc, base, scale, eps, hc_eps, iters, mode, pre, post, comb);
     PG_CUDA(cudaFreeAsync(part, 0));
 }
 
@@ -518,7 +519,8 @@ void hc_collapse(const float* h, const float* pre, int64_t T, int hc, int D, flo
 void hc_expand(const float* y, const float* residual, const float* post, const float* comb, int64_t T, int hc, int D,
                float* out) {
     if (T == 0) return;
-    launch_pdl(hc_expand_kernel, dim3(blocks_for(T * hc * D)), dim3(kThreads), 0, y, residual, post, comb, T, hc, D, out);
+    launch_pdl(hc_expand_kernel, dim3(blocks_for(T * hc * D)), dim3(kThreads), 0, y, residual, post, comb, T, hc, D,
+               out);
 }
 
 void hc_expand_fast(const float* y, const float* residual, const float* post, const float* comb, int64_t T, int hc,
@@ -530,7 +532,8 @@ void hc_expand_fast(const float* y, const float* residual, const float* post, co
         hc_expand(y, residual, post, comb, T, hc, D, out);
         return;
     }
-    launch_pdl(hc_expand4_kernel<4>, dim3(blocks_for(T * (D / 4))), dim3(kThreads), 0, y, residual, post, comb, T, D, out);
+    launch_pdl(hc_expand4_kernel<4>, dim3(blocks_for(T * (D / 4))), dim3(kThreads), 0, y, residual, post, comb, T, D,
+               out);
 }
 
 void hc_mean(const float* h, int64_t T, int hc, int D, float* y) {

@@ -75,7 +75,7 @@ void paged_entry_table(const PagedSeqs& p, const PagedSection& sec, int ratio, c
     if (p.n_seqs > 65535 || ratio <= 0)
         cuda_fail(cudaErrorInvalidValue, "paged_entry_table: bad sequence count or ratio", __FILE__, __LINE__);
     const dim3 grid(std::min<unsigned>(blocks_for(max_entries), 1u << 16), static_cast<unsigned>(p.n_seqs));
-    launch_pdl(entry_table_kernel, dim3(grid), dim3(kThreads), 0, p, sec, ratio, seq_base, table);
+    launch_pdl(entry_table_kernel, grid, dim3(kThreads), 0, p, sec, ratio, seq_base, table);
 }
 
 void paged_window_table(const PagedSeqs& p, const PagedSection& sec, int64_t T, int W, bool v41, const uint8_t** win,

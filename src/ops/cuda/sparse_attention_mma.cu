@@ -416,11 +416,13 @@ void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, 
     }
     const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(ns));
     const int nw = sparse_warps() ? sparse_warps() : T >= kWideFrom ? 16 : 8;
-    if (nw == 16) launch_pdl(sparse_attention_mma_kernel<16>, dim3(grid), dim3(16 * 32), kSmemBytes, a);
-    else launch_pdl(sparse_attention_mma_kernel<8>, dim3(grid), dim3(8 * 32), kSmemBytes, a);
+    if (nw == 16)
+        launch_pdl(sparse_attention_mma_kernel<16>, grid, dim3(16 * 32), kSmemBytes, a);
+    else
+        launch_pdl(sparse_attention_mma_kernel<8>, grid, dim3(8 * 32), kSmemBytes, a);
     if (ns > 1) {
-        launch_pdl(sparse_attention_combine_kernel, dim3(static_cast<unsigned>(T * H), kDim / kCombineThreads), dim3(kCombineThreads), 0, a.part_o, a.part_ml, T * H, ns, H, sink,
-                                                                              out);
+        launch_pdl(sparse_attention_combine_kernel, dim3(static_cast<unsigned>(T * H), kDim / kCombineThreads),
+                   dim3(kCombineThreads), 0, a.part_o, a.part_ml, T * H, ns, H, sink, out);
     }
 }
 

@@ -148,7 +148,8 @@ uint64_t state_encode_failures() {
 void sanitize_entries(uint8_t* pool, int64_t n_pages, int64_t page_bytes, int64_t offset, int per_page,
                       const EntryFormat& f) {
     if (n_pages * per_page == 0) return;
-    launch_pdl(sanitize_kernel, dim3(blocks_for(n_pages * per_page)), dim3(kThreads), 0, pool, n_pages, page_bytes, offset, per_page, f);
+    launch_pdl(sanitize_kernel, dim3(blocks_for(n_pages * per_page)), dim3(kThreads), 0, pool, n_pages, page_bytes,
+               offset, per_page, f);
 }
 
 }  // namespace peregrine::cuda

@@ -241,9 +241,10 @@ __global__ void __launch_bounds__(kSmallThreads) hc_mixes_partial_kernel(const f
 
 // Block t: the S partials of each of token t's pairs summed (a warp per pair: lane-strided, then a warp tree;
 // every pair at once, finish_threads), then the finish on one warp.
-// A warp per pair (up to 32): with 8 warps for 25 pairs each warp waited for global memory four times in a row
-// (~13 us a call at decode).
-inline int finish_threads(int n_mix) { return 32 * std::min(n_mix + 1, 32); }
+// Decode sizes (a block per token for at most two per SM): a warp per pair (up to 32); with 8 warps for 25 pairs
+// each warp waited for global memory four times in a row (~13 us a call). More tokens: 8 warps, so that more
+// blocks share an SM (a warp per pair made 64K tokens' mixes 45 -> 69 ms). A pair's sum is one warp's either way.
+inline int finish_threads(int64_t T, int n_mix) { return T <= 2 * sm_count() ? 32 * std::min(n_mix + 1, 32) : 256; }
 
 __global__ void hc_mixes_finish_kernel(const double* part, int S, int W, int n_mix, int hc, const float* base,
                                        const float* scale, float eps, float hc_eps, int iters, int mode, float* pre,
@@ -486,7 +487,7 @@ void hc_mixes_small(const float* h, int64_t T, int hc, int D, const float* fn, i
     double* part = static_cast<double*>(workspace);
     launch_pdl(hc_mixes_partial_kernel, dim3(static_cast<unsigned>(S), groups), dim3(kSmallThreads), 0, h,
                static_cast<int>(T), W, fn, n_mix, n_chunks, part);
-    launch_pdl(hc_mixes_finish_kernel, dim3(static_cast<unsigned>(T)), dim3(finish_threads(n_mix)), 0, part, S, W,
+    launch_pdl(hc_mixes_finish_kernel, dim3(static_cast<unsigned>(T)), dim3(finish_threads(T, n_mix)), 0, part, S, W,
                n_mix, hc, base, scale, eps, hc_eps, iters, mode, pre, post, comb);
 }
 
@@ -506,7 +507,7 @@ void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, in
     PG_CUDA(cudaMallocAsync(&part, sizeof(double) * static_cast<size_t>(T) * (n_mix + 1) * S, 0));
     launch_pdl(hc_mixes_dmma_kernel, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(S)), dim3(kDmmaThreads),
                0, h, static_cast<int>(T), W, fn, n_mix, n_chunks, part);
-    launch_pdl(hc_mixes_finish_kernel, dim3(static_cast<unsigned>(T)), dim3(finish_threads(n_mix)), 0, part, S, W,
+    launch_pdl(hc_mixes_finish_kernel, dim3(static_cast<unsigned>(T)), dim3(finish_threads(T, n_mix)), 0, part, S, W,
                n_mix, hc, base, scale, eps, hc_eps, iters, mode, pre, post, comb);
     PG_CUDA(cudaFreeAsync(part, 0));
 }

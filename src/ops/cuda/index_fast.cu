@@ -504,36 +504,19 @@ __device__ int select_stream(const float* v, int64_t n, int k, int32_t* sel) {
             });
         }
         __syncthreads();
-        if (warp == 0) {
-            // The highest bin b >= 1 whose keys and those of the bins above reach `remaining` (else 0), and cum,
-            // the count above it. Lane l holds bins 8l..8l+7; suffix sums over the lanes find the lane.
+        if (tid == 0) {
+            int cum = 0, b = 255;
             const int remaining = s_remaining;
-            int h[8], seg = 0;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) seg += h[i] = hist[8 * lane + i];
-            int suf = seg;  // bins 8 lane .. 255
-#pragma unroll
-            for (int d = 1; d < 32; d <<= 1) {
-                const int y = __shfl_down_sync(0xffffffffu, suf, d);
-                if (lane + d < 32) suf += y;
+            for (; b > 0; --b) {
+                if (cum + hist[b] >= remaining) break;
+                cum += hist[b];
             }
-            const unsigned reach = __ballot_sync(0xffffffffu, suf >= remaining);
-            if (lane == (reach ? 31 - __clz(reach) : 0)) {
-                int cum = suf - seg, b = 8 * lane;  // none of bins 8 lane + 7 .. 8 lane + 1: bin 8 lane
-                for (int i = 7; i > 0; --i) {
-                    if (cum + h[i] >= remaining) {
-                        b = 8 * lane + i;
-                        break;
-                    }
-                    cum += h[i];
-                }
-                s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
-                s_mask = mask | (255u << shift);
-                s_remaining = remaining - cum;
-                if (hist[b] == remaining - cum) s_done = 1;  // the whole bin is taken: no tie to break
-                // Selected so far (above the new prefix) plus those sharing it.
-                s_fit = !compacted && n >= kCompactMinRow && (kk - s_remaining) + hist[b] <= kCompactMax;
-            }
+            s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
+            s_mask = mask | (255u << shift);
+            s_remaining = remaining - cum;
+            if (hist[b] == remaining - cum) s_done = 1;  // the whole bin is taken: no tie to break
+            // Selected so far (above the new prefix) plus those sharing it.
+            s_fit = !compacted && n >= kCompactMinRow && (kk - s_remaining) + hist[b] <= kCompactMax;
         }
         __syncthreads();
         if (s_fit) {  // uniform: copy every key at or above the prefix (its bits) with its index, in index order

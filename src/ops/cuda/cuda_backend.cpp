@@ -536,6 +536,14 @@ Tensor CudaBackend::rms_norm(const Tensor& x, const Tensor& w) {
     return y;
 }
 
+Tensor CudaBackend::collapse_norm(const Tensor& h, const Tensor& pre, const Tensor& w) {
+    OpTimer op_(*this, "collapse_norm");
+    const int64_t T = h.dim(0);
+    Tensor y = empty(DType::F32, {T, cfg_.dim});
+    cuda::collapse_norm(h.f32(), pre.f32(), T, cfg_.hc_mult, cfg_.dim, dev_f32(w), eps(), y.f32());
+    return y;
+}
+
 Tensor CudaBackend::hc_mean(const Tensor& h) {
     OpTimer op_(*this, "hc_mean");
     const int64_t T = h.dim(0);

@@ -68,6 +68,7 @@ public:
     Tensor hc_expand(const Tensor& y, const Tensor& residual, const HcMix& mix) override;
     Tensor hc_head(const Tensor& h, const HcWeight& w) override;
     Tensor rms_norm(const Tensor& x, const Tensor& w) override;
+    Tensor collapse_norm(const Tensor& h, const Tensor& pre, const Tensor& w) override;
     Tensor hc_mean(const Tensor& h) override;
     Tensor attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info, ForwardBatch& batch,
                      StepScratch& scratch) override;

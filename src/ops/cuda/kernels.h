@@ -127,6 +127,8 @@ void grouped_linear_bf16(const float* x, int64_t T, int G, int R, int GD, const 
 
 // ---- norm_hc.cu
 void rms_norm(const float* x, int64_t rows, int D, const float* w, float eps, float* y);
+// rms_norm(hc_collapse(h, pre), w) in one kernel, the same bits.
+void collapse_norm(const float* h, const float* pre, int64_t T, int hc, int D, const float* w, float eps, float* y);
 // mode 0: pre/post/comb with Sinkhorn; mode 1: V4 head (pre only, n_mix = hc).
 void hc_mixes(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
               const float* scale, float eps, float hc_eps, int sinkhorn_iters, int mode, float* pre, float* post,

@@ -165,6 +165,10 @@ void rope(float* x, int64_t rows, int heads, int64_t rs, int64_t hs, int offset,
 // Quantise-dequantise the first n values of each row (stride rs) in blocks. kind 0: fp8 ue8m0, 1: fp4
 // ue8m0, 2: fp4 e4m3 scales.
 void qdq_rows(float* x, int64_t rows, int64_t rs, int n, int block, int kind);
+// rope (rows of `heads` heads of hs floats, rs = heads x hs when the shapes do not allow one kernel) then, per head,
+// qdq_rows of its first n dims: one launch, the same bits.
+void rope_qdq(float* x, int64_t rows, int heads, int64_t rs, int64_t hs, int offset, const int64_t* pos,
+              const float* freqs, int dim, bool inverse, int n, int block, int kind);
 void hadamard_rows(float* x, int64_t rows, int64_t rs, int n);
 // V4: unweighted per-head RMS norm in bf16 arithmetic, for rows x heads heads of width D.
 void head_norm_bf16(float* x, int64_t n_heads, int D, float eps);

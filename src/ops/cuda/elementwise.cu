@@ -161,7 +161,6 @@ void qdq_rows(float* x, int64_t rows, int64_t rs, int n, int block, int kind) {
     } else {
         launch_pdl(qdq_kernel, dim3(blocks_for(m)), dim3(kThreads), 0, x, rows, rs, n, block, kind);
     }
-    PG_LAUNCHED();
 }
 
 void hadamard_rows(float* x, int64_t rows, int64_t rs, int n) {

@@ -145,34 +145,44 @@ PEREGRINE_HD void decode_entry(const EntryFormat& f, const uint8_t* e, float* ou
     for (int c = 0; c < f.dim; ++c) out[c] = entry_value(f, e, c);
 }
 
-// ---- encoding one scale block: [b0, b0 + f.block) of x into e; false if some value is not held exactly
-PEREGRINE_HD bool encode_entry_block(const EntryFormat& f, const float* x, int b0, uint8_t* e) {
+// ---- encoding
+// max |x| over the scale block [b0, b0 + f.block).
+PEREGRINE_HD float entry_block_amax(const EntryFormat& f, const float* x, int b0) {
     float amax = 0.0f;
     for (int i = 0; i < f.block; ++i) {
         const float a = float_from_bits(float_bits(x[b0 + i]) & 0x7fffffffu);
         amax = a > amax ? a : amax;
     }
+    return amax;
+}
+// Power-of-two scales (fp8, fp4 under ue8m0): the exponent k of the smallest scale that keeps a block of maximum
+// amax within e4m3's 448 (1.75 * 2^8) or e2m1's 6 (1.5 * 2^2).
+PEREGRINE_HD int entry_scale_exp(bool fp8, float amax) {
+    return amax == 0.0f ? 0 : (fp8 ? sf_scale_exp(amax, 1.75f, 8) : sf_scale_exp(amax, 1.5f, 2));
+}
+// Value x under the scale 2^k: its e4m3 (fp8) or e2m1 code (0 if it has none), and whether code x 2^k is x.
+PEREGRINE_HD bool encode_entry_code(bool fp8, float x, int k, uint8_t* code) {
+    const float s = sf_pow2(k), q = x * sf_pow2(-k < 127 ? -k : 127);
+    *code = 0;
+    const bool enc = fp8 ? sf_encode_e4m3(q, code) : sf_encode_e2m1(q, code);
+    return enc && float_bits((fp8 ? sf_e4m3(*code) : sf_e2m1(*code)) * s) == float_bits(x);
+}
+
+// One scale block: [b0, b0 + f.block) of x into e; false if some value is not held exactly.
+PEREGRINE_HD bool encode_entry_block(const EntryFormat& f, const float* x, int b0, uint8_t* e) {
+    const float amax = entry_block_amax(f, x, b0);
     const int b = b0 / f.block;
-    bool ok = true;
     if (f.kind == kEntryFp8 || f.kind == kEntryFp4Ue8m0) {
         const bool fp8 = f.kind == kEntryFp8;
-        // the smallest power-of-two scale that keeps the block within e4m3's 448 (1.75 * 2^8) or e2m1's 6 (1.5 * 2^2)
-        const int k = amax == 0.0f ? 0 : (fp8 ? sf_scale_exp(amax, 1.75f, 8) : sf_scale_exp(amax, 1.5f, 2));
-        const float s = sf_pow2(k), inv = sf_pow2(-k < 127 ? -k : 127);
+        const int k = entry_scale_exp(fp8, amax);
         e[f.scale_offset + b] = static_cast<uint8_t>(k + 127);
+        bool ok = true;
         for (int i = 0; i < f.block; ++i) {
             const int c = b0 + i;
-            const float q = x[c] * inv;
-            uint8_t code = 0;
-            if (fp8) {
-                ok = sf_encode_e4m3(q, &code) && ok;
-                e[c] = code;
-                ok = ok && float_bits(sf_e4m3(code) * s) == float_bits(x[c]);
-            } else {
-                ok = sf_encode_e2m1(q, &code) && ok;
-                e[c >> 1] = static_cast<uint8_t>((c & 1) ? (e[c >> 1] & 15) | (code << 4) : (e[c >> 1] & 0xf0) | code);
-                ok = ok && float_bits(sf_e2m1(code) * s) == float_bits(x[c]);
-            }
+            uint8_t code;
+            ok = encode_entry_code(fp8, x[c], k, &code) && ok;
+            if (fp8) e[c] = code;
+            else e[c >> 1] = static_cast<uint8_t>((c & 1) ? (e[c >> 1] & 15) | (code << 4) : (e[c >> 1] & 0xf0) | code);
         }
         return ok;
     }

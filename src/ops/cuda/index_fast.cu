@@ -696,7 +696,6 @@ void index_scores_stream(const float* iq, const float* wts, const int32_t* row_l
         if (mt == 1) run(index_decode_mma_kernel<1>);
         else if (mt == 2) run(index_decode_mma_kernel<2>);
         else run(index_decode_mma_kernel<4>);  // 3 takes 4: the extra heads are zero and not summed
-        PG_LAUNCHED();
         return;
     }
     const dim3 grid(blocks_for(stride, kStreamThreads), static_cast<unsigned>(std::min(n_rows, 65535)));

@@ -15,7 +15,7 @@ __device__ unsigned long long g_encode_failures = 0;
 constexpr int kEncodeThreads = 128, kMaxEntryDim = 1024, kMaxEntryBlocks = 128;
 
 // One CTA per entry, with encode_entry's bytes: the values staged in shared memory; e4m3 and ue8m0-scaled e2m1
-// codes a byte per thread (each block's scale first, a thread per block, with encode_entry_block's arithmetic);
+// codes a byte per thread (each block's scale first, a thread per block; encode_entry_block's helpers);
 // e2m1 under e4m3 scales (a search over the scales of each block) a thread per block. Then the bf16 tail and the
 // padding. (A thread per block reading global memory took ~10 us an entry.)
 __device__ void encode_entry_cta(const EntryFormat& f, const float* x, uint8_t* e) {
@@ -34,24 +34,12 @@ __device__ void encode_entry_cta(const EntryFormat& f, const float* x, uint8_t* 
     } else {
         const bool fp8 = f.kind == kEntryFp8;
         for (int b = tid; b < nblocks; b += blockDim.x) {
-            float amax = 0.0f;
-            for (int i = 0; i < f.block; ++i) {
-                const float a = fabsf(x[b * f.block + i]);
-                amax = a > amax ? a : amax;
-            }
-            const int k = amax == 0.0f ? 0 : (fp8 ? sf_scale_exp(amax, 1.75f, 8) : sf_scale_exp(amax, 1.5f, 2));
-            ks[b] = k;
-            e[f.scale_offset + b] = static_cast<uint8_t>(k + 127);
+            ks[b] = entry_scale_exp(fp8, entry_block_amax(f, x, b * f.block));
+            e[f.scale_offset + b] = static_cast<uint8_t>(ks[b] + 127);
         }
         __syncthreads();
-        // Value c under its block's scale 2^k: its code, and whether the code times the scale gives it back.
-        auto code_of = [&](int c, uint8_t& code) {
-            const int k = ks[c / f.block];
-            const float s = sf_pow2(k), q = x[c] * sf_pow2(-k < 127 ? -k : 127);
-            code = 0;
-            const bool enc = fp8 ? sf_encode_e4m3(q, &code) : sf_encode_e2m1(q, &code);
-            return enc && float_bits((fp8 ? sf_e4m3(code) : sf_e2m1(code)) * s) == float_bits(x[c]);
-        };
+        // Value c under its block's scale: encode_entry_block's code and check.
+        auto code_of = [&](int c, uint8_t& code) { return encode_entry_code(fp8, x[c], ks[c / f.block], &code); };
         if (fp8) {
             for (int c = tid; c < f.quant_dims; c += blockDim.x) {
                 uint8_t code;

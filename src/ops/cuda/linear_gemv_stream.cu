@@ -805,8 +805,11 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     int splits = plan.first, gpb = plan.second, per = (all_stages + splits - 1) / splits;
     int nblk = (groups + gpb - 1) / gpb;
     size_t smem = ring + act_bytes<F, CH, MT>(per) + extra;
-    // Persistent (routed calls with at least a CTA's worth of units per resident CTA): one CTA per resident slot,
-    // each an equal share of the (tile, group) units over the whole of K, and at most kMaxCtaTiles - 1 units.
+    // Persistent (routed calls with at least a CTA's worth of units per resident CTA): whole waves of one CTA per
+    // resident slot, each an equal share of the (tile, group) units over the whole of K. A CTA's units (tile-major)
+    // may touch at most kMaxCtaTiles - 1 tiles: n units touch at most (n - 1) / groups + 2, hence at most
+    // (kMaxCtaTiles - 2) x groups units. (Capping at kMaxCtaTiles - 1 units instead ran the large routed calls as
+    // one full wave and one part-full: batch 128's w2, 206 CTAs on 132 slots.)
     int64_t ctas = 0;
     const int64_t units = tiles * groups;
     if (persistent && routing && units < (int64_t{1} << 31)) {
@@ -814,7 +817,8 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
         const int occ = full <= limit ? occupancy<F, CH, ST, MINB, MT, NW>(full) : 0;
         const int64_t slots = static_cast<int64_t>(occ) * sm_count();
         if (occ > 0 && units >= slots) {
-            ctas = std::max<int64_t>(slots, (units + kMaxCtaTiles - 2) / (kMaxCtaTiles - 1));
+            const int64_t max_units = static_cast<int64_t>(kMaxCtaTiles - 2) * groups;
+            ctas = slots * ((units + slots * max_units - 1) / (slots * max_units));
             splits = 1;
             gpb = 1;
             per = all_stages;

@@ -55,8 +55,7 @@ void linear_gemv(const float* x, const float* xs, int64_t M, const LinearDev& w,
                  const LinearRouting* routing);
 // Two linears of one input (linear_gemv's contract for each): one streaming launch when their formats and widths
 // match and their format's variant streams (PEREGRINE_GEMV_PAIR=0: always two calls), else two calls. Routed
-// (routing given): a's rows use table ea's experts, b's eb's, both the same routing (an expert's w1 and w3); two
-// calls above 384 routed rows (FP4's variant 9), where one launch measured slower.
+// (routing given): a's rows use table ea's experts, b's eb's, both the same routing (an expert's w1 and w3).
 void linear_gemv_pair(const float* x, const float* xs, int64_t M, const LinearDev& a, float* ya, const LinearDev& b,
                       float* yb, const ExpertTable* ea = nullptr, const ExpertTable* eb = nullptr,
                       const LinearRouting* routing = nullptr);

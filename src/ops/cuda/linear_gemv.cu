@@ -451,11 +451,7 @@ void linear_gemv_pair(const float* x, const float* xs, int64_t M, const LinearDe
     static const bool on = !env_is("PEREGRINE_GEMV_PAIR", "0");
     const bool routed = routing != nullptr;
     const int v = variant_for(stored_format(a), M, routed);
-    // Routed pairs on the persistent 12-warp variant (above 384 pair rows) measured slower than two calls on the
-    // H200 (batch 128, 768 rows: routed experts 15.3 against 12.6 ms a step), so only the smaller ones pair.
-    const bool pairs_pay = !(routed && v == 9);
-    if (on && pairs_pay && M > 0 && v >= 4 && variant_for(stored_format(b), M, routed) == v &&
-        linear_gemv_stream_pairs(a, b)) {
+    if (on && M > 0 && v >= 4 && variant_for(stored_format(b), M, routed) == v && linear_gemv_stream_pairs(a, b)) {
         linear_gemv_stream_pair(v, x, xs, M, a, ya, b, yb, ea, eb, routing);
         return;
     }

@@ -241,11 +241,11 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
                              cfg_.dspark_target_layer_ids.end())
             main_hidden.push_back(be.hc_mean(h));  // DSpark reads the target layers' attention inputs
         HcMix am = be.hc_mixes(h, b.hc_attn);
-        Tensor x = be.rms_norm(be.hc_collapse(h, cfg_.is_v41() ? pre : am.pre), b.attn_norm);
+        Tensor x = be.collapse_norm(h, cfg_.is_v41() ? pre : am.pre, b.attn_norm);
         x = be.attention(x, b.attn, attn_info_[static_cast<size_t>(l)], batch, *scratch);
         h = be.hc_expand(x, h, am);
         HcMix fm = be.hc_mixes(h, b.hc_ffn);
-        x = be.rms_norm(be.hc_collapse(h, cfg_.is_v41() ? am.pre : fm.pre), b.ffn_norm);
+        x = be.collapse_norm(h, cfg_.is_v41() ? am.pre : fm.pre, b.ffn_norm);
         x = ep_ ? ep_->moe(be, x, b.ffn, batch.token_ids) : be.moe(x, b.ffn, batch.token_ids);
         h = be.hc_expand(x, h, fm);
         pre = fm.pre;
@@ -262,8 +262,8 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
     if (logit_rows.empty()) return Tensor::zeros(DType::F32, {0, cfg_.vocab_size});
     for (int row : logit_rows) PEREGRINE_CHECK(row >= 0 && row < T, "logit row {} out of range", row);
     Tensor hs = be.gather_rows(h, logit_rows), ps = be.gather_rows(pre, logit_rows);
-    Tensor x = cfg_.is_v41() ? be.hc_collapse(hs, ps) : be.hc_head(hs, *w_.hc_head);
-    return be.logits(be.rms_norm(x, w_.norm), w_.head, logits_to_host);
+    Tensor x = cfg_.is_v41() ? be.collapse_norm(hs, ps, w_.norm) : be.rms_norm(be.hc_head(hs, *w_.hc_head), w_.norm);
+    return be.logits(x, w_.head, logits_to_host);
 }
 
 }  // namespace peregrine
@@ -303,11 +303,11 @@ DraftResult Model::draft(const SeqState& s, int32_t anchor) {
     for (int st = 0; st < cfg_.n_mtp_layers; ++st) {  // the pre_mix chain runs on across the stages
         const BlockWeight& b = d.stages[static_cast<size_t>(st)];
         HcMix am = be.hc_mixes(h, b.hc_attn);
-        Tensor x = be.rms_norm(be.hc_collapse(h, pre), b.attn_norm);
+        Tensor x = be.collapse_norm(h, pre, b.attn_norm);
         x = be.dspark_attention(x, b.attn, stage_info(st), s, pos);
         h = be.hc_expand(x, h, am);
         HcMix fm = be.hc_mixes(h, b.hc_ffn);
-        x = be.rms_norm(be.hc_collapse(h, am.pre), b.ffn_norm);
+        x = be.collapse_norm(h, am.pre, b.ffn_norm);
         x = be.moe(x, b.ffn, ids);
         h = be.hc_expand(x, h, fm);
         pre = fm.pre;

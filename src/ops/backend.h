@@ -113,6 +113,8 @@ public:
     // V4 final collapse: pre = sigmoid(mixes * scale + base) + eps.
     virtual Tensor hc_head(const Tensor& h, const HcWeight& w) = 0;
     virtual Tensor rms_norm(const Tensor& x, const Tensor& w) = 0;
+    // rms_norm(hc_collapse(h, pre), w): a sublayer's input (one kernel on the GPU).
+    virtual Tensor collapse_norm(const Tensor& h, const Tensor& pre, const Tensor& w) { return rms_norm(hc_collapse(h, pre), w); }
     // Mean over the hc copies -> [T, dim] bf16 (DSpark inputs).
     virtual Tensor hc_mean(const Tensor& h) = 0;
 

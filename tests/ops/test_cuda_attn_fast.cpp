@@ -664,4 +664,45 @@ TEST(CudaAttnFast, SparseAttentionWarpSoftmaxSameOutput) {
     }
 }
 
+// RoPE and the quantise-dequantise of a row in one kernel (rope_qdq) against rope then qdq_rows, bit for bit, in
+// every place the attention uses it: V4.1's window K=V (fp8, blocks of 32) and compressed latents (fp4 under e4m3
+// scales, blocks of 16), indexer keys and queries (fp4, 32 heads x 128), V4's window (fp8 over the 448 non-RoPE
+// dims, blocks of 64), and a shape the single kernel does not take (odd RoPE offset: the two kernels run).
+TEST(CudaAttnFast, RopeQdqSameAsTwoKernels) {
+    REQUIRE_GPU();
+    struct Case {
+        const char* what;
+        int rows, heads, hs, rd, n, block, kind;
+    };
+    const Case cases[] = {{"v41 window kv fp8/32", 37, 1, 512, 64, 512, 32, 0},
+                          {"v41 latent fp4 e4m3/16", 9, 1, 512, 64, 512, 16, 2},
+                          {"indexer k fp4/32", 9, 1, 128, 64, 128, 32, 1},
+                          {"indexer q 32 heads fp4/32", 40, 32, 128, 64, 128, 32, 1},
+                          {"v4 window kv fp8/64 on 448", 37, 1, 512, 64, 448, 64, 0},
+                          {"odd offset (two kernels)", 5, 1, 96, 62, 64, 32, 0}};
+    std::mt19937_64 g(5);
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    std::vector<float> freqs(256);
+    for (size_t k = 0; k < freqs.size(); ++k) freqs[k] = std::pow(10000.0f, -static_cast<float>(k) / 128.0f);
+    auto fd = CudaBackend::upload(freqs);
+    for (const Case& c : cases) {
+        const int64_t width = static_cast<int64_t>(c.heads) * c.hs;
+        std::vector<float> x(static_cast<size_t>(c.rows * width));
+        for (auto& v : x) v = round_bf16(n01(g) * std::ldexp(1.0f, static_cast<int>(g() % 12) - 6));
+        std::vector<int64_t> pos(static_cast<size_t>(c.rows));
+        for (auto& p : pos) p = static_cast<int64_t>(g() % 131072);
+        auto pd = CudaBackend::upload(pos);
+        auto a = CudaBackend::upload(x), b = CudaBackend::upload(x);
+        cuda::rope(a.ptr, c.rows, c.heads, width, c.hs, c.hs - c.rd, pd.ptr, fd.ptr, c.rd, false);
+        cuda::qdq_rows(a.ptr, static_cast<int64_t>(c.rows) * c.heads, c.hs, c.n, c.block, c.kind);
+        cuda::rope_qdq(b.ptr, c.rows, c.heads, width, c.hs, c.hs - c.rd, pd.ptr, fd.ptr, c.rd, false, c.n, c.block, c.kind);
+        std::vector<float> ha(x.size()), hb(x.size());
+        ASSERT_EQ(cudaMemcpy(ha.data(), a.ptr, ha.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(hb.data(), b.ptr, hb.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+        const bool same = std::memcmp(ha.data(), hb.data(), ha.size() * 4) == 0;
+        EXPECT_TRUE(same) << c.what;
+        std::printf("PARITY rope_qdq %-28s %s\n", c.what, same ? "bit-identical to rope + qdq_rows" : "DIFFERS");
+    }
+}
+
 }  // namespace

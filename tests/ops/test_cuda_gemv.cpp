@@ -437,7 +437,9 @@ void check_routed(const Shape& s, int E, int distinct, int top_k, uint64_t seed)
     BufPtr table = upload(ptrs);
     ExpertTable ex{table->as<const void* const>(), reinterpret_cast<const uint8_t* const*>(table->as<const void*>() + E)};
     const LinearDev l = dev_linear(s, bufs[0]);
-    for (int64_t T : {1, 3, 8, 32}) {
+    // 128 and 256 tokens: persistent CTAs taking more than one tile's units, over several tiles (batch 128's w2).
+    for (int64_t T : {1, 3, 8, 32, 128, 256}) {
+        if (routing_tile_rows(T * top_k, E) != 8) continue;  // larger tiles run the grouped GEMMs, not the GEMV
         for (bool skewed : {false, true}) {
             const int64_t pairs = T * top_k;
             std::vector<int32_t> sel(static_cast<size_t>(pairs));
@@ -484,6 +486,66 @@ TEST(CudaGemv, RoutedExpertsMatchExactAtRealShapes) {
     check_routed({"experts.w2 fp4 2304->5120", 3, false, 5120, 2304, 0, 32}, 384, 64, 6, 22);
     check_routed({"experts.w1 fp8 block128 4096->2048", 2, false, 2048, 4096, 128, 128}, 64, 64, 6, 23);
     check_routed({"wo_a grouped bf16 4096->1024", 1, false, 1024, 4096, 0, 0}, 8, 8, 8, 24);
+}
+
+// The routed experts' w1 and w3 in one launch (linear_gemv_pair with two expert tables, one routing), as the MoE
+// runs them at decode: each output within the exact kernel's tolerance, nothing left unwritten (NaN fill), from
+// raw activations (quantised in the CTAs) and from quantised ones.
+TEST(CudaGemv, RoutedPairMatchesExact) {
+    REQUIRE_GPU();
+    const Shape s1{"experts.w1 fp4 5120->2304", 3, false, 2304, 5120, 0, 32}, s3{"experts.w3 fp4 5120->2304", 3, false, 2304, 5120, 0, 32};
+    const int E = 384, distinct = 32, top_k = 6;
+    std::vector<DevWeight> b1, b3;
+    for (int i = 0; i < distinct; ++i) {
+        b1.push_back(make_weight(s1, 9100 + i));
+        b3.push_back(make_weight(s3, 9200 + i));
+        ASSERT_TRUE(b1.back().w->p && b3.back().w->p) << "out of device memory";
+    }
+    auto table_of = [&](const std::vector<DevWeight>& b) {
+        std::vector<const void*> ptrs(2 * static_cast<size_t>(E));
+        for (int e = 0; e < E; ++e) {
+            ptrs[e] = b[e % distinct].w->p;
+            ptrs[E + e] = b[e % distinct].scale->p;
+        }
+        return upload(ptrs);
+    };
+    BufPtr t1 = table_of(b1), t3 = table_of(b3);
+    ExpertTable ex1{t1->as<const void* const>(), reinterpret_cast<const uint8_t* const*>(t1->as<const void*>() + E)};
+    ExpertTable ex3{t3->as<const void* const>(), reinterpret_cast<const uint8_t* const*>(t3->as<const void*>() + E)};
+    const LinearDev l1 = dev_linear(s1, b1[0]), l3 = dev_linear(s3, b3[0]);
+    for (int64_t T : {1, 8, 32, 128}) {
+        const int64_t pairs = T * top_k;
+        std::vector<int32_t> sel(static_cast<size_t>(pairs));
+        for (int64_t i = 0; i < pairs; ++i) sel[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7) % E);
+        Routing rt = make_routing(sel, E);
+        const Acts a = make_acts(s1, pairs, 9300 + T);
+        const size_t n = static_cast<size_t>(pairs) * s1.out;
+        Buf y1(n * 4), y3(n * 4), e1(n * 4), e3(n * 4);
+        linear_tiled(a.xp, a.sp, pairs, l1, e1.as<float>(), &ex1, &rt.r);
+        linear_tiled(a.xp, a.sp, pairs, l3, e3.as<float>(), &ex3, &rt.r);
+        for (bool raw : {true, false}) {
+            CK(cudaMemset(y1.p, 0xff, n * 4));
+            CK(cudaMemset(y3.p, 0xff, n * 4));
+            const float* x = raw ? a.x->as<float>() : a.xp;
+            const float* xs = raw ? nullptr : a.sp;
+            linear_gemv_pair(x, xs, pairs, l1, y1.as<float>(), l3, y3.as<float>(), &ex1, &ex3, &rt.r);
+            CK(cudaDeviceSynchronize());
+            const std::string tag = std::string(raw ? " (routed pair, raw acts)" : " (routed pair)") + " T=" + std::to_string(T);
+            compare(to_host(y1, n), to_host(e1, n), true, s1.name + tag);
+            compare(to_host(y3, n), to_host(e3, n), true, s3.name + tag);
+        }
+        if (T != 32) {
+            const float* x = a.x->as<float>();
+            const double pair_ms = peregrine::test::device_ms(
+                [&] { linear_gemv_pair(x, nullptr, pairs, l1, y1.as<float>(), l3, y3.as<float>(), &ex1, &ex3, &rt.r); }, 20, 3);
+            const double two_ms = peregrine::test::device_ms([&] {
+                linear_gemv(x, nullptr, pairs, l1, y1.as<float>(), &ex1, &rt.r);
+                linear_gemv(x, nullptr, pairs, l3, y3.as<float>(), &ex3, &rt.r);
+            }, 20, 3);
+            std::printf("PARITY gemv routed w1 + w3 fp4 T=%lld: pair %.1f us, two calls %.1f us\n", static_cast<long long>(T),
+                        pair_ms * 1e3, two_ms * 1e3);
+        }
+    }
 }
 
 // ---- Every GEMV variant at decode shapes, one line each for comparing them:

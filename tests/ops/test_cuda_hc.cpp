@@ -2,6 +2,7 @@
 // the exact kernel (hc_mixes) at V4.1-Flash's shape (4 copies x 5120, 24 mixes; the V4 head's 4 mixes): all
 // three form exact products of the fp32 inputs and sum them in double, each in its own order, so the outputs
 // agree to a few ulps (almost always bit for bit). Repeated calls must give identical bits. Prints one PARITY line per check and the device time per call of each path.
+// Also the fused collapse + norm of a sublayer's input against the two kernels, bit for bit.
 #include "cuda_test_util.h"
 #include "ops/cuda/kernels.h"
 
@@ -136,6 +137,35 @@ TEST(CudaHcMixes, SmallMatchesTensorCoresAndExact) {
     REQUIRE_GPU();
     for (Case c : {Case{1, 0}, Case{2, 0}, Case{8, 0}, Case{32, 0}, Case{64, 0}, Case{1, 1}, Case{8, 1}, Case{64, 1}})
         run_case(c);
+}
+
+// The sublayer input in one kernel (collapse_norm) against hc_collapse then rms_norm: the same arithmetic, so
+// the same bits, at V4.1-Flash's 4 copies x 5120 (rows longer than the registers' share too: 16384).
+TEST(CudaHcCollapse, CollapseNormMatchesTwoKernels) {
+    REQUIRE_GPU();
+    std::mt19937_64 g(77);
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    for (int D : {5120, 16384})
+        for (int T : {1, 7, 64, 300}) {
+            const int hc = 4;
+            std::vector<float> h(static_cast<size_t>(T) * hc * D), pre(static_cast<size_t>(T) * hc), w(static_cast<size_t>(D));
+            for (auto& v : h) v = bf16_round(n01(g));
+            for (auto& v : pre) v = 0.5f + 0.25f * n01(g);
+            for (auto& v : w) v = bf16_round(1.0f + 0.1f * n01(g));
+            Dev dh(h.size() * 4), dp(pre.size() * 4), dw(w.size() * 4), x(static_cast<size_t>(T) * D * 4),
+                two(static_cast<size_t>(T) * D * 4), one(static_cast<size_t>(T) * D * 4);
+            CK(cudaMemcpy(dh.p, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dp.p, pre.data(), pre.size() * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dw.p, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+            hc_collapse(dh.f(), dp.f(), T, hc, D, x.f());
+            rms_norm(x.f(), T, D, dw.f(), 1e-6f, two.f());
+            collapse_norm(dh.f(), dp.f(), T, hc, D, dw.f(), 1e-6f, one.f());
+            CK(cudaDeviceSynchronize());
+            const auto a = to_host(two.f(), static_cast<size_t>(T) * D), b = to_host(one.f(), static_cast<size_t>(T) * D);
+            EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "T=" << T << " D=" << D;
+            std::printf("PARITY hc collapse_norm vs hc_collapse + rms_norm T=%-4d D=%-5d %s\n", T, D,
+                        std::memcmp(a.data(), b.data(), a.size() * 4) ? "DIFFER" : "bit-identical");
+        }
 }
 
 }  // namespace

@@ -217,17 +217,16 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                 const IndexerWeight& iw = *w.indexer;
                 const int hd = iw.head_dim;
                 Tensor k = rms_norm(run_linear(e.latent, iw.wk), iw.k_norm);
-                rope(k.f32(), n, 1, hd, hd, hd - rd, gp.ptr, freqs, rd, false);
-                qdq_rows(k.f32(), n, hd, hd, 32, 1);
+                rope_qdq(k.f32(), n, 1, hd, hd, hd - rd, gp.ptr, freqs, rd, false, hd, 32, 1);
                 std::vector<uint8_t*> dst(static_cast<size_t>(n));
                 for (int i = 0; i < n; ++i)
                     dst[static_cast<size_t>(i)] = entry(rows[static_cast<size_t>(e.rows[static_cast<size_t>(i)])], L.index_k, e.group[static_cast<size_t>(i)]);
                 auto dd = upload(dst);
                 store_entries(k.f32(), n, L.index_k.format, dd.ptr);
             }
-            rope(e.latent.f32(), n, 1, D, D, D - rd, gp.ptr, freqs, rd, false);
-            if (v41) qdq_rows(e.latent.f32(), n, D, D, 16, 2);
-            else qdq_rows(e.latent.f32(), n, D, D - rd, 64, 0);
+            // V4.1: fp4 under e4m3 scales over every dim; V4: fp8 over the non-RoPE dims.
+            rope_qdq(e.latent.f32(), n, 1, D, D, D - rd, gp.ptr, freqs, rd, false, v41 ? D : D - rd, v41 ? 16 : 64,
+                     v41 ? 2 : 0);
             std::vector<uint8_t*> dst(static_cast<size_t>(n));
             for (int i = 0; i < n; ++i)
                 dst[static_cast<size_t>(i)] = entry(rows[static_cast<size_t>(e.rows[static_cast<size_t>(i)])], L.comp, e.group[static_cast<size_t>(i)]);
@@ -276,9 +275,13 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
             }
             Tensor iq = std::move(iq_projected);
             Tensor wts = run_linear(x, iw.weights_proj);
-            rope(iq.f32(), T, nh, static_cast<int64_t>(nh) * hd, hd, hd - rd, pos.ptr, freqs, rd, false);
-            if (!v41) hadamard_rows(iq.f32(), static_cast<int64_t>(T) * nh, hd, hd);
-            qdq_rows(iq.f32(), static_cast<int64_t>(T) * nh, hd, hd, 32, 1);
+            if (v41) {
+                rope_qdq(iq.f32(), T, nh, static_cast<int64_t>(nh) * hd, hd, hd - rd, pos.ptr, freqs, rd, false, hd, 32, 1);
+            } else {  // V4: the Hadamard rotation between
+                rope(iq.f32(), T, nh, static_cast<int64_t>(nh) * hd, hd, hd - rd, pos.ptr, freqs, rd, false);
+                hadamard_rows(iq.f32(), static_cast<int64_t>(T) * nh, hd, hd);
+                qdq_rows(iq.f32(), static_cast<int64_t>(T) * nh, hd, hd, 32, 1);
+            }
             scale_round_bf16(wts.f32(), static_cast<int64_t>(T) * nh,
                              static_cast<float>(std::pow(hd, -0.5) * std::pow(nh, -0.5)));
 
@@ -514,9 +517,9 @@ Tensor CudaBackend::window_kv_of(const Tensor& projected, const AttentionWeight&
                                  const int64_t* pos, int T) {
     const int D = cfg_.head_dim, rd = cfg_.rope_head_dim;
     Tensor kv = rms_norm(projected, w.kv_norm);
-    rope(kv.f32(), T, 1, D, D, D - rd, pos, freqs, rd, false);
-    if (cfg_.is_v41()) qdq_rows(kv.f32(), T, D, D, cfg_.act_block, 0);
-    else qdq_rows(kv.f32(), T, D, D - rd, 64, 0);  // V4: the rope dims stay bf16
+    // V4.1: fp8 over every dim; V4: over the non-RoPE dims (the RoPE dims stay bf16).
+    const bool v41 = cfg_.is_v41();
+    rope_qdq(kv.f32(), T, 1, D, D, D - rd, pos, freqs, rd, false, v41 ? D : D - rd, v41 ? cfg_.act_block : 64, 0);
     return kv;
 }
 

@@ -359,21 +359,22 @@ Tensor CudaBackend::run_linear(const Tensor& x, const LinearWeight& w, const Exp
 }
 
 std::pair<Tensor, Tensor> CudaBackend::run_linear_pair(const Tensor& x, const LinearWeight& a, const LinearWeight& b,
-                                                       bool bf16_acts) {
+                                                       bool bf16_acts, const ExpertTable* ea, const ExpertTable* eb,
+                                                       const Routed* routed) {
     const int64_t M = x.numel() / a.in;
     LinearDev da = dev_linear(a), db = dev_linear(b);
     da.bf16_acts = takes_bf16_acts(a, bf16_acts);
     db.bf16_acts = takes_bf16_acts(b, bf16_acts);
     // The GEMV quantises FP8/FP4 activations itself; both must be decode-sized GEMV calls of one input width.
     const bool quantised = a.kind == LinearWeight::Kind::FP8 || a.kind == LinearWeight::Kind::FP4;
-    if (a.in == b.in && a.kind == b.kind && use_gemv(x.f32(), M, da, nullptr) && use_gemv(x.f32(), M, db, nullptr) &&
+    if (a.in == b.in && a.kind == b.kind && use_gemv(x.f32(), M, da, routed) && use_gemv(x.f32(), M, db, routed) &&
         (!quantised || (linear_gemv_quantises(da) && linear_gemv_quantises(db)))) {
         Tensor ya = empty(DType::F32, {M, a.out}), yb = empty(DType::F32, {M, b.out});
-        linear_gemv_pair(x.f32(), nullptr, M, da, ya.f32(), db, yb.f32());
+        linear_gemv_pair(x.f32(), nullptr, M, da, ya.f32(), db, yb.f32(), ea, eb, routed ? &routed->routing : nullptr);
         return {std::move(ya), std::move(yb)};
     }
-    Tensor ya = run_linear(x, a, nullptr, nullptr, bf16_acts);
-    return {std::move(ya), run_linear(x, b, nullptr, nullptr, bf16_acts)};
+    Tensor ya = run_linear(x, a, ea, routed, bf16_acts);
+    return {std::move(ya), run_linear(x, b, eb, routed, bf16_acts)};
 }
 
 Tensor CudaBackend::linear(const Tensor& x, const LinearWeight& w) {
@@ -533,6 +534,14 @@ Tensor CudaBackend::rms_norm(const Tensor& x, const Tensor& w) {
     const int64_t D = x.dim(-1), rows = x.numel() / D;
     Tensor y = empty(DType::F32, x.shape());
     cuda::rms_norm(x.f32(), rows, static_cast<int>(D), dev_f32(w), eps(), y.f32());
+    return y;
+}
+
+Tensor CudaBackend::collapse_norm(const Tensor& h, const Tensor& pre, const Tensor& w) {
+    OpTimer op_(*this, "collapse_norm");
+    const int64_t T = h.dim(0);
+    Tensor y = empty(DType::F32, {T, cfg_.dim});
+    cuda::collapse_norm(h.f32(), pre.f32(), T, cfg_.hc_mult, cfg_.dim, dev_f32(w), eps(), y.f32());
     return y;
 }
 

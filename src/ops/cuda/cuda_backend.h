@@ -68,6 +68,7 @@ public:
     Tensor hc_expand(const Tensor& y, const Tensor& residual, const HcMix& mix) override;
     Tensor hc_head(const Tensor& h, const HcWeight& w) override;
     Tensor rms_norm(const Tensor& x, const Tensor& w) override;
+    Tensor collapse_norm(const Tensor& h, const Tensor& pre, const Tensor& w) override;
     Tensor hc_mean(const Tensor& h) override;
     Tensor attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info, ForwardBatch& batch,
                      StepScratch& scratch) override;
@@ -238,8 +239,10 @@ private:
     Tensor run_linear(const Tensor& x, const LinearWeight& w, const ExpertTable* experts = nullptr,
                       const Routed* routed = nullptr, bool bf16_acts = false);
     // Two linears of the same input: one GEMV launch where both are decode-sized and alike (linear_gemv_pair).
+    // Routed: a's rows through experts ea, b's through eb, one routing (the experts' w1 and w3).
     std::pair<Tensor, Tensor> run_linear_pair(const Tensor& x, const LinearWeight& a, const LinearWeight& b,
-                                              bool bf16_acts = false);
+                                              bool bf16_acts = false, const ExpertTable* ea = nullptr,
+                                              const ExpertTable* eb = nullptr, const Routed* routed = nullptr);
     // Fast numerics: whether gemm() takes the decode GEMV for this call.
     bool use_gemv(const float* x, int64_t M, const LinearDev& d, const Routed* routed) const;
     void gemm(const float* x, const float* xs, int64_t M, const LinearDev& d, float* y, const ExpertTable* experts,

@@ -9,6 +9,17 @@ namespace peregrine::cuda {
 
 namespace {
 
+// Pair k of the rotary dims of a row at position p, rotated (bf16 results).
+__device__ __forceinline__ void rope_pair(float& a, float& b, int64_t p, const float* freqs, int k, bool inverse) {
+    const float ang = static_cast<float>(p) * freqs[k];
+    const float c = cos_cr(ang);
+    float s = sin_cr(ang);
+    if (inverse) s = -s;
+    const float x = a, y = b;
+    a = round_bf16(x * c - y * s);
+    b = round_bf16(x * s + y * c);
+}
+
 __global__ void rope_kernel(float* x, int64_t rows, int heads, int64_t rs, int64_t hs, int offset, const int64_t* pos,
                             const float* freqs, int dim, bool inverse) {
     pdl_enter();
@@ -18,13 +29,7 @@ __global__ void rope_kernel(float* x, int64_t rows, int heads, int64_t rs, int64
     const int64_t r = i / (heads * half);
     const int h = static_cast<int>((i / half) % heads), k = static_cast<int>(i % half);
     float* v = x + r * rs + h * hs + offset + 2 * k;
-    const float ang = static_cast<float>(pos[r]) * freqs[k];
-    const float c = cos_cr(ang);
-    float s = sin_cr(ang);
-    if (inverse) s = -s;
-    const float a = v[0], b = v[1];
-    v[0] = round_bf16(a * c - b * s);
-    v[1] = round_bf16(a * s + b * c);
+    rope_pair(v[0], v[1], pos[r], freqs, k, inverse);
 }
 
 // kind 0: e4m3 with a ue8m0 scale; 1: e2m1 with a ue8m0 scale; 2: e2m1 with an e4m3 scale.
@@ -65,6 +70,34 @@ __global__ void qdq4_kernel(float* x, int64_t n4, int64_t rs, int n, int block, 
     const float s = qdq_scale(amax, kind);
     *reinterpret_cast<float4*>(p) =
         make_float4(qdq_value(v.x, s, kind), qdq_value(v.y, s, kind), qdq_value(v.z, s, kind), qdq_value(v.w, s, kind));
+}
+
+// RoPE on dims [offset, offset + dim) of each head of hs floats, then the quantise-dequantise of its dims [0, n) in
+// blocks: rope_kernel's and qdq4_kernel's arithmetic on a quad (four floats) a thread, so the same bits in one
+// launch. The quads of a block share a warp (rope_qdq_fused: hs, offset, dim multiples of 4, hs and n of the block).
+__global__ void rope_qdq_kernel(float* x, int64_t quads, int heads, int64_t rs, int64_t hs, int offset,
+                                const int64_t* pos, const float* freqs, int dim, bool inverse, int n, int block,
+                                int kind) {
+    pdl_enter();
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    const bool live = i < quads;
+    const int64_t qh = hs / 4, g = live ? i : 0, rh = g / qh, r = rh / heads;
+    const int c = static_cast<int>(g % qh) * 4;  // the quad's first dim in its head
+    float* p = x + r * rs + (rh % heads) * hs + c;
+    float4 v = *reinterpret_cast<const float4*>(p);
+    if (c >= offset && c < offset + dim) {  // two pairs of rotary dims
+        const int k = (c - offset) / 2;
+        rope_pair(v.x, v.y, pos[r], freqs, k, inverse);
+        rope_pair(v.z, v.w, pos[r], freqs, k + 1, inverse);
+    }
+    // Every lane shuffles; a block's lanes are all below n or all at or above it.
+    const float amax = group_amax(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))), block / 4);
+    if (!live) return;
+    if (c < n) {
+        const float s = qdq_scale(amax, kind);
+        v = make_float4(qdq_value(v.x, s, kind), qdq_value(v.y, s, kind), qdq_value(v.z, s, kind), qdq_value(v.w, s, kind));
+    }
+    *reinterpret_cast<float4*>(p) = v;
 }
 
 constexpr int kMaxHadamard = 1024;
@@ -161,6 +194,22 @@ void qdq_rows(float* x, int64_t rows, int64_t rs, int n, int block, int kind) {
     } else {
         launch_pdl(qdq_kernel, dim3(blocks_for(m)), dim3(kThreads), 0, x, rows, rs, n, block, kind);
     }
+}
+
+void rope_qdq(float* x, int64_t rows, int heads, int64_t rs, int64_t hs, int offset, const int64_t* pos,
+              const float* freqs, int dim, bool inverse, int n, int block, int kind) {
+    if (rows * heads == 0) return;
+    const bool fused = quad_blocks(block) && aligned16(x) && rs % 4 == 0 && hs % 4 == 0 && offset % 4 == 0 &&
+                       dim % 4 == 0 && offset + dim <= hs && hs % block == 0 && n % block == 0 && n <= hs;
+    if (!fused) {
+        if (rs != heads * hs) cuda_fail(cudaErrorInvalidValue, "rope_qdq: heads must be contiguous", __FILE__, __LINE__);
+        rope(x, rows, heads, rs, hs, offset, pos, freqs, dim, inverse);
+        qdq_rows(x, rows * heads, hs, n, block, kind);
+        return;
+    }
+    const int64_t quads = rows * heads * (hs / 4);
+    launch_pdl(rope_qdq_kernel, dim3(blocks_for(quads)), dim3(kThreads), 0, x, quads, heads, rs, hs, offset, pos, freqs,
+               dim, inverse, n, block, kind);
 }
 
 void hadamard_rows(float* x, int64_t rows, int64_t rs, int n) {

@@ -53,10 +53,12 @@ void expert_tiles(const int32_t* sel, int64_t n, int E, int mt, int32_t* row_map
 bool linear_gemv_supported(const LinearDev& w);
 void linear_gemv(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
                  const LinearRouting* routing);
-// Two dense linears of one input (linear_gemv's contract for each): one streaming launch when their formats and
-// widths match and their format's variant streams (PEREGRINE_GEMV_PAIR=0: always two calls), else two calls.
+// Two linears of one input (linear_gemv's contract for each): one streaming launch when their formats and widths
+// match and their format's variant streams (PEREGRINE_GEMV_PAIR=0: always two calls), else two calls. Routed
+// (routing given): a's rows use table ea's experts, b's eb's, both the same routing (an expert's w1 and w3).
 void linear_gemv_pair(const float* x, const float* xs, int64_t M, const LinearDev& a, float* ya, const LinearDev& b,
-                      float* yb);
+                      float* yb, const ExpertTable* ea = nullptr, const ExpertTable* eb = nullptr,
+                      const LinearRouting* routing = nullptr);
 // Kernel variants, per stored format: 1 the CUDA-core kernel (register double buffer, separate split
 // reduction; every format), 3 the older tensor-core one (linear_gemv_mma.cu; FP8/FP4), 4-10 the streaming
 // tensor-core ones (linear_gemv_stream.cu; FP8/FP4, and BF16 when LinearDev::bf16_acts; 7/8 are 4/5 with
@@ -91,7 +93,8 @@ void linear_gemv_stream(int variant, const float* x, const float* xs, int64_t M,
 // rows end inside a CTA's group of rows): the fixed cost of a call paid once.
 bool linear_gemv_stream_pairs(const LinearDev& a, const LinearDev& b);
 void linear_gemv_stream_pair(int variant, const float* x, const float* xs, int64_t M, const LinearDev& a, float* ya,
-                             const LinearDev& b, float* yb);
+                             const LinearDev& b, float* yb, const ExpertTable* ea = nullptr,
+                             const ExpertTable* eb = nullptr, const LinearRouting* routing = nullptr);
 // ---- linear_cublas.cpp (prefill: tensor-core GEMMs through cuBLAS on exact bf16 images of the quantised
 // operands, fp32 accumulation; F32 linears as fp32 GEMMs). Same contract as linear_tiled; routed calls read
 // the tile table back to the host (one synchronisation). Weights are dequantised per call into a bounded,
@@ -127,6 +130,8 @@ void grouped_linear_bf16(const float* x, int64_t T, int G, int R, int GD, const 
 
 // ---- norm_hc.cu
 void rms_norm(const float* x, int64_t rows, int D, const float* w, float eps, float* y);
+// rms_norm(hc_collapse(h, pre), w) in one kernel, the same bits.
+void collapse_norm(const float* h, const float* pre, int64_t T, int hc, int D, const float* w, float eps, float* y);
 // mode 0: pre/post/comb with Sinkhorn; mode 1: V4 head (pre only, n_mix = hc).
 void hc_mixes(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,
               const float* scale, float eps, float hc_eps, int sinkhorn_iters, int mode, float* pre, float* post,
@@ -163,6 +168,10 @@ void rope(float* x, int64_t rows, int heads, int64_t rs, int64_t hs, int offset,
 // Quantise-dequantise the first n values of each row (stride rs) in blocks. kind 0: fp8 ue8m0, 1: fp4
 // ue8m0, 2: fp4 e4m3 scales.
 void qdq_rows(float* x, int64_t rows, int64_t rs, int n, int block, int kind);
+// rope (rows of `heads` heads of hs floats, rs = heads x hs when the shapes do not allow one kernel) then, per head,
+// qdq_rows of its first n dims: one launch, the same bits.
+void rope_qdq(float* x, int64_t rows, int heads, int64_t rs, int64_t hs, int offset, const int64_t* pos,
+              const float* freqs, int dim, bool inverse, int n, int block, int kind);
 void hadamard_rows(float* x, int64_t rows, int64_t rs, int n);
 // V4: unweighted per-head RMS norm in bf16 arithmetic, for rows x heads heads of width D.
 void head_norm_bf16(float* x, int64_t n_heads, int D, float eps);

@@ -447,15 +447,16 @@ void* gemv_scratch(int which, size_t bytes, bool zero) {
 }
 
 void linear_gemv_pair(const float* x, const float* xs, int64_t M, const LinearDev& a, float* ya, const LinearDev& b,
-                      float* yb) {
+                      float* yb, const ExpertTable* ea, const ExpertTable* eb, const LinearRouting* routing) {
     static const bool on = !env_is("PEREGRINE_GEMV_PAIR", "0");
-    const int v = variant_for(stored_format(a), M, false);
-    if (on && M > 0 && v >= 4 && variant_for(stored_format(b), M, false) == v && linear_gemv_stream_pairs(a, b)) {
-        linear_gemv_stream_pair(v, x, xs, M, a, ya, b, yb);
+    const bool routed = routing != nullptr;
+    const int v = variant_for(stored_format(a), M, routed);
+    if (on && M > 0 && v >= 4 && variant_for(stored_format(b), M, routed) == v && linear_gemv_stream_pairs(a, b)) {
+        linear_gemv_stream_pair(v, x, xs, M, a, ya, b, yb, ea, eb, routing);
         return;
     }
-    linear_gemv(x, xs, M, a, ya, nullptr, nullptr);
-    linear_gemv(x, xs, M, b, yb, nullptr, nullptr);
+    linear_gemv(x, xs, M, a, ya, ea, routing);
+    linear_gemv(x, xs, M, b, yb, eb, routing);
 }
 
 void linear_gemv_set_variant(int v) {

@@ -135,11 +135,14 @@ struct StreamArgs {
     const int32_t* n_tiles;
     const uint8_t* image;  // dense calls: the activations already staged (act_image_kernel), or null
     int64_t image_tile;    // bytes of the image per tile
-    // Pairs (two dense linears of one input, same format and K): rows n1.. of the call are w2's, written to y2.
-    // Otherwise n1 = w.out and y2 null.
+    // Pairs (two linears of one input, same format and K): rows n1.. of the call are w2's, written to y2.
+    // Otherwise n1 = w.out and y2 null. A routed pair's second expert table is experts2, its per-tile pointers kept
+    // in dynamic shared memory at byte pair_tables (after the activations).
     LinearDev w2;
     float* y2;
     int n1;
+    ExpertTable experts2;
+    int pair_tables;
 };
 
 // Four f16 of values within..within+3 of a k step into its 64 bytes of one row (FP4: permuted).
@@ -227,6 +230,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
     if (p.tiles) pdl_enter();
     const LinearDev& w = p.w;
     const int N = p.n1 + (p.y2 ? p.w2.out : 0), K = w.in;
+    const bool routed_pair = p.tiles && p.y2;
+    const uint8_t** tile_w2 = routed_pair ? reinterpret_cast<const uint8_t**>(reinterpret_cast<uint8_t*>(smem4) + p.pair_tables) : nullptr;
+    const uint8_t** tile_sc2 = routed_pair ? tile_w2 + kMaxCtaTiles : nullptr;
     // Output (token row, call row n): y, or y2 for a pair's second linear.
     auto out_at = [&](int64_t row, int n) -> float* {
         return p.y2 && n >= p.n1 ? p.y2 + row * (N - p.n1) + (n - p.n1) : p.y + row * p.n1 + n;
@@ -262,6 +268,10 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
             tile_sc[i] = p.experts.scale[t.x];
             tile_m0[i] = t.y;
             tile_rows[i] = t.z;
+            if (routed_pair) {
+                tile_w2[i] = static_cast<const uint8_t*>(p.experts2.w[t.x]);
+                tile_sc2[i] = p.experts2.scale[t.x];
+            }
         } else {
             tile_w[i] = static_cast<const uint8_t*>(w.w);
             tile_sc[i] = w.scale;
@@ -304,8 +314,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
         iss_clamped = iss_r0 + kUnitRows > N;
         const bool second = p.y2 && iss_r0 >= p.n1;  // n1 is a multiple of the group's rows (host)
         iss_off = second ? p.n1 : 0;
-        iss_wb = second ? static_cast<const uint8_t*>(p.w2.w) : tile_w[ti];
-        iss_sb = second ? p.w2.scale : tile_sc[ti];
+        iss_wb = second ? (routed_pair ? tile_w2[ti] : static_cast<const uint8_t*>(p.w2.w)) : tile_w[ti];
+        iss_sb = second ? (routed_pair ? tile_sc2[ti] : p.w2.scale) : tile_sc[ti];
         iss_w = iss_wb + static_cast<int64_t>(min(iss_r0 + prow, N - 1) - iss_off) * row_bytes +
                 static_cast<int64_t>(st0) * CH + pseg * 16;
         if constexpr (F == kFP4)
@@ -716,7 +726,7 @@ bool use_image(int64_t M, int K) {
 // K split's partial sums and reduction). Rows per tile
 // estimated as the average (routed) or the tile's (dense). Returns (splits, gpb).
 template <int F, int CH, int ST, int MINB, int MT, int NW>
-std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, int64_t tiles) {
+std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, int64_t tiles, size_t extra) {
     using G = Geo<F, CH>;
     constexpr int GR = NW * kUnitRows;
     const int groups = (N + GR - 1) / GR, sms = sm_count();
@@ -731,7 +741,7 @@ std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, i
     for (int splits = 1; splits <= max_splits; ++splits) {
         const int per = (all_stages + splits - 1) / splits;
         if ((all_stages + per - 1) / per != splits) continue;  // an empty slice
-        const size_t smem = ring + act_bytes<F, CH, MT>(per);
+        const size_t smem = ring + act_bytes<F, CH, MT>(per) + extra;
         const int occ = occupancy<F, CH, ST, MINB, MT, NW>(smem);
         if (occ < 1) continue;
         const int64_t act = static_cast<int64_t>(rows_est) * per * (CH / G::STEP_W_BYTES) * G::STEP_VALUES * 4;
@@ -759,13 +769,15 @@ std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, i
 
 template <int F, int CH, int ST, int MINB, int MT, int NW>
 void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
-            const LinearRouting* routing, bool persistent, const LinearDev* w2, float* y2) {
+            const LinearRouting* routing, bool persistent, const LinearDev* w2, float* y2, const ExpertTable* experts2) {
     constexpr int GR = NW * kUnitRows;
     if (w2 && w.out % GR != 0) {  // a pair whose first linear ends inside a group of rows: two calls
-        launch<F, CH, ST, MINB, MT, NW>(x, xs, M, w, y, experts, routing, persistent, nullptr, nullptr);
-        launch<F, CH, ST, MINB, MT, NW>(x, xs, M, *w2, y2, experts, routing, persistent, nullptr, nullptr);
+        launch<F, CH, ST, MINB, MT, NW>(x, xs, M, w, y, experts, routing, persistent, nullptr, nullptr, nullptr);
+        launch<F, CH, ST, MINB, MT, NW>(x, xs, M, *w2, y2, experts2, routing, persistent, nullptr, nullptr, nullptr);
         return;
     }
+    // A routed pair keeps its second table's per-tile pointers in dynamic shared memory.
+    const size_t extra = routing && w2 ? 2 * kMaxCtaTiles * sizeof(void*) : 0;
     const int N = w.out + (w2 ? w2->out : 0), groups = (N + GR - 1) / GR;
     const int64_t row_bytes = F == kFP4 ? w.in / 2 : F == kFP8 ? w.in : 2 * static_cast<int64_t>(w.in);
     const int all_stages = static_cast<int>((row_bytes + CH - 1) / CH);
@@ -777,32 +789,36 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     // The split of a shape is worked out once (the search is a few thousand steps of host arithmetic).
     static std::mutex mu;
     const bool image = !routing && use_image(M, w.in);
-    static std::map<std::tuple<int, int, int64_t, int64_t>, std::pair<int, int>> plans;
+    static std::map<std::tuple<int, int, int64_t, int64_t, size_t>, std::pair<int, int>> plans;
     std::pair<int, int> plan;
     bool fresh = false;
     {
         std::lock_guard<std::mutex> lock(mu);
-        const auto key = std::make_tuple(N, w.in, M, tiles);
+        const auto key = std::make_tuple(N, w.in, M, tiles, extra);
         auto it = plans.find(key);
         if (it == plans.end()) {
-            it = plans.emplace(key, choose_split<F, CH, ST, MINB, MT, NW>(N, all_stages, M, mtiles, tiles)).first;
+            it = plans.emplace(key, choose_split<F, CH, ST, MINB, MT, NW>(N, all_stages, M, mtiles, tiles, extra)).first;
             fresh = true;
         }
         plan = it->second;
     }
     int splits = plan.first, gpb = plan.second, per = (all_stages + splits - 1) / splits;
     int nblk = (groups + gpb - 1) / gpb;
-    size_t smem = ring + act_bytes<F, CH, MT>(per);
-    // Persistent (routed calls with at least a CTA's worth of units per resident CTA): one CTA per resident slot,
-    // each an equal share of the (tile, group) units over the whole of K, and at most kMaxCtaTiles - 1 units.
+    size_t smem = ring + act_bytes<F, CH, MT>(per) + extra;
+    // Persistent (routed calls with at least a CTA's worth of units per resident CTA): whole waves of one CTA per
+    // resident slot, each an equal share of the (tile, group) units over the whole of K. A CTA's units (tile-major)
+    // may touch at most kMaxCtaTiles - 1 tiles: n units touch at most (n - 1) / groups + 2, hence at most
+    // (kMaxCtaTiles - 2) x groups units. (Capping at kMaxCtaTiles - 1 units instead ran the large routed calls as
+    // one full wave and one part-full: batch 128's w2, 206 CTAs on 132 slots.)
     int64_t ctas = 0;
     const int64_t units = tiles * groups;
     if (persistent && routing && units < (int64_t{1} << 31)) {
-        const size_t full = ring + act_bytes<F, CH, MT>(all_stages);
+        const size_t full = ring + act_bytes<F, CH, MT>(all_stages) + extra;
         const int occ = full <= limit ? occupancy<F, CH, ST, MINB, MT, NW>(full) : 0;
         const int64_t slots = static_cast<int64_t>(occ) * sm_count();
         if (occ > 0 && units >= slots) {
-            ctas = std::max<int64_t>(slots, (units + kMaxCtaTiles - 2) / (kMaxCtaTiles - 1));
+            const int64_t max_units = static_cast<int64_t>(kMaxCtaTiles - 2) * groups;
+            ctas = slots * ((units + slots * max_units - 1) / (slots * max_units));
             splits = 1;
             gpb = 1;
             per = all_stages;
@@ -842,6 +858,10 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     if (w2) {
         a.w2 = *w2;
         a.y2 = y2;
+        if (extra) {
+            a.experts2 = *experts2;
+            a.pair_tables = static_cast<int>(smem - extra);
+        }
     }
     a.experts = experts ? *experts : ExpertTable{};
     a.row_map = routing ? routing->row_map : nullptr;
@@ -868,25 +888,26 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
 
 template <int F>
 void launch_variant(int v, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
-                    const ExpertTable* experts, const LinearRouting* routing, const LinearDev* w2, float* y2) {
+                    const ExpertTable* experts, const LinearRouting* routing, const LinearDev* w2, float* y2,
+                    const ExpertTable* experts2) {
     // Dense calls of more than 8 rows: tiles of 16 or 32 rows, so that each weight fragment feeds 2 or 4 mmas
     // (and the weights are streamed once instead of once per 8 rows).
     const int mt = routing || M <= 8 ? 1 : M <= 16 ? 2 : 4;
     switch (v) {
         case 4:
         case 7:  // 80 KB in flight per CTA (7: persistent when routed)
-            if (mt == 1) launch<F, 128, 6, 1, 1, 8>(x, xs, M, w, y, experts, routing, v == 7, w2, y2);
-            else if (mt == 2) launch<F, 128, 6, 1, 2, 8>(x, xs, M, w, y, experts, routing, false, w2, y2);
-            else launch<F, 128, 6, 1, 4, 8>(x, xs, M, w, y, experts, routing, false, w2, y2);
+            if (mt == 1) launch<F, 128, 6, 1, 1, 8>(x, xs, M, w, y, experts, routing, v == 7, w2, y2, experts2);
+            else if (mt == 2) launch<F, 128, 6, 1, 2, 8>(x, xs, M, w, y, experts, routing, false, w2, y2, experts2);
+            else launch<F, 128, 6, 1, 4, 8>(x, xs, M, w, y, experts, routing, false, w2, y2, experts2);
             break;
-        case 6: launch<F, 128, 4, 2, 1, 8>(x, xs, M, w, y, experts, routing, false, w2, y2); break;  // 48 KB, two CTAs per SM
+        case 6: launch<F, 128, 4, 2, 1, 8>(x, xs, M, w, y, experts, routing, false, w2, y2, experts2); break;  // 48 KB, two CTAs per SM
         case 9:  // FP4: 12 warps (192 rows) a CTA with 128-byte stages 4 deep (72 KB in flight; a whole K of f16
                  // activations still fits), persistent when routed: three warps a scheduler to hide the k steps'
                  // latency, where 8 warps left issue slots idle. Other formats, and dense tiles of 16-32 rows
                  // (whose k steps would not fit the registers of so many warps): as 5.
             if constexpr (F == kFP4) {
                 if (mt == 1) {
-                    launch<F, 128, 4, 1, 1, 12>(x, xs, M, w, y, experts, routing, true, w2, y2);
+                    launch<F, 128, 4, 1, 1, 12>(x, xs, M, w, y, experts, routing, true, w2, y2, experts2);
                     break;
                 }
             }
@@ -895,7 +916,7 @@ void launch_variant(int v, const float* x, const float* xs, int64_t M, const Lin
                   // scheduler. Other formats and 16-32-row tiles: as 5.
             if constexpr (F == kFP4) {
                 if (v == 10 && mt == 1) {
-                    launch<F, 128, 3, 1, 1, 16>(x, xs, M, w, y, experts, routing, true, w2, y2);
+                    launch<F, 128, 3, 1, 1, 16>(x, xs, M, w, y, experts, routing, true, w2, y2, experts2);
                     break;
                 }
             }
@@ -903,9 +924,9 @@ void launch_variant(int v, const float* x, const float* xs, int64_t M, const Lin
         default: {  // 5 and 8: 96 KB in flight, 4 rows x 256 B per copy (8: persistent when routed). FP4: 64 KB,
                     // so that a whole K of f16 activations (5120 values: 87 KB) fits beside the ring.
             constexpr int st = F == kFP4 ? 3 : 4;
-            if (mt == 1) launch<F, 256, st, 1, 1, 8>(x, xs, M, w, y, experts, routing, v == 8, w2, y2);
-            else if (mt == 2) launch<F, 256, st, 1, 2, 8>(x, xs, M, w, y, experts, routing, false, w2, y2);
-            else launch<F, 256, st, 1, 4, 8>(x, xs, M, w, y, experts, routing, false, w2, y2);
+            if (mt == 1) launch<F, 256, st, 1, 1, 8>(x, xs, M, w, y, experts, routing, v == 8, w2, y2, experts2);
+            else if (mt == 2) launch<F, 256, st, 1, 2, 8>(x, xs, M, w, y, experts, routing, false, w2, y2, experts2);
+            else launch<F, 256, st, 1, 4, 8>(x, xs, M, w, y, experts, routing, false, w2, y2, experts2);
             break;
         }
     }
@@ -939,7 +960,8 @@ bool linear_gemv_stream_quantises(const LinearDev& w) {
 
 namespace {
 void stream(int variant, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
-            const ExpertTable* experts, const LinearRouting* routing, const LinearDev* w2, float* y2) {
+            const ExpertTable* experts, const LinearRouting* routing, const LinearDev* w2, float* y2,
+            const ExpertTable* experts2) {
     if (M == 0 || w.out == 0) return;
     if (variant < 4 || variant > 10) fail("linear_gemv_stream: no variant {}", variant);
     if (!linear_gemv_stream_supported(w)) fail("linear_gemv_stream: unsupported linear (kind {}, in {})", w.kind, w.in);
@@ -947,15 +969,15 @@ void stream(int variant, const float* x, const float* xs, int64_t M, const Linea
     if (routing && routing->tile_rows > kCols) fail("linear_gemv_stream: routed tiles of {} rows", routing->tile_rows);
     if ((w.kind == kFP8 || w.kind == kFP4) && xs == nullptr && !linear_gemv_stream_quantises(w))
         fail("linear_gemv_stream: cannot quantise activation blocks of {}", w.act_block);
-    if (w.kind == kFP4) launch_variant<kFP4>(variant, x, xs, M, w, y, experts, routing, w2, y2);
-    else if (w.kind == kFP8) launch_variant<kFP8>(variant, x, xs, M, w, y, experts, routing, w2, y2);
-    else launch_variant<kBF16>(variant, x, xs, M, w, y, experts, routing, w2, y2);
+    if (w.kind == kFP4) launch_variant<kFP4>(variant, x, xs, M, w, y, experts, routing, w2, y2, experts2);
+    else if (w.kind == kFP8) launch_variant<kFP8>(variant, x, xs, M, w, y, experts, routing, w2, y2, experts2);
+    else launch_variant<kBF16>(variant, x, xs, M, w, y, experts, routing, w2, y2, experts2);
 }
 }  // namespace
 
 void linear_gemv_stream(int variant, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
                         const ExpertTable* experts, const LinearRouting* routing) {
-    stream(variant, x, xs, M, w, y, experts, routing, nullptr, nullptr);
+    stream(variant, x, xs, M, w, y, experts, routing, nullptr, nullptr, nullptr);
 }
 
 bool linear_gemv_stream_pairs(const LinearDev& a, const LinearDev& b) {
@@ -965,14 +987,16 @@ bool linear_gemv_stream_pairs(const LinearDev& a, const LinearDev& b) {
 }
 
 void linear_gemv_stream_pair(int variant, const float* x, const float* xs, int64_t M, const LinearDev& a, float* ya,
-                             const LinearDev& b, float* yb) {
+                             const LinearDev& b, float* yb, const ExpertTable* ea, const ExpertTable* eb,
+                             const LinearRouting* routing) {
     if (!linear_gemv_stream_pairs(a, b)) fail("linear_gemv_stream_pair: linears of different formats or widths");
+    if ((routing != nullptr) != (ea != nullptr && eb != nullptr)) fail("linear_gemv_stream_pair: routed pairs need both expert tables");
     if (a.out == 0 || b.out == 0) {
-        stream(variant, x, xs, M, a, ya, nullptr, nullptr, nullptr, nullptr);
-        stream(variant, x, xs, M, b, yb, nullptr, nullptr, nullptr, nullptr);
+        stream(variant, x, xs, M, a, ya, ea, routing, nullptr, nullptr, nullptr);
+        stream(variant, x, xs, M, b, yb, eb, routing, nullptr, nullptr, nullptr);
         return;
     }
-    stream(variant, x, xs, M, a, ya, nullptr, nullptr, &b, yb);
+    stream(variant, x, xs, M, a, ya, ea, routing, &b, yb, eb);
 }
 
 }  // namespace peregrine::cuda

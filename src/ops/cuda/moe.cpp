@@ -131,7 +131,8 @@ Tensor CudaBackend::routed_experts(const Tensor& x, int64_t pairs, int per_row, 
         xp = empty(DType::F32, {pairs, D});
         gather_pairs(x.f32(), T, per_row, D, xp.f32());
     }
-    Tensor g = run_linear(xp, e0.w1, &tab.w1, &routed), u = run_linear(xp, e0.w3, &tab.w3, &routed);
+    // w1 and w3 of every expert in one GEMV launch at decode (their fixed cost paid once).
+    auto [g, u] = run_linear_pair(xp, e0.w1, e0.w3, false, &tab.w1, &tab.w3, &routed);
     Tensor a = empty(DType::F32, {pairs, I});
     swiglu(g.f32(), u.f32(), pairs, I, wsel, limit, a.f32());
     return run_linear(a, e0.w2, &tab.w2, &routed);

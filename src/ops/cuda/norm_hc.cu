@@ -16,21 +16,23 @@ namespace {
 // read once and its loads are in flight together (a 5120-wide row took 16 us with 256 threads walking it
 // twice). The sum of squares is in double in each thread's strided order, then the block's tree.
 constexpr int kNormVals = 8;
-__global__ void rms_norm_kernel(const float* x, int D, const float* w, float eps, float* y) {
-    pdl_enter();
-    const float* xr = x + static_cast<int64_t>(blockIdx.x) * D;
-    float* yr = y + static_cast<int64_t>(blockIdx.x) * D;
+// One row whose value i is value(i), normalised by a block: rms_norm's arithmetic for any source of the row.
+template <typename Value>
+__device__ __forceinline__ void rms_norm_row(Value value, int D, const float* w, float eps, float* yr) {
     const int B = static_cast<int>(blockDim.x);
     float v[kNormVals];
 #pragma unroll
     for (int j = 0; j < kNormVals; ++j) {
         const int i = static_cast<int>(threadIdx.x) + j * B;
-        v[j] = i < D ? xr[i] : 0.0f;
+        v[j] = i < D ? value(i) : 0.0f;
     }
     double ss = 0.0;
 #pragma unroll
     for (int j = 0; j < kNormVals; ++j) ss += static_cast<double>(v[j] * v[j]);  // + 0 past the row: exact
-    for (int i = static_cast<int>(threadIdx.x) + kNormVals * B; i < D; i += B) ss += static_cast<double>(xr[i] * xr[i]);
+    for (int i = static_cast<int>(threadIdx.x) + kNormVals * B; i < D; i += B) {
+        const float x = value(i);
+        ss += static_cast<double>(x * x);
+    }
     ss = block_sum(ss);
     const float var = static_cast<float>(ss) / static_cast<float>(D);
     const float r = 1.0f / sqrtf(var + eps);
@@ -39,7 +41,28 @@ __global__ void rms_norm_kernel(const float* x, int D, const float* w, float eps
         const int i = static_cast<int>(threadIdx.x) + j * B;
         if (i < D) yr[i] = round_bf16(w[i] * (v[j] * r));
     }
-    for (int i = static_cast<int>(threadIdx.x) + kNormVals * B; i < D; i += B) yr[i] = round_bf16(w[i] * (xr[i] * r));
+    for (int i = static_cast<int>(threadIdx.x) + kNormVals * B; i < D; i += B) yr[i] = round_bf16(w[i] * (value(i) * r));
+}
+
+__global__ void rms_norm_kernel(const float* x, int D, const float* w, float eps, float* y) {
+    pdl_enter();
+    const float* xr = x + static_cast<int64_t>(blockIdx.x) * D;
+    rms_norm_row([&](int i) { return xr[i]; }, D, w, eps, y + static_cast<int64_t>(blockIdx.x) * D);
+}
+
+// hc_collapse's row (the pre-weighted sum of the copies, rounded to bf16, in hc_collapse_kernel's order) normalised
+// in the same block: the bits of hc_collapse then rms_norm, one launch and no intermediate row.
+__global__ void collapse_norm_kernel(const float* h, const float* pre, int hc, int D, const float* w, float eps, float* y) {
+    pdl_enter();
+    const int64_t t = blockIdx.x;
+    const float* x = h + t * hc * D;
+    const float* p = pre + t * hc;
+    auto value = [&](int c) {
+        float s = 0.0f;
+        for (int k = 0; k < hc; ++k) s += p[k] * x[static_cast<int64_t>(k) * D + c];
+        return round_bf16(s);
+    };
+    rms_norm_row(value, D, w, eps, y + t * D);
 }
 
 constexpr int kMaxMix = 64;
@@ -444,11 +467,20 @@ __global__ void first_stream_kernel(int64_t T, int hc, float* pre) {
 
 }  // namespace
 
+namespace {
+// About four values a thread: 1024 threads for V4.1-Flash's 5120-wide rows.
+int norm_threads(int D) { return std::clamp((D / 4 + 31) / 32 * 32, 32, 1024); }
+}  // namespace
+
 void rms_norm(const float* x, int64_t rows, int D, const float* w, float eps, float* y) {
     if (rows == 0) return;
-    // About four values a thread: 1024 threads for V4.1-Flash's 5120-wide rows.
-    const int threads = std::clamp((D / 4 + 31) / 32 * 32, 32, 1024);
+    const int threads = norm_threads(D);
     launch_pdl(rms_norm_kernel, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, x, D, w, eps, y);
+}
+
+void collapse_norm(const float* h, const float* pre, int64_t T, int hc, int D, const float* w, float eps, float* y) {
+    if (T == 0) return;
+    launch_pdl(collapse_norm_kernel, dim3(static_cast<unsigned>(T)), dim3(norm_threads(D)), 0, h, pre, hc, D, w, eps, y);
 }
 
 void hc_mixes(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <string>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 using namespace peregrine;
@@ -252,53 +253,75 @@ TEST(CudaGraphs, DeferredIdsMatchHostIds) {
 
 namespace {
 
-// Programmatic dependent launch (ops/cuda/pdl.cuh) lets a kernel's blocks start before the previous kernel ends;
-// until its pdl_wait a kernel may only read what no kernel of the step writes (the GEMV streams its first weight
-// stages there). The same steps with it on and off must give the same logits bit for bit. `plain` runs with
-// plain launches, `pdl` with overlapping ones, fed the same tokens (greedy on the plain logits).
-void compare_pdl(ModelRun& plain, ModelRun& pdl, std::vector<std::vector<int32_t>> feeds, int decode_steps,
-                 const std::string& what) {
-    const int vocab = plain.m->config().vocab_size, n = static_cast<int>(feeds.size());
+// Runs the same steps on `a` and `b` (greedy on a's logits; before(true) ahead of a's step, before(false) ahead of
+// b's) and expects the logits bit for bit the same; prints how many steps were.
+void compare_runs(ModelRun& a, ModelRun& b, std::vector<std::vector<int32_t>> feeds, int decode_steps,
+                  const std::function<void(bool)>& before, const std::string& what, const std::string& label) {
+    const int vocab = a.m->config().vocab_size, n = static_cast<int>(feeds.size());
     int same_steps = 0;
     for (int st = 0; st <= decode_steps; ++st) {
-        cuda::set_pdl(false);
-        Tensor a = step(plain, feeds);
-        cuda::set_pdl(true);
-        Tensor b = step(pdl, feeds);
-        ASSERT_EQ(a.numel(), b.numel());
-        const bool same = std::memcmp(a.f32(), b.f32(), sizeof(float) * static_cast<size_t>(a.numel())) == 0;
+        before(true);
+        Tensor x = step(a, feeds);
+        before(false);
+        Tensor y = step(b, feeds);
+        ASSERT_EQ(x.numel(), y.numel());
+        const bool same = std::memcmp(x.f32(), y.f32(), sizeof(float) * static_cast<size_t>(x.numel())) == 0;
         same_steps += same;
-        EXPECT_TRUE(same) << what << " step " << st << ": logits with overlapping launches differ";
-        for (int i = 0; i < n; ++i) feeds[static_cast<size_t>(i)] = {argmax(a.f32() + static_cast<int64_t>(i) * vocab, vocab)};
+        EXPECT_TRUE(same) << what << " step " << st << ": logits differ (" << label << ")";
+        for (int i = 0; i < n; ++i) feeds[static_cast<size_t>(i)] = {argmax(x.f32() + static_cast<int64_t>(i) * vocab, vocab)};
     }
-    std::printf("PARITY pdl %-30s %d seqs: prefill + %d decode steps, overlapping vs plain launches bit-identical in "
-                "%d of %d steps\n", what.c_str(), n, decode_steps, same_steps, decode_steps + 1);
+    std::printf("PARITY %-36s %d seqs: prefill + %d decode steps, %s bit-identical in %d of %d steps\n",
+                what.c_str(), n, decode_steps, label.c_str(), same_steps, decode_steps + 1);
 }
 
-TEST(CudaGraphs, OverlappingLaunchesMatchPlain) {
-    REQUIRE_GPU();
-    const bool was = cuda::set_pdl(true);
+// Both fixtures (3 sequences, 12 steps) and V4.1-Flash's dimensions (4 layers, 8 experts, 8 sequences: split-K
+// tickets, staged activations, routed tiles), each as two runs with graphs, setup(run, true) for the first.
+void compare_models(const std::function<void(bool)>& before, const std::function<void(ModelRun&, bool)>& setup,
+                    const std::string& what, const std::string& label) {
     for (const char* fx : {"dsv41-tiny-a", "dsv4-tiny-a"}) {
         auto ids = read_ids(fixture_dir(fx) + "/cases/prefill.ids");
         const int n = 3, steps = 12;
         const int64_t cap = static_cast<int64_t>(ids.size()) + steps + 1;
-        ModelRun plain = open(fx, true, n, cap), pdl = open(fx, true, n, cap);
+        ModelRun a = open(fx, true, n, cap), b = open(fx, true, n, cap);
+        setup(a, true);
+        setup(b, false);
         std::vector<std::vector<int32_t>> feeds(n);
         for (int i = 0; i < n; ++i)
             feeds[static_cast<size_t>(i)].assign(ids.begin() + i, ids.begin() + std::min(ids.size(), static_cast<size_t>(5 + 6 * i)));
-        compare_pdl(plain, pdl, feeds, steps, fx);
+        compare_runs(a, b, feeds, steps, before, what + " " + fx, label);
     }
-    // V4.1-Flash's dimensions, 4 layers and 8 experts, 8 sequences: split-K tickets, staged activations, routed tiles.
     ModelConfig cfg = synthetic_v41_flash_config(4, 8);
     ModelOptions o;
     o.device = "cuda";
     const int n = 8, steps = 6;
-    ModelRun plain = open_model(Model::synthetic(cfg, o, 3), true, n, 64), pdl = open_model(Model::synthetic(cfg, o, 3), true, n, 64);
+    ModelRun a = open_model(Model::synthetic(cfg, o, 3), true, n, 64), b = open_model(Model::synthetic(cfg, o, 3), true, n, 64);
+    setup(a, true);
+    setup(b, false);
     std::vector<std::vector<int32_t>> feeds(n);
     for (int i = 0; i < n; ++i)
         for (int j = 0; j < 17 + 3 * i; ++j) feeds[static_cast<size_t>(i)].push_back((j * 7919 + 131 * i + 5) % cfg.vocab_size);
-    compare_pdl(plain, pdl, feeds, steps, "synthetic v41-flash dims");
-    cuda::set_pdl(was);
+    compare_runs(a, b, feeds, steps, before, what + " synthetic v41-flash dims", label);
 }
 
 }  // namespace
+
+// Programmatic dependent launch (ops/cuda/pdl.cuh) lets a kernel's blocks start before the previous kernel ends;
+// until its pdl_wait a kernel may only read what no kernel of the step writes (the GEMV streams its first weight
+// stages there). The same steps with plain and with overlapping launches must give the same logits bit for bit.
+TEST(CudaGraphs, OverlappingLaunchesMatchPlain) {
+    REQUIRE_GPU();
+    const bool was = cuda::set_pdl(true);
+    compare_models([](bool plain) { cuda::set_pdl(!plain); }, [](ModelRun&, bool) {}, "pdl",
+                   "overlapping vs plain launches");
+    cuda::set_pdl(was);
+}
+
+// The hc mixes of decode steps on a side stream, joined where their outputs are first read (cuda_backend.cpp): the
+// same kernels on the same inputs, so the same logits bit for bit as on the thread's own stream, through the small-T
+// path (3 rows) and the FP64 tensor-core one (8 rows), with the MoE graphs captured and replayed meanwhile.
+TEST(CudaGraphs, SideStreamMixesMatchInline) {
+    REQUIRE_GPU();
+    compare_models([](bool) {}, [](ModelRun& r, bool inline_mixes) { r.be().set_side_mixes(!inline_mixes); }, "hc side",
+                   "side-stream vs inline mixes");
+}
+

@@ -119,6 +119,8 @@ public:
         return (rows >= 1 && rows <= 8) || rows == 12 || rows == 16 || rows == 24 || rows == 32;
     }
     void set_graphs(bool on);
+    // The hc mixes of decode-sized steps on a side stream (on by default, Fast numerics); returns the previous setting.
+    bool set_side_mixes(bool on);
     bool graphs() const { return graphs_; }
     // Wall milliseconds the host spent waiting for results (the logits copy) since the last call.
     double take_host_wait_ms() {
@@ -218,6 +220,12 @@ private:
     void run_hc_mixes(const Tensor& h, const Tensor& fn, int n_mix, const Tensor& base, const Tensor& scale, int iters,
                       int mode, float* pre, float* post, float* comb);
     bool hc_small_ = true;             // PEREGRINE_HC_SMALL=0: the FP64 tensor-core path below 8 rows too (A/B)
+    // hc mixes on a side stream (cuda_backend.cpp); PEREGRINE_HC_SIDE_STREAM=0: on the thread's stream (A/B).
+    struct SideMixes;
+    SideMixes& side_mixes();
+    // Makes this thread's stream wait for the mix in flight: always (t null) or if t is one of its outputs.
+    void join_mixes(const Tensor* t);
+    bool side_mixes_on_ = true;
     LinearDev dev_linear(const LinearWeight& w);
     const float* rope_freqs(const AttentionLayerInfo& info);
     const float* engram_weight(const EngramWeight& w);

@@ -536,12 +536,12 @@ void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, in
     const int tiles = static_cast<int>((T + kDmmaTokens - 1) / kDmmaTokens);
     const int S = std::clamp((2 * sm_count() + tiles - 1) / tiles, 1, n_chunks);
     double* part = nullptr;
-    PG_CUDA(cudaMallocAsync(&part, sizeof(double) * static_cast<size_t>(T) * (n_mix + 1) * S, 0));
+    PG_CUDA(cudaMallocAsync(&part, sizeof(double) * static_cast<size_t>(T) * (n_mix + 1) * S, launch_stream()));
     launch_pdl(hc_mixes_dmma_kernel, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(S)), dim3(kDmmaThreads),
                0, h, static_cast<int>(T), W, fn, n_mix, n_chunks, part);
     launch_pdl(hc_mixes_finish_kernel, dim3(static_cast<unsigned>(T)), dim3(finish_threads(T, n_mix)), 0, part, S, W,
                n_mix, hc, base, scale, eps, hc_eps, iters, mode, pre, post, comb);
-    PG_CUDA(cudaFreeAsync(part, 0));
+    PG_CUDA(cudaFreeAsync(part, launch_stream()));
 }
 
 void hc_collapse(const float* h, const float* pre, int64_t T, int hc, int D, float* y) {

@@ -12,6 +12,7 @@
 // plain one. PEREGRINE_PDL=0 (or set_pdl(false)) launches every kernel plainly (A/B).
 #include "ops/cuda/env_switch.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/cuda/launch_stream.h"
 
 #include <cuda_runtime.h>
 
@@ -34,14 +35,14 @@ inline std::atomic<bool>& pdl_flag() {
     return on;
 }
 
-// kernel<<<grid, block, smem>>>(args...) on the calling thread's stream, allowed to overlap the previous kernel.
+// kernel<<<grid, block, smem>>>(args...) on launch_stream(), allowed to overlap the previous kernel there.
 template <typename... Params, typename... Args>
 void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, Args&&... args) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
-    cfg.stream = cudaStreamPerThread;
+    cfg.stream = launch_stream();
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;

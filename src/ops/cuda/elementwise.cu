@@ -43,6 +43,16 @@ __device__ __forceinline__ float qdq_value(float v, float s, int kind) {
     return round_bf16(e2m1_to_f32(f32_to_e2m1(fminf(fmaxf(v / s, -6.0f), 6.0f))) * s);
 }
 
+// A quad of one block (spread over `lanes` lanes, every lane of the warp taking part): its max |x|, and the quad
+// quantised-dequantised under the block's scale.
+__device__ __forceinline__ float quad_amax(float4 v, int lanes) {
+    return group_amax(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))), lanes);
+}
+__device__ __forceinline__ float4 qdq_quad(float4 v, float amax, int kind) {
+    const float s = qdq_scale(amax, kind);
+    return make_float4(qdq_value(v.x, s, kind), qdq_value(v.y, s, kind), qdq_value(v.z, s, kind), qdq_value(v.w, s, kind));
+}
+
 // A thread per block: the general case.
 __global__ void qdq_kernel(float* x, int64_t rows, int64_t rs, int n, int block, int kind) {
     pdl_enter();
@@ -65,11 +75,9 @@ __global__ void qdq4_kernel(float* x, int64_t n4, int64_t rs, int n, int block, 
     const int64_t e = live ? i * 4 : 0;
     float* p = x + (e / n) * rs + e % n;
     const float4 v = *reinterpret_cast<const float4*>(p);
-    const float amax = group_amax(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))), block / 4);
+    const float amax = quad_amax(v, block / 4);
     if (!live) return;
-    const float s = qdq_scale(amax, kind);
-    *reinterpret_cast<float4*>(p) =
-        make_float4(qdq_value(v.x, s, kind), qdq_value(v.y, s, kind), qdq_value(v.z, s, kind), qdq_value(v.w, s, kind));
+    *reinterpret_cast<float4*>(p) = qdq_quad(v, amax, kind);
 }
 
 // RoPE on dims [offset, offset + dim) of each head of hs floats, then the quantise-dequantise of its dims [0, n) in
@@ -91,12 +99,9 @@ __global__ void rope_qdq_kernel(float* x, int64_t quads, int heads, int64_t rs, 
         rope_pair(v.z, v.w, pos[r], freqs, k + 1, inverse);
     }
     // Every lane shuffles; a block's lanes are all below n or all at or above it.
-    const float amax = group_amax(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))), block / 4);
+    const float amax = quad_amax(v, block / 4);
     if (!live) return;
-    if (c < n) {
-        const float s = qdq_scale(amax, kind);
-        v = make_float4(qdq_value(v.x, s, kind), qdq_value(v.y, s, kind), qdq_value(v.z, s, kind), qdq_value(v.w, s, kind));
-    }
+    if (c < n) v = qdq_quad(v, amax, kind);
     *reinterpret_cast<float4*>(p) = v;
 }
 

@@ -221,9 +221,9 @@ void route_fast(const float* logits, int64_t T, int E, int K, int score_func, co
                 bool balanced, int32_t* sel, float* wsel) {
     if (T == 0) return;
     if (E > kMaxExperts || K > kMaxTopK) cuda_fail(cudaErrorInvalidValue, "route: too many experts", __FILE__, __LINE__);
-        if (T > 0x7fffffff) cuda_fail(cudaErrorInvalidValue, "route: too many tokens", __FILE__, __LINE__);
-        launch_pdl(route_fast_kernel, dim3(static_cast<unsigned>(T)), dim3(kRouteThreads), 0, logits, T, E, K,
-                   score_func, bias, tid2eid, ids, v41, norm_topk_prob, route_scale, balanced, sel, wsel);
+    if (T > 0x7fffffff) cuda_fail(cudaErrorInvalidValue, "route: too many tokens", __FILE__, __LINE__);
+    launch_pdl(route_fast_kernel, dim3(static_cast<unsigned>(T)), dim3(kRouteThreads), 0, logits, T, E, K, score_func,
+               bias, tid2eid, ids, v41, norm_topk_prob, route_scale, balanced, sel, wsel);
 }
 
 void gather_pairs(const float* x, int64_t T, int K, int D, float* xp) {

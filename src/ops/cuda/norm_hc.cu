@@ -16,6 +16,13 @@ namespace {
 // read once and its loads are in flight together (a 5120-wide row took 16 us with 256 threads walking it
 // twice). The sum of squares is in double in each thread's strided order, then the block's tree.
 constexpr int kNormVals = 8;
+
+// hc_collapse's value c of a token: the pre-weighted sum of its hc copies (x: the token's [hc][D]), rounded to bf16.
+__device__ __forceinline__ float collapse_value(const float* x, const float* p, int hc, int D, int64_t c) {
+    float s = 0.0f;
+    for (int k = 0; k < hc; ++k) s += p[k] * x[k * D + c];
+    return round_bf16(s);
+}
 // One row whose value i is value(i), normalised by a block: rms_norm's arithmetic for any source of the row.
 template <typename Value>
 __device__ __forceinline__ void rms_norm_row(Value value, int D, const float* w, float eps, float* yr) {
@@ -50,19 +57,14 @@ __global__ void rms_norm_kernel(const float* x, int D, const float* w, float eps
     rms_norm_row([&](int i) { return xr[i]; }, D, w, eps, y + static_cast<int64_t>(blockIdx.x) * D);
 }
 
-// hc_collapse's row (the pre-weighted sum of the copies, rounded to bf16, in hc_collapse_kernel's order) normalised
-// in the same block: the bits of hc_collapse then rms_norm, one launch and no intermediate row.
+// hc_collapse's row normalised in the same block: the bits of hc_collapse then rms_norm, one launch and no
+// intermediate row.
 __global__ void collapse_norm_kernel(const float* h, const float* pre, int hc, int D, const float* w, float eps, float* y) {
     pdl_enter();
     const int64_t t = blockIdx.x;
     const float* x = h + t * hc * D;
     const float* p = pre + t * hc;
-    auto value = [&](int c) {
-        float s = 0.0f;
-        for (int k = 0; k < hc; ++k) s += p[k] * x[static_cast<int64_t>(k) * D + c];
-        return round_bf16(s);
-    };
-    rms_norm_row(value, D, w, eps, y + t * D);
+    rms_norm_row([&](int c) { return collapse_value(x, p, hc, D, c); }, D, w, eps, y + t * D);
 }
 
 constexpr int kMaxMix = 64;
@@ -379,11 +381,7 @@ __global__ void hc_collapse_kernel(const float* h, const float* pre, int64_t T, 
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * D) return;
     const int64_t t = i / D, c = i % D;
-    const float* x = h + t * hc * D;
-    const float* p = pre + t * hc;
-    float s = 0.0f;
-    for (int k = 0; k < hc; ++k) s += p[k] * x[k * D + c];
-    y[i] = round_bf16(s);
+    y[i] = collapse_value(h + t * hc * D, pre + t * hc, hc, D, c);
 }
 
 __global__ void hc_expand_kernel(const float* y, const float* res, const float* post, const float* comb, int64_t T,
@@ -465,11 +463,9 @@ __global__ void first_stream_kernel(int64_t T, int hc, float* pre) {
     pre[i] = (i % hc) == 0 ? 1.0f : 0.0f;
 }
 
-}  // namespace
-
-namespace {
 // About four values a thread: 1024 threads for V4.1-Flash's 5120-wide rows.
 int norm_threads(int D) { return std::clamp((D / 4 + 31) / 32 * 32, 32, 1024); }
+
 }  // namespace
 
 void rms_norm(const float* x, int64_t rows, int D, const float* w, float eps, float* y) {

@@ -50,10 +50,13 @@ void cuda_fail(cudaError_t e, const char* what, const char* file, int line) {
     fail("CUDA error '{}' in {} at {}:{}", cudaGetErrorString(e), what, file, line);
 }
 
+// Stream-ordered on the stream kernels launch on (launch_stream(): the thread's own, or the hc mixes' side stream),
+// and freed on the same stream.
 std::shared_ptr<void> device_alloc(size_t bytes) {
     void* p = nullptr;
-    PG_CUDA(cudaMallocAsync(&p, std::max<size_t>(bytes, 16), 0));
-    return std::shared_ptr<void>(p, [](void* q) { cudaFreeAsync(q, 0); });
+    const cudaStream_t s = launch_stream();
+    PG_CUDA(cudaMallocAsync(&p, std::max<size_t>(bytes, 16), s));
+    return std::shared_ptr<void>(p, [s](void* q) { cudaFreeAsync(q, s); });
 }
 
 namespace {
@@ -488,10 +491,7 @@ void CudaBackend::run_hc_mixes(const Tensor& h, const Tensor& fn, int n_mix, con
     } else if (hc_small_ && T < 8 && hc_mixes_small_supported(T, n_mix)) {
         // A few rows: two launches, fn read as fp32 (18.5 us at one row against the tensor-core kernel's 20.5; from
         // 8 rows on that kernel is faster: 22.8 against 37.8 us at 32 rows, 24.0 against 53.6 at 64).
-        void* wp = nullptr;  // on the stream the kernels run on (the side stream for hc_mixes)
-        const cudaStream_t ls = launch_stream();
-        PG_CUDA(cudaMallocAsync(&wp, std::max<size_t>(hc_mixes_small_workspace(T, hc, cfg_.dim, n_mix), 16), ls));
-        std::shared_ptr<void> ws(wp, [ls](void* q) { cudaFreeAsync(q, ls); });
+        auto ws = device_alloc(hc_mixes_small_workspace(T, hc, cfg_.dim, n_mix));
         hc_mixes_small(h.f32(), T, hc, cfg_.dim, dev_f32(fn), n_mix, dev_f32(base), dev_f32(scale), eps(),
                        static_cast<float>(cfg_.hc_eps), iters, mode, pre, post, comb, ws.get());
     } else {

@@ -207,6 +207,7 @@ TEST(CudaAttnFast, IndexScoresPrefillTensorCores) {
     size_t differ = 0;
     for (size_t i = 0; i < mw.size(); ++i) differ += mw[i] != m[i] && !(std::isnan(mw[i]) && std::isnan(m[i]));
     std::printf("PARITY attn index_scores_wgmma vs mma.sync 4096x65536: %zu of %zu scores differ\n", differ, mw.size());
+    EXPECT_EQ(differ, 0u);  // the same per-head roundings and head order: the same bits
     m = mw;
     // The exact kernel on the first and last 64 rows (all of it would take seconds).
     const int sub = 64;
@@ -228,6 +229,49 @@ TEST(CudaAttnFast, IndexScoresPrefillTensorCores) {
                 "wgmma with bf16 staging %.3f ms; stream %.3f ms; exact %.3f ms for 128 rows (~%.0f ms for all)\n",
                 ms_kernel[0], tflop / (ms_kernel[0] * 1e-3), ms_kernel[1], tflop / (ms_kernel[1] * 1e-3), ms_mma,
                 ms_stream, ms_exact, ms_exact * T / (2 * sub));
+}
+
+// Tiles with fewer than 64 rows (down to 3, fewer than the 8 rows a thread's query copies step by) and a key
+// count that is not a multiple of the 256-key tile: the wgmma kernel against the mma.sync one, bit for bit.
+TEST(CudaAttnFast, IndexScoresPrefillRaggedTiles) {
+    REQUIRE_GPU();
+    const int T = 131;
+    const int64_t N = 2000;
+    auto kh = fp4_rows(N, kDim, 31);
+    auto qh = fp4_rows(static_cast<int64_t>(T) * kHeads, kDim, 32);
+    const EntryFormat kf = fp4_entry_format(kDim, 32, false);
+    auto kd = CudaBackend::upload(peregrine::test::pack_entries(kh, N, kf));
+    std::vector<const uint8_t*> table(static_cast<size_t>(N));
+    for (int64_t j = 0; j < N; ++j) table[static_cast<size_t>(j)] = kd.ptr + j * kf.bytes;
+    auto td = CudaBackend::upload(table);
+    auto q = CudaBackend::upload(qh);
+    auto w = CudaBackend::upload(weights(T, 33));
+    std::vector<int64_t> visible(T);
+    for (int t = 0; t < T; ++t) visible[static_cast<size_t>(t)] = N - T + t + 1;
+    auto vd = CudaBackend::upload(visible);
+    const std::vector<int64_t> tiles = {0, 64, 0, N, 64, 64, 0, N, 128, 3, 0, N};
+    auto tiles_d = CudaBackend::upload(tiles);
+    auto qb = cuda::device_alloc(sizeof(uint16_t) * T * kHeads * kDim), kb = cuda::device_alloc(sizeof(uint16_t) * N * kDim);
+    cuda::to_bf16(q.ptr, static_cast<int64_t>(T) * kHeads * kDim, static_cast<uint16_t*>(qb.get()));
+    cuda::gather_keys_bf16(td.ptr, N, kf, static_cast<uint16_t*>(kb.get()));
+    std::vector<float> out[2];
+    for (int v = 0; v < 2; ++v) {  // mma.sync, then wgmma
+        Tensor s = CudaBackend::empty(DType::F32, {T, N});
+        cuda::index_scores_use_wgmma(v == 1);
+        cuda::index_scores_mma(static_cast<const uint16_t*>(qb.get()), w.ptr, kHeads, tiles_d.ptr, 3,
+                               static_cast<const uint16_t*>(kb.get()), vd.ptr, N, s.f32());
+        out[v] = host(s.f32(), static_cast<size_t>(T) * N);
+    }
+    cuda::index_scores_use_wgmma(true);
+    size_t differ = 0, finite = 0;
+    for (size_t i = 0; i < out[0].size(); ++i) {
+        differ += std::memcmp(&out[0][i], &out[1][i], sizeof(float)) != 0;
+        finite += std::isfinite(out[1][i]);
+    }
+    EXPECT_EQ(differ, 0u);
+    EXPECT_EQ(finite, static_cast<size_t>(T) * (N - T) + static_cast<size_t>(T) * (T + 1) / 2);
+    std::printf("PARITY attn index_scores_wgmma vs mma.sync ragged tiles 64+64+3 x 2000 keys: %zu of %zu differ\n",
+                differ, out[0].size());
 }
 
 // Scores as the scorer writes them: bf16 values with many ties, -inf beyond `visible`.

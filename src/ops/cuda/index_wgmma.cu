@@ -61,6 +61,72 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b)
         : "l"(a), "l"(b), "n"(ACC));
 }
 
+// The head loop of warpgroup WG into acc (its 128 keys of the block against the 64 query rows). WG is a
+// template parameter so that the warpgroup's shared-memory addresses, and with them the wgmma descriptors, are
+// uniform: built once on the uniform datapath, not per MMA on every thread. A thread copies the same 16-byte
+// chunk of rows rr, rr + 8, ... of every head's query tile, so its copies' addresses are set up once.
+template <int WG>
+__device__ __forceinline__ void score_heads(uint32_t ks, const __nv_bfloat16* qb, const float* Ws, int nh,
+                                            int64_t row0, int nrows, float (&acc)[64]) {
+    const int wt = threadIdx.x & 127, lane = wt & 31, wq = wt >> 5, g = lane >> 2;
+    const uint32_t kt_base = ks + WG * (128 * 128);                   // this warpgroup's 128 keys in each half
+    const uint32_t q_base = ks + kKBytes + WG * 2 * kQBytes;          // this warpgroup's two query buffers
+    const int c = wt & 15, rr = wt >> 4;                              // chunk c of rows rr + 8m, m = 0..7
+    const int mvalid = (nrows - rr + 7) >> 3;                         // rows rr + 8m < nrows
+    const char* qsrc = reinterpret_cast<const char*>(qb + ((row0 + rr) * nh) * kHD + c * 8);
+    const int64_t mstep = int64_t(8) * nh * kHD * 2;                  // bytes from row r to row r + 8
+    const uint32_t qdst = q_base + (c >> 3) * (kT * 128) + sw128_offset(rr, c & 7);  // + 1024 m: row rr + 8m
+    auto load_q = [&](int h) {
+        const char* src = qsrc + h * (kHD * 2);
+        const uint32_t dst = qdst + (h & 1) * kQBytes;
+        const char* p = src;
+#pragma unroll
+        for (int m = 0; m < 8; ++m, p += mstep) {
+            const bool ok = m < mvalid;
+            cp_async16(dst + m * 1024, ok ? p : src, ok ? 16 : 0);  // rows past the tile: zeros, from a valid address
+        }
+        cp_async_commit();
+    };
+    load_q(0);
+    cp_async_wait<0>();  // the keys (every thread's share) and this warpgroup's first queries
+    proxy_fence();
+    asm volatile("bar.sync 0;\n" ::: "memory");  // both warpgroups (each from its own instance)
+
+    const uint64_t kdesc = desc_sw128(kt_base);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    float d[64];
+    for (int h = 0; h < nh; ++h) {
+        if (h > 0) {  // head h's queries, copied by this warpgroup during head h - 1
+            cp_async_wait<0>();
+            proxy_fence();
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + WG) : "memory");
+        }
+        if (h + 1 < nh) load_q(h + 1);  // into the buffer head h - 1 read; its MMAs are done (waited below)
+        // Descriptor of k16 step s: the tile's start advanced by s's offset (the address field cannot carry out).
+        const uint64_t qdesc = desc_sw128(q_base + (h & 1) * kQBytes);
+        wgmma_fence();
+        wgmma_ss<0>(d, qdesc, kdesc);
+#pragma unroll
+        for (int s = 1; s < 8; ++s)
+            wgmma_ss<1>(d, qdesc + (((s >> 2) * (kT * 128) + (s & 3) * 32) >> 4),
+                        kdesc + (((s >> 2) * (kKeys * 128) + (s & 3) * 32) >> 4));
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 64; ++i) hold(d[i]);
+        // d[4j + e]: query row wq*16 + g + 8*(e >> 1), key 8j + 2t + (e & 1) of this warpgroup's 128.
+        const uint32_t wa = bf16_pair_of(Ws[h * kT + wq * 16 + g]), wb = bf16_pair_of(Ws[h * kT + wq * 16 + g + 8]);
+#pragma unroll
+        for (int i = 0; i < 64; i += 2) {  // columns i, i + 1 share their row
+            const uint32_t v = relu_times(d[i], d[i + 1], (i & 2) ? wb : wa);
+            acc[i] += __uint_as_float(v << 16);
+            acc[i + 1] += __uint_as_float(v & 0xffff0000u);
+        }
+        // The barrier at the top of head h + 1 then tells every thread of this warpgroup that these MMAs are done.
+    }
+}
+
 // tiles[4 * y] = (first row, rows <= kT, first key in kb, keys of the sequence); x: key tile of 256.
 __global__ void __launch_bounds__(kWgThreads, 1) index_wgmma_kernel(const __nv_bfloat16* qb, const float* wts, int nh,
                                                                   const int64_t* tiles, const __nv_bfloat16* kb,
@@ -68,7 +134,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) index_wgmma_kernel(const __nv_b
                                                                   float* scores) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t* sm = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
-    const uint32_t ks = static_cast<uint32_t>(__cvta_generic_to_shared(sm)), qs = ks + kKBytes;
+    const uint32_t ks = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
     float* Ws = reinterpret_cast<float*>(sm + kKBytes + 4 * kQBytes);  // [nh][kT]
     int64_t* Lim = reinterpret_cast<int64_t*>(Ws + kMaxHeads * kT);    // per row: min(width, visible)
     const int64_t* td = tiles + 4 * static_cast<int64_t>(blockIdx.y);
@@ -102,56 +168,11 @@ __global__ void __launch_bounds__(kWgThreads, 1) index_wgmma_kernel(const __nv_b
         const int h = i / kT, r = i % kT;
         Ws[i] = r < nrows ? wts[(row0 + r) * nh + h] : 0.0f;
     }
-    const int lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3, g = lane >> 2, t = lane & 3;
-    const int wt = tid & 127;                                      // thread in the warpgroup
-    const uint32_t kt_base = ks + wg * (128 * 128);                // this warpgroup's 128 keys in each half
-    const uint32_t q_base = qs + wg * 2 * kQBytes;                 // this warpgroup's two query buffers
-    auto load_q = [&](int h) {
-        const uint32_t dst = q_base + (h & 1) * kQBytes;
-        for (int i = wt; i < kT * 16; i += 128) {
-            const int r = i >> 4, c = i & 15;
-            const bool ok = r < nrows;
-            cp_async16(dst + (c >> 3) * (kT * 128) + sw128_offset(r, c & 7),
-                       ok ? qb + ((row0 + r) * nh + h) * kHD + c * 8 : qb, ok ? 16 : 0);
-        }
-        cp_async_commit();
-    };
-    load_q(0);
-    cp_async_wait<0>();  // the keys (every thread's share) and this warpgroup's first queries
-    proxy_fence();
-    __syncthreads();
-
-    float acc[64], d[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-    for (int h = 0; h < nh; ++h) {
-        if (h > 0) {  // head h's queries, copied by this warpgroup during head h - 1
-            cp_async_wait<0>();
-            proxy_fence();
-            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-        }
-        if (h + 1 < nh) load_q(h + 1);  // into the buffer head h - 1 read; its MMAs are done (waited below)
-        const uint32_t qa = q_base + (h & 1) * kQBytes;
-        wgmma_fence();
-        wgmma_ss<0>(d, desc_sw128(qa), desc_sw128(kt_base));
-#pragma unroll
-        for (int s = 1; s < 8; ++s)
-            wgmma_ss<1>(d, desc_sw128(qa + (s >> 2) * (kT * 128) + (s & 3) * 32),
-                        desc_sw128(kt_base + (s >> 2) * (kKeys * 128) + (s & 3) * 32));
-        wgmma_commit();
-        wgmma_wait<0>();
-#pragma unroll
-        for (int i = 0; i < 64; ++i) hold(d[i]);
-        // d[4j + e]: query row wq*16 + g + 8*(e >> 1), key wg*128 + 8j + 2t + (e & 1).
-        const uint32_t wa = bf16_pair_of(Ws[h * kT + wq * 16 + g]), wb = bf16_pair_of(Ws[h * kT + wq * 16 + g + 8]);
-#pragma unroll
-        for (int i = 0; i < 64; i += 2) {  // columns i, i + 1 share their row
-            const uint32_t v = relu_times(d[i], d[i + 1], (i & 2) ? wb : wa);
-            acc[i] += __uint_as_float(v << 16);
-            acc[i + 1] += __uint_as_float(v & 0xffff0000u);
-        }
-        // The barrier at the top of head h + 1 then tells every thread of this warpgroup that these MMAs are done.
-    }
+    float acc[64];
+    const int wg = tid >> 7;
+    if (wg == 0) score_heads<0>(ks, qb, Ws, nh, row0, nrows, acc);
+    else score_heads<1>(ks, qb, Ws, nh, row0, nrows, acc);
+    const int lane = tid & 31, wq = (tid >> 5) & 3, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
         const int r = wq * 16 + g + ((i & 2) ? 8 : 0);

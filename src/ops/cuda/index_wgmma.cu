@@ -2,7 +2,7 @@
 // (index_fast.cu): per head bf16(q.k), relu, x weight, bf16, summed over heads in head order in fp32, bf16.
 // A block scores 64 query rows against 256 keys: the keys' bf16 tile stays in shared memory and each of the two
 // warpgroups runs m64 n128 k16 wgmmas (queries x its 128 keys, both operands from shared memory in the 128-byte
-// swizzle), streaming the heads' query tiles through its own two buffers and syncing only within itself (named
+// swizzle), streaming the heads' query tiles through its own three buffers and syncing only within itself (named
 // barriers), so that one warpgroup folds a head into its scores while the other's MMAs run. (Overlapping within
 // a warpgroup, head h + 1's MMAs in flight while head h is folded, made ptxas serialise every wgmma.)
 #include "ops/cuda/cp_async.cuh"
@@ -21,8 +21,9 @@ using namespace wgmma;
 
 constexpr int kT = 64, kKeys = 256, kHD = 128, kWgThreads = 256, kMaxHeads = 64;
 constexpr int kKBytes = kKeys * kHD * 2;  // [2 halves of 64 dims][256 rows][128 B]
-constexpr int kQBytes = kT * kHD * 2;     // [2 halves][64 rows][128 B], two buffers per warpgroup
-constexpr int kSmem = 1024 + kKBytes + 4 * kQBytes + kMaxHeads * kT * 4 + kT * 8;
+constexpr int kQBytes = kT * kHD * 2;     // [2 halves][64 rows][128 B]
+constexpr int kQBufs = 3;                 // query buffers per warpgroup: heads h + 1 and h + 2 in flight
+constexpr int kSmem = 1024 + kKBytes + 2 * kQBufs * kQBytes + kMaxHeads * kT * 4 + kT * 8;
 
 // One head's fold of two scores of a row, relu(bf16(x)) x w rounded to bf16, packed (lo = x, hi = y): one
 // conversion with relu and one bf16x2 multiply. The weights are bf16 values, so the product is exact before its
@@ -70,15 +71,16 @@ __device__ __forceinline__ void score_heads(uint32_t ks, const __nv_bfloat16* qb
                                             int64_t row0, int nrows, float (&acc)[64]) {
     const int wt = threadIdx.x & 127, lane = wt & 31, wq = wt >> 5, g = lane >> 2;
     const uint32_t kt_base = ks + WG * (128 * 128);                   // this warpgroup's 128 keys in each half
-    const uint32_t q_base = ks + kKBytes + WG * 2 * kQBytes;          // this warpgroup's two query buffers
+    const uint32_t q_base = ks + kKBytes + WG * kQBufs * kQBytes;     // this warpgroup's query buffers
     const int c = wt & 15, rr = wt >> 4;                              // chunk c of rows rr + 8m, m = 0..7
     const int mvalid = (nrows - rr + 7) >> 3;                         // rows rr + 8m < nrows
     const char* qsrc = reinterpret_cast<const char*>(qb + ((row0 + rr) * nh) * kHD + c * 8);
-    const int64_t mstep = int64_t(8) * nh * kHD * 2;                  // bytes from row r to row r + 8
+    int64_t mstep = int64_t(8) * nh * kHD * 2;                        // bytes from row r to row r + 8
+    asm("" : "+l"(qsrc), "+l"(mstep));  // kept in registers, not recomputed per head from the thread index
     const uint32_t qdst = q_base + (c >> 3) * (kT * 128) + sw128_offset(rr, c & 7);  // + 1024 m: row rr + 8m
-    auto load_q = [&](int h) {
+    auto load_q = [&](int h, int buf) {
         const char* src = qsrc + h * (kHD * 2);
-        const uint32_t dst = qdst + (h & 1) * kQBytes;
+        const uint32_t dst = qdst + buf * kQBytes;
         const char* p = src;
 #pragma unroll
         for (int m = 0; m < 8; ++m, p += mstep) {
@@ -87,8 +89,10 @@ __device__ __forceinline__ void score_heads(uint32_t ks, const __nv_bfloat16* qb
         }
         cp_async_commit();
     };
-    load_q(0);
-    cp_async_wait<0>();  // the keys (every thread's share) and this warpgroup's first queries
+    load_q(0, 0);
+    if (nh > 1) load_q(1, 1);
+    else cp_async_commit();
+    cp_async_wait<1>();  // the keys (every thread's share) and this warpgroup's first queries
     proxy_fence();
     asm volatile("bar.sync 0;\n" ::: "memory");  // both warpgroups (each from its own instance)
 
@@ -96,15 +100,18 @@ __device__ __forceinline__ void score_heads(uint32_t ks, const __nv_bfloat16* qb
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
     float d[64];
-    for (int h = 0; h < nh; ++h) {
-        if (h > 0) {  // head h's queries, copied by this warpgroup during head h - 1
-            cp_async_wait<0>();
+    for (int h = 0, buf = 0; h < nh; ++h, buf = buf == kQBufs - 1 ? 0 : buf + 1) {
+        if (h > 0) {  // head h's queries, copied by this warpgroup during head h - 2 (h + 1's may be in flight)
+            cp_async_wait<1>();
             proxy_fence();
             asm volatile("bar.sync %0, 128;\n" ::"r"(1 + WG) : "memory");
         }
-        if (h + 1 < nh) load_q(h + 1);  // into the buffer head h - 1 read; its MMAs are done (waited below)
+        // Head h + 2 into the buffer head h - 1 read: its MMAs are done (every warp waited before the barrier).
+        // An empty group when there is no such head keeps the wait above at "all but the newest".
+        if (h + 2 < nh) load_q(h + 2, buf == 0 ? kQBufs - 1 : buf - 1);
+        else cp_async_commit();
         // Descriptor of k16 step s: the tile's start advanced by s's offset (the address field cannot carry out).
-        const uint64_t qdesc = desc_sw128(q_base + (h & 1) * kQBytes);
+        const uint64_t qdesc = desc_sw128(q_base + buf * kQBytes);
         wgmma_fence();
         wgmma_ss<0>(d, qdesc, kdesc);
 #pragma unroll
@@ -135,7 +142,7 @@ __global__ void __launch_bounds__(kWgThreads, 1) index_wgmma_kernel(const __nv_b
     extern __shared__ uint8_t smem_raw[];
     uint8_t* sm = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
     const uint32_t ks = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
-    float* Ws = reinterpret_cast<float*>(sm + kKBytes + 4 * kQBytes);  // [nh][kT]
+    float* Ws = reinterpret_cast<float*>(sm + kKBytes + 2 * kQBufs * kQBytes);  // [nh][kT]
     int64_t* Lim = reinterpret_cast<int64_t*>(Ws + kMaxHeads * kT);    // per row: min(width, visible)
     const int64_t* td = tiles + 4 * static_cast<int64_t>(blockIdx.y);
     const int64_t row0 = td[0], kbase = td[2], width = td[3];

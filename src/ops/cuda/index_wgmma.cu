@@ -2,9 +2,9 @@
 // (index_fast.cu): per head bf16(q.k), relu, x weight, bf16, summed over heads in head order in fp32, bf16.
 // A block scores 64 query rows against 256 keys: the keys' bf16 tile stays in shared memory and each of the two
 // warpgroups runs m64 n128 k16 wgmmas (queries x its 128 keys, both operands from shared memory in the 128-byte
-// swizzle), streaming the heads' query tiles through its own three buffers and syncing only within itself (named
-// barriers), so that one warpgroup folds a head into its scores while the other's MMAs run. (Overlapping within
-// a warpgroup, head h + 1's MMAs in flight while head h is folded, made ptxas serialise every wgmma.)
+// swizzle), streaming the heads' query tiles through its own three buffers. The warpgroups take turns on the
+// tensor cores, so that one folds a head into its scores while the other's MMAs run. (Overlapping within a
+// warpgroup, head h + 1's MMAs in flight while head h is folded, made ptxas serialise every wgmma.)
 #include "ops/cuda/cp_async.cuh"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/kernels.h"
@@ -62,6 +62,18 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b)
         : "l"(a), "l"(b), "n"(ACC));
 }
 
+// Named barriers: 1 + WG, a warpgroup's own (its query buffers); kTurn + WG, its turn to issue MMAs. The two
+// warpgroups take turns (ping-pong): each issues a head's MMAs only after the other has issued its own, so
+// that one folds while the other's MMAs run. Left alone they fall into step, both multiplying and then both
+// folding, with the tensor cores idle during the folds.
+constexpr int kTurn = 3;
+__device__ __forceinline__ void named_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // The head loop of warpgroup WG into acc (its 128 keys of the block against the 64 query rows). WG is a
 // template parameter so that the warpgroup's shared-memory addresses, and with them the wgmma descriptors, are
 // uniform: built once on the uniform datapath, not per MMA on every thread. A thread copies the same 16-byte
@@ -97,6 +109,7 @@ __device__ __forceinline__ void score_heads(uint32_t ks, const __nv_bfloat16* qb
     asm volatile("bar.sync 0;\n" ::: "memory");  // both warpgroups (each from its own instance)
 
     const uint64_t kdesc = desc_sw128(kt_base);
+    if (WG == 1) named_arrive(kTurn, 2 * 128);  // warpgroup 0 takes the first turn
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
     float d[64];
@@ -104,7 +117,7 @@ __device__ __forceinline__ void score_heads(uint32_t ks, const __nv_bfloat16* qb
         if (h > 0) {  // head h's queries, copied by this warpgroup during head h - 2 (h + 1's may be in flight)
             cp_async_wait<1>();
             proxy_fence();
-            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + WG) : "memory");
+            named_sync(1 + WG, 128);
         }
         // Head h + 2 into the buffer head h - 1 read: its MMAs are done (every warp waited before the barrier).
         // An empty group when there is no such head keeps the wait above at "all but the newest".
@@ -112,6 +125,7 @@ __device__ __forceinline__ void score_heads(uint32_t ks, const __nv_bfloat16* qb
         else cp_async_commit();
         // Descriptor of k16 step s: the tile's start advanced by s's offset (the address field cannot carry out).
         const uint64_t qdesc = desc_sw128(q_base + buf * kQBytes);
+        named_sync(kTurn + WG, 2 * 128);  // this warpgroup's turn on the tensor cores
         wgmma_fence();
         wgmma_ss<0>(d, qdesc, kdesc);
 #pragma unroll
@@ -119,6 +133,7 @@ __device__ __forceinline__ void score_heads(uint32_t ks, const __nv_bfloat16* qb
             wgmma_ss<1>(d, qdesc + (((s >> 2) * (kT * 128) + (s & 3) * 32) >> 4),
                         kdesc + (((s >> 2) * (kKeys * 128) + (s & 3) * 32) >> 4));
         wgmma_commit();
+        if (WG == 0 || h + 1 < nh) named_arrive(kTurn + 1 - WG, 2 * 128);  // the other's MMAs queue behind these
         wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < 64; ++i) hold(d[i]);

@@ -1,9 +1,9 @@
 // Prefill indexer scoring on Hopper's warpgroup MMA: the same contract and rounding points as index_mma_kernel
 // (index_fast.cu): per head bf16(q.k), relu, x weight, bf16, summed over heads in head order in fp32, bf16.
-// A block scores 64 query rows against 256 keys: the keys' bf16 tile stays in shared memory and each of the two
+// A block scores 64 query rows against 384 keys: the keys' bf16 tile stays in shared memory and each of the three
 // warpgroups runs m64 n128 k16 wgmmas (queries x its 128 keys, both operands from shared memory in the 128-byte
-// swizzle), streaming the heads' query tiles through its own three buffers. The warpgroups take turns on the
-// tensor cores, so that one folds a head into its scores while the other's MMAs run. (Overlapping within a
+// swizzle), streaming the heads' query tiles through its own two buffers. The warpgroups take turns on the
+// tensor cores, so that the others fold a head into their scores while one's MMAs run. (Overlapping within a
 // warpgroup, head h + 1's MMAs in flight while head h is folded, made ptxas serialise every wgmma.)
 #include "ops/cuda/cp_async.cuh"
 #include "ops/cuda/device_math.cuh"
@@ -19,11 +19,12 @@ namespace {
 
 using namespace wgmma;
 
-constexpr int kT = 64, kKeys = 256, kHD = 128, kWgThreads = 256, kMaxHeads = 64;
-constexpr int kKBytes = kKeys * kHD * 2;  // [2 halves of 64 dims][256 rows][128 B]
+constexpr int kWgs = 3, kT = 64, kKeys = 128 * kWgs, kHD = 128, kBlockThreads = 128 * kWgs, kMaxHeads = 64;
+constexpr int kKBytes = kKeys * kHD * 2;  // [2 halves of 64 dims][384 rows][128 B]
 constexpr int kQBytes = kT * kHD * 2;     // [2 halves][64 rows][128 B]
-constexpr int kQBufs = 3;                 // query buffers per warpgroup: heads h + 1 and h + 2 in flight
-constexpr int kSmem = 1024 + kKBytes + 2 * kQBufs * kQBytes + kMaxHeads * kT * 4 + kT * 8;
+constexpr int kQBufs = 2, kAhead = kQBufs - 1;  // query buffers per warpgroup: head h + 1 in flight
+constexpr int kSmem = 1024 + kKBytes + kWgs * kQBufs * kQBytes + kMaxHeads * kT * 4 + kT * 8;
+static_assert(kSmem <= 227 * 1024, "one block an SM");
 
 // One head's fold of two scores of a row, relu(bf16(x)) x w rounded to bf16, packed (lo = x, hi = y): one
 // conversion with relu and one bf16x2 multiply. The weights are bf16 values, so the product is exact before its
@@ -62,11 +63,12 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b)
         : "l"(a), "l"(b), "n"(ACC));
 }
 
-// Named barriers: 1 + WG, a warpgroup's own (its query buffers); kTurn + WG, its turn to issue MMAs. The two
-// warpgroups take turns (ping-pong): each issues a head's MMAs only after the other has issued its own, so
-// that one folds while the other's MMAs run. Left alone they fall into step, both multiplying and then both
-// folding, with the tensor cores idle during the folds.
-constexpr int kTurn = 3;
+// Named barriers: 1 + WG, a warpgroup's own (its query buffers); kTurn + WG, its turn to issue MMAs. The
+// warpgroups take turns round robin: each issues a head's MMAs only after the previous one has issued its own,
+// so that the others fold while one's MMAs run. Left alone they fall into step, all multiplying and then all
+// folding, with the tensor cores idle during the folds. A fold (~380 instructions a warp, one warp an SM
+// sub-partition issuing) takes longer than a head's MMAs, hence three warpgroups: two fold while one multiplies.
+constexpr int kTurn = 1 + kWgs;
 __device__ __forceinline__ void named_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -101,27 +103,29 @@ __device__ __forceinline__ void score_heads(uint32_t ks, const __nv_bfloat16* qb
         }
         cp_async_commit();
     };
-    load_q(0, 0);
-    if (nh > 1) load_q(1, 1);
-    else cp_async_commit();
-    cp_async_wait<1>();  // the keys (every thread's share) and this warpgroup's first queries
+#pragma unroll
+    for (int a = 0; a < kAhead; ++a) {
+        if (a < nh) load_q(a, a);
+        else cp_async_commit();
+    }
+    cp_async_wait<kAhead - 1>();  // the keys (every thread's share) and this warpgroup's first queries
     proxy_fence();
-    asm volatile("bar.sync 0;\n" ::: "memory");  // both warpgroups (each from its own instance)
+    asm volatile("bar.sync 0;\n" ::: "memory");  // every warpgroup (each from its own instance)
 
     const uint64_t kdesc = desc_sw128(kt_base);
-    if (WG == 1) named_arrive(kTurn, 2 * 128);  // warpgroup 0 takes the first turn
+    if (WG == kWgs - 1) named_arrive(kTurn, 2 * 128);  // warpgroup 0 takes the first turn
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
     float d[64];
     for (int h = 0, buf = 0; h < nh; ++h, buf = buf == kQBufs - 1 ? 0 : buf + 1) {
-        if (h > 0) {  // head h's queries, copied by this warpgroup during head h - 2 (h + 1's may be in flight)
-            cp_async_wait<1>();
+        if (h > 0) {  // head h's queries, copied by this warpgroup kAhead heads ago (later heads' may be in flight)
+            cp_async_wait<kAhead - 1>();
             proxy_fence();
             named_sync(1 + WG, 128);
         }
-        // Head h + 2 into the buffer head h - 1 read: its MMAs are done (every warp waited before the barrier).
-        // An empty group when there is no such head keeps the wait above at "all but the newest".
-        if (h + 2 < nh) load_q(h + 2, buf == 0 ? kQBufs - 1 : buf - 1);
+        // Head h + kAhead into the buffer head h - 1 read: its MMAs are done (every warp waited before the
+        // barrier). An empty group when there is no such head keeps the wait above counting right.
+        if (h + kAhead < nh) load_q(h + kAhead, buf == 0 ? kQBufs - 1 : buf - 1);
         else cp_async_commit();
         // Descriptor of k16 step s: the tile's start advanced by s's offset (the address field cannot carry out).
         const uint64_t qdesc = desc_sw128(q_base + buf * kQBytes);
@@ -133,7 +137,8 @@ __device__ __forceinline__ void score_heads(uint32_t ks, const __nv_bfloat16* qb
             wgmma_ss<1>(d, qdesc + (((s >> 2) * (kT * 128) + (s & 3) * 32) >> 4),
                         kdesc + (((s >> 2) * (kKeys * 128) + (s & 3) * 32) >> 4));
         wgmma_commit();
-        if (WG == 0 || h + 1 < nh) named_arrive(kTurn + 1 - WG, 2 * 128);  // the other's MMAs queue behind these
+        // The next warpgroup's turn: its MMAs queue behind these (the last one's final arrival has no taker).
+        if (WG < kWgs - 1 || h + 1 < nh) named_arrive(kTurn + (WG + 1) % kWgs, 2 * 128);
         wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < 64; ++i) hold(d[i]);
@@ -150,14 +155,14 @@ __device__ __forceinline__ void score_heads(uint32_t ks, const __nv_bfloat16* qb
 }
 
 // tiles[4 * y] = (first row, rows <= kT, first key in kb, keys of the sequence); x: key tile of 256.
-__global__ void __launch_bounds__(kWgThreads, 1) index_wgmma_kernel(const __nv_bfloat16* qb, const float* wts, int nh,
+__global__ void __launch_bounds__(kBlockThreads, 1) index_wgmma_kernel(const __nv_bfloat16* qb, const float* wts, int nh,
                                                                   const int64_t* tiles, const __nv_bfloat16* kb,
                                                                   const int64_t* visible, int64_t stride,
                                                                   float* scores) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t* sm = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
     const uint32_t ks = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
-    float* Ws = reinterpret_cast<float*>(sm + kKBytes + 2 * kQBufs * kQBytes);  // [nh][kT]
+    float* Ws = reinterpret_cast<float*>(sm + kKBytes + kWgs * kQBufs * kQBytes);  // [nh][kT]
     int64_t* Lim = reinterpret_cast<int64_t*>(Ws + kMaxHeads * kT);    // per row: min(width, visible)
     const int64_t* td = tiles + 4 * static_cast<int64_t>(blockIdx.y);
     const int64_t row0 = td[0], kbase = td[2], width = td[3];
@@ -165,20 +170,20 @@ __global__ void __launch_bounds__(kWgThreads, 1) index_wgmma_kernel(const __nv_b
     const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kKeys;
     if (j0 >= stride) return;
     const int tid = threadIdx.x;
-    for (int r = tid; r < kT; r += kWgThreads) Lim[r] = r < nrows ? min(width, visible[row0 + r]) : 0;
+    for (int r = tid; r < kT; r += kBlockThreads) Lim[r] = r < nrows ? min(width, visible[row0 + r]) : 0;
     __syncthreads();
     int64_t lim_max = 0;
     for (int r = 0; r < nrows; ++r) lim_max = max(lim_max, Lim[r]);
     const int64_t jend = min(stride, j0 + kKeys);
     if (j0 >= lim_max) {  // nothing visible in this tile
-        for (int i = tid; i < nrows * kKeys; i += kWgThreads) {
+        for (int i = tid; i < nrows * kKeys; i += kBlockThreads) {
             const int64_t j = j0 + i % kKeys;
             if (j < jend) scores[(row0 + i / kKeys) * stride + j] = -INFINITY;
         }
         return;
     }
     // 16-byte chunk c of a 256-byte row goes to half c / 8 of the tile, chunk c % 8 of the row there.
-    for (int i = tid; i < kKeys * 16; i += kWgThreads) {
+    for (int i = tid; i < kKeys * 16; i += kBlockThreads) {
         const int r = i >> 4, c = i & 15;
         const int64_t j = j0 + r;
         const bool ok = j < width;
@@ -186,14 +191,16 @@ __global__ void __launch_bounds__(kWgThreads, 1) index_wgmma_kernel(const __nv_b
                    ok ? 16 : 0);
     }
     cp_async_commit();
-    for (int i = tid; i < nh * kT; i += kWgThreads) {
+    for (int i = tid; i < nh * kT; i += kBlockThreads) {
         const int h = i / kT, r = i % kT;
         Ws[i] = r < nrows ? wts[(row0 + r) * nh + h] : 0.0f;
     }
     float acc[64];
     const int wg = tid >> 7;
+    static_assert(kWgs == 3, "one instance per warpgroup");
     if (wg == 0) score_heads<0>(ks, qb, Ws, nh, row0, nrows, acc);
-    else score_heads<1>(ks, qb, Ws, nh, row0, nrows, acc);
+    else if (wg == 1) score_heads<1>(ks, qb, Ws, nh, row0, nrows, acc);
+    else score_heads<2>(ks, qb, Ws, nh, row0, nrows, acc);
     const int lane = tid & 31, wq = (tid >> 5) & 3, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
@@ -218,7 +225,7 @@ void index_scores_wgmma(const uint16_t* qb, const float* wts, int nh, const int6
     }();
     (void)configured;
     const dim3 grid(static_cast<unsigned>((stride + kKeys - 1) / kKeys), static_cast<unsigned>(n_tiles));
-    index_wgmma_kernel<<<grid, kWgThreads, kSmem>>>(reinterpret_cast<const __nv_bfloat16*>(qb), wts, nh, tiles,
+    index_wgmma_kernel<<<grid, kBlockThreads, kSmem>>>(reinterpret_cast<const __nv_bfloat16*>(qb), wts, nh, tiles,
                                                   reinterpret_cast<const __nv_bfloat16*>(kb), visible, stride, scores);
     PG_LAUNCHED();
 }

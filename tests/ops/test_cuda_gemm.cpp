@@ -439,17 +439,20 @@ TEST(CudaGemm, RoutedExpertsFastMatchExact) {
     const Experts &w1 = fp4_experts(false), &w2 = fp4_experts(true);
     ASSERT_TRUE(fp4_grouped_supported(w1.d) && fp4_grouped_supported(w2.d));
     uint64_t seed = 300;
-    // Grouped cuBLAS, one cuBLAS GEMM per expert, the grouped FP4 kernels on mma.sync and on wgmma.
-    for (int variant : {0, 1, 2, 3}) {
+    // Grouped cuBLAS, one cuBLAS GEMM per expert, the grouped FP4 kernels on mma.sync and on wgmma (64- and
+    // 128-token tiles: these sizes average at most 64 rows an expert, so 128 is forced).
+    for (int variant : {0, 1, 2, 3, 4}) {
         linear_cublas_use_grouped(variant == 0);
-        fp4_grouped_use_wgmma(variant == 3);
+        fp4_grouped_use_wgmma(variant >= 3);
+        fp4_grouped_wgmma_tile(variant == 4 ? 128 : 0);
         for (int64_t T : {64, 512, 4096})
             for (bool skewed : {false, true}) {
                 const auto sel = selection(T, kTopK, kExperts, skewed);
                 const int tr = routing_tile_rows(static_cast<int64_t>(sel.size()), kExperts);
                 const std::string tag = std::string(skewed ? " skewed" : " balanced") + " T=" + std::to_string(T);
-                check_routed(w1, sel, kExperts, tr, seed++, "experts.w1 5120->2304 fp4" + tag, variant >= 2);
-                check_routed(w2, sel, kExperts, tr, seed++, "experts.w2 2304->5120 fp4" + tag, variant >= 2);
+                const std::string tile = variant == 4 ? " 128-token tiles" : "";
+                check_routed(w1, sel, kExperts, tr, seed++, "experts.w1 5120->2304 fp4" + tag + tile, variant >= 2);
+                check_routed(w2, sel, kExperts, tr, seed++, "experts.w2 2304->5120 fp4" + tag + tile, variant >= 2);
             }
         if (variant == 0)
             std::printf("PARITY gemm cublasGemmGroupedBatchedEx (bf16 in/out, COMPUTE_32F): %s\n",
@@ -457,6 +460,7 @@ TEST(CudaGemm, RoutedExpertsFastMatchExact) {
     }
     linear_cublas_use_grouped(true);
     fp4_grouped_use_wgmma(true);
+    fp4_grouped_wgmma_tile(0);
 }
 
 // FP4 scales above 2^1 (e > 128) take a second exact multiply in the wgmma kernel: experts with e in 120..140
@@ -468,13 +472,16 @@ TEST(CudaGemm, RoutedExpertsLargeScalesMatchExact) {
     for (int lo : {120, 129}) {
         const Experts ex = make_experts(3, E, 512, 512, seed++, lo, 141 - lo);
         const auto sel = selection(1024, kTopK, E, false);
-        for (bool wgmma : {false, true}) {
-            fp4_grouped_use_wgmma(wgmma);
+        for (int variant : {0, 1, 2}) {  // mma.sync, wgmma with 64- and 128-token tiles
+            fp4_grouped_use_wgmma(variant > 0);
+            fp4_grouped_wgmma_tile(variant == 2 ? 128 : 64);
             check_routed(ex, sel, E, routing_tile_rows(static_cast<int64_t>(sel.size()), E), seed++,
-                         "experts fp4 512->512 scales 2^" + std::to_string(lo - 127) + "..2^13", true);
+                         "experts fp4 512->512 scales 2^" + std::to_string(lo - 127) + "..2^13" +
+                             (variant == 2 ? " 128-token tiles" : ""), true);
         }
     }
     fp4_grouped_use_wgmma(true);
+    fp4_grouped_wgmma_tile(0);
 }
 
 // Expert e of `ex` read as expert (e + 1) % E: a second weight set over the same matrices, so that the gated
@@ -542,16 +549,18 @@ TEST(CudaGemm, GatedExpertsFastMatchExact) {
     std::shared_ptr<void> keep;
     const ExpertTable w3 = rotated_table(w1, kExperts, keep);
     uint64_t seed = 700;
-    for (bool wgmma : {false, true}) {
-        fp4_grouped_use_wgmma(wgmma);
+    for (int variant : {0, 1, 2}) {  // mma.sync, wgmma with 64- and 128-token tiles
+        fp4_grouped_use_wgmma(variant > 0);
+        fp4_grouped_wgmma_tile(variant == 2 ? 128 : 64);
         for (int64_t T : {64, 512, 4096})
             for (bool skewed : {false, true})
                 for (float limit : {0.0f, 64.0f})
                     check_gated(w1, w3, T, skewed, limit, seed++,
-                                std::string("experts.w1+w3 swiglu ") + (wgmma ? "wgmma" : "mma") +
+                                std::string("experts.w1+w3 swiglu ") + (variant == 0 ? "mma" : variant == 1 ? "wgmma" : "wgmma128") +
                                     (skewed ? " skewed" : " balanced") + " T=" + std::to_string(T) + (limit > 0 ? " lim64" : ""));
     }
     fp4_grouped_use_wgmma(true);
+    fp4_grouped_wgmma_tile(0);
 }
 
 // The grouped wo_a: rows (t, g) of 4096 through group g's bf16 [1024, 4096] block (8 groups), as
@@ -627,27 +636,31 @@ TEST(CudaGemm, FastPathThroughputAtPrefillSize) {
                 ASSERT_EQ(cudaGetLastError(), cudaSuccess);
                 line(name, used ? "grouped" : "loop", ms, flop);
             }
-            for (bool wgmma : {false, true}) {
-                fp4_grouped_use_wgmma(wgmma);
+            for (int variant : {0, 1, 2}) {  // mma.sync, wgmma with 64- and 128-token tiles
+                fp4_grouped_use_wgmma(variant > 0);
+                fp4_grouped_wgmma_tile(variant == 2 ? 128 : 64);
                 const double ms = peregrine::test::device_ms([&] { fp4_grouped_linear(a.xp(), a.xsp(), P, 1, kExperts, ex->d, ex->t, g.r, static_cast<float*>(y.get())); }, 5);
                 ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-                line(name, wgmma ? "wgmma" : "mma", ms, flop);
+                line(name, variant == 0 ? "mma" : variant == 1 ? "wgmma" : "wgmma128", ms, flop);
             }
         }
         const Acts a = make_acts(T, w1.d, seed++);  // token rows, read by pair p as row p / top-k
         auto rw = device_alloc(sizeof(float) * P), out = device_alloc(sizeof(float) * P * w1.d.out);
         fill_random_bf16(static_cast<float*>(rw.get()), P, seed++);
-        for (bool wgmma : {false, true}) {
-            fp4_grouped_use_wgmma(wgmma);
+        for (int variant : {0, 1, 2}) {
+            fp4_grouped_use_wgmma(variant > 0);
+            fp4_grouped_wgmma_tile(variant == 2 ? 128 : 64);
             const double ms = peregrine::test::device_ms([&] {
                 fp4_grouped_swiglu(a.xp(), a.xsp(), P, kTopK, kExperts, w1.d, w1.t, w3, g.r, static_cast<const float*>(rw.get()), 10.0f,
                                    static_cast<float*>(out.get()));
             }, 5);
             ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-            line("w1+w3 swiglu 5120->2x2304", wgmma ? "wgmma" : "mma", ms, 2.0 * 2.0 * P * w1.d.out * w1.d.in);
+            line("w1+w3 swiglu 5120->2x2304", variant == 0 ? "mma" : variant == 1 ? "wgmma" : "wgmma128", ms,
+                 2.0 * 2.0 * P * w1.d.out * w1.d.in);
         }
     }
     fp4_grouped_use_wgmma(true);
+    fp4_grouped_wgmma_tile(0);
     linear_cublas_use_grouped(true);
 }
 

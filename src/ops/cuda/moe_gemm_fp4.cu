@@ -64,9 +64,9 @@ __device__ __forceinline__ uint32_t scale_bf16x2(uint32_t s) {
     return b | (b << 16);
 }
 
-// Sorted row tiles of at most kBM rows, one expert each, from the routing's tiles (rows of an expert are
+// Sorted row tiles of at most tr rows, one expert each, from the routing's tiles (rows of an expert are
 // contiguous in the sorted order): out[i] = (expert, first sorted row, rows, 0).
-__global__ void row_tiles_kernel(const int4* tiles, const int32_t* n_tiles, int E, unsigned max_out, int4* out,
+__global__ void row_tiles_kernel(const int4* tiles, const int32_t* n_tiles, int E, int tr, unsigned max_out, int4* out,
                                  int32_t* n_out) {
     extern __shared__ int32_t sh[];
     int32_t *first = sh, *count = sh + E, *base = sh + 2 * E;
@@ -87,14 +87,14 @@ __global__ void row_tiles_kernel(const int4* tiles, const int32_t* n_tiles, int 
         int n = 0;
         for (int e = 0; e < E; ++e) {
             base[e] = n;
-            n += (count[e] + kBM - 1) / kBM;
+            n += (count[e] + tr - 1) / tr;
         }
         *n_out = min(n, static_cast<int>(max_out));
     }
     __syncthreads();
     for (int e = threadIdx.x; e < E; e += blockDim.x)
-        for (int r = 0, i = base[e]; r < count[e]; r += kBM, ++i)
-            if (i < static_cast<int>(max_out)) out[i] = make_int4(e, first[e] + r, min(kBM, count[e] - r), 0);
+        for (int r = 0, i = base[e]; r < count[e]; r += tr, ++i)
+            if (i < static_cast<int>(max_out)) out[i] = make_int4(e, first[e] + r, min(tr, count[e] - r), 0);
 }
 
 // a[s, :] = bf16(x[row_map[s] / div, :] * xs[.., k / ab]) for the sorted rows s, 8 values per thread; with
@@ -271,7 +271,11 @@ void run(const float* x, const float* xs, int64_t M, int div, int E, const Linea
     if (!fp4_grouped_supported(w))
         cuda_fail(cudaErrorInvalidValue, "fp4_grouped: unsupported shape", __FILE__, __LINE__);
     DeviceScratch& s = scratch();
-    const unsigned max_tiles = static_cast<unsigned>((P + kBM - 1) / kBM + E);  // each expert adds <= 1 partial tile
+    const bool wgmma = fp4_grouped_wgmma() && wgmma_supported(K, N, GATED);
+    // The wgmma kernel takes 128-token tiles once the experts average 128 rows: a dequantised weight then feeds
+    // twice the MMAs. Below that, half-empty tiles would cost more MMA time than the dequantisation saved.
+    const int tr = !wgmma ? kBM : fp4_grouped_wgmma_tile() ? fp4_grouped_wgmma_tile() : P >= 128 * int64_t(E) ? 128 : kBM;
+    const unsigned max_tiles = static_cast<unsigned>((P + tr - 1) / tr + E);  // each expert adds <= 1 partial tile
     if (max_tiles > 65535u) cuda_fail(cudaErrorInvalidValue, "fp4_grouped: too many row tiles", __FILE__, __LINE__);
     const size_t abytes = (static_cast<size_t>(P) * K * 2 + 255) & ~size_t(255);
     char* base = s.reserve(abytes + sizeof(int4) * max_tiles + 16);
@@ -279,16 +283,15 @@ void run(const float* x, const float* xs, int64_t M, int div, int E, const Linea
     auto* tiles = reinterpret_cast<int4*>(base + abytes);
     auto* n_tiles = reinterpret_cast<int32_t*>(base + abytes + sizeof(int4) * max_tiles);
 
-    const bool wgmma = fp4_grouped_wgmma() && wgmma_supported(K, N, GATED);
     gather_sorted_kernel<<<blocks_for(P * (K / 8), 256), 256>>>(x, xs, w.act_block, P, K, r.row_map, div, wgmma, a);
     PG_LAUNCHED();
-    row_tiles_kernel<<<1, 1024, 3 * sizeof(int32_t) * E>>>(reinterpret_cast<const int4*>(r.tiles), r.n_tiles, E,
+    row_tiles_kernel<<<1, 1024, 3 * sizeof(int32_t) * E>>>(reinterpret_cast<const int4*>(r.tiles), r.n_tiles, E, tr,
                                                             max_tiles, tiles, n_tiles);
     PG_LAUNCHED();
 
     GemmArgs args{a, K, N, w0, w1, r.row_map, tiles, n_tiles, y, route_w, limit};
     if (wgmma) {
-        launch_wgmma(args, GATED, max_tiles);
+        launch_wgmma(args, GATED, tr, max_tiles);
         return;
     }
     static bool attr = [] {
@@ -309,10 +312,18 @@ int& wgmma_choice() {
     return on;
 }
 
+// Its tile: by rows per expert (0) unless PEREGRINE_MOE_GEMM_TOKENS=64|128 (A/B) or a test chose.
+int& wgmma_tile_choice() {
+    static int t = env_is("PEREGRINE_MOE_GEMM_TOKENS", "64") ? 64 : env_is("PEREGRINE_MOE_GEMM_TOKENS", "128") ? 128 : 0;
+    return t;
+}
+
 }  // namespace
 
 void fp4_grouped_use_wgmma(bool on) { wgmma_choice() = on ? 1 : 0; }
 bool fp4_grouped_wgmma() { return wgmma_choice() != 0; }
+void fp4_grouped_wgmma_tile(int tokens) { wgmma_tile_choice() = tokens == 64 || tokens == 128 ? tokens : 0; }
+int fp4_grouped_wgmma_tile() { return wgmma_tile_choice(); }
 
 bool fp4_grouped_supported(const LinearDev& w) {
     return w.kind == 3 && w.in > 0 && w.in % kBK == 0 && w.out > 0 && w.out % kWRows == 0 && w.act_block > 0 &&

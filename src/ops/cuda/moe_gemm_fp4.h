@@ -13,6 +13,10 @@ namespace peregrine::cuda {
 // allows (in % 128 == 0; out % 256 == 0, gated out % 128 == 0), else mma.sync. Tests switch it to compare both.
 void fp4_grouped_use_wgmma(bool on);
 bool fp4_grouped_wgmma();
+// The wgmma kernel's token tile: 64 or 128 rows, or 0 (the default): 128 once the experts average 128 rows
+// (`PEREGRINE_MOE_GEMM_TOKENS=64|128` fixes it).
+void fp4_grouped_wgmma_tile(int tokens);
+int fp4_grouped_wgmma_tile();
 
 // FP4 weights with in % 128 == 0 and out % 128 == 0 (V4.1-Flash experts: 5120 <-> 2304).
 bool fp4_grouped_supported(const LinearDev& w);

@@ -48,8 +48,9 @@ struct GemmArgs {
     float limit;             // gated: SwiGLU clamp (<= 0: none)
 };
 
-// The wgmma kernel (moe_gemm_fp4_wgmma.cu): whether it takes these shapes, and its launch over the row tiles.
+// The wgmma kernel (moe_gemm_fp4_wgmma.cu): whether it takes these shapes, and its launch over row tiles of up
+// to `tile_tokens` rows (64 or 128).
 bool wgmma_supported(int K, int N, bool gated);
-void launch_wgmma(const GemmArgs& g, bool gated, unsigned max_tiles);
+void launch_wgmma(const GemmArgs& g, bool gated, int tile_tokens, unsigned max_tiles);
 
 }  // namespace peregrine::cuda::fp4g

@@ -21,16 +21,22 @@ namespace {
 using namespace wgmma;
 
 constexpr int kThreads = 256;                 // two warpgroups
-constexpr int kTok = kBM;                     // token rows per block: the wgmma N
 constexpr int kBK = 64;                       // k per stage: one 128-byte swizzle atom of bf16 per token row
-constexpr int kRows = 256;                    // staged weight rows: 2 warpgroups x 2 m64 tiles
 constexpr int kStages = 4, kAhead = kStages - 1;  // tile k+3 loads into the stage tile k-1 used
-constexpr int kBStage = kTok * kBK * 2;       // 8 KB of tokens, 1024-byte aligned (the swizzle atom)
-constexpr int kCStage = kRows * (kBK / 2);    // 8 KB of codes, 32 bytes a row
-constexpr int kSStage = kRows * 4;            // a scale word a row: the 4 ue8m0 of the k128 holding the stage
-constexpr int kStage = kBStage + kCStage + kSStage;
-constexpr int kSmem = kStages * kStage + 1024;  // + alignment of the first stage to 1024 bytes
-static_assert(kStage % 1024 == 0, "every stage's token tile starts on a swizzle atom");
+
+// The tile shape for NT token rows (the wgmma N: 64 or 128): each warpgroup MT = 128 / NT m64 tiles of weight
+// rows, so that a warpgroup's accumulators are 64 a thread either way; with 128 tokens a staged weight is
+// dequantised once for twice the MMAs.
+template <int NT>
+struct Shape {
+    static constexpr int kMT = 128 / NT;
+    static constexpr int kRows = 2 * 64 * kMT;            // staged weight rows: 2 warpgroups x MT m64 tiles
+    static constexpr int kBStage = NT * kBK * 2;          // token rows, 1024-byte aligned (the swizzle atom)
+    static constexpr int kCStage = kRows * (kBK / 2);     // codes, 32 bytes a row
+    static constexpr int kSStage = kRows * 4;             // a scale word a row: the 4 ue8m0 of the k128 holding the stage
+    static constexpr int kStage = (kBStage + kCStage + kSStage + 1023) / 1024 * 1024;  // token tiles on atoms
+    static constexpr int kSmem = kStages * kStage + 1024;  // + alignment of the first stage to 1024 bytes
+};
 
 // d (m64 x n64, fp32) += A (m64 x k16 bf16, registers) * B (k16 x n64 bf16, shared memory, K-major).
 __device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
@@ -46,6 +52,26 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
+// d (m64 x n128, fp32) += A (m64 x k16 bf16, registers) * B (k16 x n128 bf16, shared memory, K-major).
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+        "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, "
+        "%43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+          "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+          "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
 // Staged weight row R -> (weight set, feature offset from the block's first output column).
 __device__ __forceinline__ void staged_row(int R, bool gated, int& set, int& feature) {
     if (!gated) {
@@ -58,8 +84,10 @@ __device__ __forceinline__ void staged_row(int R, bool gated, int& set, int& fea
     feature = (R >> 6) * 32 + (r >> 4) * 8 + (r & 7);
 }
 
-template <bool GATED>
+template <bool GATED, int NT>
 __global__ void __launch_bounds__(kThreads, 2) fp4_wgmma_kernel(GemmArgs g) {
+    using S = Shape<NT>;
+    constexpr int kMT = S::kMT, kRows = S::kRows, kBStage = S::kBStage, kCStage = S::kCStage;
     extern __shared__ uint8_t smem_raw[];
     uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
@@ -69,53 +97,60 @@ __global__ void __launch_bounds__(kThreads, 2) fp4_wgmma_kernel(GemmArgs g) {
     const int n0 = blockIdx.x * (GATED ? kRows / 2 : kRows);
     const int K = g.K, KB = K / 2, KS = K / 32, KT = K / kBK;
 
-    // This thread's copies, the same every stage: token rows tid/8 and tid/8 + 32 (16-byte chunk tid % 8),
-    // code rows tid/2 and tid/2 + 128 (chunk tid % 2), the scale word of row tid.
-    const __nv_bfloat16* tsrc[2];
-    uint32_t tdst[2], tbytes[2];
-    for (int i = 0; i < 2; ++i) {
+    // This thread's copies, the same every stage: token rows tid/8 + 32i (16-byte chunk tid % 8), code rows
+    // tid/2 + 128i (chunk tid % 2), the scale word of row tid.
+    constexpr int kTokCopies = NT / 32, kCodeCopies = kRows / 128;
+    const __nv_bfloat16* tsrc[kTokCopies];
+    uint32_t tdst[kTokCopies], tbytes[kTokCopies];
+#pragma unroll
+    for (int i = 0; i < kTokCopies; ++i) {
         const int r = (tid >> 3) + 32 * i, ch = tid & 7;
         tbytes[i] = r < rows ? 16 : 0;
         tsrc[i] = g.a + static_cast<int64_t>(row0 + (r < rows ? r : 0)) * K + ch * 8;
         tdst[i] = sw128_offset(r, ch);
     }
-    const uint8_t* csrc[2];
-    for (int i = 0; i < 2; ++i) {
+    const uint8_t* csrc[kCodeCopies];
+#pragma unroll
+    for (int i = 0; i < kCodeCopies; ++i) {
         int set, f;
         staged_row((tid >> 1) + 128 * i, GATED, set, f);
         const uint8_t* w = static_cast<const uint8_t*>((GATED && set ? g.w1 : g.w0).w[e]);
         csrc[i] = w + static_cast<int64_t>(n0 + f) * KB + (tid & 1) * 16;
     }
-    const uint8_t* ssrc;
-    {
+    const uint8_t* ssrc = nullptr;
+    if (tid < kRows) {
         int set, f;
         staged_row(tid, GATED, set, f);
         ssrc = (GATED && set ? g.w1 : g.w0).scale[e] + static_cast<int64_t>(n0 + f) * KS;
     }
     auto load = [&](int kt, int s) {
-        uint8_t* st = smem + s * kStage;
-        for (int i = 0; i < 2; ++i) cp_async16(st + tdst[i], tsrc[i] + kt * kBK, tbytes[i]);
-        for (int i = 0; i < 2; ++i)
+        uint8_t* st = smem + s * S::kStage;
+#pragma unroll
+        for (int i = 0; i < kTokCopies; ++i) cp_async16(st + tdst[i], tsrc[i] + kt * kBK, tbytes[i]);
+#pragma unroll
+        for (int i = 0; i < kCodeCopies; ++i)
             cp_async16(st + kBStage + ((tid >> 1) + 128 * i) * 32 + (tid & 1) * 16, csrc[i] + kt * (kBK / 2), 16);
-        cp_async4(st + kBStage + kCStage + tid * 4, ssrc + (kt >> 1) * 4);
+        if (tid < kRows) cp_async4(st + kBStage + kCStage + tid * 4, ssrc + (kt >> 1) * 4);
     };
 
     // Fragment rows: tile mt of this warpgroup, rows g and g + 8 of the warp's 16.
     const int g4 = lane >> 2, t4 = lane & 3;
-    int frow[2][2];
-    for (int mt = 0; mt < 2; ++mt)
-        for (int h = 0; h < 2; ++h) frow[mt][h] = wg * 128 + mt * 64 + wq * 16 + g4 + 8 * h;
+    int frow[kMT][2];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) frow[mt][h] = wg * (64 * kMT) + mt * 64 + wq * 16 + g4 + 8 * h;
 
     // a[mt][s]: the m64 x k16 A fragment of tile mt for k16 step s of stage `kt` (stored at `st`). The token
     // rows hold k in the wgmma_k_slot order, so this thread's codes of a row are its bytes 8t .. 8t + 7, all in
     // one block of 32 (one scale), placed into bf16 on the integer pipe (fp4_wgmma_fragments) and scaled by one
     // exact bf16x2 multiply; scales above 2^1 (e > 128) take a second one.
-    auto dequantise = [&](const uint8_t* st, int kt, uint32_t (&a)[2][4][4]) {
+    auto dequantise = [&](const uint8_t* st, int kt, uint32_t (&a)[kMT][4][4]) {
         const int shift = 16 * (kt & 1) + 8 * (t4 >> 1);
         uint32_t big = 0;
-        uint32_t sc2[2][2];
+        uint32_t sc2[kMT][2];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int R = frow[mt][h];
@@ -135,18 +170,18 @@ __global__ void __launch_bounds__(kThreads, 2) fp4_wgmma_kernel(GemmArgs g) {
             }
         if (__any_sync(0xffffffffu, big))  // rare: keeps the common path at one multiply
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt)
+            for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
                 for (int s = 0; s < 4; ++s)
 #pragma unroll
                     for (int i = 0; i < 4; ++i) a[mt][s][i] = mul_bf16x2(a[mt][s][i], sc2[mt][i & 1]);
     };
 
-    float acc[2][32];
+    float acc[kMT][NT / 2];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-        for (int i = 0; i < 32; ++i) acc[mt][i] = 0.0f;
+        for (int i = 0; i < NT / 2; ++i) acc[mt][i] = 0.0f;
 
 #pragma unroll
     for (int s = 0; s < kAhead; ++s) {
@@ -155,35 +190,35 @@ __global__ void __launch_bounds__(kThreads, 2) fp4_wgmma_kernel(GemmArgs g) {
     }
     // One k64 stage: wait for its tile, refill the stage of tile kt - 1 (every thread finished its MMAs before
     // the barrier), dequantise, run the MMAs to completion.
-    uint32_t frag[2][4][4];
+    uint32_t frag[kMT][4][4];
     for (int kt = 0; kt < KT; ++kt) {
         cp_async_wait<kAhead - 1>();
         proxy_fence();
         __syncthreads();
         if (kt + kAhead < KT) load(kt + kAhead, (kt + kAhead) % kStages);
         cp_async_commit();
-        const uint8_t* st = smem + (kt % kStages) * kStage;
+        const uint8_t* st = smem + (kt % kStages) * S::kStage;
         dequantise(st, kt, frag);
         const uint32_t b0 = smem_addr(st);
         wgmma_fence();
 #pragma unroll
         for (int s = 0; s < 4; ++s)
 #pragma unroll
-            for (int mt = 0; mt < 2; ++mt) wgmma_rs(acc[mt], frag[mt][s], desc_sw128(b0 + s * 32));
+            for (int mt = 0; mt < kMT; ++mt) wgmma_rs(acc[mt], frag[mt][s], desc_sw128(b0 + s * 32));
         wgmma_commit();
         wgmma_wait<0>();
     }
     cp_async_wait<0>();
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-        for (int i = 0; i < 32; ++i) hold(acc[mt][i]);
+        for (int i = 0; i < NT / 2; ++i) hold(acc[mt][i]);
 
     // acc[mt][4j + q]: row wq*16 + g4 + 8*(q >> 1) of tile mt, token column 8j + 2*t4 + (q & 1).
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
+        for (int j = 0; j < NT / 8; ++j)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
                 const int col = 8 * j + 2 * t4 + c;
@@ -191,32 +226,40 @@ __global__ void __launch_bounds__(kThreads, 2) fp4_wgmma_kernel(GemmArgs g) {
                 const int64_t pair = g.row_map[row0 + col];
                 float* out = g.y + pair * g.N + n0;
                 if constexpr (GATED) {
-                    out[(wg * 2 + mt) * 32 + wq * 8 + g4] = gated_out(acc[mt][4 * j + c], acc[mt][4 * j + 2 + c], g.limit, g.route_w[pair]);
+                    out[(wg * kMT + mt) * 32 + wq * 8 + g4] = gated_out(acc[mt][4 * j + c], acc[mt][4 * j + 2 + c], g.limit, g.route_w[pair]);
                 } else {
-                    const int f = wg * 128 + mt * 64 + wq * 16 + g4;
+                    const int f = wg * (64 * kMT) + mt * 64 + wq * 16 + g4;
                     out[f] = round_bf16(acc[mt][4 * j + c]);
                     out[f + 8] = round_bf16(acc[mt][4 * j + 2 + c]);
                 }
             }
 }
 
-}  // namespace
-
-bool wgmma_supported(int K, int N, bool gated) {
-    return K > 0 && K % 128 == 0 && N > 0 && N % (gated ? kRows / 2 : kRows) == 0;
-}
-
-void launch_wgmma(const GemmArgs& g, bool gated, unsigned max_tiles) {
+template <int NT>
+void launch(const GemmArgs& g, bool gated, unsigned max_tiles) {
+    using S = Shape<NT>;
     static bool attr = [] {
-        PG_CUDA(cudaFuncSetAttribute(fp4_wgmma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-        PG_CUDA(cudaFuncSetAttribute(fp4_wgmma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+        PG_CUDA(cudaFuncSetAttribute(fp4_wgmma_kernel<true, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem));
+        PG_CUDA(cudaFuncSetAttribute(fp4_wgmma_kernel<false, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem));
         return true;
     }();
     (void)attr;
-    const dim3 grid(static_cast<unsigned>(g.N / (gated ? kRows / 2 : kRows)), max_tiles);
-    if (gated) fp4_wgmma_kernel<true><<<grid, kThreads, kSmem>>>(g);
-    else fp4_wgmma_kernel<false><<<grid, kThreads, kSmem>>>(g);
+    const dim3 grid(static_cast<unsigned>(g.N / (gated ? S::kRows / 2 : S::kRows)), max_tiles);
+    if (gated) fp4_wgmma_kernel<true, NT><<<grid, kThreads, S::kSmem>>>(g);
+    else fp4_wgmma_kernel<false, NT><<<grid, kThreads, S::kSmem>>>(g);
     PG_LAUNCHED();
+}
+
+}  // namespace
+
+bool wgmma_supported(int K, int N, bool gated) {
+    // Every output column block of 256 weight rows (128 gated) also splits into the 128-token shape's 128 (64).
+    return K > 0 && K % 128 == 0 && N > 0 && N % (gated ? 128 : 256) == 0;
+}
+
+void launch_wgmma(const GemmArgs& g, bool gated, int tile_tokens, unsigned max_tiles) {
+    if (tile_tokens == 128) launch<128>(g, gated, max_tiles);
+    else launch<64>(g, gated, max_tiles);
 }
 
 }  // namespace peregrine::cuda::fp4g

@@ -45,13 +45,16 @@ PEREGRINE_HD uint32_t ue8m0_times_2p14_bits(uint32_t e) { return (e + 14u) << 23
 
 // Eight e2m1 nibbles (low nibble first: v0..v7) as bf16 pairs, each exactly its value x 2^-126: the nibble
 // s.ee.m becomes the bf16 s.000000ee.m000000 (ee = 0 lands in the bf16 subnormals: 0.5 -> 2^-127). Pairs hold
-// values four apart, so that one shift moves both: p[0] = (v0, v4), p[1] = (v1, v5), p[2] = (v2, v6),
-// p[3] = (v3, v7) (low half first).
+// values four apart, so that one mask takes both: p[0] = (v0, v4), p[1] = (v1, v5), p[2] = (v2, v6),
+// p[3] = (v3, v7) (low half first). Nibble x 64 puts ee.m at bits 6..8 and the sign at bit 9; the sign bit
+// times 4032 adds the rest of the way to bit 15 (512 + 32256 = 32768). The multiply-adds run on the FMA pipe,
+// leaving the integer pipe (which bounds the grouped kernel) two masks a pair.
 PEREGRINE_HD void fp4x8_to_bf16(uint32_t w, uint32_t (&p)[4]) {
-    p[0] = ((w & 0x00070007u) << 6) | ((w & 0x00080008u) << 12);
-    p[1] = ((w & 0x00700070u) << 2) | ((w & 0x00800080u) << 8);
-    p[2] = ((w & 0x07000700u) >> 2) | ((w & 0x08000800u) << 4);
-    p[3] = ((w & 0x70007000u) >> 6) | (w & 0x80008000u);
+    const uint32_t h = w >> 8;  // v2, v3 at bits 0..7, v6, v7 at 16..23
+    p[0] = (w & 0x000f000fu) * 64u + (w & 0x00080008u) * 4032u;
+    p[1] = (w & 0x00f000f0u) * 4u + (w & 0x00800080u) * 252u;
+    p[2] = (h & 0x000f000fu) * 64u + (h & 0x00080008u) * 4032u;
+    p[3] = (h & 0x00f000f0u) * 4u + (h & 0x00800080u) * 252u;
 }
 
 // The wgmma kernel's A fragments of one weight row from the 16 codes a thread holds (w0 then w1, low nibble
@@ -78,8 +81,7 @@ PEREGRINE_HD constexpr int wgmma_k_source(int slot) {
 // bf16x2 bits of 2^(e - 1), the ue8m0 scale 2^(e - 127) times the 2^126 that fp4x8_to_bf16 leaves out, for
 // e <= 128 (a larger e needs a second factor, 2^(e - 128), since 2^(e - 1) leaves the bf16 range).
 PEREGRINE_HD uint32_t ue8m0_times_2p126_bf16x2(uint32_t e) {
-    const uint32_t b = ((e < 128u ? e : 128u) + 126u) << 7;
-    return b | (b << 16);
+    return ((e < 128u ? e : 128u) + 126u) * 0x00800080u;  // (e' + 126) << 7 in both halves, one multiply-add
 }
 
 }  // namespace peregrine::cuda

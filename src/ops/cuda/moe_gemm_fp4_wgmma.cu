@@ -146,20 +146,19 @@ __global__ void __launch_bounds__(kThreads, 2) fp4_wgmma_kernel(GemmArgs g) {
     // one block of 32 (one scale), placed into bf16 on the integer pipe (fp4_wgmma_fragments) and scaled by one
     // exact bf16x2 multiply; scales above 2^1 (e > 128) take a second one.
     auto dequantise = [&](const uint8_t* st, int kt, uint32_t (&a)[kMT][4][4]) {
-        const int shift = 16 * (kt & 1) + 8 * (t4 >> 1);
+        const uint32_t sel = 0x4440u | (2 * (kt & 1) + (t4 >> 1));  // this thread's scale byte of the word
         uint32_t big = 0;
-        uint32_t sc2[kMT][2];
+        uint32_t ev[kMT][2];
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int R = frow[mt][h];
                 const uint2 c = *reinterpret_cast<const uint2*>(st + kBStage + R * 32 + 8 * t4);
-                const uint32_t e = (*reinterpret_cast<const uint32_t*>(st + kBStage + kCStage + R * 4) >> shift) & 0xffu;
+                const uint32_t e = __byte_perm(*reinterpret_cast<const uint32_t*>(st + kBStage + kCStage + R * 4), 0u, sel);
                 const uint32_t sc = ue8m0_times_2p126_bf16x2(e);
                 big |= e > 128u;
-                const uint32_t b2 = e > 128u ? (e - 1u) << 7 : 0x3f80u;  // 2^(e - 128), else 1
-                sc2[mt][h] = b2 | (b2 << 16);
+                ev[mt][h] = e;
                 uint32_t f[4][2];
                 fp4_wgmma_fragments(c.x, c.y, f);
 #pragma unroll
@@ -172,9 +171,15 @@ __global__ void __launch_bounds__(kThreads, 2) fp4_wgmma_kernel(GemmArgs g) {
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-                for (int s = 0; s < 4; ++s)
+                for (int h = 0; h < 2; ++h) {
+                    const uint32_t e = ev[mt][h], b2 = e > 128u ? (e - 1u) << 7 : 0x3f80u;  // 2^(e - 128), else 1
+                    const uint32_t sc2 = b2 | (b2 << 16);
 #pragma unroll
-                    for (int i = 0; i < 4; ++i) a[mt][s][i] = mul_bf16x2(a[mt][s][i], sc2[mt][i & 1]);
+                    for (int s = 0; s < 4; ++s) {
+                        a[mt][s][h] = mul_bf16x2(a[mt][s][h], sc2);
+                        a[mt][s][2 + h] = mul_bf16x2(a[mt][s][2 + h], sc2);
+                    }
+                }
     };
 
     float acc[kMT][NT / 2];

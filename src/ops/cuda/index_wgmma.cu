@@ -87,19 +87,25 @@ __device__ __forceinline__ void score_heads(uint32_t ks, const __nv_bfloat16* qb
     const uint32_t kt_base = ks + WG * (128 * 128);                   // this warpgroup's 128 keys in each half
     const uint32_t q_base = ks + kKBytes + WG * kQBufs * kQBytes;     // this warpgroup's query buffers
     const int c = wt & 15, rr = wt >> 4;                              // chunk c of rows rr + 8m, m = 0..7
-    const int mvalid = (nrows - rr + 7) >> 3;                         // rows rr + 8m < nrows
+    int mvalid = (nrows - rr + 7) >> 3;                               // rows rr + 8m < nrows
     const char* qsrc = reinterpret_cast<const char*>(qb + ((row0 + rr) * nh) * kHD + c * 8);
     int64_t mstep = int64_t(8) * nh * kHD * 2;                        // bytes from row r to row r + 8
-    asm("" : "+l"(qsrc), "+l"(mstep));  // kept in registers, not recomputed per head from the thread index
-    const uint32_t qdst = q_base + (c >> 3) * (kT * 128) + sw128_offset(rr, c & 7);  // + 1024 m: row rr + 8m
+    uint32_t qdst = q_base + (c >> 3) * (kT * 128) + sw128_offset(rr, c & 7);  // + 1024 m: row rr + 8m
+    // Kept in registers, not recomputed per head from the thread index.
+    asm("" : "+l"(qsrc), "+l"(mstep), "+r"(mvalid), "+r"(qdst));
     auto load_q = [&](int h, int buf) {
         const char* src = qsrc + h * (kHD * 2);
         const uint32_t dst = qdst + buf * kQBytes;
         const char* p = src;
+        if (mvalid >= 8) {  // a full tile: every row
 #pragma unroll
-        for (int m = 0; m < 8; ++m, p += mstep) {
-            const bool ok = m < mvalid;
-            cp_async16(dst + m * 1024, ok ? p : src, ok ? 16 : 0);  // rows past the tile: zeros, from a valid address
+            for (int m = 0; m < 8; ++m, p += mstep) cp_async16(dst + m * 1024, p, 16);
+        } else {
+#pragma unroll
+            for (int m = 0; m < 8; ++m, p += mstep) {
+                const bool ok = m < mvalid;
+                cp_async16(dst + m * 1024, ok ? p : src, ok ? 16 : 0);  // rows past the tile: zeros, from a valid address
+            }
         }
         cp_async_commit();
     };

@@ -66,7 +66,7 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b)
 // Named barriers: 1 + WG, a warpgroup's own (its query buffers); kTurn + WG, its turn to issue MMAs. The
 // warpgroups take turns round robin: each issues a head's MMAs only after the previous one has issued its own,
 // so that the others fold while one's MMAs run. Left alone they fall into step, all multiplying and then all
-// folding, with the tensor cores idle during the folds. A fold (~380 instructions a warp, one warp an SM
+// folding, with the tensor cores idle during the folds. A fold (~300 instructions a warp, one warp an SM
 // sub-partition issuing) takes longer than a head's MMAs, hence three warpgroups: two fold while one multiplies.
 constexpr int kTurn = 1 + kWgs;
 __device__ __forceinline__ void named_sync(int id, int threads) {
@@ -102,9 +102,9 @@ __device__ __forceinline__ void score_heads(uint32_t ks, const __nv_bfloat16* qb
             for (int m = 0; m < 8; ++m, p += mstep) cp_async16(dst + m * 1024, p, 16);
         } else {
 #pragma unroll
-            for (int m = 0; m < 8; ++m, p += mstep) {
+            for (int m = 0; m < 8; ++m, p += mstep) {  // rows past the tile: zeros, from a valid address
                 const bool ok = m < mvalid;
-                cp_async16(dst + m * 1024, ok ? p : src, ok ? 16 : 0);  // rows past the tile: zeros, from a valid address
+                cp_async16(dst + m * 1024, ok ? p : src, ok ? 16 : 0);
             }
         }
         cp_async_commit();
@@ -160,11 +160,10 @@ __device__ __forceinline__ void score_heads(uint32_t ks, const __nv_bfloat16* qb
     }
 }
 
-// tiles[4 * y] = (first row, rows <= kT, first key in kb, keys of the sequence); x: key tile of 256.
-__global__ void __launch_bounds__(kBlockThreads, 1) index_wgmma_kernel(const __nv_bfloat16* qb, const float* wts, int nh,
-                                                                  const int64_t* tiles, const __nv_bfloat16* kb,
-                                                                  const int64_t* visible, int64_t stride,
-                                                                  float* scores) {
+// tiles[4 * y] = (first row, rows <= kT, first key in kb, keys of the sequence); x: key tile of kKeys.
+__global__ void __launch_bounds__(kBlockThreads, 1)
+    index_wgmma_kernel(const __nv_bfloat16* qb, const float* wts, int nh, const int64_t* tiles, const __nv_bfloat16* kb,
+                       const int64_t* visible, int64_t stride, float* scores) {
     extern __shared__ uint8_t smem_raw[];
     uint8_t* sm = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
     const uint32_t ks = static_cast<uint32_t>(__cvta_generic_to_shared(sm));
@@ -232,7 +231,8 @@ void index_scores_wgmma(const uint16_t* qb, const float* wts, int nh, const int6
     (void)configured;
     const dim3 grid(static_cast<unsigned>((stride + kKeys - 1) / kKeys), static_cast<unsigned>(n_tiles));
     index_wgmma_kernel<<<grid, kBlockThreads, kSmem>>>(reinterpret_cast<const __nv_bfloat16*>(qb), wts, nh, tiles,
-                                                  reinterpret_cast<const __nv_bfloat16*>(kb), visible, stride, scores);
+                                                      reinterpret_cast<const __nv_bfloat16*>(kb), visible, stride,
+                                                      scores);
     PG_LAUNCHED();
 }
 

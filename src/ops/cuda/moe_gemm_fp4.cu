@@ -66,8 +66,8 @@ __device__ __forceinline__ uint32_t scale_bf16x2(uint32_t s) {
 
 // Sorted row tiles of at most tr rows, one expert each, from the routing's tiles (rows of an expert are
 // contiguous in the sorted order): out[i] = (expert, first sorted row, rows, 0).
-__global__ void row_tiles_kernel(const int4* tiles, const int32_t* n_tiles, int E, int tr, unsigned max_out, int4* out,
-                                 int32_t* n_out) {
+__global__ void row_tiles_kernel(const int4* tiles, const int32_t* n_tiles, int E, int tr, unsigned max_out,
+                                 int4* out, int32_t* n_out) {
     extern __shared__ int32_t sh[];
     int32_t *first = sh, *count = sh + E, *base = sh + 2 * E;
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -274,7 +274,8 @@ void run(const float* x, const float* xs, int64_t M, int div, int E, const Linea
     const bool wgmma = fp4_grouped_wgmma() && wgmma_supported(K, N, GATED);
     // The wgmma kernel takes 128-token tiles once the experts average 128 rows: a dequantised weight then feeds
     // twice the MMAs. Below that, half-empty tiles would cost more MMA time than the dequantisation saved.
-    const int tr = !wgmma ? kBM : fp4_grouped_wgmma_tile() ? fp4_grouped_wgmma_tile() : P >= 128 * int64_t(E) ? 128 : kBM;
+    const int forced = fp4_grouped_wgmma_tile();
+    const int tr = !wgmma ? kBM : forced ? forced : P >= 128 * int64_t(E) ? 128 : kBM;
     const unsigned max_tiles = static_cast<unsigned>((P + tr - 1) / tr + E);  // each expert adds <= 1 partial tile
     if (max_tiles > 65535u) cuda_fail(cudaErrorInvalidValue, "fp4_grouped: too many row tiles", __FILE__, __LINE__);
     const size_t abytes = (static_cast<size_t>(P) * K * 2 + 255) & ~size_t(255);
@@ -314,7 +315,9 @@ int& wgmma_choice() {
 
 // Its tile: by rows per expert (0) unless PEREGRINE_MOE_GEMM_TOKENS=64|128 (A/B) or a test chose.
 int& wgmma_tile_choice() {
-    static int t = env_is("PEREGRINE_MOE_GEMM_TOKENS", "64") ? 64 : env_is("PEREGRINE_MOE_GEMM_TOKENS", "128") ? 128 : 0;
+    static int t = env_is("PEREGRINE_MOE_GEMM_TOKENS", "64")    ? 64
+                   : env_is("PEREGRINE_MOE_GEMM_TOKENS", "128") ? 128
+                                                                : 0;
     return t;
 }
 

@@ -33,7 +33,7 @@ struct Shape {
     static constexpr int kRows = 2 * 64 * kMT;            // staged weight rows: 2 warpgroups x MT m64 tiles
     static constexpr int kBStage = NT * kBK * 2;          // token rows, 1024-byte aligned (the swizzle atom)
     static constexpr int kCStage = kRows * (kBK / 2);     // codes, 32 bytes a row
-    static constexpr int kSStage = kRows * 4;             // a scale word a row: the 4 ue8m0 of the k128 holding the stage
+    static constexpr int kSStage = kRows * 4;             // a scale word a row: the 4 ue8m0 of the stage's k128
     static constexpr int kStage = (kBStage + kCStage + kSStage + 1023) / 1024 * 1024;  // token tiles on atoms
     static constexpr int kSmem = kStages * kStage + 1024;  // + alignment of the first stage to 1024 bytes
 };
@@ -155,7 +155,8 @@ __global__ void __launch_bounds__(kThreads, 2) fp4_wgmma_kernel(GemmArgs g) {
             for (int h = 0; h < 2; ++h) {
                 const int R = frow[mt][h];
                 const uint2 c = *reinterpret_cast<const uint2*>(st + kBStage + R * 32 + 8 * t4);
-                const uint32_t e = __byte_perm(*reinterpret_cast<const uint32_t*>(st + kBStage + kCStage + R * 4), 0u, sel);
+                const uint32_t word = *reinterpret_cast<const uint32_t*>(st + kBStage + kCStage + R * 4);
+                const uint32_t e = __byte_perm(word, 0u, sel);
                 const uint32_t sc = ue8m0_times_2p126_bf16x2(e);
                 big |= e > 128u;
                 ev[mt][h] = e;
@@ -231,7 +232,8 @@ __global__ void __launch_bounds__(kThreads, 2) fp4_wgmma_kernel(GemmArgs g) {
                 const int64_t pair = g.row_map[row0 + col];
                 float* out = g.y + pair * g.N + n0;
                 if constexpr (GATED) {
-                    out[(wg * kMT + mt) * 32 + wq * 8 + g4] = gated_out(acc[mt][4 * j + c], acc[mt][4 * j + 2 + c], g.limit, g.route_w[pair]);
+                    out[(wg * kMT + mt) * 32 + wq * 8 + g4] =
+                        gated_out(acc[mt][4 * j + c], acc[mt][4 * j + 2 + c], g.limit, g.route_w[pair]);
                 } else {
                     const int f = wg * (64 * kMT) + mt * 64 + wq * 16 + g4;
                     out[f] = round_bf16(acc[mt][4 * j + c]);
@@ -244,8 +246,9 @@ template <int NT>
 void launch(const GemmArgs& g, bool gated, unsigned max_tiles) {
     using S = Shape<NT>;
     static bool attr = [] {
-        PG_CUDA(cudaFuncSetAttribute(fp4_wgmma_kernel<true, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem));
-        PG_CUDA(cudaFuncSetAttribute(fp4_wgmma_kernel<false, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem));
+        constexpr auto kAttr = cudaFuncAttributeMaxDynamicSharedMemorySize;
+        PG_CUDA(cudaFuncSetAttribute(fp4_wgmma_kernel<true, NT>, kAttr, S::kSmem));
+        PG_CUDA(cudaFuncSetAttribute(fp4_wgmma_kernel<false, NT>, kAttr, S::kSmem));
         return true;
     }();
     (void)attr;

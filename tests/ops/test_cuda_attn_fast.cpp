@@ -232,7 +232,7 @@ TEST(CudaAttnFast, IndexScoresPrefillTensorCores) {
 }
 
 // Tiles with fewer than 64 rows (down to 3, fewer than the 8 rows a thread's query copies step by) and a key
-// count that is not a multiple of the 256-key tile: the wgmma kernel against the mma.sync one, bit for bit.
+// count that is not a multiple of the key tile: the wgmma kernel against the mma.sync one, bit for bit.
 TEST(CudaAttnFast, IndexScoresPrefillRaggedTiles) {
     REQUIRE_GPU();
     const int T = 131;

@@ -22,7 +22,7 @@ using namespace wgmma;
 
 constexpr int kThreads = 256;                 // two warpgroups
 constexpr int kBK = 64;                       // k per stage: one 128-byte swizzle atom of bf16 per token row
-constexpr int kStages = 4, kAhead = kStages - 1;  // tile k+3 loads into the stage tile k-1 used
+constexpr int kStages = 4;    // k64 stages of tokens, codes and scales in shared memory
 
 // The tile shape for NT token rows (the wgmma N: 64 or 128): each warpgroup MT = 128 / NT m64 tiles of weight
 // rows, so that a warpgroup's accumulators are 64 a thread either way; with 128 tokens a staged weight is
@@ -189,19 +189,23 @@ __global__ void __launch_bounds__(kThreads, 2) fp4_wgmma_kernel(GemmArgs g) {
 #pragma unroll
         for (int i = 0; i < NT / 2; ++i) acc[mt][i] = 0.0f;
 
+    // 128-token tiles leave one stage's MMAs in flight while the next stage dequantises (into the other of two
+    // fragment sets: 16 registers each); the refill then goes to the stage whose MMAs are done, two tiles back.
+    // 64-token tiles (32-register fragments) keep one set and run each stage's MMAs to completion.
+    constexpr int kInFlight = NT == 128 ? 1 : 0;
+    constexpr int kLoadAhead = kStages - 1 - kInFlight;
 #pragma unroll
-    for (int s = 0; s < kAhead; ++s) {
+    for (int s = 0; s < kLoadAhead; ++s) {
         if (s < KT) load(s, s);
         cp_async_commit();
     }
-    // One k64 stage: wait for its tile, refill the stage of tile kt - 1 (every thread finished its MMAs before
-    // the barrier), dequantise, run the MMAs to completion.
-    uint32_t frag[kMT][4][4];
-    for (int kt = 0; kt < KT; ++kt) {
-        cp_async_wait<kAhead - 1>();
+    // One k64 stage: wait for its tile, refill the stage whose MMAs every thread has seen complete (the barrier),
+    // dequantise, issue the MMAs, and wait until at most kInFlight stages' MMAs are left running.
+    auto stage = [&](int kt, uint32_t (&frag)[kMT][4][4]) {
+        cp_async_wait<kLoadAhead - 1>();
         proxy_fence();
         __syncthreads();
-        if (kt + kAhead < KT) load(kt + kAhead, (kt + kAhead) % kStages);
+        if (kt + kLoadAhead < KT) load(kt + kLoadAhead, (kt + kLoadAhead) % kStages);
         cp_async_commit();
         const uint8_t* st = smem + (kt % kStages) * S::kStage;
         dequantise(st, kt, frag);
@@ -212,8 +216,15 @@ __global__ void __launch_bounds__(kThreads, 2) fp4_wgmma_kernel(GemmArgs g) {
 #pragma unroll
             for (int mt = 0; mt < kMT; ++mt) wgmma_rs(acc[mt], frag[mt][s], desc_sw128(b0 + s * 32));
         wgmma_commit();
-        wgmma_wait<0>();
+        wgmma_wait<kInFlight>();
+    };
+    uint32_t frag[1 + kInFlight][kMT][4][4];
+    for (int kt = 0; kt < KT; kt += 1 + kInFlight) {
+        stage(kt, frag[0]);
+        if constexpr (kInFlight > 0)
+            if (kt + 1 < KT) stage(kt + 1, frag[1]);
     }
+    wgmma_wait<0>();
     cp_async_wait<0>();
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt)

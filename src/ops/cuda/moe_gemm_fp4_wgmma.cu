@@ -1,14 +1,15 @@
 // Routed FP4 expert GEMMs on Hopper's warpgroup MMA (wgmma, bf16 in, fp32 sums). The weights are the A operand
 // and come from registers: each thread dequantises its fragment of the packed e2m1 codes exactly (codes placed
-// into bf16 bits on the integer pipe, then one bf16x2 multiply by the power-of-two scale), so the weights never
-// pass through shared memory as bf16 and no lookup table competes with the tensor cores for shared memory. The sorted bf16 token rows are the B operand, read by the tensor cores
-// from shared memory in the 128-byte swizzled layout. A block is two warpgroups over 64 token rows of one
-// expert and 256 staged weight rows (each warpgroup two m64 tiles); the output is D^T = W X^T, so a thread
-// holds output columns (features) by row and tokens by column. Gated: a warp's 16 rows are 8 features of w1
-// then the same 8 of w3, so that gate and up of one output meet in one thread for the SwiGLU epilogue.
-// Pipeline: four cp.async stages, three tiles in flight. A warpgroup waits for its MMAs at the end of each
-// step (with a second step's fragments in flight ptxas serialises every wgmma); two blocks per SM keep the
-// tensor cores busy while the other block dequantises.
+// into bf16 bits by masks and multiply-adds, then one bf16x2 multiply by the power-of-two scale), so the weights
+// never pass through shared memory as bf16 and no lookup table competes with the tensor cores for shared memory.
+// The sorted bf16 token rows are the B operand, read by the tensor cores from shared memory in the 128-byte
+// swizzled layout. A block is two warpgroups over a tile of 64 token rows of one expert (each warpgroup two m64
+// tiles of weight rows) or 128 (one m64 tile each: every dequantised weight feeds twice the MMAs); the output
+// is D^T = W X^T, so a thread holds output columns (features) by row and tokens by column. Gated: a warp's 16
+// rows are 8 features of w1 then the same 8 of w3, so that gate and up of one output meet in one thread for the
+// SwiGLU epilogue. Pipeline: four cp.async stages; two blocks per SM keep the tensor cores busy while the other
+// block dequantises. With 64-token tiles a warpgroup runs each stage's MMAs to completion (a second set of
+// 32-register fragments does not fit); with 128, one stage's MMAs stay in flight while the next dequantises.
 #include "ops/cuda/fp4_f16.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/moe_gemm_fp4_common.cuh"

@@ -233,6 +233,13 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const StateLayout& layout, Engr
         uint64_t keep = UINT64_MAX;
         PG_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     }
+    if (const char* m = std::getenv("PEREGRINE_INDEX_SCORE_MB")) {  // A/B switch: the bound on a chunk's scores
+        char* end = nullptr;
+        const long long mb = std::strtoll(m, &end, 10);
+        if (end == m || *end != '\0' || mb < 1 || mb > (int64_t{1} << 20))
+            fail("PEREGRINE_INDEX_SCORE_MB='{}': expected a size in MiB, 1 to 1048576", m);
+        index_score_bytes_ = static_cast<int64_t>(mb) << 20;
+    }
     if (const char* n = std::getenv("PEREGRINE_CUDA_NUMERICS")) {
         const std::string v = n;
         if (v == "exact") numerics_ = Numerics::Exact;

@@ -108,8 +108,8 @@ public:
     std::map<std::string, double> profile();
     // Routes row t's slot k to expert (t*K + k) % E: every expert equally loaded (router still computed).
     void set_balanced_routing(bool on);
-    // Bound on the indexer's score matrix per chunk of query rows (default 256 MiB); tests shrink it to check
-    // that the chunking changes nothing.
+    // Bound on the indexer's score matrix per chunk of query rows (default 256 MiB; env PEREGRINE_INDEX_SCORE_MB
+    // at construction for A/B); tests shrink it to check that the chunking changes nothing.
     void set_index_score_bytes(int64_t bytes) { index_score_bytes_ = bytes; }
     // CUDA graphs (on unless env PEREGRINE_CUDA_GRAPHS=0 at construction; or this call): a layer's MoE block at a batch
     // of graph_bucket() rows (decode sizes) is captured into a graph after one eager run at that size and

@@ -2,8 +2,30 @@
 // Hopper warpgroup MMA (wgmma) plumbing shared by the kernels that use it (moe_gemm_fp4_wgmma.cu,
 // index_wgmma.cu): shared-memory descriptors for K-major bf16 tiles in the 128-byte swizzle, the fence, commit
 // and wait, the proxy fence between shared-memory writes and the tensor cores' reads, and a register fence for
-// accumulators the tensor cores write asynchronously.
+// accumulators the tensor cores write asynchronously; the accumulator operand lists of the MMA wrappers.
 #include <cstdint>
+
+// The fp32 accumulators of an m64nNk16 wgmma as inline-asm operands: N / 2 registers a thread, %0 .. %31 for n64
+// and %0 .. %63 for n128, written in braces by PG_WGMMA_D32 / PG_WGMMA_D64 and bound as the first outputs by
+// PG_WGMMA_ACC32(d) / PG_WGMMA_ACC64(d); the instruction's other operands are numbered after them.
+#define PG_WGMMA_D32                                                                                              \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+    "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define PG_WGMMA_D64                                                                                              \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+    "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "   \
+    "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define PG_WGMMA_ACC32(d)                                                                                      \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),            \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),  \
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define PG_WGMMA_ACC64(d)                                                                                      \
+    PG_WGMMA_ACC32(d), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),           \
+        "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), \
+        "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), \
+        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), \
+        "+f"(d[62]), "+f"(d[63])
 
 namespace peregrine::cuda::wgmma {
 

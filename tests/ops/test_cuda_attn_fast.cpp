@@ -24,6 +24,7 @@
 
 using namespace peregrine;
 using cuda::CudaBackend;
+using cuda::DevArray;
 
 namespace {
 
@@ -155,46 +156,69 @@ TEST(CudaAttnFast, IndexScoresDecodeTensorCores) {
     }
 }
 
+// One sequence's prefill indexer inputs: N fp4 keys (table entry j is packed entry j ^ perm), T rows of kHeads
+// fp4 queries with their weights, row t seeing the first N - T + t + 1 keys (causal, the new rows last), and the
+// bf16 copies of queries and keys that the tensor-core scorers read.
+struct PrefillIndex {
+    const int T;
+    const int64_t N;
+    const EntryFormat kf = fp4_entry_format(kDim, 32, false);  // the indexer keys' state entries
+    DevArray<uint8_t> kd;
+    DevArray<const uint8_t*> td;
+    DevArray<float> q, w;
+    DevArray<int64_t> vd;
+    std::shared_ptr<void> qb, kb;
+    PrefillIndex(int rows, int64_t keys, uint64_t seed, int64_t perm) : T(rows), N(keys) {
+        kd = CudaBackend::upload(peregrine::test::pack_entries(fp4_rows(N, kDim, seed), N, kf));
+        std::vector<const uint8_t*> table(static_cast<size_t>(N));
+        for (int64_t j = 0; j < N; ++j) table[static_cast<size_t>(j)] = kd.ptr + (j ^ perm) * kf.bytes;
+        td = CudaBackend::upload(table);
+        q = CudaBackend::upload(fp4_rows(static_cast<int64_t>(T) * kHeads, kDim, seed + 1));
+        w = CudaBackend::upload(weights(T, seed + 2));
+        std::vector<int64_t> visible(static_cast<size_t>(T));
+        for (int t = 0; t < T; ++t) visible[static_cast<size_t>(t)] = N - T + t + 1;
+        vd = CudaBackend::upload(visible);
+        qb = cuda::device_alloc(sizeof(uint16_t) * T * kHeads * kDim);
+        kb = cuda::device_alloc(sizeof(uint16_t) * N * kDim);
+        to_bf16();
+    }
+    void to_bf16() const {  // the copies, as the backend makes them per step
+        cuda::to_bf16(q.ptr, static_cast<int64_t>(T) * kHeads * kDim, static_cast<uint16_t*>(qb.get()));
+        cuda::gather_keys_bf16(td.ptr, N, kf, static_cast<uint16_t*>(kb.get()));
+    }
+    // index_scores_mma over `tiles` (first row, rows, first key, keys) into scores [T, N].
+    void score(const DevArray<int64_t>& tiles, int n_tiles, float* scores) const {
+        cuda::index_scores_mma(static_cast<const uint16_t*>(qb.get()), w.ptr, kHeads, tiles.ptr, n_tiles,
+                               static_cast<const uint16_t*>(kb.get()), vd.ptr, N, scores);
+    }
+};
+
 TEST(CudaAttnFast, IndexScoresPrefillTensorCores) {
     REQUIRE_GPU();
     const int T = 4096;
     const int64_t N = 65536;
-    auto kh = fp4_rows(N, kDim, 21);
-    auto qh = fp4_rows(static_cast<int64_t>(T) * kHeads, kDim, 22);
-    const EntryFormat kf = fp4_entry_format(kDim, 32, false);  // the indexer keys' state entries
-    auto kd = CudaBackend::upload(peregrine::test::pack_entries(kh, N, kf));
-    std::vector<const uint8_t*> table(static_cast<size_t>(N));
-    for (int64_t j = 0; j < N; ++j) table[static_cast<size_t>(j)] = kd.ptr + (j ^ 1) * kf.bytes;
-    auto td = CudaBackend::upload(table);
-    auto q = CudaBackend::upload(qh);
-    auto w = CudaBackend::upload(weights(T, 23));
-    // One sequence: 4096 new tokens at the end of 65536 entries (causal: row t sees N - T + t + 1).
-    std::vector<int64_t> width(T, N), visible(T), keybase(T, 0);
-    for (int t = 0; t < T; ++t) visible[static_cast<size_t>(t)] = N - T + t + 1;
-    auto wd = CudaBackend::upload(width), vd = CudaBackend::upload(visible), bd = CudaBackend::upload(keybase);
+    const PrefillIndex in(T, N, 21, 1);
+    const EntryFormat& kf = in.kf;
+    const auto& td = in.td;
+    const auto& vd = in.vd;
+    const auto &q = in.q, &w = in.w;
+    // One sequence: 4096 new tokens at the end of 65536 entries.
+    std::vector<int64_t> width(T, N), keybase(T, 0);
+    auto wd = CudaBackend::upload(width), bd = CudaBackend::upload(keybase);
     std::vector<int64_t> tiles;
     for (int r = 0; r < T; r += 64) tiles.insert(tiles.end(), {r, std::min(64, T - r), 0, N});
     auto tiles_d = CudaBackend::upload(tiles);
-    auto qb = cuda::device_alloc(sizeof(uint16_t) * T * kHeads * kDim), kb = cuda::device_alloc(sizeof(uint16_t) * N * kDim);
+    const int n_tiles = static_cast<int>(tiles.size() / 4);
     Tensor mma = CudaBackend::empty(DType::F32, {T, N}), stream = CudaBackend::empty(DType::F32, {T, N}),
            wg = CudaBackend::empty(DType::F32, {T, N});
-    cuda::to_bf16(q.ptr, static_cast<int64_t>(T) * kHeads * kDim, static_cast<uint16_t*>(qb.get()));
-    cuda::gather_keys_bf16(td.ptr, N, kf, static_cast<uint16_t*>(kb.get()));
     float ms_kernel[2];
     for (int v = 0; v < 2; ++v) {  // mma.sync, then wgmma
         cuda::index_scores_use_wgmma(v == 1);
-        ms_kernel[v] = peregrine::test::device_ms([&] {
-            cuda::index_scores_mma(static_cast<const uint16_t*>(qb.get()), w.ptr, kHeads, tiles_d.ptr,
-                                   static_cast<int>(tiles.size() / 4), static_cast<const uint16_t*>(kb.get()), vd.ptr, N,
-                                   (v ? wg : mma).f32());
-        });
+        ms_kernel[v] = peregrine::test::device_ms([&] { in.score(tiles_d, n_tiles, (v ? wg : mma).f32()); });
     }
     const float ms_mma = peregrine::test::device_ms([&] {
-        cuda::to_bf16(q.ptr, static_cast<int64_t>(T) * kHeads * kDim, static_cast<uint16_t*>(qb.get()));
-        cuda::gather_keys_bf16(td.ptr, N, kf, static_cast<uint16_t*>(kb.get()));
-        cuda::index_scores_mma(static_cast<const uint16_t*>(qb.get()), w.ptr, kHeads, tiles_d.ptr,
-                               static_cast<int>(tiles.size() / 4), static_cast<const uint16_t*>(kb.get()), vd.ptr, N,
-                               wg.f32());
+        in.to_bf16();
+        in.score(tiles_d, n_tiles, wg.f32());
     });
     const float ms_stream = peregrine::test::device_ms([&] {
         cuda::index_scores_stream(q.ptr, w.ptr, nullptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, kf, N,
@@ -237,29 +261,13 @@ TEST(CudaAttnFast, IndexScoresPrefillRaggedTiles) {
     REQUIRE_GPU();
     const int T = 131;
     const int64_t N = 2000;
-    auto kh = fp4_rows(N, kDim, 31);
-    auto qh = fp4_rows(static_cast<int64_t>(T) * kHeads, kDim, 32);
-    const EntryFormat kf = fp4_entry_format(kDim, 32, false);
-    auto kd = CudaBackend::upload(peregrine::test::pack_entries(kh, N, kf));
-    std::vector<const uint8_t*> table(static_cast<size_t>(N));
-    for (int64_t j = 0; j < N; ++j) table[static_cast<size_t>(j)] = kd.ptr + j * kf.bytes;
-    auto td = CudaBackend::upload(table);
-    auto q = CudaBackend::upload(qh);
-    auto w = CudaBackend::upload(weights(T, 33));
-    std::vector<int64_t> visible(T);
-    for (int t = 0; t < T; ++t) visible[static_cast<size_t>(t)] = N - T + t + 1;
-    auto vd = CudaBackend::upload(visible);
-    const std::vector<int64_t> tiles = {0, 64, 0, N, 64, 64, 0, N, 128, 3, 0, N};
-    auto tiles_d = CudaBackend::upload(tiles);
-    auto qb = cuda::device_alloc(sizeof(uint16_t) * T * kHeads * kDim), kb = cuda::device_alloc(sizeof(uint16_t) * N * kDim);
-    cuda::to_bf16(q.ptr, static_cast<int64_t>(T) * kHeads * kDim, static_cast<uint16_t*>(qb.get()));
-    cuda::gather_keys_bf16(td.ptr, N, kf, static_cast<uint16_t*>(kb.get()));
+    const PrefillIndex in(T, N, 31, 0);
+    auto tiles_d = CudaBackend::upload(std::vector<int64_t>{0, 64, 0, N, 64, 64, 0, N, 128, 3, 0, N});
     std::vector<float> out[2];
     for (int v = 0; v < 2; ++v) {  // mma.sync, then wgmma
         Tensor s = CudaBackend::empty(DType::F32, {T, N});
         cuda::index_scores_use_wgmma(v == 1);
-        cuda::index_scores_mma(static_cast<const uint16_t*>(qb.get()), w.ptr, kHeads, tiles_d.ptr, 3,
-                               static_cast<const uint16_t*>(kb.get()), vd.ptr, N, s.f32());
+        in.score(tiles_d, 3, s.f32());
         out[v] = host(s.f32(), static_cast<size_t>(T) * N);
     }
     cuda::index_scores_use_wgmma(true);

@@ -108,7 +108,7 @@ public:
     std::map<std::string, double> profile();
     // Routes row t's slot k to expert (t*K + k) % E: every expert equally loaded (router still computed).
     void set_balanced_routing(bool on);
-    // Bound on the indexer's score matrix per chunk of query rows (default 256 MiB; env PEREGRINE_INDEX_SCORE_MB
+    // Bound on the indexer's score matrix per chunk of query rows (default 1 GiB; env PEREGRINE_INDEX_SCORE_MB
     // at construction for A/B); tests shrink it to check that the chunking changes nothing.
     void set_index_score_bytes(int64_t bytes) { index_score_bytes_ = bytes; }
     // CUDA graphs (on unless env PEREGRINE_CUDA_GRAPHS=0 at construction; or this call): a layer's MoE block at a batch
@@ -158,7 +158,7 @@ private:
     };
     int gpu_ = 0;
     bool profiling_ = false, balanced_routing_ = false;
-    int64_t index_score_bytes_ = int64_t{256} << 20;
+    int64_t index_score_bytes_ = int64_t{1024} << 20;
     int depth_ = 0, open_phase_ = -1;
     std::vector<TimedEvent> events_;
     // Ends the current phase of the outermost op (if any) and starts `name`.

@@ -505,6 +505,59 @@ TEST(CudaOpsRealDims, AttentionLayers) {
     EXPECT_EQ(cuda::state_encode_failures(), 0u);
 }
 
+// Prefill-sized steps decode the keys they see to bf16 rows for the warpgroup-MMA kernel: the same layers against
+// the mma.sync kernel over the packed entries (two backends, identical inputs and state). Steps: one-shot prefills
+// of 300 and 40 tokens, then a 260-token chunk of the first sequence (its windows reach into the earlier step)
+// beside a decode row of the second. The kernels sum in different orders, so the bound is AttentionLayers'.
+TEST(CudaOpsRealDims, AttentionKeyRowsMatchPackedKeys) {
+    REQUIRE_GPU();
+    ModelConfig cfg = synthetic_v41_flash_config(4, 8);
+    ModelWeights w = synthetic_model_weights(cfg, 3);
+    StateLayout layout = make_state_layout(cfg, 16);
+    auto infos = attention_layer_infos(cfg);
+    CudaBackend rows_gpu(cfg, layout), packed_gpu(cfg, layout);
+    PagePool pr(rows_gpu, layout, 64), pp(packed_gpu, layout, 64);
+    SeqState sr[2], sp[2];
+    for (SeqState* s : {&sr[0], &sr[1], &sp[0], &sp[1]}) {
+        s->carry.assign(layout.carry_bytes, 0);
+        for (const auto& L : layout.layers)
+            if (L.carry_bytes) {
+                float* f = reinterpret_cast<float*>(s->carry.data() + L.carry_offset);
+                const size_t half = L.carry_bytes / sizeof(float) / 2;
+                for (size_t i = 0; i < half; ++i) f[half + i] = -INFINITY;
+            }
+    }
+    ASSERT_TRUE(pr.reserve(sr[0], 560) && pr.reserve(sr[1], 48) && pp.reserve(sp[0], 560) && pp.reserve(sp[1], 48));
+    uint64_t seed = 7;
+    struct Part {
+        int start, n;
+    };
+    for (const auto& step : {std::vector<Part>{{0, 300}, {0, 40}}, std::vector<Part>{{300, 260}, {40, 1}}}) {
+        ForwardBatch br, bp;
+        int row = 0;
+        for (int i = 0; i < 2; ++i) {
+            br.seqs.push_back({&sr[i], step[i].start, step[i].n, row});
+            bp.seqs.push_back({&sp[i], step[i].start, step[i].n, row});
+            row += step[i].n;
+        }
+        for (int i = 0; i < row; ++i) br.token_ids.push_back(5 + i), bp.token_ids.push_back(5 + i);
+        auto scr_r = rows_gpu.begin_step(br);
+        auto scr_p = packed_gpu.begin_step(bp);
+        for (int l = 0; l < cfg.n_layers; ++l) {
+            Tensor x = random_bf16({row, cfg.dim}, seed++);
+            cuda::sparse_attention_rows_use(true);
+            Tensor orow = H(rows_gpu.attention(D(x), w.layers[static_cast<size_t>(l)].attn, infos[static_cast<size_t>(l)], br, *scr_r));
+            cuda::sparse_attention_rows_use(false);
+            Tensor opk = H(packed_gpu.attention(D(x), w.layers[static_cast<size_t>(l)].attn, infos[static_cast<size_t>(l)], bp, *scr_p));
+            cuda::sparse_attention_rows_use(true);
+            expect_close(orow, opk, 1e-2f, 1e-5f,
+                         "attention layer " + std::to_string(l) + " key rows vs packed, " + std::to_string(row) + " rows",
+                         1e-2f);
+        }
+        for (int i = 0; i < 2; ++i) sr[i].n_cached = sp[i].n_cached = step[i].start + step[i].n;
+    }
+}
+
 }  // namespace
 
 namespace {

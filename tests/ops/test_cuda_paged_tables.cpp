@@ -146,6 +146,63 @@ int64_t kmax_of(ForwardBatch& batch, int ratio) {
     return k;
 }
 
+// The window entries decoded to rows (prefill-sized attention), on a pool of readable entries: every list slot
+// points at the row decoded from the entry the host lists there (the row's source address, and for a sample of
+// slots the row's bf16 values against a decoding of the host's entry).
+void check_window_rows(const Model4& m, Step& st, const cuda::PagedSeqs& paged, const StateSection& sec,
+                       const std::string& what) {
+    const int64_t T = st.batch.rows();
+    const int W = m.cfg.window_size, dim = sec.format.dim;
+    std::vector<const uint8_t*> hw;
+    std::vector<int32_t> hn;
+    host_window_table(m.layout, st.batch, sec, W, true, hw, hn);
+    auto wr = cuda::device_window_rows(paged, st.batch, sec, W, true);
+    EXPECT_EQ(host(wr.table.nwin, static_cast<size_t>(T)), hn) << what;
+    const auto src = host(wr.src.table, static_cast<size_t>(wr.src.n));
+    const auto list = host(wr.table.win.table, static_cast<size_t>(T * W));
+    const uint8_t* base = static_cast<const uint8_t*>(wr.rows.get());
+    const int64_t rb = 2 * static_cast<int64_t>(dim);
+    int64_t bad = 0;
+    std::vector<const uint8_t*> sample_entries;
+    std::vector<int64_t> sample_rows;
+    for (size_t i = 0; i < list.size(); ++i) {
+        if (!hw[i]) {
+            bad += list[i] != nullptr;
+            continue;
+        }
+        const int64_t off = list[i] ? list[i] - base : -1, r = off / rb;
+        if (off < 0 || off % rb != 0 || r >= static_cast<int64_t>(src.size()) || src[static_cast<size_t>(r)] != hw[i]) {
+            ++bad;
+            continue;
+        }
+        if (i % 7 == 0) {
+            sample_entries.push_back(hw[i]);
+            sample_rows.push_back(r);
+        }
+    }
+    EXPECT_EQ(bad, 0) << what << ": window row slots that miss their entry";
+    const int64_t ns = static_cast<int64_t>(sample_entries.size());
+    auto sd = CudaBackend::upload(sample_entries);
+    auto want_d = cuda::device_alloc(static_cast<size_t>(std::max<int64_t>(ns, 1) * rb));
+    cuda::gather_keys_bf16(sd.ptr, ns, sec.format, static_cast<uint16_t*>(want_d.get()));
+    const auto want = host(static_cast<const uint16_t*>(want_d.get()), static_cast<size_t>(ns * dim));
+    const auto rows = host(reinterpret_cast<const uint16_t*>(base), src.size() * static_cast<size_t>(dim));
+    int64_t differ = 0;
+    for (int64_t k = 0; k < ns; ++k)
+        differ += std::memcmp(want.data() + k * dim, rows.data() + sample_rows[static_cast<size_t>(k)] * dim, static_cast<size_t>(rb)) != 0;
+    EXPECT_EQ(differ, 0) << what << ": decoded window rows";
+    std::printf("PARITY attn paged window rows %s: %lld rows decoded, %lld slots, %lld sampled rows identical\n",
+                what.c_str(), static_cast<long long>(src.size()), static_cast<long long>(list.size()),
+                static_cast<long long>(ns - differ));
+}
+
+void check_window_rows(const Model4& m, Step& st, const std::string& what) {
+    auto paged = cuda::upload_paged_step(m.layout, st.batch);
+    for (const auto& info : m.infos)
+        check_window_rows(m, st, paged.seqs, m.layout.layers[static_cast<size_t>(info.layer)].window,
+                          what + " layer " + std::to_string(info.layer));
+}
+
 // Every section of every layer through both tables.
 void check_tables(const Model4& m, Step& st, const std::string& what) {
     auto paged = cuda::upload_paged_step(m.layout, st.batch);
@@ -424,6 +481,7 @@ TEST(CudaPagedTables, DecodeSameAddressesAndResults) {
     auto pool = random_pool(m.layout, pages);
     Step st = make_step(m.layout, static_cast<uint8_t*>(pool.get()), pages, kDecode8, 1);
     check_tables(m, st, "decode 8x131072");
+    check_window_rows(m, st, "decode 8x131072");
     check_pipeline(m, st, "decode 8x131072");
     check_store(m, st, "decode 8x131072");
     timing(m, st, "decode 8x131072");
@@ -436,6 +494,7 @@ TEST(CudaPagedTables, PrefillSameAddressesAndResults) {
     auto pool = random_pool(m.layout, pages);
     Step st = make_step(m.layout, static_cast<uint8_t*>(pool.get()), pages, kPrefill, 2);
     check_tables(m, st, "prefill 2048-token chunk at 131072 + others");
+    check_window_rows(m, st, "prefill 2048-token chunk at 131072 + others");
     check_pipeline(m, st, "prefill 2048-token chunk at 131072 + others");
     check_store(m, st, "prefill 2048-token chunk at 131072 + others");
     timing(m, st, "prefill 2048-token chunk at 131072 + others");

@@ -4,8 +4,9 @@
 // 16; V4: fp8 with ue8m0 per 64 on the first 448 dims, the RoPE dims bf16), read from their packed state
 // entries (state_format.h), a per-head sink, key counts from 0 to 640 (below one 64-key block, on and off block boundaries) and
 // masked (null) entries. 8 and 40 queries take the split-key path (decode), 256 and 4096 one CTA per query.
-// The 16-warp CTAs must give the 8-warp CTAs' output bit for bit. Prints PARITY lines per size with the device
-// times and the effective rate of the key reads.
+// The 16-warp CTAs must give the 8-warp CTAs' output bit for bit. From 256 queries the warpgroup-MMA kernel over
+// the same keys decoded to bf16 rows meets the same bound. Prints PARITY lines per size with the device times and
+// the effective rate of the key reads.
 // Skipped without a GPU.
 #include "cuda_test_util.h"
 #include "ops/backend.h"
@@ -69,6 +70,26 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
     const std::vector<float> win_rows(kv.begin(), kv.begin() + nk / 2 * Dh), comp_rows(kv.begin() + nk / 2 * Dh, kv.end());
     auto wd = CudaBackend::upload(peregrine::test::pack_entries(win_rows, nk / 2, wf));
     auto cd = CudaBackend::upload(peregrine::test::pack_entries(comp_rows, nk / 2, cf));
+    // The same entries decoded to bf16 rows (as attention.cpp does for prefill-sized steps): window rows, then
+    // compressed rows, 1 KB each.
+    auto decoded = cuda::device_alloc(static_cast<size_t>(nk) * Dh * 2);
+    uint8_t* rows_d = static_cast<uint8_t*>(decoded.get());
+    {
+        std::vector<const uint8_t*> wa(static_cast<size_t>(nk / 2)), ca(wa.size());
+        for (int64_t i = 0; i < nk / 2; ++i) {
+            wa[static_cast<size_t>(i)] = wd.ptr + i * wf.bytes;
+            ca[static_cast<size_t>(i)] = cd.ptr + i * cf.bytes;
+        }
+        auto wad = CudaBackend::upload(wa), cad = CudaBackend::upload(ca);
+        cuda::gather_keys_bf16(wad.ptr, nk / 2, wf, reinterpret_cast<uint16_t*>(rows_d));
+        cuda::gather_keys_bf16(cad.ptr, nk / 2, cf, reinterpret_cast<uint16_t*>(rows_d + nk / 2 * Dh * 2));
+        cudaDeviceSynchronize();
+    }
+    auto row_of = [&](const uint8_t* p) -> const uint8_t* {
+        if (!p) return nullptr;
+        if (p >= wd.ptr && p < wd.ptr + nk / 2 * wf.bytes) return rows_d + (p - wd.ptr) / wf.bytes * Dh * 2;
+        return rows_d + (nk / 2 + (p - cd.ptr) / cf.bytes) * Dh * 2;
+    };
     auto sd = CudaBackend::upload(sink);
     const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
 
@@ -159,6 +180,24 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
                         worst_steps, split ? 0.5 : 0.98);
         };
         check("mma", a, ms_mma);
+
+        // One CTA per query: the warpgroup-MMA kernel over the decoded rows, against the exact kernel and the mma one.
+        if (!split) {
+            std::vector<const uint8_t*> rows(keys.size());
+            for (size_t i = 0; i < keys.size(); ++i) rows[i] = row_of(keys[i]);
+            auto rows_k = CudaBackend::upload(rows);
+            Tensor orow = CudaBackend::empty(DType::F32, {T, H, Dh});
+            const float ms_rows = peregrine::test::device_ms([&] {
+                cuda::sparse_attention_rows(qd.ptr, T, H, Dh, scale, sd.ptr, rows_k.ptr, cnt_d.ptr, maxk, orow.f32());
+            });
+            const auto r = host(orow.f32(), n_out);
+            check("wgmma rows", r, ms_rows);
+            int64_t same = 0;
+            for (size_t i = 0; i < r.size(); ++i) same += r[i] == a[i];
+            std::printf("PARITY attn sparse_attention wgmma rows %s %ldx64x512: %.3f ms against mma %.3f (16 warps %.3f), "
+                        "equal to mma %.4f\n", arch, static_cast<long>(T), ms_rows, ms_mma, ms_16,
+                        static_cast<double>(same) / static_cast<double>(r.size()));
+        }
     }
 }
 

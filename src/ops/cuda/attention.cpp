@@ -442,12 +442,38 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     DevArray<const uint8_t*> win_d, comp_d;
     DevArray<int32_t> nwin_d;
     std::vector<int64_t> compbase(static_cast<size_t>(T), 0);
+    // Prefill-sized steps decode the keys they can see to bf16 rows once, so that the attention kernel gathers rows
+    // instead of decoding every key in every query's CTA. Worth it when a row serves many queries (a prefill's rows
+    // serve up to W + top-k each); not for decode batches, which would decode whole contexts for one query each.
+    const EntryFormat& comp_format = CL.comp.present() ? CL.comp.format : L.window.format;
+    constexpr int kRowsFrom = 256, kMinReuse = 8;
+    int64_t decoded_rows = 0;
+    for (const BatchSeq& s : batch.seqs)
+        if (s.n_tokens > 0)
+            decoded_rows += s.start_pos + s.n_tokens - std::max<int64_t>(0, s.start_pos - W + 1) +
+                            (sel ? (s.start_pos + s.n_tokens) / info.ratio : 0);
+    const bool key_rows = device_tables && T >= kRowsFrom && decoded_rows * kMinReuse <= int64_t{T} * (W + kmax) &&
+                          sparse_attention_rows_enabled() && sparse_attention_rows_supported(H, D) &&
+                          L.window.format.dim == D && comp_format.dim == D;
+    const int64_t row_bytes = 2 * static_cast<int64_t>(D);
+    std::shared_ptr<void> win_rows, comp_rows;
     if (device_tables) {
-        WindowTable wt = device_window_table(paged(), L.window, T, W, v41);
+        WindowTable wt;
+        if (key_rows) {
+            WindowRows wr = device_window_rows(paged(), batch, L.window, W, v41);
+            wt = wr.table;
+            win_rows = wr.rows;
+        } else {
+            wt = device_window_table(paged(), L.window, T, W, v41);
+        }
         win_d = {wt.win.keep, wt.win.table};
         nwin_d = {wt.nwin_keep, wt.nwin};
         int64_t n_comp = 0;
         if (sel) comp_d = entry_table(CL.comp, info.ratio, compbase, n_comp);
+        if (sel && key_rows) {
+            comp_rows = device_alloc(static_cast<size_t>(std::max<int64_t>(n_comp, 1) * row_bytes));
+            gather_keys_bf16(comp_d.ptr, n_comp, CL.comp.format, static_cast<uint16_t*>(comp_rows.get()));
+        }
     } else {
         std::vector<const uint8_t*> win(static_cast<size_t>(T) * W, nullptr);
         std::vector<int32_t> nwin(static_cast<size_t>(T));
@@ -474,7 +500,8 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     auto keys = device_alloc(sizeof(uint8_t*) * static_cast<size_t>(T) * maxk);
     auto nkeys = device_alloc(sizeof(int32_t) * static_cast<size_t>(T));
     build_keys(T, win_d.ptr, nwin_d.ptr, W, sel, nsel, kmax, comp_d.ptr, compbase_d.ptr,
-               static_cast<const uint8_t**>(keys.get()), static_cast<int32_t*>(nkeys.get()), maxk);
+               static_cast<const uint8_t**>(keys.get()), static_cast<int32_t*>(nkeys.get()), maxk,
+               static_cast<const uint8_t*>(comp_rows.get()), row_bytes);
 
     // Sparse attention with sink, then the inverse rotation of the output.
     Tensor o = empty(DType::F32, {T, H, D});
@@ -485,8 +512,10 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     kr.nwin = nwin_d.ptr;
     kr.maxk = maxk;
     kr.win = L.window.format;
-    kr.comp = CL.comp.present() ? CL.comp.format : L.window.format;
-    if (numerics_ == Numerics::Fast && sparse_attention_mma_supported(H, D, kr.win, kr.comp)) {
+    kr.comp = comp_format;
+    if (key_rows) {
+        sparse_attention_rows(q.f32(), T, H, D, scale, dev_f32(w.attn_sink), kr.keys, kr.nkeys, maxk, o.f32());
+    } else if (numerics_ == Numerics::Fast && sparse_attention_mma_supported(H, D, kr.win, kr.comp)) {
         // Tensor cores, prefill and decode (few rows split their keys over CTAs, with a scratch for the parts).
         auto ws = device_alloc(sparse_attention_mma_workspace(T, H, D, maxk));
         sparse_attention_mma(q.f32(), T, H, D, scale, dev_f32(w.attn_sink), kr, o.f32(), ws.get());

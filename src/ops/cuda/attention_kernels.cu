@@ -373,7 +373,8 @@ __global__ void topk_kernel(const float* scores, int64_t stride, const int64_t* 
 
 __global__ void build_keys_kernel(int64_t T, const uint8_t* const* win, const int32_t* nwin, int W, const int32_t* sel,
                                   const int32_t* nsel, int kmax, const uint8_t* const* comp_addr, const int64_t* compbase,
-                                  const uint8_t** keys, int32_t* nkeys, int maxk) {
+                                  const uint8_t** keys, int32_t* nkeys, int maxk, const uint8_t* comp_rows,
+                                  int64_t row_bytes) {
     pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * maxk) return;
@@ -384,7 +385,7 @@ __global__ void build_keys_kernel(int64_t T, const uint8_t* const* win, const in
         keys[i] = win[t * W + s];
     } else if (s - nw < ns) {
         const int32_t idx = sel[t * kmax + (s - nw)];
-        keys[i] = idx < 0 ? nullptr : comp_addr[compbase[t] + idx];
+        keys[i] = idx < 0 ? nullptr : comp_rows ? comp_rows + (compbase[t] + idx) * row_bytes : comp_addr[compbase[t] + idx];
     }
 }
 
@@ -569,10 +570,10 @@ void topk_rows(const float* scores, int64_t T, int64_t stride, const int64_t* wi
 
 void build_keys(int64_t T, const uint8_t* const* win, const int32_t* nwin, int W, const int32_t* sel,
                 const int32_t* nsel, int kmax, const uint8_t* const* comp_addr, const int64_t* compbase,
-                const uint8_t** keys, int32_t* nkeys, int maxk) {
+                const uint8_t** keys, int32_t* nkeys, int maxk, const uint8_t* comp_rows, int64_t row_bytes) {
     if (T * maxk == 0) return;
     launch_pdl(build_keys_kernel, dim3(blocks_for(T * maxk)), dim3(kThreads), 0, T, win, nwin, W, sel, nsel, kmax,
-               comp_addr, compbase, keys, nkeys, maxk);
+               comp_addr, compbase, keys, nkeys, maxk, comp_rows, row_bytes);
 }
 
 void sparse_attention(const float* q, int64_t T, int H, int D, float scale, const float* sink, const KeyRefs& keys,

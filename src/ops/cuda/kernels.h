@@ -244,10 +244,12 @@ inline int64_t candidate_mask_stride(int64_t width, int bs) { return ((width + b
 // visible -> -1. tmp: [T, k]. count[t] = min(k, width[t]); out[t, count[t]..k) is left unwritten.
 void topk_rows(const float* scores, int64_t T, int64_t stride, const int64_t* width, const int64_t* visible, int k,
                bool ascending, int32_t* tmp, int32_t* out, int32_t* count);
-// keys[t, :] = first nwin[t] window addresses, then comp_addr[compbase[t] + sel[t, i]] for i < nsel[t].
+// keys[t, :] = first nwin[t] window addresses, then comp_addr[compbase[t] + sel[t, i]] for i < nsel[t]; with
+// comp_rows, comp_rows + (compbase[t] + sel[t, i]) * row_bytes instead (entries decoded to rows of row_bytes).
 void build_keys(int64_t T, const uint8_t* const* win, const int32_t* nwin, int W, const int32_t* sel,
                 const int32_t* nsel, int kmax, const uint8_t* const* comp_addr, const int64_t* compbase,
-                const uint8_t** keys, int32_t* nkeys, int maxk);
+                const uint8_t** keys, int32_t* nkeys, int maxk, const uint8_t* comp_rows = nullptr,
+                int64_t row_bytes = 0);
 // The key list of each query row for the attention kernels: keys[t * maxk + i] (null: masked) for
 // i < nkeys[t]; the first nwin[t] are window entries (format win), the rest compressed entries (format comp).
 // nwin null: every key is a window entry.
@@ -275,6 +277,17 @@ void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, 
 // CTAs of 8 warps or 16 (half the accumulators a thread, twice the warps an SM switches between): the same
 // outputs bit for bit. 0 (the default) picks 16 from 256 queries on; PEREGRINE_SPARSE_WARPS=8|16 fixes it at start.
 void sparse_attention_mma_use_warps(int nw);
+// ---- sparse_attention_wgmma.cu (Numerics::Fast, prefill-sized steps): sparse_attention over keys decoded to bf16
+// rows beforehand (gather_keys_bf16: D values, 2 D bytes a row), on Hopper's warpgroup MMA, one CTA per query.
+// keys[t * maxk + i] for i < nkeys[t]: a decoded row, null for a masked key. The numerics of sparse_attention_mma
+// with one key split. Needs D == 512 and H a multiple of 64.
+bool sparse_attention_rows_supported(int H, int D);
+// Whether attention decodes its keys to rows for this kernel at prefill sizes (on unless PEREGRINE_SPARSE_KERNEL=mma
+// at start: the mma.sync kernel on the packed entries, for A/B); the setter is for tests.
+bool sparse_attention_rows_enabled();
+void sparse_attention_rows_use(bool on);
+void sparse_attention_rows(const float* q, int64_t T, int H, int D, float scale, const float* sink,
+                           const uint8_t* const* keys, const int32_t* nkeys, int maxk, float* out);
 // ---- paged_tables.cu (Numerics::Fast): entry addresses worked out on the device from the step's page tables
 // (StateLayout::entry), so the host uploads page tables (one id per page) instead of one address per entry.
 struct PagedSeqs {
@@ -293,6 +306,15 @@ void paged_entry_table(const PagedSeqs& p, const PagedSection& sec, int ratio, c
 // their count, for T rows and a window of W.
 void paged_window_table(const PagedSeqs& p, const PagedSection& sec, int64_t T, int W, bool v41, const uint8_t** win,
                         int32_t* nwin);
+// The window entries a step's rows can see, per sequence s the positions lo_s = max(0, start_pos - W + 1) up to
+// the step's end, back to back from row_base[s]: table[row_base[s] + j] = address of position lo_s + j;
+// max_entries bounds the per-sequence counts.
+void paged_window_rows(const PagedSeqs& p, const PagedSection& sec, int W, const int64_t* row_base,
+                       int64_t max_entries, const uint8_t** table);
+// paged_window_table's list with each position's row of `rows` (paged_window_rows' order, decoded into rows of
+// row_bytes) instead of its state entry.
+void paged_window_rows_table(const PagedSeqs& p, int64_t T, int W, bool v41, const int64_t* row_base,
+                             const uint8_t* rows, int64_t row_bytes, const uint8_t** win, int32_t* nwin);
 // Row t of src [T, f.dim] encoded into entry row_pos[t] of `sec` of its sequence (StateLayout::entry(.., pos));
 // in state_entries.cu.
 void paged_store_entries(const float* src, int64_t T, const EntryFormat& f, const PagedSeqs& p,

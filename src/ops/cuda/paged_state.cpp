@@ -92,4 +92,35 @@ WindowTable device_window_table(const PagedSeqs& p, const StateSection& sec, int
     return w;
 }
 
+WindowRows device_window_rows(const PagedSeqs& p, const ForwardBatch& batch, const StateSection& sec, int W, bool v41) {
+    std::vector<int64_t> seq_base(batch.seqs.size());
+    int64_t most = 0, n = 0;
+    for (size_t i = 0; i < batch.seqs.size(); ++i) {
+        const BatchSeq& s = batch.seqs[i];
+        seq_base[i] = n;
+        if (s.n_tokens <= 0) continue;
+        const int64_t count = s.start_pos + s.n_tokens - std::max<int64_t>(0, s.start_pos - W + 1);
+        n += count;
+        most = std::max(most, count);
+    }
+    const int64_t T = batch.rows(), row_bytes = 2 * static_cast<int64_t>(sec.format.dim);
+    WindowRows w;
+    w.src.keep = device_alloc(sizeof(uint8_t*) * static_cast<size_t>(std::max<int64_t>(n, 1)));
+    w.src.table = static_cast<const uint8_t**>(w.src.keep.get());
+    w.src.n = n;
+    auto sb = CudaBackend::upload(seq_base);  // freed in stream order, after the kernels
+    paged_window_rows(p, paged_section(sec), W, sb.ptr, most, w.src.table);
+    w.rows = device_alloc(static_cast<size_t>(std::max<int64_t>(n, 1) * row_bytes));
+    gather_keys_bf16(w.src.table, n, sec.format, static_cast<uint16_t*>(w.rows.get()));
+    WindowTable& t = w.table;
+    t.win.keep = device_alloc(sizeof(uint8_t*) * static_cast<size_t>(std::max<int64_t>(T * W, 1)));
+    t.win.table = static_cast<const uint8_t**>(t.win.keep.get());
+    t.win.n = T * W;
+    t.nwin_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(std::max<int64_t>(T, 1)));
+    t.nwin = static_cast<int32_t*>(t.nwin_keep.get());
+    paged_window_rows_table(p, T, W, v41, sb.ptr, static_cast<const uint8_t*>(w.rows.get()), row_bytes, t.win.table,
+                            t.nwin);
+    return w;
+}
+
 }  // namespace peregrine::cuda

@@ -44,4 +44,14 @@ struct WindowTable {
 };
 WindowTable device_window_table(const PagedSeqs& p, const StateSection& sec, int64_t T, int W, bool v41);
 
+// The window entries a step's rows can see (per sequence from max(0, start_pos - W + 1) to the step's end: `src`,
+// back to back), decoded once to bf16 rows of 2 x dim bytes (`rows`, in src's order), and the rows' window lists
+// as pointers into them (device_window_table's order and counts; null: none).
+struct WindowRows {
+    AddressTable src;
+    std::shared_ptr<void> rows;
+    WindowTable table;
+};
+WindowRows device_window_rows(const PagedSeqs& p, const ForwardBatch& batch, const StateSection& sec, int W, bool v41);
+
 }  // namespace peregrine::cuda

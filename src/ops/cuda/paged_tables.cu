@@ -47,6 +47,36 @@ __global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, in
     win[i] = j < n && at >= 0 ? paged_entry(p, sec, s, at) : nullptr;
 }
 
+// Grid: x over entries, y over sequences. A sequence's rows see window positions from lo = max(0, start - W + 1)
+// (window_position's lowest) to the step's end.
+__device__ __forceinline__ int64_t window_lo(const int64_t* m, int W) { return m[2] - W + 1 > 0 ? m[2] - W + 1 : 0; }
+
+__global__ void window_rows_kernel(PagedSeqs p, PagedSection sec, int W, const int64_t* row_base, const uint8_t** table) {
+    pdl_enter();
+    const int s = blockIdx.y;
+    const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);
+    if (m[3] <= 0) return;
+    const int64_t lo = window_lo(m, W), count = m[2] + m[3] - lo;
+    for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < count;
+         j += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        table[row_base[s] + j] = paged_entry(p, sec, s, lo + j);
+}
+
+__global__ void window_rows_table_kernel(PagedSeqs p, int64_t T, int W, bool v41, const int64_t* row_base,
+                                         const uint8_t* rows, int64_t row_bytes, const uint8_t** win, int32_t* nwin) {
+    pdl_enter();
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= T * W) return;
+    const int64_t t = i / W;
+    const int j = static_cast<int>(i % W);
+    const int s = p.row_seq[t];
+    const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);
+    int n = 0;
+    const int64_t at = window_position(m[2], m[3], p.row_pos[t], W, v41, j, &n);
+    if (j == 0) nwin[t] = n;
+    win[i] = j < n && at >= 0 ? rows + (row_base[s] + at - window_lo(m, W)) * row_bytes : nullptr;
+}
+
 // V4 HCA: row t attends to every compressed entry of its sequence (a one-shot prefill: the step's width,
 // else the visible ones), invisible ones as -1, the list padded with -1 to kmax.
 __global__ void all_entries_kernel(PagedSeqs p, int ratio, int64_t T, int kmax, int32_t* list, int32_t* counts) {
@@ -82,6 +112,21 @@ void paged_window_table(const PagedSeqs& p, const PagedSection& sec, int64_t T, 
                         int32_t* nwin) {
     if (T * W == 0) return;
     launch_pdl(window_table_kernel, dim3(blocks_for(T * W)), dim3(kThreads), 0, p, sec, T, W, v41, win, nwin);
+}
+
+void paged_window_rows(const PagedSeqs& p, const PagedSection& sec, int W, const int64_t* row_base,
+                       int64_t max_entries, const uint8_t** table) {
+    if (p.n_seqs == 0 || max_entries <= 0) return;
+    if (p.n_seqs > 65535) cuda_fail(cudaErrorInvalidValue, "paged_window_rows: too many sequences", __FILE__, __LINE__);
+    const dim3 grid(std::min<unsigned>(blocks_for(max_entries), 1u << 16), static_cast<unsigned>(p.n_seqs));
+    launch_pdl(window_rows_kernel, grid, dim3(kThreads), 0, p, sec, W, row_base, table);
+}
+
+void paged_window_rows_table(const PagedSeqs& p, int64_t T, int W, bool v41, const int64_t* row_base,
+                             const uint8_t* rows, int64_t row_bytes, const uint8_t** win, int32_t* nwin) {
+    if (T * W == 0) return;
+    launch_pdl(window_rows_table_kernel, dim3(blocks_for(T * W)), dim3(kThreads), 0, p, T, W, v41, row_base, rows,
+               row_bytes, win, nwin);
 }
 
 }  // namespace peregrine::cuda

@@ -9,7 +9,9 @@
 // step's keys were decoded once (attention.cpp: decode_entries_bf16), so a key block is a plain gather of 1 KB
 // rows. One CTA per (query, group of 64 heads), three warpgroups:
 //  - the producer (warpgroup 2) gathers a block's 64 rows into one of two key tiles with cp.async (a masked
-//    key: zeros), two blocks in flight; named barriers FULL[b] / EMPTY[b] hand the tiles over;
+//    key: zeros), two blocks in flight, each block's row addresses loaded a block ahead (with the addresses loaded
+//    as the copies were issued, the consumers waited for keys a quarter of the time); named barriers FULL[b] /
+//    EMPTY[b] hand the tiles over;
 //  - the two consumers (warpgroups 0 and 1) each compute the whole S = Q K^T [64 heads x 64 keys] (m64n64k16
 //    over the 512 dims, both operands K-major in shared memory; identical copies, so no scores cross warpgroups),
 //    run the online softmax in registers (a row's 64 keys sit in one quad of lanes), and consumer w adds P V for
@@ -42,7 +44,7 @@ constexpr int kUnits = kDim * 2 / 16;                    // 16-byte units of a r
 constexpr int kCtaThreads = 384, kConsumers = 256, kProducers = 128;
 constexpr int kConsumerRegs = 224, kProducerRegs = 56;
 static_assert(kConsumers * kConsumerRegs + kProducers * kProducerRegs <= kCtaThreads * 168, "register pool");
-static_assert(kProducers == 2 * kUnits, "a producer warp copies 512 contiguous bytes of one key");
+static_assert(kProducers == 2 * kBlk && kUnits == 64, "a producer warp copies 16 keys, a row as two 512-byte runs");
 // alignment slack, Q, two key tiles, valid flags [2][kBlk]
 constexpr int kSmem = 1024 + 3 * kTileBytes + 2 * kBlk * 4;
 static_assert(kHeads == kBlk, "a tile is 64 rows of heads or of keys");
@@ -100,18 +102,28 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[64], const uint32_t (&a)[4],
 // Byte offset of dims 8u .. 8u + 7 of row r in a tile (u < 64: the 16-byte unit along the 512 dims).
 __device__ __forceinline__ uint32_t tile_offset(int r, int u) { return (u >> 3) * kSliceBytes + sw128_offset(r, u & 7); }
 
-// Producer thread p (0..127) starts the copies of block b into a tile: unit p % 64 of keys p / 64, p / 64 + 2, ..
-// (a warp copies 512 contiguous bytes of a row at a time); a masked key or one past the list's end is zero-filled
-// (any valid address as the source: nothing is read) and flagged.
-__device__ __forceinline__ void gather_block(const Args& a, int64_t t, int n, int b, int p, uint32_t tile, int* valid) {
-    const int u = p % kUnits;
-    const uint8_t* const* list = a.keys + t * a.maxk + b * kBlk;
-#pragma unroll 8
-    for (int k = p / kUnits; k < kBlk; k += 2) {
-        const uint8_t* row = b * kBlk + k < n ? list[k] : nullptr;
-        cp_async16(tile + tile_offset(k, u), row ? row + 16 * u : reinterpret_cast<const uint8_t*>(a.q), row ? 16 : 0);
-        if (u == 0) valid[k] = row != nullptr;
+// Producer warp w (0..3) copies keys 16 w .. 16 w + 15 of a block. Lane l holds key 16 w + l % 16's row address,
+// loaded a block ahead (block_row), so that no copy waits for its address; the warp copies each row as two runs of
+// 512 contiguous bytes. A masked key or one past the list's end is zero-filled (any valid address as the source:
+// nothing is read) and flagged.
+__device__ __forceinline__ const uint8_t* block_row(const Args& a, int64_t t, int n, int b, int w, int lane) {
+    const int j = b * kBlk + 16 * w + (lane & 15);
+    return j < n ? a.keys[t * a.maxk + j] : nullptr;
+}
+
+__device__ __forceinline__ void gather_block(const Args& a, const uint8_t* row, int w, int lane, uint32_t tile, int* valid) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const uint8_t* r = reinterpret_cast<const uint8_t*>(
+            __shfl_sync(0xffffffffu, static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(row)), i));
+        const int k = 16 * w + i;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int u = 32 * h + lane;
+            cp_async16(tile + tile_offset(k, u), r ? r + 16 * u : reinterpret_cast<const uint8_t*>(a.q), r ? 16 : 0);
+        }
     }
+    if (lane < 16) valid[16 * w + lane] = row != nullptr;
     cp_async_commit();
 }
 
@@ -133,8 +145,12 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_rows_kernel(A
 
     if (tid >= kConsumers) {  // ---- producer: two blocks in flight
         setmaxnreg_dec<kProducerRegs>();
-        const int p = tid - kConsumers;
-        for (int b = 0; b < 2 && b < nblk; ++b) gather_block(a, t, n, b, p, k_addr + b * kTileBytes, valid + b * kBlk);
+        const int w = (tid - kConsumers) >> 5, lane = tid & 31;
+        const uint8_t* row = nblk > 0 ? block_row(a, t, n, 0, w, lane) : nullptr;  // the next block's
+        for (int b = 0; b < 2 && b < nblk; ++b) {
+            gather_block(a, row, w, lane, k_addr + b * kTileBytes, valid + b * kBlk);
+            row = b + 1 < nblk ? block_row(a, t, n, b + 1, w, lane) : nullptr;
+        }
         for (int b = 0; b < nblk; ++b) {
             const int buf = b & 1;
             if (b + 1 < nblk) cp_async_wait<1>();
@@ -143,7 +159,8 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_rows_kernel(A
             bar_arrive(kFull + buf, kCtaThreads);  // block b is in its tile
             if (b + 2 < nblk) {
                 bar_sync(kEmpty + buf, kCtaThreads);  // the consumers are done with block b
-                gather_block(a, t, n, b + 2, p, k_addr + buf * kTileBytes, valid + buf * kBlk);
+                gather_block(a, row, w, lane, k_addr + buf * kTileBytes, valid + buf * kBlk);
+                row = b + 3 < nblk ? block_row(a, t, n, b + 3, w, lane) : nullptr;
             }
         }
         return;

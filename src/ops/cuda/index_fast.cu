@@ -424,6 +424,7 @@ __device__ __forceinline__ int block_scan(int x, int* warp_sums, int* total) {
 // and those sharing it) fit in shared memory, one pass copies them there in index order and the remaining
 // passes and the selection run on that copy: two or three reads of the row instead of up to five. A thread
 // reads 8 consecutive keys a step (two 16-byte loads when the row is aligned).
+template <bool GUESS>
 __device__ int select_stream(const float* v, int64_t n, int k, int32_t* sel) {
     __shared__ int hist[256];
     __shared__ uint32_t s_prefix, s_mask;
@@ -440,13 +441,6 @@ __device__ int select_stream(const float* v, int64_t n, int k, int32_t* sel) {
         __syncthreads();
         return kk;
     }
-    if (tid == 0) {
-        s_prefix = 0;
-        s_mask = 0;
-        s_remaining = kk;
-        s_done = 0;
-    }
-    __syncthreads();
     bool compacted = false;  // uniform
     int nc = 0;
     if (n <= kCompactMax) {  // a short row (decode at 8K: 2,048 keys): into shared memory at once
@@ -487,62 +481,108 @@ __device__ int select_stream(const float* v, int64_t n, int k, int32_t* sel) {
         const unsigned peers = __match_any_sync(0xffffffffu, bin);
         if (cand && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
     };
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
-        __syncthreads();
-        if (s_done) break;  // uniform: read after the barrier
-        const uint32_t prefix = s_prefix, mask = s_mask;
-        if (compacted) {
-            for (int base = 0; base < nc; base += blockDim.x) {
-                const int i = base + tid;
-                count_bin(i < nc ? c_key[i] : 0u, i < nc, prefix, mask, shift);
-            }
-        } else {
-            stream_row([&](int64_t j0, const uint32_t (&keys)[kRun]) {
-#pragma unroll
-                for (int i = 0; i < kRun; ++i) count_bin(keys[i], j0 + i < n, prefix, mask, shift);
-            });
-        }
-        __syncthreads();
+    // 8-bit radix passes for the target-th largest key (of the copy when compacted, else of the row): leave its
+    // bits in s_prefix (under s_mask) and in s_remaining how many keys equal to it under the mask are taken.
+    auto radix = [&](int target) {
         if (tid == 0) {
-            int cum = 0, b = 255;
-            const int remaining = s_remaining;
-            for (; b > 0; --b) {
-                if (cum + hist[b] >= remaining) break;
-                cum += hist[b];
-            }
-            s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
-            s_mask = mask | (255u << shift);
-            s_remaining = remaining - cum;
-            if (hist[b] == remaining - cum) s_done = 1;  // the whole bin is taken: no tie to break
-            // Selected so far (above the new prefix) plus those sharing it.
-            s_fit = !compacted && n >= kCompactMinRow && (kk - s_remaining) + hist[b] <= kCompactMax;
+            s_prefix = 0;
+            s_mask = 0;
+            s_remaining = target;
+            s_done = 0;
         }
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            for (int i = tid; i < 256; i += blockDim.x) hist[i] = 0;
+            __syncthreads();
+            if (s_done) break;  // uniform: read after the barrier
+            const uint32_t prefix = s_prefix, mask = s_mask;
+            if (compacted) {
+                for (int base = 0; base < nc; base += blockDim.x) {
+                    const int i = base + tid;
+                    count_bin(i < nc ? c_key[i] : 0u, i < nc, prefix, mask, shift);
+                }
+            } else {
+                stream_row([&](int64_t j0, const uint32_t (&keys)[kRun]) {
+#pragma unroll
+                    for (int i = 0; i < kRun; ++i) count_bin(keys[i], j0 + i < n, prefix, mask, shift);
+                });
+            }
+            __syncthreads();
+            if (tid == 0) {
+                int cum = 0, b = 255;
+                const int remaining = s_remaining;
+                for (; b > 0; --b) {
+                    if (cum + hist[b] >= remaining) break;
+                    cum += hist[b];
+                }
+                s_prefix = prefix | (static_cast<uint32_t>(b) << shift);
+                s_mask = mask | (255u << shift);
+                s_remaining = remaining - cum;
+                if (hist[b] == remaining - cum) s_done = 1;  // the whole bin is taken: no tie to break
+                // Selected so far (above the new prefix) plus those sharing it.
+                s_fit = !compacted && n >= kCompactMinRow && (kk - s_remaining) + hist[b] <= kCompactMax;
+            }
+            __syncthreads();
+            if (s_fit) {  // uniform: copy every key at or above the prefix (its bits) with its index, in index order
+                const uint32_t p = s_prefix, m = s_mask;
+                nc = 0;
+                stream_row([&](int64_t j0, const uint32_t (&keys)[kRun]) {
+                    int cnt = 0;
+#pragma unroll
+                    for (int i = 0; i < kRun; ++i) cnt += j0 + i < n && (keys[i] & m) >= p;
+                    int total;
+                    int pos = nc + block_scan(cnt, w_sum, &total);
+#pragma unroll
+                    for (int i = 0; i < kRun; ++i)
+                        if (j0 + i < n && (keys[i] & m) >= p) {
+                            c_idx[pos] = static_cast<int32_t>(j0 + i);
+                            c_key[pos] = keys[i];
+                            ++pos;
+                        }
+                    nc += total;
+                });
+                __syncthreads();
+                compacted = true;
+                if (tid == 0) s_fit = 0;
+                __syncthreads();
+            }
+        }
+    };
+    // GUESS: long rows first guess a threshold from a strided sample of kCompactMax keys: the sample's key of the rank that
+    // leaves about (k + kCompactMax) / 2 of the row's keys at or above it. One pass copies those keys with their
+    // indices to shared memory in index order; when they number k to kCompactMax, the top k are among them (every
+    // key tied with the k-th too) and the radix passes run on the copy: one read of the row instead of three.
+    // Otherwise (a skewed row, a large tie group) the row is read as before.
+    if (GUESS && !compacted && n >= kCompactMinRow && kk < kCompactMax) {
+        for (int i = tid; i < kCompactMax; i += blockDim.x)
+            c_key[i] = order_key(__ldg(v + static_cast<int64_t>(i) * n / kCompactMax));
+        nc = kCompactMax;
+        compacted = true;
         __syncthreads();
-        if (s_fit) {  // uniform: copy every key at or above the prefix (its bits) with its index, in index order
-            const uint32_t p = s_prefix, m = s_mask;
-            nc = 0;
-            stream_row([&](int64_t j0, const uint32_t (&keys)[kRun]) {
-                int cnt = 0;
+        const int64_t target = (kk + kCompactMax) / 2;
+        radix(static_cast<int>(max(static_cast<int64_t>(1), target * kCompactMax / n)));
+        const uint32_t guess = s_prefix;  // keys >= guess: exactly those at or above the prefix under the mask
+        nc = 0;
+        stream_row([&](int64_t j0, const uint32_t (&keys)[kRun]) {
+            int cnt = 0;
 #pragma unroll
-                for (int i = 0; i < kRun; ++i) cnt += j0 + i < n && (keys[i] & m) >= p;
-                int total;
-                int pos = nc + block_scan(cnt, w_sum, &total);
+            for (int i = 0; i < kRun; ++i) cnt += j0 + i < n && keys[i] >= guess;
+            int total;
+            int pos = nc + block_scan(cnt, w_sum, &total);
 #pragma unroll
-                for (int i = 0; i < kRun; ++i)
-                    if (j0 + i < n && (keys[i] & m) >= p) {
+            for (int i = 0; i < kRun; ++i)
+                if (j0 + i < n && keys[i] >= guess) {
+                    if (pos < kCompactMax) {
                         c_idx[pos] = static_cast<int32_t>(j0 + i);
                         c_key[pos] = keys[i];
-                        ++pos;
                     }
-                nc += total;
-            });
-            __syncthreads();
-            compacted = true;
-            if (tid == 0) s_fit = 0;
-            __syncthreads();
-        }
+                    ++pos;
+                }
+            nc += total;
+        });
+        __syncthreads();
+        compacted = nc >= kk && nc <= kCompactMax;  // uniform: every thread summed the same totals
     }
+    radix(kk);
     const uint32_t thr = s_prefix, mask = s_mask;
     const int need = s_remaining;  // how many of the keys equal to thr (under mask) are taken
     // The candidates in index order: the row, or its copy. Warp-contiguous chunks: count, scan over warps, then
@@ -602,7 +642,7 @@ __global__ void __launch_bounds__(kSelThreads) topk_fast_kernel(const float* sco
     const float* v = scores + t * stride;
     int32_t* sel = tmp + t * k;
     int32_t* o = out + t * k;
-    const int kk = select_stream(v, width[t], k, sel);
+    const int kk = select_stream<true>(v, width[t], k, sel);
     if (threadIdx.x == 0) count[t] = kk;
     const int64_t vis = visible[t];
     if (ascending) {
@@ -654,7 +694,7 @@ __global__ void __launch_bounds__(kSelThreads) candidate_fast_kernel(const float
     }
     for (int64_t j = threadIdx.x; j < (nb + 31) / 32; j += blockDim.x) reinterpret_cast<unsigned int*>(mr)[j] = 0u;
     __syncthreads();
-    const int kk = select_stream(bsr, nb, topb, sel);
+    const int kk = select_stream<false>(bsr, nb, topb, sel);  // the guess's extra registers cost occupancy here
     for (int i = threadIdx.x; i < kk; i += blockDim.x) {
         const int64_t b = sel[i];
         if (bsr[b] > -INFINITY) atomicOr(reinterpret_cast<unsigned int*>(mr) + b / 32, 1u << (b % 32));

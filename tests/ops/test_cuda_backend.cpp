@@ -546,9 +546,11 @@ TEST(CudaOpsRealDims, AttentionKeyRowsMatchPackedKeys) {
         for (int l = 0; l < cfg.n_layers; ++l) {
             Tensor x = random_bf16({row, cfg.dim}, seed++);
             cuda::sparse_attention_rows_use(true);
-            Tensor orow = H(rows_gpu.attention(D(x), w.layers[static_cast<size_t>(l)].attn, infos[static_cast<size_t>(l)], br, *scr_r));
+            const AttentionWeight& aw = w.layers[static_cast<size_t>(l)].attn;
+            const AttentionLayerInfo& info = infos[static_cast<size_t>(l)];
+            Tensor orow = H(rows_gpu.attention(D(x), aw, info, br, *scr_r));
             cuda::sparse_attention_rows_use(false);
-            Tensor opk = H(packed_gpu.attention(D(x), w.layers[static_cast<size_t>(l)].attn, infos[static_cast<size_t>(l)], bp, *scr_p));
+            Tensor opk = H(packed_gpu.attention(D(x), aw, info, bp, *scr_p));
             cuda::sparse_attention_rows_use(true);
             expect_close(orow, opk, 1e-2f, 1e-5f,
                          "attention layer " + std::to_string(l) + " key rows vs packed, " + std::to_string(row) + " rows",

@@ -189,7 +189,8 @@ void check_window_rows(const Model4& m, Step& st, const cuda::PagedSeqs& paged, 
     const auto rows = host(reinterpret_cast<const uint16_t*>(base), src.size() * static_cast<size_t>(dim));
     int64_t differ = 0;
     for (int64_t k = 0; k < ns; ++k)
-        differ += std::memcmp(want.data() + k * dim, rows.data() + sample_rows[static_cast<size_t>(k)] * dim, static_cast<size_t>(rb)) != 0;
+        differ += std::memcmp(want.data() + k * dim, rows.data() + sample_rows[static_cast<size_t>(k)] * dim,
+                              static_cast<size_t>(rb)) != 0;
     EXPECT_EQ(differ, 0) << what << ": decoded window rows";
     std::printf("PARITY attn paged window rows %s: %lld rows decoded, %lld slots, %lld sampled rows identical\n",
                 what.c_str(), static_cast<long long>(src.size()), static_cast<long long>(list.size()),

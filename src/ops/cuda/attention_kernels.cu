@@ -385,7 +385,9 @@ __global__ void build_keys_kernel(int64_t T, const uint8_t* const* win, const in
         keys[i] = win[t * W + s];
     } else if (s - nw < ns) {
         const int32_t idx = sel[t * kmax + (s - nw)];
-        keys[i] = idx < 0 ? nullptr : comp_rows ? comp_rows + (compbase[t] + idx) * row_bytes : comp_addr[compbase[t] + idx];
+        keys[i] = idx < 0      ? nullptr
+                  : comp_rows ? comp_rows + (compbase[t] + idx) * row_bytes
+                              : comp_addr[compbase[t] + idx];
     }
 }
 

@@ -547,10 +547,10 @@ __device__ int select_stream(const float* v, int64_t n, int k, int32_t* sel) {
             }
         }
     };
-    // GUESS: long rows first guess a threshold from a strided sample of kCompactMax keys: the sample's key of the rank that
-    // leaves about (k + kCompactMax) / 2 of the row's keys at or above it. One pass copies those keys with their
-    // indices to shared memory in index order; when they number k to kCompactMax, the top k are among them (every
-    // key tied with the k-th too) and the radix passes run on the copy: one read of the row instead of three.
+    // GUESS: long rows first guess a threshold from a strided sample of kCompactMax keys: the sample's key of the
+    // rank that leaves about (k + kCompactMax) / 2 of the row's keys at or above it. One pass copies those keys with
+    // their indices to shared memory in index order; when they number k to kCompactMax, the top k are among them
+    // (every key tied with the k-th too) and the radix passes run on the copy: one read of the row instead of three.
     // Otherwise (a skewed row, a large tie group) the row is read as before.
     if (GUESS && !compacted && n >= kCompactMinRow && kk < kCompactMax) {
         for (int i = tid; i < kCompactMax; i += blockDim.x)

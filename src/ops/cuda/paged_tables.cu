@@ -51,7 +51,8 @@ __global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, in
 // (window_position's lowest) to the step's end.
 __device__ __forceinline__ int64_t window_lo(const int64_t* m, int W) { return m[2] - W + 1 > 0 ? m[2] - W + 1 : 0; }
 
-__global__ void window_rows_kernel(PagedSeqs p, PagedSection sec, int W, const int64_t* row_base, const uint8_t** table) {
+__global__ void window_rows_kernel(PagedSeqs p, PagedSection sec, int W, const int64_t* row_base,
+                                   const uint8_t** table) {
     pdl_enter();
     const int s = blockIdx.y;
     const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);

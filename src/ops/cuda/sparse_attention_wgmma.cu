@@ -6,8 +6,8 @@
 // block sums' tree.
 //
 // The mma.sync kernel decodes each packed key in every query's CTA, which costs as much as its MMAs; here the
-// step's keys were decoded once (attention.cpp: decode_entries_bf16), so a key block is a plain gather of 1 KB
-// rows. One CTA per (query, group of 64 heads), three warpgroups:
+// step's keys were decoded once (attention.cpp: device_window_rows, gather_keys_bf16), so a key block is a plain
+// gather of 1 KB rows. One CTA per (query, group of 64 heads), three warpgroups:
 //  - the producer (warpgroup 2) gathers a block's 64 rows into one of two key tiles with cp.async (a masked
 //    key: zeros), two blocks in flight, each block's row addresses loaded a block ahead (with the addresses loaded
 //    as the copies were issued, the consumers waited for keys a quarter of the time); named barriers FULL[b] /
@@ -64,7 +64,9 @@ struct Args {
     float* out;  // [T, H, kDim]
 };
 
-__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_sync(int id, int n) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
 __device__ __forceinline__ void bar_arrive(int id, int n) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
@@ -112,7 +114,9 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[64], const uint32_t (&a)[4],
 }
 
 // Byte offset of dims 8u .. 8u + 7 of row r in a tile (u < 64: the 16-byte unit along the 512 dims).
-__device__ __forceinline__ uint32_t tile_offset(int r, int u) { return (u >> 3) * kSliceBytes + sw128_offset(r, u & 7); }
+__device__ __forceinline__ uint32_t tile_offset(int r, int u) {
+    return (u >> 3) * kSliceBytes + sw128_offset(r, u & 7);
+}
 
 // Producer warp w (0..3) copies keys 16 w .. 16 w + 15 of a block. Lane l holds key 16 w + l % 16's row address,
 // loaded a block ahead (block_row), so that no copy waits for its address; the warp copies each row as two runs of
@@ -123,7 +127,8 @@ __device__ __forceinline__ const uint8_t* block_row(const Args& a, int64_t t, in
     return j < n ? a.keys[t * a.maxk + j] : nullptr;
 }
 
-__device__ __forceinline__ void gather_block(const Args& a, const uint8_t* row, int w, int lane, uint32_t tile, int* valid) {
+__device__ __forceinline__ void gather_block(const Args& a, const uint8_t* row, int w, int lane, uint32_t tile,
+                                             int* valid) {
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
         const uint8_t* r = reinterpret_cast<const uint8_t*>(
@@ -347,7 +352,8 @@ void sparse_attention_rows(const float* q, int64_t T, int H, int D, float scale,
                            const uint8_t* const* keys, const int32_t* nkeys, int maxk, float* out) {
     if (T == 0) return;
     if (!sparse_attention_rows_supported(H, D))
-        cuda_fail(cudaErrorInvalidValue, "sparse_attention_rows: needs 512-wide heads in groups of 64", __FILE__, __LINE__);
+        cuda_fail(cudaErrorInvalidValue, "sparse_attention_rows: needs 512-wide heads in groups of 64", __FILE__,
+                  __LINE__);
     const int64_t ctas = T * (H / kHeads);
     if (ctas > 0x7fffffff) cuda_fail(cudaErrorInvalidValue, "sparse_attention_rows: too many rows", __FILE__, __LINE__);
     static bool configured = false;

@@ -529,6 +529,7 @@ TEST(CudaOpsRealDims, AttentionKeyRowsMatchPackedKeys) {
     }
     ASSERT_TRUE(pr.reserve(sr[0], 560) && pr.reserve(sr[1], 48) && pp.reserve(sp[0], 560) && pp.reserve(sp[1], 48));
     uint64_t seed = 7;
+    const bool rows_default = cuda::sparse_attention_rows_enabled();
     struct Part {
         int start, n;
     };
@@ -551,7 +552,7 @@ TEST(CudaOpsRealDims, AttentionKeyRowsMatchPackedKeys) {
             Tensor orow = H(rows_gpu.attention(D(x), aw, info, br, *scr_r));
             cuda::sparse_attention_rows_use(false);
             Tensor opk = H(packed_gpu.attention(D(x), aw, info, bp, *scr_p));
-            cuda::sparse_attention_rows_use(true);
+            cuda::sparse_attention_rows_use(rows_default);
             expect_close(orow, opk, 1e-2f, 1e-5f,
                          "attention layer " + std::to_string(l) + " key rows vs packed, " + std::to_string(row) + " rows",
                          1e-2f);

@@ -762,12 +762,7 @@ void index_scores_mma(const uint16_t* qb, const float* wts, int nh, const int64_
         return index_scores_wgmma(qb, wts, nh, tiles, n_tiles, kb, visible, stride, scores);
     if (!index_scores_mma_supported(nh, kHD) || n_tiles > 65535)
         cuda_fail(cudaErrorInvalidValue, "index_scores_mma: unsupported shape", __FILE__, __LINE__);
-    static bool configured = false;
-    if (!configured) {
-        PG_CUDA(cudaFuncSetAttribute(index_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(kMmaSmemBytes)));
-        configured = true;
-    }
+    smem_opt_in<index_mma_kernel>(kMmaSmemBytes);
     const dim3 grid(static_cast<unsigned>((stride + kBN - 1) / kBN), static_cast<unsigned>(n_tiles));
     launch_pdl(index_mma_kernel, grid, dim3(kMmaThreads), kMmaSmemBytes, reinterpret_cast<const __nv_bfloat16*>(qb),
                wts, nh, tiles, reinterpret_cast<const __nv_bfloat16*>(kb), visible, stride, scores);

@@ -214,11 +214,7 @@ void index_scores_wgmma(const uint16_t* qb, const float* wts, int nh, const int6
     if (n_tiles == 0 || stride == 0) return;
     if (!index_scores_wgmma_supported(nh, kHD) || n_tiles > 65535)
         cuda_fail(cudaErrorInvalidValue, "index_scores_wgmma: unsupported shape", __FILE__, __LINE__);
-    static bool configured = [] {
-        PG_CUDA(cudaFuncSetAttribute(index_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-        return true;
-    }();
-    (void)configured;
+    smem_opt_in<index_wgmma_kernel>(kSmem);
     const dim3 grid(static_cast<unsigned>((stride + kKeys - 1) / kKeys), static_cast<unsigned>(n_tiles));
     index_wgmma_kernel<<<grid, kBlockThreads, kSmem>>>(reinterpret_cast<const __nv_bfloat16*>(qb), wts, nh, tiles,
                                                       reinterpret_cast<const __nv_bfloat16*>(kb), visible, stride,

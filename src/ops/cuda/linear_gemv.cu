@@ -303,11 +303,7 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     if (per > 32 && (per + 31) / 32 * 32 <= max_chunks_smem) per = (per + 31) / 32 * 32;
     splits = (chunks + per - 1) / per;
     const size_t smem = static_cast<size_t>(MR) * per * VEC * sizeof(float);
-    static const bool opted_in = [] {
-        PG_CUDA(cudaFuncSetAttribute(gemv_kernel<F, MR>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-        return true;
-    }();
-    (void)opted_in;
+    smem_opt_in<gemv_kernel<F, MR>>(kSmemBytes);
 
     std::shared_ptr<void> keep;
     float* partial = nullptr;

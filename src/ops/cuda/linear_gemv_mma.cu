@@ -301,12 +301,7 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     splits = (all_stages + per - 1) / per;
     const int nblk = (groups + gpb - 1) / gpb;
     const size_t smem = static_cast<size_t>(per) * stage_act + ring_bytes<F>();
-    static const bool opted_in = [] {
-        PG_CUDA(cudaFuncSetAttribute(gemv_mma_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     kActBudget + ring_bytes<F>()));
-        return true;
-    }();
-    (void)opted_in;
+    smem_opt_in<gemv_mma_kernel<F>>(kActBudget + ring_bytes<F>());
 
     float* partial = nullptr;
     unsigned* counters = nullptr;

@@ -673,8 +673,9 @@ size_t act_bytes(int per) {
     return static_cast<size_t>(per) * (CH / Geo<F, CH>::STEP_W_BYTES) * act_step_bytes<F, MT>();
 }
 
-// Dynamic shared memory this kernel may use (opted in once): kSmemMax, or less where the device's opt-in
-// limit minus the kernel's static shared memory is smaller.
+// Dynamic shared memory this kernel may use (opted in on the current device): kSmemMax, or less where the
+// device's opt-in limit minus the kernel's static shared memory is smaller (read once: the GPUs of a process are
+// one model).
 template <int F, int CH, int ST, int MINB, int MT, int NW>
 size_t smem_limit() {
     static const size_t limit = [] {
@@ -683,10 +684,9 @@ size_t smem_limit() {
         PG_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
         cudaFuncAttributes fa{};
         PG_CUDA(cudaFuncGetAttributes(&fa, gemv_stream_kernel<F, CH, ST, MINB, MT, NW>));
-        const size_t l = std::min<size_t>(kSmemMax, static_cast<size_t>(std::max<int64_t>(0, int64_t{optin} - static_cast<int64_t>(fa.sharedSizeBytes))));
-        PG_CUDA(cudaFuncSetAttribute(gemv_stream_kernel<F, CH, ST, MINB, MT, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(l)));
-        return l;
+        return std::min<size_t>(kSmemMax, static_cast<size_t>(std::max<int64_t>(0, int64_t{optin} - static_cast<int64_t>(fa.sharedSizeBytes))));
     }();
+    smem_opt_in<gemv_stream_kernel<F, CH, ST, MINB, MT, NW>>(limit);
     return limit;
 }
 

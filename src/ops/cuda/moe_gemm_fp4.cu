@@ -295,12 +295,8 @@ void run(const float* x, const float* xs, int64_t M, int div, int E, const Linea
         launch_wgmma(args, GATED, tr, max_tiles);
         return;
     }
-    static bool attr = [] {
-        PG_CUDA(cudaFuncSetAttribute(fp4_grouped_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-        PG_CUDA(cudaFuncSetAttribute(fp4_grouped_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-        return true;
-    }();
-    (void)attr;
+    smem_opt_in<fp4_grouped_kernel<true>>(kSmem);
+    smem_opt_in<fp4_grouped_kernel<false>>(kSmem);
     const int cols = GATED ? kWRows / 2 : kWRows;
     const dim3 grid(static_cast<unsigned>(N / cols), max_tiles);
     fp4_grouped_kernel<GATED><<<grid, kGemmThreads, kSmem>>>(args);

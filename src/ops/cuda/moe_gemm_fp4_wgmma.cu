@@ -243,13 +243,8 @@ __global__ void __launch_bounds__(kThreads, 2) fp4_wgmma_kernel(GemmArgs g) {
 template <int NT>
 void launch(const GemmArgs& g, bool gated, unsigned max_tiles) {
     using S = Shape<NT>;
-    static bool attr = [] {
-        constexpr auto kAttr = cudaFuncAttributeMaxDynamicSharedMemorySize;
-        PG_CUDA(cudaFuncSetAttribute(fp4_wgmma_kernel<true, NT>, kAttr, S::kSmem));
-        PG_CUDA(cudaFuncSetAttribute(fp4_wgmma_kernel<false, NT>, kAttr, S::kSmem));
-        return true;
-    }();
-    (void)attr;
+    smem_opt_in<fp4_wgmma_kernel<true, NT>>(S::kSmem);
+    smem_opt_in<fp4_wgmma_kernel<false, NT>>(S::kSmem);
     const dim3 grid(static_cast<unsigned>(g.N / (gated ? S::kRows / 2 : S::kRows)), max_tiles);
     if (gated) fp4_wgmma_kernel<true, NT><<<grid, kThreads, S::kSmem>>>(g);
     else fp4_wgmma_kernel<false, NT><<<grid, kThreads, S::kSmem>>>(g);

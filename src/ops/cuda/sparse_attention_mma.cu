@@ -397,14 +397,8 @@ void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, 
     const int maxk = keys.maxk;
     const int64_t ctas = T * (H / kHeads);
     if (ctas > 0x7fffffff) cuda_fail(cudaErrorInvalidValue, "sparse_attention_mma: too many rows", __FILE__, __LINE__);
-    static bool configured = false;
-    if (!configured) {
-        PG_CUDA(cudaFuncSetAttribute(sparse_attention_mma_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(kSmemBytes)));
-        PG_CUDA(cudaFuncSetAttribute(sparse_attention_mma_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(kSmemBytes)));
-        configured = true;
-    }
+    smem_opt_in<sparse_attention_mma_kernel<8>>(kSmemBytes);
+    smem_opt_in<sparse_attention_mma_kernel<16>>(kSmemBytes);
     const int ns = split_count(T, H, maxk);
     const int nblk = std::max((maxk + kBlk - 1) / kBlk, 1);
     MmaArgs a{q, T, H, scale, sink, KeyList{keys}, out, nullptr, nullptr, (nblk + ns - 1) / ns};

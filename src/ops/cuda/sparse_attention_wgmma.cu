@@ -356,11 +356,7 @@ void sparse_attention_rows(const float* q, int64_t T, int H, int D, float scale,
                   __LINE__);
     const int64_t ctas = T * (H / kHeads);
     if (ctas > 0x7fffffff) cuda_fail(cudaErrorInvalidValue, "sparse_attention_rows: too many rows", __FILE__, __LINE__);
-    static bool configured = false;
-    if (!configured) {
-        PG_CUDA(cudaFuncSetAttribute(sparse_attention_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-        configured = true;
-    }
+    smem_opt_in<sparse_attention_rows_kernel>(kSmem);
     launch_pdl(sparse_attention_rows_kernel, dim3(static_cast<unsigned>(ctas)), dim3(kCtaThreads), kSmem,
                Args{q, H, scale, sink, keys, nkeys, maxk, out});
 }

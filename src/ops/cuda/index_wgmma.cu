@@ -59,12 +59,6 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t a, uint64_t b)
 // folding, with the tensor cores idle during the folds. A fold (~300 instructions a warp, one warp an SM
 // sub-partition issuing) takes longer than a head's MMAs, hence three warpgroups: two fold while one multiplies.
 constexpr int kTurn = 1 + kWgs;
-__device__ __forceinline__ void named_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 
 // The head loop of warpgroup WG into acc (its 128 keys of the block against the 64 query rows). WG is a
 // template parameter so that the warpgroup's shared-memory addresses, and with them the wgmma descriptors, are

@@ -28,6 +28,7 @@
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/sparse_keys.cuh"
 #include "ops/cuda/wgmma.cuh"
 
 #include <cuda_bf16.h>
@@ -38,7 +39,10 @@ namespace {
 
 using namespace wgmma;
 
-constexpr int kHeads = 64, kDim = 512, kBlk = 64;
+using sparse::kBlk;  // the mma.sync kernel's head group, latent width and key block
+using sparse::kDim;
+using sparse::kHeads;
+using sparse::pack_bf16;
 constexpr int kSlice = 64;                               // dims per 128-byte row
 constexpr int kSliceBytes = kBlk * 128;                  // one slice of a tile: 8 KB
 constexpr int kTileBytes = kDim / kSlice * kSliceBytes;  // 64 rows (heads or keys) x 512 dims of bf16: 64 KB
@@ -64,21 +68,10 @@ struct Args {
     float* out;  // [T, H, kDim]
 };
 
-__device__ __forceinline__ void bar_sync(int id, int n) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void bar_arrive(int id, int n) {
-    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N)); }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N)); }
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
-    return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 // Descriptor of V read MN-major: rows of 128 bytes are keys (k), holding 64 dims (n) each; the next 8 keys are
 // the next 1024-byte atom (stride offset) and the next 64 dims the next slice (leading offset).
@@ -176,9 +169,9 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_rows_kernel(A
             if (b + 1 < nblk) cp_async_wait<1>();
             else cp_async_wait<0>();
             proxy_fence();
-            bar_arrive(kFull + buf, kCtaThreads);  // block b is in its tile
+            named_arrive(kFull + buf, kCtaThreads);  // block b is in its tile
             if (b + 2 < nblk) {
-                bar_sync(kEmpty + buf, kCtaThreads);  // the consumers are done with block b
+                named_sync(kEmpty + buf, kCtaThreads);  // the consumers are done with block b
                 gather_block(a, row, w, lane, k_addr + buf * kTileBytes, valid + buf * kBlk);
                 row = b + 3 < nblk ? block_row(a, t, n, b + 3, w, lane) : nullptr;
             }
@@ -204,7 +197,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_rows_kernel(A
         }
     }
     proxy_fence();
-    bar_sync(kConsumerBar, kConsumers);
+    named_sync(kConsumerBar, kConsumers);
 
     // o[h][4j + e]: head wq*16 + g + 8 (e >> 1), dim 256 wg + 128 h + 8j + 2 tq + (e & 1). Rows g and g + 8 of the
     // warp's 16 heads: m_run, l_run (the same in the four lanes of a quad).
@@ -219,7 +212,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_rows_kernel(A
         const int buf = b & 1;
         const uint32_t kt = k_addr + buf * kTileBytes;
         const int* vb = valid + buf * kBlk;
-        bar_sync(kFull + buf, kCtaThreads);  // the producer has gathered block b into this tile
+        named_sync(kFull + buf, kCtaThreads);  // the producer has gathered block b into this tile
 
         float rs[2];
         uint32_t pa[kBlk / 16][4];  // P as the A fragments of the four k16 steps
@@ -253,7 +246,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_rows_kernel(A
             mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
             if (tq == 0) red_max[wg * kHeads + wq * 16 + g + 8 * r] = mx[r];
         }
-        bar_sync(kConsumerBar, kConsumers);
+        named_sync(kConsumerBar, kConsumers);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int head = wq * 16 + g + 8 * r;
@@ -281,7 +274,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_rows_kernel(A
             l_run[r] = l_run[r] * rs[r] + sum[r];
             m_run[r] = m_new[r];
         }
-        bar_sync(kConsumerBar, kConsumers);
+        named_sync(kConsumerBar, kConsumers);
         const uint32_t* xi = xchg + (wg ^ 1) * 8 * 128 + (tid & 127);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -305,7 +298,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_rows_kernel(A
         for (int h = 0; h < 2; ++h)
 #pragma unroll
             for (int i = 0; i < 64; ++i) hold(o[h][i]);
-        if (b + 2 < nblk) bar_arrive(kEmpty + buf, kCtaThreads);  // the producer may refill this tile
+        if (b + 2 < nblk) named_arrive(kEmpty + buf, kCtaThreads);  // the producer may refill this tile
     }
 
     // The sink, normalise, round.
@@ -313,7 +306,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) sparse_attention_rows_kernel(A
 #pragma unroll
         for (int r = 0; r < 2; ++r)
             if (tq == 0) red_sum[wg * kHeads + wq * 16 + g + 8 * r] = l_run[r];
-        bar_sync(kConsumerBar, kConsumers);
+        named_sync(kConsumerBar, kConsumers);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int head = wq * 16 + g + 8 * r;

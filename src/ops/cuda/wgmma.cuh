@@ -1,8 +1,9 @@
 #pragma once
 // Hopper warpgroup MMA (wgmma) plumbing shared by the kernels that use it (moe_gemm_fp4_wgmma.cu,
-// index_wgmma.cu): shared-memory descriptors for K-major bf16 tiles in the 128-byte swizzle, the fence, commit
-// and wait, the proxy fence between shared-memory writes and the tensor cores' reads, and a register fence for
-// accumulators the tensor cores write asynchronously; the accumulator operand lists of the MMA wrappers.
+// index_wgmma.cu, sparse_attention_wgmma.cu): shared-memory descriptors for K-major bf16 tiles in the 128-byte
+// swizzle, the fence, commit and wait, the proxy fence between shared-memory writes and the tensor cores' reads, a
+// register fence for accumulators the tensor cores write asynchronously, named barriers between warpgroups; the
+// accumulator operand lists of the MMA wrappers.
 #include <cstdint>
 
 // The fp32 accumulators of an m64nNk16 wgmma as inline-asm operands: N / 2 registers a thread, %0 .. %31 for n64
@@ -53,5 +54,14 @@ __device__ __forceinline__ uint32_t sw128_offset(int r, int c) { return r * 128 
 // Makes this thread's writes to shared memory (cp.async included) visible to the tensor cores' reads; a
 // barrier after it then covers every thread's.
 __device__ __forceinline__ void proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Named barriers (0 is __syncthreads) among `threads` threads, which let warpgroups of a block wait for each other
+// without holding up the rest: sync waits for the count, arrive counts this thread without waiting.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 
 }  // namespace peregrine::cuda::wgmma

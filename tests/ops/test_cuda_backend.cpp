@@ -454,6 +454,17 @@ TEST(CudaTopK, MatchesStableSortOnTies) {
 
 namespace {
 
+// A fresh V4.1 compressor carry, as Model::init_state makes it: kv slots 0, score slots -inf.
+void fresh_carry(SeqState& s, const StateLayout& layout) {
+    s.carry.assign(layout.carry_bytes, 0);
+    for (const auto& L : layout.layers)
+        if (L.carry_bytes) {
+            float* f = reinterpret_cast<float*>(s.carry.data() + L.carry_offset);
+            const size_t half = L.carry_bytes / sizeof(float) / 2;
+            for (size_t i = 0; i < half; ++i) f[half + i] = -INFINITY;
+        }
+}
+
 // Attention layers at real dimensions on identical inputs and fresh state: prefill of 18 tokens then one
 // decode token, every layer role (window, ratio-2 source and reuse, ratio-1 source with candidate blocks).
 TEST(CudaOpsRealDims, AttentionLayers) {
@@ -466,15 +477,7 @@ TEST(CudaOpsRealDims, AttentionLayers) {
     CudaBackend gpu(cfg, layout);
     PagePool pc(*cpu, layout, 8), pg(gpu, layout, 8);
     SeqState sc, sg;
-    for (SeqState* s : {&sc, &sg}) {
-        s->carry.assign(layout.carry_bytes, 0);
-        for (const auto& L : layout.layers)
-            if (L.carry_bytes) {
-                float* f = reinterpret_cast<float*>(s->carry.data() + L.carry_offset);
-                const size_t half = L.carry_bytes / sizeof(float) / 2;
-                for (size_t i = 0; i < half; ++i) f[half + i] = -INFINITY;
-            }
-    }
+    for (SeqState* s : {&sc, &sg}) fresh_carry(*s, layout);
     ASSERT_TRUE(pc.reserve(sc, 32) && pg.reserve(sg, 32));
     uint64_t seed = 99;
     for (auto [start, n] : {std::pair<int, int>{0, 18}, {18, 1}}) {
@@ -518,15 +521,7 @@ TEST(CudaOpsRealDims, AttentionKeyRowsMatchPackedKeys) {
     CudaBackend rows_gpu(cfg, layout), packed_gpu(cfg, layout);
     PagePool pr(rows_gpu, layout, 64), pp(packed_gpu, layout, 64);
     SeqState sr[2], sp[2];
-    for (SeqState* s : {&sr[0], &sr[1], &sp[0], &sp[1]}) {
-        s->carry.assign(layout.carry_bytes, 0);
-        for (const auto& L : layout.layers)
-            if (L.carry_bytes) {
-                float* f = reinterpret_cast<float*>(s->carry.data() + L.carry_offset);
-                const size_t half = L.carry_bytes / sizeof(float) / 2;
-                for (size_t i = 0; i < half; ++i) f[half + i] = -INFINITY;
-            }
-    }
+    for (SeqState* s : {&sr[0], &sr[1], &sp[0], &sp[1]}) fresh_carry(*s, layout);
     ASSERT_TRUE(pr.reserve(sr[0], 560) && pr.reserve(sr[1], 48) && pp.reserve(sp[0], 560) && pp.reserve(sp[1], 48));
     uint64_t seed = 7;
     const bool rows_default = cuda::sparse_attention_rows_enabled();

@@ -449,9 +449,7 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     constexpr int kRowsFrom = 256, kMinReuse = 8;
     int64_t decoded_rows = 0;
     for (const BatchSeq& s : batch.seqs)
-        if (s.n_tokens > 0)
-            decoded_rows += s.start_pos + s.n_tokens - std::max<int64_t>(0, s.start_pos - W + 1) +
-                            (sel ? (s.start_pos + s.n_tokens) / info.ratio : 0);
+        if (s.n_tokens > 0) decoded_rows += window_rows_of(s, W) + (sel ? (s.start_pos + s.n_tokens) / info.ratio : 0);
     const bool key_rows = device_tables && T >= kRowsFrom && decoded_rows * kMinReuse <= int64_t{T} * (W + kmax) &&
                           sparse_attention_rows_enabled() && sparse_attention_rows_supported(H, D) &&
                           L.window.format.dim == D && comp_format.dim == D;

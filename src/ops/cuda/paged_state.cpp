@@ -96,10 +96,8 @@ WindowRows device_window_rows(const PagedSeqs& p, const ForwardBatch& batch, con
     std::vector<int64_t> seq_base(batch.seqs.size());
     int64_t most = 0, n = 0;
     for (size_t i = 0; i < batch.seqs.size(); ++i) {
-        const BatchSeq& s = batch.seqs[i];
         seq_base[i] = n;
-        if (s.n_tokens <= 0) continue;
-        const int64_t count = s.start_pos + s.n_tokens - std::max<int64_t>(0, s.start_pos - W + 1);
+        const int64_t count = window_rows_of(batch.seqs[i], W);
         n += count;
         most = std::max(most, count);
     }

@@ -32,8 +32,15 @@ __global__ void entry_table_kernel(PagedSeqs p, PagedSection sec, int ratio, con
         table[base + j] = paged_entry(p, sec, s, j);
 }
 
-__global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, int W, bool v41, const uint8_t** win,
-                                    int32_t* nwin) {
+// A sequence's rows see window positions from lo = max(0, start - W + 1) (window_position's lowest) to the step's
+// end.
+__device__ __forceinline__ int64_t window_lo(const int64_t* m, int W) { return m[2] - W + 1 > 0 ? m[2] - W + 1 : 0; }
+
+// Each row's window list: the positions' state entries, or with `rows`, their decoded rows (window_rows_kernel's
+// order from row_base[s], row_bytes apart).
+__global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, int W, bool v41,
+                                    const int64_t* row_base, const uint8_t* rows, int64_t row_bytes,
+                                    const uint8_t** win, int32_t* nwin) {
     pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * W) return;
@@ -44,13 +51,12 @@ __global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, in
     int n = 0;
     const int64_t at = window_position(m[2], m[3], p.row_pos[t], W, v41, j, &n);
     if (j == 0) nwin[t] = n;
-    win[i] = j < n && at >= 0 ? paged_entry(p, sec, s, at) : nullptr;
+    if (!(j < n && at >= 0)) win[i] = nullptr;
+    else if (rows) win[i] = rows + (row_base[s] + at - window_lo(m, W)) * row_bytes;
+    else win[i] = paged_entry(p, sec, s, at);
 }
 
-// Grid: x over entries, y over sequences. A sequence's rows see window positions from lo = max(0, start - W + 1)
-// (window_position's lowest) to the step's end.
-__device__ __forceinline__ int64_t window_lo(const int64_t* m, int W) { return m[2] - W + 1 > 0 ? m[2] - W + 1 : 0; }
-
+// Grid: x over entries, y over sequences.
 __global__ void window_rows_kernel(PagedSeqs p, PagedSection sec, int W, const int64_t* row_base,
                                    const uint8_t** table) {
     pdl_enter();
@@ -61,21 +67,6 @@ __global__ void window_rows_kernel(PagedSeqs p, PagedSection sec, int W, const i
     for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < count;
          j += static_cast<int64_t>(gridDim.x) * blockDim.x)
         table[row_base[s] + j] = paged_entry(p, sec, s, lo + j);
-}
-
-__global__ void window_rows_table_kernel(PagedSeqs p, int64_t T, int W, bool v41, const int64_t* row_base,
-                                         const uint8_t* rows, int64_t row_bytes, const uint8_t** win, int32_t* nwin) {
-    pdl_enter();
-    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    if (i >= T * W) return;
-    const int64_t t = i / W;
-    const int j = static_cast<int>(i % W);
-    const int s = p.row_seq[t];
-    const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);
-    int n = 0;
-    const int64_t at = window_position(m[2], m[3], p.row_pos[t], W, v41, j, &n);
-    if (j == 0) nwin[t] = n;
-    win[i] = j < n && at >= 0 ? rows + (row_base[s] + at - window_lo(m, W)) * row_bytes : nullptr;
 }
 
 // V4 HCA: row t attends to every compressed entry of its sequence (a one-shot prefill: the step's width,
@@ -112,7 +103,8 @@ void paged_entry_table(const PagedSeqs& p, const PagedSection& sec, int ratio, c
 void paged_window_table(const PagedSeqs& p, const PagedSection& sec, int64_t T, int W, bool v41, const uint8_t** win,
                         int32_t* nwin) {
     if (T * W == 0) return;
-    launch_pdl(window_table_kernel, dim3(blocks_for(T * W)), dim3(kThreads), 0, p, sec, T, W, v41, win, nwin);
+    launch_pdl(window_table_kernel, dim3(blocks_for(T * W)), dim3(kThreads), 0, p, sec, T, W, v41, nullptr, nullptr,
+               int64_t{0}, win, nwin);
 }
 
 void paged_window_rows(const PagedSeqs& p, const PagedSection& sec, int W, const int64_t* row_base,
@@ -126,8 +118,8 @@ void paged_window_rows(const PagedSeqs& p, const PagedSection& sec, int W, const
 void paged_window_rows_table(const PagedSeqs& p, int64_t T, int W, bool v41, const int64_t* row_base,
                              const uint8_t* rows, int64_t row_bytes, const uint8_t** win, int32_t* nwin) {
     if (T * W == 0) return;
-    launch_pdl(window_rows_table_kernel, dim3(blocks_for(T * W)), dim3(kThreads), 0, p, T, W, v41, row_base, rows,
-               row_bytes, win, nwin);
+    launch_pdl(window_table_kernel, dim3(blocks_for(T * W)), dim3(kThreads), 0, p, PagedSection{}, T, W, v41,
+               row_base, rows, row_bytes, win, nwin);
 }
 
 }  // namespace peregrine::cuda

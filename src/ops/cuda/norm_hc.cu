@@ -296,12 +296,16 @@ __global__ void hc_mixes_finish_kernel(const double* part, int S, int W, int n_m
 // Fast mixes at prefill sizes (Numerics::Fast): the n_mix dot products of every token on the FP64 tensor cores
 // (mma m8n8k4: exact products of the fp32 inputs, double sums) and each token's sum of squares (fp32 squares,
 // double sums), reading h once; hc_mixes_finish_kernel then adds the column splits' partials in a fixed order and
-// finishes each token. Block (g, s): tokens 32 g.. x all mixes (zero-padded to 32) over column split s, in chunks
+// finishes each token. Block (g, s): tokens 64 g.. x all mixes (zero-padded to 32) over column split s, in chunks
 // of 64 columns staged in shared memory as doubles (converted once), the next chunk's loads in flight during the
-// current chunk's MMAs. Warp w: tokens 8 w.. x four 8-mix tiles. (A cuBLAS FP64 GEMM on widened copies did the
-// same in 0.8 ms for 4,096 tokens; an fp32 GEMM moved V4 logits by 0.06 through the bf16 roundings downstream.)
-constexpr int kDmmaTokens = 32, kDmmaChunk = 64, kDmmaLd = kDmmaChunk + 4, kDmmaThreads = 128;
-constexpr int kDmmaLoads = kDmmaTokens * kDmmaChunk / 4 / kDmmaThreads;  // float4 of h (and of fn) per thread
+// current chunk's MMAs. Warp w: tokens 16 w.. (two 8-token tiles) x four 8-mix tiles, so that each fn fragment
+// read from shared memory feeds two MMAs. (A cuBLAS FP64 GEMM on widened copies did the same in 0.8 ms for 4,096
+// tokens; an fp32 GEMM moved V4 logits by 0.06 through the bf16 roundings downstream.)
+constexpr int kDmmaTokens = 64, kDmmaChunk = 64, kDmmaLd = kDmmaChunk + 4, kDmmaThreads = 128;
+constexpr int kDmmaRowStep = kDmmaThreads / (kDmmaChunk / 4);     // rows a pass of float4 loads covers
+constexpr int kDmmaHLoads = kDmmaTokens / kDmmaRowStep;            // float4 of h per thread and chunk
+constexpr int kDmmaFLoads = kFastMix / kDmmaRowStep;               // float4 of fn per thread and chunk
+constexpr int kDmmaSmem = sizeof(double) * (kDmmaTokens + kFastMix) * kDmmaLd;
 
 __device__ __forceinline__ void dmma_m8n8k4(double& d0, double& d1, double a, double b) {
     asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
@@ -312,66 +316,86 @@ __device__ __forceinline__ void dmma_m8n8k4(double& d0, double& d1, double a, do
 __global__ void __launch_bounds__(kDmmaThreads) hc_mixes_dmma_kernel(const float* h, int T, int W, const float* fn,
                                                                       int n_mix, int n_chunks, double* part) {
     pdl_enter();
-    __shared__ double xs[kDmmaTokens * kDmmaLd];
-    __shared__ double fs[kFastMix * kDmmaLd];
+    extern __shared__ double dmma_smem[];
+    double* xs = dmma_smem;                      // [kDmmaTokens][kDmmaLd]
+    double* fs = dmma_smem + kDmmaTokens * kDmmaLd;  // [kFastMix][kDmmaLd]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int S = gridDim.y, J = n_mix + 1, t0 = blockIdx.x * kDmmaTokens;
     const int c0 = static_cast<int>(static_cast<int64_t>(blockIdx.y) * n_chunks / S);
     const int c1 = static_cast<int>(static_cast<int64_t>(blockIdx.y + 1) * n_chunks / S);
     for (int i = tid; i < (kFastMix - n_mix) * kDmmaLd; i += kDmmaThreads) fs[n_mix * kDmmaLd + i] = 0.0;
     // Thread's float4 i of a chunk: row (tid >> 4) + 8 i (a token, or a mix of fn), columns 4 (tid & 15)..
-    float4 hv[kDmmaLoads], fv[kDmmaLoads];
+    float4 hv[kDmmaHLoads], fv[kDmmaFLoads];
     auto load = [&](int c) {
         const int col = c * kDmmaChunk + 4 * (tid & 15);
 #pragma unroll
-        for (int i = 0; i < kDmmaLoads; ++i) {
-            const int r = (tid >> 4) + 8 * i, t = t0 + r;
+        for (int i = 0; i < kDmmaHLoads; ++i) {
+            const int t = t0 + (tid >> 4) + kDmmaRowStep * i;
             hv[i] = t < T && col < W ? *reinterpret_cast<const float4*>(h + static_cast<int64_t>(t) * W + col)
                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int i = 0; i < kDmmaFLoads; ++i) {
+            const int r = (tid >> 4) + kDmmaRowStep * i;
             fv[i] = r < n_mix && col < W ? *reinterpret_cast<const float4*>(fn + static_cast<int64_t>(r) * W + col)
                                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
     };
-    double acc[4][2] = {}, ss[kDmmaLoads] = {};
+    double acc[2][4][2] = {}, ss[kDmmaHLoads] = {};
     if (c0 < c1) load(c0);
     for (int c = c0; c < c1; ++c) {
         __syncthreads();  // the previous chunk's MMAs are done with the shared tiles
+        const int k = 4 * (tid & 15);
 #pragma unroll
-        for (int i = 0; i < kDmmaLoads; ++i) {
-            const int r = (tid >> 4) + 8 * i, k = 4 * (tid & 15);
-            const float x[4] = {hv[i].x, hv[i].y, hv[i].z, hv[i].w}, f[4] = {fv[i].x, fv[i].y, fv[i].z, fv[i].w};
+        for (int i = 0; i < kDmmaHLoads; ++i) {
+            const int r = (tid >> 4) + kDmmaRowStep * i;
+            const float x[4] = {hv[i].x, hv[i].y, hv[i].z, hv[i].w};
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 xs[r * kDmmaLd + k + e] = static_cast<double>(x[e]);
                 ss[i] += static_cast<double>(x[e] * x[e]);
-                if (r < n_mix) fs[r * kDmmaLd + k + e] = static_cast<double>(f[e]);
             }
+        }
+#pragma unroll
+        for (int i = 0; i < kDmmaFLoads; ++i) {
+            const int r = (tid >> 4) + kDmmaRowStep * i;
+            const float f[4] = {fv[i].x, fv[i].y, fv[i].z, fv[i].w};
+            if (r < n_mix)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) fs[r * kDmmaLd + k + e] = static_cast<double>(f[e]);
         }
         __syncthreads();
         if (c + 1 < c1) load(c + 1);
-        const double* xa = xs + (warp * 8 + (lane >> 2)) * kDmmaLd + (lane & 3);
+        const double* xa = xs + (warp * 16 + (lane >> 2)) * kDmmaLd + (lane & 3);
         const double* fb = fs + (lane >> 2) * kDmmaLd + (lane & 3);
 #pragma unroll 4
-        for (int k = 0; k < kDmmaChunk; k += 4) {
-            const double a = xa[k];
+        for (int kk = 0; kk < kDmmaChunk; kk += 4) {
+            const double a0 = xa[kk], a1 = xa[8 * kDmmaLd + kk];
 #pragma unroll
-            for (int nt = 0; nt < 4; ++nt) dmma_m8n8k4(acc[nt][0], acc[nt][1], a, fb[nt * 8 * kDmmaLd + k]);
+            for (int nt = 0; nt < 4; ++nt) {
+                const double b = fb[nt * 8 * kDmmaLd + kk];
+                dmma_m8n8k4(acc[0][nt][0], acc[0][nt][1], a0, b);
+                dmma_m8n8k4(acc[1][nt][0], acc[1][nt][1], a1, b);
+            }
         }
     }
-    const int t = t0 + warp * 8 + (lane >> 2);
-    if (t < T)
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+    for (int m = 0; m < 2; ++m) {
+        const int t = t0 + warp * 16 + 8 * m + (lane >> 2);
+        if (t < T)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int j = nt * 8 + 2 * (lane & 3) + e;
-                if (j < n_mix) part[(static_cast<int64_t>(t) * J + j) * S + blockIdx.y] = acc[nt][e];
-            }
+            for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-    for (int i = 0; i < kDmmaLoads; ++i) {  // the 16 threads of a row
+                for (int e = 0; e < 2; ++e) {
+                    const int j = nt * 8 + 2 * (lane & 3) + e;
+                    if (j < n_mix) part[(static_cast<int64_t>(t) * J + j) * S + blockIdx.y] = acc[m][nt][e];
+                }
+    }
+#pragma unroll
+    for (int i = 0; i < kDmmaHLoads; ++i) {  // the 16 threads of a row
         double v = ss[i];
         for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        const int tr = t0 + (tid >> 4) + 8 * i;
+        const int tr = t0 + (tid >> 4) + kDmmaRowStep * i;
         if ((tid & 15) == 0 && tr < T) part[(static_cast<int64_t>(tr) * J + n_mix) * S + blockIdx.y] = v;
     }
 }
@@ -533,8 +557,9 @@ void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, in
     const int S = std::clamp((2 * sm_count() + tiles - 1) / tiles, 1, n_chunks);
     double* part = nullptr;
     PG_CUDA(cudaMallocAsync(&part, sizeof(double) * static_cast<size_t>(T) * (n_mix + 1) * S, launch_stream()));
+    smem_opt_in<hc_mixes_dmma_kernel>(kDmmaSmem);
     launch_pdl(hc_mixes_dmma_kernel, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(S)), dim3(kDmmaThreads),
-               0, h, static_cast<int>(T), W, fn, n_mix, n_chunks, part);
+               kDmmaSmem, h, static_cast<int>(T), W, fn, n_mix, n_chunks, part);
     launch_pdl(hc_mixes_finish_kernel, dim3(static_cast<unsigned>(T)), dim3(finish_threads(T, n_mix)), 0, part, S, W,
                n_mix, hc, base, scale, eps, hc_eps, iters, mode, pre, post, comb);
     PG_CUDA(cudaFreeAsync(part, launch_stream()));

@@ -58,6 +58,25 @@ PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch
     return out;
 }
 
+namespace {
+// Device room for n entry addresses.
+AddressTable address_table(int64_t n) {
+    AddressTable t;
+    t.keep = device_alloc(sizeof(uint8_t*) * static_cast<size_t>(std::max<int64_t>(n, 1)));
+    t.table = static_cast<const uint8_t**>(t.keep.get());
+    t.n = n;
+    return t;
+}
+// Device room for T rows' window lists of W addresses and their counts.
+WindowTable window_table(int64_t T, int W) {
+    WindowTable w;
+    w.win = address_table(T * W);
+    w.nwin_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(std::max<int64_t>(T, 1)));
+    w.nwin = static_cast<int32_t*>(w.nwin_keep.get());
+    return w;
+}
+}  // namespace
+
 AddressTable device_entry_table(const PagedSeqs& p, const ForwardBatch& batch, const StateSection& sec, int ratio,
                                 std::vector<int64_t>& rowbase) {
     rowbase.resize(static_cast<size_t>(batch.rows()));
@@ -72,22 +91,14 @@ AddressTable device_entry_table(const PagedSeqs& p, const ForwardBatch& batch, c
         n += count;
         most = std::max(most, count);
     }
-    AddressTable t;
-    t.keep = device_alloc(sizeof(uint8_t*) * static_cast<size_t>(std::max<int64_t>(n, 1)));
-    t.table = static_cast<const uint8_t**>(t.keep.get());
-    t.n = n;
+    AddressTable t = address_table(n);
     auto sb = CudaBackend::upload(seq_base);  // freed in stream order, after the kernel
     paged_entry_table(p, paged_section(sec), ratio, sb.ptr, most, t.table);
     return t;
 }
 
 WindowTable device_window_table(const PagedSeqs& p, const StateSection& sec, int64_t T, int W, bool v41) {
-    WindowTable w;
-    w.win.keep = device_alloc(sizeof(uint8_t*) * static_cast<size_t>(std::max<int64_t>(T * W, 1)));
-    w.win.table = static_cast<const uint8_t**>(w.win.keep.get());
-    w.win.n = T * W;
-    w.nwin_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(std::max<int64_t>(T, 1)));
-    w.nwin = static_cast<int32_t*>(w.nwin_keep.get());
+    WindowTable w = window_table(T, W);
     paged_window_table(p, paged_section(sec), T, W, v41, w.win.table, w.nwin);
     return w;
 }
@@ -103,21 +114,14 @@ WindowRows device_window_rows(const PagedSeqs& p, const ForwardBatch& batch, con
     }
     const int64_t T = batch.rows(), row_bytes = 2 * static_cast<int64_t>(sec.format.dim);
     WindowRows w;
-    w.src.keep = device_alloc(sizeof(uint8_t*) * static_cast<size_t>(std::max<int64_t>(n, 1)));
-    w.src.table = static_cast<const uint8_t**>(w.src.keep.get());
-    w.src.n = n;
+    w.src = address_table(n);
     auto sb = CudaBackend::upload(seq_base);  // freed in stream order, after the kernels
     paged_window_rows(p, paged_section(sec), W, sb.ptr, most, w.src.table);
     w.rows = device_alloc(static_cast<size_t>(std::max<int64_t>(n, 1) * row_bytes));
     gather_keys_bf16(w.src.table, n, sec.format, static_cast<uint16_t*>(w.rows.get()));
-    WindowTable& t = w.table;
-    t.win.keep = device_alloc(sizeof(uint8_t*) * static_cast<size_t>(std::max<int64_t>(T * W, 1)));
-    t.win.table = static_cast<const uint8_t**>(t.win.keep.get());
-    t.win.n = T * W;
-    t.nwin_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(std::max<int64_t>(T, 1)));
-    t.nwin = static_cast<int32_t*>(t.nwin_keep.get());
-    paged_window_rows_table(p, T, W, v41, sb.ptr, static_cast<const uint8_t*>(w.rows.get()), row_bytes, t.win.table,
-                            t.nwin);
+    w.table = window_table(T, W);
+    paged_window_rows_table(p, T, W, v41, sb.ptr, static_cast<const uint8_t*>(w.rows.get()), row_bytes,
+                            w.table.win.table, w.table.nwin);
     return w;
 }
 

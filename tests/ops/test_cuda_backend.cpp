@@ -148,12 +148,19 @@ TEST_P(CudaOps, LinearsNormsHyperConnectionsMoeEngram) {
     for (int64_t T : {3, 37}) check_ops(GetParam(), m.cfg, m.w, m.layout, T);
 }
 
-// The same ops at V4.1-Flash's real dimensions (synthetic weights, 8 experts).
-TEST(CudaOpsRealDims, SyntheticV41Flash) {
-    REQUIRE_GPU();
+// V4.1-Flash's real dimensions with 4 layers (every attention layer role) and 8 experts: synthetic weights,
+// pages of 16 tokens.
+struct RealDims {
     ModelConfig cfg = synthetic_v41_flash_config(4, 8);
     ModelWeights w = synthetic_model_weights(cfg, 3);
     StateLayout layout = make_state_layout(cfg, 16);
+};
+
+// The same ops at V4.1-Flash's real dimensions (synthetic weights, 8 experts).
+TEST(CudaOpsRealDims, SyntheticV41Flash) {
+    REQUIRE_GPU();
+    RealDims rd;
+    auto& [cfg, w, layout] = rd;
     for (int64_t T : {3, 37}) check_ops("synthetic-v41-flash", cfg, w, layout, T);
 }
 
@@ -469,9 +476,8 @@ void fresh_carry(SeqState& s, const StateLayout& layout) {
 // decode token, every layer role (window, ratio-2 source and reuse, ratio-1 source with candidate blocks).
 TEST(CudaOpsRealDims, AttentionLayers) {
     REQUIRE_GPU();
-    ModelConfig cfg = synthetic_v41_flash_config(4, 8);
-    ModelWeights w = synthetic_model_weights(cfg, 3);
-    StateLayout layout = make_state_layout(cfg, 16);
+    RealDims rd;
+    auto& [cfg, w, layout] = rd;
     auto infos = attention_layer_infos(cfg);
     auto cpu = make_cpu_backend(cfg, layout);
     CudaBackend gpu(cfg, layout);
@@ -514,9 +520,8 @@ TEST(CudaOpsRealDims, AttentionLayers) {
 // beside a decode row of the second. The kernels sum in different orders, so the bound is AttentionLayers'.
 TEST(CudaOpsRealDims, AttentionKeyRowsMatchPackedKeys) {
     REQUIRE_GPU();
-    ModelConfig cfg = synthetic_v41_flash_config(4, 8);
-    ModelWeights w = synthetic_model_weights(cfg, 3);
-    StateLayout layout = make_state_layout(cfg, 16);
+    RealDims rd;
+    auto& [cfg, w, layout] = rd;
     auto infos = attention_layer_infos(cfg);
     CudaBackend rows_gpu(cfg, layout), packed_gpu(cfg, layout);
     PagePool pr(rows_gpu, layout, 64), pp(packed_gpu, layout, 64);

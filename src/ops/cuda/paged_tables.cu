@@ -18,26 +18,12 @@ __device__ __forceinline__ const uint8_t* paged_entry(const PagedSeqs& p, const 
     return (base + paged_entry_offset(p.pages + m[1], p.page_tokens, p.page_bytes, sec, index));
 }
 
-// Grid: x over entries, y over sequences.
-__global__ void entry_table_kernel(PagedSeqs p, PagedSection sec, int ratio, const int64_t* seq_base,
-                                   const uint8_t** table) {
-    pdl_enter();
-    const int s = blockIdx.y;
-    const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);
-    if (m[3] <= 0) return;
-    const int64_t count = (m[2] + m[3]) / ratio;
-    const int64_t base = seq_base[s];
-    for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < count;
-         j += static_cast<int64_t>(gridDim.x) * blockDim.x)
-        table[base + j] = paged_entry(p, sec, s, j);
-}
-
 // A sequence's rows see window positions from lo = max(0, start - W + 1) (window_position's lowest) to the step's
 // end.
 __device__ __forceinline__ int64_t window_lo(const int64_t* m, int W) { return m[2] - W + 1 > 0 ? m[2] - W + 1 : 0; }
 
-// Each row's window list: the positions' state entries, or with `rows`, their decoded rows (window_rows_kernel's
-// order from row_base[s], row_bytes apart).
+// Each row's window list: the positions' state entries, or with `rows`, their decoded rows (seq_entries_kernel's
+// window order from row_base[s], row_bytes apart).
 __global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, int W, bool v41,
                                     const int64_t* row_base, const uint8_t* rows, int64_t row_bytes,
                                     const uint8_t** win, int32_t* nwin) {
@@ -56,17 +42,19 @@ __global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, in
     else win[i] = paged_entry(p, sec, s, at);
 }
 
-// Grid: x over entries, y over sequences.
-__global__ void window_rows_kernel(PagedSeqs p, PagedSection sec, int W, const int64_t* row_base,
+// Grid: x over entries, y over sequences. Sequence s's entries first .. first + count - 1 into table from
+// base[s]: every compressed entry (W = 0: ratio's), or the window positions its rows see (W > 0).
+__global__ void seq_entries_kernel(PagedSeqs p, PagedSection sec, int ratio, int W, const int64_t* base,
                                    const uint8_t** table) {
     pdl_enter();
     const int s = blockIdx.y;
     const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);
     if (m[3] <= 0) return;
-    const int64_t lo = window_lo(m, W), count = m[2] + m[3] - lo;
+    const int64_t first = W > 0 ? window_lo(m, W) : 0;
+    const int64_t count = W > 0 ? m[2] + m[3] - first : (m[2] + m[3]) / ratio;
     for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < count;
          j += static_cast<int64_t>(gridDim.x) * blockDim.x)
-        table[row_base[s] + j] = paged_entry(p, sec, s, lo + j);
+        table[base[s] + j] = paged_entry(p, sec, s, first + j);
 }
 
 // V4 HCA: row t attends to every compressed entry of its sequence (a one-shot prefill: the step's width,
@@ -97,7 +85,7 @@ void paged_entry_table(const PagedSeqs& p, const PagedSection& sec, int ratio, c
     if (p.n_seqs > 65535 || ratio <= 0)
         cuda_fail(cudaErrorInvalidValue, "paged_entry_table: bad sequence count or ratio", __FILE__, __LINE__);
     const dim3 grid(std::min<unsigned>(blocks_for(max_entries), 1u << 16), static_cast<unsigned>(p.n_seqs));
-    launch_pdl(entry_table_kernel, grid, dim3(kThreads), 0, p, sec, ratio, seq_base, table);
+    launch_pdl(seq_entries_kernel, grid, dim3(kThreads), 0, p, sec, ratio, 0, seq_base, table);
 }
 
 void paged_window_table(const PagedSeqs& p, const PagedSection& sec, int64_t T, int W, bool v41, const uint8_t** win,
@@ -110,9 +98,10 @@ void paged_window_table(const PagedSeqs& p, const PagedSection& sec, int64_t T, 
 void paged_window_rows(const PagedSeqs& p, const PagedSection& sec, int W, const int64_t* row_base,
                        int64_t max_entries, const uint8_t** table) {
     if (p.n_seqs == 0 || max_entries <= 0) return;
-    if (p.n_seqs > 65535) cuda_fail(cudaErrorInvalidValue, "paged_window_rows: too many sequences", __FILE__, __LINE__);
+    if (p.n_seqs > 65535 || W <= 0)
+        cuda_fail(cudaErrorInvalidValue, "paged_window_rows: bad sequence count or window", __FILE__, __LINE__);
     const dim3 grid(std::min<unsigned>(blocks_for(max_entries), 1u << 16), static_cast<unsigned>(p.n_seqs));
-    launch_pdl(window_rows_kernel, grid, dim3(kThreads), 0, p, sec, W, row_base, table);
+    launch_pdl(seq_entries_kernel, grid, dim3(kThreads), 0, p, sec, 1, W, row_base, table);
 }
 
 void paged_window_rows_table(const PagedSeqs& p, int64_t T, int W, bool v41, const int64_t* row_base,

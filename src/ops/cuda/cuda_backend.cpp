@@ -518,10 +518,12 @@ bool capturing() {
 // The hc mixes of a sublayer are needed only after it: V4.1 collapses a sublayer's input with the previous mix's
 // pre, and hc_expand takes post and comb once the attention or MoE block has run. So they run on a side stream of
 // this thread, forked after their inputs and joined where an op first reads one of their outputs (join_mixes);
-// their small, latency-bound launches then overlap the block's instead of adding to the chain. Decode sizes only
-// (up to 32 rows: batch 1 2.15 -> 2.05 ms, 32 8.36 -> 8.26); a 4K prefill step took 86.4 ms against 84.8 with
-// them on the side, where they are large kernels of their own. One mix is in flight at a time; its tensors and
-// input are kept until the join, so that no memory is freed under it.
+// their small, latency-bound launches then overlap the block's instead of adding to the chain. Decode sizes only,
+// up to kSideMixRows rows (H200, 4 layers at 8K: batch 1 2.15 -> 2.05 ms, 32 8.36 -> 8.26, 64 14.18 -> 13.73,
+// 128 16.31 -> 16.00, 256 19.1 -> 19.0); a 4K prefill step took 86.4 ms against 84.8 with them on the side, where
+// they are large kernels of their own. One mix is in flight at a time; its tensors and input are kept until the
+// join, so that no memory is freed under it.
+constexpr int64_t kSideMixRows = 256;
 struct CudaBackend::SideMixes {
     cudaStream_t stream = nullptr;
     cudaEvent_t fork = nullptr, done = nullptr;
@@ -567,7 +569,7 @@ HcMix CudaBackend::hc_mixes(const Tensor& h, const HcWeight& w) {
     const int hc = cfg_.hc_mult;
     HcMix m{empty(DType::F32, {T, hc}), empty(DType::F32, {T, hc}), empty(DType::F32, {T, hc, hc})};
     const int n_mix = static_cast<int>(w.fn.dim(0));
-    if (!side_mixes_on_ || numerics_ != Numerics::Fast || T > 32 || capturing()) {
+    if (!side_mixes_on_ || numerics_ != Numerics::Fast || T > kSideMixRows || capturing()) {
         run_hc_mixes(h, w.fn, n_mix, w.base, w.scale, cfg_.hc_sinkhorn_iters, 0, m.pre.f32(), m.post.f32(), m.comb.f32());
         return m;
     }

@@ -16,12 +16,18 @@ ChatRequest agent_request(int turns) {
             "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "lines": {"type": "array",
             "items": {"type": "integer"}}}, "required": ["path"]}}}]})");
     for (int t = 0; t < turns; ++t) {
-        body["messages"].push_back({{"role", "user"}, {"content", "Look at file " + std::to_string(t) + " and explain."}});
+        body["messages"].push_back(
+            {{"role", "user"}, {"content", "Look at file " + std::to_string(t) + " and explain."}});
         std::string id = "call_" + std::to_string(t);
-        body["messages"].push_back({{"role", "assistant"}, {"content", "Reading it."}, {"reasoning_content", "Need the file."},
-                                    {"tool_calls", {{{"id", id}, {"type", "function"},
-                                                     {"function", {{"name", "read_file"},
-                                                                   {"arguments", R"({"path": "src/a.cpp", "lines": [1, 200]})"}}}}}}});
+        body["messages"].push_back(
+            {{"role", "assistant"},
+             {"content", "Reading it."},
+             {"reasoning_content", "Need the file."},
+             {"tool_calls",
+              {{{"id", id},
+                {"type", "function"},
+                {"function",
+                 {{"name", "read_file"}, {"arguments", R"({"path": "src/a.cpp", "lines": [1, 200]})"}}}}}}});
         body["messages"].push_back({{"role", "tool"}, {"tool_call_id", id}, {"content", std::string(2000, 'x')}});
     }
     return parse_chat_request(body);
@@ -33,7 +39,8 @@ std::string completion() {
     s += "</think>I will call the tools now.\n\n<｜DSML｜ calls>\n";
     for (int i = 0; i < 4; ++i)
         s += "<｜DSML｜ invoke name=\"read_file\">\n<｜DSML｜ parameter name=\"path\" string=\"true\">src/module_" +
-             std::to_string(i) + ".cpp</｜DSML｜ parameter>\n<｜DSML｜ parameter name=\"lines\" string=\"false\">[1, 2, 3, 400]"
+             std::to_string(i) +
+             ".cpp</｜DSML｜ parameter>\n<｜DSML｜ parameter name=\"lines\" string=\"false\">[1, 2, 3, 400]"
              "</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n";
     return s + "</｜DSML｜ calls>";
 }

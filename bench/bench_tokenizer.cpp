@@ -30,9 +30,9 @@ const Tokenizer& bench_tokenizer() {
 std::string generated_text(size_t bytes) {
     static const char* syll[] = {"ka", "lo", "mi", "tra", "ven", "os", "qu", "ing", "the", "an", "er", "st",
                                  "pre", "ly", "tion", "ab", "ze", "ro", "ph", "ch"};
-    static const char* code[] = {"for (int i = 0; i < n; ++i) {\n    sum += a[i];\n}\n",
-                                 "def f(x):\n    return x ** 2  # square\n", "{\"key\": [1, 2.5, null], \"ok\": true}\n",
-                                 "    if (ptr != nullptr && ptr->next) { return ptr->value; }\n"};
+    static const char* code[] = {
+        "for (int i = 0; i < n; ++i) {\n    sum += a[i];\n}\n", "def f(x):\n    return x ** 2  # square\n",
+        "{\"key\": [1, 2.5, null], \"ok\": true}\n", "    if (ptr != nullptr && ptr->next) { return ptr->value; }\n"};
     static const char* emoji[] = {"😀", "👍🏽", "🚀", "❤️", "🇫🇷"};
     std::mt19937 rng(42);
     std::string s;

@@ -109,10 +109,14 @@ int run_bench_engine_ep(const EpBenchArgs& a) {
                                                                 ExpertPlacement::contiguous(a.experts, a.ranks)));
         g.models.push_back(std::move(m));
     }
-    std::printf("bench engine --ep %d: %d x %s, %d layers (%d experts, %d per GPU), balanced routing %s; weights in %.1f s\n",
-                a.ranks, a.ranks, cuda::CudaBackend::device_name().c_str(), a.layers, a.experts, a.experts / a.ranks,
-                a.balanced ? "on" : "off", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    nlohmann::json out{{"ranks", a.ranks}, {"layers", a.layers}, {"experts", a.experts}, {"balanced_routing", a.balanced},
+    std::printf(
+        "bench engine --ep %d: %d x %s, %d layers (%d experts, %d per GPU), balanced routing %s; weights in %.1f s\n",
+        a.ranks, a.ranks, cuda::CudaBackend::device_name().c_str(), a.layers, a.experts, a.experts / a.ranks,
+        a.balanced ? "on" : "off", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    nlohmann::json out{{"ranks", a.ranks},
+                       {"layers", a.layers},
+                       {"experts", a.experts},
+                       {"balanced_routing", a.balanced},
                        {"device", cuda::CudaBackend::device_name()}};
     auto save = [&] {
         if (a.json.empty()) return;
@@ -128,12 +132,13 @@ int run_bench_engine_ep(const EpBenchArgs& a) {
             nlohmann::json row{{"mode", "decode"}, {"batch_per_gpu", B}, {"context", ctx}};
             try {
                 const double ms = run_point(g, static_cast<int>(B), ctx, 1, a.steps, &ops);
-                std::printf("%-12lld %-8lld %10.2f %14.1f %12.1f\n", static_cast<long long>(B), static_cast<long long>(ctx), ms,
-                            B / (ms * 1e-3), a.ranks * B / (ms * 1e-3));
+                std::printf("%-12lld %-8lld %10.2f %14.1f %12.1f\n", static_cast<long long>(B),
+                            static_cast<long long>(ctx), ms, B / (ms * 1e-3), a.ranks * B / (ms * 1e-3));
                 std::printf("    rank 0 ops (ms):%s\n", ops_text(ops, ms).c_str());
                 row.update({{"ms_per_step", ms}, {"tokens_per_s_per_gpu", B / (ms * 1e-3)}, {"ops_ms_rank0", ops}});
             } catch (const std::exception& e) {
-                std::printf("%-12lld %-8lld %10s  %s\n", static_cast<long long>(B), static_cast<long long>(ctx), "(failed)", e.what());
+                std::printf("%-12lld %-8lld %10s  %s\n", static_cast<long long>(B), static_cast<long long>(ctx),
+                            "(failed)", e.what());
                 row["skipped"] = e.what();
                 out["results"].push_back(row);
                 save();
@@ -147,12 +152,13 @@ int run_bench_engine_ep(const EpBenchArgs& a) {
         nlohmann::json row{{"mode", "prefill"}, {"new_tokens_per_gpu", B}, {"context", a.prefill_context}};
         try {
             const double ms = run_point(g, 1, a.prefill_context, static_cast<int>(B), std::min(a.steps, 1), &ops);
-            std::printf("%-12lld %-8lld %10.1f %14.1f\n", static_cast<long long>(B), static_cast<long long>(a.prefill_context),
-                        ms, B / (ms * 1e-3));
+            std::printf("%-12lld %-8lld %10.1f %14.1f\n", static_cast<long long>(B),
+                        static_cast<long long>(a.prefill_context), ms, B / (ms * 1e-3));
             std::printf("    rank 0 ops (ms):%s\n", ops_text(ops, ms).c_str());
             row.update({{"ms_per_step", ms}, {"tokens_per_s_per_gpu", B / (ms * 1e-3)}, {"ops_ms_rank0", ops}});
         } catch (const std::exception& e) {
-            std::printf("%-12lld %-8lld %10s  %s\n", static_cast<long long>(B), static_cast<long long>(a.prefill_context), "(failed)", e.what());
+            std::printf("%-12lld %-8lld %10s  %s\n", static_cast<long long>(B),
+                        static_cast<long long>(a.prefill_context), "(failed)", e.what());
             row["skipped"] = e.what();
             out["results"].push_back(row);
             save();

@@ -34,7 +34,8 @@ public:
             m.init_state(st);
             PEREGRINE_CHECK(pool_.reserve(st, pages_per_seq_ * L.page_tokens), "bench: page pool too small");
             st.tokens.resize(static_cast<size_t>(ctx));
-            for (int64_t i = 0; i < ctx; ++i) st.tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + s) % 100000 + 100);
+            for (int64_t i = 0; i < ctx; ++i)
+                st.tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + s) % 100000 + 100);
             st.n_cached = ctx;
         }
     }
@@ -46,7 +47,8 @@ public:
             SeqState& st = seqs_[s];
             const int row0 = static_cast<int>(s) * rows;
             batch.seqs.push_back({&st, st.n_cached, rows, row0});
-            for (int i = 0; i < rows; ++i) batch.token_ids.push_back(static_cast<int32_t>((st.n_cached + i) % 100000 + 100));
+            for (int i = 0; i < rows; ++i)
+                batch.token_ids.push_back(static_cast<int32_t>((st.n_cached + i) % 100000 + 100));
             logit_rows.push_back(row0 + rows - 1);
         }
         return batch;

@@ -37,7 +37,8 @@ struct BenchArgs {
     bool balanced = false;
     bool device_sampling = false;  // sample on the device instead of copying the logits to the host
     bool overlap = false;          // decode: the serving engine's overlapped schedule (implies device sampling)
-    std::string decode_batches = "8,16,32,64,128,256", contexts = "8192,131072", prefill_tokens = "4096,8192,16384,32768,65536";
+    std::string decode_batches = "8,16,32,64,128,256", contexts = "8192,131072",
+                prefill_tokens = "4096,8192,16384,32768,65536";
     int64_t prefill_context = 131072;
     double max_step_seconds = 20.0;
 };
@@ -82,14 +83,18 @@ Cost step_cost(const Model& m, int64_t rows, int64_t ctx, int64_t logit_rows, bo
         const LayerStateLayout& own = L.layers[static_cast<size_t>(l)];
         const double width = info.ratio > 0 ? static_cast<double>(ctx) / info.ratio : 0.0;
         const double win_keys = std::min<double>(c.window_size, ctx);
-        const double comp_keys = info.ratio > 0 ? std::min<double>(info.has_indexer || c.is_v41() ? c.index_topk : width, width) : 0.0;
+        const double comp_keys =
+            info.ratio > 0 ? std::min<double>(info.has_indexer || c.is_v41() ? c.index_topk : width, width) : 0.0;
         const double keys = win_keys + comp_keys;
         k.attn_flops += rows * 4.0 * c.n_heads * keys * c.head_dim;
-        const size_t comp_bytes = info.comp_source >= 0 ? L.layers[static_cast<size_t>(info.comp_source)].comp.entry_bytes : 0;
+        const size_t comp_bytes =
+            info.comp_source >= 0 ? L.layers[static_cast<size_t>(info.comp_source)].comp.entry_bytes : 0;
         const int key_layer = c.is_v41() ? info.index_k_source : l;
-        const size_t index_bytes = info.has_indexer && key_layer >= 0 ? L.layers[static_cast<size_t>(key_layer)].index_k.entry_bytes : 0;
+        const size_t index_bytes =
+            info.has_indexer && key_layer >= 0 ? L.layers[static_cast<size_t>(key_layer)].index_k.entry_bytes : 0;
         const double per_row_state = win_keys * static_cast<double>(own.window.entry_bytes) +
-                                     comp_keys * static_cast<double>(comp_bytes) + width * static_cast<double>(index_bytes);
+                                     comp_keys * static_cast<double>(comp_bytes) +
+                                     width * static_cast<double>(index_bytes);
         if (info.has_indexer) k.attn_flops += rows * 2.0 * c.index_n_heads * c.index_head_dim * width;
         // Decode rows read their own state; prefill rows of one sequence share it (count it once).
         k.state_bytes += (logit_rows == rows ? rows : 1) * per_row_state;
@@ -153,7 +158,8 @@ Measured run_steps(Model& m, cuda::CudaBackend& be, int n_seqs, int64_t ctx, int
             // ids), is enqueued, and only then are the previous step's ids taken. A step's time is one iteration:
             // in the steady state the longer of the host's enqueue and the device's step.
             if (step > 0)
-                for (size_t i = 0; i < batch.token_ids.size(); ++i) batch.token_ids[i] = Backend::deferred_id(static_cast<int>(i));
+                for (size_t i = 0; i < batch.token_ids.size(); ++i)
+                    batch.token_ids[i] = Backend::deferred_id(static_cast<int>(i));
             be.sample_start(m.forward(batch, logit_rows, false), sample_rows());
             if (step > 0) (void)be.sample_finish();
         } else if (device_sampling) {  // logits stay on the device; the ids come back: the step is complete
@@ -228,7 +234,8 @@ int run_bench(const BenchArgs& a) {
     out["copy_bandwidth_gbs"] = bw;
     out["cuda_graphs"] = be.graphs();
     out["fp8_dense_peak_tflops"] = kFp8DensePeakTflops;
-    out["state_bytes_per_token"] = {{"window", sb.window}, {"compressed", sb.comp}, {"indexer", sb.index}, {"total", sb.total()}};
+    out["state_bytes_per_token"] = {
+        {"window", sb.window}, {"compressed", sb.comp}, {"indexer", sb.index}, {"total", sb.total()}};
     auto save = [&] {  // after every point, so that a run cut short still leaves its results
         if (a.json.empty()) return;
         const std::string text = out.dump(2);
@@ -251,7 +258,8 @@ int run_bench(const BenchArgs& a) {
     auto ops_line = [&](const std::map<std::string, double>& ops, double wall_ms) {
         std::string s;
         for (auto& [k, v] : ops) s += fmt::format(" {}={:.2f}", k, v);
-        return s + fmt::format(" | ops total={:.2f} outside ops={:.2f}", ops_total_ms(ops), wall_ms - ops_total_ms(ops));
+        return s +
+               fmt::format(" | ops total={:.2f} outside ops={:.2f}", ops_total_ms(ops), wall_ms - ops_total_ms(ops));
     };
     // Where the host's time goes in a timed (unprofiled) step: enqueueing it, then waiting for the logits. A
     // wait near zero means the host, not the GPU, sets the step time.
@@ -261,7 +269,8 @@ int run_bench(const BenchArgs& a) {
     // Warm the weight upload with a one-token step so that it does not land in the first timing.
     { bool slow = false; run_steps(*model, be, 1, 16, 1, 0, 1e9, &slow); }
 
-    std::printf("\n%-8s %-8s %10s %10s %9s %9s %8s\n", "decode", "context", "ms/step", "tok/s", "GB/s", "of HBM", "TFLOP/s");
+    std::printf("\n%-8s %-8s %10s %10s %9s %9s %8s\n", "decode", "context", "ms/step", "tok/s", "GB/s", "of HBM",
+                "TFLOP/s");
     for (int64_t ctx : parse_list(a.contexts)) {
         bool skip_rest = false;
         for (int64_t B : parse_list(a.decode_batches)) {
@@ -276,8 +285,8 @@ int run_bench(const BenchArgs& a) {
                 continue;
             }
             bool slow = false;
-            Measured r = run_steps(*model, be, static_cast<int>(B), ctx, 1, a.steps, a.max_step_seconds, &slow, a.device_sampling,
-                                   a.overlap);
+            Measured r = run_steps(*model, be, static_cast<int>(B), ctx, 1, a.steps, a.max_step_seconds, &slow,
+                                   a.device_sampling, a.overlap);
             Cost k = step_cost(*model, B, ctx, B, a.balanced);
             const double sec = r.ms * 1e-3;
             const double gbs = (k.weight_bytes + k.state_bytes) / sec / 1e9;
@@ -286,16 +295,23 @@ int run_bench(const BenchArgs& a) {
                         static_cast<long long>(ctx), r.ms, B / sec, gbs, 100.0 * gbs / bw, tflops);
             std::printf("    ops (ms):%s\n", ops_line(r.ops, r.ms).c_str());
             std::printf("%s", host_line(r).c_str());
-            row.update({{"ms_per_step", r.ms}, {"host_wait_ms", r.wait_ms}, {"tokens_per_s", B / sec}, {"bytes", k.weight_bytes + k.state_bytes},
-                        {"gb_per_s", gbs}, {"fraction_of_copy_bw", gbs / bw}, {"tflops", tflops}, {"ops_ms_total", ops_total_ms(r.ops)}, {"ops_ms", ops_json(r.ops)}});
+            row.update({{"ms_per_step", r.ms},
+                        {"host_wait_ms", r.wait_ms},
+                        {"tokens_per_s", B / sec},
+                        {"bytes", k.weight_bytes + k.state_bytes},
+                        {"gb_per_s", gbs},
+                        {"fraction_of_copy_bw", gbs / bw},
+                        {"tflops", tflops},
+                        {"ops_ms_total", ops_total_ms(r.ops)},
+                        {"ops_ms", ops_json(r.ops)}});
             out["results"].push_back(row);
             save();
             skip_rest = slow;
         }
     }
 
-    std::printf("\n%-8s %-8s %10s %10s %9s %10s %9s\n", "prefill", "context", "ms/step", "tok/s", "TFLOP/s", "GEMM TF/s",
-                "of FP8");
+    std::printf("\n%-8s %-8s %10s %10s %9s %10s %9s\n", "prefill", "context", "ms/step", "tok/s", "TFLOP/s",
+                "GEMM TF/s", "of FP8");
     bool skip_rest = false;
     const int64_t ctx = a.prefill_context;
     for (int64_t B : parse_list(a.prefill_tokens)) {
@@ -312,7 +328,8 @@ int run_bench(const BenchArgs& a) {
             r = run_steps(*model, be, 1, ctx, static_cast<int>(B), std::min(a.steps, 1), a.max_step_seconds, &slow);
         } catch (const std::exception& e) {  // e.g. the step's activations exceed device memory
             row["skipped"] = e.what();
-            std::printf("%-8lld %-8lld %10s  %s\n", static_cast<long long>(B), static_cast<long long>(ctx), "(failed)", e.what());
+            std::printf("%-8lld %-8lld %10s  %s\n", static_cast<long long>(B), static_cast<long long>(ctx), "(failed)",
+                        e.what());
             out["results"].push_back(row);
             save();
             skip_rest = true;
@@ -327,7 +344,8 @@ int run_bench(const BenchArgs& a) {
             if (name == "moe" || name == "attn.q+kv projections" || name == "attn.output projection") gemm_ms += ms;
         const double gemm_tflops = gemm_ms > 0 ? k.gemm_flops / (gemm_ms * 1e-3) / 1e12 : 0.0;
         std::printf("%-8lld %-8lld %10.1f %10.1f %9.2f %10.2f %8.2f%%\n", static_cast<long long>(B),
-                    static_cast<long long>(ctx), r.ms, B / sec, tflops, gemm_tflops, 100.0 * gemm_tflops / kFp8DensePeakTflops);
+                    static_cast<long long>(ctx), r.ms, B / sec, tflops, gemm_tflops,
+                    100.0 * gemm_tflops / kFp8DensePeakTflops);
         std::printf("    ops (ms):%s\n", ops_line(r.ops, r.ms).c_str());
         row.update({{"ms_per_step", r.ms}, {"tokens_per_s", B / sec}, {"tflops", tflops}, {"gemm_tflops", gemm_tflops},
                     {"fraction_of_fp8_peak", gemm_tflops / kFp8DensePeakTflops}, {"ops_ms_total", ops_total_ms(r.ops)},
@@ -354,9 +372,10 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_flag("--balanced-routing", a->balanced, "Every expert equally loaded");
     cmd->add_flag("--device-sampling", a->device_sampling,
                   "Decode steps sample every row on the device (top-p 0.95, seeded) instead of copying the logits");
-    cmd->add_flag("--overlap", a->overlap,
-                  "Decode steps as the serving engine's overlapped schedule: step N+1 enqueued (reading step N's samples "
-                  "on the device) before step N's ids are taken");
+    cmd->add_flag(
+        "--overlap", a->overlap,
+        "Decode steps as the serving engine's overlapped schedule: step N+1 enqueued (reading step N's samples "
+        "on the device) before step N's ids are taken");
     cmd->add_option("--device", a->device, "cuda");
     cmd->add_option("--decode-batches", a->decode_batches, "Comma-separated decode batch sizes");
     cmd->add_option("--contexts", a->contexts, "Comma-separated cached contexts for decode");
@@ -368,7 +387,8 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--ep", a->ep, "Expert-parallel ranks (GPUs 0..N-1; batches and prefill tokens are per GPU)")
         ->check(CLI::Range(1, 64));
     cmd->callback([a, &exit_code] {
-        PEREGRINE_CHECK(!(a->overlap && a->ep > 1), "--overlap: expert-parallel ranks step without the overlapped schedule");
+        PEREGRINE_CHECK(!(a->overlap && a->ep > 1),
+                        "--overlap: expert-parallel ranks step without the overlapped schedule");
         if (a->ep == 1) {
             exit_code = run_bench(*a);
             return;

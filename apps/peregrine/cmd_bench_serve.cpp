@@ -21,7 +21,8 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--dataset", *dataset, "random (token ids drawn uniformly)")->check(CLI::IsMember({"random"}));
     cmd->add_option("--input-len", o->input_len)->check(CLI::Range(1, 1 << 24));
     cmd->add_option("--output-len", o->output_len)->check(CLI::Range(1, 1 << 24));
-    cmd->add_option("--range-ratio", o->range_ratio, "Lengths uniform in [ratio*len, len]")->check(CLI::Range(0.0, 1.0));
+    cmd->add_option("--range-ratio", o->range_ratio, "Lengths uniform in [ratio*len, len]")
+        ->check(CLI::Range(0.0, 1.0));
     cmd->add_option("--num-prompts", o->num_prompts)->check(CLI::Range(1, 1 << 24));
     auto* mc = cmd->add_option("--max-concurrency", o->max_concurrency)->check(CLI::Range(1, 1 << 20));
     cmd->add_option("--request-rate", o->request_rate, "Poisson arrivals per second (default: all at once)")

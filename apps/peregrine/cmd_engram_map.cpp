@@ -12,7 +12,8 @@ static RegisterCommand reg_engram_map([](CLI::App& app, int& exit_code) {
     auto file = std::make_shared<std::string>();
     auto model = std::make_shared<std::string>();
     auto as_json = std::make_shared<bool>(false);
-    cmd->add_option("--tokenizer", *file, "tokenizer.json file")->excludes(cmd->add_option("--model", *model, "Model directory"));
+    cmd->add_option("--tokenizer", *file, "tokenizer.json file")
+        ->excludes(cmd->add_option("--model", *model, "Model directory"));
     cmd->add_flag("--json", *as_json, "Print the class of every id as one JSON array");
     cmd->callback([=, &exit_code] {
         PEREGRINE_CHECK(!file->empty() || !model->empty(), "give --tokenizer FILE or --model DIR");

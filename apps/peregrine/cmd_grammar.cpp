@@ -19,7 +19,8 @@ namespace peregrine {
 using namespace grammar;
 
 static RegisterCommand reg_grammar([](CLI::App& app, int& exit_code) {
-    auto* cmd = app.add_subcommand("grammar-sample", "Sample constrained outputs with noise logits (grammar engine debug)");
+    auto* cmd =
+        app.add_subcommand("grammar-sample", "Sample constrained outputs with noise logits (grammar engine debug)");
     struct Opts {
         std::string vocab, tokenizer, kind = "json_schema", spec, spec_file, masks_out;
         int n = 10, max_tokens = 400, finish_after = -1;
@@ -44,7 +45,8 @@ static RegisterCommand reg_grammar([](CLI::App& app, int& exit_code) {
     cmd->add_flag("--check-masks", o->check, "verify every mask against per-token matching (slow)");
     cmd->add_flag("--dump-grammar", o->dump, "print the automaton");
     cmd->callback([o, &exit_code] {
-        ConstraintSpec spec{constraint_kind_from_name(o->kind), o->spec_file.empty() ? o->spec : read_file(o->spec_file)};
+        ConstraintSpec spec{constraint_kind_from_name(o->kind),
+                            o->spec_file.empty() ? o->spec : read_file(o->spec_file)};
         JsonSchemaOptions jo;
         jo.any_whitespace = !o->compact;
         jo.max_whitespace = o->max_ws;
@@ -63,8 +65,10 @@ static RegisterCommand reg_grammar([](CLI::App& app, int& exit_code) {
         double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         if (o->dump) std::fprintf(stderr, "%s", cg->grammar().describe().c_str());
         const CompileStats& st = cg->stats();
-        std::fprintf(stderr, "compiled in %.1f ms (mask cache %.1f ms): %d states, %d cached, %lld uncertain, %.1f MiB\n", ms, st.precompute_ms, st.states,
-                     st.mask_states, static_cast<long long>(st.uncertain_total), st.cache_bytes / 1048576.0);
+        std::fprintf(stderr,
+                     "compiled in %.1f ms (mask cache %.1f ms): %d states, %d cached, %lld uncertain, %.1f MiB\n", ms,
+                     st.precompute_ms, st.states, st.mask_states, static_cast<long long>(st.uncertain_total),
+                     st.cache_bytes / 1048576.0);
         std::mt19937_64 rng(o->seed);
         std::vector<uint32_t> mask(vocab->mask_words());
         std::ofstream masks_out;
@@ -118,7 +122,10 @@ static RegisterCommand reg_grammar([](CLI::App& app, int& exit_code) {
                 }
                 for (int32_t w = 0; w < vocab->mask_words() && tok < 0 && r >= 0; ++w) {
                     int c = __builtin_popcount(mask[w]);
-                    if (r >= c) { r -= c; continue; }
+                    if (r >= c) {
+                        r -= c;
+                        continue;
+                    }
                     uint32_t x = mask[w];
                     while (r-- > 0) x &= x - 1;
                     tok = w * 32 + __builtin_ctz(x);
@@ -129,9 +136,15 @@ static RegisterCommand reg_grammar([](CLI::App& app, int& exit_code) {
                     return;
                 }
                 tokens.push_back(tok);
-                if (vocab->is_stop(tok)) { ended = true; break; }
+                if (vocab->is_stop(tok)) {
+                    ended = true;
+                    break;
+                }
                 text += vocab->token_bytes(tok);
-                if (m.is_terminated()) { ended = true; break; }
+                if (m.is_terminated()) {
+                    ended = true;
+                    break;
+                }
             }
             nlohmann::json line = {{"text", text}, {"tokens", tokens}, {"complete", ended}};
             std::printf("%s\n", line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());

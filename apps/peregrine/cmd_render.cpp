@@ -34,7 +34,8 @@ static RegisterCommand reg_render([](CLI::App& app, int& exit_code) {
             p = render_prompt(parse_chat_request_text(body), fmt);
         } catch (const RequestError& e) {
             if (o->json) std::printf("%s\n", e.to_openai_json().dump().c_str());
-            std::fprintf(stderr, "error: %s%s\n", e.what(), e.param().empty() ? "" : (" (param " + e.param() + ")").c_str());
+            std::fprintf(stderr, "error: %s%s\n", e.what(),
+                         e.param().empty() ? "" : (" (param " + e.param() + ")").c_str());
             exit_code = 1;
             return;
         }

@@ -52,7 +52,8 @@ int64_t parse_memory(const std::string& s) {
     size_t used = 0;
     double v = std::stod(s, &used);
     std::string unit = s.substr(used);
-    if (unit.empty() && v > 0 && v <= 1.0 && s.find('.') != std::string::npos) return static_cast<int64_t>(v * static_cast<double>(host_available_bytes()));
+    if (unit.empty() && v > 0 && v <= 1.0 && s.find('.') != std::string::npos)
+        return static_cast<int64_t>(v * static_cast<double>(host_available_bytes()));
     double mul = 1;
     if (unit == "K" || unit == "KB" || unit == "KiB") mul = 1024.0;
     else if (unit == "M" || unit == "MB" || unit == "MiB") mul = 1024.0 * 1024;
@@ -116,14 +117,16 @@ int run_serve(ServeArgs& a) {
     mo.device = a.device;
     mo.page_tokens = a.page_tokens;
     if (a.ep != a.dp)
-        fail("--ep {} with --dp {}: expert parallelism runs over the data-parallel attention ranks (give both the same N)",
-             a.ep, a.dp);
+        fail(
+            "--ep {} with --dp {}: expert parallelism runs over the data-parallel attention ranks (give both the same N)",
+            a.ep, a.dp);
     a.ep_opts.ranks = a.dp;
     ParallelModels group;
     if (a.synthetic.empty()) {
         group = ParallelModels::load(a.model, mo, a.ep_opts);
     } else {  // V4.1-Flash's dimensions and formats with made-up weights (serving benchmarks at real sizes)
-        group.models.push_back(Model::synthetic(synthetic_v41_flash_config(a.synthetic_layers, a.synthetic_experts), mo));
+        group.models.push_back(
+            Model::synthetic(synthetic_v41_flash_config(a.synthetic_layers, a.synthetic_experts), mo));
     }
     Model* model = group.models[0].get();
     progress.done();
@@ -137,7 +140,8 @@ int run_serve(ServeArgs& a) {
         tok = Tokenizer::from_model_dir(a.model);
         tok_source = a.model + "/tokenizer.json";
     } else {
-        PEREGRINE_CHECK(model->config().vocab_size >= 256, "the model has no tokenizer.json and fewer than 256 ids: give --tokenizer");
+        PEREGRINE_CHECK(model->config().vocab_size >= 256,
+                        "the model has no tokenizer.json and fewer than 256 ids: give --tokenizer");
         tok = byte_tokenizer();
         tok_source = "bytes (the model has no tokenizer.json)";
         // A byte per token makes prompts several times longer than a BPE vocabulary would; the tiny
@@ -150,7 +154,8 @@ int run_serve(ServeArgs& a) {
     const auto& cfg = model->config();
     const int64_t kv_bytes = parse_memory(a.kv_memory);
     const int64_t pages = PagePool::pages_for_budget(model->layout(), kv_bytes);
-    PEREGRINE_CHECK(pages > 0, "--kv-memory {} holds no state page ({} bytes each)", a.kv_memory, model->layout().page_bytes);
+    PEREGRINE_CHECK(pages > 0, "--kv-memory {} holds no state page ({} bytes each)", a.kv_memory,
+                    model->layout().page_bytes);
 
     EngineOptions eo;
     eo.max_running_requests = a.max_running;
@@ -165,35 +170,39 @@ int run_serve(ServeArgs& a) {
     progress.begin("http server");
 
     ApiOptions ao;
-    ao.served_model_name = a.served_model_name.empty() ? a.model.substr(a.model.find_last_of('/') + 1) : a.served_model_name;
+    ao.served_model_name =
+        a.served_model_name.empty() ? a.model.substr(a.model.find_last_of('/') + 1) : a.served_model_name;
     ao.api_key = a.api_key;
-    ao.chat_format = a.synthetic.empty() ? chat_format_from_model_dir(a.model) : chat_format_from_model_type(cfg.model_type);
+    ao.chat_format =
+        a.synthetic.empty() ? chat_format_from_model_dir(a.model) : chat_format_from_model_type(cfg.model_type);
     ao.default_thinking = a.enable_thinking;
     ao.default_max_tokens = a.default_max_tokens;
     if (!a.scripted_output.empty()) {
         ao.scripted_output = ScriptedOutput::from_file(a.scripted_output);
-        std::fprintf(stderr, "  --scripted-output %s: completions are forced from the script (a testing aid)\n", a.scripted_output.c_str());
+        std::fprintf(stderr, "  --scripted-output %s: completions are forced from the script (a testing aid)\n",
+                     a.scripted_output.c_str());
     }
     ApiServer server(engine, *tok, ao);
     const int port = server.bind(a.host, a.port);
     progress.done();
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr,
-                 "  model      %s: %s, %d layers, hidden %d, vocab %d\n"
-                 "  tokenizer  %s\n"
-                 "  chat       %s\n"
-                 "  parallel   %s\n"
-                 "  kv memory  %lld pages x %d tokens = %lld tokens (%.1f MiB) per rank, prefix cache %s\n"
-                 "  scheduler  context %lld, max running %d, max queued %d, chunked prefill %d, overlap schedule %s\n"
-                 "  loaded in %.2f s\n",
-                 ao.served_model_name.c_str(), cfg.is_v41() ? "DeepSeek-V4.1" : "DeepSeek-V4", cfg.n_layers, cfg.dim,
-                 cfg.vocab_size, tok_source.c_str(), std::string(chat_format_name(ao.chat_format)).c_str(),
-                 a.dp > 1 ? fmt::format("{} ranks: data-parallel attention, expert-parallel MoE", a.dp).c_str() : "one rank",
-                 static_cast<long long>(pages), model->layout().page_tokens, static_cast<long long>(engine.kv_tokens()),
-                 static_cast<double>(pages * static_cast<int64_t>(model->layout().page_bytes)) / (1 << 20),
-                 eo.radix_cache ? "on" : "off", static_cast<long long>(engine.context_length()), a.max_running, a.max_queued,
-                 a.chunked_prefill,
-                 eo.overlap_schedule != 0 && a.dp == 1 && model->backend().sample_async() ? "on" : "off", secs);
+    std::fprintf(
+        stderr,
+        "  model      %s: %s, %d layers, hidden %d, vocab %d\n"
+        "  tokenizer  %s\n"
+        "  chat       %s\n"
+        "  parallel   %s\n"
+        "  kv memory  %lld pages x %d tokens = %lld tokens (%.1f MiB) per rank, prefix cache %s\n"
+        "  scheduler  context %lld, max running %d, max queued %d, chunked prefill %d, overlap schedule %s\n"
+        "  loaded in %.2f s\n",
+        ao.served_model_name.c_str(), cfg.is_v41() ? "DeepSeek-V4.1" : "DeepSeek-V4", cfg.n_layers, cfg.dim,
+        cfg.vocab_size, tok_source.c_str(), std::string(chat_format_name(ao.chat_format)).c_str(),
+        a.dp > 1 ? fmt::format("{} ranks: data-parallel attention, expert-parallel MoE", a.dp).c_str() : "one rank",
+        static_cast<long long>(pages), model->layout().page_tokens, static_cast<long long>(engine.kv_tokens()),
+        static_cast<double>(pages * static_cast<int64_t>(model->layout().page_bytes)) / (1 << 20),
+        eo.radix_cache ? "on" : "off", static_cast<long long>(engine.context_length()), a.max_running, a.max_queued,
+        a.chunked_prefill, eo.overlap_schedule != 0 && a.dp == 1 && model->backend().sample_async() ? "on" : "off",
+        secs);
     std::printf("peregrine serve: listening on http://%s:%d\n", a.host.c_str(), port);
     std::fflush(stdout);
     std::atomic<bool> finished{false};
@@ -225,20 +234,28 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--model", a->model, "Model directory (default: the embedded demo model)");
     cmd->add_option("--synthetic", a->synthetic,
                     "Serve made-up weights at a release's dimensions and formats instead (v41-flash; byte tokenizer)");
-    cmd->add_option("--synthetic-layers", a->synthetic_layers, "Layers of the synthetic model")->check(CLI::Range(1, 40));
-    cmd->add_option("--synthetic-experts", a->synthetic_experts, "Routed experts per layer of the synthetic model (384 in the release)")
+    cmd->add_option("--synthetic-layers", a->synthetic_layers, "Layers of the synthetic model")
+        ->check(CLI::Range(1, 40));
+    cmd->add_option("--synthetic-experts", a->synthetic_experts,
+                    "Routed experts per layer of the synthetic model (384 in the release)")
         ->check(CLI::Range(6, 4096));
     cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's; bytes when it has none)");
     cmd->add_option("--host", a->host, "Address to listen on");
     cmd->add_option("--port", a->port, "Port (0: any free port)")->check(CLI::Range(0, 65535));
     cmd->add_option("--served-model-name", a->served_model_name, "Model name in the API (default: the directory name)");
     cmd->add_option("--max-running-requests", a->max_running)->check(CLI::Range(1, 1 << 20));
-    cmd->add_option("--max-queued-requests", a->max_queued, "Waiting requests beyond which new ones get 429")->check(CLI::Range(1, 1 << 24));
-    cmd->add_option("--chunked-prefill-size", a->chunked_prefill, "Tokens per step (prefill chunks and decodes)")->check(CLI::Range(1, 1 << 24));
-    cmd->add_option("--kv-memory", a->kv_memory, "State memory: bytes (512M, 2G) or a fraction of available memory (0.3)");
-    cmd->add_option("--context-length", a->context_length, "Longest sequence (default: max_position_embeddings; at least 8192 with the byte tokenizer)");
-    cmd->add_option("--default-max-tokens", a->default_max_tokens, "Chat max_tokens when a request gives none (default: the context)");
-    cmd->add_option("--page-tokens", a->page_tokens, "Tokens per state page (prefix-cache granularity)")->check(CLI::Range(1, 4096));
+    cmd->add_option("--max-queued-requests", a->max_queued, "Waiting requests beyond which new ones get 429")
+        ->check(CLI::Range(1, 1 << 24));
+    cmd->add_option("--chunked-prefill-size", a->chunked_prefill, "Tokens per step (prefill chunks and decodes)")
+        ->check(CLI::Range(1, 1 << 24));
+    cmd->add_option("--kv-memory", a->kv_memory,
+                    "State memory: bytes (512M, 2G) or a fraction of available memory (0.3)");
+    cmd->add_option("--context-length", a->context_length,
+                    "Longest sequence (default: max_position_embeddings; at least 8192 with the byte tokenizer)");
+    cmd->add_option("--default-max-tokens", a->default_max_tokens,
+                    "Chat max_tokens when a request gives none (default: the context)");
+    cmd->add_option("--page-tokens", a->page_tokens, "Tokens per state page (prefix-cache granularity)")
+        ->check(CLI::Range(1, 4096));
     cmd->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY'");
     cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error");
     cmd->add_flag("--disable-radix-cache", a->disable_radix_cache, "No prefix cache");
@@ -247,9 +264,11 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
                   "enqueued while the GPU runs the current one)");
     cmd->add_flag("--enable-thinking", a->enable_thinking, "Chat requests think unless they say otherwise");
     cmd->add_option("--device", a->device, "cpu or cuda");
-    cmd->add_option("--dp", a->dp, "Data-parallel attention ranks (with cuda: GPUs 0..N-1), each with its own requests and KV")
+    cmd->add_option("--dp", a->dp,
+                    "Data-parallel attention ranks (with cuda: GPUs 0..N-1), each with its own requests and KV")
         ->check(CLI::Range(1, 64));
-    cmd->add_option("--ep", a->ep, "Expert-parallel ranks for the MoE layers (equal to --dp)")->check(CLI::Range(1, 64));
+    cmd->add_option("--ep", a->ep, "Expert-parallel ranks for the MoE layers (equal to --dp)")
+        ->check(CLI::Range(1, 64));
     cmd->add_option("--ep-redundant-experts", a->ep_opts.redundant_experts, "Extra expert copies per rank (EPLB)")
         ->check(CLI::Range(0, 1 << 16));
     cmd->add_option("--expert-load", a->ep_opts.expert_load_file,

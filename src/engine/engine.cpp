@@ -284,7 +284,8 @@ struct Engine::Impl {
         const uint8_t flags = static_cast<uint8_t>((mine ? 1 : 0) | (stopping ? 2 : 0));
         std::vector<std::vector<uint8_t>> got;
         try {
-            got = ep.comm().exchange_bytes(std::vector<std::vector<uint8_t>>(static_cast<size_t>(ep.comm().size()), {flags}));
+            got = ep.comm().exchange_bytes(
+                std::vector<std::vector<uint8_t>>(static_cast<size_t>(ep.comm().size()), {flags}));
         } catch (const std::exception& e) {
             fail_group(e.what());
             return false;
@@ -346,7 +347,9 @@ struct Engine::Impl {
         int64_t steps = 0, rows = 0;
         double build = 0, forward = 0, wait = 0, deliver = 0, total = 0;
     } trace;
-    static double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+    static double ms_since(Clock::time_point t) {
+        return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+    }
     void trace_step(int rows, Clock::time_point t0) {
         if (!trace.on) return;
         trace.rows += rows;
@@ -680,7 +683,8 @@ struct Engine::Impl {
         r->last_token = now;
 
         const bool is_eos = !p.ignore_eos && id == eos;
-        const bool is_stop_id = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), id) != p.stop_token_ids.end();
+        const bool is_stop_id =
+            std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), id) != p.stop_token_ids.end();
         if (is_eos || is_stop_id) {
             std::string matched = tok && tok->is_valid(id) ? tok->token_text(id) : std::to_string(id);
             finish(r, FinishReason::stop, r->text.flush(), matched);
@@ -692,7 +696,8 @@ struct Engine::Impl {
         if (r->text.stopped()) finish(r, FinishReason::stop, "", r->text.matched());
         else if (p.processor && p.processor->done()) finish(r, FinishReason::stop, r->text.flush());
         else if (r->completion >= p.max_new_tokens) finish(r, FinishReason::length, r->text.flush());
-        else if (static_cast<int64_t>(r->seq.size()) >= opts.context_length) finish(r, FinishReason::length, r->text.flush());
+        else if (static_cast<int64_t>(r->seq.size()) >= opts.context_length)
+            finish(r, FinishReason::length, r->text.flush());
         return 1;
     }
 
@@ -705,13 +710,14 @@ struct Engine::Impl {
         st.pages_cached = cache ? cache->stats().cached_pages : 0;
         st.pages_evictable = cache ? cache->stats().evictable_pages : 0;
         st.token_usage = static_cast<double>(st.pages_used - st.pages_evictable) / static_cast<double>(st.pages_total);
-        st.cache_hit_rate = st.prompt_tokens_total
-                                ? static_cast<double>(st.cached_tokens_total) / static_cast<double>(st.prompt_tokens_total)
-                                : 0.0;
+        st.cache_hit_rate = st.prompt_tokens_total ? static_cast<double>(st.cached_tokens_total) /
+                                                         static_cast<double>(st.prompt_tokens_total)
+                                                   : 0.0;
     }
 };
 
-Engine::Engine(Model& model, const Tokenizer* tok, EngineOptions opts) : Engine(std::vector<Model*>{&model}, tok, opts) {}
+Engine::Engine(Model& model, const Tokenizer* tok, EngineOptions opts)
+    : Engine(std::vector<Model*>{&model}, tok, opts) {}
 
 Engine::Engine(std::vector<Model*> ranks, const Tokenizer* tok, EngineOptions opts)
     : model_(*ranks.at(0)), tok_(tok), opts_(opts) {
@@ -720,7 +726,8 @@ Engine::Engine(std::vector<Model*> ranks, const Tokenizer* tok, EngineOptions op
     PEREGRINE_CHECK(opts_.kv_pages > 0, "the engine needs at least one state page");
     PEREGRINE_CHECK(opts_.max_running_requests > 0, "max running requests must be positive");
     for (Model* m : ranks) {
-        PEREGRINE_CHECK(ranks.size() == 1 || (m->expert_parallel() && m->expert_parallel()->comm().size() == static_cast<int>(ranks.size())),
+        PEREGRINE_CHECK(ranks.size() == 1 || (m->expert_parallel() &&
+                                              m->expert_parallel()->comm().size() == static_cast<int>(ranks.size())),
                         "data-parallel ranks must form one expert-parallel group");
         ranks_.push_back(std::make_unique<Impl>(*this, *m, tok, opts_));
     }

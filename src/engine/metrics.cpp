@@ -38,7 +38,8 @@ void Histogram::merge(const Histogram& o) {
 }
 
 void EngineStats::merge(const EngineStats& o) {
-    const double used = token_usage * static_cast<double>(pages_total) + o.token_usage * static_cast<double>(o.pages_total);
+    const double used =
+        token_usage * static_cast<double>(pages_total) + o.token_usage * static_cast<double>(o.pages_total);
     requests_total += o.requests_total;
     requests_finished += o.requests_finished;
     requests_aborted += o.requests_aborted;
@@ -56,7 +57,8 @@ void EngineStats::merge(const EngineStats& o) {
     pages_cached += o.pages_cached;
     pages_evictable += o.pages_evictable;
     token_usage = pages_total ? used / static_cast<double>(pages_total) : 0.0;
-    cache_hit_rate = prompt_tokens_total ? static_cast<double>(cached_tokens_total) / static_cast<double>(prompt_tokens_total) : 0.0;
+    cache_hit_rate =
+        prompt_tokens_total ? static_cast<double>(cached_tokens_total) / static_cast<double>(prompt_tokens_total) : 0.0;
     gen_throughput += o.gen_throughput;
     ttft.merge(o.ttft);
     itl.merge(o.itl);

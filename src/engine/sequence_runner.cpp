@@ -6,7 +6,8 @@
 namespace peregrine {
 
 SequenceRunner::SequenceRunner(Model& model, int64_t max_tokens) : model_(model) {
-    pool_ = std::make_unique<PagePool>(model.backend(), model.layout(), model.layout().pages_for(std::max<int64_t>(max_tokens, 1)));
+    pool_ = std::make_unique<PagePool>(model.backend(), model.layout(),
+                                       model.layout().pages_for(std::max<int64_t>(max_tokens, 1)));
     model_.init_state(state_);
 }
 

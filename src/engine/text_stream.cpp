@@ -4,7 +4,8 @@
 
 namespace peregrine {
 
-TextStream::TextStream(const Tokenizer* tok, std::vector<std::string> stop, bool skip_special) : stop_(std::move(stop)) {
+TextStream::TextStream(const Tokenizer* tok, std::vector<std::string> stop, bool skip_special)
+    : stop_(std::move(stop)) {
     if (tok) dec_.emplace(*tok, skip_special);
     stop_.erase(std::remove(stop_.begin(), stop_.end(), std::string()), stop_.end());
 }

@@ -37,7 +37,8 @@ SafeTensors SafeTensors::open_dir(const std::string& dir) {
         for (auto& [name, file] : j["weight_map"].items()) shards[file.get<std::string>()] = true;
         for (auto& [file, _] : shards) st.add_file(dir + "/" + file);
         for (auto& [name, file] : j["weight_map"].items())
-            if (!st.has(name)) fail("tensor '{}' is listed in '{}' but missing from '{}'", name, index, file.get<std::string>());
+            if (!st.has(name))
+                fail("tensor '{}' is listed in '{}' but missing from '{}'", name, index, file.get<std::string>());
     } else if (file_exists(dir + "/model.safetensors")) {
         st.add_file(dir + "/model.safetensors");
     } else {
@@ -74,8 +75,8 @@ void SafeTensors::add_file(const std::string& path) {
         auto offs = info.at("data_offsets");
         size_t begin = offs.at(0).get<size_t>(), end = offs.at(1).get<size_t>();
         if (begin > end || end > payload_size)
-            fail("tensor '{}' in '{}' has data offsets [{}, {}) outside the payload of {} bytes", name, path, begin, end,
-                 payload_size);
+            fail("tensor '{}' in '{}' has data offsets [{}, {}) outside the payload of {} bytes", name, path, begin,
+                 end, payload_size);
         t.data = payload + begin;
         t.nbytes = end - begin;
         if (static_cast<size_t>(t.numel()) * dtype_size(t.dtype) != t.nbytes)

@@ -55,8 +55,9 @@ void RadixCache::unlock(Node* last) {
 }
 
 void RadixCache::insert(std::span<const int32_t> tokens, std::span<const int32_t> pages, int64_t n_pages) {
-    PEREGRINE_CHECK(static_cast<int64_t>(tokens.size()) >= n_pages * P_ && static_cast<int64_t>(pages.size()) >= n_pages,
-                    "radix cache: insert of {} pages needs their tokens and pages", n_pages);
+    PEREGRINE_CHECK(
+        static_cast<int64_t>(tokens.size()) >= n_pages * P_ && static_cast<int64_t>(pages.size()) >= n_pages,
+        "radix cache: insert of {} pages needs their tokens and pages", n_pages);
     Node* n = &root_;
     ++clock_;
     for (int64_t i = 0; i < n_pages; ++i) {

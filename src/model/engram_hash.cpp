@@ -94,8 +94,8 @@ EngramTables load_engram_tables(const ModelConfig& cfg, const std::string& model
             sum += p;
         }
         if (sum != cfg.engram_num_embeddings.at(l))
-            fail("engram layer {}: the primes sum to {} rows but engram_num_embeddings says {}", cfg.engram_layer_ids[l],
-                 sum, cfg.engram_num_embeddings[l]);
+            fail("engram layer {}: the primes sum to {} rows but engram_num_embeddings says {}",
+                 cfg.engram_layer_ids[l], sum, cfg.engram_num_embeddings[l]);
         t.offsets.push_back(off);
     }
 
@@ -122,7 +122,8 @@ EngramTables load_engram_tables(const ModelConfig& cfg, const std::string& model
                     std::vector<int64_t> flat;
                     for (auto& n : jp[l])
                         for (auto& p : n) flat.push_back(p.get<int64_t>());
-                    if (flat != t.primes[l]) fail("'{}': primes of engram layer {} differ from the derived ones", path, l);
+                    if (flat != t.primes[l])
+                        fail("'{}': primes of engram layer {} differ from the derived ones", path, l);
                 }
             }
         } catch (const nlohmann::json::exception& e) {
@@ -135,11 +136,14 @@ EngramTables load_engram_tables(const ModelConfig& cfg, const std::string& model
                  map.num_classes, cfg.engram_compressed_vocab_size);
         t.token_map = map.id_to_class;
     } else {
-        fail("model '{}' has engram layers but neither tokenizer.json nor engram_tables.json (the compressed token map)",
-             model_dir);
+        fail(
+            "model '{}' has engram layers but neither tokenizer.json nor engram_tables.json (the compressed token map)",
+            model_dir);
     }
-    if (t.multipliers.size() != cfg.engram_layer_ids.size()) fail("'{}': one multiplier row per engram layer expected", path);
-    if (static_cast<int>(t.token_map.size()) < cfg.vocab_size) fail("'{}': token_map needs {} entries", path, cfg.vocab_size);
+    if (t.multipliers.size() != cfg.engram_layer_ids.size())
+        fail("'{}': one multiplier row per engram layer expected", path);
+    if (static_cast<int>(t.token_map.size()) < cfg.vocab_size)
+        fail("'{}': token_map needs {} entries", path, cfg.vocab_size);
     for (int32_t c : t.token_map)
         if (c < 0 || c >= cfg.engram_compressed_vocab_size)
             fail("'{}': compressed id {} outside 0..{}", path, c, cfg.engram_compressed_vocab_size - 1);
@@ -150,9 +154,11 @@ EngramTables load_engram_tables(const ModelConfig& cfg, const std::string& model
 void engram_rows(const EngramTables& t, int li, const std::vector<int32_t>& tokens, int64_t pos, int64_t* out) {
     std::vector<int64_t> comp(static_cast<size_t>(t.max_ngram));
     for (int k = 0; k < t.max_ngram; ++k)
-        comp[static_cast<size_t>(k)] = pos - k < 0 ? t.pad : t.token_map.at(static_cast<size_t>(tokens.at(static_cast<size_t>(pos - k))));
+        comp[static_cast<size_t>(k)] =
+            pos - k < 0 ? t.pad : t.token_map.at(static_cast<size_t>(tokens.at(static_cast<size_t>(pos - k))));
     const size_t l = static_cast<size_t>(li);
-    engram_hash_window(comp.data(), t.max_ngram, t.n_heads, t.multipliers[l].data(), t.primes[l].data(), t.offsets[l].data(), out);
+    engram_hash_window(comp.data(), t.max_ngram, t.n_heads, t.multipliers[l].data(), t.primes[l].data(),
+                       t.offsets[l].data(), out);
 }
 
 EngramHash engram_hash(const EngramTables& t, int li) {

@@ -8,7 +8,8 @@
 namespace peregrine {
 
 ExpertPlacement ExpertPlacement::contiguous(int n_experts, int n_ranks) {
-    PEREGRINE_CHECK(n_ranks >= 1 && n_experts % n_ranks == 0, "{} experts do not divide over {} ranks", n_experts, n_ranks);
+    PEREGRINE_CHECK(n_ranks >= 1 && n_experts % n_ranks == 0, "{} experts do not divide over {} ranks", n_experts,
+                    n_ranks);
     ExpertPlacement p;
     p.n_experts = n_experts;
     p.n_ranks = n_ranks;
@@ -81,7 +82,8 @@ std::vector<double> ExpertPlacement::rank_loads(const std::vector<double>& load)
     std::vector<double> out(static_cast<size_t>(n_ranks), 0.0);
     for (int e = 0; e < n_experts; ++e) {
         const auto& reps = replicas[static_cast<size_t>(e)];
-        for (int r : reps) out[static_cast<size_t>(r)] += load[static_cast<size_t>(e)] / static_cast<double>(reps.size());
+        for (int r : reps)
+            out[static_cast<size_t>(r)] += load[static_cast<size_t>(e)] / static_cast<double>(reps.size());
     }
     return out;
 }
@@ -93,8 +95,8 @@ ExpertParallel::ExpertParallel(Communicator& comm, ExpertPlacement placement)
 }
 
 void ExpertParallel::keep_local(MoEWeight& w) const {
-    PEREGRINE_CHECK(static_cast<int>(w.experts.size()) == placement_.n_experts, "placement for {} experts, layer has {}",
-                    placement_.n_experts, w.experts.size());
+    PEREGRINE_CHECK(static_cast<int>(w.experts.size()) == placement_.n_experts,
+                    "placement for {} experts, layer has {}", placement_.n_experts, w.experts.size());
     for (int e = 0; e < placement_.n_experts; ++e)
         if (!placement_.holds(comm_.rank(), e)) w.experts[static_cast<size_t>(e)] = ExpertWeight{};
 }
@@ -129,7 +131,8 @@ Tensor ExpertParallel::moe(Backend& be, const Tensor& x, const MoEWeight& w, con
         dest[static_cast<size_t>(p)] = placement_.serving_rank(sel[static_cast<size_t>(p)], static_cast<uint64_t>(p));
     std::vector<int> order(static_cast<size_t>(P));
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return dest[static_cast<size_t>(a)] < dest[static_cast<size_t>(b)]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return dest[static_cast<size_t>(a)] < dest[static_cast<size_t>(b)]; });
     std::vector<int64_t> counts(static_cast<size_t>(n), 0);
     for (int d : dest) ++counts[static_cast<size_t>(d)];
 
@@ -155,7 +158,8 @@ Tensor ExpertParallel::moe(Backend& be, const Tensor& x, const MoEWeight& w, con
         const auto& m = got[static_cast<size_t>(src)];
         const size_t rec = sizeof(int32_t) + sizeof(float);
         PEREGRINE_CHECK(m.size() == static_cast<size_t>(recv_counts[static_cast<size_t>(src)]) * rec,
-                        "rank {} sent {} pair records for {} rows", src, m.size() / rec, recv_counts[static_cast<size_t>(src)]);
+                        "rank {} sent {} pair records for {} rows", src, m.size() / rec,
+                        recv_counts[static_cast<size_t>(src)]);
         for (size_t i = 0; i < m.size(); i += rec, ++at) {
             std::memcpy(experts.data<int32_t>() + at, m.data() + i, sizeof(int32_t));
             std::memcpy(weights.f32() + at, m.data() + i + sizeof(int32_t), sizeof(float));

@@ -43,7 +43,8 @@ std::vector<AttentionLayerInfo> attention_layer_infos(const ModelConfig& cfg) {
                 a.candidate_source = a.has_indexer && l == cfg.candidate_source_layer;
                 a.uses_candidates = a.has_indexer && cfg.candidate_source_layer >= 0 && cfg.candidate_source_layer < l;
                 if (a.comp_source < 0) fail("layer {} compresses (ratio {}) but no kv source precedes it", l, a.ratio);
-                if (a.has_indexer && a.index_k_source < 0) fail("index source layer {} has no index-key owner before it", l);
+                if (a.has_indexer && a.index_k_source < 0)
+                    fail("index source layer {} has no index-key owner before it", l);
             } else {
                 a.compresses = true;
                 a.comp_source = l;
@@ -63,7 +64,8 @@ StateLayout make_state_layout(const ModelConfig& cfg, int page_tokens) {
     size_t off = 0;
     // Entry formats: the values each kind of entry holds after the model's QDQ (cpu/attention.cpp).
     const int D = cfg.head_dim, rd = cfg.rope_head_dim, ihd = cfg.index_head_dim;
-    const EntryFormat window_fmt = cfg.is_v41() ? fp8_entry_format(D, D, cfg.act_block) : fp8_entry_format(D, D - rd, 64);
+    const EntryFormat window_fmt =
+        cfg.is_v41() ? fp8_entry_format(D, D, cfg.act_block) : fp8_entry_format(D, D - rd, 64);
     const EntryFormat comp_fmt = cfg.is_v41() ? fp4_entry_format(D, 16, true) : fp8_entry_format(D, D - rd, 64);
     const EntryFormat index_fmt = fp4_entry_format(ihd, 32, false);
     auto section = [&](const EntryFormat& fmt, int per_entry_tokens) {
@@ -92,12 +94,14 @@ StateLayout make_state_layout(const ModelConfig& cfg, int page_tokens) {
             const int coff = (!cfg.is_v41() && a.ratio == 4) ? 2 : 1;
             if (a.ratio > 1) {
                 L.carry_offset = s.carry_bytes;
-                L.carry_bytes = 2 * static_cast<size_t>(coff * a.ratio) * static_cast<size_t>(coff * cfg.head_dim) * sizeof(float);
+                L.carry_bytes =
+                    2 * static_cast<size_t>(coff * a.ratio) * static_cast<size_t>(coff * cfg.head_dim) * sizeof(float);
                 s.carry_bytes += L.carry_bytes;
             }
             if (!cfg.is_v41() && a.has_indexer) {
                 L.index_carry_offset = s.carry_bytes;
-                s.carry_bytes += 2 * static_cast<size_t>(coff * a.ratio) * static_cast<size_t>(coff * cfg.index_head_dim) * sizeof(float);
+                s.carry_bytes += 2 * static_cast<size_t>(coff * a.ratio) *
+                                 static_cast<size_t>(coff * cfg.index_head_dim) * sizeof(float);
             }
         }
         if ((cfg.is_v41() && a.owns_index_k) || (!cfg.is_v41() && a.has_indexer))
@@ -155,7 +159,8 @@ void Model::init_state(SeqState& s) const {
     for (size_t l = 0; l < infos.size(); ++l) {
         const auto& L = layout_.layers[l];
         if (!cfg_.is_v41() && infos[l].has_indexer) {
-            const size_t bytes = 2 * static_cast<size_t>(2 * infos[l].ratio) * static_cast<size_t>(2 * cfg_.index_head_dim) * sizeof(float);
+            const size_t bytes = 2 * static_cast<size_t>(2 * infos[l].ratio) *
+                                 static_cast<size_t>(2 * cfg_.index_head_dim) * sizeof(float);
             float* f = reinterpret_cast<float*>(s.carry.data() + L.index_carry_offset);
             for (size_t i = bytes / sizeof(float) / 2; i < bytes / sizeof(float); ++i) f[i] = -INFINITY;
         }
@@ -172,8 +177,9 @@ void Model::restore_state(SeqState& s, int64_t n_tokens) const {
         init_state(s);
         return;
     }
-    const uint8_t* snap = layout_.page_ptr(s.pool, s.pages.at(static_cast<size_t>(n_tokens / layout_.page_tokens - 1))) +
-                          layout_.snapshot_offset;
+    const uint8_t* snap =
+        layout_.page_ptr(s.pool, s.pages.at(static_cast<size_t>(n_tokens / layout_.page_tokens - 1))) +
+        layout_.snapshot_offset;
     s.carry.resize(layout_.carry_bytes);
     backend_->load_carry(s, snap, layout_.carry_bytes);  // pages may be device memory
 }
@@ -189,12 +195,15 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
             else id = be.started_id(Backend::deferred_row(id));
         }
     for (auto& s : batch.seqs) {
-        PEREGRINE_CHECK(s.state && s.state->n_cached == s.start_pos, "sequence state holds {} tokens, step starts at {}",
-                        s.state ? s.state->n_cached : -1, s.start_pos);
+        PEREGRINE_CHECK(s.state && s.state->n_cached == s.start_pos,
+                        "sequence state holds {} tokens, step starts at {}", s.state ? s.state->n_cached : -1,
+                        s.start_pos);
         PEREGRINE_CHECK(static_cast<int64_t>(s.state->pages.size()) >= layout_.pages_for(s.start_pos + s.n_tokens),
-                        "sequence needs {} pages, has {}", layout_.pages_for(s.start_pos + s.n_tokens), s.state->pages.size());
+                        "sequence needs {} pages, has {}", layout_.pages_for(s.start_pos + s.n_tokens),
+                        s.state->pages.size());
         s.state->tokens.resize(static_cast<size_t>(s.start_pos));
-        for (int i = 0; i < s.n_tokens; ++i) s.state->tokens.push_back(batch.token_ids[static_cast<size_t>(s.row0 + i)]);
+        for (int i = 0; i < s.n_tokens; ++i)
+            s.state->tokens.push_back(batch.token_ids[static_cast<size_t>(s.row0 + i)]);
     }
     auto scratch = be.begin_step(batch);
     Tensor h = be.embed(w_.embed, batch.token_ids);
@@ -210,8 +219,9 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
             for (int i = 0; i < s.n_tokens; ++i)
                 for (int k = 0; k < n && s.start_pos + i - k >= 0; ++k) {
                     const int32_t id = s.state->tokens[static_cast<size_t>(s.start_pos + i - k)];
-                    PEREGRINE_CHECK(k == 0 || id >= 0, "engram window of position {} holds a deferred id {} tokens back",
-                                    s.start_pos + i, k);
+                    PEREGRINE_CHECK(k == 0 || id >= 0,
+                                    "engram window of position {} holds a deferred id {} tokens back", s.start_pos + i,
+                                    k);
                     engram_windows[static_cast<size_t>(s.row0 + i) * n + k] = id;
                 }
     } else if (engram_) {

@@ -73,7 +73,8 @@ public:
         const int64_t sc = cdiv(in, b);
         for (int64_t r = 0; r < out; ++r)
             for (int64_t c = 0; c < in; ++c) {
-                float v = e4m3_to_f32(q.w.data<uint8_t>()[r * in + c]) * e8m0_to_f32(q.scale.data<uint8_t>()[(r / b) * sc + c / b]);
+                float v = e4m3_to_f32(q.w.data<uint8_t>()[r * in + c]) *
+                          e8m0_to_f32(q.scale.data<uint8_t>()[(r / b) * sc + c / b]);
                 w.data<uint16_t>()[r * in + c] = f32_to_bf16(v);
             }
         LinearWeight d;
@@ -103,10 +104,15 @@ private:
                 const uint32_t r = static_cast<uint32_t>(x >> 16);
                 const float u = static_cast<float>(r & 0xffffff) / 16777216.0f * 2.0f - 1.0f;
                 switch (dtype) {
-                    case DType::E4M3: t.data<uint8_t>()[i] = static_cast<uint8_t>((r & 0x80) | ((4 + (r >> 8) % 4) << 3) | (r & 7)); break;
+                    case DType::E4M3:
+                        t.data<uint8_t>()[i] = static_cast<uint8_t>((r & 0x80) | ((4 + (r >> 8) % 4) << 3) | (r & 7));
+                        break;
                     case DType::E8M0: t.data<uint8_t>()[i] = 119; break;
                     case DType::I8: case DType::U8: t.data<uint8_t>()[i] = static_cast<uint8_t>(r); break;
-                    case DType::I64: t.data<int64_t>()[i] = static_cast<int64_t>((i * 7919 + i / fan_in) % std::max(1, cfg_.n_routed_experts)); break;
+                    case DType::I64:
+                        t.data<int64_t>()[i] =
+                            static_cast<int64_t>((i * 7919 + i / fan_in) % std::max(1, cfg_.n_routed_experts));
+                        break;
                     case DType::BF16: t.data<uint16_t>()[i] = f32_to_bf16(is_norm ? 1.0f : a * u); break;
                     case DType::F32: t.data<float>()[i] = is_norm ? 1.0f : a * u; break;
                     default: fail("synthetic weights: unsupported dtype {} for '{}'", dtype_name(dtype), name);
@@ -168,7 +174,8 @@ bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.
 
 
 // Norms, mHC, the attention projections and the MoE of one block (what every layer and DSpark stage has).
-BlockWeight load_block_core(Loader& L, const ModelConfig& cfg, const std::string& p, int n_experts, int top_k, bool hash) {
+BlockWeight load_block_core(Loader& L, const ModelConfig& cfg, const std::string& p, int n_experts, int top_k,
+                            bool hash) {
     const int D = cfg.dim, H = cfg.n_heads, HD = cfg.head_dim, hc = cfg.hc_mult, n_mix = (2 + hc) * hc;
     BlockWeight b;
     b.attn_norm = L.param(p + "attn_norm.weight", {D});
@@ -195,7 +202,8 @@ BlockWeight load_block_core(Loader& L, const ModelConfig& cfg, const std::string
         f.tid2eid = L.tensor(fp + "gate.tid2eid", DType::I64, {cfg.vocab_size, top_k});
         const int64_t* t = f.tid2eid.data<int64_t>();
         for (int64_t i = 0; i < f.tid2eid.numel(); ++i)
-            if (t[i] < 0 || t[i] >= n_experts) fail("tensor '{}gate.tid2eid' routes to expert {} of {}", fp, t[i], n_experts);
+            if (t[i] < 0 || t[i] >= n_experts)
+                fail("tensor '{}gate.tid2eid' routes to expert {} of {}", fp, t[i], n_experts);
     } else {
         f.bias = L.tensor(fp + "gate.bias", DType::F32, {n_experts});
     }
@@ -249,7 +257,8 @@ ModelWeights build_model_weights(const ModelConfig& cfg, Loader& L) {
 
     for (int l = 0; l < cfg.n_layers; ++l) {
         const std::string p = fmt::format("layers.{}.", l);
-        BlockWeight b = load_block_core(L, cfg, p, cfg.n_routed_experts, cfg.n_activated_experts, l < cfg.n_hash_layers);
+        BlockWeight b =
+            load_block_core(L, cfg, p, cfg.n_routed_experts, cfg.n_activated_experts, l < cfg.n_hash_layers);
         AttentionWeight& a = b.attn;
         const std::string ap = p + "attn.";
         const int ratio = cfg.ratio(l);

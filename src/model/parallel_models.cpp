@@ -13,7 +13,8 @@ std::vector<Model*> ParallelModels::ranks() const {
 }
 
 ExpertPlacement make_expert_placement(int n_experts, const ExpertParallelOptions& ep) {
-    if (ep.redundant_experts == 0 && ep.expert_load_file.empty()) return ExpertPlacement::contiguous(n_experts, ep.ranks);
+    if (ep.redundant_experts == 0 && ep.expert_load_file.empty())
+        return ExpertPlacement::contiguous(n_experts, ep.ranks);
     std::vector<double> load(static_cast<size_t>(n_experts), 1.0);
     if (!ep.expert_load_file.empty()) {
         nlohmann::json j;

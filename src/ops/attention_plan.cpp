@@ -36,7 +36,8 @@ std::vector<float> rope_frequencies(int dim, double theta, int original_seq_len,
                                     double beta_slow, bool arch_v41) {
     std::vector<float> freqs(static_cast<size_t>(dim / 2));
     const float base = static_cast<float>(theta);
-    for (int i = 0; i < dim / 2; ++i) freqs[i] = 1.0f / std::pow(base, static_cast<float>(2 * i) / static_cast<float>(dim));
+    for (int i = 0; i < dim / 2; ++i)
+        freqs[i] = 1.0f / std::pow(base, static_cast<float>(2 * i) / static_cast<float>(dim));
     if (original_seq_len > 0) {
         auto corrected = [&](double rotations) {
             return dim * std::log(original_seq_len / (rotations * 2 * M_PI)) / (2 * std::log(theta));

@@ -114,7 +114,9 @@ public:
     virtual Tensor hc_head(const Tensor& h, const HcWeight& w) = 0;
     virtual Tensor rms_norm(const Tensor& x, const Tensor& w) = 0;
     // rms_norm(hc_collapse(h, pre), w): a sublayer's input (one kernel on the GPU).
-    virtual Tensor collapse_norm(const Tensor& h, const Tensor& pre, const Tensor& w) { return rms_norm(hc_collapse(h, pre), w); }
+    virtual Tensor collapse_norm(const Tensor& h, const Tensor& pre, const Tensor& w) {
+        return rms_norm(hc_collapse(h, pre), w);
+    }
     // Mean over the hc copies -> [T, dim] bf16 (DSpark inputs).
     virtual Tensor hc_mean(const Tensor& h) = 0;
 
@@ -185,13 +187,15 @@ public:
         started_ids_.clear();
     }
     int32_t started_id(int j) const {
-        PEREGRINE_CHECK(j >= 0 && j < static_cast<int>(started_ids_.size()), "deferred id of row {}: the last sample_start had {} rows", j, started_ids_.size());
+        PEREGRINE_CHECK(j >= 0 && j < static_cast<int>(started_ids_.size()),
+                        "deferred id of row {}: the last sample_start had {} rows", j, started_ids_.size());
         return started_ids_[static_cast<size_t>(j)];
     }
     // Engram over windows [T, max_ngram] of token ids (each row's own, then the ones before it; kNoToken before
     // the sequence's start), hashed by the backend: the path for deferred ids (takes_deferred_ids()).
     static constexpr int32_t kNoToken = INT32_MIN;
-    virtual void engram_hashed(Tensor& h, const EngramWeight& w, const EngramHash& hash, const std::vector<int32_t>& windows) {
+    virtual void engram_hashed(Tensor& h, const EngramWeight& w, const EngramHash& hash,
+                               const std::vector<int32_t>& windows) {
         (void)h, (void)w, (void)hash, (void)windows;
         fail("this backend hashes no engram windows");
     }
@@ -201,7 +205,8 @@ public:
         const int64_t V = logits.dim(1);
         Tensor out = Tensor::zeros(DType::F32, {static_cast<int64_t>(rows.size()), V});
         for (size_t i = 0; i < rows.size(); ++i)
-            std::memcpy(out.f32() + static_cast<int64_t>(i) * V, logits.f32() + rows[i] * V, sizeof(float) * static_cast<size_t>(V));
+            std::memcpy(out.f32() + static_cast<int64_t>(i) * V, logits.f32() + rows[i] * V,
+                        sizeof(float) * static_cast<size_t>(V));
         return out;
     }
 

@@ -49,7 +49,8 @@ public:
     void abort() override { s_->abort(); }
 
     std::vector<std::vector<uint8_t>> exchange_bytes(const std::vector<std::vector<uint8_t>>& send) override {
-        PEREGRINE_CHECK(static_cast<int>(send.size()) == s_->n, "exchange_bytes: {} messages for {} ranks", send.size(), s_->n);
+        PEREGRINE_CHECK(static_cast<int>(send.size()) == s_->n, "exchange_bytes: {} messages for {} ranks", send.size(),
+                        s_->n);
         {
             std::lock_guard lk(s_->mu);
             s_->posted[static_cast<size_t>(rank_)] = send;
@@ -58,7 +59,8 @@ public:
         std::vector<std::vector<uint8_t>> got(static_cast<size_t>(s_->n));
         {
             std::lock_guard lk(s_->mu);
-            for (int src = 0; src < s_->n; ++src) got[static_cast<size_t>(src)] = s_->posted[static_cast<size_t>(src)][static_cast<size_t>(rank_)];
+            for (int src = 0; src < s_->n; ++src)
+                got[static_cast<size_t>(src)] = s_->posted[static_cast<size_t>(src)][static_cast<size_t>(rank_)];
         }
         s_->barrier();
         return got;
@@ -66,7 +68,8 @@ public:
 
     Tensor exchange_rows(Backend& be, const Tensor& send, const std::vector<int64_t>& counts,
                          std::vector<int64_t>& recv_counts) override {
-        PEREGRINE_CHECK(static_cast<int>(counts.size()) == s_->n, "exchange_rows: {} counts for {} ranks", counts.size(), s_->n);
+        PEREGRINE_CHECK(static_cast<int>(counts.size()) == s_->n, "exchange_rows: {} counts for {} ranks",
+                        counts.size(), s_->n);
         std::vector<int64_t> shape = send.shape();
         PEREGRINE_CHECK(!shape.empty(), "exchange_rows: a tensor of rows");
         int64_t total = 0;

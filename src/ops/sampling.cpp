@@ -115,7 +115,8 @@ SampleConfig sample_config(const SamplingParams& p) {
     c.top_k = std::max(p.top_k, 0);
     c.top_p = static_cast<double>(p.top_p);
     if (p.min_p > 0.0f)  // W >= min_p * 2^44 (an exact product) for an integer W
-        c.min_p_weight = static_cast<uint64_t>(std::ceil(std::min(static_cast<double>(p.min_p), 2.0) * sampling::kWeightOne));
+        c.min_p_weight =
+            static_cast<uint64_t>(std::ceil(std::min(static_cast<double>(p.min_p), 2.0) * sampling::kWeightOne));
     return c;
 }
 

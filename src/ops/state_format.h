@@ -114,7 +114,9 @@ PEREGRINE_HD bool sf_encode_e2m1(float x, uint8_t* code) {
     return true;
 }
 // 2^k as a float for k in [-127, 127].
-PEREGRINE_HD float sf_pow2(int k) { return k <= -127 ? float_from_bits(0x00400000u) : float_from_bits(static_cast<uint32_t>(k + 127) << 23); }
+PEREGRINE_HD float sf_pow2(int k) {
+    return k <= -127 ? float_from_bits(0x00400000u) : float_from_bits(static_cast<uint32_t>(k + 127) << 23);
+}
 // The smallest k with a / 2^k <= limit, for limit = mant * 2^lim_exp (mant in [1, 2)), a > 0 normal.
 PEREGRINE_HD int sf_scale_exp(float a, float limit_mant, int limit_exp) {
     const uint32_t u = float_bits(a);
@@ -197,7 +199,8 @@ PEREGRINE_HD bool encode_entry_block(const EntryFormat& f, const float* x, int b
             const int c = b0 + i;
             uint8_t code = 0;
             fits = sf_encode_e2m1(x[c] / s, &code) && float_bits(sf_e2m1(code) * s) == float_bits(x[c]);
-            if (fits) e[c >> 1] = static_cast<uint8_t>((c & 1) ? (e[c >> 1] & 15) | (code << 4) : (e[c >> 1] & 0xf0) | code);
+            if (fits)
+                e[c >> 1] = static_cast<uint8_t>((c & 1) ? (e[c >> 1] & 15) | (code << 4) : (e[c >> 1] & 0xf0) | code);
         }
         if (fits) {
             e[f.scale_offset + b] = sc;

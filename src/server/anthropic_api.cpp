@@ -126,7 +126,8 @@ ojson anthropic_to_chat_body(const ojson& body, bool count_only) {
     ojson out = ojson::object();
     if (const ojson* m = field(body, "model")) out["model"] = *m;
     ojson msgs = ojson::array();
-    if (const ojson* sys = field(body, "system")) msgs.push_back({{"role", "system"}, {"content", text_of(*sys, "system")}});
+    if (const ojson* sys = field(body, "system"))
+        msgs.push_back({{"role", "system"}, {"content", text_of(*sys, "system")}});
     const ojson* ms = field(body, "messages");
     if (!ms) bad("messages: Field required");
     if (!ms->is_array() || ms->empty()) bad("messages: must be a non-empty array");
@@ -138,7 +139,8 @@ ojson anthropic_to_chat_body(const ojson& body, bool count_only) {
         ojson ts = ojson::array();
         for (size_t i = 0; i < tools->size(); ++i) {
             const ojson& t = (*tools)[i];
-            if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) bad(fmt::format("tools.{}.name: Field required", i));
+            if (!t.is_object() || !t.contains("name") || !t["name"].is_string())
+                bad(fmt::format("tools.{}.name: Field required", i));
             const ojson* schema = field(t, "input_schema");
             if (!schema) bad(fmt::format("tools.{}.input_schema: Field required", i));
             ojson f = {{"name", t["name"]}};
@@ -162,7 +164,8 @@ ojson anthropic_to_chat_body(const ojson& body, bool count_only) {
         if (tc->value("disable_parallel_tool_use", false)) out["parallel_tool_calls"] = false;
     }
     if (const ojson* th = field(body, "thinking")) {
-        if (!th->is_object() || !th->contains("type") || !(*th)["type"].is_string()) bad("thinking: must be an object with a 'type'");
+        if (!th->is_object() || !th->contains("type") || !(*th)["type"].is_string())
+            bad("thinking: must be an object with a 'type'");
         const std::string type = (*th)["type"].get<std::string>();
         if (type == "enabled") {
             const ojson* b = field(*th, "budget_tokens");
@@ -197,7 +200,8 @@ ojson anthropic_to_chat_body(const ojson& body, bool count_only) {
         if (!ss->empty()) out["stop"] = *ss;
     }
     if (const ojson* t = field(body, "temperature")) {
-        if (!t->is_number() || t->get<double>() < 0.0 || t->get<double>() > 1.0) bad("temperature: must be a number within [0, 1]");
+        if (!t->is_number() || t->get<double>() < 0.0 || t->get<double>() > 1.0)
+            bad("temperature: must be a number within [0, 1]");
         out["temperature"] = *t;
     }
     for (const char* key : {"top_p", "top_k", "stream"})
@@ -218,7 +222,8 @@ void AnthropicBlocks::open(Kind k, std::string* sse, const std::string& id, cons
     if (k == Kind::thinking) cb = {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}};
     else if (k == Kind::text) cb = {{"type", "text"}, {"text", ""}};
     else cb = {{"type", "tool_use"}, {"id", id}, {"name", name}, {"input", ojson::object()}};
-    *sse += sse_event("content_block_start", {{"type", "content_block_start"}, {"index", blocks_.size() - 1}, {"content_block", cb}});
+    *sse += sse_event("content_block_start",
+                      {{"type", "content_block_start"}, {"index", blocks_.size() - 1}, {"content_block", cb}});
 }
 
 void AnthropicBlocks::close(std::string* sse) {
@@ -229,7 +234,9 @@ void AnthropicBlocks::close(std::string* sse) {
 
 void AnthropicBlocks::add(const ParseEvent& e, std::string* sse) {
     auto delta = [&](const ojson& d) {
-        if (sse) *sse += sse_event("content_block_delta", {{"type", "content_block_delta"}, {"index", blocks_.size() - 1}, {"delta", d}});
+        if (sse)
+            *sse += sse_event("content_block_delta",
+                              {{"type", "content_block_delta"}, {"index", blocks_.size() - 1}, {"delta", d}});
     };
     switch (e.kind) {
     case ParseEvent::Kind::reasoning:

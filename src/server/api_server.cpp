@@ -23,7 +23,10 @@ using json = nlohmann::json;
 namespace {
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-int64_t unix_now() { return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count(); }
+int64_t unix_now() {
+    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
 
 std::string random_id(const char* prefix) {
     static std::atomic<uint64_t> counter{0};
@@ -90,7 +93,8 @@ void merge_tool_calls(json& into, const json& add) {
             }
             json& f = (*same)["function"];
             for (auto& [fk, fv] : v.items())
-                if (fk == "arguments" && f.contains("arguments")) f["arguments"] = f["arguments"].get<std::string>() + fv.get<std::string>();
+                if (fk == "arguments" && f.contains("arguments"))
+                    f["arguments"] = f["arguments"].get<std::string>() + fv.get<std::string>();
                 else f[fk] = fv;
         }
     }
@@ -132,14 +136,18 @@ struct ApiServer::Impl {
         route("POST", "/v1/chat/completions", [this](const HttpRequest& q, HttpResponse& r) { chat(q, r); });
         route("POST", "/generate", [this](const HttpRequest& q, HttpResponse& r) { generate(q, r); });
         route("POST", "/v1/messages", [this](const HttpRequest& q, HttpResponse& r) { messages(q, r); }, true, true);
-        route("POST", "/v1/messages/count_tokens", [this](const HttpRequest& q, HttpResponse& r) { count_tokens(q, r); }, true, true);
+        route(
+            "POST", "/v1/messages/count_tokens", [this](const HttpRequest& q, HttpResponse& r) { count_tokens(q, r); },
+            true, true);
     }
 
     static HttpServerOptions make_http_options(const ApiOptions& o) {
         HttpServerOptions h;
         h.max_body_bytes = o.max_body_bytes;
         h.error_body = [](int status) {
-            if (status == 413) return dump(error_json("the request body is too large", "invalid_request_error", "", "request_too_large"));
+            if (status == 413)
+                return dump(
+                    error_json("the request body is too large", "invalid_request_error", "", "request_too_large"));
             if (status == 404) return dump(error_json("no such route", "invalid_request_error", "", "not_found"));
             return dump(error_json(fmt::format("HTTP {}", status), "invalid_request_error", "", ""));
         };
@@ -148,7 +156,8 @@ struct ApiServer::Impl {
 
     // `anthropic`: errors in Anthropic's shape ({"type": "error", "error": {"type", "message"}}), and the
     // key may also come as "x-api-key".
-    void route(const std::string& method, const std::string& path, HttpHandler h, bool auth = true, bool anthropic = false) {
+    void route(const std::string& method, const std::string& path, HttpHandler h, bool auth = true,
+               bool anthropic = false) {
         http.route(method, path, [this, h, auth, anthropic](const HttpRequest& q, HttpResponse& r) {
             auto error = [&](const ApiError& e) {
                 if (!anthropic) return set_error(r, e);
@@ -164,7 +173,8 @@ struct ApiServer::Impl {
             } catch (const ApiError& e) {
                 error(e);
             } catch (const RequestError& e) {
-                error(ApiError(400, anthropic && !e.param().empty() ? e.param() + ": " + e.what() : e.what(), e.param()));
+                error(
+                    ApiError(400, anthropic && !e.param().empty() ? e.param() + ": " + e.what() : e.what(), e.param()));
             } catch (const QueueFullError& e) {
                 error(ApiError(anthropic ? 529 : 429, e.what(), "", "rate_limit_exceeded", "queue_full"));
             } catch (const std::exception& e) {
@@ -191,8 +201,10 @@ struct ApiServer::Impl {
         if (!it->is_string()) throw ApiError(400, "'model' must be a string", "model");
         const auto name = it->get<std::string>();
         if (!name.empty() && name != opts.served_model_name)
-            throw ApiError(400, fmt::format("the model '{}' does not exist (this server serves '{}')", name, opts.served_model_name),
-                           "model", "invalid_request_error", "model_not_found");
+            throw ApiError(
+                400,
+                fmt::format("the model '{}' does not exist (this server serves '{}')", name, opts.served_model_name),
+                "model", "invalid_request_error", "model_not_found");
     }
 
     std::shared_ptr<RequestStream> submit(std::vector<int32_t> ids, GenerationParams g, const char* param) {
@@ -209,8 +221,8 @@ struct ApiServer::Impl {
 
     // Compiles a request's constraint here, on the HTTP thread (cached), so the engine loop never waits
     // on it; errors (bad syntax, unsupported schema features) are 400s naming `param`.
-    std::shared_ptr<const grammar::CompiledGrammar> compile_constraint(const std::optional<grammar::ConstraintSpec>& spec,
-                                                                       const std::string& param) {
+    std::shared_ptr<const grammar::CompiledGrammar> compile_constraint(
+        const std::optional<grammar::ConstraintSpec>& spec, const std::string& param) {
         if (!spec) return nullptr;
         try {
             return structured.compile(*spec);
@@ -230,13 +242,15 @@ struct ApiServer::Impl {
             throw ApiError(400, e.what(), "response_format");
         }
         // Keep the schema's own key order (properties are generated in schema order).
-        if (spec && spec->kind == grammar::ConstraintKind::kJsonSchema) spec->text = (*it)["json_schema"]["schema"].dump();
+        if (spec && spec->kind == grammar::ConstraintKind::kJsonSchema)
+            spec->text = (*it)["json_schema"]["schema"].dump();
         return spec;
     }
 
     // tool_choice required / a named function: the DSML grammar of the allowed calls (nullptr otherwise).
     std::shared_ptr<const grammar::CompiledGrammar> tool_choice_grammar(const ChatRequest& req) {
-        if (req.tool_choice.mode != ToolChoiceMode::required && req.tool_choice.mode != ToolChoiceMode::named) return nullptr;
+        if (req.tool_choice.mode != ToolChoiceMode::required && req.tool_choice.mode != ToolChoiceMode::named)
+            return nullptr;
         const std::string key = tool_call_grammar_key(req, opts.chat_format);
         try {
             return structured.compile_tool_calls(key, [&] { return tool_call_grammar(req, opts.chat_format); });
@@ -285,12 +299,16 @@ struct ApiServer::Impl {
                     if (!x.is_number_integer()) throw ApiError(400, "token id prompts must hold integers", "prompt");
                     int64_t v = x.get<int64_t>();
                     if (v < 0 || v >= limits.vocab)
-                        throw ApiError(400, fmt::format("prompt token id {} is outside the vocabulary (0..{})", v, limits.vocab - 1), "prompt");
+                        throw ApiError(
+                            400,
+                            fmt::format("prompt token id {} is outside the vocabulary (0..{})", v, limits.vocab - 1),
+                            "prompt");
                     ids.push_back(static_cast<int32_t>(v));
                 }
                 prompts.push_back(std::move(ids));
             } else {
-                throw ApiError(400, "'prompt' must be a string, an array of strings or an array of token ids", "prompt");
+                throw ApiError(400, "'prompt' must be a string, an array of strings or an array of token ids",
+                               "prompt");
             }
         };
         if (it->is_array() && !it->empty() && !(*it)[0].is_number()) {
@@ -300,7 +318,8 @@ struct ApiServer::Impl {
         }
         if (prompts.empty()) throw ApiError(400, "'prompt' must not be empty", "prompt");
         GenerationParams g = read_generation_params(body, limits);
-        if (!body.contains("max_tokens") && !body.contains("max_completion_tokens")) g.max_new_tokens = std::min<int64_t>(g.max_new_tokens, 16);
+        if (!body.contains("max_tokens") && !body.contains("max_completion_tokens"))
+            g.max_new_tokens = std::min<int64_t>(g.max_new_tokens, 16);
         const int n = static_cast<int>(get_int(body, "n", 1, 128).value_or(1));
         if (auto lp = get_int(body, "logprobs", 0, 20)) {
             g.logprobs = true;
@@ -334,7 +353,8 @@ struct ApiServer::Impl {
                 tokens.push_back(t.text);
                 lps.push_back(t.logprob);
                 json top = json::object();
-                for (auto& x : t.top) top[tok.is_valid(x.id) ? tok.token_bytes(x.id) : std::to_string(x.id)] = x.logprob;
+                for (auto& x : t.top)
+                    top[tok.is_valid(x.id) ? tok.token_bytes(x.id) : std::to_string(x.id)] = x.logprob;
                 tops.push_back(top);
                 offs.push_back(off);
                 off += t.text.size();
@@ -373,7 +393,11 @@ struct ApiServer::Impl {
                 json c = {{"index", i}, {"text", d.text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
                 if (want_lp && !d.tokens.empty()) c["logprobs"] = lp_json(d.tokens, 0);
                 if (d.finished) c["finish_reason"] = finish_name(d);
-                return json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model}, {"choices", json::array({c})}};
+                return json{{"id", id},
+                            {"object", "text_completion"},
+                            {"created", created},
+                            {"model", model},
+                            {"choices", json::array({c})}};
             }, [&](const std::vector<RequestDelta>& totals) {
                 if (!include_usage) return json();
                 int64_t p = 0, c = 0, k = 0;
@@ -400,7 +424,8 @@ struct ApiServer::Impl {
         const auto deadline = std::chrono::steady_clock::now() + budget;
         for (size_t i = 0; i < streams.size(); ++i)
             while (!acc[i].finished) {
-                auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+                auto left =
+                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
                 if (left.count() <= 0) return false;
                 streams[i]->wait_for(acc[i], left);
             }
@@ -433,7 +458,8 @@ struct ApiServer::Impl {
     // Streams several requests as SSE: one event per delta, a usage event, then [DONE]. A failed write
     // (client gone) cancels every request at once.
     template <typename ChunkFn, typename UsageFn>
-    void pump(const std::vector<std::shared_ptr<RequestStream>>& streams, const ChunkWriter& write, ChunkFn chunk, UsageFn usage) {
+    void pump(const std::vector<std::shared_ptr<RequestStream>>& streams, const ChunkWriter& write, ChunkFn chunk,
+              UsageFn usage) {
         std::vector<RequestDelta> totals(streams.size());
         std::vector<bool> done(streams.size(), false);
         size_t left = streams.size();
@@ -495,16 +521,20 @@ struct ApiServer::Impl {
         // Thinking is off by default; chat_template_kwargs.thinking (SGLang) or a reasoning_effort other
         // than "none" turns it on, unless the request's own thinking object says otherwise.
         if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null()) {
-            if (!it->is_object()) throw ApiError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
+            if (!it->is_object())
+                throw ApiError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
             for (const char* key : {"thinking", "enable_thinking"}) {
                 auto t = it->find(key);
                 if (t == it->end() || t->is_null()) continue;
-                if (!t->is_boolean()) throw ApiError(400, fmt::format("'chat_template_kwargs.{}' must be a boolean", key), fmt::format("chat_template_kwargs.{}", key));
+                if (!t->is_boolean())
+                    throw ApiError(400, fmt::format("'chat_template_kwargs.{}' must be a boolean", key),
+                                   fmt::format("chat_template_kwargs.{}", key));
                 if (!body.contains("thinking")) body["thinking"] = {{"type", t->get<bool>() ? "enabled" : "disabled"}};
             }
         }
         if (auto it = body.find("reasoning_effort"); it != body.end() && !body.contains("thinking") &&
-                                                     !(it->is_string() && it->get<std::string>() == "none") && !it->is_null())
+                                                     !(it->is_string() && it->get<std::string>() == "none") &&
+                                                     !it->is_null())
             body["thinking"] = {{"type", "enabled"}};
         RequestOptions ropts;
         ropts.default_thinking = opts.default_thinking;
@@ -515,17 +545,21 @@ struct ApiServer::Impl {
         g.top_logprobs = req.top_logprobs.value_or(0);
         const int n = static_cast<int>(get_int(body, "n", 1, 128).value_or(1));
         std::optional<grammar::ConstraintSpec> spec;
-        if (req.response_format.type == ResponseFormatType::json_object) spec = grammar::ConstraintSpec{grammar::ConstraintKind::kJsonObject, ""};
+        if (req.response_format.type == ResponseFormatType::json_object)
+            spec = grammar::ConstraintSpec{grammar::ConstraintKind::kJsonObject, ""};
         if (req.response_format.type == ResponseFormatType::json_schema)
             spec = grammar::ConstraintSpec{grammar::ConstraintKind::kJsonSchema, req.response_format.schema.dump()};
         // The grammar constrains the whole output, so it cannot follow a reasoning block: a constrained
         // request must turn thinking off.
         if (spec && req.thinking)
-            throw ApiError(400, "response_format cannot be combined with thinking: turn thinking off (thinking: {type: disabled})",
-                           "response_format");
+            throw ApiError(
+                400, "response_format cannot be combined with thinking: turn thinking off (thinking: {type: disabled})",
+                "response_format");
         auto grammar = compile_constraint(spec, "response_format");
         if (auto tg = tool_choice_grammar(req)) {
-            if (grammar) throw ApiError(400, "response_format cannot be combined with tool_choice required or a named function", "response_format");
+            if (grammar)
+                throw ApiError(400, "response_format cannot be combined with tool_choice required or a named function",
+                               "response_format");
             grammar = std::move(tg);
         }
         std::vector<std::shared_ptr<RequestStream>> streams;
@@ -548,44 +582,57 @@ struct ApiServer::Impl {
         const std::string model = opts.served_model_name;
         if (!req.stream) {
             const bool want_lp = g.logprobs;
-            respond_when_done(res, streams, [this, popts, with_reasoning, id, created, model, want_lp](std::vector<RequestDelta>& ds) {
-                json choices = json::array();
-                int64_t completion = 0;
-                for (size_t i = 0; i < ds.size(); ++i) {
-                    const RequestDelta& d = ds[i];
-                    if (d.finish == FinishReason::error) throw ApiError(500, d.error, "", "server_error");
-                    OutputParser parser(popts);
-                    AssistantMessage msg(with_reasoning);
-                    msg.add(parser.push(d.text));
-                    msg.add(parser.finish());
-                    json c = {{"index", i}, {"message", msg.to_openai_json()}, {"logprobs", nullptr},
-                              {"finish_reason", msg.finish_reason(finish_name(d))}};
-                    if (!d.matched_stop.empty()) c["matched_stop"] = d.matched_stop;
-                    if (want_lp) {
-                        json content = json::array();
-                        for (auto& t : d.tokens) content.push_back(chat_logprob(t));
-                        c["logprobs"] = json{{"content", content}};
+            respond_when_done(
+                res, streams,
+                [this, popts, with_reasoning, id, created, model, want_lp](std::vector<RequestDelta>& ds) {
+                    json choices = json::array();
+                    int64_t completion = 0;
+                    for (size_t i = 0; i < ds.size(); ++i) {
+                        const RequestDelta& d = ds[i];
+                        if (d.finish == FinishReason::error) throw ApiError(500, d.error, "", "server_error");
+                        OutputParser parser(popts);
+                        AssistantMessage msg(with_reasoning);
+                        msg.add(parser.push(d.text));
+                        msg.add(parser.finish());
+                        json c = {{"index", i},
+                                  {"message", msg.to_openai_json()},
+                                  {"logprobs", nullptr},
+                                  {"finish_reason", msg.finish_reason(finish_name(d))}};
+                        if (!d.matched_stop.empty()) c["matched_stop"] = d.matched_stop;
+                        if (want_lp) {
+                            json content = json::array();
+                            for (auto& t : d.tokens) content.push_back(chat_logprob(t));
+                            c["logprobs"] = json{{"content", content}};
+                        }
+                        choices.push_back(c);
+                        completion += d.completion_tokens;
                     }
-                    choices.push_back(c);
-                    completion += d.completion_tokens;
-                }
-                return dump(json{{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", model},
-                                 {"choices", choices},
-                                 {"usage", usage_json(ds[0].prompt_tokens, completion, ds[0].cached_tokens)}});
-            });
+                    return dump(json{{"id", id},
+                                     {"object", "chat.completion"},
+                                     {"created", created},
+                                     {"model", model},
+                                     {"choices", choices},
+                                     {"usage", usage_json(ds[0].prompt_tokens, completion, ds[0].cached_tokens)}});
+                });
             return;
         }
         res.content_type = "text/event-stream";
         const bool include_usage = req.include_usage, want_lp = g.logprobs;
-        res.stream = [this, streams, popts, with_reasoning, id, created, model, include_usage, want_lp](const ChunkWriter& write) {
+        res.stream = [this, streams, popts, with_reasoning, id, created, model, include_usage,
+                      want_lp](const ChunkWriter& write) {
             std::vector<std::unique_ptr<OutputParser>> parsers;
             std::vector<std::unique_ptr<AssistantMessage>> msgs;
             for (size_t i = 0; i < streams.size(); ++i) {
                 parsers.push_back(std::make_unique<OutputParser>(popts));
                 msgs.push_back(std::make_unique<AssistantMessage>(with_reasoning));
-                json role = {{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
-                             {"choices", json::array({json{{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                                           {"logprobs", nullptr}, {"finish_reason", nullptr}}})}};
+                json role = {{"id", id},
+                             {"object", "chat.completion.chunk"},
+                             {"created", created},
+                             {"model", model},
+                             {"choices", json::array({json{{"index", i},
+                                                           {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                                           {"logprobs", nullptr},
+                                                           {"finish_reason", nullptr}}})}};
                 if (!write("data: " + dump(role) + "\n\n")) {
                     for (auto& s : streams) s->cancel();
                     return;
@@ -603,8 +650,10 @@ struct ApiServer::Impl {
                     json od = openai_delta(e);
                     if (od.is_null()) continue;
                     for (auto& [k, v] : od.items()) {
-                        if (v.is_string() && delta.contains(k) && delta[k].is_string()) delta[k] = delta[k].get<std::string>() + v.get<std::string>();
-                        else if (v.is_array() && delta.contains(k) && delta[k].is_array()) merge_tool_calls(delta[k], v);
+                        if (v.is_string() && delta.contains(k) && delta[k].is_string())
+                            delta[k] = delta[k].get<std::string>() + v.get<std::string>();
+                        else if (v.is_array() && delta.contains(k) && delta[k].is_array())
+                            merge_tool_calls(delta[k], v);
                         else delta[k] = v;
                     }
                 }
@@ -662,7 +711,8 @@ struct ApiServer::Impl {
 
     // stop_reason and stop_sequence of a finished request.
     static std::pair<std::string, json> anthropic_stop(const RequestDelta& d, const OutputParser& parser,
-                                                       const AnthropicBlocks& blocks, const std::vector<std::string>& stops) {
+                                                       const AnthropicBlocks& blocks,
+                                                       const std::vector<std::string>& stops) {
         if (blocks.has_tool_use()) return {"tool_use", nullptr};
         if (!d.matched_stop.empty() && std::find(stops.begin(), stops.end(), d.matched_stop) != stops.end())
             return {"stop_sequence", d.matched_stop};
@@ -706,9 +756,15 @@ struct ApiServer::Impl {
             RequestDelta total;
             total.prompt_tokens = prompt_tokens;
             ojson start = {{"type", "message_start"},
-                           {"message", {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", model},
-                                        {"content", ojson::array()}, {"stop_reason", nullptr}, {"stop_sequence", nullptr},
-                                        {"usage", anthropic_usage(total)}}}};
+                           {"message",
+                            {{"id", id},
+                             {"type", "message"},
+                             {"role", "assistant"},
+                             {"model", model},
+                             {"content", ojson::array()},
+                             {"stop_reason", nullptr},
+                             {"stop_sequence", nullptr},
+                             {"usage", anthropic_usage(total)}}}};
             if (!write(sse_event("message_start", start))) return s->cancel();
             for (;;) {
                 RequestDelta d;
@@ -751,10 +807,12 @@ struct ApiServer::Impl {
         std::vector<int32_t> ids;
         if (body.contains("input_ids") && !body["input_ids"].is_null()) {
             const auto& a = body["input_ids"];
-            if (!a.is_array() || a.empty()) throw ApiError(400, "'input_ids' must be a non-empty array of token ids", "input_ids");
+            if (!a.is_array() || a.empty())
+                throw ApiError(400, "'input_ids' must be a non-empty array of token ids", "input_ids");
             for (auto& x : a) {
                 if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= limits.vocab)
-                    throw ApiError(400, fmt::format("'input_ids' must hold token ids below {}", limits.vocab), "input_ids");
+                    throw ApiError(400, fmt::format("'input_ids' must hold token ids below {}", limits.vocab),
+                                   "input_ids");
                 ids.push_back(x.get<int32_t>());
             }
         } else if (body.contains("text") && body["text"].is_string()) {
@@ -779,15 +837,20 @@ struct ApiServer::Impl {
         std::string cparam = "sampling_params";
         if (spec) {
             cparam += std::string(".") + grammar::constraint_kind_name(spec->kind);
-            if (spec->kind == grammar::ConstraintKind::kJsonSchema && sp["json_schema"].is_object()) spec->text = sp["json_schema"].dump();
+            if (spec->kind == grammar::ConstraintKind::kJsonSchema && sp["json_schema"].is_object())
+                spec->text = sp["json_schema"].dump();
         }
         constrain(g, compile_constraint(spec, cparam));
         const bool stream = get_bool(body, "stream").value_or(false);
         auto s = submit(ids, g, "input_ids");
-        const std::string rid = body.contains("rid") && body["rid"].is_string() ? body["rid"].get<std::string>() : random_id("");
+        const std::string rid =
+            body.contains("rid") && body["rid"].is_string() ? body["rid"].get<std::string>() : random_id("");
         const auto t0 = std::chrono::steady_clock::now();
-        auto result = [rid, t0, this](const RequestDelta& total, const std::string& text, const std::vector<int32_t>& out_ids, bool logprob) {
-            json meta = {{"id", rid}, {"prompt_tokens", total.prompt_tokens}, {"completion_tokens", total.completion_tokens},
+        auto result = [rid, t0, this](const RequestDelta& total, const std::string& text,
+                                      const std::vector<int32_t>& out_ids, bool logprob) {
+            json meta = {{"id", rid},
+                         {"prompt_tokens", total.prompt_tokens},
+                         {"completion_tokens", total.completion_tokens},
                          {"cached_tokens", total.cached_tokens},
                          {"e2e_latency", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
             meta["finish_reason"] = total.finished ? json{{"type", finish_name(total)}} : json(nullptr);

@@ -54,8 +54,8 @@ std::unique_ptr<httplib::Client> client(const Url& u, const std::string& key) {
     return c;
 }
 
-Outcome one_request(const Url& u, const BenchServeOptions& o, const std::string& model, const std::vector<int32_t>& prompt,
-                    int out_len) {
+Outcome one_request(const Url& u, const BenchServeOptions& o, const std::string& model,
+                    const std::vector<int32_t>& prompt, int out_len) {
     Outcome r;
     r.prompt_len = static_cast<int64_t>(prompt.size());
     json body = {{"model", model}, {"prompt", prompt}, {"max_tokens", out_len}, {"temperature", 0.0},
@@ -85,7 +85,8 @@ Outcome one_request(const Url& u, const BenchServeOptions& o, const std::string&
                 r.error = j["error"].value("message", "error");
                 continue;
             }
-            if (j.contains("usage") && j["usage"].is_object()) r.output_tokens = j["usage"].value("completion_tokens", 0);
+            if (j.contains("usage") && j["usage"].is_object())
+                r.output_tokens = j["usage"].value("completion_tokens", 0);
             if (j.contains("choices") && !j["choices"].empty()) {
                 const auto now = Clock::now();
                 if (first) {
@@ -123,7 +124,10 @@ json summary_ms(const std::vector<double>& secs, bool extra) {
     mean = secs.empty() ? 0 : mean / static_cast<double>(secs.size());
     for (double x : secs) sd += (x - mean) * (x - mean);
     sd = secs.empty() ? 0 : std::sqrt(sd / static_cast<double>(secs.size()));
-    json j = {{"mean", mean * 1e3}, {"median", percentile(secs, 50) * 1e3}, {"std", sd * 1e3}, {"p99", percentile(secs, 99) * 1e3}};
+    json j = {{"mean", mean * 1e3},
+              {"median", percentile(secs, 50) * 1e3},
+              {"std", sd * 1e3},
+              {"p99", percentile(secs, 99) * 1e3}};
     if (extra) {
         j["p95"] = percentile(secs, 95) * 1e3;
         j["max"] = secs.empty() ? 0.0 : *std::max_element(secs.begin(), secs.end()) * 1e3;
@@ -139,10 +143,12 @@ json run_bench_serve(const BenchServeOptions& o) {
     auto models = c->Get("/v1/models");
     if (!models || models->status != 200) fail("bench serve: GET {}/v1/models failed", o.url);
     json mj = json::parse(models->body, nullptr, false);
-    PEREGRINE_CHECK(mj.is_object() && mj.contains("data") && !mj["data"].empty(), "bench serve: {} lists no model", o.url);
+    PEREGRINE_CHECK(mj.is_object() && mj.contains("data") && !mj["data"].empty(), "bench serve: {} lists no model",
+                    o.url);
     const std::string model = o.model.empty() ? mj["data"][0].value("id", "") : o.model;
     int vocab = o.vocab > 0 ? o.vocab : mj["data"][0].value("vocab_size", 256);
-    PEREGRINE_CHECK(o.num_prompts > 0 && o.input_len > 0 && o.output_len > 0, "bench serve: lengths and prompt count must be positive");
+    PEREGRINE_CHECK(o.num_prompts > 0 && o.input_len > 0 && o.output_len > 0,
+                    "bench serve: lengths and prompt count must be positive");
 
     std::mt19937_64 rng(o.seed);
     auto len = [&](int full) {
@@ -248,7 +254,8 @@ std::string bench_serve_table(const json& r) {
     head(" Serving Benchmark Result ");
     line("Backend:", r["backend"].get<std::string>());
     line("Traffic request rate:", r["request_rate"].is_string() ? "inf" : num(r["request_rate"].get<double>()));
-    line("Max request concurrency:", r["max_concurrency"].is_null() ? "not set" : std::to_string(r["max_concurrency"].get<int>()));
+    line("Max request concurrency:",
+         r["max_concurrency"].is_null() ? "not set" : std::to_string(r["max_concurrency"].get<int>()));
     line("Successful requests:", std::to_string(r["completed"].get<int64_t>()));
     line("Failed requests:", std::to_string(r["failed"].get<int64_t>()));
     line("Benchmark duration (s):", num(r["duration"]));

@@ -5,9 +5,10 @@
 namespace peregrine {
 
 namespace {
-void metric(std::string& out, const char* name, const char* type, const char* help, const std::string& labels, double v) {
-    out += fmt::format("# HELP peregrine:{} {}\n# TYPE peregrine:{} {}\nperegrine:{}{{{}}} {}\n", name, help, name, type,
-                       name, labels, v);
+void metric(std::string& out, const char* name, const char* type, const char* help, const std::string& labels,
+            double v) {
+    out += fmt::format("# HELP peregrine:{} {}\n# TYPE peregrine:{} {}\nperegrine:{}{{{}}} {}\n", name, help, name,
+                       type, name, labels, v);
 }
 void histogram(std::string& out, const char* name, const char* help, const std::string& labels, const Histogram& h) {
     out += fmt::format("# HELP peregrine:{} {}\n# TYPE peregrine:{} histogram\n", name, help, name);
@@ -17,32 +18,45 @@ void histogram(std::string& out, const char* name, const char* help, const std::
         std::string le = i < h.bounds.size() ? fmt::format("{}", h.bounds[i]) : "+Inf";
         out += fmt::format("peregrine:{}_bucket{{{},le=\"{}\"}} {}\n", name, labels, le, acc);
     }
-    out += fmt::format("peregrine:{}_sum{{{}}} {}\nperegrine:{}_count{{{}}} {}\n", name, labels, h.sum, name, labels, h.count);
+    out += fmt::format("peregrine:{}_sum{{{}}} {}\nperegrine:{}_count{{{}}} {}\n", name, labels, h.sum, name, labels,
+                       h.count);
 }
 }  // namespace
 
 std::string prometheus_text(const EngineStats& s, const std::string& model_name) {
     const std::string l = fmt::format("model_name=\"{}\"", model_name);
     std::string o;
-    metric(o, "prompt_tokens_total", "counter", "Prompt tokens processed.", l, static_cast<double>(s.prompt_tokens_total));
-    metric(o, "generation_tokens_total", "counter", "Tokens generated.", l, static_cast<double>(s.generation_tokens_total));
-    metric(o, "cached_tokens_total", "counter", "Prompt tokens served from the prefix cache.", l, static_cast<double>(s.cached_tokens_total));
+    metric(o, "prompt_tokens_total", "counter", "Prompt tokens processed.", l,
+           static_cast<double>(s.prompt_tokens_total));
+    metric(o, "generation_tokens_total", "counter", "Tokens generated.", l,
+           static_cast<double>(s.generation_tokens_total));
+    metric(o, "cached_tokens_total", "counter", "Prompt tokens served from the prefix cache.", l,
+           static_cast<double>(s.cached_tokens_total));
     metric(o, "num_requests_total", "counter", "Requests accepted.", l, static_cast<double>(s.requests_total));
-    metric(o, "num_finished_requests_total", "counter", "Requests finished.", l, static_cast<double>(s.requests_finished));
-    metric(o, "num_aborted_requests_total", "counter", "Requests aborted (client gone).", l, static_cast<double>(s.requests_aborted));
-    metric(o, "num_rejected_requests_total", "counter", "Requests refused with a full queue.", l, static_cast<double>(s.requests_rejected));
-    metric(o, "num_preemptions_total", "counter", "Running requests preempted for memory.", l, static_cast<double>(s.preemptions_total));
-    metric(o, "num_overlapped_steps_total", "counter", "Forward steps enqueued while the previous one ran (overlapped schedule).", l,
+    metric(o, "num_finished_requests_total", "counter", "Requests finished.", l,
+           static_cast<double>(s.requests_finished));
+    metric(o, "num_aborted_requests_total", "counter", "Requests aborted (client gone).", l,
+           static_cast<double>(s.requests_aborted));
+    metric(o, "num_rejected_requests_total", "counter", "Requests refused with a full queue.", l,
+           static_cast<double>(s.requests_rejected));
+    metric(o, "num_preemptions_total", "counter", "Running requests preempted for memory.", l,
+           static_cast<double>(s.preemptions_total));
+    metric(o, "num_overlapped_steps_total", "counter",
+           "Forward steps enqueued while the previous one ran (overlapped schedule).", l,
            static_cast<double>(s.steps_overlapped));
     metric(o, "num_running_reqs", "gauge", "Requests running.", l, static_cast<double>(s.running));
     metric(o, "num_queue_reqs", "gauge", "Requests waiting.", l, static_cast<double>(s.queued));
     metric(o, "num_used_tokens", "gauge", "Tokens of state held by live requests.", l,
            static_cast<double>((s.pages_used - s.pages_evictable) * s.page_tokens));
-    metric(o, "max_total_num_tokens", "gauge", "Tokens of state the page pool holds.", l, static_cast<double>(s.pages_total * s.page_tokens));
-    metric(o, "num_used_pages", "gauge", "State pages in use (live requests and prefix cache).", l, static_cast<double>(s.pages_used));
-    metric(o, "num_cached_pages", "gauge", "State pages owned by the prefix cache.", l, static_cast<double>(s.pages_cached));
+    metric(o, "max_total_num_tokens", "gauge", "Tokens of state the page pool holds.", l,
+           static_cast<double>(s.pages_total * s.page_tokens));
+    metric(o, "num_used_pages", "gauge", "State pages in use (live requests and prefix cache).", l,
+           static_cast<double>(s.pages_used));
+    metric(o, "num_cached_pages", "gauge", "State pages owned by the prefix cache.", l,
+           static_cast<double>(s.pages_cached));
     metric(o, "token_usage", "gauge", "Fraction of state pages held by live requests.", l, s.token_usage);
-    metric(o, "cache_hit_rate", "gauge", "Prompt tokens served from the prefix cache / prompt tokens.", l, s.cache_hit_rate);
+    metric(o, "cache_hit_rate", "gauge", "Prompt tokens served from the prefix cache / prompt tokens.", l,
+           s.cache_hit_rate);
     metric(o, "gen_throughput", "gauge", "Generated tokens per second (recent).", l, s.gen_throughput);
     histogram(o, "time_to_first_token_seconds", "Time to first token.", l, s.ttft);
     histogram(o, "inter_token_latency_seconds", "Time between consecutive tokens of a request.", l, s.itl);

@@ -24,7 +24,8 @@ const ojson* field(const ojson& o, const std::string& key) {
 }
 }  // namespace
 
-std::optional<double> get_number(const ojson& o, const std::string& key, double lo, double hi, const std::string& prefix) {
+std::optional<double> get_number(const ojson& o, const std::string& key, double lo, double hi,
+                                 const std::string& prefix) {
     const ojson* v = field(o, key);
     if (!v) return std::nullopt;
     if (!v->is_number()) bad(prefix + key, fmt::format("'{}' must be a number", key));
@@ -33,10 +34,12 @@ std::optional<double> get_number(const ojson& o, const std::string& key, double 
     return d;
 }
 
-std::optional<int64_t> get_int(const ojson& o, const std::string& key, int64_t lo, int64_t hi, const std::string& prefix) {
+std::optional<int64_t> get_int(const ojson& o, const std::string& key, int64_t lo, int64_t hi,
+                               const std::string& prefix) {
     const ojson* v = field(o, key);
     if (!v) return std::nullopt;
-    if (!v->is_number_integer() && !(v->is_number_float() && v->get<double>() == static_cast<double>(static_cast<int64_t>(v->get<double>()))))
+    if (!v->is_number_integer() &&
+        !(v->is_number_float() && v->get<double>() == static_cast<double>(static_cast<int64_t>(v->get<double>()))))
         bad(prefix + key, fmt::format("'{}' must be an integer", key));
     int64_t i = v->is_number_integer() ? v->get<int64_t>() : static_cast<int64_t>(v->get<double>());
     if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) i = INT64_MAX;
@@ -68,7 +71,8 @@ GenerationParams read_generation_params(const ojson& body, const ParamLimits& li
         if (*v <= 0.0) bad(prefix + "repetition_penalty", "'repetition_penalty' must be greater than 0");
         s.repetition_penalty = static_cast<float>(*v);
     }
-    if (auto v = get_int(body, "seed", INT64_MIN, INT64_MAX, prefix)) s.seed = *v < 0 ? static_cast<int64_t>(static_cast<uint64_t>(*v) >> 1) : *v;
+    if (auto v = get_int(body, "seed", INT64_MIN, INT64_MAX, prefix))
+        s.seed = *v < 0 ? static_cast<int64_t>(static_cast<uint64_t>(*v) >> 1) : *v;
     if (const ojson* lb = field(body, "logit_bias")) {
         if (!lb->is_object()) bad(prefix + "logit_bias", "'logit_bias' must be an object of token id -> bias");
         for (auto& [k, v] : lb->items()) {
@@ -109,7 +113,8 @@ GenerationParams read_generation_params(const ojson& body, const ParamLimits& li
     if (mt) {
         if (*mt <= 0) bad(prefix + mt_key, fmt::format("'{}' must be at least 1, got {}", mt_key, *mt));
         if (*mt > lim.context_length)
-            bad(prefix + mt_key, fmt::format("'{}' is {} but the context length is {}", mt_key, *mt, lim.context_length));
+            bad(prefix + mt_key,
+                fmt::format("'{}' is {} but the context length is {}", mt_key, *mt, lim.context_length));
         g.max_new_tokens = *mt;
     } else {
         g.max_new_tokens = lim.default_max_tokens > 0 ? lim.default_max_tokens : lim.context_length;

@@ -37,7 +37,8 @@ std::shared_ptr<ScriptedOutput> ScriptedOutput::from_file(const std::string& pat
     if (j.is_discarded() || !j.is_array()) fail("--scripted-output {}: expected a JSON list of strings", path);
     std::deque<std::string> out;
     for (auto& x : j) {
-        if (!x.is_string() || x.get<std::string>().empty()) fail("--scripted-output {}: every entry must be a non-empty string", path);
+        if (!x.is_string() || x.get<std::string>().empty())
+            fail("--scripted-output {}: every entry must be a non-empty string", path);
         out.push_back(x.get<std::string>());
     }
     return std::make_shared<ScriptedOutput>(std::move(out));

@@ -26,7 +26,8 @@ void GrammarLogitProcessor::process(float* logits, int vocab) {
         if (!(mask_[static_cast<size_t>(i) >> 5] >> (i & 31) & 1u)) logits[i] = -INFINITY;
     for (int i = width; i < vocab; ++i) logits[i] = -INFINITY;
     const int64_t remaining = max_new_tokens_ - generated_;  // tokens left, this one included
-    if (remaining <= static_cast<int64_t>(matcher_.min_bytes_to_end()) + 1 + steer_margin_) steer(logits, vocab, remaining);
+    if (remaining <= static_cast<int64_t>(matcher_.min_bytes_to_end()) + 1 + steer_margin_)
+        steer(logits, vocab, remaining);
 }
 
 bool GrammarLogitProcessor::feasible(int32_t id, int64_t budget) {
@@ -97,8 +98,8 @@ std::shared_ptr<const CompiledGrammar> StructuredOutput::compile(const grammar::
     return compiler_->compile(spec);
 }
 
-std::shared_ptr<const CompiledGrammar> StructuredOutput::compile_tool_calls(const std::string& key,
-                                                                            const std::function<grammar::Grammar()>& build) {
+std::shared_ptr<const CompiledGrammar> StructuredOutput::compile_tool_calls(
+    const std::string& key, const std::function<grammar::Grammar()>& build) {
     std::call_once(tools_once_, [&] {
         std::vector<int32_t> text_ids;
         if (int32_t dsml = tok_.token_id("｜DSML｜"); dsml >= 0) text_ids.push_back(dsml);

@@ -53,7 +53,8 @@ public:
     std::shared_ptr<const grammar::CompiledGrammar> compile_tool_calls(const std::string& key,
                                                                        const std::function<grammar::Grammar()>& build);
     // A processor for one sequence of a request.
-    std::shared_ptr<LogitProcessor> processor(std::shared_ptr<const grammar::CompiledGrammar> g, int64_t max_new_tokens) const;
+    std::shared_ptr<LogitProcessor> processor(std::shared_ptr<const grammar::CompiledGrammar> g,
+                                              int64_t max_new_tokens) const;
 
 private:
     std::unique_ptr<grammar::GrammarCompiler> make_compiler(const std::vector<int32_t>& text_ids) const;

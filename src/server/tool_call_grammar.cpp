@@ -41,7 +41,9 @@ Built build(const ChatRequest& req, ChatFormat fmt) {
         if (tool->parameters) {
             const ojson& s = *tool->parameters;
             if (!s.is_object() || (s.contains("type") && s["type"] != "object"))
-                throw ApiError(400, fmt::format("tool_choice: the parameters of '{}' must be an object schema", tool->name), "tools");
+                throw ApiError(400,
+                               fmt::format("tool_choice: the parameters of '{}' must be an object schema", tool->name),
+                               "tools");
             const ojson props = s.value("properties", ojson::object());
             std::vector<std::string> required;
             if (s.contains("required") && s["required"].is_array())
@@ -50,8 +52,9 @@ Built build(const ChatRequest& req, ChatFormat fmt) {
             for (auto it = props.begin(); it != props.end(); ++it, ++p) {
                 const std::string arg = fmt::format("args{}_{}", t, p);
                 b.schema_rules[arg] = it.value().dump();
-                std::string param = lit(open + std::string(n.parameter) + " name=\"" + it.key() + "\" string=\"false\">") + " " +
-                                    arg + " " + lit(close + std::string(n.parameter) + ">\n");
+                std::string param =
+                    lit(open + std::string(n.parameter) + " name=\"" + it.key() + "\" string=\"false\">") + " " + arg +
+                    " " + lit(close + std::string(n.parameter) + ">\n");
                 const bool req_ = std::find(required.begin(), required.end(), it.key()) != required.end();
                 body += " " + (req_ ? param : "(" + param + ")?");
                 ++params;
@@ -65,7 +68,8 @@ Built build(const ChatRequest& req, ChatFormat fmt) {
     }
     if (t == 0) throw ApiError(400, "tool_choice requires at least one tool", "tool_choice");
     b.ebnf += "invoke ::= " + invokes + "\n";
-    b.ebnf += std::string("root ::= invoke") + (req.parallel_tool_calls ? "+ " : " ") + lit(close + std::string(n.block) + ">") + "\n";
+    b.ebnf += std::string("root ::= invoke") + (req.parallel_tool_calls ? "+ " : " ") +
+              lit(close + std::string(n.block) + ">") + "\n";
     return b;
 }
 

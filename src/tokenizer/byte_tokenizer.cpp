@@ -16,9 +16,11 @@ std::string byte_tokenizer_json() {
         {"version", "1.0"},
         {"added_tokens", nlohmann::json::array()},
         {"normalizer", nullptr},
-        {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}},
+        {"pre_tokenizer",
+         {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}},
         {"post_processor", nullptr},
-        {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}},
+        {"decoder",
+         {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}},
         {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
     };
     return j.dump();

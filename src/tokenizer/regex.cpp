@@ -12,7 +12,8 @@ namespace {
 // Oniguruma (UTF-8, Ruby syntax) vs PCRE2 with UCP: \s is exactly White_Space (PCRE2's takes
 // U+180E and misses U+0085); \w is L|M|N|Pc; \h is a hex digit; \uHHHH is a code point; \p{X}
 // includes the characters assigned after Unicode 14.
-const char* kSpace = "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
+const char* kSpace =
+    "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
 const char* kHex = "0-9a-fA-F";
 
 // Class body for \p{name}: PCRE2's property plus the code points newer Unicode added to it.
@@ -57,7 +58,8 @@ std::string Regex::translate(std::string_view p) {
         char c = p[i];
         if (c == '\\' && i + 1 < p.size()) {
             char e = p[i + 1];
-            if (e == 'u' && i + 5 < p.size() && is_hex(p[i + 2]) && is_hex(p[i + 3]) && is_hex(p[i + 4]) && is_hex(p[i + 5])) {
+            if (e == 'u' && i + 5 < p.size() && is_hex(p[i + 2]) && is_hex(p[i + 3]) && is_hex(p[i + 4]) &&
+                is_hex(p[i + 5])) {
                 out += "\\x{";
                 out.append(p.substr(i + 2, 4));
                 out += "}";

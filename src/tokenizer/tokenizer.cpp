@@ -110,7 +110,8 @@ Tokenizer Tokenizer::from_json_text(std::string_view text) {
 
     t.token_bytes_.resize(n);
     for (size_t id = 0; id < n; ++id)
-        t.token_bytes_[id] = t.decoder_type_ == "ByteLevel" ? byte_level_decode_token(t.token_text_[id]) : t.token_text_[id];
+        t.token_bytes_[id] =
+            t.decoder_type_ == "ByteLevel" ? byte_level_decode_token(t.token_text_[id]) : t.token_text_[id];
 
     // Post-processor.
     json post = j.value("post_processor", json());

@@ -45,7 +45,8 @@ void seed_sequence_state(uint64_t seed, uint64_t out[4]) {
         v *= hb;
         words[i] = v ^ (v >> 16);
     }
-    for (int i = 0; i < 4; ++i) out[i] = static_cast<uint64_t>(words[2 * i]) | (static_cast<uint64_t>(words[2 * i + 1]) << 32);
+    for (int i = 0; i < 4; ++i)
+        out[i] = static_cast<uint64_t>(words[2 * i]) | (static_cast<uint64_t>(words[2 * i + 1]) << 32);
 }
 
 const unsigned __int128 kMult = (static_cast<unsigned __int128>(2549297995355413924ULL) << 64) + 4865540595714422341ULL;

@@ -176,7 +176,8 @@ TEST(Engine, PreemptionUnderTinyBudgetLosesNothing) {
                 const auto& d = results[static_cast<size_t>(i)];
                 ASSERT_EQ(d.finish, FinishReason::length) << d.error;
                 preempted += d.preemptions;
-                if (i % 2 == 0) EXPECT_EQ(ids_of(d), reference_greedy(m, prompts[static_cast<size_t>(i)], 2 * P - 8 - i)) << fx;
+                if (i % 2 == 0)
+                    EXPECT_EQ(ids_of(d), reference_greedy(m, prompts[static_cast<size_t>(i)], 2 * P - 8 - i)) << fx;
                 else {  // same seed alone in a big pool
                     Engine solo(m, nullptr, opts(64));
                     GenerationParams g = greedy(2 * P - 8 - i);
@@ -224,7 +225,8 @@ TEST(Engine, CancelFreesMemory) {
     s->cancel();
     auto rest = s->wait();
     EXPECT_EQ(rest.finish, FinishReason::abort);
-    for (int i = 0; i < 100 && eng.stats().pages_used != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    for (int i = 0; i < 100 && eng.stats().pages_used != 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
     EXPECT_EQ(eng.stats().pages_used, 0);
     EXPECT_EQ(eng.stats().running, 0);
     EXPECT_EQ(eng.stats().requests_aborted, 1u);
@@ -307,7 +309,8 @@ TEST(Engine, OverlapScheduleGivesTheSameTokens) {
                 if (with_penalised || i != 5) streams.push_back(eng.submit(reqs[i].first, reqs[i].second));
             std::vector<RequestDelta> out;
             for (auto& st : streams) out.push_back(st->wait());
-            for (int i = 0; i < 200 && eng.stats().running != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            for (int i = 0; i < 200 && eng.stats().running != 0; ++i)
+                std::this_thread::sleep_for(std::chrono::milliseconds(5));
             *stats = eng.stats();
             return out;
         };

@@ -25,7 +25,8 @@ struct ScratchModel {
         dir = fs::temp_directory_path() / ("peregrine-test-" + std::to_string(::getpid()) + "-" + name);
         fs::remove_all(dir);
         fs::copy(fixture(name), dir, fs::copy_options::recursive);
-        for (auto& e : fs::recursive_directory_iterator(dir)) fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);
+        for (auto& e : fs::recursive_directory_iterator(dir))
+            fs::permissions(e.path(), fs::perms::owner_write, fs::perm_options::add);
     }
     ~ScratchModel() { fs::remove_all(dir); }
 };
@@ -72,7 +73,8 @@ TEST(Config, ReadsBothReleasedLayouts) {
 }
 
 TEST(Config, RefusesUnknownArchitectures) {
-    std::string msg = error_of([] { parse_model_config(R"({"model_type":"llama","architectures":["LlamaForCausalLM"]})"); });
+    std::string msg =
+        error_of([] { parse_model_config(R"({"model_type":"llama","architectures":["LlamaForCausalLM"]})"); });
     EXPECT_NE(msg.find("unsupported architecture"), std::string::npos) << msg;
     EXPECT_NE(msg.find("llama"), std::string::npos) << msg;
     EXPECT_NE(error_of([] { parse_model_config("{not json"); }).find("not valid JSON"), std::string::npos);
@@ -90,7 +92,8 @@ TEST(Checkpoint, MissingTensorIsNamed) {
 
 TEST(Checkpoint, WrongDtypeAndShapeNameTensorAndFile) {
     ScratchModel m("dsv4-tiny-a");
-    patch_header(m.dir / "model.safetensors", [](nlohmann::json& h) { h["layers.1.attn_norm.weight"]["dtype"] = "F16"; });
+    patch_header(m.dir / "model.safetensors",
+                 [](nlohmann::json& h) { h["layers.1.attn_norm.weight"]["dtype"] = "F16"; });
     std::string msg = error_of([&] { Model::load(m.dir.string()); });
     EXPECT_NE(msg.find("layers.1.attn_norm.weight"), std::string::npos) << msg;
     EXPECT_NE(msg.find("model.safetensors"), std::string::npos) << msg;

@@ -21,7 +21,8 @@ struct SeqLogits {
 inline std::vector<std::vector<int32_t>> parallel_prompts(const std::string& fx) {
     auto ids = read_ids(fixture_dir(fx) + "/cases/prefill.ids");
     EXPECT_GE(ids.size(), 48u);
-    return {std::vector<int32_t>(ids.begin(), ids.begin() + 37), std::vector<int32_t>(ids.begin() + 5, ids.begin() + 20),
+    return {std::vector<int32_t>(ids.begin(), ids.begin() + 37),
+            std::vector<int32_t>(ids.begin() + 5, ids.begin() + 20),
             std::vector<int32_t>(ids.begin() + 11, ids.begin() + 48)};
 }
 

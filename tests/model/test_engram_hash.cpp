@@ -19,7 +19,8 @@ TEST(EngramHash, MatchesOfficialRows) {
     for (size_t p = 0; p < ids.size(); ++p)
         for (size_t l = 0; l < L; ++l) {
             engram_rows(t, static_cast<int>(l), ids, static_cast<int64_t>(p), row.data());
-            for (size_t c = 0; c < nc; ++c) ASSERT_EQ(row[c], golden[(p * L + l) * nc + c]) << "pos " << p << " layer " << l;
+            for (size_t c = 0; c < nc; ++c)
+                ASSERT_EQ(row[c], golden[(p * L + l) * nc + c]) << "pos " << p << " layer " << l;
         }
 }
 
@@ -41,6 +42,8 @@ TEST(EngramHash, PrimesMatchTheReleasedTableSizes) {
 
 TEST(EngramHash, MultipliersFollowNumpysStream) {
     // DeepSeek-V4.1-Flash: layers 1 and 14, compressed vocab 99,092 (values from numpy.random.default_rng).
-    EXPECT_EQ(engram_multipliers(1, 4, 99092), (std::vector<int64_t>{76632096046245, 4839876093313, 35959672319349, 73987337458391}));
-    EXPECT_EQ(engram_multipliers(14, 4, 99092), (std::vector<int64_t>{67716810739261, 51510806800915, 30921347202721, 82619226485591}));
+    EXPECT_EQ(engram_multipliers(1, 4, 99092),
+              (std::vector<int64_t>{76632096046245, 4839876093313, 35959672319349, 73987337458391}));
+    EXPECT_EQ(engram_multipliers(14, 4, 99092),
+              (std::vector<int64_t>{67716810739261, 51510806800915, 30921347202721, 82619226485591}));
 }

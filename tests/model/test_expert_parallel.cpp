@@ -45,15 +45,19 @@ TEST(ExpertPlacement, BalancedSpreadsTheHotExperts) {
         const auto& reps = p.replicas[static_cast<size_t>(e)];
         ASSERT_GE(reps.size(), 1u);
         ASSERT_TRUE(std::is_sorted(reps.begin(), reps.end()));
-        ASSERT_EQ(std::adjacent_find(reps.begin(), reps.end()), reps.end()) << "two copies of expert " << e << " on a rank";
+        ASSERT_EQ(std::adjacent_find(reps.begin(), reps.end()), reps.end())
+            << "two copies of expert " << e << " on a rank";
         for (int r : reps) ++slots[static_cast<size_t>(r)];
         // Pairs of an expert go to its copies in turn.
         for (uint64_t k = 0; k < reps.size(); ++k) EXPECT_EQ(p.serving_rank(e, k), reps[k]);
     }
     for (int r = 0; r < n; ++r) EXPECT_EQ(slots[static_cast<size_t>(r)], E / n + redundant);
     EXPECT_GE(p.replicas[0].size(), 2u);  // the hottest expert is copied
-    auto spread = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()) / *std::min_element(v.begin(), v.end()); };
-    const double balanced = spread(p.rank_loads(load)), contiguous = spread(ExpertPlacement::contiguous(E, n).rank_loads(load));
+    auto spread = [](const std::vector<double>& v) {
+        return *std::max_element(v.begin(), v.end()) / *std::min_element(v.begin(), v.end());
+    };
+    const double balanced = spread(p.rank_loads(load)),
+                 contiguous = spread(ExpertPlacement::contiguous(E, n).rank_loads(load));
     EXPECT_LT(balanced, 1.25);
     EXPECT_GT(contiguous, 4.0);
 }
@@ -75,8 +79,10 @@ TEST(Loopback, ExchangeRowsDeliversInRankOrder) {
             int64_t row = 0;
             for (int d = 0; d < n; ++d)
                 for (int i = 0; i < r + d; ++i, ++row)
-                    for (int c = 0; c < width; ++c) send.f32()[row * width + c] = static_cast<float>(r * 10000 + d * 100 + i + c * 0.5);
-            got[static_cast<size_t>(r)] = group[static_cast<size_t>(r)]->exchange_rows(*cpu, send, counts, got_counts[static_cast<size_t>(r)]);
+                    for (int c = 0; c < width; ++c)
+                        send.f32()[row * width + c] = static_cast<float>(r * 10000 + d * 100 + i + c * 0.5);
+            got[static_cast<size_t>(r)] =
+                group[static_cast<size_t>(r)]->exchange_rows(*cpu, send, counts, got_counts[static_cast<size_t>(r)]);
         });
     for (auto& t : threads) t.join();
     for (int d = 0; d < n; ++d) {
@@ -85,7 +91,8 @@ TEST(Loopback, ExchangeRowsDeliversInRankOrder) {
             ASSERT_EQ(got_counts[static_cast<size_t>(d)][static_cast<size_t>(src)], src + d);
             for (int i = 0; i < src + d; ++i, ++row)
                 for (int c = 0; c < width; ++c)
-                    ASSERT_EQ(got[static_cast<size_t>(d)].f32()[row * width + c], static_cast<float>(src * 10000 + d * 100 + i + c * 0.5));
+                    ASSERT_EQ(got[static_cast<size_t>(d)].f32()[row * width + c],
+                              static_cast<float>(src * 10000 + d * 100 + i + c * 0.5));
         }
         EXPECT_EQ(got[static_cast<size_t>(d)].dim(0), row);
     }

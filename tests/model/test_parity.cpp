@@ -220,7 +220,8 @@ TEST(DSpark, DraftsMatchGolden) {
         EXPECT_EQ(d.ids, expect) << "step " << step;
         for (int i = 0; i < B * vocab; ++i)
             worst_logit = std::max(worst_logit, std::abs(d.logits[i] - golden_logits[step * B * vocab + i]));
-        for (int i = 0; i < B; ++i) worst_conf = std::max(worst_conf, std::abs(d.confidence[i] - golden_conf[step * B + i]));
+        for (int i = 0; i < B; ++i)
+            worst_conf = std::max(worst_conf, std::abs(d.confidence[i] - golden_conf[step * B + i]));
     }
     EXPECT_LE(worst_logit, 1e-2f);
     EXPECT_LE(worst_conf, 1e-2f);

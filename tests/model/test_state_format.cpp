@@ -95,7 +95,8 @@ TEST(StateFormat, QuantisedValuesRoundTripExactly) {
             if (trial % 7 == 0)  // sparse: mostly zeros (and negative zeros), a few spikes
                 for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 37 == 3) ? x[i] * 64.0f : (i % 2 ? -0.0f : 0.0f);
             if (trial % 11 == 0)  // blocks far apart in scale
-                for (size_t i = 0; i < x.size(); ++i) x[i] = round_bf16(x[i] * std::ldexp(1.0f, static_cast<int>(i / 32) * 5 - 20));
+                for (size_t i = 0; i < x.size(); ++i)
+                    x[i] = round_bf16(x[i] * std::ldexp(1.0f, static_cast<int>(i / 32) * 5 - 20));
             for (int c2 = c.f.quant_dims; c2 < c.f.dim; ++c2) x[static_cast<size_t>(c2)] = round_bf16(normal(rng));
             c.qdq(x.data(), c.f.dim);
             if (!round_trips(c.f, x, &mismatches)) ++refused;

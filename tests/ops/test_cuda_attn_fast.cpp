@@ -97,7 +97,8 @@ TEST(CudaAttnFast, IndexScoresDecodeStream) {
     auto wd = CudaBackend::upload(width), vd = CudaBackend::upload(visible), bd = CudaBackend::upload(keybase);
     Tensor fast = CudaBackend::empty(DType::F32, {T, N}), exact = CudaBackend::empty(DType::F32, {T, N});
     const float ms_fast = peregrine::test::device_ms([&] {
-        cuda::index_scores_stream(q.ptr, w.ptr, nullptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, kf, N, fast.f32());
+        cuda::index_scores_stream(q.ptr, w.ptr, nullptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, kf, N,
+                                  fast.f32());
     });
     const float ms_exact = peregrine::test::device_ms([&] {
         cuda::index_scores(q.ptr, w.ptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, kf, N, exact.f32());
@@ -124,14 +125,16 @@ TEST(CudaAttnFast, IndexScoresDecodeTensorCores) {
     for (int T : {1, 8, 128}) {
         auto q = CudaBackend::upload(fp4_rows(static_cast<int64_t>(T) * kHeads, kDim, 22 + T));
         auto w = CudaBackend::upload(weights(T, 23 + T));
-        std::vector<int64_t> width(static_cast<size_t>(T), N), visible(static_cast<size_t>(T)), keybase(static_cast<size_t>(T), 0);
+        std::vector<int64_t> width(static_cast<size_t>(T), N), visible(static_cast<size_t>(T)),
+            keybase(static_cast<size_t>(T), 0);
         for (int t = 0; t < T; ++t) visible[static_cast<size_t>(t)] = N - (t * 1001) % (N / 2) - (t % 3) * 37;
         auto wd = CudaBackend::upload(width), vd = CudaBackend::upload(visible), bd = CudaBackend::upload(keybase);
         Tensor tc = CudaBackend::empty(DType::F32, {T, N}), st = CudaBackend::empty(DType::F32, {T, N});
         auto run = [&](bool mma, Tensor& out) {
             cuda::index_scores_decode_use_mma(mma);
             return peregrine::test::device_ms([&] {
-                cuda::index_scores_stream(q.ptr, w.ptr, nullptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, kf, N, out.f32());
+                cuda::index_scores_stream(q.ptr, w.ptr, nullptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, kf, N,
+                                          out.f32());
             });
         };
         const float ms_tc = run(true, tc), ms_st = run(false, st);
@@ -139,7 +142,8 @@ TEST(CudaAttnFast, IndexScoresDecodeTensorCores) {
         auto a = host(tc.f32(), static_cast<size_t>(T) * N), b = host(st.f32(), static_cast<size_t>(T) * N);
         for (int t = 0; t < T; ++t) {
             const int64_t v = visible[static_cast<size_t>(t)];
-            EXPECT_EQ(a[static_cast<size_t>(t * N + N - 1)], v < N ? -INFINITY : b[static_cast<size_t>(t * N + N - 1)]) << "row " << t;
+            EXPECT_EQ(a[static_cast<size_t>(t * N + N - 1)], v < N ? -INFINITY : b[static_cast<size_t>(t * N + N - 1)])
+                << "row " << t;
             if (v < N) {
                 EXPECT_EQ(a[static_cast<size_t>(t * N + v)], -INFINITY) << "row " << t;
             }
@@ -148,11 +152,13 @@ TEST(CudaAttnFast, IndexScoresDecodeTensorCores) {
         if (T <= 8) {  // the exact kernel's ~9 ms per 8 rows
             Tensor ex = CudaBackend::empty(DType::F32, {T, N});
             cuda::index_scores(q.ptr, w.ptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, kf, N, ex.f32());
-            compare_scores(a, host(ex.f32(), static_cast<size_t>(T) * N), "index_scores decode tensor cores vs exact " + std::to_string(T) + "x131072");
+            compare_scores(a, host(ex.f32(), static_cast<size_t>(T) * N),
+                           "index_scores decode tensor cores vs exact " + std::to_string(T) + "x131072");
         }
         const double gb = static_cast<double>(T) * N * kf.bytes / 1e9;
-        std::printf("PARITY attn index_scores decode %dx131072: tensor cores %.3f ms (%.0f GB/s of keys), stream %.3f ms (%.0f GB/s)\n",
-                    T, ms_tc, gb / (ms_tc * 1e-3), ms_st, gb / (ms_st * 1e-3));
+        std::printf(
+            "PARITY attn index_scores decode %dx131072: tensor cores %.3f ms (%.0f GB/s of keys), stream %.3f ms (%.0f GB/s)\n",
+            T, ms_tc, gb / (ms_tc * 1e-3), ms_st, gb / (ms_st * 1e-3));
     }
 }
 
@@ -289,7 +295,8 @@ std::vector<float> tied_scores(int64_t T, int64_t N, const std::vector<int64_t>&
     std::normal_distribution<float> n(0.0f, 1.0f);
     for (int64_t t = 0; t < T; ++t)
         for (int64_t j = 0; j < N; ++j)
-            v[static_cast<size_t>(t * N + j)] = j < visible[static_cast<size_t>(t)] ? round_bf16(std::round(n(g) * 64.0f) / 64.0f) : -INFINITY;
+            v[static_cast<size_t>(t * N + j)] =
+                j < visible[static_cast<size_t>(t)] ? round_bf16(std::round(n(g) * 64.0f) / 64.0f) : -INFINITY;
     return v;
 }
 
@@ -344,7 +351,9 @@ TEST(CudaAttnFast, TopKMatchesStableSortOnTies) {
     for (int t = 0; t < T; ++t)
         for (int64_t j = 0; j < widths[t]; ++j) {
             const int v = static_cast<int>(g() % 9);
-            scores[static_cast<size_t>(t * stride + j)] = v == 0 ? -0.0f : v == 1 ? -INFINITY : static_cast<float>(v % 4);
+            scores[static_cast<size_t>(t * stride + j)] = v == 0   ? -0.0f
+                                                          : v == 1 ? -INFINITY
+                                                                   : static_cast<float>(v % 4);
         }
     std::vector<int64_t> w(widths, widths + T), vis(w);
     vis[3] = 500;
@@ -398,19 +407,26 @@ TEST(CudaAttnFast, CandidateBlocksSameMask) {
             auto sc = host(s.ptr + t * N, static_cast<size_t>(N));
             const int64_t vis = visible[static_cast<size_t>(t)], last = (vis - 1) / bs;
             std::vector<float> bmax(static_cast<size_t>(nb), -INFINITY);
-            for (int64_t j = 0; j < N; ++j) bmax[static_cast<size_t>(j / bs)] = std::max(bmax[static_cast<size_t>(j / bs)], sc[static_cast<size_t>(j)]);
+            for (int64_t j = 0; j < N; ++j)
+                bmax[static_cast<size_t>(j / bs)] =
+                    std::max(bmax[static_cast<size_t>(j / bs)], sc[static_cast<size_t>(j)]);
             bmax[static_cast<size_t>(last)] = INFINITY;
             std::vector<int64_t> order(static_cast<size_t>(nb));
             for (int64_t i = 0; i < nb; ++i) order[static_cast<size_t>(i)] = i;
-            std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return bmax[static_cast<size_t>(x)] > bmax[static_cast<size_t>(y)]; });
+            std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
+                return bmax[static_cast<size_t>(x)] > bmax[static_cast<size_t>(y)];
+            });
             std::vector<uint8_t> want(static_cast<size_t>(ms), 0);
             for (int i = 0; i < std::min<int64_t>(topb, nb); ++i)
                 if (bmax[static_cast<size_t>(order[static_cast<size_t>(i)])] > -INFINITY)
-                    want[static_cast<size_t>(order[static_cast<size_t>(i)] / 8)] |= static_cast<uint8_t>(1u << (order[static_cast<size_t>(i)] % 8));
-            EXPECT_TRUE(std::equal(want.begin(), want.end(), a.begin() + t * ms)) << "row " << t << " of " << T << "x" << N;
+                    want[static_cast<size_t>(order[static_cast<size_t>(i)] / 8)] |=
+                        static_cast<uint8_t>(1u << (order[static_cast<size_t>(i)] % 8));
+            EXPECT_TRUE(std::equal(want.begin(), want.end(), a.begin() + t * ms))
+                << "row " << t << " of " << T << "x" << N;
         }
-        std::printf("PARITY attn candidate_blocks %ldx%ld (8-entry blocks, top 2048) identical %s fast %.3f ms exact %.3f ms\n",
-                    static_cast<long>(T), static_cast<long>(N), a == b ? "yes" : "NO", ms_fast, ms_exact);
+        std::printf(
+            "PARITY attn candidate_blocks %ldx%ld (8-entry blocks, top 2048) identical %s fast %.3f ms exact %.3f ms\n",
+            static_cast<long>(T), static_cast<long>(N), a == b ? "yes" : "NO", ms_fast, ms_exact);
     }
 }
 
@@ -438,8 +454,9 @@ TEST(CudaAttnFast, RouteSameSelectionAndWeights) {
         int score_func;
         bool bias, hash, v41;
     };
-    for (Case c : {Case{"sqrtsoftplus+bias (v4.1)", 2, true, false, true}, Case{"sigmoid+bias (v4)", 1, true, false, false},
-                   Case{"softmax", 0, false, false, false}, Case{"hash (tid2eid)", 2, false, true, true}}) {
+    for (Case c :
+         {Case{"sqrtsoftplus+bias (v4.1)", 2, true, false, true}, Case{"sigmoid+bias (v4)", 1, true, false, false},
+          Case{"softmax", 0, false, false, false}, Case{"hash (tid2eid)", 2, false, true, true}}) {
         auto call = [&](bool fast, void* s, void* w) {
             (fast ? cuda::route_fast : cuda::route)(ld.ptr, T, E, K, c.score_func, c.bias ? bd.ptr : nullptr,
                                                    c.hash ? hd.ptr : nullptr, idd.ptr, c.v41, true, 2.5f, false,
@@ -553,7 +570,8 @@ TEST(CudaAttnFast, CompressorBatchSameAsSequential) {
             cuda::compressor_batch(a, static_cast<int>(seqs.size()), meta_d.ptr);
         };
         // The parallel form (prefill), from the host's jobs.
-        const cuda::CompressorJobs jobs = cuda::compressor_jobs(meta.data(), static_cast<int>(seqs.size()), ratio, snap_p.data());
+        const cuda::CompressorJobs jobs =
+            cuda::compressor_jobs(meta.data(), static_cast<int>(seqs.size()), ratio, snap_p.data());
         auto emit_d = CudaBackend::upload(jobs.emit), carry_d = CudaBackend::upload(jobs.carry);
         auto dest_d = CudaBackend::upload(jobs.dest);
         auto run_parallel = [&] {
@@ -571,16 +589,17 @@ TEST(CudaAttnFast, CompressorBatchSameAsSequential) {
         const auto pooled_x = host(pooled_e.f32(), static_cast<size_t>(emits) * d);
         const auto state_x = host(state_e.ptr, carries.size());
         const auto snap_x = host(area_e.f32(), static_cast<size_t>(area_e.numel()));
-        for (auto [name, pooled, state, area, ms] :
-             {std::tuple{"batch", &pooled_f, state_f.ptr, &area_f, ms_fast}, std::tuple{"parallel", &pooled_p, state_p.ptr, &area_p, ms_par}}) {
+        for (auto [name, pooled, state, area, ms] : {std::tuple{"batch", &pooled_f, state_f.ptr, &area_f, ms_fast},
+                                                     std::tuple{"parallel", &pooled_p, state_p.ptr, &area_p, ms_par}}) {
             const bool pooled_same = host(pooled->f32(), static_cast<size_t>(emits) * d) == pooled_x;
             const bool state_same = host(state, carries.size()) == state_x;
             const bool snap_same = host(area->f32(), static_cast<size_t>(area->numel())) == snap_x;
             EXPECT_TRUE(pooled_same && state_same && snap_same) << "ratio " << ratio << " " << name;
-            std::printf("PARITY attn compressor %s ratio %d%s d=512, 8 decode + 1x4096 prefill: pooled %s carry %s snapshots %s"
-                        " %.3f ms (exact %.3f ms)\n",
-                        name, ratio, overlap ? " overlap" : "", pooled_same ? "same" : "DIFFER", state_same ? "same" : "DIFFER",
-                        snap_same ? "same" : "DIFFER", ms, ms_exact);
+            std::printf(
+                "PARITY attn compressor %s ratio %d%s d=512, 8 decode + 1x4096 prefill: pooled %s carry %s snapshots %s"
+                " %.3f ms (exact %.3f ms)\n",
+                name, ratio, overlap ? " overlap" : "", pooled_same ? "same" : "DIFFER", state_same ? "same" : "DIFFER",
+                snap_same ? "same" : "DIFFER", ms, ms_exact);
         }
     }
 }
@@ -637,8 +656,8 @@ TEST(CudaAttnFast, HcExpandVectorisedSameOutput) {
     for (int64_t T : {8, 4096}) {
         std::mt19937_64 g(31 + T);
         std::normal_distribution<float> n(0.0f, 1.0f);
-        std::vector<float> y(static_cast<size_t>(T) * D), res(static_cast<size_t>(T) * hc * D), post(static_cast<size_t>(T) * hc),
-            comb(static_cast<size_t>(T) * hc * hc);
+        std::vector<float> y(static_cast<size_t>(T) * D), res(static_cast<size_t>(T) * hc * D),
+            post(static_cast<size_t>(T) * hc), comb(static_cast<size_t>(T) * hc * hc);
         for (auto& x : y) x = round_bf16(n(g));
         for (auto& x : res) x = round_bf16(n(g));
         for (auto& x : post) x = 2.0f / (1.0f + std::exp(-n(g)));
@@ -646,8 +665,10 @@ TEST(CudaAttnFast, HcExpandVectorisedSameOutput) {
         auto yd = CudaBackend::upload(y), rd = CudaBackend::upload(res), pd = CudaBackend::upload(post),
              cd = CudaBackend::upload(comb);
         Tensor of = CudaBackend::empty(DType::F32, {T, hc, D}), oe = CudaBackend::empty(DType::F32, {T, hc, D});
-        const float ms_fast = peregrine::test::device_ms([&] { cuda::hc_expand_fast(yd.ptr, rd.ptr, pd.ptr, cd.ptr, T, hc, D, of.f32()); });
-        const float ms_exact = peregrine::test::device_ms([&] { cuda::hc_expand(yd.ptr, rd.ptr, pd.ptr, cd.ptr, T, hc, D, oe.f32()); });
+        const float ms_fast = peregrine::test::device_ms(
+            [&] { cuda::hc_expand_fast(yd.ptr, rd.ptr, pd.ptr, cd.ptr, T, hc, D, of.f32()); });
+        const float ms_exact =
+            peregrine::test::device_ms([&] { cuda::hc_expand(yd.ptr, rd.ptr, pd.ptr, cd.ptr, T, hc, D, oe.f32()); });
         auto a = host(of.f32(), static_cast<size_t>(T) * hc * D), b = host(oe.f32(), static_cast<size_t>(T) * hc * D);
         int64_t diff = 0;
         for (size_t i = 0; i < a.size(); ++i) diff += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
@@ -667,7 +688,8 @@ TEST(CudaAttnFast, SparseAttentionWarpSoftmaxSameOutput) {
         std::mt19937_64 g(29 + T);
         std::normal_distribution<float> n(0.0f, 1.0f);
         const int64_t nk = 4096;
-        std::vector<float> q(static_cast<size_t>(T * H * Dh)), kv(static_cast<size_t>(nk * Dh)), lat(static_cast<size_t>(nk * Dh)), sink(H);
+        std::vector<float> q(static_cast<size_t>(T * H * Dh)), kv(static_cast<size_t>(nk * Dh)),
+            lat(static_cast<size_t>(nk * Dh)), sink(H);
         for (auto& x : q) x = round_bf16(n(g));
         for (auto& x : kv) x = round_bf16(n(g));
         for (auto& x : lat) x = round_bf16(n(g));
@@ -688,8 +710,9 @@ TEST(CudaAttnFast, SparseAttentionWarpSoftmaxSameOutput) {
             nwin[static_cast<size_t>(t)] = static_cast<int32_t>(128 - t % 3);
             for (int j = 0; j < cnt[static_cast<size_t>(t)]; ++j) {
                 const int64_t e = (t * 131 + j * 17) % nk;
-                keys[static_cast<size_t>(t * maxk + j)] =
-                    (j % 50 == 7) ? nullptr : j < nwin[static_cast<size_t>(t)] ? wd.ptr + e * wf.bytes : cd.ptr + e * cf.bytes;
+                keys[static_cast<size_t>(t * maxk + j)] = (j % 50 == 7)                      ? nullptr
+                                                          : j < nwin[static_cast<size_t>(t)] ? wd.ptr + e * wf.bytes
+                                                                                             : cd.ptr + e * cf.bytes;
             }
         }
         auto keys_d = CudaBackend::upload(keys);
@@ -747,7 +770,8 @@ TEST(CudaAttnFast, RopeQdqSameAsTwoKernels) {
         auto a = CudaBackend::upload(x), b = CudaBackend::upload(x);
         cuda::rope(a.ptr, c.rows, c.heads, width, c.hs, c.hs - c.rd, pd.ptr, fd.ptr, c.rd, false);
         cuda::qdq_rows(a.ptr, static_cast<int64_t>(c.rows) * c.heads, c.hs, c.n, c.block, c.kind);
-        cuda::rope_qdq(b.ptr, c.rows, c.heads, width, c.hs, c.hs - c.rd, pd.ptr, fd.ptr, c.rd, false, c.n, c.block, c.kind);
+        cuda::rope_qdq(b.ptr, c.rows, c.heads, width, c.hs, c.hs - c.rd, pd.ptr, fd.ptr, c.rd, false, c.n, c.block,
+                       c.kind);
         std::vector<float> ha(x.size()), hb(x.size());
         ASSERT_EQ(cudaMemcpy(ha.data(), a.ptr, ha.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
         ASSERT_EQ(cudaMemcpy(hb.data(), b.ptr, hb.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);

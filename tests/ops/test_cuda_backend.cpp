@@ -37,7 +37,8 @@ Tensor random_bf16(std::vector<int64_t> shape, uint64_t seed, float scale = 1.0f
 }
 
 // Elementwise agreement: |a-b| <= rel*|b| + abs + of_max*max|b|; returns the share of exactly equal elements.
-double expect_close(const Tensor& a, const Tensor& b, float rel, float abs, const std::string& what, float of_max = 0.0f) {
+double expect_close(const Tensor& a, const Tensor& b, float rel, float abs, const std::string& what,
+                    float of_max = 0.0f) {
     float bmax = 0.0f;
     for (int64_t i = 0; i < b.numel(); ++i) bmax = std::max(bmax, std::fabs(b.f32()[i]));
     abs += of_max * bmax;
@@ -81,7 +82,8 @@ class CudaOps : public ::testing::TestWithParam<const char*> {};
 
 // Every op of one model's weights on random bf16 activations: T rows (3 takes the small-batch GEMM tiles,
 // 37 the large ones).
-void check_ops(const std::string& fx, const ModelConfig& cfg, const ModelWeights& w, const StateLayout& layout, int64_t T) {
+void check_ops(const std::string& fx, const ModelConfig& cfg, const ModelWeights& w, const StateLayout& layout,
+               int64_t T) {
     auto cpu = make_cpu_backend(cfg, layout);
     CudaBackend gpu(cfg, layout);
     const int hc = cfg.hc_mult, dim = cfg.dim;
@@ -109,8 +111,8 @@ void check_ops(const std::string& fx, const ModelConfig& cfg, const ModelWeights
     expect_close(H(mg.post), mc.post, 1e-4f, 1e-6f, tag + " hc_mixes post");
     expect_close(H(mg.comb), mc.comb, 1e-4f, 1e-6f, tag + " hc_mixes comb (Sinkhorn)");
     expect_close(H(gpu.hc_collapse(D(h), D(mc.pre))), cpu->hc_collapse(h, mc.pre), 1e-2f, 1e-6f, tag + " hc_collapse");
-    expect_close(H(gpu.hc_expand(D(x), D(h), HcMix{D(mc.pre), D(mc.post), D(mc.comb)})), cpu->hc_expand(x, h, mc), 1e-2f,
-                 1e-6f, tag + " hc_expand");
+    expect_close(H(gpu.hc_expand(D(x), D(h), HcMix{D(mc.pre), D(mc.post), D(mc.comb)})), cpu->hc_expand(x, h, mc),
+                 1e-2f, 1e-6f, tag + " hc_expand");
     expect_close(H(gpu.hc_mean(D(h))), cpu->hc_mean(h), 1e-2f, 1e-6f, tag + " hc_mean");
     if (w.hc_head)
         expect_close(H(gpu.hc_head(D(h), *w.hc_head)), cpu->hc_head(h, *w.hc_head), 1e-2f, 1e-6f, tag + " hc_head");
@@ -209,7 +211,8 @@ protected:
         }
         return out;
     }
-    void check(const std::vector<float>& a, const std::vector<float>& b, float tol, double top1, const std::string& what) {
+    void check(const std::vector<float>& a, const std::vector<float>& b, float tol, double top1,
+               const std::string& what) {
         ASSERT_EQ(a.size(), b.size()) << what;
         RowDiff d = compare_logits(a, b, vocab());
         int bad = 0;
@@ -231,7 +234,8 @@ TEST_P(CudaModel, PrefillDecodeChunkedAgainstGoldenAndCpu) {
     const int64_t n = static_cast<int64_t>(ids.size());
     auto gpu_prefill = run(*gpu_, ids, n, 0);
     auto cpu_prefill = run(*cpu_, ids, n, 0);
-    check(gpu_prefill, read_raw<float>(dir + "prefill.logits.f32"), c.golden_tol, c.golden_top1, fx + " prefill vs golden");
+    check(gpu_prefill, read_raw<float>(dir + "prefill.logits.f32"), c.golden_tol, c.golden_top1,
+          fx + " prefill vs golden");
     check(gpu_prefill, cpu_prefill, c.cpu_tol, c.cpu_top1, fx + " prefill vs cpu");
 
     const int64_t P = std::stoll(read_file(dir + "decode.prefill_len"));
@@ -321,10 +325,12 @@ TEST_P(CudaModel, MixedBatchAndPrefixResume) {
         float worst = 0.0f;
         for (int i = 0; i < an; ++i)
             for (int v = 0; v < vocab(); ++v)
-                worst = std::max(worst, std::fabs(l.f32()[i * vocab() + v] - expect[static_cast<size_t>((a0 + i) * vocab() + v)]));
+                worst = std::max(
+                    worst, std::fabs(l.f32()[i * vocab() + v] - expect[static_cast<size_t>((a0 + i) * vocab() + v)]));
         for (int i = 0; i < bn; ++i)
             for (int v = 0; v < vocab(); ++v)
-                worst = std::max(worst, std::fabs(l.f32()[(an + i) * vocab() + v] - expect_b[static_cast<size_t>((b0 + i) * vocab() + v)]));
+                worst = std::max(worst, std::fabs(l.f32()[(an + i) * vocab() + v] -
+                                                  expect_b[static_cast<size_t>((b0 + i) * vocab() + v)]));
         EXPECT_LE(worst, batch_variance_bound()) << "batched step at a " << a0 << " b " << b0;
     };
     step(0, 20, 0, 7);
@@ -347,7 +353,8 @@ TEST_P(CudaModel, MixedBatchAndPrefixResume) {
     float worst = 0.0f;
     for (int i = 0; i < n - 2 * P; ++i)
         for (int v = 0; v < vocab(); ++v)
-            worst = std::max(worst, std::fabs(l.f32()[i * vocab() + v] - expect[static_cast<size_t>((2 * P + i) * vocab() + v)]));
+            worst = std::max(
+                worst, std::fabs(l.f32()[i * vocab() + v] - expect[static_cast<size_t>((2 * P + i) * vocab() + v)]));
     EXPECT_LE(worst, batch_variance_bound()) << "resume from 2 shared pages";
     std::printf("PARITY batch %-43s mixed-batch + resume max|d| %.3g\n", GetParam().fixture, worst);
 }
@@ -400,7 +407,8 @@ TEST(CudaSynthetic, RealDimensionsMatchCpu) {
     auto cpu_ulp = Model::synthetic(cfg, {}, 3);
     for (const BlockWeight& b : cpu_ulp->weights().layers)
         for (const HcWeight* hw : {&b.hc_attn, &b.hc_ffn})
-            for (int64_t i = 0; i < hw->base.numel(); ++i) hw->base.data<float>()[i] = std::nextafter(hw->base.data<float>()[i], INFINITY);
+            for (int64_t i = 0; i < hw->base.numel(); ++i)
+                hw->base.data<float>()[i] = std::nextafter(hw->base.data<float>()[i], INFINITY);
     std::vector<int32_t> ids;
     for (int i = 0; i < 21; ++i) ids.push_back((i * 7919 + 5) % cfg.vocab_size);
     auto run = [&](Model& m) {
@@ -432,7 +440,9 @@ TEST(CudaTopK, MatchesStableSortOnTies) {
     for (int t = 0; t < T; ++t)
         for (int64_t j = 0; j < widths[t]; ++j) {
             const int v = static_cast<int>(g() % 9);
-            scores[static_cast<size_t>(t * stride + j)] = v == 0 ? -0.0f : v == 1 ? -INFINITY : static_cast<float>(v % 4);
+            scores[static_cast<size_t>(t * stride + j)] = v == 0   ? -0.0f
+                                                          : v == 1 ? -INFINITY
+                                                                   : static_cast<float>(v % 4);
         }
     std::vector<int64_t> w(widths, widths + T), vis(w);
     vis[3] = 500;  // entries at or beyond `visible` come back as -1
@@ -450,7 +460,8 @@ TEST(CudaTopK, MatchesStableSortOnTies) {
             if (asc) std::sort(ref.begin(), ref.end());
             ASSERT_EQ(c.data<int32_t>()[t], static_cast<int32_t>(ref.size())) << "row " << t;
             for (size_t i = 0; i < ref.size(); ++i)
-                EXPECT_EQ(o.data<int32_t>()[t * k + static_cast<int>(i)], ref[i] < vis[static_cast<size_t>(t)] ? ref[i] : -1)
+                EXPECT_EQ(o.data<int32_t>()[t * k + static_cast<int>(i)],
+                          ref[i] < vis[static_cast<size_t>(t)] ? ref[i] : -1)
                     << "row " << t << " slot " << i << (asc ? " ascending" : " descending");
         }
     }
@@ -495,8 +506,10 @@ TEST(CudaOpsRealDims, AttentionLayers) {
         auto scr_g = gpu.begin_step(bg);
         for (int l = 0; l < cfg.n_layers; ++l) {
             Tensor x = random_bf16({n, cfg.dim}, seed++);
-            Tensor oc = cpu->attention(x, w.layers[static_cast<size_t>(l)].attn, infos[static_cast<size_t>(l)], bc, *scr_c);
-            Tensor og = gpu.attention(D(x), w.layers[static_cast<size_t>(l)].attn, infos[static_cast<size_t>(l)], bg, *scr_g);
+            Tensor oc =
+                cpu->attention(x, w.layers[static_cast<size_t>(l)].attn, infos[static_cast<size_t>(l)], bc, *scr_c);
+            Tensor og =
+                gpu.attention(D(x), w.layers[static_cast<size_t>(l)].attn, infos[static_cast<size_t>(l)], bg, *scr_g);
             // bf16 outputs after two e4m3-quantised projections: an ulp that flips upstream moves a few
             // elements by a bf16 step of the tensor's scale, so the bound is 1e-2 of the largest element.
             // Fast decode splits a row's keys over CTAs and rounds each split's probabilities to bf16 against
@@ -553,9 +566,10 @@ TEST(CudaOpsRealDims, AttentionKeyRowsMatchPackedKeys) {
             cuda::sparse_attention_rows_use(false);
             Tensor opk = H(packed_gpu.attention(D(x), aw, info, bp, *scr_p));
             cuda::sparse_attention_rows_use(rows_default);
-            expect_close(orow, opk, 1e-2f, 1e-5f,
-                         "attention layer " + std::to_string(l) + " key rows vs packed, " + std::to_string(row) + " rows",
-                         1e-2f);
+            expect_close(
+                orow, opk, 1e-2f, 1e-5f,
+                "attention layer " + std::to_string(l) + " key rows vs packed, " + std::to_string(row) + " rows",
+                1e-2f);
         }
         for (int i = 0; i < 2; ++i) sr[i].n_cached = sp[i].n_cached = step[i].start + step[i].n;
     }
@@ -619,13 +633,15 @@ TEST(CudaDSpark, DraftsMatchGoldenAndCpu) {
             worst_logit = std::max(worst_logit, std::abs(d[0].logits[i] - golden_logits[step * B * vocab + i]));
             worst_cpu = std::max(worst_cpu, std::abs(d[0].logits[i] - d[1].logits[i]));
         }
-        for (int i = 0; i < B; ++i) worst_conf = std::max(worst_conf, std::abs(d[0].confidence[i] - golden_conf[step * B + i]));
+        for (int i = 0; i < B; ++i)
+            worst_conf = std::max(worst_conf, std::abs(d[0].confidence[i] - golden_conf[step * B + i]));
     }
     EXPECT_LE(worst_logit, 1e-2f);
     EXPECT_LE(worst_conf, 1e-2f);
     EXPECT_LE(worst_cpu, 1e-2f);
-    std::printf("PARITY dspark dsv41-tiny-a drafts: logits vs golden max|d| %.3g, confidence %.3g, logits vs cpu %.3g\n",
-                worst_logit, worst_conf, worst_cpu);
+    std::printf(
+        "PARITY dspark dsv41-tiny-a drafts: logits vs golden max|d| %.3g, confidence %.3g, logits vs cpu %.3g\n",
+        worst_logit, worst_conf, worst_cpu);
 }
 
 }  // namespace

@@ -44,7 +44,8 @@ void compare_with_one_gpu(const std::string& fx, std::vector<Model*> ranks, bool
     for (int r = 0; r < n; ++r)
         threads.emplace_back([&, r] {
             try {
-                got[static_cast<size_t>(r)] = test::run_sequences(*ranks[static_cast<size_t>(r)], all, mine[static_cast<size_t>(r)], steps);
+                got[static_cast<size_t>(r)] =
+                    test::run_sequences(*ranks[static_cast<size_t>(r)], all, mine[static_cast<size_t>(r)], steps);
             } catch (const std::exception& e) {
                 errors[static_cast<size_t>(r)] = e.what();
                 ranks[static_cast<size_t>(r)]->expert_parallel()->comm().abort();
@@ -62,7 +63,8 @@ void compare_with_one_gpu(const std::string& fx, std::vector<Model*> ranks, bool
                 const auto& b = ref[static_cast<size_t>(s)].logits[static_cast<size_t>(step)];
                 ASSERT_EQ(a.size(), b.size());
                 for (size_t v = 0; v < a.size(); ++v) worst = std::max(worst, std::abs(a[v] - b[v]));
-                top1 += std::max_element(a.begin(), a.end()) - a.begin() == std::max_element(b.begin(), b.end()) - b.begin();
+                top1 += std::max_element(a.begin(), a.end()) - a.begin() ==
+                        std::max_element(b.begin(), b.end()) - b.begin();
                 ++rows;
             }
         }
@@ -87,8 +89,8 @@ TEST(CudaExpertParallel, LoopbackRanksOnOneGpuMatchOneModel) {
             for (int r = 0; r < n; ++r) {
                 models.push_back(Model::load(fixture_dir(fx), o));
                 const int E = models.back()->config().n_routed_experts;
-                models.back()->set_expert_parallel(
-                    std::make_shared<ExpertParallel>(*group[static_cast<size_t>(r)], ExpertPlacement::contiguous(E, n)));
+                models.back()->set_expert_parallel(std::make_shared<ExpertParallel>(*group[static_cast<size_t>(r)],
+                                                                                    ExpertPlacement::contiguous(E, n)));
                 ptrs.push_back(models.back().get());
             }
             compare_with_one_gpu(fx, ptrs, std::string(numerics) == "exact", "loopback-1gpu");

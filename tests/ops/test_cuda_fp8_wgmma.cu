@@ -24,7 +24,9 @@ using namespace peregrine::cuda::wgmma;
 
 constexpr int kM = 64, kN = 64, kK = 128;  // one 128-byte row of e4m3 per row: four k32 steps
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
 
 template <int ACC>
 __device__ __forceinline__ void wgmma_fp8(float (&d)[32], uint64_t a, uint64_t b) {
@@ -70,7 +72,8 @@ __global__ void __launch_bounds__(128) fp8_probe_kernel(const uint8_t* a, const 
     for (int i = 0; i < 32; ++i) d[i] = 0.0f;
     wgmma_fence();
     wgmma_fp8<0>(d, desc_sw128(smem_u32(As)), desc_sw128(smem_u32(Bs)));
-    for (int s = 1; s < kK / 32; ++s) wgmma_fp8<1>(d, desc_sw128(smem_u32(As) + 32 * s), desc_sw128(smem_u32(Bs) + 32 * s));
+    for (int s = 1; s < kK / 32; ++s)
+        wgmma_fp8<1>(d, desc_sw128(smem_u32(As) + 32 * s), desc_sw128(smem_u32(Bs) + 32 * s));
     wgmma_commit();
     wgmma_wait<0>();
     for (int i = 0; i < 32; ++i) hold(d[i]);

@@ -169,7 +169,8 @@ TEST(CudaGraphs, RestoredCarryContinuesExactly) {
         const char* num = std::getenv("PEREGRINE_CUDA_NUMERICS");
         const float bound = num == nullptr || std::string(num) == "fast" ? 1e-3f : 1e-5f;
         EXPECT_LE(worst, bound) << fx << ": resumed sequence differs from the uninterrupted one";
-        std::printf("PARITY graphs %-14s resume after page %d (device carry from the snapshot) max|d| %.3g\n", fx, P, worst);
+        std::printf("PARITY graphs %-14s resume after page %d (device carry from the snapshot) max|d| %.3g\n", fx, P,
+                    worst);
         // The shared page is sequence 0's: give it back only once.
         c.pages.erase(c.pages.begin());
     }
@@ -238,9 +239,10 @@ void compare_deferred(const char* fx, int n_seqs) {
     }
     std::vector<SampleResult> last = dev.be().sample_finish();
     for (int i = 0; i < n_seqs; ++i) EXPECT_EQ(last[static_cast<size_t>(i)].id, feeds[static_cast<size_t>(i)][0]);
-    std::printf("PARITY deferred ids %-14s %d seqs: %d decode steps fed on the device (%d tokens), logits bit-identical "
-                "to host-fed ids in %d of %d steps\n",
-                fx, n_seqs, decode_steps, deferred_tokens, same_steps, decode_steps + 1);
+    std::printf(
+        "PARITY deferred ids %-14s %d seqs: %d decode steps fed on the device (%d tokens), logits bit-identical "
+        "to host-fed ids in %d of %d steps\n",
+        fx, n_seqs, decode_steps, deferred_tokens, same_steps, decode_steps + 1);
 }
 
 }  // namespace
@@ -268,7 +270,8 @@ void compare_runs(ModelRun& a, ModelRun& b, std::vector<std::vector<int32_t>> fe
         const bool same = std::memcmp(x.f32(), y.f32(), sizeof(float) * static_cast<size_t>(x.numel())) == 0;
         same_steps += same;
         EXPECT_TRUE(same) << what << " step " << st << ": logits differ (" << label << ")";
-        for (int i = 0; i < n; ++i) feeds[static_cast<size_t>(i)] = {argmax(x.f32() + static_cast<int64_t>(i) * vocab, vocab)};
+        for (int i = 0; i < n; ++i)
+            feeds[static_cast<size_t>(i)] = {argmax(x.f32() + static_cast<int64_t>(i) * vocab, vocab)};
     }
     std::printf("PARITY %-36s %d seqs: prefill + %d decode steps, %s bit-identical in %d of %d steps\n",
                 what.c_str(), n, decode_steps, label.c_str(), same_steps, decode_steps + 1);
@@ -287,19 +290,22 @@ void compare_models(const std::function<void(bool)>& before, const std::function
         setup(b, false);
         std::vector<std::vector<int32_t>> feeds(n);
         for (int i = 0; i < n; ++i)
-            feeds[static_cast<size_t>(i)].assign(ids.begin() + i, ids.begin() + std::min(ids.size(), static_cast<size_t>(5 + 6 * i)));
+            feeds[static_cast<size_t>(i)].assign(ids.begin() + i,
+                                                 ids.begin() + std::min(ids.size(), static_cast<size_t>(5 + 6 * i)));
         compare_runs(a, b, feeds, steps, before, what + " " + fx, label);
     }
     ModelConfig cfg = synthetic_v41_flash_config(4, 8);
     ModelOptions o;
     o.device = "cuda";
     const int n = 8, steps = 6;
-    ModelRun a = open_model(Model::synthetic(cfg, o, 3), true, n, 64), b = open_model(Model::synthetic(cfg, o, 3), true, n, 64);
+    ModelRun a = open_model(Model::synthetic(cfg, o, 3), true, n, 64),
+             b = open_model(Model::synthetic(cfg, o, 3), true, n, 64);
     setup(a, true);
     setup(b, false);
     std::vector<std::vector<int32_t>> feeds(n);
     for (int i = 0; i < n; ++i)
-        for (int j = 0; j < 17 + 3 * i; ++j) feeds[static_cast<size_t>(i)].push_back((j * 7919 + 131 * i + 5) % cfg.vocab_size);
+        for (int j = 0; j < 17 + 3 * i; ++j)
+            feeds[static_cast<size_t>(i)].push_back((j * 7919 + 131 * i + 5) % cfg.vocab_size);
     compare_runs(a, b, feeds, steps, before, what + " synthetic v41-flash dims", label);
 }
 

@@ -91,7 +91,9 @@ void run_case(const Case& c) {
     ASSERT_TRUE(hc_mixes_small_supported(T, n_mix));
     Dev ws(hc_mixes_small_workspace(T, hc, D, n_mix));
     const float eps = 1e-6f, hc_eps = 1e-6f;
-    auto outs = [&](Out& o, bool m0) { return m0 ? std::make_pair(o.post.f(), o.comb.f()) : std::make_pair((float*)nullptr, (float*)nullptr); };
+    auto outs = [&](Out& o, bool m0) {
+        return m0 ? std::make_pair(o.post.f(), o.comb.f()) : std::make_pair((float*)nullptr, (float*)nullptr);
+    };
     const bool m0 = c.mode == 0;
     auto run_exact = [&] {
         hc_mixes(dh.f(), T, hc, D, dfn.f(), n_mix, dbase.f(), dscale.f(), eps, hc_eps, iters, c.mode, exact.pre.f(),
@@ -148,7 +150,8 @@ TEST(CudaHcCollapse, CollapseNormMatchesTwoKernels) {
     for (int D : {5120, 16384})
         for (int T : {1, 7, 64, 300}) {
             const int hc = 4;
-            std::vector<float> h(static_cast<size_t>(T) * hc * D), pre(static_cast<size_t>(T) * hc), w(static_cast<size_t>(D));
+            std::vector<float> h(static_cast<size_t>(T) * hc * D), pre(static_cast<size_t>(T) * hc),
+                w(static_cast<size_t>(D));
             for (auto& v : h) v = bf16_round(n01(g));
             for (auto& v : pre) v = 0.5f + 0.25f * n01(g);
             for (auto& v : w) v = bf16_round(1.0f + 0.1f * n01(g));
@@ -161,7 +164,8 @@ TEST(CudaHcCollapse, CollapseNormMatchesTwoKernels) {
             rms_norm(x.f(), T, D, dw.f(), 1e-6f, two.f());
             collapse_norm(dh.f(), dp.f(), T, hc, D, dw.f(), 1e-6f, one.f());
             CK(cudaDeviceSynchronize());
-            const auto a = to_host(two.f(), static_cast<size_t>(T) * D), b = to_host(one.f(), static_cast<size_t>(T) * D);
+            const auto a = to_host(two.f(), static_cast<size_t>(T) * D),
+                       b = to_host(one.f(), static_cast<size_t>(T) * D);
             EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "T=" << T << " D=" << D;
             std::printf("PARITY hc collapse_norm vs hc_collapse + rms_norm T=%-4d D=%-5d %s\n", T, D,
                         std::memcmp(a.data(), b.data(), a.size() * 4) ? "DIFFER" : "bit-identical");

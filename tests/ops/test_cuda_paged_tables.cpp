@@ -100,7 +100,8 @@ HostTable host_entry_table(const StateLayout& layout, ForwardBatch& batch, const
     h.rowbase.resize(static_cast<size_t>(batch.rows()));
     for (auto& s : batch.seqs) {
         const int64_t base = static_cast<int64_t>(h.table.size()), wseq = (s.start_pos + s.n_tokens) / ratio;
-        for (int64_t j = 0; j < wseq; ++j) h.table.push_back(layout.entry<uint8_t>(s.state->pool, s.state->pages, sec, j));
+        for (int64_t j = 0; j < wseq; ++j)
+            h.table.push_back(layout.entry<uint8_t>(s.state->pool, s.state->pages, sec, j));
         for (int i = 0; i < s.n_tokens; ++i) h.rowbase[static_cast<size_t>(s.row0 + i)] = base;
     }
     return h;
@@ -225,8 +226,9 @@ void check_tables(const Model4& m, Step& st, const std::string& what) {
             for (int64_t t = 0; t < T; ++t) {
                 const BatchSeq& s = *rows[static_cast<size_t>(t)].seq;
                 vis[static_cast<size_t>(t)] = static_cast<int32_t>((rows[static_cast<size_t>(t)].pos + 1) / info.ratio);
-                counts[static_cast<size_t>(t)] = is_prefill(s) ? static_cast<int32_t>((s.start_pos + s.n_tokens) / info.ratio)
-                                                               : vis[static_cast<size_t>(t)];
+                counts[static_cast<size_t>(t)] = is_prefill(s)
+                                                     ? static_cast<int32_t>((s.start_pos + s.n_tokens) / info.ratio)
+                                                     : vis[static_cast<size_t>(t)];
                 kmax = std::max(kmax, counts[static_cast<size_t>(t)]);
             }
             std::vector<int32_t> list(static_cast<size_t>(T) * std::max(kmax, 1), -1);
@@ -236,9 +238,11 @@ void check_tables(const Model4& m, Step& st, const std::string& what) {
             auto dl = cuda::device_alloc(sizeof(int32_t) * list.size()), dc = cuda::device_alloc(sizeof(int32_t) * T);
             cuda::paged_all_entries(paged.seqs, info.ratio, T, kmax, static_cast<int32_t*>(dl.get()),
                                     static_cast<int32_t*>(dc.get()));
-            EXPECT_EQ(host(static_cast<int32_t*>(dc.get()), static_cast<size_t>(T)), counts) << what << " layer " << info.layer;
+            EXPECT_EQ(host(static_cast<int32_t*>(dc.get()), static_cast<size_t>(T)), counts)
+                << what << " layer " << info.layer;
             if (kmax > 0) {
-                EXPECT_TRUE(host(static_cast<int32_t*>(dl.get()), list.size()) == list) << what << " layer " << info.layer;
+                EXPECT_TRUE(host(static_cast<int32_t*>(dl.get()), list.size()) == list)
+                    << what << " layer " << info.layer;
             }
         }
         for (const StateSection* sec : {&L.comp, &L.index_k}) {
@@ -295,7 +299,8 @@ void check_pipeline(const Model4& m, Step& st, const std::string& what) {
     const auto& info = indexer_layer(m);
     const LayerStateLayout& L = m.layout.layers[static_cast<size_t>(info.layer)];
     const LayerStateLayout& KL = m.layout.layers[static_cast<size_t>(info.index_k_source)];
-    const LayerStateLayout& CL = m.layout.layers[static_cast<size_t>(info.comp_source >= 0 ? info.comp_source : info.layer)];
+    const LayerStateLayout& CL =
+        m.layout.layers[static_cast<size_t>(info.comp_source >= 0 ? info.comp_source : info.layer)];
     ForwardBatch& batch = st.batch;
     const int T = batch.rows(), W = m.cfg.window_size, nh = m.cfg.index_n_heads, hd = m.cfg.index_head_dim;
     const int H = m.cfg.n_heads, D = m.cfg.head_dim, k = m.cfg.index_topk, ratio = info.ratio;
@@ -317,7 +322,8 @@ void check_pipeline(const Model4& m, Step& st, const std::string& what) {
     auto wts = CudaBackend::upload(wh);
 
     // Tables both ways.
-    HostTable hk = host_entry_table(m.layout, batch, KL.index_k, ratio), hc = host_entry_table(m.layout, batch, CL.comp, ratio);
+    HostTable hk = host_entry_table(m.layout, batch, KL.index_k, ratio),
+              hc = host_entry_table(m.layout, batch, CL.comp, ratio);
     std::vector<const uint8_t*> hw;
     std::vector<int32_t> hn;
     host_window_table(m.layout, batch, L.window, W, true, hw, hn);
@@ -334,8 +340,10 @@ void check_pipeline(const Model4& m, Step& st, const std::string& what) {
     // Scores (streamed), and the bf16 key gather of the tensor-core scorer.
     Tensor sh = CudaBackend::empty(DType::F32, {T, stride}), sd = CudaBackend::empty(DType::F32, {T, stride});
     const EntryFormat& kf = KL.index_k.format;
-    cuda::index_scores_stream(q.ptr, wts.ptr, nullptr, T, nh, hd, wd.ptr, vd.ptr, hkb.ptr, hk_d.ptr, kf, stride, sh.f32());
-    cuda::index_scores_stream(q.ptr, wts.ptr, nullptr, T, nh, hd, wd.ptr, vd.ptr, dkb.ptr, dk.table, kf, stride, sd.f32());
+    cuda::index_scores_stream(q.ptr, wts.ptr, nullptr, T, nh, hd, wd.ptr, vd.ptr, hkb.ptr, hk_d.ptr, kf, stride,
+                              sh.f32());
+    cuda::index_scores_stream(q.ptr, wts.ptr, nullptr, T, nh, hd, wd.ptr, vd.ptr, dkb.ptr, dk.table, kf, stride,
+                              sd.f32());
     auto a = host(sh.f32(), static_cast<size_t>(T) * stride), b = host(sd.f32(), static_cast<size_t>(T) * stride);
     int64_t score_diff = 0;
     for (size_t i = 0; i < a.size(); ++i) score_diff += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
@@ -369,8 +377,9 @@ void check_pipeline(const Model4& m, Step& st, const std::string& what) {
     auto nh_ = cuda::device_alloc(sizeof(int32_t) * T), nd_ = cuda::device_alloc(sizeof(int32_t) * T);
     cuda::build_keys(T, hw_d.ptr, hn_d.ptr, W, static_cast<int32_t*>(sel.get()), static_cast<int32_t*>(nsel.get()), k,
                      hc_d.ptr, hcb.ptr, static_cast<const uint8_t**>(kh.get()), static_cast<int32_t*>(nh_.get()), maxk);
-    cuda::build_keys(T, dw.win.table, dw.nwin, W, static_cast<int32_t*>(sel.get()), static_cast<int32_t*>(nsel.get()), k,
-                     dc.table, dcb.ptr, static_cast<const uint8_t**>(kd.get()), static_cast<int32_t*>(nd_.get()), maxk);
+    cuda::build_keys(T, dw.win.table, dw.nwin, W, static_cast<int32_t*>(sel.get()), static_cast<int32_t*>(nsel.get()),
+                     k, dc.table, dcb.ptr, static_cast<const uint8_t**>(kd.get()), static_cast<int32_t*>(nd_.get()),
+                     maxk);
     auto cnt_h = host(static_cast<int32_t*>(nh_.get()), static_cast<size_t>(T));
     EXPECT_EQ(cnt_h, host(static_cast<int32_t*>(nd_.get()), static_cast<size_t>(T))) << what;
     auto keys_h = host(static_cast<const uint8_t**>(kh.get()), static_cast<size_t>(T) * maxk);
@@ -465,8 +474,9 @@ std::shared_ptr<void> random_pool(const StateLayout& layout, int64_t pages) {
     for (const auto& L : layout.layers)
         for (const StateSection* sec : {&L.window, &L.comp, &L.index_k})
             if (sec->present())
-                cuda::sanitize_entries(static_cast<uint8_t*>(pool.get()), pages, static_cast<int64_t>(layout.page_bytes),
-                                       static_cast<int64_t>(sec->offset), sec->entries_per_page, sec->format);
+                cuda::sanitize_entries(static_cast<uint8_t*>(pool.get()), pages,
+                                       static_cast<int64_t>(layout.page_bytes), static_cast<int64_t>(sec->offset),
+                                       sec->entries_per_page, sec->format);
     return pool;
 }
 
@@ -544,7 +554,8 @@ TEST(CudaPagedTables, EncodersMatchHostBytes) {
             }
             for (int b = 0; b < nb; ++b) {
                 uint8_t& s = raw[static_cast<size_t>(f.scale_offset + b)];
-                s = f.kind == kEntryFp4E4m3 ? static_cast<uint8_t>(0x30 | (s & 15)) : static_cast<uint8_t>(120 + (s & 15));
+                s = f.kind == kEntryFp4E4m3 ? static_cast<uint8_t>(0x30 | (s & 15))
+                                            : static_cast<uint8_t>(120 + (s & 15));
             }
             if (r % 8 == 7)  // a block of zeros now and then
                 for (int c = 0; c < f.block; ++c) raw[static_cast<size_t>(f.kind == kEntryFp8 ? c : c / 2)] = 0;
@@ -553,7 +564,8 @@ TEST(CudaPagedTables, EncodersMatchHostBytes) {
         auto xd = CudaBackend::upload(x);
         auto pool = cuda::device_alloc(static_cast<size_t>(rows) * f.bytes);
         std::vector<uint8_t*> dst(static_cast<size_t>(rows));
-        for (int r = 0; r < rows; ++r) dst[static_cast<size_t>(r)] = static_cast<uint8_t*>(pool.get()) + static_cast<size_t>(r) * f.bytes;
+        for (int r = 0; r < rows; ++r)
+            dst[static_cast<size_t>(r)] = static_cast<uint8_t*>(pool.get()) + static_cast<size_t>(r) * f.bytes;
         auto dd = CudaBackend::upload(dst);
         (void)cuda::state_encode_failures();
         cuda::store_entries(xd.ptr, rows, f, dd.ptr);
@@ -562,11 +574,13 @@ TEST(CudaPagedTables, EncodersMatchHostBytes) {
         int bad = 0;
         std::vector<uint8_t> want(static_cast<size_t>(f.bytes));
         for (int r = 0; r < rows; ++r) {
-            EXPECT_TRUE(encode_entry(f, x.data() + static_cast<size_t>(r) * f.dim, want.data())) << name << " row " << r;
+            EXPECT_TRUE(encode_entry(f, x.data() + static_cast<size_t>(r) * f.dim, want.data()))
+                << name << " row " << r;
             bad += std::memcmp(want.data(), got.data() + static_cast<size_t>(r) * f.bytes, want.size()) != 0;
         }
         EXPECT_EQ(bad, 0) << name;
-        std::printf("PARITY entry encoder %-22s %d rows: %s\n", name, rows, bad ? "DIFFER from the host's bytes" : "the host's bytes");
+        std::printf("PARITY entry encoder %-22s %d rows: %s\n", name, rows,
+                    bad ? "DIFFER from the host's bytes" : "the host's bytes");
     }
 }
 

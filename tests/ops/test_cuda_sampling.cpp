@@ -169,7 +169,8 @@ Compared compare(CudaBackend& gpu, const std::vector<float>& logits, int V, cons
 }
 
 void report(const std::string& tag, const Compared& c) {
-    std::printf("PARITY sampling %s: ids %d/%d equal, max |d logprob| %.2e\n", tag.c_str(), c.same_ids, c.rows, c.max_dlp);
+    std::printf("PARITY sampling %s: ids %d/%d equal, max |d logprob| %.2e\n", tag.c_str(), c.same_ids, c.rows,
+                c.max_dlp);
 }
 
 }  // namespace
@@ -273,7 +274,8 @@ TEST(CudaSampling, Timing) {
     for (int R : {1, 8, 64, 256}) {
         Tensor part = Tensor::view(DType::F32, {R, kVocab}, dev.f32(), Device::CUDA);
         const double copy_ms = test::device_ms([&] { (void)CudaBackend::to_host_pinned(part); }, 5);
-        std::string line = "TIMING sample rows " + std::to_string(R) + ": copy logits to host " + std::to_string(copy_ms) + " ms";
+        std::string line =
+            "TIMING sample rows " + std::to_string(R) + ": copy logits to host " + std::to_string(copy_ms) + " ms";
         for (const auto& s : settings) {
             std::vector<SampleRow> rows(static_cast<size_t>(R));
             for (int r = 0; r < R; ++r) {
@@ -338,7 +340,8 @@ TEST(CudaSampling, EngineDevicePathMatchesHostPath) {
     for (auto& g : gs) g.max_new_tokens = 16, g.ignore_eos = true;
     gs[0].sampling.temperature = 1.0f, gs[0].sampling.top_p = 0.9f, gs[0].sampling.seed = 3;
     gs[1].sampling.temperature = 0.8f, gs[1].sampling.top_k = 20, gs[1].sampling.min_p = 0.05f, gs[1].sampling.seed = 4;
-    gs[1].sampling.presence_penalty = 0.4f, gs[1].sampling.frequency_penalty = 0.2f, gs[1].sampling.repetition_penalty = 1.3f;
+    gs[1].sampling.presence_penalty = 0.4f, gs[1].sampling.frequency_penalty = 0.2f,
+    gs[1].sampling.repetition_penalty = 1.3f;
     gs[1].sampling.logit_bias = {{static_cast<int32_t>(ids[3]), 2.0f}, {7, -1.0f}};
     gs[1].min_new_tokens = 6, gs[1].ignore_eos = false, gs[1].stop_token_ids = {static_cast<int32_t>(ids[5])};
     gs[1].logprobs = true, gs[1].top_logprobs = 3;

@@ -67,7 +67,8 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
         else qdq_fp4_e4m3(row, Dh, 16);
     }
     for (auto& x : sink) x = nd(g);
-    const std::vector<float> win_rows(kv.begin(), kv.begin() + nk / 2 * Dh), comp_rows(kv.begin() + nk / 2 * Dh, kv.end());
+    const std::vector<float> win_rows(kv.begin(), kv.begin() + nk / 2 * Dh),
+        comp_rows(kv.begin() + nk / 2 * Dh, kv.end());
     auto wd = CudaBackend::upload(peregrine::test::pack_entries(win_rows, nk / 2, wf));
     auto cd = CudaBackend::upload(peregrine::test::pack_entries(comp_rows, nk / 2, cf));
     // The same entries decoded to bf16 rows (as attention.cpp does for prefill-sized steps): window rows, then
@@ -109,8 +110,9 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
             nwin[static_cast<size_t>(t)] = std::min(c, W);
             for (int j = 0; j < c; ++j) {
                 const bool masked = j % 50 == 7;
-                keys[static_cast<size_t>(t * maxk + j)] =
-                    masked ? nullptr : j < W ? wd.ptr + ((t + j) % (nk / 2)) * wf.bytes : cd.ptr + ((t * 131 + j * 17) % (nk / 2)) * cf.bytes;
+                keys[static_cast<size_t>(t * maxk + j)] = masked  ? nullptr
+                                                          : j < W ? wd.ptr + ((t + j) % (nk / 2)) * wf.bytes
+                                                                  : cd.ptr + ((t * 131 + j * 17) % (nk / 2)) * cf.bytes;
                 key_bytes += masked ? 0 : (j < W ? wf.bytes : cf.bytes);
             }
         }
@@ -128,7 +130,9 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
         const size_t ws_bytes = cuda::sparse_attention_mma_workspace(T, H, Dh, maxk);
         const bool split = ws_bytes > 0;
         auto ws = cuda::device_alloc(ws_bytes);
-        auto run = [&](Tensor& o) { cuda::sparse_attention_mma(qd.ptr, T, H, Dh, scale, sd.ptr, kr, o.f32(), ws.get()); };
+        auto run = [&](Tensor& o) {
+            cuda::sparse_attention_mma(qd.ptr, T, H, Dh, scale, sd.ptr, kr, o.f32(), ws.get());
+        };
         cuda::sparse_attention_mma_use_warps(8);
         const float ms_mma = peregrine::test::device_ms([&] { run(om); });
         const float ms_exact = peregrine::test::device_ms([&] {
@@ -145,8 +149,8 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
             int64_t differ = 0;
             for (size_t i = 0; i < a.size(); ++i) differ += std::memcmp(&a[i], &x16[i], sizeof(float)) != 0;
             EXPECT_EQ(differ, 0) << "T=" << T << ": 16-warp CTAs differ from 8-warp ones";
-            std::printf("PARITY attn sparse_attention_mma %s %ldx64x512, 16 warps vs 8: %s, %.3f ms against %.3f ms\n", arch,
-                        static_cast<long>(T), differ == 0 ? "identical" : "DIFFER", ms_16, ms_mma);
+            std::printf("PARITY attn sparse_attention_mma %s %ldx64x512, 16 warps vs 8: %s, %.3f ms against %.3f ms\n",
+                        arch, static_cast<long>(T), differ == 0 ? "identical" : "DIFFER", ms_16, ms_mma);
         }
 
         // Per (query, head) row: within 2 bf16 steps of the row's largest exact output (the fp32 sums in
@@ -171,13 +175,15 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
                 }
             }
             const double share = static_cast<double>(equal) / static_cast<double>(x_all.size());
-            EXPECT_EQ(bad, 0) << kernel << " T=" << T << ": " << bad << " outputs beyond 2 bf16 steps of their row's maximum";
+            EXPECT_EQ(bad, 0) << kernel << " T=" << T << ": " << bad
+                              << " outputs beyond 2 bf16 steps of their row's maximum";
             EXPECT_GE(share, split ? 0.5 : 0.98) << kernel << " T=" << T;
             const double gbs = static_cast<double>(key_bytes) / (ms * 1e-3) / 1e9;
-            std::printf("PARITY attn sparse_attention %s %s %ldx64x512 over <=640 packed keys%s: %.3f ms (%.0f GB/s of key reads)"
-                        " exact %.3f ms, equal %.4f, max |d| %.2f bf16 steps of the row max (tol 2, equal >= %.2f)\n",
-                        kernel, arch, static_cast<long>(T), split ? " (split keys)" : "", ms, gbs, ms_exact, share,
-                        worst_steps, split ? 0.5 : 0.98);
+            std::printf(
+                "PARITY attn sparse_attention %s %s %ldx64x512 over <=640 packed keys%s: %.3f ms (%.0f GB/s of key reads)"
+                " exact %.3f ms, equal %.4f, max |d| %.2f bf16 steps of the row max (tol 2, equal >= %.2f)\n",
+                kernel, arch, static_cast<long>(T), split ? " (split keys)" : "", ms, gbs, ms_exact, share, worst_steps,
+                split ? 0.5 : 0.98);
         };
         check("mma", a, ms_mma);
 
@@ -194,9 +200,11 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
             check("wgmma rows", r, ms_rows);
             int64_t same = 0;
             for (size_t i = 0; i < r.size(); ++i) same += r[i] == a[i];
-            std::printf("PARITY attn sparse_attention wgmma rows %s %ldx64x512: %.3f ms against mma %.3f (16 warps %.3f), "
-                        "equal to mma %.4f\n", arch, static_cast<long>(T), ms_rows, ms_mma, ms_16,
-                        static_cast<double>(same) / static_cast<double>(r.size()));
+            std::printf(
+                "PARITY attn sparse_attention wgmma rows %s %ldx64x512: %.3f ms against mma %.3f (16 warps %.3f), "
+                "equal to mma %.4f\n",
+                arch, static_cast<long>(T), ms_rows, ms_mma, ms_16,
+                static_cast<double>(same) / static_cast<double>(r.size()));
         }
     }
 }

@@ -31,7 +31,8 @@ TEST(EntryDecode, E4m3UnderUe8m0) {
                 uint32_t v[2];
                 e4m3x4_to_bf16(w, v);
                 const uint32_t got = apply(f, v[pos / 2]);
-                ASSERT_EQ((got >> (16 * (pos % 2))) & 0xffffu, want) << "code " << c << " scale " << e << " pos " << pos;
+                ASSERT_EQ((got >> (16 * (pos % 2))) & 0xffffu, want)
+                    << "code " << c << " scale " << e << " pos " << pos;
                 ++checked;
             }
         }

@@ -56,7 +56,8 @@ TEST(PagedAddress, WindowPositionsMatchWindowList) {
                             const int64_t got = cuda::window_position(start, n_tokens, pos, W, v41, j, &n);
                             ASSERT_EQ(n, static_cast<int>(list.size())) << start << "+" << n_tokens << " pos " << pos;
                             if (j < n) {
-                                ASSERT_EQ(got, list[static_cast<size_t>(j)]) << start << "+" << n_tokens << " pos " << pos << " j " << j;
+                                ASSERT_EQ(got, list[static_cast<size_t>(j)])
+                                    << start << "+" << n_tokens << " pos " << pos << " j " << j;
                             }
                         }
                     }

@@ -90,12 +90,15 @@ TEST(Sampling, TruncationBeyondTheFirstSortedPrefix) {
             while (cum < 0.5) cum += std::exp(static_cast<double>(l[static_cast<size_t>(order[keep++])])) / z;
         } else if (mode == 1) {  // min-p 0.7 relative to the best: logits >= max + ln(0.7)
             p.min_p = 0.7f;
-            while (keep < order.size() && std::exp(static_cast<double>(l[static_cast<size_t>(order[keep])] - l[static_cast<size_t>(order[0])])) >= 0.7) ++keep;
+            while (keep < order.size() && std::exp(static_cast<double>(l[static_cast<size_t>(order[keep])] -
+                                                                       l[static_cast<size_t>(order[0])])) >= 0.7)
+                ++keep;
         } else {  // top-k 3000 then top-p 0.9 of it
             p.top_k = 3000;
             p.top_p = 0.9f;
             double zk = 0, cum = 0;
-            for (int i = 0; i < 3000; ++i) zk += std::exp(static_cast<double>(l[static_cast<size_t>(order[static_cast<size_t>(i)])]));
+            for (int i = 0; i < 3000; ++i)
+                zk += std::exp(static_cast<double>(l[static_cast<size_t>(order[static_cast<size_t>(i)])]));
             while (cum < 0.9) cum += std::exp(static_cast<double>(l[static_cast<size_t>(order[keep++])])) / zk;
         }
         ASSERT_GT(keep, 1024u) << mode;
@@ -106,7 +109,8 @@ TEST(Sampling, TruncationBeyondTheFirstSortedPrefix) {
         size_t distinct = 0, deep = 0;
         for (int i = 0; i < 3000; ++i) {
             const int32_t id = s.sample(l.data(), V);
-            ASSERT_LT(rank[static_cast<size_t>(id)], static_cast<int>(keep)) << "mode " << mode << " sampled " << id << " outside the kept set";
+            ASSERT_LT(rank[static_cast<size_t>(id)], static_cast<int>(keep))
+                << "mode " << mode << " sampled " << id << " outside the kept set";
             distinct += !hit[static_cast<size_t>(id)];
             deep += rank[static_cast<size_t>(id)] >= 1024;
             hit[static_cast<size_t>(id)] = 1;
@@ -180,7 +184,8 @@ int32_t reference_sample(const std::vector<float>& l, const SampleConfig& c, uin
     const float mx = l[static_cast<size_t>(best)];
     if (!(c.inv_t > 0.0) || !std::isfinite(mx)) return best;
     std::vector<uint64_t> W(static_cast<size_t>(V));
-    for (int i = 0; i < V; ++i) W[static_cast<size_t>(i)] = sampling::token_weight(l[static_cast<size_t>(i)], mx, c.inv_t);
+    for (int i = 0; i < V; ++i)
+        W[static_cast<size_t>(i)] = sampling::token_weight(l[static_cast<size_t>(i)], mx, c.inv_t);
     const size_t k = c.top_k > 0 && c.top_k < V ? static_cast<size_t>(c.top_k) : order.size();
     std::vector<int32_t> k1(order.begin(), order.begin() + static_cast<long>(k)), k2;
     uint64_t total = 0;
@@ -219,9 +224,10 @@ TEST(Sampling, SamplerMatchesThePlainDefinition) {
         int k;
         float p, minp;
     };
-    const P params[] = {{1.0f, 0, 1.0f, 0.0f},   {0.7f, 0, 0.9f, 0.0f},   {1.0f, 40, 1.0f, 0.0f},  {1.0f, 1, 1.0f, 0.0f},
-                        {1.0f, 0, 1.0f, 0.05f},  {1.3f, 300, 0.95f, 0.01f}, {2.0f, 0, 0.5f, 0.0f},   {0.05f, 0, 1.0f, 0.0f},
-                        {1.0f, 0, 0.0f, 0.0f},   {1.0f, 1999, 0.99f, 0.3f}, {0.0f, 0, 1.0f, 0.0f}};
+    const P params[] = {{1.0f, 0, 1.0f, 0.0f},     {0.7f, 0, 0.9f, 0.0f},  {1.0f, 40, 1.0f, 0.0f},
+                        {1.0f, 1, 1.0f, 0.0f},     {1.0f, 0, 1.0f, 0.05f}, {1.3f, 300, 0.95f, 0.01f},
+                        {2.0f, 0, 0.5f, 0.0f},     {0.05f, 0, 1.0f, 0.0f}, {1.0f, 0, 0.0f, 0.0f},
+                        {1.0f, 1999, 0.99f, 0.3f}, {0.0f, 0, 1.0f, 0.0f}};
     int distinct_total = 0;
     for (int kind = 0; kind < 3; ++kind) {
         const int V = 2000;
@@ -242,7 +248,8 @@ TEST(Sampling, SamplerMatchesThePlainDefinition) {
             for (uint64_t idx = 0; idx < 200; ++idx) {
                 const int32_t want = reference_sample(l, c, 99, idx);
                 const int32_t got = sample_token(l.data(), V, c, 99, idx, s);
-                ASSERT_EQ(got, want) << "kind " << kind << " t " << p.t << " k " << p.k << " p " << p.p << " min_p " << p.minp;
+                ASSERT_EQ(got, want) << "kind " << kind << " t " << p.t << " k " << p.k << " p " << p.p << " min_p "
+                                     << p.minp;
                 distinct_total += !seen[static_cast<size_t>(got)];
                 seen[static_cast<size_t>(got)] = 1;
             }

@@ -54,7 +54,8 @@ bool matches(StructuredOutput& so, const grammar::ConstraintSpec& spec, const st
 TEST(StructuredOutput, SteersToACompleteSentenceWithinTheBudget) {
     Tokenizer tok = byte_tokenizer();
     StructuredOutput so(tok, 256, kEos);
-    const grammar::ConstraintSpec person{grammar::ConstraintKind::kJsonSchema,
+    const grammar::ConstraintSpec person{
+        grammar::ConstraintKind::kJsonSchema,
         R"({"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"}},"required":["name","age"]})"};
     const grammar::ConstraintSpec phone{grammar::ConstraintKind::kRegex, R"(\(\d{3}\) \d{3}-\d{4})"};
     const grammar::ConstraintSpec expr{grammar::ConstraintKind::kEbnf,

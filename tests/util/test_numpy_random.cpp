@@ -18,6 +18,7 @@ const Case kCases[] = {
 TEST(NumpyRandom, IntegersMatchNumpy) {
     for (const auto& c : kCases) {
         NumpyPcg64 rng(c.seed);
-        EXPECT_EQ(rng.integers(c.low, c.high, 6), c.expect) << "seed " << c.seed << " range [" << c.low << ", " << c.high << ")";
+        EXPECT_EQ(rng.integers(c.low, c.high, 6), c.expect)
+            << "seed " << c.seed << " range [" << c.low << ", " << c.high << ")";
     }
 }

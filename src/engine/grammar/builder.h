@@ -53,7 +53,9 @@ public:
     // epsilon links and byte edges.
     int32_t node() { return new_state(); }
     void link(int32_t from, int32_t to) { add_edge(from, {Edge::kEps, 0, 0, to, -1}); }
-    void link_bytes(int32_t from, uint8_t lo, uint8_t hi, int32_t to) { add_edge(from, {Edge::kBytes, lo, hi, to, -1}); }
+    void link_bytes(int32_t from, uint8_t lo, uint8_t hi, int32_t to) {
+        add_edge(from, {Edge::kBytes, lo, hi, to, -1});
+    }
     // Number of NFA states reachable from f.start (decides whether a repeated part becomes a rule).
     int32_t size_of(Frag f) const;
 

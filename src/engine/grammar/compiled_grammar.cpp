@@ -197,7 +197,8 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabula
         for (int64_t i = begin; i < end; ++i) {
             accepted.clear();
             uncertain.clear();
-            int32_t bottom = !root_called && grammar_.rule_of[todo[i]] == grammar_.root_rule ? kRootFrame : kBottomFrame;
+            int32_t bottom =
+                !root_called && grammar_.rule_of[todo[i]] == grammar_.root_rule ? kRootFrame : kBottomFrame;
             auto c0 = std::chrono::steady_clock::now();
             cls.classify(todo[i], bottom, accepted, uncertain);
             if (profile)

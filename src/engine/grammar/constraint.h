@@ -50,7 +50,8 @@ public:
     std::shared_ptr<const CompiledGrammar> compile(const Grammar& grammar) const;
     // A grammar the caller builds (e.g. a tool-call grammar from ebnf_grammar with schema rules),
     // cached under a caller-chosen key (keys of specs start with their kind name and a NUL).
-    std::shared_ptr<const CompiledGrammar> compile_cached(const std::string& key, const std::function<Grammar()>& build);
+    std::shared_ptr<const CompiledGrammar> compile_cached(const std::string& key,
+                                                          const std::function<Grammar()>& build);
     size_t cached() const;
     const std::shared_ptr<const Vocabulary>& vocab() const { return vocab_; }
 

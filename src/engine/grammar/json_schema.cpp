@@ -95,7 +95,9 @@ private:
         for (uint32_t c : {9u, 10u, 13u, 32u}) s.add(c);
         return b_.repeat(b_.codepoints(s), 0, o_.max_whitespace);
     }
-    Frag item_sep() { return o_.any_whitespace ? b_.seq({ws(), b_.literal(","), ws()}) : b_.literal(o_.item_separator); }
+    Frag item_sep() {
+        return o_.any_whitespace ? b_.seq({ws(), b_.literal(","), ws()}) : b_.literal(o_.item_separator);
+    }
     Frag key_sep() { return o_.any_whitespace ? b_.seq({ws(), b_.literal(":"), ws()}) : b_.literal(o_.key_separator); }
     Frag open(const char* c) { return b_.seq(b_.literal(c), ws()); }
     Frag close(const char* c) { return b_.seq(ws(), b_.literal(c)); }
@@ -207,7 +209,8 @@ private:
     // ---- schema composition ----
     static bool is_type(const ojson& v, const std::string& t) {
         if (t == "string") return v.is_string();
-        if (t == "integer") return v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+        if (t == "integer")
+            return v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
         if (t == "number") return v.is_number();
         if (t == "boolean") return v.is_boolean();
         if (t == "null") return v.is_null();
@@ -276,7 +279,8 @@ private:
         for (const char* key : {"anyOf", "oneOf"}) {
             if (!schema.contains(key)) continue;
             const ojson& alts_in = schema[key];
-            if (!alts_in.is_array() || alts_in.empty()) fail("JSON Schema {} must be a non-empty array (at {})", key, where);
+            if (!alts_in.is_array() || alts_in.empty())
+                fail("JSON Schema {} must be a non-empty array (at {})", key, where);
             ojson base = schema;
             base.erase(key);
             bool base_constrains = false;
@@ -289,7 +293,8 @@ private:
             if (std::string(key) == "oneOf") {
                 std::vector<ojson> analysed;
                 for (const ojson& a : alts_in)
-                    analysed.push_back(base_constrains ? merge_all_of({{"allOf", ojson::array({base, a})}}, where) : deref(a));
+                    analysed.push_back(base_constrains ? merge_all_of({{"allOf", ojson::array({base, a})}}, where)
+                                                       : deref(a));
                 for (size_t i = 0; i < analysed.size(); ++i) {
                     bool exclusive = true;
                     for (size_t j = 0; j < analysed.size() && exclusive; ++j)
@@ -345,7 +350,8 @@ private:
             if (schema["type"].is_string()) types.push_back(schema["type"]);
             else for (auto& t : schema["type"]) types.push_back(t);
         } else {
-            bool obj = schema.contains("properties") || schema.contains("required") || schema.contains("additionalProperties");
+            bool obj =
+                schema.contains("properties") || schema.contains("required") || schema.contains("additionalProperties");
             bool arr = schema.contains("items") || schema.contains("prefixItems") || schema.contains("minItems") ||
                        schema.contains("maxItems");
             bool str = schema.contains("pattern") || schema.contains("format") || schema.contains("minLength") ||
@@ -416,7 +422,8 @@ private:
         const ojson& b = deref(b_in);
         if (b.is_boolean()) return !b.get<bool>();
         if (depth > 8 || !a.is_object() || !b.is_object()) return false;
-        if (b.contains("anyOf") || b.contains("oneOf") || b.contains("allOf") || b.contains("$ref") || b.contains("not"))
+        if (b.contains("anyOf") || b.contains("oneOf") || b.contains("allOf") || b.contains("$ref") ||
+            b.contains("not"))
             return false;
         // Literal values of `a` against b's literals or types.
         if (a.contains("const") || a.contains("enum")) {
@@ -430,7 +437,8 @@ private:
             // b admits only its literals: a fails b when no literal has a type a generates.
             bool possible = false;
             for (const ojson& v : literals(b))
-                for (const std::string& t : ta) possible = possible || is_type(v, t) || (t == "number" && v.is_number());
+                for (const std::string& t : ta)
+                    possible = possible || is_type(v, t) || (t == "number" && v.is_number());
             if (!possible) return true;
         }
         if (b.contains("type")) {
@@ -479,7 +487,8 @@ private:
         const ojson& b = deref(b_in);
         if (b.is_boolean()) return !b.get<bool>();
         if (!b.is_object()) return false;
-        if (b.contains("anyOf") || b.contains("oneOf") || b.contains("allOf") || b.contains("$ref") || b.contains("not"))
+        if (b.contains("anyOf") || b.contains("oneOf") || b.contains("allOf") || b.contains("$ref") ||
+            b.contains("not"))
             return false;
         if (b.contains("const") && !json_equal(v, b["const"])) return true;
         if (b.contains("enum")) {
@@ -556,7 +565,8 @@ private:
     static std::string format_regex(const std::string& f) {
         const std::string date =
             "[1-9][0-9]{3}-((0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])|(0[13-9]|1[0-2])-(29|30)|(0[13578]|1[02])-31)";
-        const std::string time = "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])";
+        const std::string time =
+            "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])";
         const std::string octet = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])";
         const std::string label = "[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?";
         if (f == "date") return date;
@@ -663,7 +673,8 @@ private:
             b_.link(S[i][1], sep.start);
             b_.link(sep.end, k);
             std::string key = ojson(props[i].name).dump();
-            Frag kv = b_.seq({b_.literal(key), key_sep(), value(*props[i].schema, where + "/properties/" + props[i].name)});
+            Frag kv =
+                b_.seq({b_.literal(key), key_sep(), value(*props[i].schema, where + "/properties/" + props[i].name)});
             b_.link(k, kv.start);
             b_.link(kv.end, S[i + 1][1]);
             if (!props[i].required) {

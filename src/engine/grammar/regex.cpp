@@ -27,7 +27,8 @@ struct UnicodeClasses {
             if (letter || number || mark || c == '_') word.add(c);
             if (sep) space.add(c);
         }
-        for (uint32_t c : {9u, 10u, 11u, 12u, 13u, 0x1Cu, 0x1Du, 0x1Eu, 0x1Fu, 0x20u, 0x85u, 0xA0u, 0xFEFFu}) space.add(c);
+        for (uint32_t c : {9u, 10u, 11u, 12u, 13u, 0x1Cu, 0x1Du, 0x1Eu, 0x1Fu, 0x20u, 0x85u, 0xA0u, 0xFEFFu})
+            space.add(c);
     }
 };
 

@@ -16,7 +16,8 @@ namespace peregrine::cpu {
 // State entries are packed (state_format.h); the values written were QDQ'd already, so packing them is
 // exact, and a value it would change is a bug worth stopping for.
 static void store_entry(const StateSection& sec, const float* x, uint8_t* dst) {
-    if (!encode_entry(sec.format, x, dst)) fail("state entry (kind {}, dim {}) does not hold its values exactly", sec.format.kind, sec.format.dim);
+    if (!encode_entry(sec.format, x, dst))
+        fail("state entry (kind {}, dim {}) does not hold its values exactly", sec.format.kind, sec.format.dim);
 }
 static std::vector<float> load_entry(const StateSection& sec, const uint8_t* src) {
     std::vector<float> v(static_cast<size_t>(sec.format.dim));
@@ -35,8 +36,9 @@ struct Emitted {
     std::vector<float> latent;
 };
 
-static std::vector<Emitted> run_compressor(const ModelConfig& cfg, const StateLayout& layout, const CompressorWeight& cw,
-                                           size_t carry_offset, const Tensor& x, ForwardBatch& batch, Backend& be) {
+static std::vector<Emitted> run_compressor(const ModelConfig& cfg, const StateLayout& layout,
+                                           const CompressorWeight& cw, size_t carry_offset, const Tensor& x,
+                                           ForwardBatch& batch, Backend& be) {
     const int ratio = cw.ratio, d = cw.head_dim, coff = cw.overlap ? 2 : 1, width = coff * d;
     const float eps = static_cast<float>(cfg.norm_eps);
     std::vector<Emitted> out;
@@ -62,7 +64,8 @@ static std::vector<Emitted> run_compressor(const ModelConfig& cfg, const StateLa
             const float* sr = score.f32() + row * width;
             for (int c = 0; c < width; ++c) {
                 kv_state[slot * width + c] = kr[c];
-                sc_state[slot * width + c] = cw.ape.empty() ? sr[c] : sr[c] + cw.ape.data<float>()[(pos % ratio) * width + c];
+                sc_state[slot * width + c] =
+                    cw.ape.empty() ? sr[c] : sr[c] + cw.ape.data<float>()[(pos % ratio) * width + c];
             }
             if ((pos + 1) % ratio == 0) {
                 // Gather the members: overlap uses the previous window's first halves and this window's second.
@@ -95,7 +98,8 @@ static std::vector<Emitted> run_compressor(const ModelConfig& cfg, const StateLa
                 }
             }
             if ((pos + 1) % layout.page_tokens == 0) {  // snapshot the carry as of this page's end
-                uint8_t* page = layout.page_ptr(s.state->pool, s.state->pages.at(static_cast<size_t>(pos / layout.page_tokens)));
+                uint8_t* page =
+                    layout.page_ptr(s.state->pool, s.state->pages.at(static_cast<size_t>(pos / layout.page_tokens)));
                 std::memcpy(page + layout.snapshot_offset + carry_offset, kv_state,
                             sizeof(float) * static_cast<size_t>(2 * slots * width));
             }
@@ -158,7 +162,8 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
     Tensor kv = window_kv(x, w, rope, positions);
     for (int t = 0; t < T; ++t) {
         SeqState& st = *rows[t].seq->state;
-        store_entry(L.window, kv.f32() + static_cast<int64_t>(t) * D, layout_.entry<uint8_t>(st.pool, st.pages, L.window, rows[t].pos));
+        store_entry(L.window, kv.f32() + static_cast<int64_t>(t) * D,
+                    layout_.entry<uint8_t>(st.pool, st.pages, L.window, rows[t].pos));
     }
 
     // Compressed entries (and, for V4.1 key owners, indexer keys).
@@ -226,7 +231,8 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
                     auto& dk = seq_keys[static_cast<size_t>(si)];
                     dk.resize(static_cast<size_t>(width * hd));
                     for (int64_t j = 0; j < width; ++j)
-                        decode_entry(ks.format, layout_.entry<uint8_t>(s.state->pool, s.state->pages, ks, j), dk.data() + j * hd);
+                        decode_entry(ks.format, layout_.entry<uint8_t>(s.state->pool, s.state->pages, ks, j),
+                                     dk.data() + j * hd);
                 }
             });
             parallel_for(T, [&](int64_t t0, int64_t t1) {
@@ -287,7 +293,8 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
     }
 
     // Sparse attention with sink, then the inverse rotation of the output.
-    const LayerStateLayout& CL = layout_.layers.at(static_cast<size_t>(info.comp_source >= 0 ? info.comp_source : info.layer));
+    const LayerStateLayout& CL =
+        layout_.layers.at(static_cast<size_t>(info.comp_source >= 0 ? info.comp_source : info.layer));
     Tensor o = Tensor::zeros(DType::F32, {T, H, D});
     const float scale = static_cast<float>(std::pow(D, -0.5));
     parallel_for(T, [&](int64_t t0, int64_t t1) {
@@ -306,7 +313,8 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
             for (int64_t p : window_list(*rows[t].seq, rows[t].pos, W, v41)) add(L.window, p);
             for (int32_t j : comp_list[static_cast<size_t>(t)]) add(CL.comp, j);
             for (int h = 0; h < H; ++h)
-                sparse_attend(q.f32() + (t * H + h) * D, keys, D, scale, w.attn_sink.data<float>()[h], o.f32() + (t * H + h) * D);
+                sparse_attend(q.f32() + (t * H + h) * D, keys, D, scale, w.attn_sink.data<float>()[h],
+                              o.f32() + (t * H + h) * D);
         }
     });
     return project_output(o, w, rope, positions);
@@ -334,7 +342,8 @@ Tensor CpuBackend::project_queries(const Tensor& x, const Tensor& qr, const Atte
     return q;
 }
 
-Tensor CpuBackend::window_kv(const Tensor& x, const AttentionWeight& w, const Rope& rope, const std::vector<int64_t>& pos) {
+Tensor CpuBackend::window_kv(const Tensor& x, const AttentionWeight& w, const Rope& rope,
+                             const std::vector<int64_t>& pos) {
     const int D = cfg_.head_dim, rd = cfg_.rope_head_dim;
     Tensor kv = rms_norm(linear(x, w.wkv), w.kv_norm);
     for (size_t t = 0; t < pos.size(); ++t) {
@@ -346,7 +355,8 @@ Tensor CpuBackend::window_kv(const Tensor& x, const AttentionWeight& w, const Ro
     return kv;
 }
 
-Tensor CpuBackend::project_output(Tensor& o, const AttentionWeight& w, const Rope& rope, const std::vector<int64_t>& pos) {
+Tensor CpuBackend::project_output(Tensor& o, const AttentionWeight& w, const Rope& rope,
+                                  const std::vector<int64_t>& pos) {
     const int T = static_cast<int>(pos.size()), H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim;
     for (int t = 0; t < T; ++t)
         for (int h = 0; h < H; ++h) rope.apply(o.f32() + (static_cast<int64_t>(t) * H + h) * D + D - rd, pos[t], true);
@@ -378,7 +388,8 @@ void CpuBackend::store_window_kv(const Tensor& x, const AttentionWeight& w, cons
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
     for (size_t t = 0; t < rows.size(); ++t) {
         SeqState& st = *rows[t].seq->state;
-        store_entry(L.window, kv.f32() + static_cast<int64_t>(t) * D, layout_.entry<uint8_t>(st.pool, st.pages, L.window, rows[t].pos));
+        store_entry(L.window, kv.f32() + static_cast<int64_t>(t) * D,
+                    layout_.entry<uint8_t>(st.pool, st.pages, L.window, rows[t].pos));
     }
 }
 
@@ -429,7 +440,8 @@ Tensor CpuBackend::dspark_confidence(const DSparkWeight& w, const Tensor& x, con
     for (int64_t i = 0; i < B; ++i) {
         std::memcpy(in.f32() + i * (D + R), x.f32() + i * D, sizeof(float) * static_cast<size_t>(D));
         for (int64_t k = 0; k < R; ++k)
-            in.f32()[i * (D + R) + D + k] = bf16_to_f32(w.markov_embed.data<uint16_t>()[ids[static_cast<size_t>(i)] * R + k]);
+            in.f32()[i * (D + R) + D + k] =
+                bf16_to_f32(w.markov_embed.data<uint16_t>()[ids[static_cast<size_t>(i)] * R + k]);
     }
     return linear(in, w.confidence).reshaped({B});
 }

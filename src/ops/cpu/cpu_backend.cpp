@@ -106,7 +106,8 @@ Tensor CpuBackend::gather_rows(const Tensor& x, const std::vector<int>& rows) {
     shape[0] = static_cast<int64_t>(rows.size());
     Tensor y = Tensor::zeros(DType::F32, shape);
     for (size_t r = 0; r < rows.size(); ++r)
-        std::memcpy(y.f32() + static_cast<int64_t>(r) * row, x.f32() + rows[r] * row, sizeof(float) * static_cast<size_t>(row));
+        std::memcpy(y.f32() + static_cast<int64_t>(r) * row, x.f32() + rows[r] * row,
+                    sizeof(float) * static_cast<size_t>(row));
     return y;
 }
 
@@ -126,7 +127,8 @@ Tensor CpuBackend::embed(const Tensor& table, const std::vector<int32_t>& ids) {
 HcMix CpuBackend::hc_mixes(const Tensor& h, const HcWeight& w) {
     const int64_t T = h.dim(0), hc = cfg_.hc_mult, D = cfg_.dim, W = hc * D;
     const int64_t n_mix = w.fn.dim(0);
-    HcMix m{Tensor::zeros(DType::F32, {T, hc}), Tensor::zeros(DType::F32, {T, hc}), Tensor::zeros(DType::F32, {T, hc, hc})};
+    HcMix m{Tensor::zeros(DType::F32, {T, hc}), Tensor::zeros(DType::F32, {T, hc}),
+            Tensor::zeros(DType::F32, {T, hc, hc})};
     const float* fn = w.fn.data<float>();
     const float* base = w.base.data<float>();
     const float* scale = w.scale.data<float>();
@@ -235,7 +237,8 @@ Tensor CpuBackend::rms_norm(const Tensor& x, const Tensor& w) {
     Tensor y = Tensor::zeros(DType::F32, x.shape());
     std::vector<float> wf(static_cast<size_t>(D));
     for (int64_t i = 0; i < D; ++i) wf[i] = tensor_value(w, i);
-    for (int64_t t = 0; t < T; ++t) rms_norm_row(x.f32() + t * D, wf.data(), static_cast<int>(D), eps(), y.f32() + t * D);
+    for (int64_t t = 0; t < T; ++t)
+        rms_norm_row(x.f32() + t * D, wf.data(), static_cast<int>(D), eps(), y.f32() + t * D);
     return y;
 }
 
@@ -281,7 +284,8 @@ Tensor CpuBackend::logits(const Tensor& x, const LinearWeight& head, bool) {
         std::vector<float> wr(static_cast<size_t>(K));
         for (int64_t n = n0; n < n1; ++n) {
             for (int64_t k = 0; k < K; ++k) wr[k] = tensor_value(head.w, n * K + k);
-            for (int64_t m = 0; m < M; ++m) y.f32()[m * N + n] = dot_exact(x.f32() + m * K, wr.data(), static_cast<int>(K));
+            for (int64_t m = 0; m < M; ++m)
+                y.f32()[m * N + n] = dot_exact(x.f32() + m * K, wr.data(), static_cast<int>(K));
         }
     }, 64);
     return y;

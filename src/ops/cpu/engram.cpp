@@ -37,7 +37,8 @@ void CpuBackend::engram(Tensor& h, const EngramWeight& w, const std::vector<int6
                 ks += static_cast<double>(key[c] * key[c]);
                 dot += static_cast<double>(x[c] * wi[c] * key[c]);
             }
-            float rstd = (1.0f / std::sqrt(static_cast<float>(hs) / D + e)) * (1.0f / std::sqrt(static_cast<float>(ks) / D + e));
+            float rstd =
+                (1.0f / std::sqrt(static_cast<float>(hs) / D + e)) * (1.0f / std::sqrt(static_cast<float>(ks) / D + e));
             float d = static_cast<float>(dot) * rstd * inv_sqrt_d;
             float g = 1.0f / (1.0f + std::exp(-std::copysign(std::sqrt(std::max(std::fabs(d), 1e-6f)), d)));
             for (int64_t c = 0; c < D; ++c) x[c] = round_bf16(x[c] + g * value[c]);

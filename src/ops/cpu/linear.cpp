@@ -60,7 +60,8 @@ void linear(const float* x, int64_t M, const LinearWeight& w, float* y) {
     const float* a = x;
     int ab = w.act_block;
     if (quantised) {
-        PEREGRINE_CHECK(ab > 0 && K % ab == 0, "linear: input width {} is not a multiple of the activation block {}", K, ab);
+        PEREGRINE_CHECK(ab > 0 && K % ab == 0, "linear: input width {} is not a multiple of the activation block {}", K,
+                        ab);
         xq.resize(static_cast<size_t>(M) * K);
         xs.resize(static_cast<size_t>(M) * (K / ab));
         parallel_for(M, [&](int64_t m0, int64_t m1) {
@@ -89,7 +90,8 @@ void linear(const float* x, int64_t M, const LinearWeight& w, float* y) {
                             break;
                         case LinearWeight::Kind::FP8: {
                             const int b = w.weight_block;
-                            const uint8_t* ws = w.scale.data<uint8_t>() + static_cast<size_t>(n / b) * ((K + b - 1) / b);
+                            const uint8_t* ws =
+                                w.scale.data<uint8_t>() + static_cast<size_t>(n / b) * ((K + b - 1) / b);
                             const float* as = xs.data() + m * (K / ab);
                             float acc = 0.0f;
                             for (int kb = 0; kb < K / b; ++kb)

@@ -126,7 +126,8 @@ Tensor CpuBackend::moe_combine(const Tensor& x, const MoEWeight& w, const Tensor
             const float* row = ye.f32() + (t * K + k) * D;
             for (int64_t c = 0; c < D; ++c) y[static_cast<size_t>(c)] += row[c];
         }
-        for (int64_t c = 0; c < D; ++c) out.f32()[t * D + c] = round_bf16(y[static_cast<size_t>(c)] + shared.f32()[t * D + c]);
+        for (int64_t c = 0; c < D; ++c)
+            out.f32()[t * D + c] = round_bf16(y[static_cast<size_t>(c)] + shared.f32()[t * D + c]);
     }
     return out;
 }

@@ -74,7 +74,8 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
                 if ((pos + 1) % ratio == 0) ++emit_base;
                 float* p = nullptr;
                 if ((pos + 1) % layout_.page_tokens == 0) {
-                    uint8_t* page = layout_.page_ptr(s.state->pool, s.state->pages.at(static_cast<size_t>(pos / layout_.page_tokens)));
+                    uint8_t* page = layout_.page_ptr(s.state->pool,
+                                                     s.state->pages.at(static_cast<size_t>(pos / layout_.page_tokens)));
                     p = reinterpret_cast<float*>(page + layout_.snapshot_offset + carry_offset);
                 }
                 snap.push_back(p);
@@ -119,7 +120,8 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
             const int64_t pos = s.start_pos + i;
             if ((pos + 1) % ratio == 0) ++emits;
             if ((pos + 1) % layout_.page_tokens == 0) {
-                uint8_t* page = layout_.page_ptr(s.state->pool, s.state->pages.at(static_cast<size_t>(pos / layout_.page_tokens)));
+                uint8_t* page =
+                    layout_.page_ptr(s.state->pool, s.state->pages.at(static_cast<size_t>(pos / layout_.page_tokens)));
                 snap[static_cast<size_t>(i)] = reinterpret_cast<float*>(page + layout_.snapshot_offset + carry_offset);
             }
         }
@@ -199,7 +201,9 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
         paged_store_entries(kv.f32(), T, L.window.format, paged(), paged_section(L.window));
     } else {
         std::vector<uint8_t*> dst(static_cast<size_t>(T));
-        for (int t = 0; t < T; ++t) dst[static_cast<size_t>(t)] = entry(rows[static_cast<size_t>(t)], L.window, rows[static_cast<size_t>(t)].pos);
+        for (int t = 0; t < T; ++t)
+            dst[static_cast<size_t>(t)] =
+                entry(rows[static_cast<size_t>(t)], L.window, rows[static_cast<size_t>(t)].pos);
         auto dd = upload(dst);
         store_entries(kv.f32(), T, L.window.format, dd.ptr);
     }
@@ -220,7 +224,8 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                 rope_qdq(k.f32(), n, 1, hd, hd, hd - rd, gp.ptr, freqs, rd, false, hd, 32, 1);
                 std::vector<uint8_t*> dst(static_cast<size_t>(n));
                 for (int i = 0; i < n; ++i)
-                    dst[static_cast<size_t>(i)] = entry(rows[static_cast<size_t>(e.rows[static_cast<size_t>(i)])], L.index_k, e.group[static_cast<size_t>(i)]);
+                    dst[static_cast<size_t>(i)] = entry(rows[static_cast<size_t>(e.rows[static_cast<size_t>(i)])],
+                                                        L.index_k, e.group[static_cast<size_t>(i)]);
                 auto dd = upload(dst);
                 store_entries(k.f32(), n, L.index_k.format, dd.ptr);
             }
@@ -229,7 +234,8 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                      v41 ? 2 : 0);
             std::vector<uint8_t*> dst(static_cast<size_t>(n));
             for (int i = 0; i < n; ++i)
-                dst[static_cast<size_t>(i)] = entry(rows[static_cast<size_t>(e.rows[static_cast<size_t>(i)])], L.comp, e.group[static_cast<size_t>(i)]);
+                dst[static_cast<size_t>(i)] = entry(rows[static_cast<size_t>(e.rows[static_cast<size_t>(i)])], L.comp,
+                                                    e.group[static_cast<size_t>(i)]);
             auto dd = upload(dst);
             store_entries(e.latent.f32(), n, L.comp.format, dd.ptr);
         }
@@ -268,7 +274,8 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                     qdq_rows(e.latent.f32(), n, hd, hd, 32, 1);
                     std::vector<uint8_t*> dst(static_cast<size_t>(n));
                     for (int i = 0; i < n; ++i)
-                        dst[static_cast<size_t>(i)] = entry(rows[static_cast<size_t>(e.rows[static_cast<size_t>(i)])], L.index_k, e.group[static_cast<size_t>(i)]);
+                        dst[static_cast<size_t>(i)] = entry(rows[static_cast<size_t>(e.rows[static_cast<size_t>(i)])],
+                                                            L.index_k, e.group[static_cast<size_t>(i)]);
                     auto dd = upload(dst);
                     store_entries(e.latent.f32(), n, L.index_k.format, dd.ptr);
                 }
@@ -276,7 +283,8 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
             Tensor iq = std::move(iq_projected);
             Tensor wts = run_linear(x, iw.weights_proj);
             if (v41) {
-                rope_qdq(iq.f32(), T, nh, static_cast<int64_t>(nh) * hd, hd, hd - rd, pos.ptr, freqs, rd, false, hd, 32, 1);
+                rope_qdq(iq.f32(), T, nh, static_cast<int64_t>(nh) * hd, hd, hd - rd, pos.ptr, freqs, rd, false, hd, 32,
+                         1);
             } else {  // V4: the Hadamard rotation between
                 rope(iq.f32(), T, nh, static_cast<int64_t>(nh) * hd, hd, hd - rd, pos.ptr, freqs, rd, false);
                 hadamard_rows(iq.f32(), static_cast<int64_t>(T) * nh, hd, hd);
@@ -337,7 +345,8 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                 scratch.mask = device_alloc(static_cast<size_t>(T * mstride));
                 scratch.mask_width = width_d.keep;
                 scratch.mask_stride = mstride;
-            } else if (v41 && info.uses_candidates && !scratch.mask) {  // no candidate source ran: nothing is a candidate
+            } else if (v41 && info.uses_candidates &&
+                       !scratch.mask) {  // no candidate source ran: nothing is a candidate
                 scratch.mask = device_alloc(4);
                 scratch.mask_width = upload(std::vector<int64_t>(static_cast<size_t>(T), 0)).keep;
                 scratch.mask_stride = 0;
@@ -376,20 +385,23 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                     }
                     if (!stream_rows.empty()) {
                         auto rows_d = upload(stream_rows);
-                        index_scores_stream(iq_c, wts_c, rows_d.ptr, static_cast<int>(stream_rows.size()), nh, hd, wd, vd,
-                                            kbase, keys_d.ptr, ks.format, max_width, scores.f32());
+                        index_scores_stream(iq_c, wts_c, rows_d.ptr, static_cast<int>(stream_rows.size()), nh, hd, wd,
+                                            vd, kbase, keys_d.ptr, ks.format, max_width, scores.f32());
                     }
                 } else {
-                    index_scores(iq_c, wts_c, nr, nh, hd, wd, vd, kbase, keys_d.ptr, ks.format, max_width, scores.f32());
+                    index_scores(iq_c, wts_c, nr, nh, hd, wd, vd, kbase, keys_d.ptr, ks.format, max_width,
+                                 scores.f32());
                 }
                 if (v41 && info.candidate_source) {
                     (fast ? candidate_blocks_fast : candidate_blocks)(
                         scores.f32(), nr, max_width, wd, vd, bs, cfg_.candidate_topk_blocks, bscore.f32(),
-                        bsel.data<int32_t>(), max_nb, static_cast<uint8_t*>(scratch.mask.get()) + r0 * mstride, mstride);
+                        bsel.data<int32_t>(), max_nb, static_cast<uint8_t*>(scratch.mask.get()) + r0 * mstride,
+                        mstride);
                 } else if (v41 && info.uses_candidates) {
                     apply_candidates(scores.f32(), nr, max_width, wd,
                                      static_cast<const uint8_t*>(scratch.mask.get()) + r0 * scratch.mask_stride,
-                                     static_cast<const int64_t*>(scratch.mask_width.get()) + r0, scratch.mask_stride, bs);
+                                     static_cast<const int64_t*>(scratch.mask_width.get()) + r0, scratch.mask_stride,
+                                     bs);
                 }
                 (fast_topk ? topk_rows_fast : topk_rows)(scores.f32(), nr, max_width, wd, vd, kmax, v41,
                                                          static_cast<int32_t*>(tmp.get()),
@@ -409,7 +421,8 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
             std::vector<int32_t> counts(static_cast<size_t>(T));
             for (int t = 0; t < T; ++t) {
                 const BatchSeq& s = *rows[static_cast<size_t>(t)].seq;
-                counts[static_cast<size_t>(t)] = static_cast<int32_t>(is_prefill(s) ? width_h[static_cast<size_t>(t)] : visible_h[static_cast<size_t>(t)]);
+                counts[static_cast<size_t>(t)] = static_cast<int32_t>(
+                    is_prefill(s) ? width_h[static_cast<size_t>(t)] : visible_h[static_cast<size_t>(t)]);
                 kmax = std::max(kmax, counts[static_cast<size_t>(t)]);
             }
             if (device_tables) {
@@ -438,7 +451,8 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
 
     phase("attn.sparse attention");
     // Key lists: the window entries, then the selected compressed entries.
-    const LayerStateLayout& CL = layout_.layers.at(static_cast<size_t>(info.comp_source >= 0 ? info.comp_source : info.layer));
+    const LayerStateLayout& CL =
+        layout_.layers.at(static_cast<size_t>(info.comp_source >= 0 ? info.comp_source : info.layer));
     DevArray<const uint8_t*> win_d, comp_d;
     DevArray<int32_t> nwin_d;
     std::vector<int64_t> compbase(static_cast<size_t>(T), 0);
@@ -479,13 +493,16 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
             auto list = window_list(*rows[static_cast<size_t>(t)].seq, rows[static_cast<size_t>(t)].pos, W, v41);
             nwin[static_cast<size_t>(t)] = static_cast<int32_t>(list.size());
             for (size_t j = 0; j < list.size(); ++j)
-                if (list[j] >= 0) win[static_cast<size_t>(t) * W + j] = entry(rows[static_cast<size_t>(t)], L.window, list[j]);
+                if (list[j] >= 0)
+                    win[static_cast<size_t>(t) * W + j] = entry(rows[static_cast<size_t>(t)], L.window, list[j]);
         }
         std::vector<const uint8_t*> comp_addr;
         if (sel) {
             for (auto& s : batch.seqs) {
-                const int64_t base = static_cast<int64_t>(comp_addr.size()), wseq = (s.start_pos + s.n_tokens) / info.ratio;
-                for (int64_t j = 0; j < wseq; ++j) comp_addr.push_back(layout_.entry<uint8_t>(s.state->pool, s.state->pages, CL.comp, j));
+                const int64_t base = static_cast<int64_t>(comp_addr.size()),
+                              wseq = (s.start_pos + s.n_tokens) / info.ratio;
+                for (int64_t j = 0; j < wseq; ++j)
+                    comp_addr.push_back(layout_.entry<uint8_t>(s.state->pool, s.state->pages, CL.comp, j));
                 for (int i = 0; i < s.n_tokens; ++i) compbase[static_cast<size_t>(s.row0 + i)] = base;
             }
         }
@@ -536,7 +553,8 @@ Tensor CudaBackend::queries_of(Tensor q, const float* freqs, const int64_t* pos,
     return q;
 }
 
-Tensor CudaBackend::window_kv(const Tensor& x, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T) {
+Tensor CudaBackend::window_kv(const Tensor& x, const AttentionWeight& w, const float* freqs, const int64_t* pos,
+                              int T) {
     return window_kv_of(run_linear(x, w.wkv), w, freqs, pos, T);
 }
 
@@ -604,8 +622,9 @@ const CudaBackend::GroupRouting& CudaBackend::group_routing(int T, int G) {
     gr.row_map = device_alloc(sizeof(int32_t) * static_cast<size_t>(rows));
     gr.tiles = device_alloc(sizeof(int32_t) * 4 * r.max_tiles);
     gr.n_tiles = device_alloc(sizeof(int32_t));
-    expert_tiles(static_cast<const int32_t*>(gr.sel.get()), rows, G, r.tile_rows, static_cast<int32_t*>(gr.row_map.get()),
-                 static_cast<int32_t*>(gr.tiles.get()), static_cast<int32_t*>(gr.n_tiles.get()));
+    expert_tiles(static_cast<const int32_t*>(gr.sel.get()), rows, G, r.tile_rows,
+                 static_cast<int32_t*>(gr.row_map.get()), static_cast<int32_t*>(gr.tiles.get()),
+                 static_cast<int32_t*>(gr.n_tiles.get()));
     r.row_map = static_cast<const int32_t*>(gr.row_map.get());
     r.tiles = static_cast<const int32_t*>(gr.tiles.get());
     r.n_tiles = static_cast<const int32_t*>(gr.n_tiles.get());

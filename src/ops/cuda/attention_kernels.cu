@@ -141,7 +141,8 @@ __global__ void compressor_batch_kernel(CompressorArgs a, int n_seqs, const int6
 // stores it), an earlier one from the carry before the step. So emissions and snapshots run in parallel, reading
 // only the old carry, and give the sequential kernel's values bit for bit (each emission is pool_channel). s: kv
 // slots then score slots.
-__device__ float carry_at(const CompressorArgs& a, int64_t P, int64_t row0, const float* st, int64_t p, int s, int col) {
+__device__ float carry_at(const CompressorArgs& a, int64_t P, int64_t row0, const float* st, int64_t p, int s,
+                          int col) {
     const int ratio = a.ratio, off = a.overlap ? ratio : 0, slots = (a.overlap ? 2 : 1) * ratio;
     const int width = (a.overlap ? 2 : 1) * a.d;
     const bool score = s >= slots;
@@ -152,7 +153,8 @@ __device__ float carry_at(const CompressorArgs& a, int64_t P, int64_t row0, cons
         const int r = slot - off;
         q = p - (((p - r) % ratio) + ratio) % ratio;
     } else {
-        const int64_t g = (p + 1 >= 0 ? (p + 1) / ratio : -((-(p + 1) + ratio - 1) / ratio)) - 1;  // last group done by p
+        const int64_t g =
+            (p + 1 >= 0 ? (p + 1) / ratio : -((-(p + 1) + ratio - 1) / ratio)) - 1;  // last group done by p
         if (g * ratio + ratio - 1 >= P) {
             q = g * ratio + slot;
             from = ratio + slot;
@@ -203,7 +205,8 @@ __global__ void compressor_carry_kernel(CompressorArgs a, const int64_t* seq, co
     (dest[k] ? dest[k] : fresh + s * per)[r] = v;
 }
 
-__global__ void compressor_commit_kernel(float* state, const int64_t* seq, int n_seqs, int64_t per, const float* fresh) {
+__global__ void compressor_commit_kernel(float* state, const int64_t* seq, int n_seqs, int64_t per,
+                                         const float* fresh) {
     pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= n_seqs * per) return;
@@ -372,9 +375,9 @@ __global__ void topk_kernel(const float* scores, int64_t stride, const int64_t* 
 }
 
 __global__ void build_keys_kernel(int64_t T, const uint8_t* const* win, const int32_t* nwin, int W, const int32_t* sel,
-                                  const int32_t* nsel, int kmax, const uint8_t* const* comp_addr, const int64_t* compbase,
-                                  const uint8_t** keys, int32_t* nkeys, int maxk, const uint8_t* comp_rows,
-                                  int64_t row_bytes) {
+                                  const int32_t* nsel, int kmax, const uint8_t* const* comp_addr,
+                                  const int64_t* compbase, const uint8_t** keys, int32_t* nkeys, int maxk,
+                                  const uint8_t* comp_rows, int64_t row_bytes) {
     pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= T * maxk) return;
@@ -423,7 +426,8 @@ __global__ void sparse_attention_kernel(const float* q, int H, int D, float scal
             const EntryFormat& f = b0 + j < nwin ? keys.win : keys.comp;
             double d = 0.0;
             if (k)
-                for (int c = lane; c < D; c += 32) d += static_cast<double>(qs[c]) * static_cast<double>(entry_value(f, k, c));
+                for (int c = lane; c < D; c += 32)
+                    d += static_cast<double>(qs[c]) * static_cast<double>(entry_value(f, k, c));
             d = warp_sum(d);
             if (lane == 0) s[j] = k ? static_cast<float>(d) * scale : -INFINITY;
         }
@@ -551,7 +555,8 @@ void candidate_blocks(const float* scores, int64_t T, int64_t stride, const int6
                       int bs, int topb, float* bscore, int32_t* bsel, int64_t bstride, uint8_t* mask,
                       int64_t mask_stride) {
     if (T == 0) return;
-    if (mask_stride % 4 != 0) cuda_fail(cudaErrorInvalidValue, "candidate_blocks: mask rows must be words", __FILE__, __LINE__);
+    if (mask_stride % 4 != 0)
+        cuda_fail(cudaErrorInvalidValue, "candidate_blocks: mask rows must be words", __FILE__, __LINE__);
     launch_pdl(candidate_kernel, dim3(static_cast<unsigned>(T)), dim3(kSelectThreads), 0, scores, stride, width,
                visible, bs, topb, bscore, bsel, bstride, mask, mask_stride);
 }

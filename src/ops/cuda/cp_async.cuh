@@ -13,7 +13,9 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
 }
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) { cp_async16(smem_addr(dst), src, bytes); }
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
+    cp_async16(smem_addr(dst), src, bytes);
+}
 // All 16 bytes (no zero fill).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src) : "memory");

@@ -200,7 +200,8 @@ Tensor CudaBackend::to_host_pinned(const Tensor& dev, double* wait_ms) {
         PG_CUDA(cudaMemcpyAsync(p, dev.raw(), dev.nbytes(), cudaMemcpyDeviceToHost, 0));
         const auto t0 = std::chrono::steady_clock::now();
         PG_CUDA(cudaStreamSynchronize(0));
-        if (wait_ms) *wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        if (wait_ms)
+            *wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
     return Tensor::view(dev.dtype(), dev.shape(), p, Device::CPU, std::move(keep));
 }
@@ -356,7 +357,8 @@ Tensor CudaBackend::run_linear(const Tensor& x, const LinearWeight& w, const Exp
         }
         // PEREGRINE_CUBLAS_QUANTISE=0: act_quant, then the operand gather (A/B).
         static const bool fuse = !env_is("PEREGRINE_CUBLAS_QUANTISE", "0");
-        if (fuse && !routed && !use_gemv(x.f32(), M, d, routed) && numerics_ == Numerics::Fast && linear_cublas_supported(d) &&
+        if (fuse && !routed && !use_gemv(x.f32(), M, d, routed) && numerics_ == Numerics::Fast &&
+            linear_cublas_supported(d) &&
             act_quant_bf16_supported(x.f32(), w.in, w.act_block)) {  // cuBLAS: quantised straight into its bf16 operand
             linear_cublas(x.f32(), nullptr, M, d, y.f32(), nullptr, nullptr);
             return y;
@@ -430,13 +432,15 @@ void CudaBackend::load_carry(SeqState& s, const uint8_t* snapshot, size_t bytes)
         c = BackendCarry();
         return;
     }
-    PEREGRINE_CHECK(bytes == layout_.carry_bytes, "load_carry: {} bytes, the layout's carry has {}", bytes, layout_.carry_bytes);
+    PEREGRINE_CHECK(bytes == layout_.carry_bytes, "load_carry: {} bytes, the layout's carry has {}", bytes,
+                    layout_.carry_bytes);
     if (!c.p) c.p = device_alloc(bytes);
     if (snapshot) {  // stream-ordered after the step that wrote the snapshot
         PG_CUDA(cudaMemcpyAsync(c.p.get(), snapshot, bytes, cudaMemcpyDeviceToDevice, 0));
         c.host_stale = true;
     } else {
-        PEREGRINE_CHECK(s.carry.size() == bytes, "load_carry: the host carry holds {} bytes, expected {}", s.carry.size(), bytes);
+        PEREGRINE_CHECK(s.carry.size() == bytes, "load_carry: the host carry holds {} bytes, expected {}",
+                        s.carry.size(), bytes);
         copy_to_device(c.p.get(), s.carry.data(), bytes);
         c.host_stale = false;
     }
@@ -570,7 +574,8 @@ HcMix CudaBackend::hc_mixes(const Tensor& h, const HcWeight& w) {
     HcMix m{empty(DType::F32, {T, hc}), empty(DType::F32, {T, hc}), empty(DType::F32, {T, hc, hc})};
     const int n_mix = static_cast<int>(w.fn.dim(0));
     if (!side_mixes_on_ || numerics_ != Numerics::Fast || T > kSideMixRows || capturing()) {
-        run_hc_mixes(h, w.fn, n_mix, w.base, w.scale, cfg_.hc_sinkhorn_iters, 0, m.pre.f32(), m.post.f32(), m.comb.f32());
+        run_hc_mixes(h, w.fn, n_mix, w.base, w.scale, cfg_.hc_sinkhorn_iters, 0, m.pre.f32(), m.post.f32(),
+                     m.comb.f32());
         return m;
     }
     join_mixes(nullptr);
@@ -580,7 +585,8 @@ HcMix CudaBackend::hc_mixes(const Tensor& h, const HcWeight& w) {
     PG_CUDA(cudaStreamWaitEvent(s.stream, s.fork, 0));
     {
         LaunchStream on(s.stream);
-        run_hc_mixes(h, w.fn, n_mix, w.base, w.scale, cfg_.hc_sinkhorn_iters, 0, m.pre.f32(), m.post.f32(), m.comb.f32());
+        run_hc_mixes(h, w.fn, n_mix, w.base, w.scale, cfg_.hc_sinkhorn_iters, 0, m.pre.f32(), m.post.f32(),
+                     m.comb.f32());
     }
     PG_CUDA(cudaEventRecord(s.done, s.stream));
     s.pending = {m.pre, m.post, m.comb, h};
@@ -705,7 +711,8 @@ std::map<std::string, double> CudaBackend::profile() {
     std::map<std::string, double> ms;
     for (auto& e : events_) {
         float t = 0.0f;
-        if (e.stop) PG_CUDA(cudaEventElapsedTime(&t, static_cast<cudaEvent_t>(e.start), static_cast<cudaEvent_t>(e.stop)));
+        if (e.stop)
+            PG_CUDA(cudaEventElapsedTime(&t, static_cast<cudaEvent_t>(e.start), static_cast<cudaEvent_t>(e.stop)));
         ms[e.name] += t;
         cudaEventDestroy(static_cast<cudaEvent_t>(e.start));
         if (e.stop) cudaEventDestroy(static_cast<cudaEvent_t>(e.stop));
@@ -721,8 +728,8 @@ void CudaBackend::fill_state_random(uint8_t* p, size_t bytes, uint64_t seed) {
     for (const auto& L : layout_.layers)
         for (const StateSection* sec : {&L.window, &L.comp, &L.index_k})
             if (sec->present())
-                sanitize_entries(p, n_pages, static_cast<int64_t>(layout_.page_bytes), static_cast<int64_t>(sec->offset),
-                                 sec->entries_per_page, sec->format);
+                sanitize_entries(p, n_pages, static_cast<int64_t>(layout_.page_bytes),
+                                 static_cast<int64_t>(sec->offset), sec->entries_per_page, sec->format);
     PG_CUDA(cudaDeviceSynchronize());
 }
 
@@ -736,7 +743,8 @@ double CudaBackend::copy_bandwidth_gbs(size_t bytes, int reps) {
     PG_CUDA(cudaEventCreate(&e0));
     PG_CUDA(cudaEventCreate(&e1));
     PG_CUDA(cudaEventRecord(e0, 0));
-    for (int i = 0; i < reps; ++i) PG_CUDA(cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice, 0));
+    for (int i = 0; i < reps; ++i)
+        PG_CUDA(cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice, 0));
     PG_CUDA(cudaEventRecord(e1, 0));
     PG_CUDA(cudaEventSynchronize(e1));
     float ms = 0.0f;

@@ -100,7 +100,8 @@ public:
     void sample_start(const Tensor& logits, const std::vector<SampleRow>& rows) override;
     std::vector<SampleResult> sample_finish() override;
     void sample_discard() override;
-    void engram_hashed(Tensor& h, const EngramWeight& w, const EngramHash& hash, const std::vector<int32_t>& windows) override;
+    void engram_hashed(Tensor& h, const EngramWeight& w, const EngramHash& hash,
+                       const std::vector<int32_t>& windows) override;
 
     // Benchmark support. Profiling records device time per outermost op (and per phase inside attention
     // and MoE) with events; profile() waits for the device and returns milliseconds by name, then clears.
@@ -171,7 +172,8 @@ private:
     // Window K=V rows: kv_norm(wkv(x)), RoPE, fp8 quantise-dequantise.
     Tensor window_kv(const Tensor& x, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
     // The same from x's wkv projection already made.
-    Tensor window_kv_of(const Tensor& projected, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
+    Tensor window_kv_of(const Tensor& projected, const AttentionWeight& w, const float* freqs, const int64_t* pos,
+                        int T);
     // Inverse RoPE of the attention output (in place), grouped wo_a (bf16), wo_b.
     Tensor project_output(Tensor& o, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
 

@@ -109,7 +109,8 @@ bool CudaBackend::moe_graph(const Tensor& x, const MoEWeight& w, const std::vect
         ++graph_captures_;
     }
     PG_CUDA(cudaMemcpyAsync(g.x_in.raw(), x.raw(), x.nbytes(), cudaMemcpyDeviceToDevice, 0));
-    PG_CUDA(cudaMemcpyAsync(g.ids.get(), upload_ids(ids).ptr, sizeof(int32_t) * ids.size(), cudaMemcpyDeviceToDevice, 0));
+    PG_CUDA(
+        cudaMemcpyAsync(g.ids.get(), upload_ids(ids).ptr, sizeof(int32_t) * ids.size(), cudaMemcpyDeviceToDevice, 0));
     PG_CUDA(cudaGraphLaunch(g.exec, cudaStreamPerThread));
     out = empty(DType::F32, {T, cfg_.dim});
     PG_CUDA(cudaMemcpyAsync(out.raw(), g.out.raw(), g.out.nbytes(), cudaMemcpyDeviceToDevice, 0));

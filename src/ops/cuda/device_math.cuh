@@ -8,7 +8,9 @@
 namespace peregrine::cuda {
 
 __device__ __forceinline__ float round_bf16(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
-__device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) { return __uint_as_float(static_cast<uint32_t>(h) << 16); }
+__device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) {
+    return __uint_as_float(static_cast<uint32_t>(h) << 16);
+}
 
 __device__ __forceinline__ float e4m3_to_f32(uint8_t b) {
     __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3);
@@ -52,7 +54,9 @@ __device__ __forceinline__ float pow2_round_scale(float amax, float max_inv) {
 
 // act_quant (the reference's activation quantisation): s = 2^ceil(log2(max(amax, 1e-4) / 448)), q = e4m3(x / s),
 // x / s clamped to the e4m3 range first (act_quant_clamped: the input of the e4m3 rounding).
-__device__ __forceinline__ float act_quant_scale(float amax) { return pow2_round_scale(fmaxf(amax, 1e-4f), 1.0f / 448.0f); }
+__device__ __forceinline__ float act_quant_scale(float amax) {
+    return pow2_round_scale(fmaxf(amax, 1e-4f), 1.0f / 448.0f);
+}
 __device__ __forceinline__ float act_quant_clamped(float v, float s) { return fminf(fmaxf(v / s, -448.0f), 448.0f); }
 __device__ __forceinline__ float act_quant_value(float v, float s) { return round_e4m3(act_quant_clamped(v, s)); }
 
@@ -103,6 +107,8 @@ __device__ __forceinline__ float param_at(const void* p, bool is_bf16, int64_t i
 }
 
 constexpr int kThreads = 256;
-inline unsigned blocks_for(int64_t n, int threads = kThreads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+inline unsigned blocks_for(int64_t n, int threads = kThreads) {
+    return static_cast<unsigned>((n + threads - 1) / threads);
+}
 
 }  // namespace peregrine::cuda

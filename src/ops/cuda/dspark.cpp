@@ -72,7 +72,8 @@ Tensor CudaBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, 
         keys.push_back(layout_.entry<uint8_t>(state.pool, state.pages, L.window, p));
     }
     for (int i = 0; i < B; ++i) {
-        block_entries.push_back(static_cast<uint8_t*>(block.get()) + static_cast<size_t>(i) * static_cast<size_t>(f.bytes));
+        block_entries.push_back(static_cast<uint8_t*>(block.get()) +
+                                static_cast<size_t>(i) * static_cast<size_t>(f.bytes));
         keys.push_back(block_entries.back());
     }
     auto block_d = upload(block_entries);

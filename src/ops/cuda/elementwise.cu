@@ -50,7 +50,8 @@ __device__ __forceinline__ float quad_amax(float4 v, int lanes) {
 }
 __device__ __forceinline__ float4 qdq_quad(float4 v, float amax, int kind) {
     const float s = qdq_scale(amax, kind);
-    return make_float4(qdq_value(v.x, s, kind), qdq_value(v.y, s, kind), qdq_value(v.z, s, kind), qdq_value(v.w, s, kind));
+    return make_float4(qdq_value(v.x, s, kind), qdq_value(v.y, s, kind), qdq_value(v.z, s, kind),
+                       qdq_value(v.w, s, kind));
 }
 
 // A thread per block: the general case.
@@ -207,7 +208,8 @@ void rope_qdq(float* x, int64_t rows, int heads, int64_t rs, int64_t hs, int off
     const bool fused = quad_blocks(block) && aligned16(x) && rs % 4 == 0 && hs % 4 == 0 && offset % 4 == 0 &&
                        dim % 4 == 0 && offset + dim <= hs && hs % block == 0 && n % block == 0 && n <= hs;
     if (!fused) {
-        if (rs != heads * hs) cuda_fail(cudaErrorInvalidValue, "rope_qdq: heads must be contiguous", __FILE__, __LINE__);
+        if (rs != heads * hs)
+            cuda_fail(cudaErrorInvalidValue, "rope_qdq: heads must be contiguous", __FILE__, __LINE__);
         rope(x, rows, heads, rs, hs, offset, pos, freqs, dim, inverse);
         qdq_rows(x, rows * heads, hs, n, block, kind);
         return;

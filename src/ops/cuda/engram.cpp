@@ -28,18 +28,22 @@ void CudaBackend::engram(Tensor& h, const EngramWeight& w, const std::vector<int
     engram_rows_d(h, w, rows_d.ptr);
 }
 
-void CudaBackend::engram_hashed(Tensor& h, const EngramWeight& w, const EngramHash& hash, const std::vector<int32_t>& windows) {
+void CudaBackend::engram_hashed(Tensor& h, const EngramWeight& w, const EngramHash& hash,
+                                const std::vector<int32_t>& windows) {
     OpTimer op_(*this, "engram");
     const int64_t T = h.dim(0), nc = static_cast<int64_t>(hash.max_ngram - 1) * hash.n_heads;
     PEREGRINE_CHECK(nc == w.n_cols && static_cast<int64_t>(windows.size()) == T * hash.max_ngram,
-                    "engram: {} windows of {} tokens for {} rows of {} columns", windows.size(), hash.max_ngram, T, w.n_cols);
+                    "engram: {} windows of {} tokens for {} rows of {} columns", windows.size(), hash.max_ngram, T,
+                    w.n_cols);
     for (int32_t id : windows)
-        PEREGRINE_CHECK(id < 0 || id < static_cast<int64_t>(hash.token_map->size()), "engram: token id {} has no compressed id", id);
+        PEREGRINE_CHECK(id < 0 || id < static_cast<int64_t>(hash.token_map->size()),
+                        "engram: token id {} has no compressed id", id);
     auto win = upload(windows);
     resolve_deferred(win.ptr, windows);
     auto rows = device_alloc(sizeof(int64_t) * static_cast<size_t>(T * nc));
     engram_hash_rows(win.ptr, T, hash.max_ngram, hash.n_heads, dev_i32(*hash.token_map),
-                     static_cast<int64_t>(hash.token_map->size()), hash.pad, dev_i64(hash.multipliers, static_cast<size_t>(hash.max_ngram)),
+                     static_cast<int64_t>(hash.token_map->size()), hash.pad,
+                     dev_i64(hash.multipliers, static_cast<size_t>(hash.max_ngram)),
                      dev_i64(hash.primes, static_cast<size_t>(nc)), dev_i64(hash.offsets, static_cast<size_t>(nc)),
                      static_cast<int64_t*>(rows.get()));
     engram_rows_d(h, w, static_cast<const int64_t*>(rows.get()));

@@ -37,7 +37,8 @@ __global__ void engram_gate_kernel(float* h, const float* kv, const float* wgt, 
     ks = block_sum(ks);
     dot = block_sum(dot);
     const float inv_sqrt_d = static_cast<float>(pow(static_cast<double>(D), -0.5));
-    const float rstd = (1.0f / sqrtf(static_cast<float>(hs) / D + eps)) * (1.0f / sqrtf(static_cast<float>(ks) / D + eps));
+    const float rstd =
+        (1.0f / sqrtf(static_cast<float>(hs) / D + eps)) * (1.0f / sqrtf(static_cast<float>(ks) / D + eps));
     const float d = static_cast<float>(dot) * rstd * inv_sqrt_d;
     const float g = 1.0f / (1.0f + exp_cr(-copysignf(sqrtf(fmaxf(fabsf(d), 1e-6f)), d)));
     __syncthreads();
@@ -46,9 +47,9 @@ __global__ void engram_gate_kernel(float* h, const float* kv, const float* wgt, 
 
 constexpr int kMaxNgram = 16;
 
-__global__ void engram_hash_kernel(const int32_t* windows, int64_t T, int max_ngram, int n_heads, const int32_t* token_map,
-                                   int64_t map_size, int64_t pad, const int64_t* mult, const int64_t* primes,
-                                   const int64_t* offsets, int64_t* rows) {
+__global__ void engram_hash_kernel(const int32_t* windows, int64_t T, int max_ngram, int n_heads,
+                                   const int32_t* token_map, int64_t map_size, int64_t pad, const int64_t* mult,
+                                   const int64_t* primes, const int64_t* offsets, int64_t* rows) {
     pdl_enter();
     const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (t >= T) return;

@@ -301,7 +301,8 @@ __global__ void __launch_bounds__(kDecThreads) index_decode_mma_kernel(
         __syncthreads();  // the previous row is done with Qs and Ws
         for (int i = tid; i < NH * (kHD / 2); i += blockDim.x) {
             const int h = i / (kHD / 2), c = 2 * (i % (kHD / 2));
-            const float2 v = h < nh ? *reinterpret_cast<const float2*>(iq + (t * nh + h) * kHD + c) : make_float2(0.0f, 0.0f);
+            const float2 v =
+                h < nh ? *reinterpret_cast<const float2*>(iq + (t * nh + h) * kHD + c) : make_float2(0.0f, 0.0f);
             *reinterpret_cast<__nv_bfloat162*>(Qs + h * kRowE + c) = __floats2bfloat162_rn(v.x, v.y);
         }
         for (int i = tid; i < NH; i += blockDim.x) Ws[i] = i < nh ? wts[t * nh + i] : 0.0f;
@@ -722,12 +723,13 @@ void index_scores_stream(const float* iq, const float* wts, const int32_t* row_l
     if (n_rows == 0 || stride == 0) return;
     if (!index_scores_stream_supported(nh, hd) || kf.dim != hd)
         cuda_fail(cudaErrorInvalidValue, "index_scores_stream: unsupported head shape", __FILE__, __LINE__);
-    if (index_decode_choice() && hd == kHD && nh <= kDecMaxHeads && kf.kind == kEntryFp4Ue8m0 && kf.dim == kHD && kf.block == 32 &&
-        kf.scale_offset == 64 && kf.bytes % 16 == 0) {
+    if (index_decode_choice() && hd == kHD && nh <= kDecMaxHeads && kf.kind == kEntryFp4Ue8m0 && kf.dim == kHD &&
+        kf.block == 32 && kf.scale_offset == 64 && kf.bytes % 16 == 0) {
         // About two waves of CTAs (each stages its row's queries once and walks its share of the keys).
         const int64_t chunks = (stride + kDecKeys - 1) / kDecKeys;
         const int64_t want = (2 * 6 * static_cast<int64_t>(sm_count()) + n_rows - 1) / n_rows;
-        const dim3 grid(static_cast<unsigned>(std::clamp<int64_t>(want, 1, chunks)), static_cast<unsigned>(std::min(n_rows, 65535)));
+        const dim3 grid(static_cast<unsigned>(std::clamp<int64_t>(want, 1, chunks)),
+                        static_cast<unsigned>(std::min(n_rows, 65535)));
         const int mt = (nh + 15) / 16;
         auto run = [&](auto kernel) {
             launch_pdl(kernel, grid, dim3(kDecThreads), 0, iq, wts, row_list, n_rows, nh, width, visible, keybase, keys,
@@ -792,7 +794,8 @@ void candidate_blocks_fast(const float* scores, int64_t T, int64_t stride, const
                            const int64_t* visible, int bs, int topb, float* bscore, int32_t* bsel, int64_t bstride,
                            uint8_t* mask, int64_t mask_stride) {
     if (T == 0) return;
-    if (mask_stride % 4 != 0) cuda_fail(cudaErrorInvalidValue, "candidate_blocks_fast: mask rows must be words", __FILE__, __LINE__);
+    if (mask_stride % 4 != 0)
+        cuda_fail(cudaErrorInvalidValue, "candidate_blocks_fast: mask rows must be words", __FILE__, __LINE__);
     launch_pdl(candidate_fast_kernel, dim3(static_cast<unsigned>(T)), dim3(kSelThreads), 0, scores, stride, width,
                visible, bs, topb, bscore, bsel, bstride, mask, mask_stride);
 }

@@ -42,7 +42,8 @@ __device__ __forceinline__ Quad load_quad(const float* x, int64_t n4, int block)
     d.live = d.i < n4;
     d.e = d.live ? d.i * 4 : 0;
     d.v = *reinterpret_cast<const float4*>(x + d.e);
-    const float amax = group_amax(fmaxf(fmaxf(fabsf(d.v.x), fabsf(d.v.y)), fmaxf(fabsf(d.v.z), fabsf(d.v.w))), block / 4);
+    const float amax =
+        group_amax(fmaxf(fmaxf(fabsf(d.v.x), fabsf(d.v.y)), fmaxf(fabsf(d.v.z), fabsf(d.v.w))), block / 4);
     d.s = d.live ? act_quant_scale(amax) : 0.0f;
     return d;
 }

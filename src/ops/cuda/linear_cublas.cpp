@@ -148,7 +148,8 @@ void routed(Context& c, const float* x, const float* xs, int64_t M, const Linear
         PEREGRINE_CHECK(e >= 0 && r0 >= 0 && n >= 0 && r0 + static_cast<int64_t>(n) <= M,
                         "linear_cublas: bad tile ({}, {}, {}) for {} rows", e, r0, n, M);
         if (n == 0) continue;
-        if (!segs.empty() && segs.back().expert == e && segs.back().row0 + segs.back().rows == r0) segs.back().rows += n;
+        if (!segs.empty() && segs.back().expert == e && segs.back().row0 + segs.back().rows == r0)
+            segs.back().rows += n;
         else segs.push_back({e, r0, n});
     }
     if (segs.empty()) return;
@@ -235,9 +236,11 @@ void routed(Context& c, const float* x, const float* xs, int64_t M, const Linear
             }
         }
         if (done) {
-            cublas_prep::scatter_rows_bf16(reinterpret_cast<const uint16_t*>(ob), ch.r1 - ch.r0, N, r.row_map, ch.r0, y);
+            cublas_prep::scatter_rows_bf16(reinterpret_cast<const uint16_t*>(ob), ch.r1 - ch.r0, N, r.row_map, ch.r0,
+                                           y);
         } else {
-            for (size_t i = ch.s0; i < ch.s1; ++i) gemm(h, f32, N, n_arr[i], K, A[i], B[i], static_cast<float*>(C[i]), N);
+            for (size_t i = ch.s0; i < ch.s1; ++i)
+                gemm(h, f32, N, n_arr[i], K, A[i], B[i], static_cast<float*>(C[i]), N);
             cublas_prep::scatter_rows(ob, ch.r1 - ch.r0, N, r.row_map, ch.r0, !f32, y);
         }
     }
@@ -259,7 +262,8 @@ bool linear_cublas_supported(const LinearDev& w) {
 void linear_cublas(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
                    const LinearRouting* routing) {
     if (M == 0 || w.out == 0) return;
-    PEREGRINE_CHECK(linear_cublas_supported(w), "linear_cublas: unsupported weight layout (kind {}, in {})", w.kind, w.in);
+    PEREGRINE_CHECK(linear_cublas_supported(w), "linear_cublas: unsupported weight layout (kind {}, in {})", w.kind,
+                    w.in);
     PEREGRINE_CHECK(M <= INT_MAX, "linear_cublas: {} rows", M);
     PEREGRINE_CHECK(w.kind < 2 || xs || (!routing && act_quant_bf16_supported(x, w.in, w.act_block)),
                     "linear_cublas: quantised weights need activation scales");

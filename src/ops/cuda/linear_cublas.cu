@@ -169,7 +169,8 @@ void gather_activations(const float* x, const float* xs, int ab, int64_t rows, i
         gather_activations_kernel<<<blocks_for(n), kThreads>>>(x, xs, ab, rows, K, row_map, row0,
                                                                static_cast<__nv_bfloat16*>(a));
     else
-        gather_activations_kernel<<<blocks_for(n), kThreads>>>(x, xs, ab, rows, K, row_map, row0, static_cast<float*>(a));
+        gather_activations_kernel<<<blocks_for(n), kThreads>>>(x, xs, ab, rows, K, row_map, row0,
+                                                               static_cast<float*>(a));
     PG_LAUNCHED();
 }
 

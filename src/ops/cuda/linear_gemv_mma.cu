@@ -135,7 +135,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     for (int s = 0; s < kStages - 1; ++s) issue(s);
 
     if (threadIdx.x < kCols)
-        row_s[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? (row_map ? row_map[m0 + threadIdx.x] : m0 + threadIdx.x) : 0;
+        row_s[threadIdx.x] =
+            static_cast<int>(threadIdx.x) < rows ? (row_map ? row_map[m0 + threadIdx.x] : m0 + threadIdx.x) : 0;
     __syncthreads();
 
     // Stage the slice's activations as e4m3 bytes and their scales; the tile's rows first, loads issued
@@ -309,7 +310,8 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     if (gx > 0x7fffffff) fail("linear_gemv: grid of {} blocks is too large", gx);
     if (splits > 1) {
         partial = static_cast<float*>(gemv_scratch(0, sizeof(float) * static_cast<size_t>(splits) * M * N, false));
-        counters = static_cast<unsigned*>(gemv_scratch(1, sizeof(unsigned) * static_cast<size_t>(tiles) * mtiles * nblk, true));
+        counters = static_cast<unsigned*>(
+            gemv_scratch(1, sizeof(unsigned) * static_cast<size_t>(tiles) * mtiles * nblk, true));
     }
     dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(tiles));
     gemv_mma_kernel<F><<<grid, kMmaThreads, smem>>>(

@@ -57,7 +57,8 @@ __global__ void __launch_bounds__(kTileThreads) linear_tiled_kernel(const float*
     }
     const int n0 = blockIdx.x * NT;
     if (threadIdx.x < MT)
-        row_s[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? (row_map ? row_map[m0 + threadIdx.x] : m0 + threadIdx.x) : -1;
+        row_s[threadIdx.x] =
+            static_cast<int>(threadIdx.x) < rows ? (row_map ? row_map[m0 + threadIdx.x] : m0 + threadIdx.x) : -1;
     // Scale block along K: FP8 weight tiles, FP4 groups of 32; none (whole row) for F32/BF16.
     const int blk = w.kind == 2 ? w.weight_block : w.kind == 3 ? 32 : K;
     const int ab = w.act_block > 0 ? w.act_block : 1;
@@ -203,7 +204,8 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
 
 bool linear_tiled_supported(const LinearDev& w) {
     if (w.in % kKStep != 0) return false;
-    if (w.kind == 2 && (w.weight_block % kKStep != 0 || w.act_block % w.weight_block != 0 && w.weight_block % w.act_block != 0))
+    if (w.kind == 2 &&
+        (w.weight_block % kKStep != 0 || w.act_block % w.weight_block != 0 && w.weight_block % w.act_block != 0))
         return false;
     if (w.kind == 3 && w.act_block % 32 != 0) return false;
     return true;
@@ -214,8 +216,8 @@ int routing_tile_rows(int64_t pairs, int E) { return pairs <= static_cast<int64_
 void expert_tiles(const int32_t* sel, int64_t n, int E, int mt, int32_t* row_map, int32_t* tiles, int32_t* n_tiles) {
     // As many segments (warps) as 46 KB of shared memory holds (the 48 KB a launch may ask for without opting in,
     // less the kernel's static scan scratch), at least 64 pairs each.
-    const int segs = static_cast<int>(std::clamp<int64_t>(std::min<int64_t>((46 * 1024 / 4) / std::max(E, 1) - 1, (n + 63) / 64),
-                                                          1, 32));
+    const int segs = static_cast<int>(
+        std::clamp<int64_t>(std::min<int64_t>((46 * 1024 / 4) / std::max(E, 1) - 1, (n + 63) / 64), 1, 32));
     launch_pdl(expert_tiles_kernel, dim3(1), dim3(1024), sizeof(int32_t) * E * (segs + 1), sel, n, E, mt, segs, row_map,
                reinterpret_cast<int4*>(tiles), n_tiles);
 }

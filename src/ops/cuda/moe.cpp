@@ -75,10 +75,11 @@ MoeRoute CudaBackend::route_rows(const Tensor& x, const MoEWeight& w, const int3
     Tensor logits = run_linear(x, w.gate, nullptr, nullptr, /*bf16_acts=*/true);  // x: an rms_norm output
     phase("moe.route");
     MoeRoute r{empty(DType::I32, {T * K}), empty(DType::F32, {T * K})};
-    (numerics_ == Numerics::Fast ? route_fast : route)(logits.f32(), T, E, K, score_func, w.bias.empty() ? nullptr : dev_f32(w.bias),
-          w.tid2eid.empty() ? nullptr : static_cast<const int64_t*>(dev_raw(w.tid2eid)), ids_d, cfg_.is_v41(),
-          cfg_.norm_topk_prob, static_cast<float>(cfg_.route_scale), balanced_routing_, r.experts.data<int32_t>(),
-          r.weights.f32());
+    (numerics_ == Numerics::Fast ? route_fast : route)(
+        logits.f32(), T, E, K, score_func, w.bias.empty() ? nullptr : dev_f32(w.bias),
+        w.tid2eid.empty() ? nullptr : static_cast<const int64_t*>(dev_raw(w.tid2eid)), ids_d, cfg_.is_v41(),
+        cfg_.norm_topk_prob, static_cast<float>(cfg_.route_scale), balanced_routing_, r.experts.data<int32_t>(),
+        r.weights.f32());
     return r;
 }
 
@@ -100,7 +101,8 @@ Tensor CudaBackend::routed_experts(const Tensor& x, int64_t pairs, int per_row, 
     Routed routed;
     routed.row_expert = sel;
     routed.routing.tile_rows = routing_tile_rows(pairs, E);
-    routed.routing.max_tiles = static_cast<unsigned>((pairs + routed.routing.tile_rows - 1) / routed.routing.tile_rows + E);
+    routed.routing.max_tiles =
+        static_cast<unsigned>((pairs + routed.routing.tile_rows - 1) / routed.routing.tile_rows + E);
     auto row_map = device_alloc(sizeof(int32_t) * static_cast<size_t>(std::max<int64_t>(pairs, 1)));
     auto tiles = device_alloc(sizeof(int32_t) * 4 * routed.routing.max_tiles);
     auto n_tiles = device_alloc(sizeof(int32_t));
@@ -187,6 +189,8 @@ void CudaBackend::moe_body(const Tensor& x, const MoEWeight& w, const int32_t* i
 }
 
 Tensor CudaBackend::to_host_copy(const Tensor& t) { return t.device() == Device::CUDA ? to_host(t) : t; }
-Tensor CudaBackend::from_host_copy(const Tensor& host) { return host.device() == Device::CUDA ? host : to_device(host); }
+Tensor CudaBackend::from_host_copy(const Tensor& host) {
+    return host.device() == Device::CUDA ? host : to_device(host);
+}
 
 }  // namespace peregrine::cuda

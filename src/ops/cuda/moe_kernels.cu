@@ -211,7 +211,8 @@ void route(const float* logits, int64_t T, int E, int K, int score_func, const f
            const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale, bool balanced, int32_t* sel,
            float* wsel) {
     if (T == 0) return;
-    if (E > kMaxExperts || K > kMaxTopK) cuda_fail(cudaErrorInvalidValue, "route: too many experts", __FILE__, __LINE__);
+    if (E > kMaxExperts || K > kMaxTopK)
+        cuda_fail(cudaErrorInvalidValue, "route: too many experts", __FILE__, __LINE__);
     launch_pdl(route_kernel, dim3(blocks_for(T, 64)), dim3(64), 0, logits, T, E, K, score_func, bias, tid2eid, ids, v41,
                norm_topk_prob, route_scale, balanced, sel, wsel);
 }
@@ -220,7 +221,8 @@ void route_fast(const float* logits, int64_t T, int E, int K, int score_func, co
                 const int64_t* tid2eid, const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale,
                 bool balanced, int32_t* sel, float* wsel) {
     if (T == 0) return;
-    if (E > kMaxExperts || K > kMaxTopK) cuda_fail(cudaErrorInvalidValue, "route: too many experts", __FILE__, __LINE__);
+    if (E > kMaxExperts || K > kMaxTopK)
+        cuda_fail(cudaErrorInvalidValue, "route: too many experts", __FILE__, __LINE__);
     if (T > 0x7fffffff) cuda_fail(cudaErrorInvalidValue, "route: too many tokens", __FILE__, __LINE__);
     launch_pdl(route_fast_kernel, dim3(static_cast<unsigned>(T)), dim3(kRouteThreads), 0, logits, T, E, K, score_func,
                bias, tid2eid, ids, v41, norm_topk_prob, route_scale, balanced, sel, wsel);

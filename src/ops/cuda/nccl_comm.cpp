@@ -75,11 +75,13 @@ public:
     }
 
     std::vector<std::vector<uint8_t>> exchange_bytes(const std::vector<std::vector<uint8_t>>& send) override {
-        PEREGRINE_CHECK(static_cast<int>(send.size()) == n_, "exchange_bytes: {} messages for {} ranks", send.size(), n_);
+        PEREGRINE_CHECK(static_cast<int>(send.size()) == n_, "exchange_bytes: {} messages for {} ranks", send.size(),
+                        n_);
         PG_CUDA(cudaSetDevice(rank_));
         std::vector<int64_t> out_sizes(static_cast<size_t>(n_));
         size_t total = 0;
-        for (int r = 0; r < n_; ++r) total += out_sizes[static_cast<size_t>(r)] = static_cast<int64_t>(send[static_cast<size_t>(r)].size());
+        for (int r = 0; r < n_; ++r)
+            total += out_sizes[static_cast<size_t>(r)] = static_cast<int64_t>(send[static_cast<size_t>(r)].size());
         const auto sizes = all_gather_sizes(out_sizes);  // [source][destination]
         std::vector<uint8_t> packed;
         packed.reserve(total);
@@ -97,7 +99,9 @@ public:
         std::vector<std::vector<uint8_t>> got(static_cast<size_t>(n_));
         size_t at = 0;
         for (int s = 0; s < n_; ++s) {
-            got[static_cast<size_t>(s)].assign(in.begin() + static_cast<int64_t>(at), in.begin() + static_cast<int64_t>(at + in_sizes[static_cast<size_t>(s)]));
+            got[static_cast<size_t>(s)].assign(
+                in.begin() + static_cast<int64_t>(at),
+                in.begin() + static_cast<int64_t>(at + in_sizes[static_cast<size_t>(s)]));
             at += static_cast<size_t>(in_sizes[static_cast<size_t>(s)]);
         }
         return got;
@@ -105,7 +109,8 @@ public:
 
     Tensor exchange_rows(Backend& be, const Tensor& send, const std::vector<int64_t>& counts,
                          std::vector<int64_t>& recv_counts) override {
-        PEREGRINE_CHECK(static_cast<int>(counts.size()) == n_, "exchange_rows: {} counts for {} ranks", counts.size(), n_);
+        PEREGRINE_CHECK(static_cast<int>(counts.size()) == n_, "exchange_rows: {} counts for {} ranks", counts.size(),
+                        n_);
         PG_CUDA(cudaSetDevice(rank_));
         Tensor src = send.device() == Device::CUDA ? send : be.from_host_copy(send);
         std::vector<int64_t> shape = src.shape();
@@ -115,7 +120,8 @@ public:
         const auto all = all_gather_sizes(counts);
         recv_counts.assign(static_cast<size_t>(n_), 0);
         int64_t rows = 0;
-        for (int s = 0; s < n_; ++s) rows += recv_counts[static_cast<size_t>(s)] = all[static_cast<size_t>(s * n_ + rank_)];
+        for (int s = 0; s < n_; ++s)
+            rows += recv_counts[static_cast<size_t>(s)] = all[static_cast<size_t>(s * n_ + rank_)];
         shape[0] = rows;
         Tensor out = cuda::CudaBackend::empty(src.dtype(), shape);
         std::vector<int64_t> out_bytes(static_cast<size_t>(n_)), in_bytes(static_cast<size_t>(n_));
@@ -134,31 +140,43 @@ private:
         auto d = cuda::device_alloc(sizeof(int64_t) * static_cast<size_t>(n_ * (n_ + 1)));
         auto* base = static_cast<int64_t*>(d.get());
         PG_CUDA(cudaMemcpy(base, mine.data(), sizeof(int64_t) * static_cast<size_t>(n_), cudaMemcpyHostToDevice));
-        api.check(api.all_gather(base, base + n_, static_cast<size_t>(n_), ncclInt64, live(), cudaStreamPerThread), "all-gather");
+        api.check(api.all_gather(base, base + n_, static_cast<size_t>(n_), ncclInt64, live(), cudaStreamPerThread),
+                  "all-gather");
         std::vector<int64_t> all(static_cast<size_t>(n_ * n_));
         PG_CUDA(cudaMemcpy(all.data(), base + n_, sizeof(int64_t) * all.size(), cudaMemcpyDeviceToHost));
         return all;
     }
 
     // out_bytes[r] bytes (consecutive from `out`) to rank r; in_bytes[s] from rank s into `in`, in rank order.
-    void all_to_all(const uint8_t* out, const std::vector<int64_t>& out_bytes, uint8_t* in, const std::vector<int64_t>& in_bytes) {
+    void all_to_all(const uint8_t* out, const std::vector<int64_t>& out_bytes, uint8_t* in,
+                    const std::vector<int64_t>& in_bytes) {
         const Nccl& api = Nccl::get();
         ncclComm_t c = live();
         std::vector<size_t> out_at(static_cast<size_t>(n_) + 1, 0), in_at(static_cast<size_t>(n_) + 1, 0);
         for (int r = 0; r < n_; ++r) {
-            out_at[static_cast<size_t>(r) + 1] = out_at[static_cast<size_t>(r)] + static_cast<size_t>(out_bytes[static_cast<size_t>(r)]);
-            in_at[static_cast<size_t>(r) + 1] = in_at[static_cast<size_t>(r)] + static_cast<size_t>(in_bytes[static_cast<size_t>(r)]);
+            out_at[static_cast<size_t>(r) + 1] =
+                out_at[static_cast<size_t>(r)] + static_cast<size_t>(out_bytes[static_cast<size_t>(r)]);
+            in_at[static_cast<size_t>(r) + 1] =
+                in_at[static_cast<size_t>(r)] + static_cast<size_t>(in_bytes[static_cast<size_t>(r)]);
         }
         // This rank's own share is a device copy.
         const size_t self = static_cast<size_t>(in_bytes[static_cast<size_t>(rank_)]);
-        if (self) PG_CUDA(cudaMemcpyAsync(in + in_at[static_cast<size_t>(rank_)], out + out_at[static_cast<size_t>(rank_)], self, cudaMemcpyDeviceToDevice, cudaStreamPerThread));
+        if (self)
+            PG_CUDA(cudaMemcpyAsync(in + in_at[static_cast<size_t>(rank_)], out + out_at[static_cast<size_t>(rank_)],
+                                    self, cudaMemcpyDeviceToDevice, cudaStreamPerThread));
         api.check(api.group_start(), "group start");
         for (int r = 0; r < n_; ++r) {
             if (r == rank_) continue;
             if (out_bytes[static_cast<size_t>(r)])
-                api.check(api.send(out + out_at[static_cast<size_t>(r)], static_cast<size_t>(out_bytes[static_cast<size_t>(r)]), ncclUint8, r, c, cudaStreamPerThread), "send");
+                api.check(api.send(out + out_at[static_cast<size_t>(r)],
+                                   static_cast<size_t>(out_bytes[static_cast<size_t>(r)]), ncclUint8, r, c,
+                                   cudaStreamPerThread),
+                          "send");
             if (in_bytes[static_cast<size_t>(r)])
-                api.check(api.recv(in + in_at[static_cast<size_t>(r)], static_cast<size_t>(in_bytes[static_cast<size_t>(r)]), ncclUint8, r, c, cudaStreamPerThread), "recv");
+                api.check(
+                    api.recv(in + in_at[static_cast<size_t>(r)], static_cast<size_t>(in_bytes[static_cast<size_t>(r)]),
+                             ncclUint8, r, c, cudaStreamPerThread),
+                    "recv");
         }
         api.check(api.group_end(), "group end");
     }

@@ -48,7 +48,8 @@ __device__ __forceinline__ void rms_norm_row(Value value, int D, const float* w,
         const int i = static_cast<int>(threadIdx.x) + j * B;
         if (i < D) yr[i] = round_bf16(w[i] * (v[j] * r));
     }
-    for (int i = static_cast<int>(threadIdx.x) + kNormVals * B; i < D; i += B) yr[i] = round_bf16(w[i] * (value(i) * r));
+    for (int i = static_cast<int>(threadIdx.x) + kNormVals * B; i < D; i += B)
+        yr[i] = round_bf16(w[i] * (value(i) * r));
 }
 
 __global__ void rms_norm_kernel(const float* x, int D, const float* w, float eps, float* y) {
@@ -59,7 +60,8 @@ __global__ void rms_norm_kernel(const float* x, int D, const float* w, float eps
 
 // hc_collapse's row normalised in the same block: the bits of hc_collapse then rms_norm, one launch and no
 // intermediate row.
-__global__ void collapse_norm_kernel(const float* h, const float* pre, int hc, int D, const float* w, float eps, float* y) {
+__global__ void collapse_norm_kernel(const float* h, const float* pre, int hc, int D, const float* w, float eps,
+                                     float* y) {
     pdl_enter();
     const int64_t t = blockIdx.x;
     const float* x = h + t * hc * D;
@@ -248,7 +250,8 @@ __global__ void __launch_bounds__(kSmallThreads) hc_mixes_partial_kernel(const f
                     const float* fr = fs + j * kLd;
                     // The product of two floats is exact in double, so the fused multiply-add rounds once, as
                     // the GEMM's multiply then add does.
-                    for (int k = 0; k < len; ++k) s = __fma_rn(static_cast<double>(xr[k]), static_cast<double>(fr[k]), s);
+                    for (int k = 0; k < len; ++k)
+                        s = __fma_rn(static_cast<double>(xr[k]), static_cast<double>(fr[k]), s);
                 } else {
                     for (int k = 0; k < len; ++k) s += static_cast<double>(xr[k] * xr[k]);
                 }
@@ -500,7 +503,8 @@ void rms_norm(const float* x, int64_t rows, int D, const float* w, float eps, fl
 
 void collapse_norm(const float* h, const float* pre, int64_t T, int hc, int D, const float* w, float eps, float* y) {
     if (T == 0) return;
-    launch_pdl(collapse_norm_kernel, dim3(static_cast<unsigned>(T)), dim3(norm_threads(D)), 0, h, pre, hc, D, w, eps, y);
+    launch_pdl(collapse_norm_kernel, dim3(static_cast<unsigned>(T)), dim3(norm_threads(D)), 0, h, pre, hc, D, w, eps,
+               y);
 }
 
 void hc_mixes(const float* h, int64_t T, int hc, int D, const float* fn, int n_mix, const float* base,

@@ -21,8 +21,9 @@ PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch
     // One buffer: the int64 arrays first (8-byte aligned), then the int32 ones. It is reused from step to step:
     // at batch 128 and a 128K context the tables are 4 MB, and fresh memory each step cost its page faults (several
     // ms of host time a step on the GPU machine).
-    const size_t b_seq = 0, b_pos = b_seq + static_cast<size_t>(4 * S) * 8, b_pages = b_pos + static_cast<size_t>(T) * 8,
-                 b_rows = b_pages + static_cast<size_t>(n_pages) * 4, total = b_rows + static_cast<size_t>(T) * 4;
+    const size_t b_seq = 0, b_pos = b_seq + static_cast<size_t>(4 * S) * 8,
+                 b_pages = b_pos + static_cast<size_t>(T) * 8, b_rows = b_pages + static_cast<size_t>(n_pages) * 4,
+                 total = b_rows + static_cast<size_t>(T) * 4;
     thread_local std::vector<uint8_t> buf;
     buf.resize(std::max<size_t>(total, 8));
     auto* seq = reinterpret_cast<int64_t*>(buf.data() + b_seq);

@@ -12,7 +12,8 @@ namespace peregrine::cuda {
 
 namespace {
 
-__device__ __forceinline__ const uint8_t* paged_entry(const PagedSeqs& p, const PagedSection& sec, int s, int64_t index) {
+__device__ __forceinline__ const uint8_t* paged_entry(const PagedSeqs& p, const PagedSection& sec, int s,
+                                                      int64_t index) {
     const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);
     const uint8_t* base = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(m[0]));
     return (base + paged_entry_offset(p.pages + m[1], p.page_tokens, p.page_bytes, sec, index));

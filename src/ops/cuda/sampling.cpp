@@ -29,10 +29,12 @@ struct CudaBackend::StartedSample {
     }
 };
 
-std::shared_ptr<CudaBackend::StartedSample> CudaBackend::launch_sample(const Tensor& logits, const std::vector<SampleRow>& rows) {
+std::shared_ptr<CudaBackend::StartedSample> CudaBackend::launch_sample(const Tensor& logits,
+                                                                       const std::vector<SampleRow>& rows) {
     auto s = std::make_shared<StartedSample>();
     const int V = static_cast<int>(logits.dim(1));
-    if (rows.empty() || logits.device() != Device::CUDA || V > kSampleMaxVocab) {  // the host sampler (beyond the kernel's draw buffer)
+    if (rows.empty() || logits.device() != Device::CUDA ||
+        V > kSampleMaxVocab) {  // the host sampler (beyond the kernel's draw buffer)
         s->on_host = true;
         s->host = Backend::sample(logits.device() == Device::CUDA ? to_host(logits) : logits, rows);
         std::vector<SampleOutDev> out(rows.size());
@@ -142,11 +144,14 @@ void CudaBackend::resolve_deferred(int32_t* ids_d, const std::vector<int32_t>& i
     for (int32_t id : ids)
         if (id < 0 && id != kNoToken) {
             PEREGRINE_CHECK(deferred_source_ && deferred_row(id) < deferred_rows_,
-                            "deferred id of row {}: the latest sample_start had {} rows", deferred_row(id), deferred_rows_);
+                            "deferred id of row {}: the latest sample_start had {} rows", deferred_row(id),
+                            deferred_rows_);
             any = true;
         }
     static_assert(sizeof(SampleOutDev) == 2 * sizeof(int32_t), "SampleOutDev is {id, logprob}: ids every second int32");
-    if (any) resolve_deferred_ids(ids_d, static_cast<int64_t>(ids.size()), static_cast<const int32_t*>(deferred_source_->d_out.get()), 2);
+    if (any)
+        resolve_deferred_ids(ids_d, static_cast<int64_t>(ids.size()),
+                             static_cast<const int32_t*>(deferred_source_->d_out.get()), 2);
 }
 
 DevArray<int32_t> CudaBackend::upload_ids(const std::vector<int32_t>& ids) {

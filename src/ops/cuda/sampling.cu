@@ -337,7 +337,8 @@ struct Cuts {
 
 // The top-k and top-p cut-off keys of a sampled row over `src` (which holds every alive token).
 template <int C, class Src>
-__device__ Cuts find_cuts(const Src& src, int V, const SampleRowDev& r, float mx, u64 best_key, u64 n_alive, Shared& s) {
+__device__ Cuts find_cuts(const Src& src, int V, const SampleRowDev& r, float mx, u64 best_key, u64 n_alive,
+                          Shared& s) {
     const double inv_t = r.inv_t;
     Cuts c{0, 0};
     // 1. top-k among the alive tokens (the others weigh 0 and rank below them all).
@@ -371,8 +372,9 @@ __device__ Cuts find_cuts(const Src& src, int V, const SampleRowDev& r, float mx
 }
 
 template <int C>
-__global__ void __launch_bounds__(kThreads, 2) sample_kernel(float* logits, int V, const SampleRowDev* rows,
-                                                          const LogitAdjust* adj, SampleOutDev* out, SampleOutDev* top) {
+__global__ void __launch_bounds__(kThreads, 2)
+    sample_kernel(float* logits, int V, const SampleRowDev* rows, const LogitAdjust* adj, SampleOutDev* out,
+                  SampleOutDev* top) {
     using T = Team<C>;
     __shared__ Shared s;
     const int ri = static_cast<int>(blockIdx.x / C);
@@ -425,7 +427,8 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(float* logits, int 
         __syncthreads();
         const u64 n_alive = T::template reduce<false>(local, s);
         const bool fits = T::template reduce<true>(local, s) <= static_cast<u64>(kMaxCands);
-        const Cuts cuts = fits ? find_cuts<C>(CandSource{s.cand.l, s.cand.id, static_cast<int>(local)}, V, r, mx, best_key, n_alive, s)
+        const Cuts cuts = fits ? find_cuts<C>(CandSource{s.cand.l, s.cand.id, static_cast<int>(local)}, V, r, mx,
+                                              best_key, n_alive, s)
                                : find_cuts<C>(RowSource{row, lo, n}, V, r, mx, best_key, n_alive, s);
         const u64 c1 = cuts.c1, c3 = cuts.c3, min_w = r.min_p_weight;
         auto kept2 = [&](float l, int i) -> u64 {
@@ -561,7 +564,8 @@ __global__ void __launch_bounds__(kThreads, 2) sample_kernel(float* logits, int 
         }
         for (int j = 0; j < m; ++j) {
             const int id = key_id(keys[j]);
-            top[static_cast<int64_t>(ri) * kSampleMaxTop + j] = {id, static_cast<float>(static_cast<double>(row[id]) - lse)};
+            top[static_cast<int64_t>(ri) * kSampleMaxTop + j] = {
+                id, static_cast<float>(static_cast<double>(row[id]) - lse)};
         }
     }
     T::sync();  // block 0 has read the others' keys

@@ -49,8 +49,9 @@ using namespace sparse;
 constexpr int kRow = kDim + 8;   // bf16 per shared row of Q and K: 1040 B, so ldmatrix rows hit distinct banks
 constexpr int kPRow = kBlk + 8;  // bf16 per shared row of P: 144 B
 
-constexpr size_t kSmemBytes = sizeof(__nv_bfloat16) * (static_cast<size_t>(kHeads) * kRow + 2 * kBlk * kRow + kHeads * kPRow) +
-                              sizeof(float) * (2 * 4 * kHeads + 3 * kHeads) + sizeof(int) * 2 * kBlk;
+constexpr size_t kSmemBytes =
+    sizeof(__nv_bfloat16) * (static_cast<size_t>(kHeads) * kRow + 2 * kBlk * kRow + kHeads * kPRow) +
+    sizeof(float) * (2 * 4 * kHeads + 3 * kHeads) + sizeof(int) * 2 * kBlk;
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const __nv_bfloat16* p) {
     const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -212,7 +213,8 @@ __global__ void __launch_bounds__(NW * 32, 1) sparse_attention_mma_kernel(MmaArg
         for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
-                float mx = fmaxf(fmaxf(s[mi][0][2 * hf], s[mi][0][2 * hf + 1]), fmaxf(s[mi][1][2 * hf], s[mi][1][2 * hf + 1]));
+                float mx =
+                    fmaxf(fmaxf(s[mi][0][2 * hf], s[mi][0][2 * hf + 1]), fmaxf(s[mi][1][2 * hf], s[mi][1][2 * hf + 1]));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 if (tq == 0) red_max[ng * kHeads + 16 * MI * mh + 16 * mi + 8 * hf + g] = mx;
@@ -243,7 +245,8 @@ __global__ void __launch_bounds__(NW * 32, 1) sparse_attention_mma_kernel(MmaArg
             const float m_new = fmaxf(fmaxf(m_old, fmaxf(red_max[r], red_max[kHeads + r])),
                                       fmaxf(red_max[2 * kHeads + r], red_max[3 * kHeads + r]));
             const float rs = exp_cr(m_old - m_new);
-            l_run[r] = l_run[r] * rs + (((red_sum[r] + red_sum[kHeads + r]) + red_sum[2 * kHeads + r]) + red_sum[3 * kHeads + r]);
+            l_run[r] = l_run[r] * rs +
+                       (((red_sum[r] + red_sum[kHeads + r]) + red_sum[2 * kHeads + r]) + red_sum[3 * kHeads + r]);
             m_run[r] = m_new;
             resc[r] = rs;
         }
@@ -354,13 +357,15 @@ int split_count(int64_t T, int H, int maxk) {
     const int64_t ctas = T * (H / kHeads);
     const int nblk = std::max((maxk + kBlk - 1) / kBlk, 1);
     if (ctas >= sm_count()) return 1;
-    return static_cast<int>(std::clamp<int64_t>(sm_count() / std::max<int64_t>(ctas, 1), 1, std::min(nblk, kMaxSplits)));
+    return static_cast<int>(
+        std::clamp<int64_t>(sm_count() / std::max<int64_t>(ctas, 1), 1, std::min(nblk, kMaxSplits)));
 }
 
 // A format the chunk loader reads: 16-byte aligned pieces of 32 dims, at most four scales per piece.
 bool mma_format_supported(const EntryFormat& f) {
     if (f.dim != kDim || f.block <= 0 || f.bytes % 16 != 0) return false;
-    const bool blocks = f.block >= kPartDims ? f.block % kPartDims == 0 : (kPartDims % f.block == 0 && kPartDims / f.block <= 4);
+    const bool blocks =
+        f.block >= kPartDims ? f.block % kPartDims == 0 : (kPartDims % f.block == 0 && kPartDims / f.block <= 4);
     if (f.kind == kEntryFp8)
         return blocks && f.quant_dims % kPartDims == 0 && f.quant_dims % f.block == 0 && f.bf16_offset % 16 == 0;
     return blocks && f.quant_dims == f.dim;
@@ -392,8 +397,9 @@ void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, 
                           const KeyRefs& keys, float* out, void* workspace) {
     if (T == 0) return;
     if (!sparse_attention_mma_supported(H, D, keys.win, keys.nwin ? keys.comp : keys.win))
-        cuda_fail(cudaErrorInvalidValue, "sparse_attention_mma: needs 512-wide heads in groups of 64 and readable key formats",
-                  __FILE__, __LINE__);
+        cuda_fail(cudaErrorInvalidValue,
+                  "sparse_attention_mma: needs 512-wide heads in groups of 64 and readable key formats", __FILE__,
+                  __LINE__);
     const int maxk = keys.maxk;
     const int64_t ctas = T * (H / kHeads);
     if (ctas > 0x7fffffff) cuda_fail(cudaErrorInvalidValue, "sparse_attention_mma: too many rows", __FILE__, __LINE__);

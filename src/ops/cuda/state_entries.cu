@@ -115,7 +115,8 @@ void store_entries(const float* src, int64_t rows, const EntryFormat& f, uint8_t
     launch_pdl(store_entries_kernel, dim3(static_cast<unsigned>(rows)), dim3(kEncodeThreads), 0, src, f, dst);
 }
 
-void paged_store_entries(const float* src, int64_t T, const EntryFormat& f, const PagedSeqs& p, const PagedSection& sec) {
+void paged_store_entries(const float* src, int64_t T, const EntryFormat& f, const PagedSeqs& p,
+                         const PagedSection& sec) {
     if (T == 0) return;
     if (T > 0x7fffffff) cuda_fail(cudaErrorInvalidValue, "paged_store_entries: too many rows", __FILE__, __LINE__);
     launch_pdl(paged_store_entries_kernel, dim3(static_cast<unsigned>(T)), dim3(kEncodeThreads), 0, src, f, p, sec);

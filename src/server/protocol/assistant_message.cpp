@@ -29,7 +29,8 @@ void AssistantMessage::add(const ParseEvent& e) {
         calls_.push_back({e.id, e.text, ""});
         break;
     case ParseEvent::Kind::tool_call_arguments:
-        PEREGRINE_CHECK(e.index >= 0 && e.index < static_cast<int>(calls_.size()), "arguments for unknown tool call {}", e.index);
+        PEREGRINE_CHECK(e.index >= 0 && e.index < static_cast<int>(calls_.size()), "arguments for unknown tool call {}",
+                        e.index);
         calls_[e.index].arguments += e.text;
         break;
     case ParseEvent::Kind::warning: warnings_.push_back(e.text); break;

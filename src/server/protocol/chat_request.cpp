@@ -255,9 +255,11 @@ ChatRequest parse_chat_request(const ojson& body, const RequestOptions& opts) {
     if (!msgs) bad("messages", "missing required parameter 'messages'");
     if (!msgs->is_array()) bad("messages", "'messages' must be an array");
     if (msgs->empty()) bad("messages", "Empty input messages");
-    for (size_t i = 0; i < msgs->size(); ++i) r.messages.push_back(parse_message((*msgs)[i], "messages[" + std::to_string(i) + "]"));
+    for (size_t i = 0; i < msgs->size(); ++i)
+        r.messages.push_back(parse_message((*msgs)[i], "messages[" + std::to_string(i) + "]"));
     for (size_t i = 0; i + 1 < r.messages.size(); ++i)
-        if (r.messages[i].prefix) bad("messages[" + std::to_string(i) + "].prefix", "only the last message may be a prefix");
+        if (r.messages[i].prefix)
+            bad("messages[" + std::to_string(i) + "].prefix", "only the last message may be a prefix");
     check_tool_results(r.messages);
 
     if (const ojson* tools = field(body, "tools")) {
@@ -266,12 +268,14 @@ ChatRequest parse_chat_request(const ojson& body, const RequestOptions& opts) {
         for (size_t i = 0; i < tools->size(); ++i) {
             r.tools.push_back(parse_tool((*tools)[i], "tools[" + std::to_string(i) + "]"));
             if (!names.insert(r.tools.back().name).second)
-                bad("tools[" + std::to_string(i) + "].function.name", "duplicate tool name '" + r.tools.back().name + "'");
+                bad("tools[" + std::to_string(i) + "].function.name",
+                    "duplicate tool name '" + r.tools.back().name + "'");
         }
     }
 
     if (r.messages.back().prefix && !r.tools.empty())
-        bad("messages[" + std::to_string(r.messages.size() - 1) + "].prefix", "Function call should not be used with prefix");
+        bad("messages[" + std::to_string(r.messages.size() - 1) + "].prefix",
+            "Function call should not be used with prefix");
 
     // Thinking: the request's thinking object, else reasoning_effort "none" turns it off, else the default.
     r.thinking = opts.default_thinking;
@@ -290,8 +294,10 @@ ChatRequest parse_chat_request(const ojson& body, const RequestOptions& opts) {
                 if (!th) r.thinking = false;  // an explicit thinking object wins
             }
             else if (auto e = effort_from_alias(a)) r.effort = *e;
-            else bad("reasoning_effort", "unknown reasoning_effort '" + a +
-                                             "' (expected none, minimal, low, medium, high, xhigh, ultra, max or 1-100)");
+            else
+                bad("reasoning_effort",
+                    "unknown reasoning_effort '" + a +
+                        "' (expected none, minimal, low, medium, high, xhigh, ultra, max or 1-100)");
         } else if (eff->is_number_integer() || eff->is_number_unsigned()) {
             int64_t v = eff->get<int64_t>();
             if (v < 1 || v > 100) bad("reasoning_effort", "numeric reasoning_effort must be within 1-100");
@@ -307,13 +313,17 @@ ChatRequest parse_chat_request(const ojson& body, const RequestOptions& opts) {
             if (s == "auto") r.tool_choice.mode = ToolChoiceMode::automatic;
             else if (s == "none") r.tool_choice.mode = ToolChoiceMode::none;
             else if (s == "required") r.tool_choice.mode = ToolChoiceMode::required;
-            else bad("tool_choice", "unknown tool_choice '" + s + "' (expected auto, none, required or a named function)");
+            else
+                bad("tool_choice",
+                    "unknown tool_choice '" + s + "' (expected auto, none, required or a named function)");
         } else if (tc->is_object()) {
             const ojson* f = field(*tc, "function");
-            if (!f || !f->is_object()) bad("tool_choice.function", "named tool_choice needs {\"function\": {\"name\": ...}}");
+            if (!f || !f->is_object())
+                bad("tool_choice.function", "named tool_choice needs {\"function\": {\"name\": ...}}");
             r.tool_choice.mode = ToolChoiceMode::named;
             r.tool_choice.name = get_string(*f, "name", "tool_choice.function.name", true);
-            bool found = std::any_of(r.tools.begin(), r.tools.end(), [&](auto& t) { return t.name == r.tool_choice.name; });
+            bool found =
+                std::any_of(r.tools.begin(), r.tools.end(), [&](auto& t) { return t.name == r.tool_choice.name; });
             if (!found)
                 bad("tool_choice", "Invalid value for 'tool_call': no function named '" + r.tool_choice.name +
                                        "' was specified in the 'tools' parameter.");
@@ -323,7 +333,8 @@ ChatRequest parse_chat_request(const ojson& body, const RequestOptions& opts) {
     }
     bool forced = r.tool_choice.mode == ToolChoiceMode::required || r.tool_choice.mode == ToolChoiceMode::named;
     if (forced) {
-        if (r.tools.empty()) bad("tool_choice", "tool_choice '" + std::string("required") + "' needs at least one tool");
+        if (r.tools.empty())
+            bad("tool_choice", "tool_choice '" + std::string("required") + "' needs at least one tool");
         // The prompt opens the tool-call block after </think>, so there is no room for reasoning.
         if (r.thinking) bad("tool_choice", "Thinking mode does not support this tool_choice");
         for (const ToolSpec* t : r.prompt_tools()) {
@@ -347,10 +358,12 @@ ChatRequest parse_chat_request(const ojson& body, const RequestOptions& opts) {
         } else if (type == "json_object") {
             r.response_format.type = ResponseFormatType::json_object;
             if (!mentions_json(r.messages))
-                bad("response_format", "Prompt must contain the word 'json' in some form to use 'response_format' of type 'json_object'.");
+                bad("response_format",
+                    "Prompt must contain the word 'json' in some form to use 'response_format' of type 'json_object'.");
         } else if (type == "json_schema") {
             const ojson* js = field(*rf, "json_schema");
-            if (!js || !js->is_object()) bad("response_format.json_schema", "missing required parameter 'response_format.json_schema'");
+            if (!js || !js->is_object())
+                bad("response_format.json_schema", "missing required parameter 'response_format.json_schema'");
             const ojson* schema = field(*js, "schema");
             r.response_format.type = ResponseFormatType::json_schema;
             r.response_format.schema = schema ? *schema : ojson::object();
@@ -386,7 +399,8 @@ ChatRequest parse_chat_request(const ojson& body, const RequestOptions& opts) {
     };
     auto get_int = [&](const char* key, std::optional<int64_t>& out, int64_t lo) {
         if (const ojson* v = field(body, key)) {
-            if (!v->is_number_integer() && !v->is_number_unsigned()) bad(key, std::string("'") + key + "' must be an integer");
+            if (!v->is_number_integer() && !v->is_number_unsigned())
+                bad(key, std::string("'") + key + "' must be an integer");
             int64_t i = v->get<int64_t>();
             if (i < lo) bad(key, fmt::format("'{}' must be at least {}", key, lo));
             out = i;

@@ -57,7 +57,8 @@ std::string python_float_repr(double d, FloatExponent fe) {
         out += digits.substr(0, 1);
         if (digits.size() > 1) out += "." + digits.substr(1);
         char eb[16];
-        std::snprintf(eb, sizeof eb, fe == FloatExponent::python ? "e%c%02d" : "e%c%d", exp < 0 ? '-' : '+', std::abs(exp));
+        std::snprintf(eb, sizeof eb, fe == FloatExponent::python ? "e%c%02d" : "e%c%d", exp < 0 ? '-' : '+',
+                      std::abs(exp));
         out += eb;
     }
     return out;

@@ -137,7 +137,9 @@ void OutputParser::emit(ParseEvent::Kind k, std::string text, int index, std::st
     out_.push_back(ParseEvent{k, std::move(text), index, std::move(id)});
 }
 
-void OutputParser::emit_args(std::string text) { emit(ParseEvent::Kind::tool_call_arguments, std::move(text), calls_ - 1); }
+void OutputParser::emit_args(std::string text) {
+    emit(ParseEvent::Kind::tool_call_arguments, std::move(text), calls_ - 1);
+}
 void OutputParser::warn(std::string msg) { emit(ParseEvent::Kind::warning, std::move(msg)); }
 
 std::vector<ParseEvent> OutputParser::push(std::string_view chunk) {
@@ -375,7 +377,8 @@ bool OutputParser::step_block() {
         size_t next = std::min(buf_.find(kOpen), buf_.find(kClose));
         if (next == std::string::npos) {
             if (!eof_ && (kOpen.starts_with(buf_) || kClose.starts_with(buf_))) return false;
-            next = eof_ ? buf_.size() : buf_.size() - std::max(partial_suffix(buf_, kOpen), partial_suffix(buf_, kClose));
+            next =
+                eof_ ? buf_.size() : buf_.size() - std::max(partial_suffix(buf_, kOpen), partial_suffix(buf_, kClose));
         }
         if (next == 0) return false;
         warn("stray text in tool-call block dropped");

@@ -66,7 +66,8 @@ std::string tools_section(const std::vector<const ToolSpec*>& tools, ChatFormat 
                     "You can invoke tools by writing a \"" + dsml_open(n.block) + ">\" block like the following:\n\n";
     s += dsml_open(n.block) + ">\n";
     s += dsml_open(n.invoke) + " name=\"$TOOL_NAME\">\n";
-    s += dsml_open(n.parameter) + " name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE" + dsml_close(n.parameter) + "\n";
+    s += dsml_open(n.parameter) + " name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE" +
+         dsml_close(n.parameter) + "\n";
     s += "...\n" + dsml_close(n.invoke) + "\n";
     s += dsml_open(n.invoke) + " name=\"$TOOL_NAME2\">\n...\n" + dsml_close(n.invoke) + "\n";
     s += dsml_close(n.block) + "\n\n";
@@ -93,7 +94,8 @@ std::string response_format_section(const ResponseFormat& rf, ChatFormat fmt) {
     if (rf.type == ResponseFormatType::json_object && fmt == ChatFormat::deepseek_v4)
         return "\n\nYou are a helpful assistant designed to output JSON.\n## Response Format:\n\nReply with JSON object ONLY.";
     ojson schema = rf.type == ResponseFormatType::json_object ? ojson::object({{"type", "json_object"}}) : rf.schema;
-    return "\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n" + dump_prompt_json(schema, float_style(fmt));
+    return "\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n" +
+           dump_prompt_json(schema, float_style(fmt));
 }
 
 std::string effort_prefix(const ChatRequest& req, ChatFormat fmt) {
@@ -229,7 +231,8 @@ RenderedPrompt render_prompt(const ChatRequest& req, ChatFormat fmt) {
             for (size_t k = i; k < j; ++k) results.push_back(&msgs[k]);
             if (last_calls) {
                 std::map<std::string, size_t> order;
-                for (size_t k = 0; k < last_calls->tool_calls.size(); ++k) order.emplace(last_calls->tool_calls[k].id, k);
+                for (size_t k = 0; k < last_calls->tool_calls.size(); ++k)
+                    order.emplace(last_calls->tool_calls[k].id, k);
                 std::stable_sort(results.begin(), results.end(), [&](auto* a, auto* c) {
                     return order[a->tool_call_id] < order[c->tool_call_id];
                 });

@@ -31,8 +31,11 @@ TEST(Utf8, SequencesEncodeExactlyTheRange) {
 }
 
 TEST(Regex, FullMatchSemantics) {
-    struct Case { const char* re; std::vector<const char*> yes, no; } cases[] = {
-        {"[a-z]{3,5}@(foo|bar)\\.com", {"abc@foo.com", "abcde@bar.com"}, {"ab@foo.com", "abcdef@foo.com", "abc@baz.com"}},
+    struct Case { const char* re; std::vector<const char*> yes, no;
+    } cases[] = {
+        {"[a-z]{3,5}@(foo|bar)\\.com",
+         {"abc@foo.com", "abcde@bar.com"},
+         {"ab@foo.com", "abcdef@foo.com", "abc@baz.com"}},
         {"\\d+(\\.\\d+)?", {"0", "12.5"}, {"", "1.", ".5", "\xd9\xa3"}},
         {"(?:ab)*c?", {"", "abab", "abc", "c"}, {"aba", "cc"}},
         {"[^a-c]x", {"dx", "\xc3\xa9x"}, {"ax", "x"}},
@@ -163,9 +166,12 @@ TEST(Ebnf, SchemaRulesEmbedJsonSchemas) {
     JsonSchemaOptions compact;
     compact.any_whitespace = false;
     auto cg = compile_bytes(ebnf_grammar(
-        g, "root", {{"args", R"({"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer","minimum":1}},"required":["city"]})"}},
+        g, "root",
+        {{"args",
+          R"({"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer","minimum":1}},"required":["city"]})"}},
         compact));
-    EXPECT_TRUE(accepts(cg, "<｜DSML｜ invoke name=\"get_weather\">{\"city\": \"Paris\", \"days\": 3}</｜DSML｜ invoke>"));
+    EXPECT_TRUE(
+        accepts(cg, "<｜DSML｜ invoke name=\"get_weather\">{\"city\": \"Paris\", \"days\": 3}</｜DSML｜ invoke>"));
     EXPECT_TRUE(accepts(cg, "<｜DSML｜ invoke name=\"get_time\">{\"city\": \"x\"}</｜DSML｜ invoke>"
                             "<｜DSML｜ invoke name=\"get_time\">{\"city\": \"y\"}</｜DSML｜ invoke>"));
     EXPECT_FALSE(accepts(cg, "<｜DSML｜ invoke name=\"get_weather\">{\"days\": 3}</｜DSML｜ invoke>"));

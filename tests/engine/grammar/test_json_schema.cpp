@@ -42,7 +42,8 @@ TEST(JsonSchema, WhitespaceIsBounded) {
 }
 
 TEST(JsonSchema, AdditionalPropertiesNeverRepeatListedKeys) {
-    auto cg = schema(R"({"type":"object","properties":{"id":{"type":"integer"}},"additionalProperties":{"type":"string"}})");
+    auto cg =
+        schema(R"({"type":"object","properties":{"id":{"type":"integer"}},"additionalProperties":{"type":"string"}})");
     EXPECT_TRUE(accepts(cg, R"({"id":1,"idx":"a","i":"b"})"));
     EXPECT_TRUE(accepts(cg, R"({"other":"a"})"));
     EXPECT_FALSE(accepts(cg, R"({"id":1,"id":"a"})"));
@@ -64,7 +65,8 @@ TEST(JsonSchema, ArraysEnumsConstsAndUnions) {
     EXPECT_FALSE(accepts(arr, R"([])"));
     EXPECT_FALSE(accepts(arr, R"(["a","a","a","a"])"));
     EXPECT_FALSE(accepts(arr, R"(["b"])"));
-    auto tup = schema(R"({"type":"array","prefixItems":[{"type":"integer"},{"type":"string"}],"items":false,"minItems":1})");
+    auto tup =
+        schema(R"({"type":"array","prefixItems":[{"type":"integer"},{"type":"string"}],"items":false,"minItems":1})");
     EXPECT_TRUE(accepts(tup, R"([1])"));
     EXPECT_TRUE(accepts(tup, R"([1,"x"])"));
     EXPECT_FALSE(accepts(tup, R"([1,"x",2])"));
@@ -83,7 +85,8 @@ TEST(JsonSchema, ArraysEnumsConstsAndUnions) {
 
 TEST(JsonSchema, OneOfKeepsOnlyProvablyExclusiveAlternatives) {
     // Discriminated objects: both stay.
-    auto disc = schema(R"({"oneOf":[{"type":"object","properties":{"kind":{"const":"a"},"x":{"type":"integer"}},"required":["kind"]},
+    auto disc = schema(
+        R"({"oneOf":[{"type":"object","properties":{"kind":{"const":"a"},"x":{"type":"integer"}},"required":["kind"]},
                                     {"type":"object","properties":{"kind":{"const":"b"}},"required":["kind"]}]})");
     EXPECT_TRUE(accepts(disc, R"({"kind":"a","x":1})"));
     EXPECT_TRUE(accepts(disc, R"({"kind":"b"})"));
@@ -149,7 +152,8 @@ TEST(JsonSchema, RefsIncludingRecursion) {
 }
 
 TEST(JsonSchema, TupleItemsRefSiblingsAndNullable) {
-    auto tup = schema(R"({"type":"array","items":[{"type":"integer"},{"type":"boolean"}],"additionalItems":{"type":"string"}})");
+    auto tup = schema(
+        R"({"type":"array","items":[{"type":"integer"},{"type":"boolean"}],"additionalItems":{"type":"string"}})");
     EXPECT_TRUE(accepts(tup, R"([1,true,"x","y"])"));
     EXPECT_FALSE(accepts(tup, R"([1,true,2])"));
     auto closed = schema(R"({"type":"array","items":[{"type":"integer"}],"additionalItems":false})");
@@ -197,6 +201,7 @@ TEST(JsonSchema, UnsupportedFeaturesAreNamed) {
 
 TEST(JsonSchema, AnyJsonObject) {
     auto cg = compile_bytes(json_object_grammar());
-    for (auto* s : {"{}", R"({"a":[1,2.5e3,{"b":null}],"c":"\u1234"})", "{ \"x\" : { } }"}) EXPECT_TRUE(accepts(cg, s)) << s;
+    for (auto* s : {"{}", R"({"a":[1,2.5e3,{"b":null}],"c":"\u1234"})", "{ \"x\" : { } }"})
+        EXPECT_TRUE(accepts(cg, s)) << s;
     for (auto* s : {"[]", "1", R"({"a"})", R"({"a":01})", R"({"a":[1,]})"}) EXPECT_FALSE(accepts(cg, s)) << s;
 }

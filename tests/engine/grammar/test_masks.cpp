@@ -75,7 +75,8 @@ TEST(Masks, MatchPerTokenMatchingOnManyGrammars) {
         {ConstraintKind::kRegex, "[a-z]{2,6}(@x\\.com)?"},
         {ConstraintKind::kRegex, "(\\d+,)*\\d+\\]?"},
         {ConstraintKind::kRegex, "\xc3\xa9+x|\xe6\x97\xa5\xe6\x9c\xac"},
-        {ConstraintKind::kEbnf, "root ::= \"[\" (v (\",\" \" \"? v)*)? \"]\"\nv ::= [0-9]+ | \"[\" (v (\",\" v)*)? \"]\" | \"null\""},
+        {ConstraintKind::kEbnf,
+         "root ::= \"[\" (v (\",\" \" \"? v)*)? \"]\"\nv ::= [0-9]+ | \"[\" (v (\",\" v)*)? \"]\" | \"null\""},
         {ConstraintKind::kEbnf, "root ::= item+\nitem ::= \"{\" (\"a\" | item) \"}\"\n"},
         {ConstraintKind::kJsonObject, ""},
         {ConstraintKind::kJsonSchema, R"({"type":"object","properties":{"name":{"type":"string","maxLength":4},
@@ -183,20 +184,22 @@ TEST(ResponseFormat, OpenAiShapes) {
     auto obj = constraint_from_response_format({{"type", "json_object"}});
     ASSERT_TRUE(obj.has_value());
     EXPECT_EQ(obj->kind, ConstraintKind::kJsonObject);
-    auto js = constraint_from_response_format(
-        nlohmann::json::parse(R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"integer"},"strict":true}})"));
+    auto js = constraint_from_response_format(nlohmann::json::parse(
+        R"({"type":"json_schema","json_schema":{"name":"x","schema":{"type":"integer"},"strict":true}})"));
     ASSERT_TRUE(js.has_value());
     EXPECT_EQ(js->kind, ConstraintKind::kJsonSchema);
     EXPECT_EQ(nlohmann::json::parse(js->text), nlohmann::json({{"type", "integer"}}));
     EXPECT_THROW(constraint_from_response_format({{"type", "xml"}}), Error);
     EXPECT_EQ(constraint_kind_from_name("ebnf"), ConstraintKind::kEbnf);
-    auto sp = constraint_from_sampling_params(nlohmann::json::parse(R"({"temperature":0,"json_schema":{"type":"null"}})"));
+    auto sp =
+        constraint_from_sampling_params(nlohmann::json::parse(R"({"temperature":0,"json_schema":{"type":"null"}})"));
     ASSERT_TRUE(sp.has_value());
     EXPECT_EQ(sp->kind, ConstraintKind::kJsonSchema);
     EXPECT_EQ(nlohmann::json::parse(sp->text), nlohmann::json::parse(R"({"type":"null"})"));
     EXPECT_EQ(constraint_from_sampling_params(nlohmann::json::parse(R"({"regex":"a+"})"))->text, "a+");
     EXPECT_FALSE(constraint_from_sampling_params(nlohmann::json::parse(R"({"top_p":1})")).has_value());
-    EXPECT_THROW(constraint_from_sampling_params(nlohmann::json::parse(R"({"regex":"a","ebnf":"root ::= \"a\""})")), Error);
+    EXPECT_THROW(constraint_from_sampling_params(nlohmann::json::parse(R"({"regex":"a","ebnf":"root ::= \"a\""})")),
+                 Error);
     EXPECT_THROW(constraint_kind_from_name("yaml"), Error);
 }
 

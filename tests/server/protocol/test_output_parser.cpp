@@ -106,7 +106,8 @@ TEST_P(ParseOracle, MatchesOracle) {
 TEST_P(Parse, EveryByteBoundary) {
     const bool wr = reports_reasoning(opts_.start);
     const json whole = assemble(run(opts_, text_, {}), wr);
-    for (size_t k = 1; k < text_.size(); ++k) ASSERT_EQ(assemble(run(opts_, text_, {k}), wr), whole) << "split at " << k;
+    for (size_t k = 1; k < text_.size(); ++k)
+        ASSERT_EQ(assemble(run(opts_, text_, {k}), wr), whole) << "split at " << k;
     std::vector<size_t> bytes;
     for (size_t k = 1; k < text_.size(); ++k) bytes.push_back(k);
     ASSERT_EQ(assemble(run(opts_, text_, bytes), wr), whole) << "byte by byte";
@@ -192,7 +193,8 @@ TEST(OutputParser, HoldsBackOnlyPossibleMarkers) {
 
 TEST(OutputParser, ArgumentsStreamWhileValuesArrive) {
     OutputParser p(v41(ParseStart::content), fixed_ids());
-    auto ev = p.push("<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"q\" string=\"true\">ab\"c");
+    auto ev =
+        p.push("<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"q\" string=\"true\">ab\"c");
     ASSERT_FALSE(ev.empty());
     EXPECT_EQ(ev[0].kind, ParseEvent::Kind::tool_call_start);
     EXPECT_EQ(ev[0].text, "f");
@@ -234,13 +236,15 @@ TEST(OutputParser, MalformedBlocksComeBackAsText) {
         auto ev = run(v41(ParseStart::content), s, {});
         EXPECT_EQ(joined(ev, ParseEvent::Kind::content), s);
         EXPECT_EQ(joined(ev, ParseEvent::Kind::tool_call_start), "");
-        EXPECT_TRUE(std::any_of(ev.begin(), ev.end(), [](auto& e) { return e.kind == ParseEvent::Kind::warning; })) << s;
+        EXPECT_TRUE(std::any_of(ev.begin(), ev.end(), [](auto& e) { return e.kind == ParseEvent::Kind::warning; }))
+            << s;
     }
 }
 
 TEST(OutputParser, DefaultIdsAreUniqueAndOpenAIShaped) {
     OutputParser p(v41(ParseStart::content));
-    auto ev = p.push("<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"a\">\n</｜DSML｜ invoke>\n<｜DSML｜ invoke name=\"b\">\n</｜DSML｜ invoke>\n</｜DSML｜ calls>");
+    auto ev = p.push(
+        "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"a\">\n</｜DSML｜ invoke>\n<｜DSML｜ invoke name=\"b\">\n</｜DSML｜ invoke>\n</｜DSML｜ calls>");
     std::vector<std::string> ids;
     for (auto& e : ev)
         if (e.kind == ParseEvent::Kind::tool_call_start) ids.push_back(e.id);
@@ -255,26 +259,61 @@ TEST(OutputParser, OpenAIDeltas) {
               R"({"tool_calls":[{"index":0,"id":"call_x","type":"function","function":{"name":"f","arguments":""}}]})");
     EXPECT_EQ(openai_delta(ParseEvent{ParseEvent::Kind::tool_call_arguments, "{}", 0, ""}).dump(),
               R"({"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]})");
-    EXPECT_EQ(openai_delta(ParseEvent{ParseEvent::Kind::reasoning, "r", -1, ""}).dump(), R"({"reasoning_content":"r"})");
+    EXPECT_EQ(openai_delta(ParseEvent{ParseEvent::Kind::reasoning, "r", -1, ""}).dump(),
+              R"({"reasoning_content":"r"})");
     EXPECT_TRUE(openai_delta(ParseEvent{ParseEvent::Kind::warning, "w", -1, ""}).is_null());
 }
 
 // Random soup of DSML fragments, think tags, quotes, newlines and multi-byte characters: whatever the model
 // writes, parsing never throws, streaming equals one-shot, and started calls end with JSON-object arguments.
 TEST(OutputParser, FuzzedMarkupKeepsTheGuarantees) {
-    const std::vector<std::string> pieces = {
-        "<｜DSML｜ calls>", "<｜DSML｜tool_calls>", "</｜DSML｜ calls>", "</｜DSML｜tool_calls>", "<｜DSML｜ invoke name=\"f\">",
-        "<｜DSML｜invoke name=\"g h\">", "</｜DSML｜ invoke>", "</｜DSML｜invoke>", "<｜DSML｜ parameter name=\"a\" string=\"true\">",
-        "<｜DSML｜parameter name=\"b\" string=\"false\">", "<｜DSML｜ parameter name=\"c\">", "</｜DSML｜ parameter>",
-        "</｜DSML｜parameter>", "<｜DSML｜", "</｜DSML｜", "<｜DS", "｜DSML｜", "</think>", "</thi", "<think>", "\n", "\n\n", " ",
-        "\"", "=", ">", "<", "{\"k\": [1, 2]}", "[true", "null", "42", "text", "日本", "😀", "\\", "```json\n", "\n```", "{", "["};
+    const std::vector<std::string> pieces = {"<｜DSML｜ calls>",
+                                             "<｜DSML｜tool_calls>",
+                                             "</｜DSML｜ calls>",
+                                             "</｜DSML｜tool_calls>",
+                                             "<｜DSML｜ invoke name=\"f\">",
+                                             "<｜DSML｜invoke name=\"g h\">",
+                                             "</｜DSML｜ invoke>",
+                                             "</｜DSML｜invoke>",
+                                             "<｜DSML｜ parameter name=\"a\" string=\"true\">",
+                                             "<｜DSML｜parameter name=\"b\" string=\"false\">",
+                                             "<｜DSML｜ parameter name=\"c\">",
+                                             "</｜DSML｜ parameter>",
+                                             "</｜DSML｜parameter>",
+                                             "<｜DSML｜",
+                                             "</｜DSML｜",
+                                             "<｜DS",
+                                             "｜DSML｜",
+                                             "</think>",
+                                             "</thi",
+                                             "<think>",
+                                             "\n",
+                                             "\n\n",
+                                             " ",
+                                             "\"",
+                                             "=",
+                                             ">",
+                                             "<",
+                                             "{\"k\": [1, 2]}",
+                                             "[true",
+                                             "null",
+                                             "42",
+                                             "text",
+                                             "日本",
+                                             "😀",
+                                             "\\",
+                                             "```json\n",
+                                             "\n```",
+                                             "{",
+                                             "["};
     std::mt19937 rng(7);
     for (int iter = 0; iter < 3000; ++iter) {
         std::string text;
         for (int n = rng() % 24; n > 0; --n) text += pieces[rng() % pieces.size()];
         ParseStart start = static_cast<ParseStart>(rng() % 5);
         OutputParserOptions o{rng() % 2 ? ChatFormat::deepseek_v41 : ChatFormat::deepseek_v4, start, rng() % 4 != 0,
-                              rng() % 4 == 0 ? std::vector<std::string>{"text"} : std::vector<std::string>{}, rng() % 4 == 0};
+                              rng() % 4 == 0 ? std::vector<std::string>{"text"} : std::vector<std::string>{},
+                              rng() % 4 == 0};
         std::vector<size_t> cuts;
         for (size_t k = 1; k < text.size(); ++k)
             if (rng() % 3 == 0) cuts.push_back(k);
@@ -294,6 +333,7 @@ TEST(OutputParser, FuzzedMarkupKeepsTheGuarantees) {
             ASSERT_EQ(a.find("<" + std::string(tok::dsml)), std::string::npos) << a << "\nin: " << text;
             ASSERT_EQ(a.find("</" + std::string(tok::dsml)), std::string::npos) << a << "\nin: " << text;
         }
-        for (auto& [i, a] : args) ASSERT_TRUE(json::parse(a, nullptr, false).is_object()) << "call " << i << ": " << a << "\nin: " << text;
+        for (auto& [i, a] : args)
+            ASSERT_TRUE(json::parse(a, nullptr, false).is_object()) << "call " << i << ": " << a << "\nin: " << text;
     }
 }

@@ -73,7 +73,8 @@ TEST_P(Render, MatchesOracle) {
     EXPECT_EQ(po.parse_tool_calls, parse["tool_calls"].get<bool>());
     EXPECT_EQ(po.start == ParseStart::tool_calls, parse["starts_in_tool_calls"].get<bool>());
     if (po.start != ParseStart::tool_calls) {
-        EXPECT_EQ(stage_name(po.start), parse["thinking_stage"].is_null() ? "" : parse["thinking_stage"].get<std::string>());
+        EXPECT_EQ(stage_name(po.start),
+                  parse["thinking_stage"].is_null() ? "" : parse["thinking_stage"].get<std::string>());
     }
 }
 
@@ -84,9 +85,10 @@ INSTANTIATE_TEST_SUITE_P(Golden, Render, ::testing::ValuesIn(render_cases()),
 // extends the previous one token for token (the prefix cache keeps hitting).
 TEST(Render, ToolCallHistoryRoundTrip) {
     for (ChatFormat fmt : {ChatFormat::deepseek_v41, ChatFormat::deepseek_v4}) {
-        std::vector<ToolCallRecord> calls = {{"a", "get_weather", R"({"city": "Paris", "days": 3})"},
-                                             {"b", "search", R"({"query": "x \"y\"", "filters": {"lang": "en", "n": [1, 2.5]}})"},
-                                             {"c", "now", "{}"}};
+        std::vector<ToolCallRecord> calls = {
+            {"a", "get_weather", R"({"city": "Paris", "days": 3})"},
+            {"b", "search", R"({"query": "x \"y\"", "filters": {"lang": "en", "n": [1, 2.5]}})"},
+            {"c", "now", "{}"}};
         std::string dsml = render_tool_calls(calls, fmt);
         ASSERT_TRUE(dsml.starts_with("\n\n<"));
         OutputParserOptions po{fmt, ParseStart::content, true, {}, false};
@@ -139,10 +141,12 @@ TEST(Render, AgentLoopPromptExtendsPreviousPrompt) {
             std::string reasoning;
             for (auto& e : ev) {
                 ASSERT_NE(e.kind, ParseEvent::Kind::warning) << e.text;
-                if (e.kind == ParseEvent::Kind::content) assistant["content"] = assistant["content"].get<std::string>() + e.text;
+                if (e.kind == ParseEvent::Kind::content)
+                    assistant["content"] = assistant["content"].get<std::string>() + e.text;
                 if (e.kind == ParseEvent::Kind::reasoning) reasoning += e.text;
                 if (e.kind == ParseEvent::Kind::tool_call_start)
-                    tool_calls.push_back({{"id", e.id}, {"type", "function"}, {"function", {{"name", e.text}, {"arguments", ""}}}});
+                    tool_calls.push_back(
+                        {{"id", e.id}, {"type", "function"}, {"function", {{"name", e.text}, {"arguments", ""}}}});
                 if (e.kind == ParseEvent::Kind::tool_call_arguments) {
                     auto& f = tool_calls[e.index]["function"];
                     f["arguments"] = f["arguments"].get<std::string>() + e.text;
@@ -156,8 +160,8 @@ TEST(Render, AgentLoopPromptExtendsPreviousPrompt) {
             std::string prompt2 = render_prompt(parse_chat_request(body), fmt).text;
 
             std::string expected_prefix = prompt1 + output + std::string(tok::eos);
-            ASSERT_TRUE(prompt2.starts_with(expected_prefix)) << "fmt " << chat_format_name(fmt) << " thinking " << thinking
-                                                             << "\nprompt2: " << prompt2;
+            ASSERT_TRUE(prompt2.starts_with(expected_prefix))
+                << "fmt " << chat_format_name(fmt) << " thinking " << thinking << "\nprompt2: " << prompt2;
             EXPECT_EQ(prompt2.substr(expected_prefix.size()),
                       std::string(tok::user) + "<tool_result>sun</tool_result>\n\n<tool_result>rain</tool_result>" +
                           std::string(tok::assistant) + std::string(thinking ? tok::think_open : tok::think_close));

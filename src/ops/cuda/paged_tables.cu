@@ -73,6 +73,13 @@ __global__ void all_entries_kernel(PagedSeqs p, int ratio, int64_t T, int kmax, 
     list[i] = j < count && j < visible ? j : -1;
 }
 
+// seq_entries_kernel over the sequences, each with up to max_entries entries.
+void launch_seq_entries(const PagedSeqs& p, const PagedSection& sec, int ratio, int W, const int64_t* base,
+                        int64_t max_entries, const uint8_t** table) {
+    const dim3 grid(std::min<unsigned>(blocks_for(max_entries), 1u << 16), static_cast<unsigned>(p.n_seqs));
+    launch_pdl(seq_entries_kernel, grid, dim3(kThreads), 0, p, sec, ratio, W, base, table);
+}
+
 }  // namespace
 
 void paged_all_entries(const PagedSeqs& p, int ratio, int64_t T, int kmax, int32_t* list, int32_t* counts) {
@@ -85,8 +92,7 @@ void paged_entry_table(const PagedSeqs& p, const PagedSection& sec, int ratio, c
     if (p.n_seqs == 0 || max_entries <= 0) return;
     if (p.n_seqs > 65535 || ratio <= 0)
         cuda_fail(cudaErrorInvalidValue, "paged_entry_table: bad sequence count or ratio", __FILE__, __LINE__);
-    const dim3 grid(std::min<unsigned>(blocks_for(max_entries), 1u << 16), static_cast<unsigned>(p.n_seqs));
-    launch_pdl(seq_entries_kernel, grid, dim3(kThreads), 0, p, sec, ratio, 0, seq_base, table);
+    launch_seq_entries(p, sec, ratio, 0, seq_base, max_entries, table);
 }
 
 void paged_window_table(const PagedSeqs& p, const PagedSection& sec, int64_t T, int W, bool v41, const uint8_t** win,
@@ -101,8 +107,7 @@ void paged_window_rows(const PagedSeqs& p, const PagedSection& sec, int W, const
     if (p.n_seqs == 0 || max_entries <= 0) return;
     if (p.n_seqs > 65535 || W <= 0)
         cuda_fail(cudaErrorInvalidValue, "paged_window_rows: bad sequence count or window", __FILE__, __LINE__);
-    const dim3 grid(std::min<unsigned>(blocks_for(max_entries), 1u << 16), static_cast<unsigned>(p.n_seqs));
-    launch_pdl(seq_entries_kernel, grid, dim3(kThreads), 0, p, sec, 1, W, row_base, table);
+    launch_seq_entries(p, sec, 1, W, row_base, max_entries, table);
 }
 
 void paged_window_rows_table(const PagedSeqs& p, int64_t T, int W, bool v41, const int64_t* row_base,

@@ -1,11 +1,12 @@
 // CUDA graphs (CudaBackend::set_graphs) against eager launches: the same model with graphs off and on runs a
 // batch of sequences through prefill and then a dozen decode steps (contexts growing across page boundaries
 // and compressor groups), fed the same tokens (greedy on the eager logits); every step's logits must be bit for
-// bit the same, and the graphs must actually have been replayed. Also checks that a sequence's device-resident
-// carry survives a restore from a page snapshot (same logits as the uninterrupted sequence), with graphs on; that
-// graphs are captured again when the GEMV scratch they hold on to moves; and the overlapped schedule's deferred
-// ids: decode steps fed the previous step's samples where they are, on the device; and that kernels launched to
-// overlap their predecessors (programmatic dependent launch) give the bits of plain launches.
+// bit the same, and the graphs must actually have been replayed. So must the decode steps' attention with its
+// tables worked out on the device (what the graphs capture) and the general path's. Also checks that a sequence's
+// device-resident carry survives a restore from a page snapshot (same logits as the uninterrupted sequence), with
+// graphs on; that graphs are captured again when the GEMV scratch they hold on to moves; and the overlapped
+// schedule's deferred ids: decode steps fed the previous step's samples where they are, on the device; and that
+// kernels launched to overlap their predecessors (programmatic dependent launch) give the bits of plain launches.
 #include "cuda_test_util.h"
 #include "kv/page_pool.h"
 #include "model/fixture.h"
@@ -83,31 +84,43 @@ void* gemv_scratch(int which, size_t bytes, bool zero);  // linear_gemv.cu
 }
 namespace {
 
-// grow_scratch: halfway through the decode steps, grow the GEMV's staged-activation scratch (as a larger call
-// elsewhere would): the graphs captured with the old buffer must be dropped and captured again.
+// Three runs of the same steps: the general attention path (the host lists its tables), the decode form (tables
+// worked out on the device, attention_decode.cpp) eagerly, and the decode form with graphs, whose cap of 8 tokens
+// moves every 8 positions (new graphs each time). grow_scratch: halfway through the decode steps, grow the GEMV's
+// staged-activation scratch (as a larger call elsewhere would): the graphs captured with the old buffer must be
+// dropped and captured again.
 void compare_decode(const char* fx, int n_seqs, bool grow_scratch = false) {
     auto ids = read_ids(fixture_dir(fx) + "/cases/prefill.ids");
     const int decode_steps = 12;
     const int64_t cap = static_cast<int64_t>(ids.size()) + decode_steps + 1;
-    ModelRun eager = open(fx, false, n_seqs, cap), graph = open(fx, true, n_seqs, cap);
+    ModelRun general = open(fx, false, n_seqs, cap), eager = open(fx, false, n_seqs, cap),
+             graph = open(fx, true, n_seqs, cap);
+    general.be().set_decode_tables(false);
+    graph.be().set_graph_cap_tokens(8);
     const int vocab = eager.m->config().vocab_size;
     std::vector<std::vector<int32_t>> feeds(static_cast<size_t>(n_seqs));
     for (int i = 0; i < n_seqs; ++i) {  // prompts of different lengths: rows at different positions
         const size_t len = std::min(ids.size(), static_cast<size_t>(5 + 6 * i));
         feeds[static_cast<size_t>(i)].assign(ids.begin() + i, ids.begin() + len);
     }
-    int64_t differing = 0, captures_before_growth = -1;
+    int64_t differing = 0, form_differing = 0, captures_before_growth = -1;
     for (int st = 0; st <= decode_steps; ++st) {
         if (grow_scratch && st == decode_steps / 2) {
             captures_before_growth = graph.be().graph_captures();
             ASSERT_GT(captures_before_growth, 0) << "no graph captured before the growth";
             cuda::gemv_scratch(2, size_t(64) << 20, false);
         }
-        Tensor a = step(eager, feeds), b = step(graph, feeds);
+        Tensor g = step(general, feeds), a = step(eager, feeds), b = step(graph, feeds);
         ASSERT_EQ(a.numel(), b.numel());
-        const bool same = std::memcmp(a.f32(), b.f32(), sizeof(float) * static_cast<size_t>(a.numel())) == 0;
+        ASSERT_EQ(a.numel(), g.numel());
+        const size_t bytes = sizeof(float) * static_cast<size_t>(a.numel());
+        const bool same = std::memcmp(a.f32(), b.f32(), bytes) == 0;
+        const bool same_form = std::memcmp(g.f32(), a.f32(), bytes) == 0;
         differing += !same;
+        form_differing += !same_form;
         EXPECT_TRUE(same) << fx << " step " << st << " (" << n_seqs << " sequences): graph logits differ from eager";
+        EXPECT_TRUE(same_form) << fx << " step " << st << " (" << n_seqs
+                               << " sequences): decode-form logits differ from the general path's";
         for (int i = 0; i < n_seqs; ++i)
             feeds[static_cast<size_t>(i)] = {argmax(a.f32() + static_cast<int64_t>(i) * vocab, vocab)};
     }
@@ -118,9 +131,10 @@ void compare_decode(const char* fx, int n_seqs, bool grow_scratch = false) {
         EXPECT_GT(captures, captures_before_growth) << fx << ": graphs kept after their scratch moved";
     }
     std::printf("PARITY graphs %-14s %d seqs: prefill + %d decode steps, graph vs eager logits bit-identical in %d of "
-                "%d steps (%lld graph replays, %lld captures)\n",
+                "%d steps, decode form vs general path in %d (%lld graph replays, %lld captures)\n",
                 fx, n_seqs, decode_steps, decode_steps + 1 - static_cast<int>(differing), decode_steps + 1,
-                static_cast<long long>(replays), static_cast<long long>(captures));
+                decode_steps + 1 - static_cast<int>(form_differing), static_cast<long long>(replays),
+                static_cast<long long>(captures));
 }
 
 TEST(CudaGraphs, DecodeMatchesEagerBitForBit) {

@@ -40,6 +40,23 @@ struct CudaScratch : StepScratch {
     // Numerics::Fast: the step's page tables on the device (uploaded by the first attention layer).
     std::shared_ptr<void> paged_keep;
     PagedSeqs paged;
+    // Decode steps (attention_decode.cpp), decided by the step's first attention layer: -1 undecided, 0 no, 1 yes;
+    // cap bounds every row's position + 1 (the tables are cap / ratio wide); set: the fixed buffers of the step's
+    // attention graphs (null: no graphs this step), which `paged` then points into.
+    int decode = -1;
+    int64_t cap = 0;
+    struct DecodeSet* set = nullptr;
+    int mask_ratio = 0;  // the candidate source's ratio (decode steps: its users' widths are their own)
+};
+
+// Per decode batch size: the buffers a step's attention graphs read and write at fixed addresses (the step's page
+// tables, copied in by its first layer; the selections and candidate mask that later layers read), for positions
+// below cap.
+struct DecodeSet {
+    int64_t cap = 0;
+    std::shared_ptr<void> step;
+    size_t step_bytes = 0;
+    std::map<int, std::pair<std::shared_ptr<void>, size_t>> slots;  // by DecodeSlot
 };
 
 enum class EngramPlacement { Device, Host };
@@ -112,14 +129,21 @@ public:
     // Bound on the indexer's score matrix per chunk of query rows (default 1 GiB; env PEREGRINE_INDEX_SCORE_MB
     // at construction for A/B); tests shrink it to check that the chunking changes nothing.
     void set_index_score_bytes(int64_t bytes) { index_score_bytes_ = bytes; }
-    // CUDA graphs (on unless env PEREGRINE_CUDA_GRAPHS=0 at construction; or this call): a layer's MoE block at a batch
-    // of graph_bucket() rows (decode sizes) is captured into a graph after one eager run at that size and
-    // replayed from then on (cuda_graphs.cpp). Same kernels on the same inputs: results are bit-identical.
-    // Each graph keeps its temporaries' memory, hence the buckets: 1-8, 12, 16, 24, 32 rows.
+    // CUDA graphs (on unless env PEREGRINE_CUDA_GRAPHS=0 at construction; or this call): a layer's attention
+    // block (decode steps: attention_decode.cpp) and its MoE block at a batch of graph_bucket() rows (decode sizes)
+    // are each captured into a graph after one eager run at that size and replayed from then on (cuda_graphs.cpp).
+    // Same kernels on the same inputs: results are bit-identical. Each graph keeps its temporaries' memory, hence the
+    // buckets: 1-8, 12, 16, 24, 32 rows.
     static bool graph_bucket(int64_t rows) {
         return (rows >= 1 && rows <= 8) || rows == 12 || rows == 16 || rows == 24 || rows == 32;
     }
     void set_graphs(bool on);
+    // Decode attention graphs are captured for positions below a cap, rounded up to a multiple of this (default
+    // 2048 tokens): a new cap means new graphs. Tests shrink it.
+    void set_graph_cap_tokens(int64_t n) { graph_cap_tokens_ = n; }
+    // Decode steps' attention with its tables worked out on the device (attention_decode.cpp; on unless env
+    // PEREGRINE_DECODE_TABLES=0 at construction); off: the general path, whose tables the host lists (tests, A/B).
+    void set_decode_tables(bool on) { decode_form_ = on; }
     // The hc mixes of decode-sized steps on a side stream (on by default, Fast numerics); returns the previous setting.
     bool set_side_mixes(bool on);
     bool graphs() const { return graphs_; }
@@ -212,6 +236,28 @@ private:
     int64_t graph_replays_ = 0, graph_captures_ = 0;
     std::map<std::pair<const void*, int64_t>, std::shared_ptr<MoeGraph>> moe_graphs_;
     void* graph_scratch_[3] = {nullptr, nullptr, nullptr};  // the GEMV scratch the graphs were captured with
+    // Decode steps (attention_decode.cpp): one token per sequence, Numerics::Fast. Every table and list the
+    // attention block reads is worked out on the device from the step's page tables, so the block uploads nothing
+    // and launches the same kernels for any step of (T, cap): captured as a graph per layer and T (attention_graph).
+    void begin_decode(const ForwardBatch& batch, CudaScratch& scratch);
+    struct DecodePlan;
+    DecodePlan decode_plan(const PagedSeqs& p, int64_t T, int ratio, int64_t cap, const size_t* carry_offset);
+    Tensor compress_decode(const CompressorWeight& cw, const Tensor& x, const DecodePlan& plan);
+    Tensor attention_decode(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                            CudaScratch& scratch);
+    // A buffer the step's later layers read: from the step's DecodeSet if it has one (fixed), else fresh.
+    std::shared_ptr<void> decode_buffer(CudaScratch& scratch, int slot, size_t bytes);
+    // The layer's attention block through its graph (captured on the second call at this T and cap); false: run it
+    // eagerly.
+    bool attention_graph(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                         CudaScratch& scratch, Tensor& out);
+    struct AttnGraph;
+    std::map<int64_t, std::shared_ptr<DecodeSet>> decode_sets_;
+    std::map<std::pair<int, int64_t>, std::shared_ptr<AttnGraph>> attn_graphs_;
+    int64_t graph_cap_tokens_ = 2048;
+    bool decode_form_ = true;
+    // Graph captures read the GEMV's grow-only scratch: grown once before the first, every graph dropped if it moved.
+    void prepare_graph_scratch();
     struct Emitted;  // compressor output
     Emitted run_compressor(const CompressorWeight& cw, size_t carry_offset, const Tensor& x, ForwardBatch& batch);
 

@@ -295,9 +295,24 @@ struct PagedSeqs {
     const int64_t* seq = nullptr;      // per sequence [4]: pool base address, first page in `pages`, start_pos, n_tokens
     const int32_t* row_seq = nullptr;  // per row: its sequence
     const int64_t* row_pos = nullptr;  // per row: its position
+    const int64_t* carry = nullptr;    // per sequence: its compressor carry's device address (0: none)
     int n_seqs = 0, page_tokens = 0;
     int64_t page_bytes = 0;
 };
+// Decode steps (one token per sequence, row t of sequence t), per row for a layer of `ratio`: what the host
+// lists for other steps, worked out from the step's page tables (attention_decode in attention.cpp).
+struct DecodeRows {
+    int64_t* width = nullptr;  // [T] (pos + 1) / ratio: the row's compressed entries, all visible
+    int64_t* base = nullptr;   // [T] t * cap: the row's (and its sequence's) first slot in tables cap wide
+    int32_t* rows = nullptr;   // [T] t
+    int64_t* gpos = nullptr;   // [T] (pos / ratio) * ratio: the first position of the row's group
+    // With a carry offset: compressor_batch's per-sequence fields [6 T] (pooled row t is row t's emission) with
+    // offsets from state_base, and per row its page snapshot address (where it ends a page) or null.
+    int64_t* meta = nullptr;
+    float** snap = nullptr;
+};
+void paged_decode_rows(const PagedSeqs& p, int64_t T, int ratio, int64_t cap, int64_t carry_offset,
+                       int64_t snapshot_offset, const float* state_base, const DecodeRows& out);
 // table[seq_base[s] + j] = address of entry j of sequence s for j < (start_pos + n_tokens) / ratio (sequences
 // with no tokens this step are skipped); max_entries bounds those counts.
 void paged_entry_table(const PagedSeqs& p, const PagedSection& sec, int ratio, const int64_t* seq_base,
@@ -316,9 +331,10 @@ void paged_window_rows(const PagedSeqs& p, const PagedSection& sec, int W, const
 void paged_window_rows_table(const PagedSeqs& p, int64_t T, int W, bool v41, const int64_t* row_base,
                              const uint8_t* rows, int64_t row_bytes, const uint8_t** win, int32_t* nwin);
 // Row t of src [T, f.dim] encoded into entry row_pos[t] of `sec` of its sequence (StateLayout::entry(.., pos));
-// in state_entries.cu.
+// with ratio > 1 only the rows that end a group (pos + 1 a multiple of ratio), into entry pos / ratio. In
+// state_entries.cu.
 void paged_store_entries(const float* src, int64_t T, const EntryFormat& f, const PagedSeqs& p,
-                         const PagedSection& sec);
+                         const PagedSection& sec, int ratio = 1);
 // V4 HCA's selection, as the host lists it: per row count[t] (a one-shot prefill: (start_pos + n_tokens) /
 // ratio, else (pos + 1) / ratio) and list[t, j] = j if visible else -1, padded with -1 to kmax.
 void paged_all_entries(const PagedSeqs& p, int ratio, int64_t T, int kmax, int32_t* list, int32_t* counts);

@@ -9,7 +9,38 @@
 
 namespace peregrine::cuda {
 
-PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch) {
+namespace {
+// The packed layout: the int64 arrays first (8-byte aligned), then the int32 ones, the pages last.
+struct StepLayout {
+    size_t seq, pos, carry, rows, pages, total;
+    StepLayout(int64_t S, int64_t T, int64_t n_pages) {
+        seq = 0;
+        pos = seq + static_cast<size_t>(4 * S) * 8;
+        carry = pos + static_cast<size_t>(T) * 8;
+        rows = carry + static_cast<size_t>(S) * 8;
+        pages = rows + static_cast<size_t>(T) * 4;
+        total = pages + static_cast<size_t>(n_pages) * 4;
+    }
+};
+}  // namespace
+
+size_t paged_step_bytes(int64_t S, int64_t T, int64_t n_pages) { return StepLayout(S, T, n_pages).total; }
+
+PagedSeqs PagedStep::at(const void* base) const {
+    const auto* d = static_cast<const uint8_t*>(base);
+    const auto* from = static_cast<const uint8_t*>(keep.get());
+    auto move = [&](const void* p) { return d + (static_cast<const uint8_t*>(p) - from); };
+    PagedSeqs out = seqs;
+    out.seq = reinterpret_cast<const int64_t*>(move(seqs.seq));
+    out.row_pos = reinterpret_cast<const int64_t*>(move(seqs.row_pos));
+    out.carry = seqs.carry ? reinterpret_cast<const int64_t*>(move(seqs.carry)) : nullptr;
+    out.pages = reinterpret_cast<const int32_t*>(move(seqs.pages));
+    out.row_seq = reinterpret_cast<const int32_t*>(move(seqs.row_seq));
+    return out;
+}
+
+PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch,
+                            const std::vector<int64_t>* carries) {
     const int64_t S = static_cast<int64_t>(batch.seqs.size()), T = batch.rows();
     int64_t n_pages = 0;
     for (int64_t s = 0; s < S; ++s) {
@@ -18,28 +49,31 @@ PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch
         PEREGRINE_CHECK(b.state && static_cast<int64_t>(b.state->pages.size()) >= n, "sequence {} lacks pages", s);
         n_pages += n;
     }
-    // One buffer: the int64 arrays first (8-byte aligned), then the int32 ones. It is reused from step to step:
-    // at batch 128 and a 128K context the tables are 4 MB, and fresh memory each step cost its page faults (several
-    // ms of host time a step on the GPU machine).
-    const size_t b_seq = 0, b_pos = b_seq + static_cast<size_t>(4 * S) * 8,
-                 b_pages = b_pos + static_cast<size_t>(T) * 8, b_rows = b_pages + static_cast<size_t>(n_pages) * 4,
-                 total = b_rows + static_cast<size_t>(T) * 4;
+    // One buffer, reused from step to step: at batch 128 and a 128K context the tables are 4 MB, and fresh memory
+    // each step cost its page faults (several ms of host time a step on the GPU machine).
+    const StepLayout at(S, T, n_pages);
     thread_local std::vector<uint8_t> buf;
-    buf.resize(std::max<size_t>(total, 8));
-    auto* seq = reinterpret_cast<int64_t*>(buf.data() + b_seq);
-    auto* row_pos = reinterpret_cast<int64_t*>(buf.data() + b_pos);
-    auto* pages = reinterpret_cast<int32_t*>(buf.data() + b_pages);
-    auto* row_seq = reinterpret_cast<int32_t*>(buf.data() + b_rows);
-    int64_t at = 0;
+    buf.resize(std::max<size_t>(at.total, 8));
+    auto* seq = reinterpret_cast<int64_t*>(buf.data() + at.seq);
+    auto* row_pos = reinterpret_cast<int64_t*>(buf.data() + at.pos);
+    auto* carry = reinterpret_cast<int64_t*>(buf.data() + at.carry);
+    auto* pages = reinterpret_cast<int32_t*>(buf.data() + at.pages);
+    auto* row_seq = reinterpret_cast<int32_t*>(buf.data() + at.rows);
+    if (carries) {
+        PEREGRINE_CHECK(static_cast<int64_t>(carries->size()) == S, "upload_paged_step: {} carries for {} sequences",
+                        carries->size(), S);
+        std::memcpy(carry, carries->data(), static_cast<size_t>(S) * 8);
+    }
+    int64_t first = 0;
     for (int64_t s = 0; s < S; ++s) {
         const BatchSeq& b = batch.seqs[static_cast<size_t>(s)];
         const int64_t n = layout.pages_for(b.start_pos + b.n_tokens);
         seq[4 * s] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b.state->pool));
-        seq[4 * s + 1] = at;
+        seq[4 * s + 1] = first;
         seq[4 * s + 2] = b.start_pos;
         seq[4 * s + 3] = b.n_tokens;
-        if (n > 0) std::memcpy(pages + at, b.state->pages.data(), static_cast<size_t>(n) * 4);
-        at += n;
+        if (n > 0) std::memcpy(pages + first, b.state->pages.data(), static_cast<size_t>(n) * 4);
+        first += n;
         for (int i = 0; i < b.n_tokens; ++i) {
             row_pos[b.row0 + i] = b.start_pos + i;
             row_seq[b.row0 + i] = static_cast<int32_t>(s);
@@ -48,11 +82,13 @@ PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch
     auto dev = CudaBackend::upload(buf);
     PagedStep out;
     out.keep = dev.keep;
+    out.bytes = buf.size();
     const uint8_t* d = dev.ptr;
-    out.seqs.seq = reinterpret_cast<const int64_t*>(d + b_seq);
-    out.seqs.row_pos = reinterpret_cast<const int64_t*>(d + b_pos);
-    out.seqs.pages = reinterpret_cast<const int32_t*>(d + b_pages);
-    out.seqs.row_seq = reinterpret_cast<const int32_t*>(d + b_rows);
+    out.seqs.seq = reinterpret_cast<const int64_t*>(d + at.seq);
+    out.seqs.row_pos = reinterpret_cast<const int64_t*>(d + at.pos);
+    out.seqs.carry = carries ? reinterpret_cast<const int64_t*>(d + at.carry) : nullptr;
+    out.seqs.pages = reinterpret_cast<const int32_t*>(d + at.pages);
+    out.seqs.row_seq = reinterpret_cast<const int32_t*>(d + at.rows);
     out.seqs.n_seqs = static_cast<int>(S);
     out.seqs.page_tokens = layout.page_tokens;
     out.seqs.page_bytes = static_cast<int64_t>(layout.page_bytes);
@@ -95,6 +131,13 @@ AddressTable device_entry_table(const PagedSeqs& p, const ForwardBatch& batch, c
     AddressTable t = address_table(n);
     auto sb = CudaBackend::upload(seq_base);  // freed in stream order, after the kernel
     paged_entry_table(p, paged_section(sec), ratio, sb.ptr, most, t.table);
+    return t;
+}
+
+AddressTable decode_entry_table(const PagedSeqs& p, const StateSection& sec, int ratio, const int64_t* base, int64_t T,
+                                int64_t cap) {
+    AddressTable t = address_table(T * cap);
+    paged_entry_table(p, paged_section(sec), ratio, base, cap, t.table);
     return t;
 }
 

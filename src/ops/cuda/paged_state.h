@@ -14,11 +14,19 @@ namespace peregrine::cuda {
 struct PagedStep {
     std::shared_ptr<void> keep;  // the device copy PagedSeqs points into
     PagedSeqs seqs;
+    size_t bytes = 0;  // of that copy
+    // The same tables in a copy of those bytes at `base` (the pages come last, so a copy with room for more pages
+    // has the same layout).
+    PagedSeqs at(const void* base) const;
 };
 
+// Bytes of the packed tables of S sequences, T rows and n_pages pages.
+size_t paged_step_bytes(int64_t S, int64_t T, int64_t n_pages);
+
 // Page tables (the pages covering each sequence's tokens up to the end of the step), per-sequence pool base,
-// start and token count, per-row sequence and position.
-PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch);
+// start and token count, per-row sequence and position; with `carries`, each sequence's compressor carry address.
+PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch,
+                            const std::vector<int64_t>* carries = nullptr);
 
 inline PagedSection paged_section(const StateSection& s) {
     return {static_cast<int64_t>(s.offset), static_cast<int64_t>(s.entry_bytes), s.per_entry_tokens};
@@ -44,6 +52,11 @@ struct WindowTable {
     int32_t* nwin = nullptr;
 };
 WindowTable device_window_table(const PagedSeqs& p, const StateSection& sec, int64_t T, int W, bool v41);
+
+// Room for T rows' tables cap wide (decode steps: row t's sequence starts at t * cap, paged_entry_table's
+// seq_base = DecodeRows::base) filled by paged_entry_table with entries of `sec`.
+AddressTable decode_entry_table(const PagedSeqs& p, const StateSection& sec, int ratio, const int64_t* base, int64_t T,
+                                int64_t cap);
 
 // How many window positions sequence s's rows can see this step (device_window_rows decodes them).
 inline int64_t window_rows_of(const BatchSeq& s, int W) {

@@ -73,6 +73,38 @@ __global__ void all_entries_kernel(PagedSeqs p, int ratio, int64_t T, int kmax, 
     list[i] = j < count && j < visible ? j : -1;
 }
 
+// A thread per row of a decode step (row t is sequence t's only token).
+__global__ void decode_rows_kernel(PagedSeqs p, int64_t T, int ratio, int64_t cap, int64_t carry_offset,
+                                   int64_t snapshot_offset, const float* state_base, DecodeRows o) {
+    pdl_enter();
+    const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (t >= T) return;
+    const int s = p.row_seq[t];
+    const int64_t pos = p.row_pos[t];
+    o.width[t] = (pos + 1) / ratio;
+    o.base[t] = t * cap;
+    o.rows[t] = static_cast<int32_t>(t);
+    o.gpos[t] = pos / ratio * ratio;
+    if (!o.meta) return;
+    const int64_t carry = p.carry[s] + carry_offset;
+    int64_t* mt = o.meta + 6 * t;
+    mt[0] = pos;
+    mt[1] = 1;
+    mt[2] = t;
+    mt[3] = t;
+    const int64_t base = static_cast<int64_t>(reinterpret_cast<uintptr_t>(state_base));
+    mt[4] = (carry - base) / static_cast<int64_t>(sizeof(float));
+    mt[5] = t;
+    float* snap = nullptr;
+    if ((pos + 1) % p.page_tokens == 0) {
+        const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);
+        uint8_t* pool = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(m[0]));
+        const int64_t page = p.pages[m[1] + pos / p.page_tokens];
+        snap = reinterpret_cast<float*>(pool + page * p.page_bytes + snapshot_offset + carry_offset);
+    }
+    o.snap[t] = snap;
+}
+
 // seq_entries_kernel over the sequences, each with up to max_entries entries.
 void launch_seq_entries(const PagedSeqs& p, const PagedSection& sec, int ratio, int W, const int64_t* base,
                         int64_t max_entries, const uint8_t** table) {
@@ -85,6 +117,15 @@ void launch_seq_entries(const PagedSeqs& p, const PagedSection& sec, int ratio, 
 void paged_all_entries(const PagedSeqs& p, int ratio, int64_t T, int kmax, int32_t* list, int32_t* counts) {
     if (T * kmax == 0) return;
     launch_pdl(all_entries_kernel, dim3(blocks_for(T * kmax)), dim3(kThreads), 0, p, ratio, T, kmax, list, counts);
+}
+
+void paged_decode_rows(const PagedSeqs& p, int64_t T, int ratio, int64_t cap, int64_t carry_offset,
+                       int64_t snapshot_offset, const float* state_base, const DecodeRows& out) {
+    if (T == 0) return;
+    if (ratio < 1 || (out.meta && !p.carry))
+        cuda_fail(cudaErrorInvalidValue, "paged_decode_rows: bad ratio or no carries", __FILE__, __LINE__);
+    launch_pdl(decode_rows_kernel, dim3(blocks_for(T)), dim3(kThreads), 0, p, T, ratio, cap, carry_offset,
+               snapshot_offset, state_base, out);
 }
 
 void paged_entry_table(const PagedSeqs& p, const PagedSection& sec, int ratio, const int64_t* seq_base,

@@ -68,12 +68,13 @@ __global__ void store_entries_kernel(const float* src, EntryFormat f, uint8_t* c
     if (dst[r]) encode_entry_cta(f, src + r * f.dim, dst[r]);
 }
 
-__global__ void paged_store_entries_kernel(const float* src, EntryFormat f, PagedSeqs p, PagedSection sec) {
+__global__ void paged_store_entries_kernel(const float* src, EntryFormat f, PagedSeqs p, PagedSection sec, int ratio) {
     pdl_enter();
-    const int64_t t = blockIdx.x;
+    const int64_t t = blockIdx.x, pos = p.row_pos[t];
+    if ((pos + 1) % ratio != 0) return;
     const int64_t* m = p.seq + 4 * static_cast<int64_t>(p.row_seq[t]);
     uint8_t* base = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(m[0]));
-    uint8_t* e = base + paged_entry_offset(p.pages + m[1], p.page_tokens, p.page_bytes, sec, p.row_pos[t]);
+    uint8_t* e = base + paged_entry_offset(p.pages + m[1], p.page_tokens, p.page_bytes, sec, pos / ratio);
     encode_entry_cta(f, src + t * f.dim, e);
 }
 
@@ -116,10 +117,12 @@ void store_entries(const float* src, int64_t rows, const EntryFormat& f, uint8_t
 }
 
 void paged_store_entries(const float* src, int64_t T, const EntryFormat& f, const PagedSeqs& p,
-                         const PagedSection& sec) {
+                         const PagedSection& sec, int ratio) {
     if (T == 0) return;
-    if (T > 0x7fffffff) cuda_fail(cudaErrorInvalidValue, "paged_store_entries: too many rows", __FILE__, __LINE__);
-    launch_pdl(paged_store_entries_kernel, dim3(static_cast<unsigned>(T)), dim3(kEncodeThreads), 0, src, f, p, sec);
+    if (T > 0x7fffffff || ratio < 1)
+        cuda_fail(cudaErrorInvalidValue, "paged_store_entries: too many rows or bad ratio", __FILE__, __LINE__);
+    launch_pdl(paged_store_entries_kernel, dim3(static_cast<unsigned>(T)), dim3(kEncodeThreads), 0, src, f, p, sec,
+               ratio);
 }
 
 void load_entries(const uint8_t* const* src, int64_t rows, const EntryFormat& f, float* out) {

@@ -250,15 +250,14 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
         if (w_.dspark && std::find(cfg_.dspark_target_layer_ids.begin(), cfg_.dspark_target_layer_ids.end(), l) !=
                              cfg_.dspark_target_layer_ids.end())
             main_hidden.push_back(be.hc_mean(h));  // DSpark reads the target layers' attention inputs
-        HcMix am = be.hc_mixes(h, b.hc_attn);
-        Tensor x = be.collapse_norm(h, cfg_.is_v41() ? pre : am.pre, b.attn_norm);
-        x = be.attention(x, b.attn, attn_info_[static_cast<size_t>(l)], batch, *scratch);
-        h = be.hc_expand(x, h, am);
-        HcMix fm = be.hc_mixes(h, b.hc_ffn);
-        x = be.collapse_norm(h, cfg_.is_v41() ? am.pre : fm.pre, b.ffn_norm);
-        x = ep_ ? ep_->moe(be, x, b.ffn, batch.token_ids) : be.moe(x, b.ffn, batch.token_ids);
-        h = be.hc_expand(x, h, fm);
-        pre = fm.pre;
+        const AttentionLayerInfo& info = attn_info_[static_cast<size_t>(l)];
+        if (ep_)
+            decoder_layer_ops(be, b, cfg_.is_v41(),
+                              {[&](const Tensor& x) { return be.attention(x, b.attn, info, batch, *scratch); },
+                               [&](const Tensor& x) { return ep_->moe(be, x, b.ffn, batch.token_ids); }},
+                              h, pre);
+        else
+            be.decoder_layer(b, info, batch, *scratch, cfg_.is_v41(), h, pre);
     }
     if (w_.dspark) {  // feed the DSpark stage windows from the backbone's hidden states
         const DSparkWeight& d = *w_.dspark;
@@ -312,15 +311,10 @@ DraftResult Model::draft(const SeqState& s, int32_t anchor) {
     Tensor pre = be.first_stream_mix(B);
     for (int st = 0; st < cfg_.n_mtp_layers; ++st) {  // the pre_mix chain runs on across the stages
         const BlockWeight& b = d.stages[static_cast<size_t>(st)];
-        HcMix am = be.hc_mixes(h, b.hc_attn);
-        Tensor x = be.collapse_norm(h, pre, b.attn_norm);
-        x = be.dspark_attention(x, b.attn, stage_info(st), s, pos);
-        h = be.hc_expand(x, h, am);
-        HcMix fm = be.hc_mixes(h, b.hc_ffn);
-        x = be.collapse_norm(h, am.pre, b.ffn_norm);
-        x = be.moe(x, b.ffn, ids);
-        h = be.hc_expand(x, h, fm);
-        pre = fm.pre;
+        decoder_layer_ops(be, b, /*v41=*/true,
+                          {[&](const Tensor& x) { return be.dspark_attention(x, b.attn, stage_info(st), s, pos); },
+                           [&](const Tensor& x) { return be.moe(x, b.ffn, ids); }},
+                          h, pre);
     }
     Tensor x = be.hc_collapse(h, pre);
     Tensor logits = be.logits(be.rms_norm(x, d.norm), w_.head);

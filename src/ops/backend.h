@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -123,6 +124,10 @@ public:
     virtual Tensor attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                              ForwardBatch& batch, StepScratch& scratch) = 0;
     virtual Tensor moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) = 0;
+    // One decoder layer (after its engram): decoder_layer_ops with attention() and moe(batch.token_ids). A backend
+    // may run it its own way (the CUDA backend replays a decode step's layer as one graph).
+    virtual void decoder_layer(const BlockWeight& b, const AttentionLayerInfo& info, ForwardBatch& batch,
+                               StepScratch& scratch, bool v41, Tensor& h, Tensor& pre);
     // moe() in three parts, so that expert parallelism can move the pairs between ranks in between:
     // the router; the routed experts over pair rows xp [P, dim] (row p through expert experts[p], its
     // routing weight applied before w2; fp32 [P, dim]; with the reference's arithmetic a row's result does not
@@ -222,5 +227,13 @@ std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& cfg, const StateLa
                                            const std::string& engram_placement = "device", int gpu = 0);
 // Whether a CUDA device is usable in this process (false in builds without the backend), and why not.
 bool cuda_device_available(std::string* why = nullptr);
+
+// A decoder layer's hyper-connected sublayers: mixes, collapse + norm, attention, expand, mixes, collapse + norm, FFN,
+// expand. h [T, hc, dim] in and out; pre in: the previous sublayer's pre (V4.1's single-pass mHC collapses a
+// sublayer's input with it), out: this layer's FFN pre.
+struct LayerBlocks {
+    std::function<Tensor(const Tensor&)> attention, ffn;
+};
+void decoder_layer_ops(Backend& be, const BlockWeight& b, bool v41, const LayerBlocks& blocks, Tensor& h, Tensor& pre);
 
 }  // namespace peregrine

@@ -152,11 +152,7 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     OpTimer op_(*this, "attention");
     auto& scratch = static_cast<CudaScratch&>(scratch_base);
     if (scratch.decode < 0) begin_decode(batch, scratch);
-    if (scratch.decode == 1) {  // attention_decode.cpp
-        Tensor out;
-        if (scratch.set && attention_graph(x, w, info, scratch, out)) return out;
-        return attention_decode(x, w, info, scratch);
-    }
+    if (scratch.decode == 1) return attention_decode(x, w, info, scratch);
     const bool v41 = cfg_.is_v41();
     const int T = batch.rows(), H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim, W = cfg_.window_size;
     const float* freqs = rope_freqs(info);

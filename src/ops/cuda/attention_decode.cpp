@@ -3,8 +3,8 @@
 // (uploaded once per step, with each sequence's compressor carry address). Sizes depend only on T and cap (a bound
 // on every row's position + 1): the compressor's outputs are T rows (zeros for rows that end no group, which store
 // nothing), the indexer's and the compressed entries' tables cap / ratio wide per row. So a layer's block uploads
-// nothing and launches the same kernels for every step of the same T and cap, and is captured as a CUDA graph
-// (attention_graph, cuda_graphs.cpp). The rows are independent in every kernel, so the results are those of
+// nothing and launches the same kernels for every step of the same T and cap, and the layer is captured as a CUDA
+// graph (layer_graph, cuda_graphs.cpp). The rows are independent in every kernel, so the results are those of
 // the general path bit for bit (test_cuda_graphs).
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/launch_check.h"
@@ -59,8 +59,8 @@ void CudaBackend::begin_decode(const ForwardBatch& batch, CudaScratch& scratch) 
         if (!set || set->cap != cap) {
             if (set) {  // positions outgrew the cap: the graphs of this T read the old buffers
                 PG_CUDA(cudaStreamSynchronize(launch_stream()));
-                for (auto it = attn_graphs_.begin(); it != attn_graphs_.end();)
-                    it = it->first.second == T ? attn_graphs_.erase(it) : std::next(it);
+                for (auto it = layer_graphs_.begin(); it != layer_graphs_.end();)
+                    it = it->first.second == T ? layer_graphs_.erase(it) : std::next(it);
             }
             set = std::make_shared<DecodeSet>();
             set->cap = cap;

@@ -512,14 +512,6 @@ void CudaBackend::run_hc_mixes(const Tensor& h, const Tensor& fn, int n_mix, con
     }
 }
 
-namespace {
-bool capturing() {
-    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    PG_CUDA(cudaStreamIsCapturing(cudaStreamPerThread, &cap));
-    return cap != cudaStreamCaptureStatusNone;
-}
-}  // namespace
-
 // The hc mixes of a sublayer are needed only after it: V4.1 collapses a sublayer's input with the previous mix's
 // pre, and hc_expand takes post and comb once the attention or MoE block has run. So they run on a side stream of
 // this thread, forked after their inputs and joined where an op first reads one of their outputs (join_mixes);
@@ -574,7 +566,7 @@ HcMix CudaBackend::hc_mixes(const Tensor& h, const HcWeight& w) {
     const int hc = cfg_.hc_mult;
     HcMix m{empty(DType::F32, {T, hc}), empty(DType::F32, {T, hc}), empty(DType::F32, {T, hc, hc})};
     const int n_mix = static_cast<int>(w.fn.dim(0));
-    if (!side_mixes_on_ || numerics_ != Numerics::Fast || T > kSideMixRows || capturing()) {
+    if (!side_mixes_on_ || numerics_ != Numerics::Fast || T > kSideMixRows) {
         run_hc_mixes(h, w.fn, n_mix, w.base, w.scale, cfg_.hc_sinkhorn_iters, 0, m.pre.f32(), m.post.f32(),
                      m.comb.f32());
         return m;

@@ -90,6 +90,9 @@ public:
     Tensor attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info, ForwardBatch& batch,
                      StepScratch& scratch) override;
     Tensor moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) override;
+    // Decode steps with graphs (a DecodeSet): the layer through its graph (layer_graph), else as the base class.
+    void decoder_layer(const BlockWeight& b, const AttentionLayerInfo& info, ForwardBatch& batch, StepScratch& scratch,
+                       bool v41, Tensor& h, Tensor& pre) override;
     MoeRoute moe_route(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) override;
     Tensor moe_experts(const Tensor& xp, const MoEWeight& w, const Tensor& experts, const Tensor& weights) override;
     Tensor moe_combine(const Tensor& x, const MoEWeight& w, const Tensor& ye, const Tensor& experts) override;
@@ -129,8 +132,8 @@ public:
     // Bound on the indexer's score matrix per chunk of query rows (default 1 GiB; env PEREGRINE_INDEX_SCORE_MB
     // at construction for A/B); tests shrink it to check that the chunking changes nothing.
     void set_index_score_bytes(int64_t bytes) { index_score_bytes_ = bytes; }
-    // CUDA graphs (on unless env PEREGRINE_CUDA_GRAPHS=0 at construction; or this call): a layer's attention
-    // block (decode steps: attention_decode.cpp) and its MoE block at a batch of graph_bucket() rows (decode sizes)
+    // CUDA graphs (on unless env PEREGRINE_CUDA_GRAPHS=0 at construction; or this call): at a batch of
+    // graph_bucket() rows (decode sizes) a decode step's layers (attention_decode.cpp), and other steps' MoE blocks,
     // are each captured into a graph after one eager run at that size and replayed from then on (cuda_graphs.cpp).
     // Same kernels on the same inputs: results are bit-identical. Each graph keeps its temporaries' memory, hence the
     // buckets: 1-8, 12, 16, 24, 32 rows.
@@ -238,7 +241,7 @@ private:
     void* graph_scratch_[3] = {nullptr, nullptr, nullptr};  // the GEMV scratch the graphs were captured with
     // Decode steps (attention_decode.cpp): one token per sequence, Numerics::Fast. Every table and list the
     // attention block reads is worked out on the device from the step's page tables, so the block uploads nothing
-    // and launches the same kernels for any step of (T, cap): captured as a graph per layer and T (attention_graph).
+    // and launches the same kernels for any step of (T, cap): a layer is captured as a graph per T (layer_graph).
     void begin_decode(const ForwardBatch& batch, CudaScratch& scratch);
     struct DecodePlan;
     DecodePlan decode_plan(const PagedSeqs& p, int64_t T, int ratio, int64_t cap, const size_t* carry_offset);
@@ -247,13 +250,13 @@ private:
                             CudaScratch& scratch);
     // A buffer the step's later layers read: from the step's DecodeSet if it has one (fixed), else fresh.
     std::shared_ptr<void> decode_buffer(CudaScratch& scratch, int slot, size_t bytes);
-    // The layer's attention block through its graph (captured on the second call at this T and cap); false: run it
-    // eagerly.
-    bool attention_graph(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
-                         CudaScratch& scratch, Tensor& out);
-    struct AttnGraph;
+    // A decode step's decoder layer through its graph (captured on the second call at this T and cap; the attention
+    // block as attention_decode, the MoE block as moe_body); false: run it eagerly.
+    bool layer_graph(const BlockWeight& b, const AttentionLayerInfo& info, CudaScratch& scratch, bool v41,
+                     const std::vector<int32_t>& ids, Tensor& h, Tensor& pre);
+    struct LayerGraph;
     std::map<int64_t, std::shared_ptr<DecodeSet>> decode_sets_;
-    std::map<std::pair<int, int64_t>, std::shared_ptr<AttnGraph>> attn_graphs_;
+    std::map<std::pair<int, int64_t>, std::shared_ptr<LayerGraph>> layer_graphs_;
     int64_t graph_cap_tokens_ = 2048;
     bool decode_form_ = true;
     // Graph captures read the GEMV's grow-only scratch: grown once before the first, every graph dropped if it moved.

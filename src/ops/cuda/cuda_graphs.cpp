@@ -1,15 +1,15 @@
-// CUDA graphs for decode steps: a layer's MoE block and attention block at T rows are each captured once and
-// replayed; their input rows (and the MoE's token ids) are first copied into the graph's fixed buffers, their output
-// copied out.
+// CUDA graphs at decode sizes: a decode step's decoder layer, or another step's MoE block, at T rows is captured
+// once and replayed; its inputs are first copied into the graph's fixed buffers, its outputs copied out.
+// - A decode step's layer (hc mixes on the side stream, collapse and norm, the attention block of
+//   attention_decode.cpp, expand, the MoE block, ...: about sixty launches) depends on T and the step's cap: it reads
+//   the step's page tables and earlier layers' selections from its DecodeSet's fixed buffers.
 // - The MoE block's launches (gate, routing, expert tiles, routed and shared experts, combine: about fifteen per
 //   layer) depend only on T.
-// - The attention block's (attention_decode.cpp: about thirty per layer) depend on T and the step's cap: it reads
-//   the step's page tables and the selections of earlier layers from its DecodeSet's fixed buffers.
 // The first call at each size runs eagerly, so that weights, tables and scratch buffers exist before capture
-// (capture cannot upload). The blocks' temporaries are allocated inside the graph (stream-ordered allocation
-// nodes). Captured kernels read the GEMV's grow-only scratch (gemv_scratch: split partials, tickets, staged
-// activations): it is grown before the first capture, and every graph is dropped if any of it moves (a larger call
-// elsewhere may grow it).
+// (capture cannot upload). The temporaries are allocated inside the graph (stream-ordered allocation nodes).
+// Captured kernels read the GEMV's grow-only scratch (gemv_scratch: split partials, tickets, staged activations): it
+// is grown before the first capture, and every graph is dropped if any of it moves (a larger call elsewhere may grow
+// it).
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/launch_stream.h"
@@ -38,7 +38,8 @@ struct BlockGraph {
     int eager_runs = 0;
     bool failed = false;  // capture was not possible: this layer and size stay eager
     cudaGraphExec_t exec = nullptr;
-    Tensor x_in, out;  // [T, dim]
+    Tensor x_in, out;           // the input and output rows
+    std::shared_ptr<void> ids;  // [T] the token ids (the MoE block's hash routing)
     BlockGraph() = default;
     BlockGraph(const BlockGraph&) = delete;
     BlockGraph& operator=(const BlockGraph&) = delete;
@@ -82,13 +83,12 @@ bool BlockGraph::capture(const char* what, int64_t T, void* const (&scratch)[3],
     return false;
 }
 
-struct CudaBackend::MoeGraph : BlockGraph {
-    std::shared_ptr<void> ids;  // [T] fixed token ids
-};
+struct CudaBackend::MoeGraph : BlockGraph {};
 
-struct CudaBackend::AttnGraph : BlockGraph {
+struct CudaBackend::LayerGraph : BlockGraph {  // x_in / out: the streams h
     int64_t cap = 0;
-    // What the block leaves in the step's scratch for later layers (its selection, its candidate mask: the
+    Tensor pre_in, pre_out;
+    // What the layer leaves in the step's scratch for later layers (its selection, its candidate mask: the
     // DecodeSet's fixed buffers), set again at each replay.
     struct Leaves {
         std::shared_ptr<void> topk, topk_count, mask;
@@ -116,10 +116,10 @@ void CudaBackend::set_balanced_routing(bool on) {
 }
 
 void CudaBackend::drop_graphs() {
-    if (moe_graphs_.empty() && attn_graphs_.empty()) return;
+    if (moe_graphs_.empty() && layer_graphs_.empty()) return;
     PG_CUDA(cudaStreamSynchronize(0));
     moe_graphs_.clear();
-    attn_graphs_.clear();
+    layer_graphs_.clear();
     for (void*& p : graph_scratch_) p = nullptr;
 }
 
@@ -133,24 +133,46 @@ void CudaBackend::prepare_graph_scratch() {
     }
 }
 
-bool CudaBackend::attention_graph(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
-                                  CudaScratch& scratch, Tensor& out) {
-    const int64_t T = x.dim(0);
+void CudaBackend::decoder_layer(const BlockWeight& b, const AttentionLayerInfo& info, ForwardBatch& batch,
+                                StepScratch& scratch_base, bool v41, Tensor& h, Tensor& pre) {
+    auto& scratch = static_cast<CudaScratch&>(scratch_base);
+    if (scratch.decode < 0) begin_decode(batch, scratch);
+    if (scratch.decode == 1 && scratch.set && layer_graph(b, info, scratch, v41, batch.token_ids, h, pre)) return;
+    Backend::decoder_layer(b, info, batch, scratch, v41, h, pre);
+}
+
+bool CudaBackend::layer_graph(const BlockWeight& b, const AttentionLayerInfo& info, CudaScratch& scratch, bool v41,
+                              const std::vector<int32_t>& ids, Tensor& h, Tensor& pre) {
+    const int64_t T = h.dim(0);
     prepare_graph_scratch();
-    auto& slot = attn_graphs_[{info.layer, T}];
+    auto& slot = layer_graphs_[{info.layer, T}];
     if (!slot || slot->cap != scratch.cap) {
-        slot = std::make_shared<AttnGraph>();
+        slot = std::make_shared<LayerGraph>();
         slot->cap = scratch.cap;
     }
-    AttnGraph& g = *slot;
+    LayerGraph& g = *slot;
     if (g.failed) return false;
     if (!g.exec) {
         if (g.eager_runs++ == 0) return false;
-        g.x_in = empty(DType::F32, {T, cfg_.dim});
-        g.out = empty(DType::F32, {T, cfg_.dim});
-        if (!g.capture("attention block", T, graph_scratch_, [&] {
-                Tensor r = attention_decode(g.x_in, w, info, scratch);
-                PG_CUDA(cudaMemcpyAsync(g.out.raw(), r.raw(), g.out.nbytes(), cudaMemcpyDeviceToDevice,
+        g.x_in = empty(DType::F32, h.shape());
+        g.out = empty(DType::F32, h.shape());
+        g.pre_in = empty(pre.dtype(), pre.shape());
+        g.pre_out = empty(pre.dtype(), pre.shape());
+        g.ids = device_alloc(sizeof(int32_t) * static_cast<size_t>(T));
+        join_mixes(nullptr);  // no side-stream mix of earlier work in flight into the capture
+        const auto* ids_d = static_cast<const int32_t*>(g.ids.get());
+        const LayerBlocks blocks{[&](const Tensor& x) { return attention_decode(x, b.attn, info, scratch); },
+                                 [&](const Tensor& x) {
+                                     Tensor out = empty(DType::F32, {T, cfg_.dim});
+                                     moe_body(x, b.ffn, ids_d, out);
+                                     return out;
+                                 }};
+        if (!g.capture("decoder layer", T, graph_scratch_, [&] {
+                Tensor hh = g.x_in, pp = g.pre_in;
+                decoder_layer_ops(*this, b, v41, blocks, hh, pp);
+                PG_CUDA(cudaMemcpyAsync(g.out.raw(), hh.raw(), g.out.nbytes(), cudaMemcpyDeviceToDevice,
+                                        launch_stream()));
+                PG_CUDA(cudaMemcpyAsync(g.pre_out.raw(), pp.raw(), g.pre_out.nbytes(), cudaMemcpyDeviceToDevice,
                                         launch_stream()));
             }))
             return false;
@@ -159,10 +181,15 @@ bool CudaBackend::attention_graph(const Tensor& x, const AttentionWeight& w, con
     } else {
         g.leaves->to(scratch);
     }
-    PG_CUDA(cudaMemcpyAsync(g.x_in.raw(), x.raw(), x.nbytes(), cudaMemcpyDeviceToDevice, 0));
+    PG_CUDA(cudaMemcpyAsync(g.x_in.raw(), h.raw(), h.nbytes(), cudaMemcpyDeviceToDevice, 0));
+    PG_CUDA(cudaMemcpyAsync(g.pre_in.raw(), pre.raw(), pre.nbytes(), cudaMemcpyDeviceToDevice, 0));
+    PG_CUDA(cudaMemcpyAsync(g.ids.get(), upload_ids(ids).ptr, sizeof(int32_t) * ids.size(), cudaMemcpyDeviceToDevice,
+                            0));
     PG_CUDA(cudaGraphLaunch(g.exec, cudaStreamPerThread));
-    out = empty(DType::F32, {T, cfg_.dim});
-    PG_CUDA(cudaMemcpyAsync(out.raw(), g.out.raw(), g.out.nbytes(), cudaMemcpyDeviceToDevice, 0));
+    h = empty(DType::F32, g.out.shape());
+    PG_CUDA(cudaMemcpyAsync(h.raw(), g.out.raw(), g.out.nbytes(), cudaMemcpyDeviceToDevice, 0));
+    pre = empty(g.pre_out.dtype(), g.pre_out.shape());
+    PG_CUDA(cudaMemcpyAsync(pre.raw(), g.pre_out.raw(), g.pre_out.nbytes(), cudaMemcpyDeviceToDevice, 0));
     ++graph_replays_;
     return true;
 }

@@ -287,8 +287,10 @@ void compare_runs(ModelRun& a, ModelRun& b, std::vector<std::vector<int32_t>> fe
         for (int i = 0; i < n; ++i)
             feeds[static_cast<size_t>(i)] = {argmax(x.f32() + static_cast<int64_t>(i) * vocab, vocab)};
     }
-    std::printf("PARITY %-36s %d seqs: prefill + %d decode steps, %s bit-identical in %d of %d steps\n",
-                what.c_str(), n, decode_steps, label.c_str(), same_steps, decode_steps + 1);
+    std::printf("PARITY %-36s %d seqs: prefill + %d decode steps, %s bit-identical in %d of %d steps (graph "
+                "replays %lld / %lld)\n",
+                what.c_str(), n, decode_steps, label.c_str(), same_steps, decode_steps + 1,
+                static_cast<long long>(a.be().graph_replays()), static_cast<long long>(b.be().graph_replays()));
 }
 
 // Both fixtures (3 sequences, 12 steps) and V4.1-Flash's dimensions (4 layers, 8 experts, 8 sequences: split-K
@@ -324,6 +326,19 @@ void compare_models(const std::function<void(bool)>& before, const std::function
 }
 
 }  // namespace
+
+// Decode steps' attention with its tables worked out on the device, in layer graphs whose cap moves every 8 tokens,
+// against the general path (the host lists the tables; MoE graphs only), also at V4.1-Flash's dimensions (its
+// ratio-1 layer and candidate blocks, 8 sequences).
+TEST(CudaGraphs, DecodeLayerGraphsMatchGeneralPath) {
+    REQUIRE_GPU();
+    compare_models([](bool) {},
+                   [](ModelRun& r, bool general) {
+                       if (general) r.be().set_decode_tables(false);
+                       else r.be().set_graph_cap_tokens(8);
+                   },
+                   "decode form", "layer graphs vs the general path");
+}
 
 // Programmatic dependent launch (ops/cuda/pdl.cuh) lets a kernel's blocks start before the previous kernel ends;
 // until its pdl_wait a kernel may only read what no kernel of the step writes (the GEMV streams its first weight

@@ -38,9 +38,7 @@ void CudaBackend::begin_decode(const ForwardBatch& batch, CudaScratch& scratch) 
         if (s.n_tokens != 1 || s.row0 != i) return;
         top = std::max(top, s.start_pos + 1);
     }
-    // Shapes this form does not cover: compressors of ratio 1, indexers the streaming scorer does not take.
-    for (int r : cfg_.compress_ratios)
-        if (r == 1) return;
+    // Indexers the streaming scorer does not take.
     if (cfg_.index_n_heads > 0 && !index_scores_stream_supported(cfg_.index_n_heads, cfg_.index_head_dim)) return;
     const bool graphs = graphs_ && !profiling_ && graph_bucket(T);
     const int64_t cap = graphs ? (top + graph_cap_tokens_ - 1) / graph_cap_tokens_ * graph_cap_tokens_ : top;
@@ -116,6 +114,7 @@ CudaBackend::DecodePlan CudaBackend::decode_plan(const PagedSeqs& p, int64_t T, 
 // The compressor over T rows (decode_plan with the compressor's carry offset): row t of the result is the
 // normalised latent row t emits, or zeros where it ends no group.
 Tensor CudaBackend::compress_decode(const CompressorWeight& cw, const Tensor& x, const DecodePlan& plan) {
+    if (cw.ratio == 1) return rms_norm(run_linear(x, cw.wkv), cw.norm);  // every row ends its group; no carry
     const int64_t T = x.dim(0);
     const int d = cw.head_dim;
     auto [kv, score] = run_linear_pair(x, cw.wkv, cw.wgate, true);
@@ -163,7 +162,7 @@ Tensor CudaBackend::attention_decode(const Tensor& x, const AttentionWeight& w, 
     if (info.compresses) {  // compressed entries (and, for V4.1 key owners, indexer keys) of the rows ending a group
         phase("attn.compressor");
         const CompressorWeight& cw = *w.compressor;
-        const DecodePlan cp = decode_plan(P, T, cw.ratio, 0, &L.carry_offset);
+        const DecodePlan cp = decode_plan(P, T, cw.ratio, 0, cw.ratio > 1 ? &L.carry_offset : nullptr);
         Tensor latent = compress_decode(cw, x, cp);
         if (v41 && info.owns_index_k) {
             const IndexerWeight& iw = *w.indexer;
@@ -193,7 +192,7 @@ Tensor CudaBackend::attention_decode(const Tensor& x, const AttentionWeight& w, 
             const LayerStateLayout& KL = layout_.layers.at(static_cast<size_t>(v41 ? info.index_k_source : info.layer));
             if (!v41) {  // V4: the indexer's own compressor turns tokens into rotated fp4 keys
                 const CompressorWeight& icw = *iw.compressor;
-                const DecodePlan ip = decode_plan(P, T, icw.ratio, 0, &L.index_carry_offset);
+                const DecodePlan ip = decode_plan(P, T, icw.ratio, 0, icw.ratio > 1 ? &L.index_carry_offset : nullptr);
                 Tensor lat = compress_decode(icw, x, ip);
                 rope(lat.f32(), T, 1, hd, hd, hd - rd, ip.rows.gpos, freqs, rd, false);
                 hadamard_rows(lat.f32(), T, hd, hd);

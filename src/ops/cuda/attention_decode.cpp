@@ -29,7 +29,7 @@ struct CudaBackend::DecodePlan {
 
 void CudaBackend::begin_decode(const ForwardBatch& batch, CudaScratch& scratch) {
     scratch.decode = 0;
-    if (numerics_ != Numerics::Fast || !decode_form_) return;
+    if (numerics_ != Numerics::Fast || !decode_tables_) return;
     const int64_t T = batch.rows();
     if (T == 0 || static_cast<int64_t>(batch.seqs.size()) != T) return;
     int64_t top = 0;
@@ -55,7 +55,7 @@ void CudaBackend::begin_decode(const ForwardBatch& batch, CudaScratch& scratch) 
     if (graphs) {
         auto& set = decode_sets_[T];
         if (!set || set->cap != cap) {
-            if (set) {  // positions outgrew the cap: the graphs of this T read the old buffers
+            if (set) {  // a new cap: the graphs of this T read the old buffers
                 PG_CUDA(cudaStreamSynchronize(launch_stream()));
                 for (auto it = layer_graphs_.begin(); it != layer_graphs_.end();)
                     it = it->first.second == T ? layer_graphs_.erase(it) : std::next(it);

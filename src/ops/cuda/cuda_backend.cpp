@@ -223,7 +223,7 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const StateLayout& layout, Engr
     }
     hc_small_ = !env_is("PEREGRINE_HC_SMALL", "0");  // A/B switch
     side_mixes_on_ = !env_is("PEREGRINE_HC_SIDE_STREAM", "0");  // A/B switch
-    decode_form_ = !env_is("PEREGRINE_DECODE_TABLES", "0");      // A/B switch
+    decode_tables_ = !env_is("PEREGRINE_DECODE_TABLES", "0");      // A/B switch
     // Activations come from the stream-ordered pool (cudaMallocAsync). With its default release threshold (0) every
     // synchronisation hands the freed memory back to the driver, and the next step maps it again; after a large
     // cudaFree (a batch's state) that mapping stalled the host for tens of milliseconds inside a prefill step. Keep

@@ -42,14 +42,14 @@ struct CudaScratch : StepScratch {
     PagedSeqs paged;
     // Decode steps (attention_decode.cpp), decided by the step's first attention layer: -1 undecided, 0 no, 1 yes;
     // cap bounds every row's position + 1 (the tables are cap / ratio wide); set: the fixed buffers of the step's
-    // attention graphs (null: no graphs this step), which `paged` then points into.
+    // layer graphs (null: no graphs this step), which `paged` then points into.
     int decode = -1;
     int64_t cap = 0;
     struct DecodeSet* set = nullptr;
     int mask_ratio = 0;  // the candidate source's ratio (decode steps: its users' widths are their own)
 };
 
-// Per decode batch size: the buffers a step's attention graphs read and write at fixed addresses (the step's page
+// Per decode batch size: the buffers a step's layer graphs read and write at fixed addresses (the step's page
 // tables, copied in by its first layer; the selections and candidate mask that later layers read), for positions
 // below cap.
 struct DecodeSet {
@@ -141,12 +141,12 @@ public:
         return (rows >= 1 && rows <= 8) || rows == 12 || rows == 16 || rows == 24 || rows == 32;
     }
     void set_graphs(bool on);
-    // Decode attention graphs are captured for positions below a cap, rounded up to a multiple of this (default
+    // Decode layer graphs are captured for positions below a cap, rounded up to a multiple of this (default
     // 2048 tokens): a new cap means new graphs. Tests shrink it.
     void set_graph_cap_tokens(int64_t n) { graph_cap_tokens_ = n; }
     // Decode steps' attention with its tables worked out on the device (attention_decode.cpp; on unless env
     // PEREGRINE_DECODE_TABLES=0 at construction); off: the general path, whose tables the host lists (tests, A/B).
-    void set_decode_tables(bool on) { decode_form_ = on; }
+    void set_decode_tables(bool on) { decode_tables_ = on; }
     // The hc mixes of decode-sized steps on a side stream (on by default, Fast numerics); returns the previous setting.
     bool set_side_mixes(bool on);
     bool graphs() const { return graphs_; }
@@ -258,7 +258,7 @@ private:
     std::map<int64_t, std::shared_ptr<DecodeSet>> decode_sets_;
     std::map<std::pair<int, int64_t>, std::shared_ptr<LayerGraph>> layer_graphs_;
     int64_t graph_cap_tokens_ = 2048;
-    bool decode_form_ = true;
+    bool decode_tables_ = true;
     // Graph captures read the GEMV's grow-only scratch: grown once before the first, every graph dropped if it moved.
     void prepare_graph_scratch();
     struct Emitted;  // compressor output

@@ -182,23 +182,11 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
         return DevArray<const uint8_t*>{t.keep, t.table};
     };
 
-    // Queries.
     phase("attn.q+kv projections");
-    auto [qa, kva] = run_linear_pair(x, w.wq_a, w.wkv);  // one GEMV launch at decode
-    Tensor qr = rms_norm(qa, w.q_norm);
-    // The indexer's queries read qr too: its wq_b rides in the queries' launch (decode).
-    const bool index_queries = info.ratio > 0 && info.has_indexer;
-    Tensor q, iq_projected;
-    if (index_queries) {
-        auto [qb, ib] = run_linear_pair(qr, w.wq_b, w.indexer->wq_b);
-        q = queries_of(qb, freqs, pos.ptr, T);
-        iq_projected = std::move(ib);
-    } else {
-        q = project_queries(qr, w, freqs, pos.ptr, T);
-    }
+    AttentionInputs in = attention_inputs(x, w, info, freqs, pos.ptr, T);
+    Tensor &q = in.q, &kv = in.kv;
 
     // Sliding-window K=V, stored per token (packed: state_format.h).
-    Tensor kv = window_kv_of(kva, w, freqs, pos.ptr, T);
     if (device_tables) {
         paged_store_entries(kv.f32(), T, L.window.format, paged(), paged_section(L.window));
     } else {
@@ -282,18 +270,8 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                     store_entries(e.latent.f32(), n, L.index_k.format, dd.ptr);
                 }
             }
-            Tensor iq = std::move(iq_projected);
-            Tensor wts = run_linear(x, iw.weights_proj);
-            if (v41) {
-                rope_qdq(iq.f32(), T, nh, static_cast<int64_t>(nh) * hd, hd, hd - rd, pos.ptr, freqs, rd, false, hd, 32,
-                         1);
-            } else {  // V4: the Hadamard rotation between
-                rope(iq.f32(), T, nh, static_cast<int64_t>(nh) * hd, hd, hd - rd, pos.ptr, freqs, rd, false);
-                hadamard_rows(iq.f32(), static_cast<int64_t>(T) * nh, hd, hd);
-                qdq_rows(iq.f32(), static_cast<int64_t>(T) * nh, hd, hd, 32, 1);
-            }
-            scale_round_bf16(wts.f32(), static_cast<int64_t>(T) * nh,
-                             static_cast<float>(std::pow(hd, -0.5) * std::pow(nh, -0.5)));
+            Tensor& iq = in.iq;
+            Tensor wts = index_queries(x, iq, iw, freqs, pos.ptr, T);
 
             // Key addresses per sequence.
             std::vector<int64_t> keybase(static_cast<size_t>(T));
@@ -521,8 +499,6 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                static_cast<const uint8_t*>(comp_rows.get()), row_bytes);
 
     // Sparse attention with sink, then the inverse rotation of the output.
-    Tensor o = empty(DType::F32, {T, H, D});
-    const float scale = static_cast<float>(std::pow(D, -0.5));
     KeyRefs kr;
     kr.keys = static_cast<const uint8_t* const*>(keys.get());
     kr.nkeys = static_cast<const int32_t*>(nkeys.get());
@@ -530,17 +506,59 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     kr.maxk = maxk;
     kr.win = L.window.format;
     kr.comp = comp_format;
+    Tensor o = sparse_attend(q, w, kr, key_rows);
+    phase("attn.output projection");
+    return project_output(o, w, freqs, pos.ptr, T);
+}
+
+CudaBackend::AttentionInputs CudaBackend::attention_inputs(const Tensor& x, const AttentionWeight& w,
+                                                           const AttentionLayerInfo& info, const float* freqs,
+                                                           const int64_t* pos, int T) {
+    AttentionInputs in;
+    auto [qa, kva] = run_linear_pair(x, w.wq_a, w.wkv);  // one GEMV launch at decode
+    Tensor qr = rms_norm(qa, w.q_norm);
+    if (info.ratio > 0 && info.has_indexer) {  // the indexer's queries read qr too: its wq_b rides in the launch
+        auto [qb, ib] = run_linear_pair(qr, w.wq_b, w.indexer->wq_b);
+        in.q = queries_of(qb, freqs, pos, T);
+        in.iq = std::move(ib);
+    } else {
+        in.q = project_queries(qr, w, freqs, pos, T);
+    }
+    in.kv = window_kv_of(kva, w, freqs, pos, T);
+    return in;
+}
+
+Tensor CudaBackend::index_queries(const Tensor& x, Tensor& iq, const IndexerWeight& iw, const float* freqs,
+                                  const int64_t* pos, int T) {
+    const int nh = iw.n_heads, hd = iw.head_dim, rd = cfg_.rope_head_dim;
+    Tensor wts = run_linear(x, iw.weights_proj);
+    if (cfg_.is_v41()) {
+        rope_qdq(iq.f32(), T, nh, static_cast<int64_t>(nh) * hd, hd, hd - rd, pos, freqs, rd, false, hd, 32, 1);
+    } else {  // V4: the Hadamard rotation between
+        rope(iq.f32(), T, nh, static_cast<int64_t>(nh) * hd, hd, hd - rd, pos, freqs, rd, false);
+        hadamard_rows(iq.f32(), static_cast<int64_t>(T) * nh, hd, hd);
+        qdq_rows(iq.f32(), static_cast<int64_t>(T) * nh, hd, hd, 32, 1);
+    }
+    scale_round_bf16(wts.f32(), static_cast<int64_t>(T) * nh,
+                     static_cast<float>(std::pow(hd, -0.5) * std::pow(nh, -0.5)));
+    return wts;
+}
+
+Tensor CudaBackend::sparse_attend(const Tensor& q, const AttentionWeight& w, const KeyRefs& kr, bool key_rows) {
+    const int64_t T = q.dim(0);
+    const int H = cfg_.n_heads, D = cfg_.head_dim;
+    Tensor o = empty(DType::F32, {T, H, D});
+    const float scale = static_cast<float>(std::pow(D, -0.5));
     if (key_rows) {
-        sparse_attention_rows(q.f32(), T, H, D, scale, dev_f32(w.attn_sink), kr.keys, kr.nkeys, maxk, o.f32());
+        sparse_attention_rows(q.f32(), T, H, D, scale, dev_f32(w.attn_sink), kr.keys, kr.nkeys, kr.maxk, o.f32());
     } else if (numerics_ == Numerics::Fast && sparse_attention_mma_supported(H, D, kr.win, kr.comp)) {
         // Tensor cores, prefill and decode (few rows split their keys over CTAs, with a scratch for the parts).
-        auto ws = device_alloc(sparse_attention_mma_workspace(T, H, D, maxk));
+        auto ws = device_alloc(sparse_attention_mma_workspace(T, H, D, kr.maxk));
         sparse_attention_mma(q.f32(), T, H, D, scale, dev_f32(w.attn_sink), kr, o.f32(), ws.get());
     } else {
         sparse_attention(q.f32(), T, H, D, scale, dev_f32(w.attn_sink), kr, o.f32(), numerics_ == Numerics::Fast);
     }
-    phase("attn.output projection");
-    return project_output(o, w, freqs, pos.ptr, T);
+    return o;
 }
 
 Tensor CudaBackend::project_queries(const Tensor& qr, const AttentionWeight& w, const float* freqs, const int64_t* pos,

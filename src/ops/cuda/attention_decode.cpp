@@ -15,7 +15,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 
 namespace peregrine::cuda {
 
@@ -137,27 +136,15 @@ Tensor CudaBackend::compress_decode(const CompressorWeight& cw, const Tensor& x,
 Tensor CudaBackend::attention_decode(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                                      CudaScratch& scratch) {
     const bool v41 = cfg_.is_v41();
-    const int T = static_cast<int>(x.dim(0)), H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim,
-              W = cfg_.window_size;
+    const int T = static_cast<int>(x.dim(0)), D = cfg_.head_dim, rd = cfg_.rope_head_dim, W = cfg_.window_size;
     const float* freqs = rope_freqs(info);
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
     const PagedSeqs& P = scratch.paged;
     const int64_t* pos = P.row_pos;
 
     phase("attn.q+kv projections");
-    auto [qa, kva] = run_linear_pair(x, w.wq_a, w.wkv);
-    Tensor qr = rms_norm(qa, w.q_norm);
-    const bool index_queries = info.ratio > 0 && info.has_indexer;
-    Tensor q, iq;
-    if (index_queries) {
-        auto [qb, ib] = run_linear_pair(qr, w.wq_b, w.indexer->wq_b);
-        q = queries_of(qb, freqs, pos, T);
-        iq = std::move(ib);
-    } else {
-        q = project_queries(qr, w, freqs, pos, T);
-    }
-    Tensor kv = window_kv_of(kva, w, freqs, pos, T);
-    paged_store_entries(kv.f32(), T, L.window.format, P, paged_section(L.window));
+    AttentionInputs in = attention_inputs(x, w, info, freqs, pos, T);
+    paged_store_entries(in.kv.f32(), T, L.window.format, P, paged_section(L.window));
 
     if (info.compresses) {  // compressed entries (and, for V4.1 key owners, indexer keys) of the rows ending a group
         phase("attn.compressor");
@@ -199,21 +186,12 @@ Tensor CudaBackend::attention_decode(const Tensor& x, const AttentionWeight& w, 
                 qdq_rows(lat.f32(), T, hd, hd, 32, 1);
                 paged_store_entries(lat.f32(), T, L.index_k.format, P, paged_section(L.index_k), icw.ratio);
             }
-            Tensor wts = run_linear(x, iw.weights_proj);
-            if (v41) {
-                rope_qdq(iq.f32(), T, nh, static_cast<int64_t>(nh) * hd, hd, hd - rd, pos, freqs, rd, false, hd, 32, 1);
-            } else {
-                rope(iq.f32(), T, nh, static_cast<int64_t>(nh) * hd, hd, hd - rd, pos, freqs, rd, false);
-                hadamard_rows(iq.f32(), static_cast<int64_t>(T) * nh, hd, hd);
-                qdq_rows(iq.f32(), static_cast<int64_t>(T) * nh, hd, hd, 32, 1);
-            }
-            scale_round_bf16(wts.f32(), static_cast<int64_t>(T) * nh,
-                             static_cast<float>(std::pow(hd, -0.5) * std::pow(nh, -0.5)));
+            Tensor wts = index_queries(x, in.iq, iw, freqs, pos, T);
             const StateSection& ks = v41 ? KL.index_k : L.index_k;
             const AddressTable keys = decode_entry_table(P, ks, ratio, rp.rows.base, T, C);
             const int64_t stride = std::max<int64_t>(C, 1);
             Tensor scores = empty(DType::F32, {T, stride});
-            index_scores_stream(iq.f32(), wts.f32(), rp.rows.rows, T, nh, hd, width, width, rp.rows.base, keys.table,
+            index_scores_stream(in.iq.f32(), wts.f32(), rp.rows.rows, T, nh, hd, width, width, rp.rows.base, keys.table,
                                 ks.format, C, scores.f32());
             const int bs = cfg_.candidate_block_size;
             if (v41 && info.candidate_source) {
@@ -275,8 +253,6 @@ Tensor CudaBackend::attention_decode(const Tensor& x, const AttentionWeight& w, 
     build_keys(T, wt.win.table, wt.nwin, W, sel, nsel, kmax, comp.table, sel ? rp.rows.base : nullptr,
                static_cast<const uint8_t**>(keys.get()), static_cast<int32_t*>(nkeys.get()), maxk, nullptr,
                2 * static_cast<int64_t>(D));
-    Tensor o = empty(DType::F32, {T, H, D});
-    const float scale = static_cast<float>(std::pow(D, -0.5));
     KeyRefs kr;
     kr.keys = static_cast<const uint8_t* const*>(keys.get());
     kr.nkeys = static_cast<const int32_t*>(nkeys.get());
@@ -284,12 +260,7 @@ Tensor CudaBackend::attention_decode(const Tensor& x, const AttentionWeight& w, 
     kr.maxk = maxk;
     kr.win = L.window.format;
     kr.comp = comp_format;
-    if (sparse_attention_mma_supported(H, D, kr.win, kr.comp)) {
-        auto ws = device_alloc(sparse_attention_mma_workspace(T, H, D, maxk));
-        sparse_attention_mma(q.f32(), T, H, D, scale, dev_f32(w.attn_sink), kr, o.f32(), ws.get());
-    } else {
-        sparse_attention(q.f32(), T, H, D, scale, dev_f32(w.attn_sink), kr, o.f32(), true);
-    }
+    Tensor o = sparse_attend(in.q, w, kr, false);
     phase("attn.output projection");
     return project_output(o, w, freqs, pos, T);
 }

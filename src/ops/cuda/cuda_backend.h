@@ -192,6 +192,19 @@ private:
     // Ends the current phase of the outermost op (if any) and starts `name`.
     void phase(const char* name);
 
+    // An attention block's projections of x: its queries q (RoPE'd), its window K=V rows kv (normed, RoPE'd, QDQ'd)
+    // and, for an indexer layer, the indexer's projected queries iq (its wq_b rides in the queries' GEMV).
+    struct AttentionInputs {
+        Tensor q, kv, iq;
+    };
+    AttentionInputs attention_inputs(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                                     const float* freqs, const int64_t* pos, int T);
+    // The indexer's queries iq made ready in place (RoPE, V4's Hadamard, QDQ) and its head weights of x, scaled.
+    Tensor index_queries(const Tensor& x, Tensor& iq, const IndexerWeight& iw, const float* freqs, const int64_t* pos,
+                         int T);
+    // Sparse attention with sink over each row's key list (kr): the decoded-row kernel (key_rows), the tensor-core
+    // one (Fast), or the exact one; o [T, H, D].
+    Tensor sparse_attend(const Tensor& q, const AttentionWeight& w, const KeyRefs& kr, bool key_rows);
     // q = wq_b(qr) per head (V4: unweighted head norm), RoPE at each row's position.
     Tensor project_queries(const Tensor& qr, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
     // The same from the wq_b projection already made (head norm, RoPE in place).

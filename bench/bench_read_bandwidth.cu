@@ -44,7 +44,9 @@ __global__ void flat_kernel(const uint4* __restrict__ p, size_t n16) {
     if (acc == 0x9e3779b9u) g_sink = acc;
 }
 
-__device__ __forceinline__ unsigned smem_u32(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
 __device__ __forceinline__ void cp16(void* s, const void* g) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(s)), "l"(g) : "memory");
 }
@@ -99,13 +101,15 @@ __device__ __forceinline__ void mbar_expect(uint64_t* b, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void bulk_copy(void* s, const void* g, unsigned bytes, uint64_t* b) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_u32(s)),
-                 "l"(g), "r"(bytes), "r"(smem_u32(b))
-                 : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_u32(s)),
+        "l"(g), "r"(bytes), "r"(smem_u32(b))
+        : "memory");
 }
 __device__ __forceinline__ void mbar_wait(uint64_t* b, unsigned parity) {
     asm volatile(
-        "{\n.reg .pred p;\nwait_%=: mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n@!p bra wait_%=;\n}" ::"r"(smem_u32(b)),
+        "{\n.reg .pred p;\nwait_%=: mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n@!p bra wait_%=;\n}" ::"r"(
+            smem_u32(b)),
         "r"(parity)
         : "memory");
 }
@@ -127,7 +131,8 @@ __global__ void __launch_bounds__(256, 1) bulk_kernel(const uint8_t* __restrict_
         const int slot = (done + s) % ST;
         if (tid == 0) mbar_expect(&full[slot], 128 * CH);
         __syncthreads();  // the expectation is armed before any copy can complete
-        if (tid < 128) bulk_copy(sm + slot * 128 * CH + tid * CH, base + static_cast<size_t>(tid) * Kb + s * CH, CH, &full[slot]);
+        if (tid < 128)
+            bulk_copy(sm + slot * 128 * CH + tid * CH, base + static_cast<size_t>(tid) * Kb + s * CH, CH, &full[slot]);
     };
     for (int gi = blockIdx.x; gi < groups; gi += gridDim.x) {
         const uint8_t* base = w + static_cast<size_t>(gi) * 128 * Kb;

@@ -220,7 +220,8 @@ int run_bench(const BenchArgs& a) {
                 "pages of %d tokens: %zu B (%.0f B/token with padding and the carry snapshot)\n",
                 sb.total(), sb.window, sb.comp, sb.index, model->layout().page_tokens, model->layout().page_bytes,
                 static_cast<double>(model->layout().page_bytes) / model->layout().page_tokens);
-    std::printf("CUDA graphs (PEREGRINE_CUDA_GRAPHS): %s\n", be.graphs() ? "on (decode attention and MoE blocks)" : "off");
+    std::printf("CUDA graphs (PEREGRINE_CUDA_GRAPHS): %s\n",
+                be.graphs() ? "on (decode attention and MoE blocks)" : "off");
     if (a.overlap)
         std::printf("decode schedule: overlapped (each step enqueued before the previous step's ids come back)\n");
 

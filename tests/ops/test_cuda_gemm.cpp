@@ -88,7 +88,8 @@ Weight make_weight(int kind, bool w_bf16, int K, int N, uint64_t seed, int scale
         r.w = upload_bytes(v.data(), n * 4);
     } else if (kind <= 1) {
         std::vector<uint16_t> v(n);
-        for (auto& h : v) h = f32_to_bf16(static_cast<float>(static_cast<int64_t>(splitmix(seed) >> 11) * 0x1p-53 * 2.0 - 1.0));
+        for (auto& h : v)
+            h = f32_to_bf16(static_cast<float>(static_cast<int64_t>(splitmix(seed) >> 11) * 0x1p-53 * 2.0 - 1.0));
         r.w = upload_bytes(v.data(), n * 2);
     } else {
         std::vector<uint8_t> v(kind == 2 ? n : n / 2);
@@ -158,7 +159,8 @@ void compare_tol(const std::vector<float>& fast, const std::vector<float>& exact
         if (d > worst || std::isnan(d)) worst = d;
     }
     EXPECT_GT(emax, 0.0f) << what << ": the exact output is all zero";
-    EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << fast.size() << " outputs outside the tolerance, worst " << worst;
+    EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << fast.size() << " outputs outside the tolerance, worst "
+                      << worst;
     std::printf("PARITY gemm %-44s max|d| %.3g (%.2g of max|y|) exact %.4f %s\n", what.c_str(), worst,
                 emax > 0 ? worst / emax : 0.0, fast.empty() ? 1.0 : static_cast<double>(same) / fast.size(),
                 bad ? "FAIL" : "ok");
@@ -193,7 +195,8 @@ TEST(CudaQuant, ActivationQuantisationMatchesHost) {
     auto fill = [&](std::vector<float>& v, int block) {
         for (size_t i = 0; i < v.size(); ++i) {
             const double u = static_cast<double>(splitmix(seed) >> 11) * 0x1.0p-53;
-            v[i] = bf16_to_f32(f32_to_bf16(static_cast<float>((u - 0.5) * std::ldexp(1.0, static_cast<int>(i / block % 24) - 12))));
+            v[i] = bf16_to_f32(
+                f32_to_bf16(static_cast<float>((u - 0.5) * std::ldexp(1.0, static_cast<int>(i / block % 24) - 12))));
         }
         const float special[] = {0.0f, 1e-30f, 3e38f, -3e38f, 1e-4f, -0.0f};
         for (size_t b = 0; b < 6 && (b + 1) * block <= v.size(); ++b)  // block b: one special value, or all of it
@@ -217,15 +220,17 @@ TEST(CudaQuant, ActivationQuantisationMatchesHost) {
             float* xp = static_cast<float*>(xd.get()) + offset;
             float* qp = static_cast<float*>(qd.get()) + offset;
             CK(cudaMemcpy(xp, x.data(), sizeof(float) * n, cudaMemcpyHostToDevice));
-            const double ms = test::device_ms([&] { act_quant(xp, sh.M, sh.K, sh.block, qp, static_cast<float*>(sd.get())); }, 5);
+            const double ms =
+                test::device_ms([&] { act_quant(xp, sh.M, sh.K, sh.block, qp, static_cast<float*>(sd.get())); }, 5);
             CK(cudaDeviceSynchronize());
             std::vector<float> qg(n), sg(s.size());
             CK(cudaMemcpy(qg.data(), qp, sizeof(float) * n, cudaMemcpyDeviceToHost));
             CK(cudaMemcpy(sg.data(), sd.get(), sizeof(float) * s.size(), cudaMemcpyDeviceToHost));
             EXPECT_EQ(same(q, qg), 0) << sh.M << "x" << sh.K << " block " << sh.block << " offset " << offset;
             EXPECT_EQ(same(s, sg), 0) << sh.M << "x" << sh.K << " block " << sh.block << " offset " << offset;
-            std::printf("PARITY quant act_quant %lldx%d block %d offset %d: bit-identical to the host, %.3f ms (%.0f GB/s)\n",
-                        static_cast<long long>(sh.M), sh.K, sh.block, offset, ms, 8.0 * n / ms / 1e6);
+            std::printf(
+                "PARITY quant act_quant %lldx%d block %d offset %d: bit-identical to the host, %.3f ms (%.0f GB/s)\n",
+                static_cast<long long>(sh.M), sh.K, sh.block, offset, ms, 8.0 * n / ms / 1e6);
             if (act_quant_bf16_supported(xp, sh.K, sh.block)) {  // straight into the bf16 image: q x s, exact
                 auto bd = device_alloc(sizeof(uint16_t) * n);
                 const double ms16 = test::device_ms(
@@ -286,7 +291,8 @@ TEST(CudaGemm, ExpertTilesAreAStableSort) {
                 for (int64_t i = 0; i < n; ++i)
                     if (sel[i] == e) want_map.push_back(static_cast<int32_t>(i));
                 const int c = static_cast<int>(want_map.size()) - first;
-                for (int r = 0; r < c; r += mt) want_tiles.insert(want_tiles.end(), {e, first + r, std::min(mt, c - r), 0});
+                for (int r = 0; r < c; r += mt)
+                    want_tiles.insert(want_tiles.end(), {e, first + r, std::min(mt, c - r), 0});
             }
             auto sd = upload_bytes(sel.data(), sizeof(int32_t) * n);
             auto md = device_alloc(sizeof(int32_t) * n), td = device_alloc(sizeof(int32_t) * (want_tiles.size() + 4)),
@@ -360,7 +366,8 @@ Experts make_experts(int kind, int E, int K, int N, uint64_t seed, int scale_lo 
 
 // The routed experts' w1 (5120->2304) and w2 (2304->5120) in FP4, made once (2.3 GB each).
 const Experts& fp4_experts(bool w2) {
-    static const Experts e1 = make_experts(3, kExperts, 5120, 2304, 101), e2 = make_experts(3, kExperts, 2304, 5120, 202);
+    static const Experts e1 = make_experts(3, kExperts, 5120, 2304, 101),
+                         e2 = make_experts(3, kExperts, 2304, 5120, 202);
     return w2 ? e2 : e1;
 }
 
@@ -529,7 +536,8 @@ void check_gated(const Experts& w1, const ExpertTable& w3, int64_t T, bool skewe
     auto rws_d = upload_bytes(rw_s.data(), rw_s.size() * sizeof(float));
     auto x_s = device_alloc(sizeof(float) * S * K), xs_s = device_alloc(sizeof(float) * S * (K / w1.d.act_block));
     gather_rows(a.xp(), static_cast<const int32_t*>(tok_d.get()), S, K, static_cast<float*>(x_s.get()));
-    gather_rows(a.xsp(), static_cast<const int32_t*>(tok_d.get()), S, K / w1.d.act_block, static_cast<float*>(xs_s.get()));
+    gather_rows(a.xsp(), static_cast<const int32_t*>(tok_d.get()), S, K / w1.d.act_block,
+                static_cast<float*>(xs_s.get()));
     auto g_ref = device_alloc(sizeof(float) * S * N), u_ref = device_alloc(sizeof(float) * S * N),
          a_ref = device_alloc(sizeof(float) * S * N);
     linear_tiled(static_cast<const float*>(x_s.get()), static_cast<const float*>(xs_s.get()), S, w1.d,
@@ -556,8 +564,12 @@ TEST(CudaGemm, GatedExpertsFastMatchExact) {
             for (bool skewed : {false, true})
                 for (float limit : {0.0f, 64.0f})
                     check_gated(w1, w3, T, skewed, limit, seed++,
-                                std::string("experts.w1+w3 swiglu ") + (variant == 0 ? "mma" : variant == 1 ? "wgmma" : "wgmma128") +
-                                    (skewed ? " skewed" : " balanced") + " T=" + std::to_string(T) + (limit > 0 ? " lim64" : ""));
+                                std::string("experts.w1+w3 swiglu ") +
+                                    (variant == 0   ? "mma"
+                                     : variant == 1 ? "wgmma"
+                                                    : "wgmma128") +
+                                    (skewed ? " skewed" : " balanced") + " T=" + std::to_string(T) +
+                                    (limit > 0 ? " lim64" : ""));
     }
     fp4_grouped_use_wgmma(true);
     fp4_grouped_wgmma_tile(0);
@@ -573,13 +585,15 @@ TEST(CudaGemm, GroupedWoAFastMatchesExact) {
     for (int64_t T : {64, 512, 4096}) {
         std::vector<int32_t> sel(static_cast<size_t>(T * G));
         for (size_t i = 0; i < sel.size(); ++i) sel[i] = static_cast<int32_t>(i % G);
-        check_routed(wo_a, sel, G, routing_tile_rows(T * G, G), seed++, "wo_a routed 8x4096->1024 bf16 T=" + std::to_string(T));
+        check_routed(wo_a, sel, G, routing_tile_rows(T * G, G), seed++,
+                     "wo_a routed 8x4096->1024 bf16 T=" + std::to_string(T));
     }
     // As the backend runs it: one [G*R, GD] block, rows (t, g) strided in x [T, G, GD] (grouped_linear_cublas).
     const size_t wn = static_cast<size_t>(G) * R * GD;
     std::vector<uint16_t> wh(wn);
     uint64_t s = 4711;
-    for (auto& h : wh) h = f32_to_bf16(static_cast<float>(static_cast<int64_t>(splitmix(s) >> 11) * 0x1p-53 * 2.0 - 1.0));
+    for (auto& h : wh)
+        h = f32_to_bf16(static_cast<float>(static_cast<int64_t>(splitmix(s) >> 11) * 0x1p-53 * 2.0 - 1.0));
     auto wd = upload_bytes(wh.data(), wn * sizeof(uint16_t));
     const uint16_t* w = static_cast<const uint16_t*>(wd.get());
     for (int64_t T : {64, 512, 4096}) {
@@ -606,7 +620,8 @@ TEST(CudaGemm, FastPathThroughputAtPrefillSize) {
         const Weight w = make_weight(sh.kind, sh.w_bf16, sh.K, sh.N, seed++);
         const Acts a = make_acts(M, w.d, seed++);
         auto y = device_alloc(sizeof(float) * M * sh.N);
-        const double ms = peregrine::test::device_ms([&] { linear_cublas(a.xp(), a.xsp(), M, w.d, static_cast<float*>(y.get()), nullptr, nullptr); }, 3);
+        const double ms = peregrine::test::device_ms(
+            [&] { linear_cublas(a.xp(), a.xsp(), M, w.d, static_cast<float*>(y.get()), nullptr, nullptr); }, 3);
         ASSERT_EQ(cudaGetLastError(), cudaSuccess);
         std::printf("PARITY gemm %-44s M=%lld %8.3f ms %7.1f TFLOP/s\n", sh.name, static_cast<long long>(M), ms,
                     2.0 * M * sh.N * sh.K / (ms * 1e-3) / 1e12);
@@ -632,14 +647,20 @@ TEST(CudaGemm, FastPathThroughputAtPrefillSize) {
             for (bool grouped : {true, false}) {
                 linear_cublas_use_grouped(grouped);
                 const bool used = linear_cublas_grouped();
-                const double ms = peregrine::test::device_ms([&] { linear_cublas(a.xp(), a.xsp(), P, ex->d, static_cast<float*>(y.get()), &ex->t, &g.r); }, 3);
+                const double ms = peregrine::test::device_ms(
+                    [&] { linear_cublas(a.xp(), a.xsp(), P, ex->d, static_cast<float*>(y.get()), &ex->t, &g.r); }, 3);
                 ASSERT_EQ(cudaGetLastError(), cudaSuccess);
                 line(name, used ? "grouped" : "loop", ms, flop);
             }
             for (int variant : {0, 1, 2}) {  // mma.sync, wgmma with 64- and 128-token tiles
                 fp4_grouped_use_wgmma(variant > 0);
                 fp4_grouped_wgmma_tile(variant == 2 ? 128 : 64);
-                const double ms = peregrine::test::device_ms([&] { fp4_grouped_linear(a.xp(), a.xsp(), P, 1, kExperts, ex->d, ex->t, g.r, static_cast<float*>(y.get())); }, 5);
+                const double ms = peregrine::test::device_ms(
+                    [&] {
+                        fp4_grouped_linear(a.xp(), a.xsp(), P, 1, kExperts, ex->d, ex->t, g.r,
+                                           static_cast<float*>(y.get()));
+                    },
+                    5);
                 ASSERT_EQ(cudaGetLastError(), cudaSuccess);
                 line(name, variant == 0 ? "mma" : variant == 1 ? "wgmma" : "wgmma128", ms, flop);
             }
@@ -650,10 +671,12 @@ TEST(CudaGemm, FastPathThroughputAtPrefillSize) {
         for (int variant : {0, 1, 2}) {
             fp4_grouped_use_wgmma(variant > 0);
             fp4_grouped_wgmma_tile(variant == 2 ? 128 : 64);
-            const double ms = peregrine::test::device_ms([&] {
-                fp4_grouped_swiglu(a.xp(), a.xsp(), P, kTopK, kExperts, w1.d, w1.t, w3, g.r, static_cast<const float*>(rw.get()), 10.0f,
-                                   static_cast<float*>(out.get()));
-            }, 5);
+            const double ms = peregrine::test::device_ms(
+                [&] {
+                    fp4_grouped_swiglu(a.xp(), a.xsp(), P, kTopK, kExperts, w1.d, w1.t, w3, g.r,
+                                       static_cast<const float*>(rw.get()), 10.0f, static_cast<float*>(out.get()));
+                },
+                5);
             ASSERT_EQ(cudaGetLastError(), cudaSuccess);
             line("w1+w3 swiglu 5120->2x2304", variant == 0 ? "mma" : variant == 1 ? "wgmma" : "wgmma128", ms,
                  2.0 * 2.0 * P * w1.d.out * w1.d.in);

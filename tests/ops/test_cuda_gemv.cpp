@@ -201,8 +201,8 @@ void compare(const std::vector<float>& fast, const std::vector<float>& exact, bo
         EXPECT_GE(share, 0.9) << what;
     }
     EXPECT_GT(emax, 0.0f) << what << ": all-zero reference";
-    std::printf("PARITY gemv %-44s max|d| %.3g max rel %.3g (max|ref| %.3g) exact %.4f\n", what.c_str(), worst, worst_rel,
-                emax, share);
+    std::printf("PARITY gemv %-44s max|d| %.3g max rel %.3g (max|ref| %.3g) exact %.4f\n", what.c_str(), worst,
+                worst_rel, emax, share);
 }
 
 // fp32 outputs of exact products summed in fp32 in another order (F32 linears on bf16 values): within 1e-4 of
@@ -327,7 +327,8 @@ TEST(CudaGemv, DenseMatchesExactAtRealShapes) {
                 const std::vector<float> first = to_host(yf, n);
                 compare(first, to_host(ye, n), s.kind != 0, s.name + variant_tag(v) + " M=" + std::to_string(M));
                 if (M == 8) {
-                    const double ms = peregrine::test::device_ms([&] { linear_gemv(a.xp, a.sp, M, l, yf.as<float>(), nullptr, nullptr); }, 20, 3);
+                    const double ms = peregrine::test::device_ms(
+                        [&] { linear_gemv(a.xp, a.sp, M, l, yf.as<float>(), nullptr, nullptr); }, 20, 3);
                     CK(cudaDeviceSynchronize());
                     // Repeated calls (reused split scratch and tickets) give the same bits.
                     EXPECT_EQ(std::memcmp(first.data(), to_host(yf, n).data(), n * sizeof(float)), 0) << s.name;
@@ -344,7 +345,8 @@ TEST(CudaGemv, DenseMatchesExactAtRealShapes) {
                 CK(cudaDeviceSynchronize());
                 compare_f32(to_host(yf, n), to_host(ye, n), s.name + " bf16 acts M=" + std::to_string(M));
                 if (M == 8) {
-                    const double ms = peregrine::test::device_ms([&] { linear_gemv(a.xp, nullptr, M, lb, yf.as<float>(), nullptr, nullptr); }, 20, 3);
+                    const double ms = peregrine::test::device_ms(
+                        [&] { linear_gemv(a.xp, nullptr, M, lb, yf.as<float>(), nullptr, nullptr); }, 20, 3);
                     report_speed(s.name + " bf16 acts", ms, static_cast<double>(weight_bytes(s)));
                 }
             }
@@ -364,9 +366,13 @@ TEST(CudaGemv, PairMatchesExact) {
     const Pair pairs[] = {
         {{"wq_a fp8", 2, false, 1280, 5120, 32, 32}, {"wkv fp8", 2, false, 512, 5120, 32, 32}, false},
         {{"shared.w1 fp8", 2, false, 2304, 5120, 32, 32}, {"shared.w3 fp8", 2, false, 2304, 5120, 32, 32}, false},
-        {{"v4 w1 fp8 block128", 2, false, 2048, 4096, 128, 128}, {"v4 w3 fp8 block128", 2, false, 2048, 4096, 128, 128}, false},
+        {{"v4 w1 fp8 block128", 2, false, 2048, 4096, 128, 128},
+         {"v4 w3 fp8 block128", 2, false, 2048, 4096, 128, 128},
+         false},
         {{"odd fp8 (1056 rows)", 2, false, 1056, 5120, 32, 32}, {"wkv fp8", 2, false, 512, 5120, 32, 32}, false},
-        {{"compressor.wkv f32(bf16)", 0, true, 1024, 5120, 0, 0}, {"compressor.wgate f32(bf16)", 0, true, 1024, 5120, 0, 0}, true},
+        {{"compressor.wkv f32(bf16)", 0, true, 1024, 5120, 0, 0},
+         {"compressor.wgate f32(bf16)", 0, true, 1024, 5120, 0, 0},
+         true},
     };
     uint64_t seed = 501;
     for (const Pair& pr : pairs) {
@@ -402,18 +408,21 @@ TEST(CudaGemv, PairMatchesExact) {
                 linear_gemv(x->as<float>(), nullptr, M, la, sa.as<float>(), nullptr, nullptr);
                 linear_gemv(x->as<float>(), nullptr, M, lb, sb.as<float>(), nullptr, nullptr);
                 CK(cudaDeviceSynchronize());
-                EXPECT_EQ(std::memcmp(to_host(sa, na).data(), to_host(ya, na).data(), na * sizeof(float)), 0) << pr.a.name << tag;
-                EXPECT_EQ(std::memcmp(to_host(sb, nb).data(), to_host(yb, nb).data(), nb * sizeof(float)), 0) << pr.b.name << tag;
+                EXPECT_EQ(std::memcmp(to_host(sa, na).data(), to_host(ya, na).data(), na * sizeof(float)), 0)
+                    << pr.a.name << tag;
+                EXPECT_EQ(std::memcmp(to_host(sb, nb).data(), to_host(yb, nb).data(), nb * sizeof(float)), 0)
+                    << pr.b.name << tag;
             }
             if (M == 8) {
                 const double pair_ms = peregrine::test::device_ms(
-                    [&] { linear_gemv_pair(x->as<float>(), nullptr, M, la, ya.as<float>(), lb, yb.as<float>()); }, 20, 3);
+                    [&] { linear_gemv_pair(x->as<float>(), nullptr, M, la, ya.as<float>(), lb, yb.as<float>()); }, 20,
+                    3);
                 const double two_ms = peregrine::test::device_ms([&] {
                     linear_gemv(x->as<float>(), nullptr, M, la, ya.as<float>(), nullptr, nullptr);
                     linear_gemv(x->as<float>(), nullptr, M, lb, yb.as<float>(), nullptr, nullptr);
                 }, 20, 3);
-                std::printf("PARITY gemv %-44s M=8 pair %.1f us, two calls %.1f us\n", (pr.a.name + " + " + pr.b.name).c_str(),
-                            pair_ms * 1e3, two_ms * 1e3);
+                std::printf("PARITY gemv %-44s M=8 pair %.1f us, two calls %.1f us\n",
+                            (pr.a.name + " + " + pr.b.name).c_str(), pair_ms * 1e3, two_ms * 1e3);
             }
         }
     }
@@ -435,7 +444,8 @@ void check_routed(const Shape& s, int E, int distinct, int top_k, uint64_t seed)
         ptrs[E + e] = bufs[e % distinct].scale ? bufs[e % distinct].scale->p : nullptr;
     }
     BufPtr table = upload(ptrs);
-    ExpertTable ex{table->as<const void* const>(), reinterpret_cast<const uint8_t* const*>(table->as<const void*>() + E)};
+    ExpertTable ex{table->as<const void* const>(),
+                   reinterpret_cast<const uint8_t* const*>(table->as<const void*>() + E)};
     const LinearDev l = dev_linear(s, bufs[0]);
     // 128 and 256 tokens: persistent CTAs taking more than one tile's units, over several tiles (batch 128's w2).
     for (int64_t T : {1, 3, 8, 32, 128, 256}) {
@@ -466,7 +476,8 @@ void check_routed(const Shape& s, int E, int distinct, int top_k, uint64_t seed)
                     std::vector<char> used(static_cast<size_t>(distinct), 0);
                     for (int32_t e : sel) used[static_cast<size_t>(e % distinct)] = 1;
                     const double touched = static_cast<double>(std::count(used.begin(), used.end(), 1));
-                    const double ms = peregrine::test::device_ms([&] { linear_gemv(a.xp, a.sp, pairs, l, yf.as<float>(), &ex, &rt.r); }, 20, 3);
+                    const double ms = peregrine::test::device_ms(
+                        [&] { linear_gemv(a.xp, a.sp, pairs, l, yf.as<float>(), &ex, &rt.r); }, 20, 3);
                     CK(cudaDeviceSynchronize());
                     EXPECT_EQ(std::memcmp(first.data(), to_host(yf, n).data(), n * sizeof(float)), 0) << what;
                     report_speed(what, ms, touched * static_cast<double>(weight_bytes(s) + scale_bytes(s)));
@@ -493,7 +504,8 @@ TEST(CudaGemv, RoutedExpertsMatchExactAtRealShapes) {
 // raw activations (quantised in the CTAs) and from quantised ones.
 TEST(CudaGemv, RoutedPairMatchesExact) {
     REQUIRE_GPU();
-    const Shape s1{"experts.w1 fp4 5120->2304", 3, false, 2304, 5120, 0, 32}, s3{"experts.w3 fp4 5120->2304", 3, false, 2304, 5120, 0, 32};
+    const Shape s1{"experts.w1 fp4 5120->2304", 3, false, 2304, 5120, 0, 32},
+        s3{"experts.w3 fp4 5120->2304", 3, false, 2304, 5120, 0, 32};
     const int E = 384, distinct = 32, top_k = 6;
     std::vector<DevWeight> b1, b3;
     for (int i = 0; i < distinct; ++i) {
@@ -530,20 +542,22 @@ TEST(CudaGemv, RoutedPairMatchesExact) {
             const float* xs = raw ? nullptr : a.sp;
             linear_gemv_pair(x, xs, pairs, l1, y1.as<float>(), l3, y3.as<float>(), &ex1, &ex3, &rt.r);
             CK(cudaDeviceSynchronize());
-            const std::string tag = std::string(raw ? " (routed pair, raw acts)" : " (routed pair)") + " T=" + std::to_string(T);
+            const std::string tag =
+                std::string(raw ? " (routed pair, raw acts)" : " (routed pair)") + " T=" + std::to_string(T);
             compare(to_host(y1, n), to_host(e1, n), true, s1.name + tag);
             compare(to_host(y3, n), to_host(e3, n), true, s3.name + tag);
         }
         if (T != 32) {
             const float* x = a.x->as<float>();
             const double pair_ms = peregrine::test::device_ms(
-                [&] { linear_gemv_pair(x, nullptr, pairs, l1, y1.as<float>(), l3, y3.as<float>(), &ex1, &ex3, &rt.r); }, 20, 3);
+                [&] { linear_gemv_pair(x, nullptr, pairs, l1, y1.as<float>(), l3, y3.as<float>(), &ex1, &ex3, &rt.r); },
+                20, 3);
             const double two_ms = peregrine::test::device_ms([&] {
                 linear_gemv(x, nullptr, pairs, l1, y1.as<float>(), &ex1, &rt.r);
                 linear_gemv(x, nullptr, pairs, l3, y3.as<float>(), &ex3, &rt.r);
             }, 20, 3);
-            std::printf("PARITY gemv routed w1 + w3 fp4 T=%lld: pair %.1f us, two calls %.1f us\n", static_cast<long long>(T),
-                        pair_ms * 1e3, two_ms * 1e3);
+            std::printf("PARITY gemv routed w1 + w3 fp4 T=%lld: pair %.1f us, two calls %.1f us\n",
+                        static_cast<long long>(T), pair_ms * 1e3, two_ms * 1e3);
         }
     }
 }
@@ -619,8 +633,8 @@ struct Total {
 // computed with); bytes per call.
 using CallFn = std::function<void(int v, bool fused, float* y)>;
 void sweep_case(const SweepShape& sh, int rows, bool scaled, bool routed, const std::vector<float>& exact, size_t n,
-                const CallFn& call, const std::function<void()>& quant, const std::function<void(int)>& use, double bytes,
-                std::map<std::string, Total>& totals) {
+                const CallFn& call, const std::function<void()>& quant, const std::function<void(int)>& use,
+                double bytes, std::map<std::string, Total>& totals) {
     Buf yf(n * sizeof(float));
     std::vector<std::pair<std::string, std::pair<int, bool>>> variants = {{"1", {1, false}}};
     if (scaled) {
@@ -651,13 +665,15 @@ void sweep_case(const SweepShape& sh, int rows, bool scaled, bool routed, const 
             linear_gemv_set_image_rows(before);
             ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
             const bool eq = std::memcmp(got.data(), to_host(yf, n).data(), n * sizeof(float)) == 0;
-            EXPECT_TRUE(eq) << sh.name << " rows=" << rows << " variant=" << tag << ": staged image differs from CTA staging";
+            EXPECT_TRUE(eq) << sh.name << " rows=" << rows << " variant=" << tag
+                            << ": staged image differs from CTA staging";
             same = eq ? " image==staged" : " IMAGE!=STAGED";
         }
         if (v >= 4 && !fused) unfused[v] = got;
         if (v >= 4 && fused) {
             const bool eq = std::memcmp(got.data(), unfused[v].data(), n * sizeof(float)) == 0;
-            EXPECT_TRUE(eq) << sh.name << " rows=" << rows << ": variant " << v << " fused differs from quantise-then-GEMV";
+            EXPECT_TRUE(eq) << sh.name << " rows=" << rows << ": variant " << v
+                            << " fused differs from quantise-then-GEMV";
             same += eq ? " fused==unfused" : " FUSED!=UNFUSED";
         }
         const bool with_quant = tag == "3+q";
@@ -735,13 +751,15 @@ void sweep_dense(const SweepShape& sh, uint64_t seed, std::map<std::string, Tota
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         const std::vector<float> exact = to_host(ye, n);
         int cur = 0;
-        Buf xq(static_cast<size_t>(rows) * s.in * sizeof(float)), xs(static_cast<size_t>(rows) * (s.in / 32 + 1) * sizeof(float));
+        Buf xq(static_cast<size_t>(rows) * s.in * sizeof(float)),
+            xs(static_cast<size_t>(rows) * (s.in / 32 + 1) * sizeof(float));
         auto call = [&](int v, bool fused, float* y) {
             LinearDev lc = l;
             lc.w = ws[cur].w->p;
             lc.scale = ws[cur].scale ? ws[cur].scale->as<uint8_t>() : nullptr;
             if (v >= 4) {
-                linear_gemv_stream(v, fused ? a.x->as<float>() : a.xp, fused ? nullptr : a.sp, rows, lc, y, nullptr, nullptr);
+                linear_gemv_stream(v, fused ? a.x->as<float>() : a.xp, fused ? nullptr : a.sp, rows, lc, y, nullptr,
+                                   nullptr);
             } else {
                 VariantScope scope(v);
                 linear_gemv(a.xp, a.sp, rows, lc, y, nullptr, nullptr);
@@ -759,7 +777,8 @@ void sweep_dense(const SweepShape& sh, uint64_t seed, std::map<std::string, Tota
 // call. mode 0 balanced (pairs spread over consecutive experts from a shifted start: one row per expert while
 // pairs <= E), 1 skewed (60% of the pairs to one expert), 2 grouped (pair i to group i % G of copy k: the
 // grouped wo_a, G = top_k groups, E / G copies).
-void sweep_routed(const SweepShape& sh, int E, int top_k, int mode, uint64_t seed, std::map<std::string, Total>& totals) {
+void sweep_routed(const SweepShape& sh, int E, int top_k, int mode, uint64_t seed,
+                  std::map<std::string, Total>& totals) {
     const Shape& s = sh.s;
     const size_t wb = weight_bytes(s), sb = scale_bytes(s);
     std::vector<DevWeight> pool;  // a few random contents, copied to every expert's own memory
@@ -777,13 +796,15 @@ void sweep_routed(const SweepShape& sh, int E, int top_k, int mode, uint64_t see
             ex[e].scale = std::make_unique<Buf>(sb);
             ASSERT_TRUE(ex[e].scale->p) << sh.name << ": out of device memory";
             // Scales from another pool entry than the weights, so that more experts differ.
-            ASSERT_EQ(cudaMemcpy(ex[e].scale->p, pool[(e / 4) % 4].scale->p, sb, cudaMemcpyDeviceToDevice), cudaSuccess);
+            ASSERT_EQ(cudaMemcpy(ex[e].scale->p, pool[(e / 4) % 4].scale->p, sb, cudaMemcpyDeviceToDevice),
+                      cudaSuccess);
         }
         ptrs[e] = ex[e].w->p;
         ptrs[E + e] = sb ? ex[e].scale->p : nullptr;
     }
     BufPtr table = upload(ptrs);
-    ExpertTable et{table->as<const void* const>(), reinterpret_cast<const uint8_t* const*>(table->as<const void*>() + E)};
+    ExpertTable et{table->as<const void* const>(),
+                   reinterpret_cast<const uint8_t* const*>(table->as<const void*>() + E)};
     const bool scaled = s.kind >= 2;
     LinearDev l = dev_linear(s, ex[0]);
     l.bf16_acts = s.kind == 1;
@@ -803,7 +824,8 @@ void sweep_routed(const SweepShape& sh, int E, int top_k, int mode, uint64_t see
             }
             std::vector<char> used(static_cast<size_t>(E), 0);
             for (int32_t e : sel) used[e] = 1;
-            mean_bytes += static_cast<double>(std::count(used.begin(), used.end(), 1)) * static_cast<double>(wb + sb) / sets;
+            mean_bytes +=
+                static_cast<double>(std::count(used.begin(), used.end(), 1)) * static_cast<double>(wb + sb) / sets;
             // The grouped wo_a's tiles are known exactly (every group T rows), as the backend bounds them.
             rts.push_back(make_routing(sel, E, mode == 2 ? static_cast<unsigned>(top_k * ((T + 7) / 8)) : 0u));
         }
@@ -814,10 +836,12 @@ void sweep_routed(const SweepShape& sh, int E, int top_k, int mode, uint64_t see
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         const std::vector<float> exact = to_host(ye, n);
         int cur = 0;
-        Buf xq(static_cast<size_t>(pairs) * s.in * sizeof(float)), xs(static_cast<size_t>(pairs) * (s.in / 32 + 1) * sizeof(float));
+        Buf xq(static_cast<size_t>(pairs) * s.in * sizeof(float)),
+            xs(static_cast<size_t>(pairs) * (s.in / 32 + 1) * sizeof(float));
         auto call = [&](int v, bool fused, float* y) {
             if (v >= 4) {
-                linear_gemv_stream(v, fused ? a.x->as<float>() : a.xp, fused ? nullptr : a.sp, pairs, l, y, &et, &rts[cur].r);
+                linear_gemv_stream(v, fused ? a.x->as<float>() : a.xp, fused ? nullptr : a.sp, pairs, l, y, &et,
+                                   &rts[cur].r);
             } else {
                 VariantScope scope(v);
                 linear_gemv(a.xp, a.sp, pairs, l, y, &et, &rts[cur].r);
@@ -861,7 +885,8 @@ TEST(CudaGemv, VariantsAtDecodeShapes) {
         }
     }
     // The grouped bf16 wo_a (8 groups of 4096 -> 1024, every token's 8 rows one per group; 4 copies rotated).
-    if (sweep_format("bf16-wo_a")) sweep_routed({"bf16-wo_a", "wo_a", {"wo_a", 1, false, 1024, 4096, 0, 0}}, 32, 8, 2, seed, totals);
+    if (sweep_format("bf16-wo_a"))
+        sweep_routed({"bf16-wo_a", "wo_a", {"wo_a", 1, false, 1024, 4096, 0, 0}}, 32, 8, 2, seed, totals);
     ++seed;
     // Routed FP4 experts (384, top-6), balanced and skewed routing.
     for (int mode : {0, 1}) {

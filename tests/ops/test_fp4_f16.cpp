@@ -52,7 +52,8 @@ void expect_word(uint32_t w) {
     for (int i = 0; i < 8; ++i) {
         const int code = static_cast<int>((w >> (4 * i)) & 15);
         const uint16_t h = half_at(p, i);
-        EXPECT_EQ(half_to_float(h), e2m1_value(code) * std::ldexp(1.0f, -14)) << "word " << std::hex << w << " position " << i;
+        EXPECT_EQ(half_to_float(h), e2m1_value(code) * std::ldexp(1.0f, -14))
+            << "word " << std::hex << w << " position " << i;
         EXPECT_EQ(h >> 15, code >> 3) << "sign, word " << std::hex << w << " position " << i;
         EXPECT_EQ(h & 0xff, 0) << "only the high byte is set";
     }
@@ -130,7 +131,8 @@ TEST(Fp4F16, WgmmaFragmentsHoldEachCodeAtItsSlot) {
                         ASSERT_TRUE(v >= 0 && v < 16) << "slot of another thread's k";
                         const int code = static_cast<int>(((v < 8 ? w0 : w1) >> (4 * (v % 8))) & 15);
                         const uint16_t b = static_cast<uint16_t>(f[s][h] >> (16 * j));
-                        EXPECT_EQ(bf16_to_float(b), e2m1_value(code) * std::ldexp(1.0f, -126)) << "step " << s << " h " << h << " j " << j;
+                        EXPECT_EQ(bf16_to_float(b), e2m1_value(code) * std::ldexp(1.0f, -126))
+                            << "step " << s << " h " << h << " j " << j;
                         EXPECT_EQ(b >> 15, code >> 3) << "sign";
                     }
     };

@@ -292,7 +292,7 @@ void sparse_attention_rows(const float* q, int64_t T, int H, int D, float scale,
 // (StateLayout::entry), so the host uploads page tables (one id per page) instead of one address per entry.
 struct PagedSeqs {
     const int32_t* pages = nullptr;    // the step's page tables, back to back
-    const int64_t* seq = nullptr;      // per sequence [4]: pool base address, first page in `pages`, start_pos, n_tokens
+    const int64_t* seq = nullptr;  // per sequence [4]: pool base address, first page in `pages`, start_pos, n_tokens
     const int32_t* row_seq = nullptr;  // per row: its sequence
     const int64_t* row_pos = nullptr;  // per row: its position
     const int64_t* carry = nullptr;    // per sequence: its compressor carry's device address (0: none)
@@ -369,7 +369,8 @@ void candidate_blocks_fast(const float* scores, int64_t T, int64_t stride, const
 
 // ---- moe_kernels.cu
 void route(const float* logits, int64_t T, int E, int K, int score_func, const float* bias, const int64_t* tid2eid,
-           const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale, bool balanced, int32_t* sel, float* wsel);
+           const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale, bool balanced, int32_t* sel,
+           float* wsel);
 // Numerics::Fast: one warp per token, same selection and weights as route.
 void route_fast(const float* logits, int64_t T, int E, int K, int score_func, const float* bias,
                 const int64_t* tid2eid, const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale,

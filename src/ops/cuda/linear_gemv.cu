@@ -53,8 +53,10 @@ __device__ __forceinline__ void decode_word(uint32_t w, float* f) {
         f[0] = __uint_as_float(w << 16);
         f[1] = __uint_as_float(w & 0xffff0000u);
     } else if constexpr (F == kFP8) {
-        const float2 lo = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3)));
-        const float2 hi = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3)));
+        const float2 lo = __half22float2(
+            __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3)));
+        const float2 hi =
+            __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w >> 16), __NV_E4M3)));
         f[0] = lo.x;
         f[1] = lo.y;
         f[2] = hi.x;
@@ -67,7 +69,8 @@ __device__ __forceinline__ void decode_word(uint32_t w, float* f) {
         const uint32_t pairs[4] = {p & 0xffffu, p >> 16, q & 0xffffu, q >> 16};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const float2 v = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pairs[i]), __NV_E4M3)));
+            const float2 v = __half22float2(
+                __half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pairs[i]), __NV_E4M3)));
             f[2 * i] = v.x;
             f[2 * i + 1] = v.y;
         }
@@ -121,7 +124,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) gemv_kernel(const float* x, 
         rows = static_cast<int>(min(static_cast<int64_t>(MR), M - m0));
     }
     if (threadIdx.x < MR)
-        row_s[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? (row_map ? row_map[m0 + threadIdx.x] : m0 + threadIdx.x) : 0;
+        row_s[threadIdx.x] =
+            static_cast<int>(threadIdx.x) < rows ? (row_map ? row_map[m0 + threadIdx.x] : m0 + threadIdx.x) : 0;
 
     // This block's K chunks.
     const int chunks = K / VEC, per = (chunks + splits - 1) / splits;
@@ -233,8 +237,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock) gemv_kernel(const float* x, 
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
             float s = 1.0f;
-            if constexpr (F == kFP8) s = e8m0_to_f32(__ldg(sb + static_cast<int64_t>(min(nw + r, N - 1) / wblk) * nkb + kb));
-            if constexpr (F == kFP4) s = e8m0_to_f32(__ldg(sb + static_cast<int64_t>(min(nw + r, N - 1)) * (K / 32) + kb)) * 64.0f;
+            if constexpr (F == kFP8)
+                s = e8m0_to_f32(__ldg(sb + static_cast<int64_t>(min(nw + r, N - 1) / wblk) * nkb + kb));
+            if constexpr (F == kFP4)
+                s = e8m0_to_f32(__ldg(sb + static_cast<int64_t>(min(nw + r, N - 1)) * (K / 32) + kb)) * 64.0f;
 #pragma unroll
             for (int m = 0; m < MR; ++m) {
                 if (m >= rows) break;
@@ -297,7 +303,8 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     const int64_t blocks = static_cast<int64_t>(nblocks) * mtiles * tiles;
     const int64_t want = (4 * static_cast<int64_t>(sm_count()) + blocks - 1) / blocks;
     const int max_splits = std::max(min_splits, chunks / 32);
-    int splits = static_cast<int>(std::clamp<int64_t>(want, min_splits, std::max(min_splits, std::min(max_splits, 32))));
+    int splits =
+        static_cast<int>(std::clamp<int64_t>(want, min_splits, std::max(min_splits, std::min(max_splits, 32))));
     // Slices of whole rounds of 32 chunks where shared memory allows (every lane busy), none empty.
     int per = (chunks + splits - 1) / splits;
     if (per > 32 && (per + 31) / 32 * 32 <= max_chunks_smem) per = (per + 31) / 32 * 32;
@@ -409,7 +416,8 @@ void launch_rows(const float* x, const float* xs, int64_t M, const LinearDev& w,
 int sm_count() {
     static const int n = [] {
         int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
             v = 132;
         return v;
     }();
@@ -431,7 +439,8 @@ void* gemv_scratch(int which, size_t bytes, bool zero) {
     thread_local Scratch table[kMaxDevices][3];
     int dev = 0;
     PG_CUDA(cudaGetDevice(&dev));
-    if (dev < 0 || dev >= kMaxDevices || which < 0 || which > 2) fail("linear_gemv: no scratch {} on device {}", which, dev);
+    if (dev < 0 || dev >= kMaxDevices || which < 0 || which > 2)
+        fail("linear_gemv: no scratch {} on device {}", which, dev);
     Scratch& s = table[dev][which];
     if (bytes > s.bytes) {
         if (s.p) PG_CUDA(cudaFreeAsync(s.p, 0));
@@ -461,7 +470,8 @@ void linear_gemv_set_variant(int v) {
     variants().fp4_auto = false;
 }
 void linear_gemv_set_variant(int format, int v) {
-    if (format < 0 || format > 3 || (v != 1 && (v < 3 || v > 10))) fail("linear_gemv: no variant {} for format {}", v, format);
+    if (format < 0 || format > 3 || (v != 1 && (v < 3 || v > 10)))
+        fail("linear_gemv: no variant {} for format {}", v, format);
     variants().v[format] = clamp_variant(format, v);
     if (format == kFP4) variants().fp4_auto = false;
 }
@@ -481,7 +491,8 @@ bool linear_gemv_supported(const LinearDev& w) {
         case kF32: return w.in % 4 == 0;
         case kBF16: return w.in % 8 == 0;
         case kFP8:  // one activation scale per weight block (the reference's pairing), chunks inside a block
-            return w.in % 16 == 0 && w.weight_block % 16 == 0 && w.act_block == w.weight_block && w.in % w.act_block == 0;
+            return w.in % 16 == 0 && w.weight_block % 16 == 0 && w.act_block == w.weight_block &&
+                   w.in % w.act_block == 0;
         default: return w.in % 32 == 0 && w.act_block > 0 && w.act_block % 32 == 0 && w.in % w.act_block == 0;
     }
 }

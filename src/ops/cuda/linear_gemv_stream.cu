@@ -49,7 +49,7 @@ namespace {
 constexpr int kBF16 = 1, kFP8 = 2, kFP4 = 3;
 constexpr int kUnitRows = 16;  // weight rows per warp (an mma's A); a CTA of NW warps covers NW x 16 rows
 constexpr int kCols = 8;                  // activation rows per mma (its n); a tile is MT of them
-constexpr int kSmemMax = 225 * 1024;      // dynamic shared memory per block (sm_90 opt-in: 227 KB with the ~1.6 KB static)
+constexpr int kSmemMax = 225 * 1024;  // dynamic shared memory per block (sm_90 opt-in: 227 KB with the ~1.6 KB static)
 constexpr int kStageLoads = 8;            // activation float4 loads in flight per thread while staging
 constexpr int kMaxCtaTiles = 64;          // tiles whose units one CTA may take
 
@@ -173,7 +173,8 @@ __device__ __forceinline__ uint2 stage_quad(float4 v, const float* xs, int64_t x
             return e4m3_f16x4(v.x, v.y, v.z, v.w);
         }
         // act_quant: amax over the block, its scale, q = e4m3(x / s) (satfinite after the same clamp).
-        const float s = act_quant_scale(group_amax(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))), qpb));
+        const float s =
+            act_quant_scale(group_amax(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))), qpb));
         scale = s;
         return e4m3_f16x4(act_quant_clamped(v.x, s), act_quant_clamped(v.y, s), act_quant_clamped(v.z, s),
                           act_quant_clamped(v.w, s));
@@ -201,7 +202,8 @@ __global__ void act_image_kernel(const float* x, const float* xs, int64_t M, int
     uint2 h = stage_quad<F>(v, xs, m * (K / ab) + kv / ab, ab / 4, s);
     if (m >= M) h = make_uint2(0u, 0u), s = 0.0f;
     store_act4<F>(base + static_cast<int64_t>(ks) * TR * AB + r * AB, within, h);
-    if (F != kBF16 && within == 0) reinterpret_cast<float*>(base + static_cast<int64_t>(ks_all) * TR * AB)[ks * TR + r] = s;
+    if (F != kBF16 && within == 0)
+        reinterpret_cast<float*>(base + static_cast<int64_t>(ks_all) * TR * AB)[ks * TR + r] = s;
 }
 
 // Lane (g, t) = (lane / 4, lane % 4): for every mma step its A registers hold bytes [8t, 8t+8) (FP4: the
@@ -231,7 +233,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
     const LinearDev& w = p.w;
     const int N = p.n1 + (p.y2 ? p.w2.out : 0), K = w.in;
     const bool routed_pair = p.tiles && p.y2;
-    const uint8_t** tile_w2 = routed_pair ? reinterpret_cast<const uint8_t**>(reinterpret_cast<uint8_t*>(smem4) + p.pair_tables) : nullptr;
+    const uint8_t** tile_w2 =
+        routed_pair ? reinterpret_cast<const uint8_t**>(reinterpret_cast<uint8_t*>(smem4) + p.pair_tables) : nullptr;
     const uint8_t** tile_sc2 = routed_pair ? tile_w2 + kMaxCtaTiles : nullptr;
     // Output (token row, call row n): y, or y2 for a pair's second linear.
     auto out_at = [&](int64_t row, int n) -> float* {
@@ -337,8 +340,9 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
                     const uint8_t* base = iss_wb + boff + pseg * 16;
 #pragma unroll
                     for (int i = 0; i < kUnitRows / PROWS; ++i)
-                        cp_async16(slot + (prow + i * PROWS) * RS + pseg * 16,
-                                   base + static_cast<int64_t>(min(iss_r0 + prow + i * PROWS, N - 1) - iss_off) * row_bytes);
+                        cp_async16(
+                            slot + (prow + i * PROWS) * RS + pseg * 16,
+                            base + static_cast<int64_t>(min(iss_r0 + prow + i * PROWS, N - 1) - iss_off) * row_bytes);
                 }
             }
             if constexpr (F == kFP4) {
@@ -353,7 +357,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
                         if (p.scale_words && !iss_clamped) {
                             cp_async4(sc + r * STEPS + wd * 4, iss_sc + kb0 + static_cast<int64_t>(i) * SROWS * nkb);
                         } else {
-                            const uint8_t* src = iss_sb + static_cast<int64_t>(min(iss_r0 + r, N - 1) - iss_off) * nkb + kb0 + wd * 4;
+                            const uint8_t* src =
+                                iss_sb + static_cast<int64_t>(min(iss_r0 + r, N - 1) - iss_off) * nkb + kb0 + wd * 4;
 #pragma unroll
                             for (int b = 0; b < 4; ++b)
                                 if (wd * 4 + b < vsteps) sc[r * STEPS + wd * 4 + b] = src[b];
@@ -392,10 +397,12 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
     if (p.image) {
         // Dense call with the activations staged already: this slice of the tile's image, copied behind the
         // first weight stages (one commit group after theirs).
-        const uint8_t* src = p.image + static_cast<int64_t>(mt) * p.image_tile + static_cast<int64_t>(k0 / G::STEP_VALUES) * STEP_ACT;
+        const uint8_t* src =
+            p.image + static_cast<int64_t>(mt) * p.image_tile + static_cast<int64_t>(k0 / G::STEP_VALUES) * STEP_ACT;
         for (int o = threadIdx.x * 16; o < KS * STEP_ACT; o += NT * 16) cp_async16(act + o, src + o);
         if constexpr (F != kBF16) {
-            const uint8_t* ssrc = p.image + static_cast<int64_t>(mt) * p.image_tile + static_cast<int64_t>(K / G::STEP_VALUES) * STEP_ACT +
+            const uint8_t* ssrc = p.image + static_cast<int64_t>(mt) * p.image_tile +
+                                  static_cast<int64_t>(K / G::STEP_VALUES) * STEP_ACT +
                                   static_cast<int64_t>(k0 / G::STEP_VALUES) * TR * 4;
             for (int o = threadIdx.x * 16; o < KS * TR * 4; o += NT * 16)
                 cp_async16(reinterpret_cast<uint8_t*>(ascale) + o, ssrc + o);
@@ -443,7 +450,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
         const int64_t m0 = tile_m0[ti];
         __syncthreads();
         if (threadIdx.x < TR)
-            row_s[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? (p.row_map ? p.row_map[m0 + threadIdx.x] : m0 + threadIdx.x) : 0;
+            row_s[threadIdx.x] =
+                static_cast<int>(threadIdx.x) < rows ? (p.row_map ? p.row_map[m0 + threadIdx.x] : m0 + threadIdx.x) : 0;
         __syncthreads();
         const int qpr = slice_values / 4, quads = rows * qpr;  // quads per row, in all
         const int ab = F == kBF16 ? 4 : w.act_block, qpb = ab / 4;
@@ -551,7 +559,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
                 ws_lo = __uint_as_float(ue8m0_times_2p14_bits(__byte_perm(wsb_lo[j / 4], 0u, 0x4440 + (j % 4))));
                 ws_hi = __uint_as_float(ue8m0_times_2p14_bits(__byte_perm(wsb_hi[j / 4], 0u, 0x4440 + (j % 4))));
             } else if constexpr (F == kFP8) {
-                const int kq = (static_cast<int>(boff) + 32 * j) >> wshift, kqw = (static_cast<int>(boff) >> wshift) & ~3;
+                const int kq = (static_cast<int>(boff) + 32 * j) >> wshift,
+                          kqw = (static_cast<int>(boff) >> wshift) & ~3;
                 ws_lo = ws_hi = e8m0_to_f32(sc[kq - kqw]);
             }
             // The tile's rows, 8 (one mma) at a time; the A fragment is shared.
@@ -653,7 +662,8 @@ __global__ void __launch_bounds__(NW * 32, MINB) gemv_stream_kernel(StreamArgs p
         }
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            if (i0 + j * NT < total) *out_at(o[j] / N, static_cast<int>(o[j] % N)) = w.kind != 0 ? round_bf16(v[j]) : v[j];
+            if (i0 + j * NT < total)
+                *out_at(o[j] / N, static_cast<int>(o[j] % N)) = w.kind != 0 ? round_bf16(v[j]) : v[j];
     }
     if (threadIdx.x == 0) p.counters[ticket] = 0;  // ready for the next call
 }
@@ -684,7 +694,8 @@ size_t smem_limit() {
         PG_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
         cudaFuncAttributes fa{};
         PG_CUDA(cudaFuncGetAttributes(&fa, gemv_stream_kernel<F, CH, ST, MINB, MT, NW>));
-        return std::min<size_t>(kSmemMax, static_cast<size_t>(std::max<int64_t>(0, int64_t{optin} - static_cast<int64_t>(fa.sharedSizeBytes))));
+        return std::min<size_t>(kSmemMax, static_cast<size_t>(std::max<int64_t>(
+                                              0, int64_t{optin} - static_cast<int64_t>(fa.sharedSizeBytes))));
     }();
     smem_opt_in<gemv_stream_kernel<F, CH, ST, MINB, MT, NW>>(limit);
     return limit;
@@ -753,7 +764,8 @@ std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, i
             // A K split: each slice writes its partial sums; the last reduces them, eight slices per round trip
             // (~1 us, ~32 KB of an SM's streaming) for every 1024 outputs.
             const int64_t outs = static_cast<int64_t>(rows_est) * gpb * GR;
-            const int64_t split_cost = splits > 1 ? outs * 4 + 32 * 1024 * ((splits + 7) / 8) * ((outs + 1023) / 1024) : 0;
+            const int64_t split_cost =
+                splits > 1 ? outs * 4 + 32 * 1024 * ((splits + 7) / 8) * ((outs + 1023) / 1024) : 0;
             const double cost = static_cast<double>(per_sm) *
                                 static_cast<double>(gpb * per * stage_bytes + act + ramp / occ + split_cost);
             if (best_splits == 0 || cost < best_cost) {
@@ -769,7 +781,8 @@ std::pair<int, int> choose_split(int N, int all_stages, int64_t M, int mtiles, i
 
 template <int F, int CH, int ST, int MINB, int MT, int NW>
 void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
-            const LinearRouting* routing, bool persistent, const LinearDev* w2, float* y2, const ExpertTable* experts2) {
+            const LinearRouting* routing, bool persistent, const LinearDev* w2, float* y2,
+            const ExpertTable* experts2) {
     constexpr int GR = NW * kUnitRows;
     if (w2 && w.out % GR != 0) {  // a pair whose first linear ends inside a group of rows: two calls
         launch<F, CH, ST, MINB, MT, NW>(x, xs, M, w, y, experts, routing, persistent, nullptr, nullptr, nullptr);
@@ -797,7 +810,8 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
         const auto key = std::make_tuple(N, w.in, M, tiles, extra);
         auto it = plans.find(key);
         if (it == plans.end()) {
-            it = plans.emplace(key, choose_split<F, CH, ST, MINB, MT, NW>(N, all_stages, M, mtiles, tiles, extra)).first;
+            it =
+                plans.emplace(key, choose_split<F, CH, ST, MINB, MT, NW>(N, all_stages, M, mtiles, tiles, extra)).first;
             fresh = true;
         }
         plan = it->second;
@@ -832,12 +846,14 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
         return e && *e && std::string(e) != "0";
     }();
     if (trace && fresh)
-        std::fprintf(stderr, "gemv-stream plan: fmt %d CH %d ST %d | N %d K %d M %lld tiles %lld -> %s%s splits %d x %d stages, "
-                             "%d groups/CTA, %lld CTAs, %zu B smem, %d CTAs/SM\n",
-                     F, CH, ST, N, w.in, static_cast<long long>(M), static_cast<long long>(tiles),
-                     ctas > 0 ? "persistent" : "grid", image ? " (image)" : "", splits, per, gpb,
-                     static_cast<long long>(ctas > 0 ? ctas : static_cast<int64_t>(nblk) * splits * mtiles * tiles), smem,
-                     occupancy<F, CH, ST, MINB, MT, NW>(smem));
+        std::fprintf(
+            stderr,
+            "gemv-stream plan: fmt %d CH %d ST %d | N %d K %d M %lld tiles %lld -> %s%s splits %d x %d stages, "
+            "%d groups/CTA, %lld CTAs, %zu B smem, %d CTAs/SM\n",
+            F, CH, ST, N, w.in, static_cast<long long>(M), static_cast<long long>(tiles),
+            ctas > 0 ? "persistent" : "grid", image ? " (image)" : "", splits, per, gpb,
+            static_cast<long long>(ctas > 0 ? ctas : static_cast<int64_t>(nblk) * splits * mtiles * tiles), smem,
+            occupancy<F, CH, ST, MINB, MT, NW>(smem));
 
     StreamArgs a{};
     a.x = x;
@@ -880,7 +896,8 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     if (gx > 0x7fffffff) fail("linear_gemv: grid of {} blocks is too large", gx);
     if (splits > 1) {
         a.partial = static_cast<float*>(gemv_scratch(0, sizeof(float) * static_cast<size_t>(splits) * M * N, false));
-        a.counters = static_cast<unsigned*>(gemv_scratch(1, sizeof(unsigned) * static_cast<size_t>(tiles) * mtiles * nblk, true));
+        a.counters = static_cast<unsigned*>(
+            gemv_scratch(1, sizeof(unsigned) * static_cast<size_t>(tiles) * mtiles * nblk, true));
     }
     dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(ctas > 0 ? 1 : tiles));
     launch_pdl(gemv_stream_kernel<F, CH, ST, MINB, MT, NW>, grid, dim3(NW * 32), smem, a);
@@ -900,7 +917,9 @@ void launch_variant(int v, const float* x, const float* xs, int64_t M, const Lin
             else if (mt == 2) launch<F, 128, 6, 1, 2, 8>(x, xs, M, w, y, experts, routing, false, w2, y2, experts2);
             else launch<F, 128, 6, 1, 4, 8>(x, xs, M, w, y, experts, routing, false, w2, y2, experts2);
             break;
-        case 6: launch<F, 128, 4, 2, 1, 8>(x, xs, M, w, y, experts, routing, false, w2, y2, experts2); break;  // 48 KB, two CTAs per SM
+        case 6:
+            launch<F, 128, 4, 2, 1, 8>(x, xs, M, w, y, experts, routing, false, w2, y2, experts2);
+            break;  // 48 KB, two CTAs per SM
         case 9:  // FP4: 12 warps (192 rows) a CTA with 128-byte stages 4 deep (72 KB in flight; a whole K of f16
                  // activations still fits), persistent when routed: three warps a scheduler to hide the k steps'
                  // latency, where 8 warps left issue slots idle. Other formats, and dense tiles of 16-32 rows
@@ -990,7 +1009,8 @@ void linear_gemv_stream_pair(int variant, const float* x, const float* xs, int64
                              const LinearDev& b, float* yb, const ExpertTable* ea, const ExpertTable* eb,
                              const LinearRouting* routing) {
     if (!linear_gemv_stream_pairs(a, b)) fail("linear_gemv_stream_pair: linears of different formats or widths");
-    if ((routing != nullptr) != (ea != nullptr && eb != nullptr)) fail("linear_gemv_stream_pair: routed pairs need both expert tables");
+    if ((routing != nullptr) != (ea != nullptr && eb != nullptr))
+        fail("linear_gemv_stream_pair: routed pairs need both expert tables");
     if (a.out == 0 || b.out == 0) {
         stream(variant, x, xs, M, a, ya, ea, routing, nullptr, nullptr, nullptr);
         stream(variant, x, xs, M, b, yb, eb, routing, nullptr, nullptr, nullptr);

@@ -167,7 +167,8 @@ __global__ void __launch_bounds__(kGemmThreads) fp4_grouped_kernel(GemmArgs g) {
         for (int c = tid; c < kWRows * 4; c += kGemmThreads) {  // codes: 128 rows x 4 chunks of 16 bytes
             const int r = c >> 2, ch = c & 3, set = r / kCols, n = n0 + r % kCols;
             const uint8_t* src = (GATED && set) ? wq1 : wq0;
-            cp_async16(st + kAStage + r * kWRow + ch * 16, src + static_cast<int64_t>(n) * KB + kt * (kBK / 2) + ch * 16, 16);
+            cp_async16(st + kAStage + r * kWRow + ch * 16,
+                       src + static_cast<int64_t>(n) * KB + kt * (kBK / 2) + ch * 16, 16);
         }
         for (int r = tid; r < kWRows; r += kGemmThreads) {  // scales: 4 per row
             const int set = r / kCols, n = n0 + r % kCols;
@@ -219,7 +220,8 @@ __global__ void __launch_bounds__(kGemmThreads) fp4_grouped_kernel(GemmArgs g) {
             for (int jj = 0; jj < 4; ++jj) {
                 const uint8_t* p = codes + wrow[jj] * kWRow + ks * 8 + q;
                 const uint32_t sc = scale_bf16x2((s4[jj] >> (8 * (ks >> 1))) & 0xffu);
-                const uint32_t b0 = mul_bf16x2(my_lut[p[0] * kLutCopies], sc), b1 = mul_bf16x2(my_lut[p[4] * kLutCopies], sc);
+                const uint32_t b0 = mul_bf16x2(my_lut[p[0] * kLutCopies], sc),
+                               b1 = mul_bf16x2(my_lut[p[4] * kLutCopies], sc);
 #pragma unroll
                 for (int i = 0; i < 4; ++i) mma_bf16(acc[i][jj], af[i], b0, b1);
             }
@@ -267,7 +269,8 @@ void run(const float* x, const float* xs, int64_t M, int div, int E, const Linea
     const int K = w.in, N = w.out;
     const int64_t P = M;  // sorted rows = pairs
     if (P == 0 || N == 0) return;
-    if (E <= 0 || E > 4096 || div <= 0) cuda_fail(cudaErrorInvalidValue, "fp4_grouped: bad expert count", __FILE__, __LINE__);
+    if (E <= 0 || E > 4096 || div <= 0)
+        cuda_fail(cudaErrorInvalidValue, "fp4_grouped: bad expert count", __FILE__, __LINE__);
     if (!fp4_grouped_supported(w))
         cuda_fail(cudaErrorInvalidValue, "fp4_grouped: unsupported shape", __FILE__, __LINE__);
     DeviceScratch& s = scratch();

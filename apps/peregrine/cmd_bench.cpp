@@ -304,12 +304,15 @@ int run_bench(const BenchArgs& a) {
                         {"fraction_of_copy_bw", gbs / bw},
                         {"tflops", tflops},
                         {"ops_ms_total", ops_total_ms(r.ops)},
-                        {"ops_ms", ops_json(r.ops)}});
+                        {"ops_ms", ops_json(r.ops)},
+                        {"graph_memory_mib", cuda::CudaBackend::graph_memory_bytes() / 1048576.0}});
             out["results"].push_back(row);
             save();
             skip_rest = slow;
         }
     }
+    std::printf("CUDA graphs' memory (reserved, high-water mark): %.1f MiB\n",
+                cuda::CudaBackend::graph_memory_bytes() / 1048576.0);
 
     std::printf("\n%-8s %-8s %10s %10s %9s %10s %9s\n", "prefill", "context", "ms/step", "tok/s", "TFLOP/s",
                 "GEMM TF/s", "of FP8");

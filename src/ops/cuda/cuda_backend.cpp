@@ -749,6 +749,17 @@ double CudaBackend::copy_bandwidth_gbs(size_t bytes, int reps) {
     return 2.0 * static_cast<double>(bytes) * reps / (ms * 1e-3) / 1e9;
 }
 
+size_t CudaBackend::graph_memory_bytes() {
+    int dev = 0;
+    uint64_t bytes = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetGraphMemAttribute(dev, cudaGraphMemAttrReservedMemHigh, &bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return static_cast<size_t>(bytes);
+}
+
 // Free device memory, counting the activation pool's freed but still mapped memory (alloc_state can take it back).
 size_t CudaBackend::free_device_memory() {
     size_t free = 0, total = 0;

@@ -164,6 +164,8 @@ public:
     // Device-to-device copy bandwidth, bytes read plus written per second (GB/s).
     static double copy_bandwidth_gbs(size_t bytes, int reps);
     static size_t free_device_memory();
+    // Device memory reserved for CUDA graphs' allocations, its high-water mark in this process (0 if unknown).
+    static size_t graph_memory_bytes();
     static std::string device_name();
 
     // Host <-> device copies of F32/any tensors (tests, tools).

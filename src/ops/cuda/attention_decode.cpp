@@ -48,29 +48,28 @@ void CudaBackend::begin_decode(const ForwardBatch& batch, CudaScratch& scratch) 
     if (layout_.carry_bytes > 0)
         for (const BatchSeq& s : batch.seqs)
             carries.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(device_carry(*s.state))));
-    PagedStep step = upload_paged_step(layout_, batch, carries.empty() ? nullptr : &carries);
-    scratch.paged_keep = step.keep;
-    scratch.paged = step.seqs;
+    DecodeSet* set = nullptr;
     if (graphs) {
-        auto& set = decode_sets_[T];
-        if (!set || set->cap != cap) {
-            if (set) {  // a new cap: the graphs of this T read the old buffers
+        auto& slot = decode_sets_[T];
+        if (!slot || slot->cap != cap) {
+            if (slot) {  // a new cap: the graphs of this T read the old buffers
                 PG_CUDA(cudaStreamSynchronize(launch_stream()));
                 for (auto it = layer_graphs_.begin(); it != layer_graphs_.end();)
                     it = it->first.second == T ? layer_graphs_.erase(it) : std::next(it);
             }
-            set = std::make_shared<DecodeSet>();
-            set->cap = cap;
-            set->step_bytes = paged_step_bytes(T, T, T * layout_.pages_for(cap));
-            set->step = device_alloc(set->step_bytes);
+            slot = std::make_shared<DecodeSet>();
+            slot->cap = cap;
+            slot->step_bytes = paged_step_bytes(T, T, T * layout_.pages_for(cap));
+            slot->step = device_alloc(slot->step_bytes);
         }
-        PEREGRINE_CHECK(step.bytes <= set->step_bytes, "decode page tables of {} bytes over {}", step.bytes,
-                        set->step_bytes);
-        PG_CUDA(cudaMemcpyAsync(set->step.get(), step.keep.get(), step.bytes, cudaMemcpyDeviceToDevice,
-                                launch_stream()));
-        scratch.paged = step.at(set->step.get());
-        scratch.set = set.get();
+        set = slot.get();
     }
+    // With graphs, into the set's fixed buffer (the graphs read it there).
+    PagedStep step = upload_paged_step(layout_, batch, carries.empty() ? nullptr : &carries,
+                                       set ? set->step : nullptr, set ? set->step_bytes : 0);
+    scratch.paged_keep = step.keep;
+    scratch.paged = step.seqs;
+    scratch.set = set;
     scratch.cap = cap;
     scratch.decode = 1;
 }

@@ -26,21 +26,8 @@ struct StepLayout {
 
 size_t paged_step_bytes(int64_t S, int64_t T, int64_t n_pages) { return StepLayout(S, T, n_pages).total; }
 
-PagedSeqs PagedStep::at(const void* base) const {
-    const auto* d = static_cast<const uint8_t*>(base);
-    const auto* from = static_cast<const uint8_t*>(keep.get());
-    auto move = [&](const void* p) { return d + (static_cast<const uint8_t*>(p) - from); };
-    PagedSeqs out = seqs;
-    out.seq = reinterpret_cast<const int64_t*>(move(seqs.seq));
-    out.row_pos = reinterpret_cast<const int64_t*>(move(seqs.row_pos));
-    out.carry = seqs.carry ? reinterpret_cast<const int64_t*>(move(seqs.carry)) : nullptr;
-    out.pages = reinterpret_cast<const int32_t*>(move(seqs.pages));
-    out.row_seq = reinterpret_cast<const int32_t*>(move(seqs.row_seq));
-    return out;
-}
-
 PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch,
-                            const std::vector<int64_t>* carries) {
+                            const std::vector<int64_t>* carries, std::shared_ptr<void> into, size_t into_bytes) {
     const int64_t S = static_cast<int64_t>(batch.seqs.size()), T = batch.rows();
     int64_t n_pages = 0;
     for (int64_t s = 0; s < S; ++s) {
@@ -79,11 +66,16 @@ PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch
             row_seq[b.row0 + i] = static_cast<int32_t>(s);
         }
     }
-    auto dev = CudaBackend::upload(buf);
     PagedStep out;
-    out.keep = dev.keep;
-    out.bytes = buf.size();
-    const uint8_t* d = dev.ptr;
+    if (into) {
+        PEREGRINE_CHECK(buf.size() <= into_bytes, "page tables of {} bytes over the {} of their buffer", buf.size(),
+                        into_bytes);
+        copy_to_device(into.get(), buf.data(), buf.size());
+        out.keep = std::move(into);
+    } else {
+        out.keep = CudaBackend::upload(buf).keep;
+    }
+    const auto* d = static_cast<const uint8_t*>(out.keep.get());
     out.seqs.seq = reinterpret_cast<const int64_t*>(d + at.seq);
     out.seqs.row_pos = reinterpret_cast<const int64_t*>(d + at.pos);
     out.seqs.carry = carries ? reinterpret_cast<const int64_t*>(d + at.carry) : nullptr;

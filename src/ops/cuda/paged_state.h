@@ -14,10 +14,6 @@ namespace peregrine::cuda {
 struct PagedStep {
     std::shared_ptr<void> keep;  // the device copy PagedSeqs points into
     PagedSeqs seqs;
-    size_t bytes = 0;  // of that copy
-    // The same tables in a copy of those bytes at `base` (the pages come last, so a copy with room for more pages
-    // has the same layout).
-    PagedSeqs at(const void* base) const;
 };
 
 // Bytes of the packed tables of S sequences, T rows and n_pages pages.
@@ -25,8 +21,11 @@ size_t paged_step_bytes(int64_t S, int64_t T, int64_t n_pages);
 
 // Page tables (the pages covering each sequence's tokens up to the end of the step), per-sequence pool base,
 // start and token count, per-row sequence and position; with `carries`, each sequence's compressor carry address.
+// Into fresh device memory, or into `into` of into_bytes (the pages come last, so the other arrays keep their
+// offsets from step to step: a CUDA graph's fixed buffer).
 PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch,
-                            const std::vector<int64_t>* carries = nullptr);
+                            const std::vector<int64_t>* carries = nullptr, std::shared_ptr<void> into = nullptr,
+                            size_t into_bytes = 0);
 
 inline PagedSection paged_section(const StateSection& s) {
     return {static_cast<int64_t>(s.offset), static_cast<int64_t>(s.entry_bytes), s.per_entry_tokens};

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <random>
 
+#include "util/switches.h"
 #include "engine/grammar/constraint.h"
 #include "engine/grammar/matcher.h"
 #include "util/file.h"
@@ -81,7 +82,7 @@ factor ::= [0-9]+ | "(" expr ")")G"},
 
 void load_vocab() {
     std::string path;
-    if (const char* p = std::getenv("PEREGRINE_VOCAB")) path = p;
+    if (peregrine::switch_set("PEREGRINE_VOCAB")) path = peregrine::switch_value("PEREGRINE_VOCAB");
     else {
         path = std::string(PEREGRINE_BUILD_DIR) + "/deepseek_vocab.txt";
         if (!peregrine::file_exists(path)) {

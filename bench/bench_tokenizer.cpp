@@ -1,6 +1,7 @@
 // Tokenizer encode/decode throughput on one core, in MB of UTF-8 input per second.
 //   PEREGRINE_BENCH_TOKENIZER=path/to/tokenizer.json (default: tests/fixtures/tokenizer-small)
 //   PEREGRINE_BENCH_TEXT=path/to/text (default: a generated 4 MB mix of prose, code, CJK, digits, emoji)
+#include "util/switches.h"
 #include "tokenizer/stream_decoder.h"
 #include "tokenizer/tokenizer.h"
 #include "util/file.h"
@@ -14,8 +15,8 @@ using namespace peregrine;
 
 namespace {
 std::string env_or(const char* name, const std::string& fallback) {
-    const char* v = std::getenv(name);
-    return v && *v ? v : fallback;
+    const std::string v = switch_value(name);
+    return v.empty() ? fallback : v;
 }
 
 const Tokenizer& bench_tokenizer() {

@@ -1,5 +1,6 @@
 // Where the embedded default model lives: next to the binary's source tree (models/) or installed.
 #include "util/file.h"
+#include "util/switches.h"
 
 #include <cstdlib>
 #include <string>
@@ -8,7 +9,7 @@
 namespace peregrine {
 
 std::string default_model_dir() {
-    if (const char* env = std::getenv("PEREGRINE_MODEL")) return env;
+    if (switch_set("PEREGRINE_MODEL")) return switch_value("PEREGRINE_MODEL");
     const std::string name = "models/peregrine-demo-v4";
     char buf[4096];
     ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);

@@ -3,6 +3,7 @@
 #include "kv/page_pool.h"
 #include "kv/radix_cache.h"
 #include "util/log.h"
+#include "util/switches.h"
 #include "util/thread_pool.h"
 
 #include <algorithm>
@@ -102,7 +103,7 @@ struct Engine::Impl {
         if (opts.radix_cache) cache = std::make_unique<RadixCache>(*pool);
         st.pages_total = pool->capacity();
         st.page_tokens = P;
-        if (const char* t = std::getenv("PEREGRINE_ENGINE_TRACE")) trace.on = std::strcmp(t, "0") != 0;
+        trace.on = switch_is("PEREGRINE_ENGINE_TRACE", "1");
         thread = std::thread([this] { loop(); });
     }
 

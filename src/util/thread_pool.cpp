@@ -1,4 +1,5 @@
 #include "util/thread_pool.h"
+#include "util/switches.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -7,8 +8,8 @@ namespace peregrine {
 
 ThreadPool::ThreadPool(int n_threads) {
     if (n_threads <= 0) {
-        const char* env = std::getenv("PEREGRINE_THREADS");
-        n_threads = env ? std::atoi(env) : static_cast<int>(std::thread::hardware_concurrency());
+        n_threads = switch_set("PEREGRINE_THREADS") ? static_cast<int>(switch_int("PEREGRINE_THREADS", 1, 4096))
+                                                    : static_cast<int>(std::thread::hardware_concurrency());
         n_threads = std::max(1, n_threads);
     }
     for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });

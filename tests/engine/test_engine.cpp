@@ -1,5 +1,6 @@
 // The serving engine driven through its C++ API on the tiny fixture models: continuous batching,
 // prefix-cache hits and preemption must not change a single token of greedy (or seeded) output.
+#include "util/switches.h"
 #include "engine/engine.h"
 #include "engine/sequence_runner.h"
 #include "kv/page_pool.h"
@@ -64,7 +65,8 @@ EngineOptions opts(int64_t pages, bool cache = true) {
     o.chunked_prefill_size = 24;
     // The suite runs twice (tests/engine/CMakeLists.txt): as the CPU backend picks, and with the overlapped
     // schedule forced on.
-    if (const char* v = std::getenv("PEREGRINE_ENGINE_OVERLAP")) o.overlap_schedule = std::atoi(v);
+    if (switch_set("PEREGRINE_ENGINE_OVERLAP"))
+        o.overlap_schedule = static_cast<int>(switch_int("PEREGRINE_ENGINE_OVERLAP", -1, 1));
     return o;
 }
 

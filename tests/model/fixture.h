@@ -1,6 +1,7 @@
 #pragma once
 // Reads a golden fixture (tests/fixtures/<name>): ids, logits, prefill length.
 #include "util/file.h"
+#include "util/switches.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -12,8 +13,8 @@ namespace peregrine::test {
 
 // PEREGRINE_TEST_DATA_DIR overrides the build-time path (test binaries built on one machine, run on another).
 inline std::string fixture_dir(const std::string& name) {
-    const char* env = std::getenv("PEREGRINE_TEST_DATA_DIR");
-    return std::string(env && *env ? env : PEREGRINE_TEST_DATA) + "/" + name;
+    const std::string dir = switch_value("PEREGRINE_TEST_DATA_DIR");
+    return (dir.empty() ? std::string(PEREGRINE_TEST_DATA) : dir) + "/" + name;
 }
 
 inline std::vector<int32_t> read_ids(const std::string& path) {

@@ -2,6 +2,7 @@
 // then end to end (golden logits, CPU logits for one-shot / chunked prefill and decode, greedy generations,
 // mixed batches, prefix resume, engram host placement). Skipped, with the reason, where no GPU is usable.
 // Lines starting with "PARITY" are collected by tools/gpu/check.sh.
+#include "util/switches.h"
 #include "cuda_test_util.h"
 #include "ops/sampling.h"
 #include "engine/sequence_runner.h"
@@ -189,8 +190,7 @@ void PrintTo(const E2E& c, std::ostream* os) { *os << c.fixture; }
 // numerics pick kernels by batch size (GEMV below 9 rows, tensor cores above: fp32 sums in other orders), so
 // the logits may move by rounding noise there (a real indexing or state bug moves them by O(1)).
 float batch_variance_bound() {
-    const char* n = std::getenv("PEREGRINE_CUDA_NUMERICS");
-    return n == nullptr || std::string(n) == "fast" ? 1e-3f : 1e-5f;
+    return switch_is("PEREGRINE_CUDA_NUMERICS", "fast") ? 1e-3f : 1e-5f;
 }
 
 class CudaModel : public ::testing::TestWithParam<E2E> {
@@ -515,8 +515,7 @@ TEST(CudaOpsRealDims, AttentionLayers) {
             // Fast decode splits a row's keys over CTAs and rounds each split's probabilities to bf16 against
             // its own running max (the reference: against the max over all earlier keys), so most attention
             // outputs move by up to a bf16 step before the projections: 2e-2 there.
-            const char* num = std::getenv("PEREGRINE_CUDA_NUMERICS");
-            const bool split = n == 1 && (num == nullptr || std::string(num) == "fast");
+            const bool split = n == 1 && switch_is("PEREGRINE_CUDA_NUMERICS", "fast");
             expect_close(H(og), oc, 1e-2f, 1e-5f,
                          "synthetic attention layer " + std::to_string(l) + (n == 1 ? " decode" : " prefill"),
                          split ? 2e-2f : 1e-2f);

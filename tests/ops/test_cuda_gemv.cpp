@@ -4,6 +4,7 @@
 // rounding: |d| <= 1e-2 |ref| + 1e-5 max|ref|, and bf16 outputs mostly bit-equal. At M = 8 each case also
 // prints the achieved weight bandwidth. Lines starting with "PARITY" are collected by tools/gpu/check.sh.
 // VariantsAtDecodeShapes (at the end) checks and times every variant (kernels.h: 1, 3 .. 8) at rows 1..32.
+#include "util/switches.h"
 #include "cuda_test_util.h"
 #include "ops/backend.h"
 #include "ops/cuda/kernels.h"
@@ -583,7 +584,8 @@ struct SweepShape {
 
 std::vector<int> sweep_rows() {
     std::vector<int> r = {1, 2, 4, 8, 16, 32};
-    if (const char* e = std::getenv("PEREGRINE_GEMV_SWEEP_ROWS")) {
+    if (const std::string rows = switch_value("PEREGRINE_GEMV_SWEEP_ROWS"); !rows.empty()) {
+        const char* e = rows.c_str();
         r.clear();
         for (const char* p = e; *p;) {
             char* end = nullptr;
@@ -860,12 +862,12 @@ void sweep_routed(const SweepShape& sh, int E, int top_k, int mode, uint64_t see
 // PEREGRINE_GEMV_SWEEP_FORMATS="fp4" (a substring of the sweep's format names) narrows the shapes, and
 // PEREGRINE_GEMV_SWEEP_SHAPES="wkv" (a substring of their names) too, e.g. to profile one shape.
 bool sweep_format(const char* f) {
-    const char* e = std::getenv("PEREGRINE_GEMV_SWEEP_FORMATS");
-    return !e || !*e || std::string(f).find(e) != std::string::npos;
+    const std::string e = switch_value("PEREGRINE_GEMV_SWEEP_FORMATS");
+    return e.empty() || std::string(f).find(e) != std::string::npos;
 }
 bool sweep_shape(const std::string& name) {
-    const char* e = std::getenv("PEREGRINE_GEMV_SWEEP_SHAPES");
-    return !e || !*e || name.find(e) != std::string::npos;
+    const std::string e = switch_value("PEREGRINE_GEMV_SWEEP_SHAPES");
+    return e.empty() || name.find(e) != std::string::npos;
 }
 
 TEST(CudaGemv, VariantsAtDecodeShapes) {

@@ -7,6 +7,7 @@
 // graphs on; that graphs are captured again when the GEMV scratch they hold on to moves; and the overlapped
 // schedule's deferred ids: decode steps fed the previous step's samples where they are, on the device; and that
 // kernels launched to overlap their predecessors (programmatic dependent launch) give the bits of plain launches.
+#include "util/switches.h"
 #include "cuda_test_util.h"
 #include "kv/page_pool.h"
 #include "model/fixture.h"
@@ -180,8 +181,7 @@ TEST(CudaGraphs, RestoredCarryContinuesExactly) {
         // The resumed step runs the rows after the page as their own batch (a different GEMM shape than the
         // one-shot prefill): Fast numerics may differ by rounding noise (the bound test_cuda_backend allows
         // between batch shapes); a stale or wrong carry moves logits by far more.
-        const char* num = std::getenv("PEREGRINE_CUDA_NUMERICS");
-        const float bound = num == nullptr || std::string(num) == "fast" ? 1e-3f : 1e-5f;
+        const float bound = switch_is("PEREGRINE_CUDA_NUMERICS", "fast") ? 1e-3f : 1e-5f;
         EXPECT_LE(worst, bound) << fx << ": resumed sequence differs from the uninterrupted one";
         std::printf("PARITY graphs %-14s resume after page %d (device carry from the snapshot) max|d| %.3g\n", fx, P,
                     worst);

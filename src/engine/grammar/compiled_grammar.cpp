@@ -8,6 +8,7 @@
 
 #include "engine/grammar/stack.h"
 #include "engine/grammar/worker_pools.h"
+#include "util/switches.h"
 
 namespace peregrine::grammar {
 
@@ -190,7 +191,7 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabula
         for (auto [rule, ret] : cs) root_called = root_called || rule == grammar_.root_rule;
 
     // PEREGRINE_GRAMMAR_PROFILE=1 prints each state's walk time and class sizes (compile-time tuning).
-    static const bool profile = std::getenv("PEREGRINE_GRAMMAR_PROFILE") != nullptr;
+    static const bool profile = switch_is("PEREGRINE_GRAMMAR_PROFILE", "1");
     grammar_parallel_for(GrammarPool::kCompile, static_cast<int64_t>(todo.size()), [&](int64_t begin, int64_t end) {
         TrieClassifier cls(grammar_, v);
         std::vector<int32_t> accepted, uncertain;

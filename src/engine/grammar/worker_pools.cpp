@@ -6,6 +6,7 @@
 #include <mutex>
 #include <thread>
 
+#include "util/switches.h"
 #include "util/thread_pool.h"
 
 namespace peregrine::grammar {
@@ -20,7 +21,7 @@ struct Pool {
 
 int pool_threads(GrammarPool kind) {
     int n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    if (const char* env = std::getenv("PEREGRINE_GRAMMAR_THREADS")) n = std::max(1, std::atoi(env));
+    if (switch_set("PEREGRINE_GRAMMAR_THREADS")) n = static_cast<int>(switch_int("PEREGRINE_GRAMMAR_THREADS", 1, 4096));
     return kind == GrammarPool::kMask ? std::min(n, 8) : n;
 }
 

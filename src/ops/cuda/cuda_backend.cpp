@@ -1,10 +1,10 @@
 #include "ops/cuda/cuda_backend.h"
-#include "ops/cuda/env_switch.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/launch_stream.h"
 #include "ops/cuda/linear_cublas.h"
 #include "ops/attention_plan.h"
 #include "util/error.h"
+#include "util/switches.h"
 
 #include <cuda_runtime.h>
 
@@ -216,38 +216,24 @@ Tensor CudaBackend::to_host(const Tensor& dev) {
 CudaBackend::CudaBackend(const ModelConfig& cfg, const StateLayout& layout, EngramPlacement engram, int gpu)
     : gpu_(gpu), cfg_(cfg), layout_(layout), engram_placement_(engram) {
     PG_CUDA(cudaSetDevice(gpu_));
-    if (const char* g = std::getenv("PEREGRINE_CUDA_GRAPHS")) {
-        const std::string v = g;
-        if (v == "0") graphs_ = false;
-        else if (v != "1") fail("PEREGRINE_CUDA_GRAPHS='{}': expected 0 or 1", v);
-    }
-    hc_small_ = !env_is("PEREGRINE_HC_SMALL", "0");  // A/B switch
-    side_mixes_on_ = !env_is("PEREGRINE_HC_SIDE_STREAM", "0");  // A/B switch
-    decode_tables_ = !env_is("PEREGRINE_DECODE_TABLES", "0");      // A/B switch
+    graphs_ = switch_is("PEREGRINE_CUDA_GRAPHS", "1");
+    hc_small_ = switch_is("PEREGRINE_HC_SMALL", "1");
+    side_mixes_on_ = switch_is("PEREGRINE_HC_SIDE_STREAM", "1");
+    decode_tables_ = switch_is("PEREGRINE_DECODE_TABLES", "1");
     // Activations come from the stream-ordered pool (cudaMallocAsync). With its default release threshold (0) every
     // synchronisation hands the freed memory back to the driver, and the next step maps it again; after a large
     // cudaFree (a batch's state) that mapping stalled the host for tens of milliseconds inside a prefill step. Keep
     // it (alloc_state trims the pool when a state allocation would not fit otherwise). PEREGRINE_CUDA_POOL_KEEP=0:
     // the driver's default (A/B).
-    if (!env_is("PEREGRINE_CUDA_POOL_KEEP", "0")) {
+    if (switch_is("PEREGRINE_CUDA_POOL_KEEP", "1")) {
         cudaMemPool_t pool = nullptr;
         PG_CUDA(cudaDeviceGetDefaultMemPool(&pool, gpu_));
         uint64_t keep = UINT64_MAX;
         PG_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     }
-    if (const char* m = std::getenv("PEREGRINE_INDEX_SCORE_MB")) {  // A/B switch: the bound on a chunk's scores
-        char* end = nullptr;
-        const long long mb = std::strtoll(m, &end, 10);
-        if (end == m || *end != '\0' || mb < 1 || mb > (int64_t{1} << 20))
-            fail("PEREGRINE_INDEX_SCORE_MB='{}': expected a size in MiB, 1 to 1048576", m);
-        index_score_bytes_ = static_cast<int64_t>(mb) << 20;
-    }
-    if (const char* n = std::getenv("PEREGRINE_CUDA_NUMERICS")) {
-        const std::string v = n;
-        if (v == "exact") numerics_ = Numerics::Exact;
-        else if (v == "reference") numerics_ = Numerics::Reference;
-        else if (v != "fast") fail("PEREGRINE_CUDA_NUMERICS='{}': expected fast, exact or reference", v);
-    }
+    index_score_bytes_ = static_cast<int64_t>(switch_int("PEREGRINE_INDEX_SCORE_MB", 1, int64_t{1} << 20)) << 20;
+    const std::string numerics = switch_value("PEREGRINE_CUDA_NUMERICS");
+    numerics_ = numerics == "exact" ? Numerics::Exact : numerics == "reference" ? Numerics::Reference : Numerics::Fast;
 }
 
 void CudaBackend::bind_thread() { PG_CUDA(cudaSetDevice(gpu_)); }
@@ -356,8 +342,7 @@ Tensor CudaBackend::run_linear(const Tensor& x, const LinearWeight& w, const Exp
             linear_gemv(x.f32(), nullptr, M, d, y.f32(), experts, routed ? &routed->routing : nullptr);
             return y;
         }
-        // PEREGRINE_CUBLAS_QUANTISE=0: act_quant, then the operand gather (A/B).
-        static const bool fuse = !env_is("PEREGRINE_CUBLAS_QUANTISE", "0");
+        static const bool fuse = switch_is("PEREGRINE_CUBLAS_QUANTISE", "1");
         if (fuse && !routed && !use_gemv(x.f32(), M, d, routed) && numerics_ == Numerics::Fast &&
             linear_cublas_supported(d) &&
             act_quant_bf16_supported(x.f32(), w.in, w.act_block)) {  // cuBLAS: quantised straight into its bf16 operand

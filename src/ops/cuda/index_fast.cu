@@ -21,7 +21,7 @@
 #include "ops/cuda/cp_async.cuh"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/entry_decode.h"
-#include "ops/cuda/env_switch.h"
+#include "util/switches.h"
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
@@ -710,7 +710,7 @@ bool index_scores_stream_supported(int nh, int hd) {
 
 namespace {
 int& index_decode_choice() {  // PEREGRINE_INDEX_DECODE=stream: the CUDA-core kernel for every decode row (A/B)
-    static int on = env_is("PEREGRINE_INDEX_DECODE", "stream") ? 0 : 1;
+    static int on = switch_is("PEREGRINE_INDEX_DECODE", "stream") ? 0 : 1;
     return on;
 }
 }  // namespace
@@ -750,7 +750,7 @@ bool index_scores_mma_supported(int nh, int hd) { return hd == kHD && nh >= 1 &&
 
 namespace {
 int& index_wgmma_choice() {
-    static int on = env_is("PEREGRINE_INDEX_GEMM", "mma") ? 0 : 1;
+    static int on = switch_is("PEREGRINE_INDEX_GEMM", "mma") ? 0 : 1;
     return on;
 }
 }  // namespace

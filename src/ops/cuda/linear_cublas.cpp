@@ -5,7 +5,7 @@
 // reference does. F32 linears run an fp32 GEMM (COMPUTE_32F, no TF32). Weights are dequantised per call into
 // a bounded scratch that grows and is reused; the model keeps only its stored formats.
 #include "ops/cuda/device_scratch.h"
-#include "ops/cuda/env_switch.h"
+#include "util/switches.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/linear_cublas.h"
 #include "util/error.h"
@@ -48,7 +48,7 @@ struct Context {
             PG_CUDA(cudaMalloc(&workspace, kWorkspace));
             check(cublasSetWorkspace(handle, workspace, kWorkspace), "set workspace");
             check(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH), "set math mode");  // no TF32
-            grouped = !env_is("PEREGRINE_CUBLAS_GROUPED", "0");
+            grouped = switch_is("PEREGRINE_CUBLAS_GROUPED", "1");
         }
         return handle;
     }

@@ -12,7 +12,7 @@
 // The defaults are the streaming kernels of linear_gemv_stream.cu (variants 4-10; see kernels.h and
 // launch_rows); variant 3 is the older tensor-core one in linear_gemv_mma.cu.
 #include "ops/cuda/device_math.cuh"
-#include "ops/cuda/env_switch.h"
+#include "util/switches.h"
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
@@ -352,12 +352,11 @@ int clamp_variant(int format, int v) {
 Variants& variants() {
     static Variants vs = [] {
         Variants r;
-        if (env_is("PEREGRINE_GEMV", "1")) {
+        if (switch_is("PEREGRINE_GEMV", "1")) {
             r.v[1] = r.v[2] = r.v[3] = 1;
             r.fp4_auto = false;
         }
-        const char* e = std::getenv("PEREGRINE_GEMV_VARIANT");
-        const std::string spec = e ? e : "";
+        const std::string spec = switch_value("PEREGRINE_GEMV_VARIANT");
         size_t at = 0;
         while (at < spec.size()) {  // "<v>" or "fmt=<v>,..."; unknown entries are ignored
             const size_t end = std::min(spec.find(',', at), spec.size());
@@ -375,7 +374,7 @@ Variants& variants() {
                 }
             }
         }
-        r.fuse = !env_is("PEREGRINE_GEMV_FUSE", "0");
+        r.fuse = switch_is("PEREGRINE_GEMV_FUSE", "1");
         return r;
     }();
     return vs;
@@ -453,7 +452,7 @@ void* gemv_scratch(int which, size_t bytes, bool zero) {
 
 void linear_gemv_pair(const float* x, const float* xs, int64_t M, const LinearDev& a, float* ya, const LinearDev& b,
                       float* yb, const ExpertTable* ea, const ExpertTable* eb, const LinearRouting* routing) {
-    static const bool on = !env_is("PEREGRINE_GEMV_PAIR", "0");
+    static const bool on = switch_is("PEREGRINE_GEMV_PAIR", "1");
     const bool routed = routing != nullptr;
     const int v = variant_for(stored_format(a), M, routed);
     if (on && M > 0 && v >= 4 && variant_for(stored_format(b), M, routed) == v && linear_gemv_stream_pairs(a, b)) {

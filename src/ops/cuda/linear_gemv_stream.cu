@@ -30,6 +30,7 @@
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/pdl.cuh"
 #include "util/error.h"
+#include "util/switches.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -722,8 +723,7 @@ int occupancy(size_t smem) {
 // The work split does not depend on it, so the outputs are the same bits either way.
 int& image_rows() {
     static int r = [] {
-        const char* e = std::getenv("PEREGRINE_GEMV_IMAGE_ROWS");
-        return e && *e ? std::atoi(e) : 3;
+        return static_cast<int>(switch_int("PEREGRINE_GEMV_IMAGE_ROWS", 0, 1 << 20));
     }();
     return r;
 }
@@ -842,8 +842,7 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     }
 
     static const bool trace = [] {
-        const char* e = std::getenv("PEREGRINE_GEMV_TRACE");
-        return e && *e && std::string(e) != "0";
+        return switch_is("PEREGRINE_GEMV_TRACE", "1");
     }();
     if (trace && fresh)
         std::fprintf(

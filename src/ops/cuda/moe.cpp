@@ -5,7 +5,7 @@
 // pass and down in another, reading the packed weights directly (moe_gemm_fp4.cu);
 // PEREGRINE_MOE_GEMM=cublas runs the three projections through run_linear (cuBLAS) instead.
 #include "ops/cuda/cuda_backend.h"
-#include "ops/cuda/env_switch.h"
+#include "util/switches.h"
 #include "ops/cuda/moe_gemm_fp4.h"
 #include "util/error.h"
 
@@ -55,7 +55,7 @@ const CudaBackend::ExpertTables& CudaBackend::expert_tables(const MoEWeight& w) 
 // on average; fewer go to the GEMV), FP4 experts of supported shapes, and not switched off.
 bool CudaBackend::use_grouped_fp4(const ExpertWeight& e0, const ExpertTables& tab, const LinearRouting& r) {
     if (numerics_ != Numerics::Fast || r.tile_rows == 8 || !tab.aligned16) return false;
-    if (env_is("PEREGRINE_MOE_GEMM", "cublas")) return false;
+    if (switch_is("PEREGRINE_MOE_GEMM", "cublas")) return false;
     if (e0.w1.kind != LinearWeight::Kind::FP4 || e0.w2.kind != LinearWeight::Kind::FP4 ||
         e0.w3.kind != LinearWeight::Kind::FP4 || e0.w1.act_block != e0.w3.act_block)
         return false;

@@ -8,7 +8,7 @@
 // rows. The gated form runs w1 and w3 over the same rows in one pass and applies the clamped SwiGLU and the
 // routing weight in the epilogue (moe_kernels.cu swiglu_kernel's arithmetic).
 #include "ops/cuda/device_scratch.h"
-#include "ops/cuda/env_switch.h"
+#include "util/switches.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/moe_gemm_fp4.h"
 #include "ops/cuda/moe_gemm_fp4_common.cuh"
@@ -308,15 +308,15 @@ void run(const float* x, const float* xs, int64_t M, int div, int E, const Linea
 
 // The wgmma kernel unless PEREGRINE_MOE_GEMM=mma (A/B) or a test chose.
 int& wgmma_choice() {
-    static int on = env_is("PEREGRINE_MOE_GEMM", "mma") ? 0 : 1;
+    static int on = switch_is("PEREGRINE_MOE_GEMM", "mma") ? 0 : 1;
     return on;
 }
 
 // Its tile: by rows per expert (0) unless PEREGRINE_MOE_GEMM_TOKENS=64|128 (A/B) or a test chose.
 int& wgmma_tile_choice() {
-    static int t = env_is("PEREGRINE_MOE_GEMM_TOKENS", "64")    ? 64
-                   : env_is("PEREGRINE_MOE_GEMM_TOKENS", "128") ? 128
-                                                                : 0;
+    static int t = switch_is("PEREGRINE_MOE_GEMM_TOKENS", "64")    ? 64
+                   : switch_is("PEREGRINE_MOE_GEMM_TOKENS", "128") ? 128
+                                                                   : 0;
     return t;
 }
 

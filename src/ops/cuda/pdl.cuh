@@ -10,9 +10,9 @@
 // are visible (and therefore every kernel before that one too). Kernels call pdl_trigger after their pdl_wait,
 // so that at most the next kernel's blocks wait beside a running one. Both are no-ops where the launch was a
 // plain one. PEREGRINE_PDL=0 (or set_pdl(false)) launches every kernel plainly (A/B).
-#include "ops/cuda/env_switch.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/launch_stream.h"
+#include "util/switches.h"
 
 #include <cuda_runtime.h>
 
@@ -31,7 +31,7 @@ __device__ __forceinline__ void pdl_enter() {
 
 // Settable for tests (set_pdl in kernels.h); one flag for every translation unit.
 inline std::atomic<bool>& pdl_flag() {
-    static std::atomic<bool> on{!env_is("PEREGRINE_PDL", "0")};
+    static std::atomic<bool> on{switch_is("PEREGRINE_PDL", "1")};
     return on;
 }
 

@@ -1,7 +1,7 @@
 // CudaBackend::sample: packs the rows' parameters and adjustments, runs the device sampler on logits that
 // never leave the device, and reads back only the chosen ids (and logprobs when asked).
 #include "ops/cuda/cuda_backend.h"
-#include "ops/cuda/env_switch.h"
+#include "util/switches.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/sampling_kernels.h"
 #include "util/error.h"
@@ -12,7 +12,7 @@
 namespace peregrine::cuda {
 
 bool CudaBackend::samples_on_device() const {
-    static const bool host = env_is("PEREGRINE_SAMPLING", "host");
+    static const bool host = switch_is("PEREGRINE_SAMPLING", "host");
     return !host && cfg_.vocab_size > 0 && cfg_.vocab_size <= kSampleMaxVocab;
 }
 

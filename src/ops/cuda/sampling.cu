@@ -5,7 +5,7 @@
 // rank keys, the top-p cut-off by a radix selection on the cumulative weight, and the draw by per-64-token
 // weight sums and a scan. Every decision uses the integer weights and keys of ops/sampling_math.h (exact sums in
 // any order), so the token is the host sampler's (ops/sampling.cpp) bit for bit whatever C is.
-#include "ops/cuda/env_switch.h"
+#include "util/switches.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/sampling_kernels.h"
 
@@ -594,7 +594,7 @@ void sample_rows(float* logits, int vocab, const SampleRowDev* rows, int n_rows,
                  SampleOutDev* out, SampleOutDev* top) {
     if (n_rows <= 0) return;
     // Clusters while the rows alone would leave SMs idle (PEREGRINE_SAMPLER_CLUSTER=0: a block per row, A/B).
-    static const bool clusters = !env_is("PEREGRINE_SAMPLER_CLUSTER", "0");
+    static const bool clusters = switch_is("PEREGRINE_SAMPLER_CLUSTER", "1");
     if (clusters && n_rows <= 32) launch<8>(logits, vocab, rows, n_rows, adj, out, top);
     else if (clusters && n_rows <= 64) launch<4>(logits, vocab, rows, n_rows, adj, out, top);
     else if (clusters && n_rows <= 128) launch<2>(logits, vocab, rows, n_rows, adj, out, top);

@@ -30,7 +30,7 @@
 // the four key groups through shared memory. P.V: warp w owns output dims 64 w.. of all 64 heads (128 fp32
 // accumulators per thread). With 16 warps each has half of that and of S (kernel comment).
 #include "ops/cuda/device_math.cuh"
-#include "ops/cuda/env_switch.h"
+#include "util/switches.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/pdl.cuh"
@@ -374,7 +374,7 @@ bool mma_format_supported(const EntryFormat& f) {
 // 0: by size. On the H200 16-warp CTAs took 2.71 against 3.02 ms at 4,096 queries and 0.25 against 0.28 at 256,
 // but were no faster or slower at decode sizes (0.050 against 0.042 ms at 8 queries), where there are few CTAs.
 int& sparse_warps() {  // PEREGRINE_SPARSE_WARPS=8 or 16 fixes the CTA size
-    static int nw = env_is("PEREGRINE_SPARSE_WARPS", "16") ? 16 : env_is("PEREGRINE_SPARSE_WARPS", "8") ? 8 : 0;
+    static int nw = switch_is("PEREGRINE_SPARSE_WARPS", "16") ? 16 : switch_is("PEREGRINE_SPARSE_WARPS", "8") ? 8 : 0;
     return nw;
 }
 constexpr int64_t kWideFrom = 256;  // queries from which CTAs have 16 warps, when by size

@@ -24,7 +24,7 @@
 // CTA's launch allocation (168 x 384), or the consumers' allocation waits forever.
 #include "ops/cuda/cp_async.cuh"
 #include "ops/cuda/device_math.cuh"
-#include "ops/cuda/env_switch.h"
+#include "util/switches.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/pdl.cuh"
@@ -333,7 +333,7 @@ bool sparse_attention_rows_supported(int H, int D) { return D == kDim && H > 0 &
 
 namespace {
 bool& rows_choice() {
-    static bool on = !env_is("PEREGRINE_SPARSE_KERNEL", "mma");
+    static bool on = switch_is("PEREGRINE_SPARSE_KERNEL", "rows");
     return on;
 }
 }  // namespace

@@ -25,13 +25,14 @@ class CachedSequences {
 public:
     // `n_seqs` sequences of `ctx` cached tokens, with pages for `extra` more tokens each.
     CachedSequences(Model& m, cuda::CudaBackend& be, int n_seqs, int64_t ctx, int64_t extra)
-        : pages_per_seq_(m.layout().pages_for(ctx + extra)), pool_(be, m.layout(), pages_per_seq_ * n_seqs),
+        : pages_per_seq_(m.layout().pages_for(ctx + extra)),
+          pool_(be.state_memory(), m.layout(), pages_per_seq_ * n_seqs),
           seqs_(static_cast<size_t>(n_seqs)) {
         const StateLayout& L = m.layout();
         be.fill_state_random(pool_.base(), static_cast<size_t>(pages_per_seq_ * n_seqs) * L.page_bytes, 12345);
         for (int s = 0; s < n_seqs; ++s) {
             SeqState& st = seqs_[static_cast<size_t>(s)];
-            m.init_state(st);
+            pool_.init(st);
             PEREGRINE_CHECK(pool_.reserve(st, pages_per_seq_ * L.page_tokens), "bench: page pool too small");
             st.tokens.resize(static_cast<size_t>(ctx));
             for (int64_t i = 0; i < ctx; ++i)

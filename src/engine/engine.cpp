@@ -1,7 +1,6 @@
 #include "engine/engine.h"
 #include "engine/text_stream.h"
-#include "kv/page_pool.h"
-#include "kv/radix_cache.h"
+#include "kv/cache_manager.h"
 #include "util/log.h"
 #include "util/switches.h"
 #include "util/thread_pool.h"
@@ -36,10 +35,7 @@ struct EngineRequest {
     int64_t completion = 0;  // sampled tokens, EOS / stop ids included
     Phase phase = Phase::queued;
 
-    SeqState state;
-    RadixCache::Node* locked = nullptr;
-    int64_t shared_pages = 0;     // leading pages the prefix cache owns (locked for this request)
-    bool sharing_stopped = false; // a concurrent duplicate: the rest of the pages stay private
+    CachedSequence kv;  // its state and what it shares with the prefix cache
     int64_t cached_tokens = 0;
     bool admitted_once = false;
     int64_t preemptions = 0;
@@ -60,7 +56,7 @@ struct EngineRequest {
 
     EngineRequest(const Tokenizer* tok, GenerationParams p)
         : params(std::move(p)), sampler(params.sampling), text(tok, params.stop, params.skip_special_tokens) {}
-    int64_t to_feed() const { return static_cast<int64_t>(seq.size()) + pending - state.n_cached; }
+    int64_t to_feed() const { return static_cast<int64_t>(seq.size()) + pending - kv.state.n_cached; }
     // Whether the overlapped schedule may sample it: its logits need no host code and its penalties no
     // knowledge of the tokens still on their way.
     bool overlappable() const { return !params.processor && !params.sampling.has_penalties(); }
@@ -72,8 +68,7 @@ struct Engine::Impl {
     const Tokenizer* tok;
     EngineOptions opts;
     int P, vocab;
-    std::unique_ptr<PagePool> pool;
-    std::unique_ptr<RadixCache> cache;
+    std::unique_ptr<CacheManager> kv;
 
     // Shared with client threads.
     mutable std::mutex mu;
@@ -99,9 +94,9 @@ struct Engine::Impl {
 
     Impl(Engine& e, Model& m, const Tokenizer* t, EngineOptions o)
         : eng(e), model(m), tok(t), opts(o), P(m.layout().page_tokens), vocab(m.config().vocab_size) {
-        pool = std::make_unique<PagePool>(model.backend(), model.layout(), opts.kv_pages);
-        if (opts.radix_cache) cache = std::make_unique<RadixCache>(*pool);
-        st.pages_total = pool->capacity();
+        kv = std::make_unique<CacheManager>(model.backend().state_memory(), model.layout(), opts.kv_pages,
+                                            opts.radix_cache);
+        st.pages_total = kv->stats().pages_total;
         st.page_tokens = P;
         trace.on = switch_is("PEREGRINE_ENGINE_TRACE", "1");
         thread = std::thread([this] { loop(); });
@@ -118,7 +113,7 @@ struct Engine::Impl {
         for (auto& r : running) r->stream->finish(FinishReason::abort, "", "", "server shutting down", r->completion);
         for (auto& r : waiting) r->stream->finish(FinishReason::abort, "", "", "server shutting down", r->completion);
         for (auto& r : incoming) r->stream->finish(FinishReason::abort, "", "", "server shutting down", 0);
-        cache.reset();
+        kv.reset();
     }
 
     void notify() {
@@ -131,61 +126,26 @@ struct Engine::Impl {
 
     // ---- memory -------------------------------------------------------------------------------------
 
-    int64_t available_pages() const { return pool->free_pages() + (cache ? cache->stats().evictable_pages : 0); }
+    bool ensure_pages(EngineRequest& r, int64_t n_tokens) { return kv->reserve(r.kv, n_tokens); }
 
-    bool ensure_pages(EngineRequest& r, int64_t n_tokens) {
-        const int64_t need = model.layout().pages_for(n_tokens) - static_cast<int64_t>(r.state.pages.size());
-        if (need <= 0) return true;
-        if (pool->free_pages() < need && cache) cache->evict(need - pool->free_pages());
-        if (pool->free_pages() < need) return false;
-        return pool->reserve(r.state, n_tokens);
-    }
-
-    // Gives a request's pages back: whole pages to the prefix cache (so a resumed or later request with
-    // the same prefix skips them), the partial last page to the pool.
+    // Gives a request's pages back: whole pages of known tokens to the prefix cache (so a resumed or later request
+    // with the same prefix skips them), the rest to the pool.
     void release(EngineRequest& r) {
-        auto& s = r.state;
-        if (cache) {
-            int64_t full = std::min<int64_t>(s.n_cached / P, static_cast<int64_t>(s.pages.size()));
-            if (r.deferred_pos >= 0) full = std::min(full, r.deferred_pos / P);  // a token never known (a failed step)
-            cache->insert(s.tokens, s.pages, full);
-            for (size_t i = static_cast<size_t>(full); i < s.pages.size(); ++i) pool->free(s.pages[i]);
-            if (r.locked) cache->unlock(r.locked);
-        } else {
-            for (int32_t p : s.pages) pool->free(p);
-        }
-        r.locked = nullptr;
-        r.shared_pages = 0;
+        int64_t known = r.kv.state.n_cached;
+        if (r.deferred_pos >= 0) known = std::min(known, r.deferred_pos);  // a token never known (a failed step)
+        kv->release(r.kv, known);
         r.deferred_pos = -1;
-        s.pages.clear();
-        s.tokens.clear();
-        s.n_cached = 0;
     }
 
     // ---- admission ----------------------------------------------------------------------------------
 
     // Matches the prefix cache and sets up the request's state; false when memory is short right now.
     bool admit(EngineRequest& r) {
-        const int64_t n = static_cast<int64_t>(r.seq.size());
-        RadixCache::Match m;
-        if (cache) m = cache->match(r.seq, (n - 1) / P);
-        const int64_t matched = static_cast<int64_t>(m.pages.size());
-        const int64_t need = model.layout().pages_for(n + 1) - matched;
-        if (need > available_pages()) {
-            if (m.last) cache->unlock(m.last);
-            return false;
-        }
-        r.state = SeqState();
-        r.state.pool = pool->base();
-        r.state.pages = m.pages;
-        r.state.tokens.assign(r.seq.begin(), r.seq.begin() + matched * P);
-        model.restore_state(r.state, matched * P);
-        r.locked = m.last;
-        r.shared_pages = matched;
-        r.sharing_stopped = false;
+        const int64_t cached = kv->admit(r.kv, r.seq);
+        if (cached < 0) return false;
         if (!r.admitted_once) {
             r.admitted_once = true;
-            r.cached_tokens = std::min(matched * P, r.prompt_len);
+            r.cached_tokens = std::min(cached, r.prompt_len);
             r.stream->set_usage(r.prompt_len, r.cached_tokens, r.preemptions);
             std::lock_guard lk(stats_mu);
             st.prompt_tokens_total += static_cast<uint64_t>(r.prompt_len);
@@ -320,7 +280,7 @@ struct Engine::Impl {
             std::lock_guard lk(mu);
             if (flush_pending == 0) return;
         }
-        if (cache) freed = cache->clear();
+        freed = kv->flush();
         publish_gauges();  // before the caller wakes, so stats() already shows the emptied cache
         {
             std::lock_guard lk(mu);
@@ -391,7 +351,7 @@ struct Engine::Impl {
             EngineRequest& r = *l.sampled[i];
             --r.pending;
             if (r.deferred_pos >= 0) {  // fed to the step launched since: its input was this sample
-                r.state.tokens.at(static_cast<size_t>(r.deferred_pos)) = res[i].id;
+                r.kv.state.tokens.at(static_cast<size_t>(r.deferred_pos)) = res[i].id;
                 r.deferred_pos = -1;
             }
         }
@@ -427,16 +387,8 @@ struct Engine::Impl {
     // Pages completed by the requests' fed tokens join the prefix cache at once, so concurrent requests with the
     // same prefix (a shared system prompt) reuse them while these are still running.
     void extend_cache(const std::vector<std::shared_ptr<EngineRequest>>& reqs) {
-        if (!cache) return;
-        for (auto& r : reqs) {
-            if (r->phase != EngineRequest::Phase::running || r->deferred_pos >= 0) continue;
-            int64_t full = std::min<int64_t>(r->state.n_cached / P, static_cast<int64_t>(r->state.pages.size()));
-            if (r->sharing_stopped || full <= r->shared_pages) continue;
-            const int64_t want = full;
-            r->locked = cache->extend(r->locked, r->state.tokens, r->state.pages, r->shared_pages, full);
-            r->shared_pages = full;
-            if (full < want) r->sharing_stopped = true;
-        }
+        for (auto& r : reqs)
+            if (r->phase == EngineRequest::Phase::running && r->deferred_pos < 0) kv->share(r->kv, r->kv.state.n_cached);
     }
 
     void step() {
@@ -455,7 +407,7 @@ struct Engine::Impl {
                 if (running.empty()) {
                     finish(r, FinishReason::error, r->text.flush(), {},
                            fmt::format("the request needs {} tokens of state but the KV memory holds {}",
-                                       r->seq.size() + 1, pool->capacity() * P));
+                                       r->seq.size() + 1, kv->capacity_tokens()));
                     continue;
                 }
                 break;
@@ -491,7 +443,7 @@ struct Engine::Impl {
             if (r->pending && (r->completion + r->pending >= r->params.max_new_tokens || tokens >= opts.context_length))
                 continue;
             const int take = static_cast<int>(std::min<int64_t>(r->to_feed(), budget));
-            const int64_t start = r->state.n_cached;
+            const int64_t start = r->kv.state.n_cached;
             bool ok = ensure_pages(*r, start + take);
             while (!ok) {
                 // Preempt the newest running request that is not in this batch (possibly r itself).
@@ -515,7 +467,7 @@ struct Engine::Impl {
             }
             if (!ok) continue;
             const int row0 = batch.rows();
-            batch.seqs.push_back({&r->state, start, take, row0});
+            batch.seqs.push_back({&r->kv.state, start, take, row0});
             for (int64_t pos = start; pos < start + take; ++pos) {
                 if (pos < known) {
                     batch.token_ids.push_back(r->seq[static_cast<size_t>(pos)]);
@@ -707,9 +659,10 @@ struct Engine::Impl {
         st.running = static_cast<int64_t>(running.size());
         n_running = st.running;
         st.queued = queued.load();
-        st.pages_used = pool->used_pages();
-        st.pages_cached = cache ? cache->stats().cached_pages : 0;
-        st.pages_evictable = cache ? cache->stats().evictable_pages : 0;
+        const CacheManager::Stats ks = kv->stats();
+        st.pages_used = ks.pages_used;
+        st.pages_cached = ks.pages_cached;
+        st.pages_evictable = ks.pages_evictable;
         st.token_usage = static_cast<double>(st.pages_used - st.pages_evictable) / static_cast<double>(st.pages_total);
         st.cache_hit_rate = st.prompt_tokens_total ? static_cast<double>(st.cached_tokens_total) /
                                                          static_cast<double>(st.prompt_tokens_total)
@@ -743,7 +696,7 @@ Engine::~Engine() {
     for (auto& im : ranks_) im->cv.notify_all();
 }
 
-int64_t Engine::kv_tokens() const { return ranks_[0]->pool->capacity() * ranks_[0]->P; }
+int64_t Engine::kv_tokens() const { return ranks_[0]->kv->capacity_tokens(); }
 
 std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt, GenerationParams params) {
     const int vocab = model_.config().vocab_size;
@@ -754,7 +707,7 @@ std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt, Gener
     if (n >= opts_.context_length)
         fail("the prompt has {} tokens but the context length is {} (room for at least one generated token is needed)",
              n, opts_.context_length);
-    if (model_.layout().pages_for(n + 1) > ranks_[0]->pool->capacity())
+    if (n + 1 > kv_tokens())
         fail("the prompt has {} tokens but the KV memory holds only {}", n, kv_tokens());
     if (params.max_new_tokens <= 0) fail("max_new_tokens must be positive");
     for (int32_t id : params.stop_token_ids)

@@ -6,9 +6,9 @@
 namespace peregrine {
 
 SequenceRunner::SequenceRunner(Model& model, int64_t max_tokens) : model_(model) {
-    pool_ = std::make_unique<PagePool>(model.backend(), model.layout(),
+    pool_ = std::make_unique<PagePool>(model.backend().state_memory(), model.layout(),
                                        model.layout().pages_for(std::max<int64_t>(max_tokens, 1)));
-    model_.init_state(state_);
+    pool_->init(state_);
 }
 
 SequenceRunner::~SequenceRunner() { pool_->release(state_); }

@@ -47,7 +47,7 @@ RadixCache::Match RadixCache::match(std::span<const int32_t> tokens, int64_t max
     return m;
 }
 
-void RadixCache::unlock(Node* last) {
+void RadixCache::unlock(Handle last) {
     for (Node* p = last; p && p != &root_; p = p->parent) {
         PEREGRINE_CHECK(p->refs > 0, "radix cache: unlock of an unlocked node");
         if (--p->refs == 0) ++stats_.evictable_pages;
@@ -81,7 +81,7 @@ void RadixCache::insert(std::span<const int32_t> tokens, std::span<const int32_t
     }
 }
 
-RadixCache::Node* RadixCache::extend(Node* last, std::span<const int32_t> tokens, std::span<const int32_t> pages,
+PrefixCache::Handle RadixCache::extend(Handle last, std::span<const int32_t> tokens, std::span<const int32_t> pages,
                                      int64_t from_page, int64_t& to_page) {
     Node* n = last ? last : &root_;
     ++clock_;

@@ -57,66 +57,37 @@ std::vector<AttentionLayerInfo> attention_layer_infos(const ModelConfig& cfg) {
     return out;
 }
 
-StateLayout make_state_layout(const ModelConfig& cfg, int page_tokens) {
-    StateLayout s;
-    s.page_tokens = page_tokens;
-    auto infos = attention_layer_infos(cfg);
-    size_t off = 0;
+StateSpec state_spec(const ModelConfig& cfg) {
+    StateSpec spec;
     // Entry formats: the values each kind of entry holds after the model's QDQ (cpu/attention.cpp).
     const int D = cfg.head_dim, rd = cfg.rope_head_dim, ihd = cfg.index_head_dim;
     const EntryFormat window_fmt =
         cfg.is_v41() ? fp8_entry_format(D, D, cfg.act_block) : fp8_entry_format(D, D - rd, 64);
     const EntryFormat comp_fmt = cfg.is_v41() ? fp4_entry_format(D, 16, true) : fp8_entry_format(D, D - rd, 64);
     const EntryFormat index_fmt = fp4_entry_format(ihd, 32, false);
-    auto section = [&](const EntryFormat& fmt, int per_entry_tokens) {
-        StateSection sec;
-        sec.offset = off;
-        sec.format = fmt;
-        sec.entry_bytes = static_cast<size_t>(fmt.bytes);
-        sec.per_entry_tokens = per_entry_tokens;
-        if (per_entry_tokens <= page_tokens) {
-            if (page_tokens % per_entry_tokens != 0)
-                fail("page size {} is not a multiple of the compression ratio {}", page_tokens, per_entry_tokens);
-            sec.entries_per_page = page_tokens / per_entry_tokens;
-        } else {
-            if (per_entry_tokens % page_tokens != 0)
-                fail("compression ratio {} is not a multiple of the page size {}", per_entry_tokens, page_tokens);
-            sec.entries_per_page = 1;
-        }
-        off += sec.entry_bytes * static_cast<size_t>(sec.entries_per_page);
-        return sec;
-    };
-    for (const auto& a : infos) {
-        LayerStateLayout L;
-        L.window = section(window_fmt, 1);
+    for (const auto& a : attention_layer_infos(cfg)) {
+        LayerStateSpec L;
+        L.window = {window_fmt, 1};
         if (a.compresses) {
-            L.comp = section(comp_fmt, a.ratio);
+            L.comp = {comp_fmt, a.ratio};
             const int coff = (!cfg.is_v41() && a.ratio == 4) ? 2 : 1;
-            if (a.ratio > 1) {
-                L.carry_offset = s.carry_bytes;
-                L.carry_bytes =
-                    2 * static_cast<size_t>(coff * a.ratio) * static_cast<size_t>(coff * cfg.head_dim) * sizeof(float);
-                s.carry_bytes += L.carry_bytes;
-            }
-            if (!cfg.is_v41() && a.has_indexer) {
-                L.index_carry_offset = s.carry_bytes;
-                s.carry_bytes += 2 * static_cast<size_t>(coff * a.ratio) *
-                                 static_cast<size_t>(coff * cfg.index_head_dim) * sizeof(float);
-            }
+            if (a.ratio > 1) L.carry_floats = int64_t{coff} * a.ratio * coff * cfg.head_dim;
+            if (!cfg.is_v41() && a.has_indexer) L.index_carry_floats = int64_t{coff} * a.ratio * coff * ihd;
         }
-        if ((cfg.is_v41() && a.owns_index_k) || (!cfg.is_v41() && a.has_indexer))
-            L.index_k = section(index_fmt, a.ratio);
-        s.layers.push_back(L);
+        if ((cfg.is_v41() && a.owns_index_k) || (!cfg.is_v41() && a.has_indexer)) L.index_k = {index_fmt, a.ratio};
+        spec.layers.push_back(L);
     }
     if (cfg.is_v41() && cfg.dspark_block_size > 0)  // DSpark stages keep only a window, fed by the backbone
         for (int st = 0; st < cfg.n_mtp_layers; ++st) {
-            LayerStateLayout L;
-            L.window = section(window_fmt, 1);
-            s.layers.push_back(L);
+            LayerStateSpec L;
+            L.window = {window_fmt, 1};
+            spec.layers.push_back(L);
         }
-    s.snapshot_offset = off;
-    s.page_bytes = (off + s.carry_bytes + 63) / 64 * 64;
-    return s;
+    return spec;
+}
+
+StateLayout make_state_layout(const ModelConfig& cfg, int page_tokens) {
+    return make_state_layout(state_spec(cfg), page_tokens);
 }
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& opts) {
@@ -140,48 +111,6 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& o
         fail("unknown device '{}' (cpu or cuda)", opts.device);
     }
     return m;
-}
-
-void Model::init_state(SeqState& s) const {
-    s.tokens.clear();
-    s.n_cached = 0;
-    s.carry.assign(layout_.carry_bytes, 0);
-    // Compressor carry: kv slots start at 0, score slots at -inf (an empty slot never wins the softmax).
-    for (const auto& L : layout_.layers) {
-        auto fill_scores = [&](size_t offset, size_t bytes) {
-            float* f = reinterpret_cast<float*>(s.carry.data() + offset);
-            size_t half = bytes / sizeof(float) / 2;
-            for (size_t i = 0; i < half; ++i) f[half + i] = -INFINITY;
-        };
-        if (L.carry_bytes) fill_scores(L.carry_offset, L.carry_bytes);
-    }
-    const auto infos = attention_layer_infos(cfg_);
-    for (size_t l = 0; l < infos.size(); ++l) {
-        const auto& L = layout_.layers[l];
-        if (!cfg_.is_v41() && infos[l].has_indexer) {
-            const size_t bytes = 2 * static_cast<size_t>(2 * infos[l].ratio) *
-                                 static_cast<size_t>(2 * cfg_.index_head_dim) * sizeof(float);
-            float* f = reinterpret_cast<float*>(s.carry.data() + L.index_carry_offset);
-            for (size_t i = bytes / sizeof(float) / 2; i < bytes / sizeof(float); ++i) f[i] = -INFINITY;
-        }
-    }
-    backend_->load_carry(s, nullptr, layout_.carry_bytes);
-}
-
-void Model::restore_state(SeqState& s, int64_t n_tokens) const {
-    PEREGRINE_CHECK(n_tokens % layout_.page_tokens == 0, "state can only be restored at a page boundary");
-    PEREGRINE_CHECK(static_cast<int64_t>(s.tokens.size()) >= n_tokens, "restore needs the token history");
-    s.tokens.resize(static_cast<size_t>(n_tokens));
-    s.n_cached = n_tokens;
-    if (n_tokens == 0) {
-        init_state(s);
-        return;
-    }
-    const uint8_t* snap =
-        layout_.page_ptr(s.pool, s.pages.at(static_cast<size_t>(n_tokens / layout_.page_tokens - 1))) +
-        layout_.snapshot_offset;
-    s.carry.resize(layout_.carry_bytes);
-    backend_->load_carry(s, snap, layout_.carry_bytes);  // pages may be device memory
 }
 
 Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, bool logits_to_host) {

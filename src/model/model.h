@@ -42,11 +42,6 @@ public:
     Backend& backend() { return *backend_; }
     const ModelWeights& weights() const { return w_; }
 
-    // Resets a sequence's carry-over and history (its pages are the caller's).
-    void init_state(SeqState& s) const;
-    // Restores a sequence to the state at the end of page `page` (its first (page+1)*page_tokens tokens).
-    void restore_state(SeqState& s, int64_t n_tokens) const;
-
     // One forward step. Every sequence's pages must cover start_pos + n_tokens positions and its state must
     // hold exactly start_pos tokens. Returns fp32 logits [logit_rows.size(), vocab] for the given rows, in host
     // memory, or with logits_to_host false where the backend samples them (Backend::sample).
@@ -87,7 +82,8 @@ ModelConfig synthetic_v41_flash_config(int layers, int n_routed_experts = 384);
 
 // How each attention layer gets its compressed KV and selection (V4.1 sharing roles, V4 layer types).
 std::vector<AttentionLayerInfo> attention_layer_infos(const ModelConfig& cfg);
-// Page layout of the per-sequence state for this model.
+// What each layer of this model keeps per sequence, and its page layout.
+StateSpec state_spec(const ModelConfig& cfg);
 StateLayout make_state_layout(const ModelConfig& cfg, int page_tokens);
 
 }  // namespace peregrine

@@ -2,8 +2,10 @@
 // The coarse operations the model is written against. Each backend (cpu/: the readable reference,
 // cuda/: fused and fast) implements them for a batch of sequences whose new tokens are packed as rows.
 #include "io/model_config.h"
+#include "kv/sequence_state.h"
+#include "kv/state_layout.h"
+#include "kv/state_memory.h"
 #include "ops/sampling.h"
-#include "ops/state.h"
 #include "ops/weights.h"
 #include "util/error.h"
 
@@ -84,18 +86,8 @@ public:
     // Makes the calling thread use this backend's device (a thread that drives a model on one of several GPUs).
     virtual void bind_thread() {}
 
-    // Memory for state pages (host for the CPU backend, device memory for CUDA).
-    virtual uint8_t* alloc_state(size_t bytes) = 0;
-    virtual void free_state(uint8_t* p) = 0;
-    // Copies bytes of state-page memory to host memory.
-    virtual void read_state(const uint8_t* src, size_t bytes, void* dst) = 0;
-    // The model (re)set sequence s's compressor carry of `bytes`: snapshot null: s.carry holds a fresh carry
-    // (Model::init_state); else the carry as of a page's last token is at `snapshot` in state memory
-    // (Model::restore_state). The default keeps the carry in s.carry; a backend may keep its own copy
-    // (SeqState::backend_carry) and never touch s.carry again.
-    virtual void load_carry(SeqState& s, const uint8_t* snapshot, size_t bytes) {
-        if (snapshot && bytes) read_state(snapshot, bytes, s.carry.data());
-    }
+    // The memory state pages and carries live in (host memory for the CPU backend, device memory for CUDA).
+    virtual StateMemory& state_memory() = 0;
 
     // [T, hc] mixing weights that select copy 0 (the first sublayer's collapse in V4.1).
     virtual Tensor first_stream_mix(int T) = 0;

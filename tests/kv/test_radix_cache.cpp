@@ -1,8 +1,6 @@
 // Radix cache bookkeeping: page-granular matching, sharing, duplicate pages, locking and LRU eviction.
 #include "kv/radix_cache.h"
 
-#include "model/fixture.h"
-#include "model/model.h"
 
 #include <gtest/gtest.h>
 #include <numeric>
@@ -11,12 +9,19 @@ using namespace peregrine;
 
 namespace {
 
-// The pages of a real model's layout (the cache only needs page_tokens; the pool needs a backend).
-Model& model() {
-    static auto m = Model::load(test::fixture_dir("dsv4-tiny-a"));
-    return *m;
-}
 const int P = 16;
+
+// Pages of one layer's window entries (the cache only needs page_tokens).
+const StateLayout& layout() {
+    static const StateLayout L = [] {
+        StateSpec spec;
+        spec.layers.resize(1);
+        spec.layers[0].window = {fp8_entry_format(64, 64, 32), 1};
+        return make_state_layout(spec, P);
+    }();
+    return L;
+}
+HostStateMemory memory;
 
 std::vector<int32_t> seq(int n, int start = 0) {
     std::vector<int32_t> v(static_cast<size_t>(n) * P / 4);
@@ -33,8 +38,8 @@ std::vector<int32_t> take(PagePool& pool, int n) {
 }  // namespace
 
 TEST(RadixCache, MatchesWholePagesOnly) {
-    PagePool pool(model().backend(), model().layout(), 32);
-    ASSERT_EQ(model().layout().page_tokens, P);
+    PagePool pool(memory, layout(), 32);
+    ASSERT_EQ(layout().page_tokens, P);
     RadixCache cache(pool);
     auto t = seq(11);  // 2 full pages + 3 tokens
     auto pages = take(pool, 3);
@@ -65,8 +70,8 @@ TEST(RadixCache, MatchesWholePagesOnly) {
 }
 
 TEST(RadixCache, DuplicatePagesReturnToPool) {
-    PagePool pool(model().backend(), model().layout(), 32);
-    ASSERT_EQ(model().layout().page_tokens, P);
+    PagePool pool(memory, layout(), 32);
+    ASSERT_EQ(layout().page_tokens, P);
     RadixCache cache(pool);
     auto t = seq(12);
     cache.insert(t, take(pool, 3), 3);
@@ -77,8 +82,8 @@ TEST(RadixCache, DuplicatePagesReturnToPool) {
 }
 
 TEST(RadixCache, SharedPrefixBranches) {
-    PagePool pool(model().backend(), model().layout(), 32);
-    ASSERT_EQ(model().layout().page_tokens, P);
+    PagePool pool(memory, layout(), 32);
+    ASSERT_EQ(layout().page_tokens, P);
     RadixCache cache(pool);
     auto a = seq(12), b = seq(12);
     b[9 * P / 4] = 77;  // same first two pages
@@ -96,8 +101,8 @@ TEST(RadixCache, SharedPrefixBranches) {
 }
 
 TEST(RadixCache, EvictsLeastRecentlyUsedUnreferencedLeaves) {
-    PagePool pool(model().backend(), model().layout(), 32);
-    ASSERT_EQ(model().layout().page_tokens, P);
+    PagePool pool(memory, layout(), 32);
+    ASSERT_EQ(layout().page_tokens, P);
     RadixCache cache(pool);
     auto a = seq(8, 0), b = seq(8, 1000), c = seq(8, 2000);
     cache.insert(a, take(pool, 2), 2);
@@ -122,8 +127,8 @@ TEST(RadixCache, EvictsLeastRecentlyUsedUnreferencedLeaves) {
 }
 
 TEST(RadixCache, ParentOfLockedChildIsNotEvicted) {
-    PagePool pool(model().backend(), model().layout(), 32);
-    ASSERT_EQ(model().layout().page_tokens, P);
+    PagePool pool(memory, layout(), 32);
+    ASSERT_EQ(layout().page_tokens, P);
     RadixCache cache(pool);
     auto a = seq(12);
     cache.insert(a, take(pool, 3), 3);
@@ -135,7 +140,7 @@ TEST(RadixCache, ParentOfLockedChildIsNotEvicted) {
 }
 
 TEST(RadixCache, RunningSequenceSharesPagesAndKeepsDuplicatesPrivate) {
-    PagePool pool(model().backend(), model().layout(), 32);
+    PagePool pool(memory, layout(), 32);
     RadixCache cache(pool);
     auto t = seq(16);  // 4 pages
     auto a = take(pool, 4);

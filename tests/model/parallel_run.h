@@ -31,11 +31,11 @@ inline std::vector<SeqLogits> run_sequences(Model& model, const std::vector<std:
                                             const std::vector<int>& seqs, int steps) {
     model.backend().bind_thread();
     const int vocab = model.config().vocab_size;
-    PagePool pool(model.backend(), model.layout(), 64);
+    PagePool pool(model.backend().state_memory(), model.layout(), 64);
     std::vector<SeqState> st(seqs.size());
     std::vector<std::vector<int32_t>> toks;
     for (size_t i = 0; i < seqs.size(); ++i) {
-        model.init_state(st[i]);
+        pool.init(st[i]);
         toks.push_back(all[static_cast<size_t>(seqs[i])]);
         EXPECT_TRUE(pool.reserve(st[i], static_cast<int64_t>(toks.back().size()) + steps));
     }

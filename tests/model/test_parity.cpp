@@ -108,10 +108,10 @@ TEST(Batching, MixedBatchMatchesSingleSequences) {
     };
     auto ref_a = solo(a), ref_b = solo(b);
 
-    PagePool pool(model->backend(), model->layout(), 64);
+    PagePool pool(model->backend().state_memory(), model->layout(), 64);
     SeqState sa, sb;
-    model->init_state(sa);
-    model->init_state(sb);
+    pool.init(sa);
+    pool.init(sb);
     ASSERT_TRUE(pool.reserve(sa, 70) && pool.reserve(sb, 31));
     // Step 1: a's first 50 tokens and b's first 20. Step 2: a's next 20 and b's next 11 one per step... as a chunk.
     auto step = [&](int64_t a0, int an, int64_t b0, int bn) {
@@ -148,9 +148,9 @@ TEST(PrefixState, ResumeFromSharedPagesIsExact) {
         SequenceRunner ref(*model, n);
         auto expect = ref.feed({ids.begin(), ids.begin() + n}, 0, true);
 
-        PagePool pool(model->backend(), model->layout(), 16);
+        PagePool pool(model->backend().state_memory(), model->layout(), 16);
         SeqState a, b;
-        model->init_state(a);
+        pool.init(a);
         ASSERT_TRUE(pool.reserve(a, n));
         ForwardBatch fa;
         fa.seqs.push_back({&a, 0, n, 0});
@@ -162,7 +162,7 @@ TEST(PrefixState, ResumeFromSharedPagesIsExact) {
             b.pool = pool.base();
             b.pages.assign(a.pages.begin(), a.pages.begin() + shared_pages);
             b.tokens = a.tokens;
-            model->restore_state(b, static_cast<int64_t>(shared_pages) * P);
+            pool.restore(b, static_cast<int64_t>(shared_pages) * P);
             const int start = shared_pages * P;
             for (int p = 0; p < model->layout().pages_for(n) - shared_pages; ++p) b.pages.push_back(pool.alloc());
             ForwardBatch fb;
@@ -193,9 +193,9 @@ TEST(DSpark, DraftsMatchGolden) {
     auto golden_conf = read_raw<float>(dir + "decode.dspark.confidence.f32");
     std::stringstream lines(read_file(dir + "decode.dspark.ids"));
 
-    PagePool pool(model->backend(), model->layout(), 8);
+    PagePool pool(model->backend().state_memory(), model->layout(), 8);
     SeqState st;
-    model->init_state(st);
+    pool.init(st);
     ASSERT_TRUE(pool.reserve(st, static_cast<int64_t>(ids.size())));
     auto feed = [&](int64_t start, int n) {
         ForwardBatch b;

@@ -1,10 +1,10 @@
-// State entries in the released byte formats (ops/state_format.h): every value the model stores was QDQ'd, so
+// State entries in the released byte formats (kv/entry_format.h): every value the model stores was QDQ'd, so
 // packing is lossless; checked on the quantisers' outputs over many magnitudes and on the fixtures' real state.
 #include "engine/sequence_runner.h"
 #include "kv/page_pool.h"
 #include "model/fixture.h"
 #include "model/model.h"
-#include "ops/state_format.h"
+#include "kv/entry_format.h"
 #include "tensor/dtype.h"
 #include "tensor/quant.h"
 
@@ -135,9 +135,9 @@ TEST(StateFormat, FixtureStateIsCanonical) {
         auto ids = read_ids(fixture_dir(fx) + "/cases/prefill.ids");
         const int n = static_cast<int>(ids.size());
         const StateLayout& L = model->layout();
-        PagePool pool(model->backend(), L, L.pages_for(n) + 1);
+        PagePool pool(model->backend().state_memory(), L, L.pages_for(n) + 1);
         SeqState st;
-        model->init_state(st);
+        pool.init(st);
         ASSERT_TRUE(pool.reserve(st, n));
         ForwardBatch b;
         b.seqs.push_back({&st, 0, n, 0});

@@ -1,7 +1,7 @@
 #pragma once
 // Shared by the GPU tests: skip (with the reason) where no GPU is usable, and device time by CUDA events.
 #include "ops/backend.h"
-#include "ops/state_format.h"
+#include "kv/entry_format.h"
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>

@@ -308,10 +308,10 @@ TEST_P(CudaModel, MixedBatchAndPrefixResume) {
     SequenceRunner rb(model, nb);
     auto expect_b = rb.feed(b, 0, true);
 
-    PagePool pool(model.backend(), model.layout(), 64);
+    PagePool pool(model.backend().state_memory(), model.layout(), 64);
     SeqState sa, sb;
-    model.init_state(sa);
-    model.init_state(sb);
+    pool.init(sa);
+    pool.init(sb);
     ASSERT_TRUE(pool.reserve(sa, na) && pool.reserve(sb, nb));
     auto step = [&](int a0, int an, int b0, int bn) {
         ForwardBatch batch;
@@ -342,7 +342,7 @@ TEST_P(CudaModel, MixedBatchAndPrefixResume) {
     c.pool = pool.base();
     c.pages.assign(sa.pages.begin(), sa.pages.begin() + 2);
     c.tokens = sa.tokens;
-    model.restore_state(c, 2 * P);
+    pool.restore(c, 2 * P);
     for (int p = 0; p < model.layout().pages_for(n) - 2; ++p) c.pages.push_back(pool.alloc());
     ForwardBatch fc;
     fc.seqs.push_back({&c, 2 * P, n - 2 * P, 0});
@@ -472,17 +472,6 @@ TEST(CudaTopK, MatchesStableSortOnTies) {
 
 namespace {
 
-// A fresh V4.1 compressor carry, as Model::init_state makes it: kv slots 0, score slots -inf.
-void fresh_carry(SeqState& s, const StateLayout& layout) {
-    s.carry.assign(layout.carry_bytes, 0);
-    for (const auto& L : layout.layers)
-        if (L.carry_bytes) {
-            float* f = reinterpret_cast<float*>(s.carry.data() + L.carry_offset);
-            const size_t half = L.carry_bytes / sizeof(float) / 2;
-            for (size_t i = 0; i < half; ++i) f[half + i] = -INFINITY;
-        }
-}
-
 // Attention layers at real dimensions on identical inputs and fresh state: prefill of 18 tokens then one
 // decode token, every layer role (window, ratio-2 source and reuse, ratio-1 source with candidate blocks).
 TEST(CudaOpsRealDims, AttentionLayers) {
@@ -492,9 +481,10 @@ TEST(CudaOpsRealDims, AttentionLayers) {
     auto infos = attention_layer_infos(cfg);
     auto cpu = make_cpu_backend(cfg, layout);
     CudaBackend gpu(cfg, layout);
-    PagePool pc(*cpu, layout, 8), pg(gpu, layout, 8);
+    PagePool pc(cpu->state_memory(), layout, 8), pg(gpu.state_memory(), layout, 8);
     SeqState sc, sg;
-    for (SeqState* s : {&sc, &sg}) fresh_carry(*s, layout);
+    pc.init(sc);
+    pg.init(sg);
     ASSERT_TRUE(pc.reserve(sc, 32) && pg.reserve(sg, 32));
     uint64_t seed = 99;
     for (auto [start, n] : {std::pair<int, int>{0, 18}, {18, 1}}) {
@@ -536,9 +526,10 @@ TEST(CudaOpsRealDims, AttentionKeyRowsMatchPackedKeys) {
     auto& [cfg, w, layout] = rd;
     auto infos = attention_layer_infos(cfg);
     CudaBackend rows_gpu(cfg, layout), packed_gpu(cfg, layout);
-    PagePool pr(rows_gpu, layout, 64), pp(packed_gpu, layout, 64);
+    PagePool pr(rows_gpu.state_memory(), layout, 64), pp(packed_gpu.state_memory(), layout, 64);
     SeqState sr[2], sp[2];
-    for (SeqState* s : {&sr[0], &sr[1], &sp[0], &sp[1]}) fresh_carry(*s, layout);
+    for (SeqState& s : sr) pr.init(s);
+    for (SeqState& s : sp) pp.init(s);
     ASSERT_TRUE(pr.reserve(sr[0], 560) && pr.reserve(sr[1], 48) && pp.reserve(sp[0], 560) && pp.reserve(sp[1], 48));
     uint64_t seed = 7;
     const bool rows_default = cuda::sparse_attention_rows_enabled();
@@ -602,8 +593,8 @@ TEST(CudaDSpark, DraftsMatchGoldenAndCpu) {
     };
     Run runs[2] = {{gpu.get(), nullptr, {}}, {cpu.get(), nullptr, {}}};
     for (Run& r : runs) {
-        r.pool = std::make_unique<PagePool>(r.m->backend(), r.m->layout(), 8);
-        r.m->init_state(r.st);
+        r.pool = std::make_unique<PagePool>(r.m->backend().state_memory(), r.m->layout(), 8);
+        r.pool->init(r.st);
         ASSERT_TRUE(r.pool->reserve(r.st, static_cast<int64_t>(ids.size())));
     }
     auto feed = [&](Run& r, int64_t start, int n) {

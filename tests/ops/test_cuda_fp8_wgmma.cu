@@ -5,7 +5,7 @@
 // operand layout (128-byte swizzled K-major tiles, 32 bytes a k32 step). It prints the error in units of the sum of
 // |products| and how often the bf16-rounded result differs from the exact one. Skipped without a GPU.
 #include "ops/cuda/wgmma.cuh"
-#include "ops/state_format.h"
+#include "kv/entry_format.h"
 
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>

@@ -42,10 +42,10 @@ ModelRun open_model(std::unique_ptr<Model> m, bool graphs, int n_seqs, int64_t t
     ModelRun r;
     r.m = std::move(m);
     r.be().set_graphs(graphs);
-    r.pool = std::make_unique<PagePool>(r.m->backend(), r.m->layout(), n_seqs * (r.m->layout().pages_for(tokens) + 1));
+    r.pool = std::make_unique<PagePool>(r.m->backend().state_memory(), r.m->layout(), n_seqs * (r.m->layout().pages_for(tokens) + 1));
     r.seqs.resize(static_cast<size_t>(n_seqs));
     for (auto& s : r.seqs) {
-        r.m->init_state(s);
+        r.pool->init(s);
         EXPECT_TRUE(r.pool->reserve(s, tokens));
     }
     return r;
@@ -169,7 +169,7 @@ TEST(CudaGraphs, RestoredCarryContinuesExactly) {
         c.pool = r.pool->base();
         c.pages.assign(r.seqs[0].pages.begin(), r.seqs[0].pages.begin() + 1);
         c.tokens = r.seqs[0].tokens;
-        r.m->restore_state(c, P);
+        r.pool->restore(c, P);
         for (int64_t p = 1; p < r.m->layout().pages_for(n + 8); ++p) c.pages.push_back(r.pool->alloc());
         Tensor a = step(r, {{}, std::vector<int32_t>(prompt.begin() + P, prompt.end())});
         // The uninterrupted sequence's logits at its last prompt row come from a fresh run of the whole prompt.

@@ -2,7 +2,7 @@
 // x 512 over up to 128 window + 512 selected keys, random bf16 queries, keys quantise-dequantised as the
 // state holds them (window: fp8 e4m3 with ue8m0 scales per 32; compressed: fp4 e2m1 with e4m3 scales per
 // 16; V4: fp8 with ue8m0 per 64 on the first 448 dims, the RoPE dims bf16), read from their packed state
-// entries (state_format.h), a per-head sink, key counts from 0 to 640 (below one 64-key block, on and off block boundaries) and
+// entries (kv/entry_format.h), a per-head sink, key counts from 0 to 640 (below one 64-key block, on and off block boundaries) and
 // masked (null) entries. 8 and 40 queries take the split-key path (decode), 256 and 4096 one CTA per query.
 // The 16-warp CTAs must give the 8-warp CTAs' output bit for bit. From 256 queries the warpgroup-MMA kernel over
 // the same keys decoded to bf16 rows meets the same bound. Prints PARITY lines per size with the device times and

@@ -3,7 +3,7 @@
 // word, gives the bf16 bits of the float decoding (sf_e4m3 / sf_e2m1 times the scale, rounded to bf16). The
 // kernels use these very functions, so a wrong shift or mask fails here without a GPU.
 #include "ops/cuda/entry_decode.h"
-#include "ops/state_format.h"
+#include "kv/entry_format.h"
 #include "tensor/dtype.h"
 
 #include <gtest/gtest.h>

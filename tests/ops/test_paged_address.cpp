@@ -4,7 +4,8 @@
 #include "model/model.h"
 #include "ops/attention_plan.h"
 #include "ops/cuda/paged_address.h"
-#include "ops/state.h"
+#include "kv/sequence_state.h"
+#include "kv/state_layout.h"
 
 #include <gtest/gtest.h>
 

@@ -13,7 +13,7 @@
 
 namespace peregrine::cpu {
 
-// State entries are packed (state_format.h); the values written were QDQ'd already, so packing them is
+// State entries are packed (kv/entry_format.h); the values written were QDQ'd already, so packing them is
 // exact, and a value it would change is a bug worth stopping for.
 static void store_entry(const StateSection& sec, const float* x, uint8_t* dst) {
     if (!encode_entry(sec.format, x, dst))
@@ -55,7 +55,7 @@ static std::vector<Emitted> run_compressor(const ModelConfig& cfg, const StateLa
     Tensor kv = be.linear(x, cw.wkv), score = be.linear(x, cw.wgate);  // fp32
     const int slots = coff * ratio;
     for (auto& s : batch.seqs) {
-        float* kv_state = reinterpret_cast<float*>(s.state->carry.data() + carry_offset);
+        float* kv_state = reinterpret_cast<float*>(s.state->carry.get() + carry_offset);
         float* sc_state = kv_state + static_cast<size_t>(slots) * width;
         for (int i = 0; i < s.n_tokens; ++i) {
             const int64_t pos = s.start_pos + i, row = s.row0 + i;

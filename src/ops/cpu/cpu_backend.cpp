@@ -83,17 +83,6 @@ std::unique_ptr<StepScratch> CpuBackend::begin_step(const ForwardBatch& batch) {
     return s;
 }
 
-uint8_t* CpuBackend::alloc_state(size_t bytes) {
-    auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
-    if (!p) fail("cannot allocate {} bytes of state pages", bytes);
-    std::memset(p, 0, bytes);
-    return p;
-}
-
-void CpuBackend::free_state(uint8_t* p) { std::free(p); }
-
-void CpuBackend::read_state(const uint8_t* src, size_t bytes, void* dst) { std::memcpy(dst, src, bytes); }
-
 Tensor CpuBackend::first_stream_mix(int T) {
     Tensor pre = Tensor::zeros(DType::F32, {T, cfg_.hc_mult});
     for (int t = 0; t < T; ++t) pre.f32()[t * cfg_.hc_mult] = 1.0f;

@@ -21,9 +21,7 @@ public:
     std::string name() const override { return "cpu"; }
 
     std::unique_ptr<StepScratch> begin_step(const ForwardBatch& batch) override;
-    uint8_t* alloc_state(size_t bytes) override;
-    void free_state(uint8_t* p) override;
-    void read_state(const uint8_t* src, size_t bytes, void* dst) override;
+    StateMemory& state_memory() override { return memory_; }
     Tensor first_stream_mix(int T) override;
     Tensor gather_rows(const Tensor& x, const std::vector<int>& rows) override;
     Tensor embed(const Tensor& table, const std::vector<int32_t>& ids) override;
@@ -65,6 +63,7 @@ private:
 
     ModelConfig cfg_;
     StateLayout layout_;
+    HostStateMemory memory_;
     std::map<std::pair<double, bool>, Rope> ropes_;
 };
 

@@ -186,7 +186,7 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     AttentionInputs in = attention_inputs(x, w, info, freqs, pos.ptr, T);
     Tensor &q = in.q, &kv = in.kv;
 
-    // Sliding-window K=V, stored per token (packed: state_format.h).
+    // Sliding-window K=V, stored per token (packed: kv/entry_format.h).
     if (device_tables) {
         paged_store_entries(kv.f32(), T, L.window.format, paged(), paged_section(L.window));
     } else {

@@ -214,7 +214,7 @@ Tensor CudaBackend::to_host(const Tensor& dev) {
 }
 
 CudaBackend::CudaBackend(const ModelConfig& cfg, const StateLayout& layout, EngramPlacement engram, int gpu)
-    : gpu_(gpu), cfg_(cfg), layout_(layout), engram_placement_(engram) {
+    : gpu_(gpu), cfg_(cfg), layout_(layout), memory_(gpu), engram_placement_(engram) {
     PG_CUDA(cudaSetDevice(gpu_));
     graphs_ = switch_is("PEREGRINE_CUDA_GRAPHS", "1");
     hc_small_ = switch_is("PEREGRINE_HC_SMALL", "1");
@@ -385,8 +385,8 @@ Tensor CudaBackend::linear(const Tensor& x, const LinearWeight& w) {
 std::unique_ptr<StepScratch> CudaBackend::begin_step(const ForwardBatch&) { return std::make_unique<CudaScratch>(); }
 
 // State memory is made and freed from whichever thread owns the pool: on this backend's GPU.
-uint8_t* CudaBackend::alloc_state(size_t bytes) {
-    bind_thread();
+uint8_t* CudaStateMemory::alloc(size_t bytes) {
+    PG_CUDA(cudaSetDevice(gpu_));
     void* p = nullptr;
     cudaError_t e = cudaMalloc(&p, std::max<size_t>(bytes, 64));
     if (e == cudaErrorMemoryAllocation) {  // the activation pool may hold freed memory: give it back and retry
@@ -402,49 +402,25 @@ uint8_t* CudaBackend::alloc_state(size_t bytes) {
     return static_cast<uint8_t*>(p);
 }
 
-void CudaBackend::free_state(uint8_t* p) {
+void CudaStateMemory::free(uint8_t* p) {
     cudaSetDevice(gpu_);
     cudaDeviceSynchronize();
     cudaFree(p);
 }
 
-void CudaBackend::read_state(const uint8_t* src, size_t bytes, void* dst) {
+void CudaStateMemory::to_host(const uint8_t* src, size_t bytes, void* dst) {
     PG_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 
-void CudaBackend::load_carry(SeqState& s, const uint8_t* snapshot, size_t bytes) {
-    BackendCarry& c = s.backend_carry;
-    if (bytes == 0) {
-        c = BackendCarry();
-        return;
-    }
-    PEREGRINE_CHECK(bytes == layout_.carry_bytes, "load_carry: {} bytes, the layout's carry has {}", bytes,
-                    layout_.carry_bytes);
-    if (!c.p) c.p = device_alloc(bytes);
-    if (snapshot) {  // stream-ordered after the step that wrote the snapshot
-        PG_CUDA(cudaMemcpyAsync(c.p.get(), snapshot, bytes, cudaMemcpyDeviceToDevice, 0));
-        c.host_stale = true;
-    } else {
-        PEREGRINE_CHECK(s.carry.size() == bytes, "load_carry: the host carry holds {} bytes, expected {}",
-                        s.carry.size(), bytes);
-        copy_to_device(c.p.get(), s.carry.data(), bytes);
-        c.host_stale = false;
-    }
+void CudaStateMemory::from_host(uint8_t* dst, const void* src, size_t bytes) { copy_to_device(dst, src, bytes); }
+
+void CudaStateMemory::copy(uint8_t* dst, const uint8_t* src, size_t bytes) {
+    PG_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
 }
 
 float* CudaBackend::device_carry(SeqState& s) {
-    BackendCarry& c = s.backend_carry;
-    if (!c.p) {  // a state the model did not initialise through this backend (or a copy): its host carry
-        PEREGRINE_CHECK(!c.host_stale,
-                        "sequence state was copied after its carry moved on in device memory; restore it with "
-                        "Model::restore_state");
-        PEREGRINE_CHECK(s.carry.size() == layout_.carry_bytes, "sequence carry holds {} bytes, the layout {}",
-                        s.carry.size(), layout_.carry_bytes);
-        c.p = device_alloc(layout_.carry_bytes);
-        copy_to_device(c.p.get(), s.carry.data(), layout_.carry_bytes);
-    }
-    c.host_stale = true;  // the caller advances it
-    return static_cast<float*>(c.p.get());
+    PEREGRINE_CHECK(s.carry, "sequence state has no carry slot (PagePool::init or restore sets one up)");
+    return reinterpret_cast<float*>(s.carry.get());
 }
 
 Tensor CudaBackend::first_stream_mix(int T) {

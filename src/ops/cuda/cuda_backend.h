@@ -61,6 +61,20 @@ struct DecodeSet {
 
 enum class EngramPlacement { Device, Host };
 
+// State pages and carries in one GPU's memory; copies on the calling thread's stream.
+class CudaStateMemory final : public StateMemory {
+public:
+    explicit CudaStateMemory(int gpu) : gpu_(gpu) {}
+    uint8_t* alloc(size_t bytes) override;
+    void free(uint8_t* p) override;
+    void to_host(const uint8_t* src, size_t bytes, void* dst) override;
+    void from_host(uint8_t* dst, const void* src, size_t bytes) override;
+    void copy(uint8_t* dst, const uint8_t* src, size_t bytes) override;
+
+private:
+    int gpu_;
+};
+
 class CudaBackend : public Backend {
 public:
     CudaBackend(const ModelConfig& cfg, const StateLayout& layout, EngramPlacement engram = EngramPlacement::Device,
@@ -70,12 +84,7 @@ public:
 
     std::unique_ptr<StepScratch> begin_step(const ForwardBatch& batch) override;
     void bind_thread() override;
-    uint8_t* alloc_state(size_t bytes) override;
-    void free_state(uint8_t* p) override;
-    void read_state(const uint8_t* src, size_t bytes, void* dst) override;
-    // The carry lives in device memory (SeqState::backend_carry): a fresh one is uploaded, a restored one
-    // copied from the page snapshot on the device.
-    void load_carry(SeqState& s, const uint8_t* snapshot, size_t bytes) override;
+    StateMemory& state_memory() override { return memory_; }
     Tensor first_stream_mix(int T) override;
     Tensor gather_rows(const Tensor& x, const std::vector<int>& rows) override;
     Tensor embed(const Tensor& table, const std::vector<int32_t>& ids) override;
@@ -219,8 +228,7 @@ private:
     // Inverse RoPE of the attention output (in place), grouped wo_a (bf16), wo_b.
     Tensor project_output(Tensor& o, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
 
-    // Sequence s's carry in device memory (created from its host carry if the model did not load one); the
-    // caller advances it.
+    // Sequence s's carry in device memory (its slot from the page pool).
     float* device_carry(SeqState& s);
     // A sampler call: its results on the device (the deferred ids' source) and on their way to the host.
     struct StartedSample;
@@ -344,6 +352,7 @@ private:
 
     ModelConfig cfg_;
     StateLayout layout_;
+    CudaStateMemory memory_;
     EngramPlacement engram_placement_;
     std::unordered_map<const void*, std::shared_ptr<void>> raw_, f32_, engram_w_;
     std::unordered_map<const void*, ExpertTables> experts_;

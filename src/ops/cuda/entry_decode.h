@@ -1,5 +1,5 @@
 #pragma once
-// Exact decoding of packed state entries (state_format.h) into bf16 on the integer pipe: the codes' bits are
+// Exact decoding of packed state entries (kv/entry_format.h) into bf16 on the integer pipe: the codes' bits are
 // placed into bf16 bits (a power-of-two multiple of their value), then one or two bf16x2 multiplies apply the
 // scale and the power of two. The conversion pipe (16 results a clock per SM) is not used, where decoding through
 // floats (sf_e4m3 / sf_e2m1, a multiply, a packed conversion) took a conversion or two per value. Every product is
@@ -7,7 +7,7 @@
 // bf16 values of sf_e4m3(code) x scale and sf_e2m1(code) x scale bit for bit, except for the e4m3 NaN code
 // (0x7f / 0xff), which no quantised entry holds. Host and device share these functions, so
 // tests/ops/test_entry_decode.cpp checks every code and scale without a GPU.
-#include "ops/state_format.h"
+#include "kv/entry_format.h"
 #include "util/host_device.h"
 
 #include <cstdint>

@@ -4,7 +4,7 @@
 // step for step, with double accumulation where the reference sums exactly; the fast ones (marked
 // Numerics::Fast) keep its rounding points and sum in fp32 in their own order.
 #include "ops/cuda/paged_address.h"
-#include "ops/state_format.h"
+#include "kv/entry_format.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -178,7 +178,7 @@ void head_norm_bf16(float* x, int64_t n_heads, int D, float eps);
 // ids[i] < 0 (other than INT32_MIN) is a deferred id: row -1 - ids[i] of src, read as src[row * stride].
 void resolve_deferred_ids(int32_t* ids, int64_t n, const int32_t* src, int stride);
 
-// ---- state_entries.cu: state entries in their packed formats (ops/state_format.h)
+// ---- state_entries.cu: state entries in their packed formats (kv/entry_format.h)
 // Row r of src [rows, f.dim] (QDQ'd values) encoded into the entry at dst[r]. A value the format cannot hold
 // exactly (never for QDQ'd values) is counted in state_encode_failures().
 void store_entries(const float* src, int64_t rows, const EntryFormat& f, uint8_t* const* dst);

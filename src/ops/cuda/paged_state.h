@@ -3,7 +3,8 @@
 // addresses themselves (paged_tables.cu).
 #include "ops/backend.h"
 #include "ops/cuda/kernels.h"
-#include "ops/state.h"
+#include "kv/sequence_state.h"
+#include "kv/state_layout.h"
 
 #include <algorithm>
 #include <memory>

@@ -24,7 +24,7 @@
 //
 // Layout: one CTA (8 or 16 warps, see sparse_warps) per (query, group of 64 heads, key split). Shared memory
 // holds the queries as bf16 (64 x 512) and two 64-key K=V buffers as bf16, filled from the packed state entries
-// (state_format.h: e4m3 or e2m1 codes with their scales, V4's bf16 RoPE dims) by a register prefetch of the next
+// (kv/entry_format.h: e4m3 or e2m1 codes with their scales, V4's bf16 RoPE dims) by a register prefetch of the next
 // block's raw bytes in four 16-key chunks interleaved with the current block's math, decoded exactly as they are
 // stored to shared memory. S: warp (mh, ng) computes heads 32 mh.. x keys 16 ng..; the row maxima and sums cross
 // the four key groups through shared memory. P.V: warp w owns output dims 64 w.. of all 64 heads (128 fp32

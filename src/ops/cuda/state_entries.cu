@@ -1,4 +1,4 @@
-// State entries in their packed formats (ops/state_format.h): encoding rows of QDQ'd values into entries
+// State entries in their packed formats (kv/entry_format.h): encoding rows of QDQ'd values into entries
 // (exact: the same encode_entry_block as the CPU reference, one thread per scale block), decoding entries
 // back to fp32, and making the benchmark's random pages valid entries.
 #include "ops/cuda/device_math.cuh"

@@ -2,7 +2,7 @@
 // Byte formats of the state entries (the released checkpoints' cache dtypes), shared by the layout, the CPU
 // reference and the CUDA kernels. Every stored value was already quantise-dequantised by the model (QDQ), so
 // the packed form holds it exactly: encode() re-derives a scale under which each value is a code, and
-// reports whether decode(encode(x)) == x bit for bit (it always is for QDQ'd values; see state_format.cpp).
+// reports whether decode(encode(x)) == x bit for bit (it always is for QDQ'd values).
 //
 //   fp8   [quant_dims e4m3 codes][dim - quant_dims bf16 values][quant_dims / block ue8m0 scales][pad]
 //         V4.1 window K=V: 512 codes + 16 scales (blocks of 32) = 528 B.

@@ -1,0 +1,59 @@
+#pragma once
+// The state of the engine's running sequences: pages from one pool, shared through the prefix cache. A sequence
+// is admitted (its prompt's cached prefix matched and locked, its state resumed after it), grows page by page
+// (evicting unused cached pages when the pool runs short), shares its completed pages while it runs, and hands
+// them to the cache when it ends or is preempted.
+#include "kv/page_pool.h"
+#include "kv/prefix_cache.h"
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+namespace peregrine {
+
+// One sequence as the cache manager tracks it.
+struct CachedSequence {
+    SeqState state;
+    PrefixCache::Handle locked = nullptr;  // the cached path it uses
+    int64_t shared_pages = 0;              // its leading pages the cache owns
+    bool sharing_stopped = false;          // a concurrent duplicate: the rest of its pages stay private
+};
+
+class CacheManager {
+public:
+    struct Stats {
+        int64_t pages_total = 0, pages_used = 0, pages_cached = 0, pages_evictable = 0;
+    };
+
+    // `prefix_cache` false: no sharing, pages go back to the pool.
+    CacheManager(StateMemory& memory, const StateLayout& layout, int64_t n_pages, bool prefix_cache);
+    ~CacheManager();
+
+    // Sets the sequence up to compute `tokens` after their longest cached prefix of whole pages (the last token
+    // is always computed) with room for one more token. Returns the tokens resumed from the cache, or -1 (and
+    // nothing held) when the pages are short right now.
+    int64_t admit(CachedSequence& s, std::span<const int32_t> tokens);
+    // Pages to cover n_tokens, evicting unused cached pages as needed; false (nothing allocated) when short.
+    bool reserve(CachedSequence& s, int64_t n_tokens);
+    // The pages of its first known_tokens tokens (whole pages) go to the prefix cache, the others to the pool.
+    void release(CachedSequence& s, int64_t known_tokens);
+    // Shares its completed pages (up to known_tokens) with the cache while it runs, so that concurrent requests
+    // with the same prefix use them at once.
+    void share(CachedSequence& s, int64_t known_tokens);
+
+    // Pages free or held only by the cache.
+    int64_t available_pages() const;
+    // Frees every cached page no sequence uses; returns how many.
+    int64_t flush();
+    Stats stats() const;
+    const StateLayout& layout() const { return pool_.layout(); }
+    int64_t capacity_tokens() const { return pool_.capacity() * pool_.layout().page_tokens; }
+    PagePool& pool() { return pool_; }
+
+private:
+    PagePool pool_;
+    std::unique_ptr<PrefixCache> cache_;
+};
+
+}  // namespace peregrine

@@ -1,0 +1,49 @@
+#pragma once
+// A cache of whole state pages keyed by the tokens before them. Since a full page is never written again and
+// carries the compressor snapshot of its last token, any shared prefix of whole pages can be resumed exactly
+// (PagePool::restore), whatever the compression ratios of the layers. Sequences lock the path they match or
+// share; only pages no sequence uses are evicted.
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace peregrine {
+
+class PrefixCache {
+public:
+    // The end of a locked path (null: nothing locked).
+    struct Node;
+    using Handle = Node*;
+
+    struct Match {
+        std::vector<int32_t> pages;  // pages[i] holds tokens [i*P, (i+1)*P)
+        Handle last = nullptr;       // the matched path, locked until unlock(last)
+    };
+
+    struct Stats {
+        int64_t cached_pages = 0;     // pages the cache owns
+        int64_t evictable_pages = 0;  // of those, the ones no sequence uses
+        int64_t evicted_pages = 0;    // since start
+    };
+
+    virtual ~PrefixCache() = default;
+
+    // Longest cached prefix of `tokens`, in whole pages, at most max_pages.
+    virtual Match match(std::span<const int32_t> tokens, int64_t max_pages) = 0;
+    virtual void unlock(Handle last) = 0;
+    // Hands a sequence's first n_pages pages over (pages[i] holds tokens [i*P, (i+1)*P)); a page whose prefix is
+    // already cached under another page goes back to the pool.
+    virtual void insert(std::span<const int32_t> tokens, std::span<const int32_t> pages, int64_t n_pages) = 0;
+    // Shares a running sequence's newly completed pages [from_page, to_page) while it keeps using them, locked for
+    // it below `last` (its locked path). Stops at a page whose prefix another sequence cached under a different
+    // page (that page stays the sequence's own). Returns the new path end; `to_page` becomes the count shared.
+    virtual Handle extend(Handle last, std::span<const int32_t> tokens, std::span<const int32_t> pages,
+                          int64_t from_page, int64_t& to_page) = 0;
+    // Frees up to n pages no sequence uses, least recently used first; returns how many.
+    virtual int64_t evict(int64_t n) = 0;
+    // Frees every page no sequence uses; returns how many.
+    virtual int64_t clear() = 0;
+    virtual const Stats& stats() const = 0;
+};
+
+}  // namespace peregrine

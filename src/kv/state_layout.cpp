@@ -1,0 +1,66 @@
+#include "kv/state_layout.h"
+#include "util/error.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace peregrine {
+
+StateLayout make_state_layout(const StateSpec& spec, int page_tokens) {
+    PEREGRINE_CHECK(page_tokens > 0, "pages need at least one token, not {}", page_tokens);
+    StateLayout s;
+    s.page_tokens = page_tokens;
+    size_t off = 0;
+    auto place = [&](const SectionSpec& in) {
+        StateSection sec;
+        if (!in.present()) return sec;
+        const int n = in.per_entry_tokens;
+        sec.offset = off;
+        sec.format = in.format;
+        sec.entry_bytes = static_cast<size_t>(in.format.bytes);
+        sec.per_entry_tokens = n;
+        if (n <= page_tokens) {
+            if (page_tokens % n != 0) fail("page size {} is not a multiple of the compression ratio {}", page_tokens, n);
+            sec.entries_per_page = page_tokens / n;
+        } else {
+            if (n % page_tokens != 0) fail("compression ratio {} is not a multiple of the page size {}", n, page_tokens);
+            sec.entries_per_page = 1;
+        }
+        off += sec.entry_bytes * static_cast<size_t>(sec.entries_per_page);
+        return sec;
+    };
+    auto carry = [&](int64_t floats, size_t& offset, size_t& bytes) {
+        if (floats <= 0) return;
+        offset = s.carry_bytes;
+        bytes = 2 * static_cast<size_t>(floats) * sizeof(float);
+        s.carry_bytes += bytes;
+    };
+    for (const LayerStateSpec& in : spec.layers) {
+        LayerStateLayout L;
+        L.window = place(in.window);
+        L.comp = place(in.comp);
+        L.index_k = place(in.index_k);
+        carry(in.carry_floats, L.carry_offset, L.carry_bytes);
+        carry(in.index_carry_floats, L.index_carry_offset, L.index_carry_bytes);
+        s.layers.push_back(L);
+    }
+    s.snapshot_offset = off;
+    s.page_bytes = (off + s.carry_bytes + 63) / 64 * 64;
+    return s;
+}
+
+std::vector<uint8_t> StateLayout::initial_carry() const {
+    std::vector<uint8_t> c(carry_bytes, 0);
+    auto scores_from_minus_inf = [&](size_t offset, size_t bytes) {
+        float* f = reinterpret_cast<float*>(c.data() + offset);
+        const size_t half = bytes / sizeof(float) / 2;
+        for (size_t i = 0; i < half; ++i) f[half + i] = -INFINITY;
+    };
+    for (const LayerStateLayout& L : layers) {
+        if (L.carry_bytes) scores_from_minus_inf(L.carry_offset, L.carry_bytes);
+        if (L.index_carry_bytes) scores_from_minus_inf(L.index_carry_offset, L.index_carry_bytes);
+    }
+    return c;
+}
+
+}  // namespace peregrine

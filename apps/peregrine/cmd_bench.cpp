@@ -84,14 +84,13 @@ Cost step_cost(const Model& m, int64_t rows, int64_t ctx, int64_t logit_rows, bo
         const double width = info.ratio > 0 ? static_cast<double>(ctx) / info.ratio : 0.0;
         const double win_keys = std::min<double>(c.window_size, ctx);
         const double comp_keys =
-            info.ratio > 0 ? std::min<double>(info.has_indexer || c.is_v41() ? c.index_topk : width, width) : 0.0;
+            info.ratio > 0 ? std::min<double>(info.attend_all_compressed ? width : c.index_topk, width) : 0.0;
         const double keys = win_keys + comp_keys;
         k.attn_flops += rows * 4.0 * c.n_heads * keys * c.head_dim;
         const size_t comp_bytes =
             info.comp_source >= 0 ? L.layers[static_cast<size_t>(info.comp_source)].comp.entry_bytes : 0;
-        const int key_layer = c.is_v41() ? info.index_k_source : l;
         const size_t index_bytes =
-            info.has_indexer && key_layer >= 0 ? L.layers[static_cast<size_t>(key_layer)].index_k.entry_bytes : 0;
+            info.has_indexer ? L.layers[static_cast<size_t>(info.index_k_source)].index_k.entry_bytes : 0;
         const double per_row_state = win_keys * static_cast<double>(own.window.entry_bytes) +
                                      comp_keys * static_cast<double>(comp_bytes) +
                                      width * static_cast<double>(index_bytes);

@@ -1,7 +1,7 @@
 // peregrine info --model DIR: what a checkpoint holds, without loading it.
 // peregrine info --env: the PEREGRINE_* environment switches, with the values in effect.
 #include "commands.h"
-#include "io/model_config.h"
+#include "model/variant.h"
 #include "io/safetensors.h"
 #include "util/error.h"
 #include "util/switches.h"
@@ -35,7 +35,7 @@ void print_model(const std::string& dir) {
         e.first += 1;
         e.second += t.nbytes;
     }
-    std::printf("%s\n%zu tensors\n", cfg.describe().c_str(), st.tensors().size());
+    std::printf("%s\n%zu tensors\n", describe_model(cfg).c_str(), st.tensors().size());
     for (auto& [dt, e] : by_dtype) std::printf("  %-8s %6zu tensors %14zu bytes\n", dt.c_str(), e.first, e.second);
 }
 

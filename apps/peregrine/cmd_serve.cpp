@@ -195,7 +195,7 @@ int run_serve(ServeArgs& a) {
         "  kv memory  %lld pages x %d tokens = %lld tokens (%.1f MiB) per rank, prefix cache %s\n"
         "  scheduler  context %lld, max running %d, max queued %d, chunked prefill %d, overlap schedule %s\n"
         "  loaded in %.2f s\n",
-        ao.served_model_name.c_str(), cfg.is_v41() ? "DeepSeek-V4.1" : "DeepSeek-V4", cfg.n_layers, cfg.dim,
+        ao.served_model_name.c_str(), model_variant(cfg).name(), cfg.n_layers, cfg.dim,
         cfg.vocab_size, tok_source.c_str(), std::string(chat_format_name(ao.chat_format)).c_str(),
         a.dp > 1 ? fmt::format("{} ranks: data-parallel attention, expert-parallel MoE", a.dp).c_str() : "one rank",
         static_cast<long long>(pages), model->layout().page_tokens, static_cast<long long>(engine.kv_tokens()),

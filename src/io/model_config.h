@@ -1,7 +1,6 @@
 #pragma once
-// The model's hyper-parameters, read from a released config.json:
-//   DeepSeek-V4.1 (model_type deepseek_v41: text_config + quantization_config) and
-//   DeepSeek-V4   (model_type deepseek_v4: flat keys).
+// The model's hyper-parameters, as a release's config.json gives them (the keys every release shares are read by
+// config_reader.h; each model variant reads its own and its defaults: src/model/, a file per variant).
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -88,15 +87,9 @@ struct ModelConfig {
     int eos_token_id = 1;
     int image_token_id = -1;
 
-    bool is_v41() const { return arch == ModelArch::DeepseekV41; }
     int total_layers() const { return n_layers + n_mtp_layers; }
     int ratio(int layer) const { return compress_ratios.at(static_cast<size_t>(layer)); }
     bool is_engram_layer(int layer) const;
-    std::string describe() const;
 };
-
-// Parses config.json text; refuses unknown architectures with a clear message.
-ModelConfig parse_model_config(const std::string& json_text, const std::string& path = "config.json");
-ModelConfig load_model_config(const std::string& model_dir);
 
 }  // namespace peregrine

@@ -1,5 +1,6 @@
 #include "model/model.h"
 #include "model/model_weights.h"
+#include "model/variant.h"
 #include "util/error.h"
 
 #include <algorithm>
@@ -8,109 +9,33 @@
 
 namespace peregrine {
 
-namespace {
-
-bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
-
-// Largest element of v that is <= x, or -1.
-int latest_at_or_before(const std::vector<int>& v, int x) {
-    int best = -1;
-    for (int e : v)
-        if (e <= x) best = std::max(best, e);
-    return best;
-}
-
-}  // namespace
-
-std::vector<AttentionLayerInfo> attention_layer_infos(const ModelConfig& cfg) {
-    std::vector<AttentionLayerInfo> out;
-    std::vector<int> owners;  // V4.1 index-key owners: kv sources that are index sources
-    for (int l : cfg.kv_source_layers)
-        if (contains(cfg.index_source_layers, l)) owners.push_back(l);
-    for (int l = 0; l < cfg.n_layers; ++l) {
-        AttentionLayerInfo a;
-        a.layer = l;
-        a.ratio = cfg.ratio(l);
-        a.yarn = a.ratio > 0 && cfg.original_seq_len > 0;
-        a.rope_theta = a.ratio > 0 ? cfg.compress_rope_theta : cfg.rope_theta;
-        if (a.ratio > 0) {
-            if (cfg.is_v41()) {
-                a.compresses = contains(cfg.kv_source_layers, l);
-                a.comp_source = latest_at_or_before(cfg.kv_source_layers, l);
-                a.has_indexer = contains(cfg.index_source_layers, l);
-                a.owns_index_k = a.has_indexer && a.compresses;
-                a.index_k_source = latest_at_or_before(owners, l);
-                a.candidate_source = a.has_indexer && l == cfg.candidate_source_layer;
-                a.uses_candidates = a.has_indexer && cfg.candidate_source_layer >= 0 && cfg.candidate_source_layer < l;
-                if (a.comp_source < 0) fail("layer {} compresses (ratio {}) but no kv source precedes it", l, a.ratio);
-                if (a.has_indexer && a.index_k_source < 0)
-                    fail("index source layer {} has no index-key owner before it", l);
-            } else {
-                a.compresses = true;
-                a.comp_source = l;
-                a.has_indexer = a.ratio == 4;
-                a.attend_all_compressed = !a.has_indexer;
-            }
-        }
-        out.push_back(a);
-    }
-    return out;
-}
-
-StateSpec state_spec(const ModelConfig& cfg) {
-    StateSpec spec;
-    // Entry formats: the values each kind of entry holds after the model's QDQ (cpu/attention.cpp).
-    const int D = cfg.head_dim, rd = cfg.rope_head_dim, ihd = cfg.index_head_dim;
-    const EntryFormat window_fmt =
-        cfg.is_v41() ? fp8_entry_format(D, D, cfg.act_block) : fp8_entry_format(D, D - rd, 64);
-    const EntryFormat comp_fmt = cfg.is_v41() ? fp4_entry_format(D, 16, true) : fp8_entry_format(D, D - rd, 64);
-    const EntryFormat index_fmt = fp4_entry_format(ihd, 32, false);
-    for (const auto& a : attention_layer_infos(cfg)) {
-        LayerStateSpec L;
-        L.window = {window_fmt, 1};
-        if (a.compresses) {
-            L.comp = {comp_fmt, a.ratio};
-            const int coff = (!cfg.is_v41() && a.ratio == 4) ? 2 : 1;
-            if (a.ratio > 1) L.carry_floats = int64_t{coff} * a.ratio * coff * cfg.head_dim;
-            if (!cfg.is_v41() && a.has_indexer) L.index_carry_floats = int64_t{coff} * a.ratio * coff * ihd;
-        }
-        if ((cfg.is_v41() && a.owns_index_k) || (!cfg.is_v41() && a.has_indexer)) L.index_k = {index_fmt, a.ratio};
-        spec.layers.push_back(L);
-    }
-    if (cfg.is_v41() && cfg.dspark_block_size > 0)  // DSpark stages keep only a window, fed by the backbone
-        for (int st = 0; st < cfg.n_mtp_layers; ++st) {
-            LayerStateSpec L;
-            L.window = {window_fmt, 1};
-            spec.layers.push_back(L);
-        }
-    return spec;
-}
-
-StateLayout make_state_layout(const ModelConfig& cfg, int page_tokens) {
-    return make_state_layout(state_spec(cfg), page_tokens);
-}
-
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& opts) {
     std::unique_ptr<Model> m(new Model());
     m->dir_ = dir;
     m->cfg_ = load_model_config(dir);
     m->st_ = SafeTensors::open_dir(dir);
     m->w_ = load_model_weights(m->cfg_, m->st_);
-    m->attn_info_ = attention_layer_infos(m->cfg_);
-    m->layout_ = make_state_layout(m->cfg_, opts.page_tokens);
     if (!m->cfg_.engram_layer_ids.empty()) m->engram_ = load_engram_tables(m->cfg_, dir);
+    m->set_up(opts);
+    return m;
+}
+
+void Model::set_up(const ModelOptions& opts) {
+    const ModelVariant& v = model_variant(cfg_);
+    format_ = v.format(cfg_);
+    attn_info_ = v.layer_roles(cfg_);
+    layout_ = make_state_layout(v.state_spec(cfg_), opts.page_tokens);
     if (opts.device == "cpu") {
-        m->backend_ = make_cpu_backend(m->cfg_, m->layout_);
+        backend_ = make_cpu_backend(cfg_, format_, layout_);
     } else if (opts.device == "cuda") {
 #ifdef PEREGRINE_HAVE_CUDA
-        m->backend_ = make_cuda_backend(m->cfg_, m->layout_, opts.engram_placement, opts.gpu);
+        backend_ = make_cuda_backend(cfg_, format_, layout_, opts.engram_placement, opts.gpu);
 #else
         fail("this build has no CUDA backend (nvcc was not found at configure time); use --device cpu");
 #endif
     } else {
         fail("unknown device '{}' (cpu or cuda)", opts.device);
     }
-    return m;
 }
 
 Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, bool logits_to_host) {
@@ -181,12 +106,12 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
             main_hidden.push_back(be.hc_mean(h));  // DSpark reads the target layers' attention inputs
         const AttentionLayerInfo& info = attn_info_[static_cast<size_t>(l)];
         if (ep_)
-            decoder_layer_ops(be, b, cfg_.is_v41(),
+            decoder_layer_ops(be, b, format_.single_pass_mhc,
                               {[&](const Tensor& x) { return be.attention(x, b.attn, info, batch, *scratch); },
                                [&](const Tensor& x) { return ep_->moe(be, x, b.ffn, batch.token_ids); }},
                               h, pre);
         else
-            be.decoder_layer(b, info, batch, *scratch, cfg_.is_v41(), h, pre);
+            be.decoder_layer(b, info, batch, *scratch, h, pre);
     }
     if (w_.dspark) {  // feed the DSpark stage windows from the backbone's hidden states
         const DSparkWeight& d = *w_.dspark;
@@ -200,7 +125,8 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
     if (logit_rows.empty()) return Tensor::zeros(DType::F32, {0, cfg_.vocab_size});
     for (int row : logit_rows) PEREGRINE_CHECK(row >= 0 && row < T, "logit row {} out of range", row);
     Tensor hs = be.gather_rows(h, logit_rows), ps = be.gather_rows(pre, logit_rows);
-    Tensor x = cfg_.is_v41() ? be.collapse_norm(hs, ps, w_.norm) : be.rms_norm(be.hc_head(hs, *w_.hc_head), w_.norm);
+    // Single-pass mHC collapses with the last sublayer's pre mix; a model with a head mix collapses with it.
+    Tensor x = w_.hc_head ? be.rms_norm(be.hc_head(hs, *w_.hc_head), w_.norm) : be.collapse_norm(hs, ps, w_.norm);
     return be.logits(x, w_.head, logits_to_host);
 }
 
@@ -240,7 +166,7 @@ DraftResult Model::draft(const SeqState& s, int32_t anchor) {
     Tensor pre = be.first_stream_mix(B);
     for (int st = 0; st < cfg_.n_mtp_layers; ++st) {  // the pre_mix chain runs on across the stages
         const BlockWeight& b = d.stages[static_cast<size_t>(st)];
-        decoder_layer_ops(be, b, /*v41=*/true,
+        decoder_layer_ops(be, b, format_.single_pass_mhc,
                           {[&](const Tensor& x) { return be.dspark_attention(x, b.attn, stage_info(st), s, pos); },
                            [&](const Tensor& x) { return be.moe(x, b.ffn, ids); }},
                           h, pre);

@@ -1,10 +1,12 @@
 #pragma once
 // DeepSeek-V4.1 / V4 written once against the ops backends: embedding, hyper-connected blocks (engram,
-// attention, MoE), final collapse and head. Sequences carry their state in pages (ops/state.h).
+// attention, MoE), final collapse and head. What differs between the releases comes from their variant
+// (variant.h); sequences carry their state in pages that kv owns (kv/sequence_state.h).
 #include "io/model_config.h"
 #include "io/safetensors.h"
 #include "model/engram_hash.h"
 #include "model/expert_parallel.h"
+#include "model/variant.h"
 #include "ops/backend.h"
 
 #include <memory>
@@ -37,7 +39,9 @@ public:
     static std::unique_ptr<Model> synthetic(const ModelConfig& cfg, const ModelOptions& opts = {}, uint64_t seed = 1);
 
     const ModelConfig& config() const { return cfg_; }
+    const ModelFormat& format() const { return format_; }
     const StateLayout& layout() const { return layout_; }
+    const std::vector<AttentionLayerInfo>& layer_roles() const { return attn_info_; }
     const std::string& dir() const { return dir_; }
     Backend& backend() { return *backend_; }
     const ModelWeights& weights() const { return w_; }
@@ -62,12 +66,15 @@ public:
 
 private:
     Model() = default;
+    // The variant's format, roles and state layout, and the backend (after the config and weights).
+    void set_up(const ModelOptions& opts);
     AttentionLayerInfo stage_info(int stage) const;
 
     std::string dir_;
     ModelConfig cfg_;
     SafeTensors st_;
     ModelWeights w_;
+    ModelFormat format_;
     StateLayout layout_;
     std::vector<AttentionLayerInfo> attn_info_;
     std::optional<EngramTables> engram_;
@@ -80,10 +87,5 @@ private:
 // reuse, then ratio-1 layers with a re-indexing layer every fourth. No engram, no DSpark stages.
 ModelConfig synthetic_v41_flash_config(int layers, int n_routed_experts = 384);
 
-// How each attention layer gets its compressed KV and selection (V4.1 sharing roles, V4 layer types).
-std::vector<AttentionLayerInfo> attention_layer_infos(const ModelConfig& cfg);
-// What each layer of this model keeps per sequence, and its page layout.
-StateSpec state_spec(const ModelConfig& cfg);
-StateLayout make_state_layout(const ModelConfig& cfg, int page_tokens);
 
 }  // namespace peregrine

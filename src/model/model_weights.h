@@ -1,6 +1,5 @@
 #pragma once
-// Finds, validates and wraps the checkpoint tensors the model needs (no copies, except wo_a, which the
-// reference dequantises to bf16 at load).
+// A model's weights, read from its checkpoint or made up, as its variant names and lays them out.
 #include "io/model_config.h"
 #include "io/safetensors.h"
 #include "ops/weights.h"

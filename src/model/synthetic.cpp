@@ -64,19 +64,7 @@ std::unique_ptr<Model> Model::synthetic(const ModelConfig& cfg, const ModelOptio
     m->dir_ = "<synthetic>";
     m->cfg_ = cfg;
     m->w_ = synthetic_model_weights(cfg, seed);
-    m->attn_info_ = attention_layer_infos(cfg);
-    m->layout_ = make_state_layout(cfg, opts.page_tokens);
-    if (opts.device == "cpu") {
-        m->backend_ = make_cpu_backend(cfg, m->layout_);
-    } else if (opts.device == "cuda") {
-#ifdef PEREGRINE_HAVE_CUDA
-        m->backend_ = make_cuda_backend(cfg, m->layout_, opts.engram_placement, opts.gpu);
-#else
-        fail("this build has no CUDA backend (nvcc was not found at configure time); use --device cpu");
-#endif
-    } else {
-        fail("unknown device '{}' (cpu or cuda)", opts.device);
-    }
+    m->set_up(opts);
     return m;
 }
 

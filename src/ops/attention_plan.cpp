@@ -12,14 +12,14 @@ std::vector<RowInfo> row_infos(ForwardBatch& batch) {
     return rows;
 }
 
-std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int W, bool v41) {
+std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int W, bool ring_before_full) {
     std::vector<int64_t> list;
     if (is_prefill(s)) {
         int64_t len = std::min<int64_t>(s.n_tokens, W), base = std::max<int64_t>(0, pos - W + 1);
         for (int64_t j = 0; j < len; ++j) list.push_back(base + j <= pos ? base + j : -1);
         return list;
     }
-    if (is_decode(s) && (v41 || pos >= W - 1)) {  // the ring, oldest slot first
+    if (is_decode(s) && (ring_before_full || pos >= W - 1)) {  // the ring, oldest slot first
         int64_t oldest = pos % W + 1;
         for (int64_t j = 0; j < W; ++j) {
             int64_t slot = (oldest + j) % W;
@@ -33,7 +33,7 @@ std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int W, bool v41
 }
 
 std::vector<float> rope_frequencies(int dim, double theta, int original_seq_len, double factor, double beta_fast,
-                                    double beta_slow, bool arch_v41) {
+                                    double beta_slow, YarnRamp ramp) {
     std::vector<float> freqs(static_cast<size_t>(dim / 2));
     const float base = static_cast<float>(theta);
     for (int i = 0; i < dim / 2; ++i)
@@ -45,7 +45,7 @@ std::vector<float> rope_frequencies(int dim, double theta, int original_seq_len,
         double low = std::max(std::floor(corrected(beta_fast)), 0.0);
         double high = std::min(std::ceil(corrected(beta_slow)), static_cast<double>(dim - 1));
         float denom;
-        if (arch_v41) {
+        if (ramp == YarnRamp::kMinWidth) {
             denom = static_cast<float>(std::max(high - low, 1e-3));
         } else {
             if (low == high) high += 0.001;

@@ -2,6 +2,7 @@
 // Host-side planning shared by every backend's attention: which sequence and position each row is, the
 // reference's order of window keys, and the RoPE frequency table (the order and the table decide rounding).
 #include "ops/backend.h"
+#include "ops/model_format.h"
 
 #include <vector>
 
@@ -18,13 +19,13 @@ inline bool is_prefill(const BatchSeq& s) { return s.start_pos == 0; }
 inline bool is_decode(const BatchSeq& s) { return s.start_pos > 0 && s.n_tokens == 1; }
 
 // Window keys of the query at `pos`, as positions (-1: none), in the official reference's order: a one-shot
-// prefill lists the query's window oldest first; a decode step lists the ring from its oldest slot (V4.1
-// puts unfilled slots first, V4 last); chunked prefill lists oldest first, padded to the window.
-std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int window, bool v41);
+// prefill lists the query's window oldest first; a decode step lists the ring from its oldest slot (once the
+// window has filled, or with ring_before_full also before, unfilled slots first); chunked prefill lists oldest
+// first, padded to the window.
+std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int window, bool ring_before_full);
 
-// RoPE frequencies f_i = theta^(-2i/dim) in fp32, with the official YaRN blend when original_seq_len > 0
-// (V4.1's ramp divides by max(high - low, 1e-3), V4's widens an empty ramp by 0.001).
+// RoPE frequencies f_i = theta^(-2i/dim) in fp32, with the official YaRN blend when original_seq_len > 0.
 std::vector<float> rope_frequencies(int dim, double theta, int original_seq_len, double factor, double beta_fast,
-                                    double beta_slow, bool arch_v41);
+                                    double beta_slow, YarnRamp ramp);
 
 }  // namespace peregrine

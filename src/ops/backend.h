@@ -5,6 +5,7 @@
 #include "kv/sequence_state.h"
 #include "kv/state_layout.h"
 #include "kv/state_memory.h"
+#include "ops/model_format.h"
 #include "ops/sampling.h"
 #include "ops/weights.h"
 #include "util/error.h"
@@ -52,11 +53,13 @@ struct AttentionLayerInfo {
     bool compresses = false;     // runs its own compressor and owns the compressed entries
     int comp_source = -1;        // layer whose compressed entries it attends to
     bool has_indexer = false;    // computes its own top-k selection
-    bool owns_index_k = false;   // V4.1: turns its latents into indexer keys
-    int index_k_source = -1;     // layer whose indexer keys it scores against
-    bool candidate_source = false;  // V4.1: builds the level-1 candidate blocks
-    bool uses_candidates = false;   // V4.1: restricted to the candidate blocks
-    bool attend_all_compressed = false;  // V4 HCA: every visible entry, no indexer
+    bool owns_index_k = false;   // turns its compressed latents into indexer keys (V4.1)
+    bool index_compressor = false;  // its indexer turns tokens into keys with a compressor of its own (V4)
+    int index_k_source = -1;     // layer whose indexer keys it scores against (its own, or an earlier owner's)
+    bool candidate_source = false;  // builds the level-1 candidate blocks
+    bool uses_candidates = false;   // restricted to the candidate blocks
+    bool reuses_selection = false;  // no indexer: the latest index source's selection
+    bool attend_all_compressed = false;  // no indexer: every visible entry
     double rope_theta = 10000.0;
     bool yarn = false;
 };
@@ -79,8 +82,10 @@ struct StepScratch {
 
 class Backend {
 public:
+    explicit Backend(const ModelFormat& format) : format_(format) {}
     virtual ~Backend() = default;
     virtual std::string name() const = 0;
+    const ModelFormat& format() const { return format_; }
 
     virtual std::unique_ptr<StepScratch> begin_step(const ForwardBatch& batch) = 0;
     // Makes the calling thread use this backend's device (a thread that drives a model on one of several GPUs).
@@ -119,7 +124,7 @@ public:
     // One decoder layer (after its engram): decoder_layer_ops with attention() and moe(batch.token_ids). A backend
     // may run it its own way (the CUDA backend replays a decode step's layer as one graph).
     virtual void decoder_layer(const BlockWeight& b, const AttentionLayerInfo& info, ForwardBatch& batch,
-                               StepScratch& scratch, bool v41, Tensor& h, Tensor& pre);
+                               StepScratch& scratch, Tensor& h, Tensor& pre);
     // moe() in three parts, so that expert parallelism can move the pairs between ranks in between:
     // the router; the routed experts over pair rows xp [P, dim] (row p through expert experts[p], its
     // routing weight applied before w2; fp32 [P, dim]; with the reference's arithmetic a row's result does not
@@ -207,25 +212,30 @@ public:
         return out;
     }
 
+protected:
+    ModelFormat format_;
+
 private:
     std::deque<std::vector<SampleResult>> started_;  // sample_start results not yet finished (synchronous backends)
     std::vector<int32_t> started_ids_;               // the latest call's ids
 };
 
-std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& cfg, const StateLayout& layout);
+std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& cfg, const ModelFormat& format, const StateLayout& layout);
 // Only in builds with the CUDA backend (PEREGRINE_HAVE_CUDA). engram_placement: "device" or "host" (the
 // engram tables in pinned host memory, read by the GPU directly).
-std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& cfg, const StateLayout& layout,
-                                           const std::string& engram_placement = "device", int gpu = 0);
+std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& cfg, const ModelFormat& format,
+                                           const StateLayout& layout, const std::string& engram_placement = "device",
+                                           int gpu = 0);
 // Whether a CUDA device is usable in this process (false in builds without the backend), and why not.
 bool cuda_device_available(std::string* why = nullptr);
 
 // A decoder layer's hyper-connected sublayers: mixes, collapse + norm, attention, expand, mixes, collapse + norm, FFN,
-// expand. h [T, hc, dim] in and out; pre in: the previous sublayer's pre (V4.1's single-pass mHC collapses a
-// sublayer's input with it), out: this layer's FFN pre.
+// expand. h [T, hc, dim] in and out; pre in: the previous sublayer's pre (single-pass mHC collapses a sublayer's
+// input with it), out: this layer's FFN pre.
 struct LayerBlocks {
     std::function<Tensor(const Tensor&)> attention, ffn;
 };
-void decoder_layer_ops(Backend& be, const BlockWeight& b, bool v41, const LayerBlocks& blocks, Tensor& h, Tensor& pre);
+void decoder_layer_ops(Backend& be, const BlockWeight& b, bool single_pass_mhc, const LayerBlocks& blocks, Tensor& h,
+                       Tensor& pre);
 
 }  // namespace peregrine

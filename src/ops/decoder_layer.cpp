@@ -4,21 +4,22 @@
 
 namespace peregrine {
 
-void decoder_layer_ops(Backend& be, const BlockWeight& b, bool v41, const LayerBlocks& blocks, Tensor& h, Tensor& pre) {
+void decoder_layer_ops(Backend& be, const BlockWeight& b, bool single_pass_mhc, const LayerBlocks& blocks, Tensor& h,
+                       Tensor& pre) {
     HcMix am = be.hc_mixes(h, b.hc_attn);
-    Tensor x = be.collapse_norm(h, v41 ? pre : am.pre, b.attn_norm);
+    Tensor x = be.collapse_norm(h, single_pass_mhc ? pre : am.pre, b.attn_norm);
     x = blocks.attention(x);
     h = be.hc_expand(x, h, am);
     HcMix fm = be.hc_mixes(h, b.hc_ffn);
-    x = be.collapse_norm(h, v41 ? am.pre : fm.pre, b.ffn_norm);
+    x = be.collapse_norm(h, single_pass_mhc ? am.pre : fm.pre, b.ffn_norm);
     x = blocks.ffn(x);
     h = be.hc_expand(x, h, fm);
     pre = fm.pre;
 }
 
 void Backend::decoder_layer(const BlockWeight& b, const AttentionLayerInfo& info, ForwardBatch& batch,
-                            StepScratch& scratch, bool v41, Tensor& h, Tensor& pre) {
-    decoder_layer_ops(*this, b, v41,
+                            StepScratch& scratch, Tensor& h, Tensor& pre) {
+    decoder_layer_ops(*this, b, format_.single_pass_mhc,
                       {[&](const Tensor& x) { return attention(x, b.attn, info, batch, scratch); },
                        [&](const Tensor& x) { return moe(x, b.ffn, batch.token_ids); }},
                       h, pre);

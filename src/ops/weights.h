@@ -45,7 +45,6 @@ struct CompressorWeight {
     int ratio = 0;
     int head_dim = 0;
     bool overlap = false;  // V4 ratio 4: overlapping windows (coff 2)
-    bool rotate = false;   // V4 indexer keys: Hadamard rotation + fp4 instead of fp8
     LinearWeight wkv, wgate;  // wgate empty for V4.1 ratio 1
     Tensor ape;               // F32 [ratio, coff*head_dim] (V4 only)
     Tensor norm;              // RMSNorm weight [head_dim]

@@ -58,14 +58,16 @@ void patch_header(const fs::path& file, const std::function<void(nlohmann::json&
 
 TEST(Config, ReadsBothReleasedLayouts) {
     ModelConfig a = load_model_config(fixture("dsv41-tiny-a"));
-    EXPECT_TRUE(a.is_v41());
+    EXPECT_EQ(a.arch, ModelArch::DeepseekV41);
+    EXPECT_STREQ(model_variant(a).name(), "DeepSeek-V4.1");
     EXPECT_EQ(a.dim, 128);
     EXPECT_EQ(a.weight_block, 32);
     EXPECT_EQ(a.kv_source_layers, (std::vector<int>{1, 3}));
     EXPECT_EQ(a.candidate_topk_blocks, 3);
     EXPECT_EQ(a.n_mtp_layers, 2);
     ModelConfig b = load_model_config(fixture("dsv4-tiny-a"));
-    EXPECT_FALSE(b.is_v41());
+    EXPECT_EQ(b.arch, ModelArch::DeepseekV4);
+    EXPECT_EQ(model_format(b).single_pass_mhc, false);
     EXPECT_EQ(b.weight_block, 128);
     EXPECT_EQ(b.act_block, 128);
     EXPECT_EQ(b.n_hash_layers, 1);

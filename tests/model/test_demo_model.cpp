@@ -29,7 +29,7 @@ std::vector<double> token_nll(const std::vector<float>& logits, const std::vecto
 
 TEST(DemoModel, LoadsAsAReleasedV4Checkpoint) {
     auto model = Model::load(kModel);
-    EXPECT_FALSE(model->config().is_v41());
+    EXPECT_EQ(model->config().arch, ModelArch::DeepseekV4);
     EXPECT_EQ(model->config().vocab_size, 4096);
     EXPECT_EQ(model->config().n_mtp_layers, 1);
 }

@@ -1,6 +1,7 @@
 // Engram hash rows against the official reference's (fixture prefill.engram_hashes.i64).
 #include "model/engram_hash.h"
 #include "model/fixture.h"
+#include "model/variant.h"
 
 #include <gtest/gtest.h>
 

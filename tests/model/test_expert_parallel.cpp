@@ -67,7 +67,7 @@ TEST(Loopback, ExchangeRowsDeliversInRankOrder) {
     auto group = make_loopback_group(n);
     std::vector<Tensor> got(n);
     std::vector<std::vector<int64_t>> got_counts(n);
-    auto cpu = make_cpu_backend(ModelConfig{}, StateLayout{});
+    auto cpu = make_cpu_backend(ModelConfig{}, ModelFormat{}, StateLayout{});
     std::vector<std::thread> threads;
     for (int r = 0; r < n; ++r)
         threads.emplace_back([&, r] {

@@ -452,14 +452,16 @@ TEST(CudaAttnFast, RouteSameSelectionAndWeights) {
     struct Case {
         const char* name;
         int score_func;
-        bool bias, hash, v41;
+        bool bias, hash;
+        RouteNorm norm;
     };
-    for (Case c :
-         {Case{"sqrtsoftplus+bias (v4.1)", 2, true, false, true}, Case{"sigmoid+bias (v4)", 1, true, false, false},
-          Case{"softmax", 0, false, false, false}, Case{"hash (tid2eid)", 2, false, true, true}}) {
+    for (Case c : {Case{"sqrtsoftplus+bias (v4.1)", 2, true, false, RouteNorm::kSumIfSeveral},
+                   Case{"sigmoid+bias (v4)", 1, true, false, RouteNorm::kSum},
+                   Case{"softmax", 0, false, false, RouteNorm::kNone},
+                   Case{"hash (tid2eid)", 2, false, true, RouteNorm::kSumIfSeveral}}) {
         auto call = [&](bool fast, void* s, void* w) {
             (fast ? cuda::route_fast : cuda::route)(ld.ptr, T, E, K, c.score_func, c.bias ? bd.ptr : nullptr,
-                                                   c.hash ? hd.ptr : nullptr, idd.ptr, c.v41, true, 2.5f, false,
+                                                   c.hash ? hd.ptr : nullptr, idd.ptr, static_cast<int>(c.norm), 2.5f, false,
                                                    static_cast<int32_t*>(s), static_cast<float*>(w));
         };
         const float ms_fast = peregrine::test::device_ms([&] { call(true, sf.get(), wf.get()); });

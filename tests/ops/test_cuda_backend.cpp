@@ -85,8 +85,8 @@ class CudaOps : public ::testing::TestWithParam<const char*> {};
 // 37 the large ones).
 void check_ops(const std::string& fx, const ModelConfig& cfg, const ModelWeights& w, const StateLayout& layout,
                int64_t T) {
-    auto cpu = make_cpu_backend(cfg, layout);
-    CudaBackend gpu(cfg, layout);
+    auto cpu = make_cpu_backend(cfg, model_format(cfg), layout);
+    CudaBackend gpu(cfg, model_format(cfg), layout);
     const int hc = cfg.hc_mult, dim = cfg.dim;
     uint64_t seed = 1 + static_cast<uint64_t>(T) * 1000;
     const std::string tag = fx + " T=" + std::to_string(T);
@@ -479,8 +479,8 @@ TEST(CudaOpsRealDims, AttentionLayers) {
     RealDims rd;
     auto& [cfg, w, layout] = rd;
     auto infos = attention_layer_infos(cfg);
-    auto cpu = make_cpu_backend(cfg, layout);
-    CudaBackend gpu(cfg, layout);
+    auto cpu = make_cpu_backend(cfg, model_format(cfg), layout);
+    CudaBackend gpu(cfg, model_format(cfg), layout);
     PagePool pc(cpu->state_memory(), layout, 8), pg(gpu.state_memory(), layout, 8);
     SeqState sc, sg;
     pc.init(sc);
@@ -525,7 +525,7 @@ TEST(CudaOpsRealDims, AttentionKeyRowsMatchPackedKeys) {
     RealDims rd;
     auto& [cfg, w, layout] = rd;
     auto infos = attention_layer_infos(cfg);
-    CudaBackend rows_gpu(cfg, layout), packed_gpu(cfg, layout);
+    CudaBackend rows_gpu(cfg, model_format(cfg), layout), packed_gpu(cfg, model_format(cfg), layout);
     PagePool pr(rows_gpu.state_memory(), layout, 64), pp(packed_gpu.state_memory(), layout, 64);
     SeqState sr[2], sp[2];
     for (SeqState& s : sr) pr.init(s);

@@ -697,9 +697,9 @@ TEST(CudaGemm, BackendFastDispatchMatchesExact) {
     const char* prev = std::getenv("PEREGRINE_CUDA_NUMERICS");
     const std::string saved = prev ? prev : "";
     setenv("PEREGRINE_CUDA_NUMERICS", "exact", 1);
-    CudaBackend exact(cfg, layout);
+    CudaBackend exact(cfg, model_format(cfg), layout);
     setenv("PEREGRINE_CUDA_NUMERICS", "fast", 1);
-    CudaBackend fast(cfg, layout);
+    CudaBackend fast(cfg, model_format(cfg), layout);
     if (prev) setenv("PEREGRINE_CUDA_NUMERICS", saved.c_str(), 1);
     else unsetenv("PEREGRINE_CUDA_NUMERICS");
     exact.set_balanced_routing(true);

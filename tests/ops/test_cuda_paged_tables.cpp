@@ -106,14 +106,14 @@ HostTable host_entry_table(const StateLayout& layout, ForwardBatch& batch, const
     }
     return h;
 }
-void host_window_table(const StateLayout& layout, ForwardBatch& batch, const StateSection& sec, int W, bool v41,
-                       std::vector<const uint8_t*>& win, std::vector<int32_t>& nwin) {
+void host_window_table(const StateLayout& layout, ForwardBatch& batch, const StateSection& sec, int W,
+                       bool ring_before_full, std::vector<const uint8_t*>& win, std::vector<int32_t>& nwin) {
     auto rows = row_infos(batch);
     const size_t T = rows.size();
     win.assign(T * W, nullptr);
     nwin.assign(T, 0);
     for (size_t t = 0; t < T; ++t) {
-        auto list = window_list(*rows[t].seq, rows[t].pos, W, v41);
+        auto list = window_list(*rows[t].seq, rows[t].pos, W, ring_before_full);
         nwin[t] = static_cast<int32_t>(list.size());
         SeqState& st = *rows[t].seq->state;
         for (size_t j = 0; j < list.size(); ++j)

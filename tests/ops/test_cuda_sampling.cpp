@@ -178,7 +178,7 @@ void report(const std::string& tag, const Compared& c) {
 TEST(CudaSampling, MatchesHostSamplerOnRandomLogits) {
     REQUIRE_GPU();
     const auto cfg = synthetic_v41_flash_config(1);
-    CudaBackend gpu(cfg, make_state_layout(cfg, 16));
+    CudaBackend gpu(cfg, model_format(cfg), make_state_layout(cfg, 16));
     const auto cs = cases();
     const char* kinds[] = {"gaussian", "lm-like", "ties", "flat"};
     for (int kind = 0; kind < 4; ++kind) {
@@ -200,7 +200,7 @@ TEST(CudaSampling, MatchesHostSamplerOnRandomLogits) {
 TEST(CudaSampling, MatchesHostSamplerOnFixtureLogits) {
     REQUIRE_GPU();
     const auto cfg = synthetic_v41_flash_config(1);
-    CudaBackend gpu(cfg, make_state_layout(cfg, 16));
+    CudaBackend gpu(cfg, model_format(cfg), make_state_layout(cfg, 16));
     const auto cs = cases();
     for (const char* fx : {"dsv41-tiny-a", "dsv4-tiny-a"}) {
         const int V = load_model_config(test::fixture_dir(fx)).vocab_size;
@@ -222,7 +222,7 @@ TEST(CudaSampling, MatchesHostSamplerOnFixtureLogits) {
 TEST(CudaSampling, SeededDrawsFollowTheSoftmax) {
     REQUIRE_GPU();
     const auto cfg = synthetic_v41_flash_config(1);
-    CudaBackend gpu(cfg, make_state_layout(cfg, 16));
+    CudaBackend gpu(cfg, model_format(cfg), make_state_layout(cfg, 16));
     const int V = 1000, R = 4096;
     std::vector<float> one(static_cast<size_t>(V), -30.0f);
     one[10] = 2.0f, one[500] = 1.0f, one[999] = 0.0f;
@@ -252,7 +252,7 @@ TEST(CudaSampling, SeededDrawsFollowTheSoftmax) {
 TEST(CudaSampling, Timing) {
     REQUIRE_GPU();
     const auto cfg = synthetic_v41_flash_config(1);
-    CudaBackend gpu(cfg, make_state_layout(cfg, 16));
+    CudaBackend gpu(cfg, model_format(cfg), make_state_layout(cfg, 16));
     const int Rmax = 256;
     const auto logits = make_logits(Rmax, kVocab, 1, 5);
     Tensor host = Tensor::zeros(DType::F32, {Rmax, kVocab});

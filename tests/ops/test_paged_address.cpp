@@ -45,16 +45,17 @@ TEST(PagedAddress, EntryOffsetsMatchStateLayout) {
 TEST(PagedAddress, WindowPositionsMatchWindowList) {
     int64_t checked = 0;
     for (int W : {1, 4, 128})
-        for (bool v41 : {true, false})
+        for (bool ring_before_full : {true, false})
             for (int64_t start : {0, 1, 3, 4, 5, 127, 128, 129, 1000})
                 for (int n_tokens : {1, 2, 3, 5, 127, 128, 129, 300}) {
                     BatchSeq s{nullptr, start, n_tokens, 0};
                     for (int i = 0; i < n_tokens; ++i) {
                         const int64_t pos = start + i;
-                        const auto list = window_list(s, pos, W, v41);
+                        const auto list = window_list(s, pos, W, ring_before_full);
                         for (int j = 0; j < W; ++j, ++checked) {
                             int n = -1;
-                            const int64_t got = cuda::window_position(start, n_tokens, pos, W, v41, j, &n);
+                            const int64_t got =
+                                cuda::window_position(start, n_tokens, pos, W, ring_before_full, j, &n);
                             ASSERT_EQ(n, static_cast<int>(list.size())) << start << "+" << n_tokens << " pos " << pos;
                             if (j < n) {
                                 ASSERT_EQ(got, list[static_cast<size_t>(j)])

@@ -24,6 +24,14 @@ static std::vector<float> load_entry(const StateSection& sec, const uint8_t* src
     decode_entry(sec.format, src, v.data());
     return v;
 }
+// Quantise-dequantise x to the values an entry of format f holds (the model's QDQ before a store).
+static void qdq_entry(const EntryFormat& f, float* x) {
+    switch (f.kind) {
+        case kEntryFp8: qdq_fp8(x, f.quant_dims, f.block); break;
+        case kEntryFp4E4m3: qdq_fp4_e4m3(x, f.dim, f.block); break;
+        default: qdq_fp4_ue8m0(x, f.dim, f.block); break;
+    }
+}
 
 // ---------------------------------------------------------------------------------------------------
 // Compressor: pools `ratio` consecutive tokens into one latent with a per-channel softmax gate. Tokens go
@@ -147,7 +155,6 @@ static void sparse_attend(const float* q, const std::vector<const float*>& keys,
 Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                              ForwardBatch& batch, StepScratch& scratch_base) {
     auto& scratch = static_cast<CpuScratch&>(scratch_base);
-    const bool v41 = cfg_.is_v41();
     const int T = batch.rows(), H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim, W = cfg_.window_size;
     const Rope& rope = rope_for(info);
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
@@ -159,32 +166,37 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
     Tensor q = project_queries(x, qr, w, rope, positions);
 
     // Sliding-window K=V, stored per token.
-    Tensor kv = window_kv(x, w, rope, positions);
+    Tensor kv = window_kv(x, w, rope, positions, L.window.format);
     for (int t = 0; t < T; ++t) {
         SeqState& st = *rows[t].seq->state;
         store_entry(L.window, kv.f32() + static_cast<int64_t>(t) * D,
                     layout_.entry<uint8_t>(st.pool, st.pages, L.window, rows[t].pos));
     }
 
-    // Compressed entries (and, for V4.1 key owners, indexer keys).
+    // Indexer keys at group position gpos: RoPE, the format's rotation, the keys' QDQ; stored.
+    auto store_index_key = [&](float* k, const BatchSeq& s, int64_t group) {
+        const int hd = L.index_k.format.dim;
+        rope.apply(k + hd - rd, group * info.ratio);
+        if (format_.index_rotation) hadamard_bf16(k, hd);
+        qdq_entry(L.index_k.format, k);
+        store_entry(L.index_k, k, layout_.entry<uint8_t>(s.state->pool, s.state->pages, L.index_k, group));
+    };
+
+    // Compressed entries (and, for key owners, indexer keys from the latents).
     if (info.compresses) {
         auto emitted = run_compressor(cfg_, layout_, *w.compressor, L.carry_offset, x, batch, *this);
         for (auto& e : emitted) {
             SeqState& st = *rows[e.row].seq->state;
             const int64_t gpos = e.group * info.ratio;
-            if (v41 && info.owns_index_k) {
+            if (info.owns_index_k) {
                 const IndexerWeight& iw = *w.indexer;
-                const int hd = iw.head_dim;
                 Tensor lat = Tensor::view(DType::F32, {1, D}, e.latent.data());
                 Tensor k = rms_norm(linear(lat, iw.wk), iw.k_norm);
-                rope.apply(k.f32() + hd - rd, gpos);
-                qdq_fp4_ue8m0(k.f32(), hd, 32);
-                store_entry(L.index_k, k.f32(), layout_.entry<uint8_t>(st.pool, st.pages, L.index_k, e.group));
+                store_index_key(k.f32(), *rows[e.row].seq, e.group);
             }
             float* lat = e.latent.data();
             rope.apply(lat + D - rd, gpos);
-            if (v41) qdq_fp4_e4m3(lat, D, 16);
-            else qdq_fp8(lat, D - rd, 64);
+            qdq_entry(L.comp.format, lat);
             store_entry(L.comp, lat, layout_.entry<uint8_t>(st.pool, st.pages, L.comp, e.group));
         }
     }
@@ -196,17 +208,10 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
         if (info.has_indexer) {
             const IndexerWeight& iw = *w.indexer;
             const int nh = iw.n_heads, hd = iw.head_dim;
-            const LayerStateLayout& KL = layout_.layers.at(static_cast<size_t>(v41 ? info.index_k_source : info.layer));
-            if (!v41) {  // V4: the indexer's own compressor turns tokens into rotated fp4 keys
+            const StateSection& ks = layout_.layers.at(static_cast<size_t>(info.index_k_source)).index_k;
+            if (info.index_compressor) {  // the indexer's own compressor turns tokens into keys
                 auto emitted = run_compressor(cfg_, layout_, *iw.compressor, L.index_carry_offset, x, batch, *this);
-                for (auto& e : emitted) {
-                    SeqState& st = *rows[e.row].seq->state;
-                    float* k = e.latent.data();
-                    rope.apply(k + hd - rd, e.group * ratio);
-                    hadamard_bf16(k, hd);
-                    qdq_fp4_ue8m0(k, hd, 32);
-                    store_entry(L.index_k, k, layout_.entry<uint8_t>(st.pool, st.pages, L.index_k, e.group));
-                }
+                for (auto& e : emitted) store_index_key(e.latent.data(), *rows[e.row].seq, e.group);
             }
             Tensor iq = linear(qr, iw.wq_b);
             Tensor wts = linear(x, iw.weights_proj);
@@ -215,13 +220,12 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
                 for (int h = 0; h < nh; ++h) {
                     float* qh = iq.f32() + (static_cast<int64_t>(t) * nh + h) * hd;
                     rope.apply(qh + hd - rd, rows[t].pos);
-                    if (!v41) hadamard_bf16(qh, hd);
-                    qdq_fp4_ue8m0(qh, hd, 32);
+                    if (format_.index_rotation) hadamard_bf16(qh, hd);
+                    qdq_entry(ks.format, qh);
                 }
                 for (int h = 0; h < nh; ++h) wts.f32()[t * nh + h] = round_bf16(wts.f32()[t * nh + h] * wscale);
             }
             // Each sequence's keys, decoded once for all its rows.
-            const StateSection& ks = v41 ? KL.index_k : L.index_k;
             std::vector<std::vector<float>> seq_keys(batch.seqs.size());
             parallel_for(static_cast<int64_t>(batch.seqs.size()), [&](int64_t s0, int64_t s1) {
                 for (int64_t si = s0; si < s1; ++si) {
@@ -256,7 +260,7 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
                         }
                         score[j] = round_bf16(acc);
                     }
-                    if (v41 && info.candidate_source) {  // level 1: best blocks of the candidate source
+                    if (info.candidate_source) {  // level 1: best blocks of the candidate source
                         const int bs = cfg_.candidate_block_size;
                         const int64_t nb = (width + bs - 1) / bs, last = visible >= 1 ? (visible - 1) / bs : -1;
                         std::vector<float> bscore(static_cast<size_t>(nb), -INFINITY);
@@ -268,21 +272,21 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
                         for (int32_t b : top)
                             if (bscore[b] > -INFINITY)
                                 for (int64_t j = b * bs; j < std::min<int64_t>(width, (b + 1) * bs); ++j) mask[j] = 1;
-                    } else if (v41 && info.uses_candidates) {  // level 2: only inside the candidate blocks
+                    } else if (info.uses_candidates) {  // level 2: only inside the candidate blocks
                         const auto& mask = scratch.candidates[static_cast<size_t>(t)];
                         for (int64_t j = 0; j < width; ++j)
                             if (j >= static_cast<int64_t>(mask.size()) || !mask[j]) score[j] = -INFINITY;
                     }
                     const int k = static_cast<int>(std::min<int64_t>(iw.topk, width));
                     auto sel = topk_desc(score.data(), static_cast<int>(width), k);
-                    if (v41) std::sort(sel.begin(), sel.end());
+                    if (format_.sorted_selection) std::sort(sel.begin(), sel.end());
                     for (int32_t j : sel) list.push_back(j < visible ? j : -1);
                 }
             });
-            if (v41) scratch.topk = comp_list;
-        } else if (v41) {
-            comp_list = scratch.topk;  // reuse the most recent index source's selection
-        } else {  // V4 HCA: every visible entry
+            scratch.topk = comp_list;  // for the layers after it that reuse it
+        } else if (info.reuses_selection) {
+            comp_list = scratch.topk;
+        } else {  // every visible entry
             for (int t = 0; t < T; ++t) {
                 const BatchSeq& s = *rows[t].seq;
                 const int64_t visible = (rows[t].pos + 1) / ratio;
@@ -310,7 +314,7 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
                 vals.push_back(load_entry(sec, layout_.entry<uint8_t>(st.pool, st.pages, sec, idx)));
                 keys.push_back(vals.back().data());
             };
-            for (int64_t p : window_list(*rows[t].seq, rows[t].pos, W, v41)) add(L.window, p);
+            for (int64_t p : window_list(*rows[t].seq, rows[t].pos, W, format_.ring_before_full)) add(L.window, p);
             for (int32_t j : comp_list[static_cast<size_t>(t)]) add(CL.comp, j);
             for (int h = 0; h < H; ++h)
                 sparse_attend(q.f32() + (t * H + h) * D, keys, D, scale, w.attn_sink.data<float>()[h],
@@ -322,14 +326,13 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
 
 Tensor CpuBackend::project_queries(const Tensor& x, const Tensor& qr, const AttentionWeight& w, const Rope& rope,
                                    const std::vector<int64_t>& pos) {
-    const bool v41 = cfg_.is_v41();
     const int H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim;
     Tensor q = linear(qr, w.wq_b);
     parallel_for(static_cast<int64_t>(pos.size()), [&](int64_t t0, int64_t t1) {
         for (int64_t t = t0; t < t1; ++t)
             for (int h = 0; h < H; ++h) {
                 float* qh = q.f32() + (t * H + h) * D;
-                if (!v41) {  // V4: unweighted per-head RMS norm, in bf16 arithmetic
+                if (format_.query_head_norm) {  // unweighted, in bf16 arithmetic
                     float ss = 0.0f;
                     for (int c = 0; c < D; ++c) ss += round_bf16(qh[c] * qh[c]);
                     float mean = round_bf16(ss / static_cast<float>(D));
@@ -343,14 +346,13 @@ Tensor CpuBackend::project_queries(const Tensor& x, const Tensor& qr, const Atte
 }
 
 Tensor CpuBackend::window_kv(const Tensor& x, const AttentionWeight& w, const Rope& rope,
-                             const std::vector<int64_t>& pos) {
+                             const std::vector<int64_t>& pos, const EntryFormat& format) {
     const int D = cfg_.head_dim, rd = cfg_.rope_head_dim;
     Tensor kv = rms_norm(linear(x, w.wkv), w.kv_norm);
     for (size_t t = 0; t < pos.size(); ++t) {
         float* k = kv.f32() + static_cast<int64_t>(t) * D;
         rope.apply(k + D - rd, pos[t]);
-        if (cfg_.is_v41()) qdq_fp8(k, D, cfg_.act_block);
-        else qdq_fp8(k, D - rd, 64);  // V4: the rope dims stay bf16
+        qdq_entry(format, k);
     }
     return kv;
 }
@@ -384,8 +386,8 @@ void CpuBackend::store_window_kv(const Tensor& x, const AttentionWeight& w, cons
     auto rows = row_infos(batch);
     std::vector<int64_t> positions;
     for (auto& r : rows) positions.push_back(r.pos);
-    Tensor kv = window_kv(x, w, rope_for(info), positions);
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
+    Tensor kv = window_kv(x, w, rope_for(info), positions, L.window.format);
     for (size_t t = 0; t < rows.size(); ++t) {
         SeqState& st = *rows[t].seq->state;
         store_entry(L.window, kv.f32() + static_cast<int64_t>(t) * D,
@@ -401,10 +403,10 @@ Tensor CpuBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, c
     for (int i = 0; i < B; ++i) positions[static_cast<size_t>(i)] = pos + 1 + i;
     Tensor qr = rms_norm(linear(x, w.wq_a), w.q_norm);
     Tensor q = project_queries(x, qr, w, rope, positions);
-    Tensor kv = window_kv(x, w, rope, positions);
+    const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
+    Tensor kv = window_kv(x, w, rope, positions, L.window.format);
     // Keys: the window ring listed by slot (slot j holds the latest position <= pos with position % W == j),
     // then every block token.
-    const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
     std::vector<std::vector<float>> vals;  // the window ring, decoded
     std::vector<const float*> keys;
     for (int64_t j = 0; j < std::min<int64_t>(W, pos + 1); ++j) {

@@ -11,8 +11,8 @@
 
 namespace peregrine {
 
-std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& cfg, const StateLayout& layout) {
-    return std::make_unique<cpu::CpuBackend>(cfg, layout);
+std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& cfg, const ModelFormat& format, const StateLayout& layout) {
+    return std::make_unique<cpu::CpuBackend>(cfg, format, layout);
 }
 
 namespace cpu {
@@ -64,14 +64,15 @@ std::vector<int32_t> topk_desc(const float* v, int n, int k) {
     return idx;
 }
 
-CpuBackend::CpuBackend(const ModelConfig& cfg, const StateLayout& layout) : cfg_(cfg), layout_(layout) {}
+CpuBackend::CpuBackend(const ModelConfig& cfg, const ModelFormat& format, const StateLayout& layout)
+    : Backend(format), cfg_(cfg), layout_(layout) {}
 
 const Rope& CpuBackend::rope_for(const AttentionLayerInfo& info) {
     auto key = std::make_pair(info.rope_theta, info.yarn);
     auto it = ropes_.find(key);
     if (it == ropes_.end())
         it = ropes_.emplace(key, Rope(cfg_.rope_head_dim, info.rope_theta, info.yarn ? cfg_.original_seq_len : 0,
-                                      cfg_.rope_factor, cfg_.beta_fast, cfg_.beta_slow, cfg_.is_v41()))
+                                      cfg_.rope_factor, cfg_.beta_fast, cfg_.beta_slow, format_.yarn_ramp))
                  .first;
     return it->second;
 }

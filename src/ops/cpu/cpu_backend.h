@@ -17,7 +17,7 @@ struct CpuScratch : StepScratch {
 
 class CpuBackend : public Backend {
 public:
-    CpuBackend(const ModelConfig& cfg, const StateLayout& layout);
+    CpuBackend(const ModelConfig& cfg, const ModelFormat& format, const StateLayout& layout);
     std::string name() const override { return "cpu"; }
 
     std::unique_ptr<StepScratch> begin_step(const ForwardBatch& batch) override;
@@ -52,11 +52,12 @@ public:
 
 private:
     const Rope& rope_for(const AttentionLayerInfo& info);
-    // q = wq_b(q_norm(wq_a(x))) per head (V4: unweighted head norm), RoPE at each row's position.
+    // q = wq_b(q_norm(wq_a(x))) per head (with the format's head norm), RoPE at each row's position.
     Tensor project_queries(const Tensor& x, const Tensor& qr, const AttentionWeight& w, const Rope& rope,
                            const std::vector<int64_t>& pos);
-    // Window K=V rows: kv_norm(wkv(x)), RoPE, fp8 quantise-dequantise.
-    Tensor window_kv(const Tensor& x, const AttentionWeight& w, const Rope& rope, const std::vector<int64_t>& pos);
+    // Window K=V rows: kv_norm(wkv(x)), RoPE, quantise-dequantise to the window entries' format.
+    Tensor window_kv(const Tensor& x, const AttentionWeight& w, const Rope& rope, const std::vector<int64_t>& pos,
+                     const EntryFormat& format);
     // Inverse RoPE of the attention output, grouped wo_a (bf16), wo_b.
     Tensor project_output(Tensor& o, const AttentionWeight& w, const Rope& rope, const std::vector<int64_t>& pos);
     float eps() const { return static_cast<float>(cfg_.norm_eps); }

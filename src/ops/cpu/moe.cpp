@@ -67,9 +67,9 @@ MoeRoute CpuBackend::moe_route(const Tensor& x, const MoEWeight& w, const std::v
         for (int k = 0; k < K; ++k) sum += score[top[k]];
         for (int k = 0; k < K; ++k) {
             float v = score[top[k]];
-            if (cfg_.is_v41()) {
-                if (cfg_.norm_topk_prob && K > 1) v = v / (sum + 1e-20f);
-            } else if (cfg_.score_func != "softmax") {
+            if (format_.route_norm == RouteNorm::kSumIfSeveral) {
+                if (K > 1) v = v / (sum + 1e-20f);
+            } else if (format_.route_norm == RouteNorm::kSum) {
                 v = v / sum;
             }
             sel[t * K + k] = top[k];

@@ -6,8 +6,8 @@
 namespace peregrine::cpu {
 
 Rope::Rope(int dim, double theta, int original_seq_len, double factor, double beta_fast, double beta_slow,
-           bool arch_v41)
-    : dim_(dim), freqs_(rope_frequencies(dim, theta, original_seq_len, factor, beta_fast, beta_slow, arch_v41)) {}
+           YarnRamp ramp)
+    : dim_(dim), freqs_(rope_frequencies(dim, theta, original_seq_len, factor, beta_fast, beta_slow, ramp)) {}
 
 void Rope::apply(float* x, int64_t pos, bool inverse) const {
     const float p = static_cast<float>(pos);

@@ -1,6 +1,8 @@
 #pragma once
 // Rotary embedding on the last `dim` values of a head, adjacent pairs as complex numbers, with the
 // official YaRN frequency blend for layers whose original_seq_len > 0.
+#include "ops/model_format.h"
+
 #include <cmath>
 #include <vector>
 
@@ -9,8 +11,7 @@ namespace peregrine::cpu {
 class Rope {
 public:
     Rope() = default;
-    // arch_v41 picks V4.1's ramp (max(high-low, 1e-3)) over V4's (high += 0.001 when equal).
-    Rope(int dim, double theta, int original_seq_len, double factor, double beta_fast, double beta_slow, bool arch_v41);
+    Rope(int dim, double theta, int original_seq_len, double factor, double beta_fast, double beta_slow, YarnRamp ramp);
 
     // Rotates x[0..dim) (the rope tail) in place for position pos; inverse undoes a rotation. The result
     // is rounded to bf16, as the reference writes it back into bf16 storage.

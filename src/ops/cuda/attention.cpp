@@ -153,7 +153,6 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     auto& scratch = static_cast<CudaScratch&>(scratch_base);
     if (scratch.decode < 0) begin_decode(batch, scratch);
     if (scratch.decode == 1) return attention_decode(x, w, info, scratch);
-    const bool v41 = cfg_.is_v41();
     const int T = batch.rows(), H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim, W = cfg_.window_size;
     const float* freqs = rope_freqs(info);
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
@@ -198,7 +197,7 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
         store_entries(kv.f32(), T, L.window.format, dd.ptr);
     }
 
-    // Compressed entries (and, for V4.1 key owners, indexer keys).
+    // Compressed entries (and, for key owners, indexer keys from the latents).
     if (info.compresses) {
         phase("attn.compressor");
         Emitted e = run_compressor(*w.compressor, L.carry_offset, x, batch);
@@ -207,11 +206,10 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
             std::vector<int64_t> gpos(static_cast<size_t>(n));
             for (int i = 0; i < n; ++i) gpos[static_cast<size_t>(i)] = e.group[static_cast<size_t>(i)] * info.ratio;
             auto gp = upload(gpos);
-            if (v41 && info.owns_index_k) {
+            if (info.owns_index_k) {
                 const IndexerWeight& iw = *w.indexer;
-                const int hd = iw.head_dim;
                 Tensor k = rms_norm(run_linear(e.latent, iw.wk), iw.k_norm);
-                rope_qdq(k.f32(), n, 1, hd, hd, hd - rd, gp.ptr, freqs, rd, false, hd, 32, 1);
+                index_rope_qdq(k.f32(), n, 1, gp.ptr, freqs, L.index_k.format);
                 std::vector<uint8_t*> dst(static_cast<size_t>(n));
                 for (int i = 0; i < n; ++i)
                     dst[static_cast<size_t>(i)] = entry(rows[static_cast<size_t>(e.rows[static_cast<size_t>(i)])],
@@ -219,9 +217,9 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                 auto dd = upload(dst);
                 store_entries(k.f32(), n, L.index_k.format, dd.ptr);
             }
-            // V4.1: fp4 under e4m3 scales over every dim; V4: fp8 over the non-RoPE dims.
-            rope_qdq(e.latent.f32(), n, 1, D, D, D - rd, gp.ptr, freqs, rd, false, v41 ? D : D - rd, v41 ? 16 : 64,
-                     v41 ? 2 : 0);
+            const EntryFormat& cf = L.comp.format;
+            rope_qdq(e.latent.f32(), n, 1, D, D, D - rd, gp.ptr, freqs, rd, false, cf.quant_dims, cf.block,
+                     qdq_kind(cf));
             std::vector<uint8_t*> dst(static_cast<size_t>(n));
             for (int i = 0; i < n; ++i)
                 dst[static_cast<size_t>(i)] = entry(rows[static_cast<size_t>(e.rows[static_cast<size_t>(i)])], L.comp,
@@ -251,17 +249,15 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
             phase("attn.indexer+topk");
             const IndexerWeight& iw = *w.indexer;
             const int nh = iw.n_heads, hd = iw.head_dim;
-            const LayerStateLayout& KL = layout_.layers.at(static_cast<size_t>(v41 ? info.index_k_source : info.layer));
-            if (!v41) {  // V4: the indexer's own compressor turns tokens into rotated fp4 keys
+            const StateSection& ks = layout_.layers.at(static_cast<size_t>(info.index_k_source)).index_k;
+            if (info.index_compressor) {  // the indexer's own compressor turns tokens into keys
                 Emitted e = run_compressor(*iw.compressor, L.index_carry_offset, x, batch);
                 const int n = e.n();
                 if (n > 0) {
                     std::vector<int64_t> gpos(static_cast<size_t>(n));
                     for (int i = 0; i < n; ++i) gpos[static_cast<size_t>(i)] = e.group[static_cast<size_t>(i)] * ratio;
                     auto gp = upload(gpos);
-                    rope(e.latent.f32(), n, 1, hd, hd, hd - rd, gp.ptr, freqs, rd, false);
-                    hadamard_rows(e.latent.f32(), n, hd, hd);
-                    qdq_rows(e.latent.f32(), n, hd, hd, 32, 1);
+                    index_rope_qdq(e.latent.f32(), n, 1, gp.ptr, freqs, L.index_k.format);
                     std::vector<uint8_t*> dst(static_cast<size_t>(n));
                     for (int i = 0; i < n; ++i)
                         dst[static_cast<size_t>(i)] = entry(rows[static_cast<size_t>(e.rows[static_cast<size_t>(i)])],
@@ -271,11 +267,10 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                 }
             }
             Tensor& iq = in.iq;
-            Tensor wts = index_queries(x, iq, iw, freqs, pos.ptr, T);
+            Tensor wts = index_queries(x, iq, iw, freqs, pos.ptr, T, ks.format);
 
             // Key addresses per sequence.
             std::vector<int64_t> keybase(static_cast<size_t>(T));
-            const StateSection& ks = v41 ? KL.index_k : L.index_k;
             DevArray<const uint8_t*> keys_d;
             int64_t n_keys = 0;
             if (device_tables) {
@@ -315,17 +310,17 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
             Tensor scores = empty(DType::F32, {std::max<int64_t>(chunk, 1), stride});
             auto qb = kb ? device_alloc(sizeof(uint16_t) * static_cast<size_t>(chunk) * nh * hd) : nullptr;
             const int bs = cfg_.candidate_block_size;
-            const int64_t max_nb = std::max<int64_t>(v41 && info.candidate_source ? (max_width + bs - 1) / bs : 1, 1);
+            const int64_t max_nb = std::max<int64_t>(info.candidate_source ? (max_width + bs - 1) / bs : 1, 1);
             Tensor bscore, bsel;
             int64_t mstride = 0;
-            if (v41 && info.candidate_source) {
+            if (info.candidate_source) {
                 bscore = empty(DType::F32, {std::max<int64_t>(chunk, 1), max_nb});
                 bsel = empty(DType::I32, {std::max<int64_t>(chunk, 1), max_nb});
                 mstride = candidate_mask_stride(std::max<int64_t>(max_width, 1), bs);
                 scratch.mask = device_alloc(static_cast<size_t>(T * mstride));
                 scratch.mask_width = width_d.keep;
                 scratch.mask_stride = mstride;
-            } else if (v41 && info.uses_candidates &&
+            } else if (info.uses_candidates &&
                        !scratch.mask) {  // no candidate source ran: nothing is a candidate
                 scratch.mask = device_alloc(4);
                 scratch.mask_width = upload(std::vector<int64_t>(static_cast<size_t>(T), 0)).keep;
@@ -335,7 +330,8 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
             sel_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(T) * kmax);
             nsel_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(T));
             auto tmp = device_alloc(sizeof(int32_t) * static_cast<size_t>(std::max<int64_t>(chunk, 1)) * kmax);
-            const bool fast_topk = fast && (v41 || static_cast<size_t>(kmax) * 8 <= 48 * 1024);
+            const bool sorted = format_.sorted_selection;
+            const bool fast_topk = fast && (sorted || static_cast<size_t>(kmax) * 8 <= 48 * 1024);
             for (int64_t r0 = 0; r0 < T; r0 += chunk) {
                 const int64_t r1 = std::min<int64_t>(T, r0 + chunk), nr = r1 - r0;
                 const int64_t *wd = width_d.ptr + r0, *vd = visible_d.ptr + r0, *kbase = keybase_d.ptr + r0;
@@ -372,32 +368,30 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
                     index_scores(iq_c, wts_c, nr, nh, hd, wd, vd, kbase, keys_d.ptr, ks.format, max_width,
                                  scores.f32());
                 }
-                if (v41 && info.candidate_source) {
+                if (info.candidate_source) {
                     (fast ? candidate_blocks_fast : candidate_blocks)(
                         scores.f32(), nr, max_width, wd, vd, bs, cfg_.candidate_topk_blocks, bscore.f32(),
                         bsel.data<int32_t>(), max_nb, static_cast<uint8_t*>(scratch.mask.get()) + r0 * mstride,
                         mstride);
-                } else if (v41 && info.uses_candidates) {
+                } else if (info.uses_candidates) {
                     apply_candidates(scores.f32(), nr, max_width, wd,
                                      static_cast<const uint8_t*>(scratch.mask.get()) + r0 * scratch.mask_stride,
                                      static_cast<const int64_t*>(scratch.mask_width.get()) + r0, scratch.mask_stride,
                                      bs);
                 }
-                (fast_topk ? topk_rows_fast : topk_rows)(scores.f32(), nr, max_width, wd, vd, kmax, v41,
+                (fast_topk ? topk_rows_fast : topk_rows)(scores.f32(), nr, max_width, wd, vd, kmax, sorted,
                                                          static_cast<int32_t*>(tmp.get()),
                                                          static_cast<int32_t*>(sel_keep.get()) + r0 * kmax,
                                                          static_cast<int32_t*>(nsel_keep.get()) + r0);
             }
-            if (v41) {
-                scratch.topk = sel_keep;
-                scratch.topk_count = nsel_keep;
-                scratch.topk_k = kmax;
-            }
-        } else if (v41) {  // reuse the most recent index source's selection
+            scratch.topk = sel_keep;  // for the layers after it that reuse it
+            scratch.topk_count = nsel_keep;
+            scratch.topk_k = kmax;
+        } else if (info.reuses_selection) {
             sel_keep = scratch.topk;
             nsel_keep = scratch.topk_count;
             kmax = sel_keep ? scratch.topk_k : 0;
-        } else {  // V4 HCA: every visible entry
+        } else {  // every visible entry
             std::vector<int32_t> counts(static_cast<size_t>(T));
             for (int t = 0; t < T; ++t) {
                 const BatchSeq& s = *rows[static_cast<size_t>(t)].seq;
@@ -452,11 +446,11 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     if (device_tables) {
         WindowTable wt;
         if (key_rows) {
-            WindowRows wr = device_window_rows(paged(), batch, L.window, W, v41);
+            WindowRows wr = device_window_rows(paged(), batch, L.window, W, format_.ring_before_full);
             wt = wr.table;
             win_rows = wr.rows;
         } else {
-            wt = device_window_table(paged(), L.window, T, W, v41);
+            wt = device_window_table(paged(), L.window, T, W, format_.ring_before_full);
         }
         win_d = {wt.win.keep, wt.win.table};
         nwin_d = {wt.nwin_keep, wt.nwin};
@@ -470,7 +464,8 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
         std::vector<const uint8_t*> win(static_cast<size_t>(T) * W, nullptr);
         std::vector<int32_t> nwin(static_cast<size_t>(T));
         for (int t = 0; t < T; ++t) {
-            auto list = window_list(*rows[static_cast<size_t>(t)].seq, rows[static_cast<size_t>(t)].pos, W, v41);
+            auto list = window_list(*rows[static_cast<size_t>(t)].seq, rows[static_cast<size_t>(t)].pos, W,
+                                    format_.ring_before_full);
             nwin[static_cast<size_t>(t)] = static_cast<int32_t>(list.size());
             for (size_t j = 0; j < list.size(); ++j)
                 if (list[j] >= 0)
@@ -524,24 +519,31 @@ CudaBackend::AttentionInputs CudaBackend::attention_inputs(const Tensor& x, cons
     } else {
         in.q = project_queries(qr, w, freqs, pos, T);
     }
-    in.kv = window_kv_of(kva, w, freqs, pos, T);
+    in.kv = window_kv_of(kva, w, freqs, pos, T, layout_.layers.at(static_cast<size_t>(info.layer)).window.format);
     return in;
 }
 
 Tensor CudaBackend::index_queries(const Tensor& x, Tensor& iq, const IndexerWeight& iw, const float* freqs,
-                                  const int64_t* pos, int T) {
-    const int nh = iw.n_heads, hd = iw.head_dim, rd = cfg_.rope_head_dim;
+                                  const int64_t* pos, int T, const EntryFormat& f) {
+    const int nh = iw.n_heads, hd = iw.head_dim;
     Tensor wts = run_linear(x, iw.weights_proj);
-    if (cfg_.is_v41()) {
-        rope_qdq(iq.f32(), T, nh, static_cast<int64_t>(nh) * hd, hd, hd - rd, pos, freqs, rd, false, hd, 32, 1);
-    } else {  // V4: the Hadamard rotation between
-        rope(iq.f32(), T, nh, static_cast<int64_t>(nh) * hd, hd, hd - rd, pos, freqs, rd, false);
-        hadamard_rows(iq.f32(), static_cast<int64_t>(T) * nh, hd, hd);
-        qdq_rows(iq.f32(), static_cast<int64_t>(T) * nh, hd, hd, 32, 1);
-    }
+    index_rope_qdq(iq.f32(), T, nh, pos, freqs, f);
     scale_round_bf16(wts.f32(), static_cast<int64_t>(T) * nh,
                      static_cast<float>(std::pow(hd, -0.5) * std::pow(nh, -0.5)));
     return wts;
+}
+
+void CudaBackend::index_rope_qdq(float* x, int64_t rows, int heads, const int64_t* pos, const float* freqs,
+                                 const EntryFormat& f) {
+    const int hd = f.dim, rd = cfg_.rope_head_dim;
+    const int64_t rs = static_cast<int64_t>(heads) * hd;
+    if (format_.index_rotation) {  // the Hadamard rotation between RoPE and the QDQ
+        rope(x, rows, heads, rs, hd, hd - rd, pos, freqs, rd, false);
+        hadamard_rows(x, rows * heads, hd, hd);
+        qdq_rows(x, rows * heads, hd, f.quant_dims, f.block, qdq_kind(f));
+    } else {
+        rope_qdq(x, rows, heads, rs, hd, hd - rd, pos, freqs, rd, false, f.quant_dims, f.block, qdq_kind(f));
+    }
 }
 
 Tensor CudaBackend::sparse_attend(const Tensor& q, const AttentionWeight& w, const KeyRefs& kr, bool key_rows) {
@@ -568,23 +570,21 @@ Tensor CudaBackend::project_queries(const Tensor& qr, const AttentionWeight& w, 
 
 Tensor CudaBackend::queries_of(Tensor q, const float* freqs, const int64_t* pos, int T) {
     const int H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim;
-    if (!cfg_.is_v41()) head_norm_bf16(q.f32(), static_cast<int64_t>(T) * H, D, eps());
+    if (format_.query_head_norm) head_norm_bf16(q.f32(), static_cast<int64_t>(T) * H, D, eps());
     rope(q.f32(), T, H, static_cast<int64_t>(H) * D, D, D - rd, pos, freqs, rd, false);
     return q;
 }
 
 Tensor CudaBackend::window_kv(const Tensor& x, const AttentionWeight& w, const float* freqs, const int64_t* pos,
-                              int T) {
-    return window_kv_of(run_linear(x, w.wkv), w, freqs, pos, T);
+                              int T, const EntryFormat& f) {
+    return window_kv_of(run_linear(x, w.wkv), w, freqs, pos, T, f);
 }
 
 Tensor CudaBackend::window_kv_of(const Tensor& projected, const AttentionWeight& w, const float* freqs,
-                                 const int64_t* pos, int T) {
+                                 const int64_t* pos, int T, const EntryFormat& f) {
     const int D = cfg_.head_dim, rd = cfg_.rope_head_dim;
     Tensor kv = rms_norm(projected, w.kv_norm);
-    // V4.1: fp8 over every dim; V4: over the non-RoPE dims (the RoPE dims stay bf16).
-    const bool v41 = cfg_.is_v41();
-    rope_qdq(kv.f32(), T, 1, D, D, D - rd, pos, freqs, rd, false, v41 ? D : D - rd, v41 ? cfg_.act_block : 64, 0);
+    rope_qdq(kv.f32(), T, 1, D, D, D - rd, pos, freqs, rd, false, f.quant_dims, f.block, qdq_kind(f));
     return kv;
 }
 

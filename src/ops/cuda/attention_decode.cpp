@@ -134,7 +134,6 @@ Tensor CudaBackend::compress_decode(const CompressorWeight& cw, const Tensor& x,
 
 Tensor CudaBackend::attention_decode(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                                      CudaScratch& scratch) {
-    const bool v41 = cfg_.is_v41();
     const int T = static_cast<int>(x.dim(0)), D = cfg_.head_dim, rd = cfg_.rope_head_dim, W = cfg_.window_size;
     const float* freqs = rope_freqs(info);
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
@@ -145,20 +144,20 @@ Tensor CudaBackend::attention_decode(const Tensor& x, const AttentionWeight& w, 
     AttentionInputs in = attention_inputs(x, w, info, freqs, pos, T);
     paged_store_entries(in.kv.f32(), T, L.window.format, P, paged_section(L.window));
 
-    if (info.compresses) {  // compressed entries (and, for V4.1 key owners, indexer keys) of the rows ending a group
+    if (info.compresses) {  // compressed entries (and, for key owners, indexer keys) of the rows ending a group
         phase("attn.compressor");
         const CompressorWeight& cw = *w.compressor;
         const DecodePlan cp = decode_plan(P, T, cw.ratio, 0, cw.ratio > 1 ? &L.carry_offset : nullptr);
         Tensor latent = compress_decode(cw, x, cp);
-        if (v41 && info.owns_index_k) {
+        if (info.owns_index_k) {
             const IndexerWeight& iw = *w.indexer;
-            const int hd = iw.head_dim;
             Tensor k = rms_norm(run_linear(latent, iw.wk), iw.k_norm);
-            rope_qdq(k.f32(), T, 1, hd, hd, hd - rd, cp.rows.gpos, freqs, rd, false, hd, 32, 1);
+            index_rope_qdq(k.f32(), T, 1, cp.rows.gpos, freqs, L.index_k.format);
             paged_store_entries(k.f32(), T, L.index_k.format, P, paged_section(L.index_k), cw.ratio);
         }
-        rope_qdq(latent.f32(), T, 1, D, D, D - rd, cp.rows.gpos, freqs, rd, false, v41 ? D : D - rd, v41 ? 16 : 64,
-                 v41 ? 2 : 0);
+        const EntryFormat& cf = L.comp.format;
+        rope_qdq(latent.f32(), T, 1, D, D, D - rd, cp.rows.gpos, freqs, rd, false, cf.quant_dims, cf.block,
+                 qdq_kind(cf));
         paged_store_entries(latent.f32(), T, L.comp.format, P, paged_section(L.comp), cw.ratio);
     }
 
@@ -175,25 +174,22 @@ Tensor CudaBackend::attention_decode(const Tensor& x, const AttentionWeight& w, 
             phase("attn.indexer+topk");
             const IndexerWeight& iw = *w.indexer;
             const int nh = iw.n_heads, hd = iw.head_dim;
-            const LayerStateLayout& KL = layout_.layers.at(static_cast<size_t>(v41 ? info.index_k_source : info.layer));
-            if (!v41) {  // V4: the indexer's own compressor turns tokens into rotated fp4 keys
+            const StateSection& ks = layout_.layers.at(static_cast<size_t>(info.index_k_source)).index_k;
+            if (info.index_compressor) {  // the indexer's own compressor turns tokens into keys
                 const CompressorWeight& icw = *iw.compressor;
                 const DecodePlan ip = decode_plan(P, T, icw.ratio, 0, icw.ratio > 1 ? &L.index_carry_offset : nullptr);
                 Tensor lat = compress_decode(icw, x, ip);
-                rope(lat.f32(), T, 1, hd, hd, hd - rd, ip.rows.gpos, freqs, rd, false);
-                hadamard_rows(lat.f32(), T, hd, hd);
-                qdq_rows(lat.f32(), T, hd, hd, 32, 1);
+                index_rope_qdq(lat.f32(), T, 1, ip.rows.gpos, freqs, L.index_k.format);
                 paged_store_entries(lat.f32(), T, L.index_k.format, P, paged_section(L.index_k), icw.ratio);
             }
-            Tensor wts = index_queries(x, in.iq, iw, freqs, pos, T);
-            const StateSection& ks = v41 ? KL.index_k : L.index_k;
+            Tensor wts = index_queries(x, in.iq, iw, freqs, pos, T, ks.format);
             const AddressTable keys = decode_entry_table(P, ks, ratio, rp.rows.base, T, C);
             const int64_t stride = std::max<int64_t>(C, 1);
             Tensor scores = empty(DType::F32, {T, stride});
             index_scores_stream(in.iq.f32(), wts.f32(), rp.rows.rows, T, nh, hd, width, width, rp.rows.base, keys.table,
                                 ks.format, C, scores.f32());
             const int bs = cfg_.candidate_block_size;
-            if (v41 && info.candidate_source) {
+            if (info.candidate_source) {
                 const int64_t max_nb = std::max<int64_t>((C + bs - 1) / bs, 1);
                 Tensor bscore = empty(DType::F32, {T, max_nb}), bsel = empty(DType::I32, {T, max_nb});
                 const int64_t mstride = candidate_mask_stride(stride, bs);
@@ -202,7 +198,7 @@ Tensor CudaBackend::attention_decode(const Tensor& x, const AttentionWeight& w, 
                 scratch.mask_ratio = ratio;
                 candidate_blocks_fast(scores.f32(), T, C, width, width, bs, cfg_.candidate_topk_blocks, bscore.f32(),
                                       bsel.data<int32_t>(), max_nb, static_cast<uint8_t*>(scratch.mask.get()), mstride);
-            } else if (v41 && info.uses_candidates) {
+            } else if (info.uses_candidates) {
                 // The source's widths are this layer's (same ratio, same rows).
                 PEREGRINE_CHECK(scratch.mask && scratch.mask_ratio == ratio,
                                 "layer {}: no candidate source of ratio {} ran this step", info.layer, ratio);
@@ -213,21 +209,20 @@ Tensor CudaBackend::attention_decode(const Tensor& x, const AttentionWeight& w, 
             sel_keep = decode_buffer(scratch, kSlotTopk, sizeof(int32_t) * static_cast<size_t>(T) * kmax);
             nsel_keep = decode_buffer(scratch, kSlotTopkCount, sizeof(int32_t) * static_cast<size_t>(T));
             auto tmp = device_alloc(sizeof(int32_t) * static_cast<size_t>(T) * kmax);
-            const bool fast_topk = v41 || static_cast<size_t>(kmax) * 8 <= 48 * 1024;
-            (fast_topk ? topk_rows_fast : topk_rows)(scores.f32(), T, C, width, width, kmax, v41,
+            const bool sorted = format_.sorted_selection;
+            const bool fast_topk = sorted || static_cast<size_t>(kmax) * 8 <= 48 * 1024;
+            (fast_topk ? topk_rows_fast : topk_rows)(scores.f32(), T, C, width, width, kmax, sorted,
                                                      static_cast<int32_t*>(tmp.get()),
                                                      static_cast<int32_t*>(sel_keep.get()),
                                                      static_cast<int32_t*>(nsel_keep.get()));
-            if (v41) {
-                scratch.topk = sel_keep;
-                scratch.topk_count = nsel_keep;
-                scratch.topk_k = kmax;
-            }
-        } else if (v41) {  // reuse the most recent index source's selection
+            scratch.topk = sel_keep;  // for the layers after it that reuse it
+            scratch.topk_count = nsel_keep;
+            scratch.topk_k = kmax;
+        } else if (info.reuses_selection) {
             sel_keep = scratch.topk;
             nsel_keep = scratch.topk_count;
             kmax = sel_keep ? scratch.topk_k : 0;
-        } else if (C > 0) {  // V4 HCA: every visible entry
+        } else if (C > 0) {  // every visible entry
             kmax = static_cast<int>(C);
             sel_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(T) * kmax);
             nsel_keep = device_alloc(sizeof(int32_t) * static_cast<size_t>(T));
@@ -243,7 +238,7 @@ Tensor CudaBackend::attention_decode(const Tensor& x, const AttentionWeight& w, 
     const LayerStateLayout& CL =
         layout_.layers.at(static_cast<size_t>(info.comp_source >= 0 ? info.comp_source : info.layer));
     const EntryFormat& comp_format = CL.comp.present() ? CL.comp.format : L.window.format;
-    const WindowTable wt = device_window_table(P, L.window, T, W, v41);
+    const WindowTable wt = device_window_table(P, L.window, T, W, format_.ring_before_full);
     AddressTable comp;
     if (sel) comp = decode_entry_table(P, CL.comp, info.ratio, rp.rows.base, T, C);
     const int maxk = W + kmax;

@@ -18,8 +18,8 @@
 
 namespace peregrine {
 
-std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& cfg, const StateLayout& layout,
-                                           const std::string& engram_placement, int gpu) {
+std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& cfg, const ModelFormat& format,
+                                           const StateLayout& layout, const std::string& engram_placement, int gpu) {
     cuda::EngramPlacement p;
     if (engram_placement == "device") p = cuda::EngramPlacement::Device;
     else if (engram_placement == "host") p = cuda::EngramPlacement::Host;
@@ -29,7 +29,7 @@ std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& cfg, const StateLa
     int n = 0;
     PG_CUDA(cudaGetDeviceCount(&n));
     if (gpu < 0 || gpu >= n) fail("--device cuda: GPU {} asked for, {} visible", gpu, n);
-    return std::make_unique<cuda::CudaBackend>(cfg, layout, p, gpu);
+    return std::make_unique<cuda::CudaBackend>(cfg, format, layout, p, gpu);
 }
 
 bool cuda_device_available(std::string* why) {
@@ -213,8 +213,9 @@ Tensor CudaBackend::to_host(const Tensor& dev) {
     return t;
 }
 
-CudaBackend::CudaBackend(const ModelConfig& cfg, const StateLayout& layout, EngramPlacement engram, int gpu)
-    : gpu_(gpu), cfg_(cfg), layout_(layout), memory_(gpu), engram_placement_(engram) {
+CudaBackend::CudaBackend(const ModelConfig& cfg, const ModelFormat& format, const StateLayout& layout,
+                         EngramPlacement engram, int gpu)
+    : Backend(format), gpu_(gpu), cfg_(cfg), layout_(layout), memory_(gpu), engram_placement_(engram) {
     PG_CUDA(cudaSetDevice(gpu_));
     graphs_ = switch_is("PEREGRINE_CUDA_GRAPHS", "1");
     hc_small_ = switch_is("PEREGRINE_HC_SMALL", "1");
@@ -288,7 +289,7 @@ const float* CudaBackend::rope_freqs(const AttentionLayerInfo& info) {
     auto it = ropes_.find(key);
     if (it == ropes_.end()) {
         auto f = rope_frequencies(cfg_.rope_head_dim, info.rope_theta, info.yarn ? cfg_.original_seq_len : 0,
-                                  cfg_.rope_factor, cfg_.beta_fast, cfg_.beta_slow, cfg_.is_v41());
+                                  cfg_.rope_factor, cfg_.beta_fast, cfg_.beta_slow, format_.yarn_ramp);
         it = ropes_.emplace(key, upload(f).keep).first;
     }
     return static_cast<const float*>(it->second.get());

@@ -77,8 +77,8 @@ private:
 
 class CudaBackend : public Backend {
 public:
-    CudaBackend(const ModelConfig& cfg, const StateLayout& layout, EngramPlacement engram = EngramPlacement::Device,
-                int gpu = 0);
+    CudaBackend(const ModelConfig& cfg, const ModelFormat& format, const StateLayout& layout,
+                EngramPlacement engram = EngramPlacement::Device, int gpu = 0);
     ~CudaBackend() override;
     std::string name() const override { return "cuda"; }
 
@@ -101,7 +101,7 @@ public:
     Tensor moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) override;
     // Decode steps with graphs (a DecodeSet): the layer through its graph (layer_graph), else as the base class.
     void decoder_layer(const BlockWeight& b, const AttentionLayerInfo& info, ForwardBatch& batch, StepScratch& scratch,
-                       bool v41, Tensor& h, Tensor& pre) override;
+                       Tensor& h, Tensor& pre) override;
     MoeRoute moe_route(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) override;
     Tensor moe_experts(const Tensor& xp, const MoEWeight& w, const Tensor& experts, const Tensor& weights) override;
     Tensor moe_combine(const Tensor& x, const MoEWeight& w, const Tensor& ye, const Tensor& experts) override;
@@ -210,21 +210,26 @@ private:
     };
     AttentionInputs attention_inputs(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                                      const float* freqs, const int64_t* pos, int T);
-    // The indexer's queries iq made ready in place (RoPE, V4's Hadamard, QDQ) and its head weights of x, scaled.
+    // The indexer's queries iq made ready in place (as its keys of format f: index_rope_qdq) and its head weights of
+    // x, scaled.
     Tensor index_queries(const Tensor& x, Tensor& iq, const IndexerWeight& iw, const float* freqs, const int64_t* pos,
-                         int T);
+                         int T, const EntryFormat& f);
+    // Indexer keys (or queries) in place, `heads` per row at positions pos: RoPE, the format's rotation, the QDQ
+    // to the keys' entry format f.
+    void index_rope_qdq(float* x, int64_t rows, int heads, const int64_t* pos, const float* freqs, const EntryFormat& f);
     // Sparse attention with sink over each row's key list (kr): the decoded-row kernel (key_rows), the tensor-core
     // one (Fast), or the exact one; o [T, H, D].
     Tensor sparse_attend(const Tensor& q, const AttentionWeight& w, const KeyRefs& kr, bool key_rows);
-    // q = wq_b(qr) per head (V4: unweighted head norm), RoPE at each row's position.
+    // q = wq_b(qr) per head (with the format's head norm), RoPE at each row's position.
     Tensor project_queries(const Tensor& qr, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
     // The same from the wq_b projection already made (head norm, RoPE in place).
     Tensor queries_of(Tensor q, const float* freqs, const int64_t* pos, int T);
-    // Window K=V rows: kv_norm(wkv(x)), RoPE, fp8 quantise-dequantise.
-    Tensor window_kv(const Tensor& x, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
+    // Window K=V rows: kv_norm(wkv(x)), RoPE, quantise-dequantise to the window entries' format f.
+    Tensor window_kv(const Tensor& x, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T,
+                     const EntryFormat& f);
     // The same from x's wkv projection already made.
     Tensor window_kv_of(const Tensor& projected, const AttentionWeight& w, const float* freqs, const int64_t* pos,
-                        int T);
+                        int T, const EntryFormat& f);
     // Inverse RoPE of the attention output (in place), grouped wo_a (bf16), wo_b.
     Tensor project_output(Tensor& o, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
 
@@ -275,7 +280,7 @@ private:
     std::shared_ptr<void> decode_buffer(CudaScratch& scratch, int slot, size_t bytes);
     // A decode step's decoder layer through its graph (captured on the second call at this T and cap; the attention
     // block as attention_decode, the MoE block as moe_body); false: run it eagerly.
-    bool layer_graph(const BlockWeight& b, const AttentionLayerInfo& info, CudaScratch& scratch, bool v41,
+    bool layer_graph(const BlockWeight& b, const AttentionLayerInfo& info, CudaScratch& scratch,
                      const std::vector<int32_t>& ids, Tensor& h, Tensor& pre);
     struct LayerGraph;
     std::map<int64_t, std::shared_ptr<DecodeSet>> decode_sets_;

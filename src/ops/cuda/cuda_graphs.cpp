@@ -134,14 +134,14 @@ void CudaBackend::prepare_graph_scratch() {
 }
 
 void CudaBackend::decoder_layer(const BlockWeight& b, const AttentionLayerInfo& info, ForwardBatch& batch,
-                                StepScratch& scratch_base, bool v41, Tensor& h, Tensor& pre) {
+                                StepScratch& scratch_base, Tensor& h, Tensor& pre) {
     auto& scratch = static_cast<CudaScratch&>(scratch_base);
     if (scratch.decode < 0) begin_decode(batch, scratch);
-    if (scratch.decode == 1 && scratch.set && layer_graph(b, info, scratch, v41, batch.token_ids, h, pre)) return;
-    Backend::decoder_layer(b, info, batch, scratch, v41, h, pre);
+    if (scratch.decode == 1 && scratch.set && layer_graph(b, info, scratch, batch.token_ids, h, pre)) return;
+    Backend::decoder_layer(b, info, batch, scratch, h, pre);
 }
 
-bool CudaBackend::layer_graph(const BlockWeight& b, const AttentionLayerInfo& info, CudaScratch& scratch, bool v41,
+bool CudaBackend::layer_graph(const BlockWeight& b, const AttentionLayerInfo& info, CudaScratch& scratch,
                               const std::vector<int32_t>& ids, Tensor& h, Tensor& pre) {
     const int64_t T = h.dim(0);
     prepare_graph_scratch();
@@ -169,7 +169,7 @@ bool CudaBackend::layer_graph(const BlockWeight& b, const AttentionLayerInfo& in
                                  }};
         if (!g.capture("decoder layer", T, graph_scratch_, [&] {
                 Tensor hh = g.x_in, pp = g.pre_in;
-                decoder_layer_ops(*this, b, v41, blocks, hh, pp);
+                decoder_layer_ops(*this, b, format_.single_pass_mhc, blocks, hh, pp);
                 PG_CUDA(cudaMemcpyAsync(g.out.raw(), hh.raw(), g.out.nbytes(), cudaMemcpyDeviceToDevice,
                                         launch_stream()));
                 PG_CUDA(cudaMemcpyAsync(g.pre_out.raw(), pp.raw(), g.pre_out.nbytes(), cudaMemcpyDeviceToDevice,

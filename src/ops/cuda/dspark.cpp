@@ -43,7 +43,7 @@ void CudaBackend::store_window_kv(const Tensor& x, const AttentionWeight& w, con
             dst[r] = layout_.entry<uint8_t>(s.state->pool, s.state->pages, L.window, pos[r]);
         }
     auto pos_d = upload(pos);
-    Tensor kv = window_kv(x, w, rope_freqs(info), pos_d.ptr, T);
+    Tensor kv = window_kv(x, w, rope_freqs(info), pos_d.ptr, T, L.window.format);
     auto dst_d = upload(dst);
     store_entries(kv.f32(), T, L.window.format, dst_d.ptr);
 }
@@ -58,11 +58,11 @@ Tensor CudaBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, 
     auto pos_d = upload(positions);
     Tensor qr = rms_norm(run_linear(x, w.wq_a), w.q_norm);
     Tensor q = project_queries(qr, w, freqs, pos_d.ptr, B);
-    Tensor kv = window_kv(x, w, freqs, pos_d.ptr, B);
+    const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
+    Tensor kv = window_kv(x, w, freqs, pos_d.ptr, B, L.window.format);
     // Keys (the same for every block row): the window ring listed by slot (slot j holds the latest position
     // <= pos with position % W == j), then every block token (packed into window entries of a scratch, so that
     // every key is read the same way).
-    const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
     const EntryFormat& f = L.window.format;
     auto block = device_alloc(static_cast<size_t>(B) * static_cast<size_t>(f.bytes));
     std::vector<uint8_t*> block_entries;

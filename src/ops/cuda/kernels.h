@@ -168,12 +168,14 @@ void rope(float* x, int64_t rows, int heads, int64_t rs, int64_t hs, int offset,
 // Quantise-dequantise the first n values of each row (stride rs) in blocks. kind 0: fp8 ue8m0, 1: fp4
 // ue8m0, 2: fp4 e4m3 scales.
 void qdq_rows(float* x, int64_t rows, int64_t rs, int n, int block, int kind);
+// That kind for the values an entry of format f holds.
+inline int qdq_kind(const EntryFormat& f) { return f.kind == kEntryFp8 ? 0 : f.kind == kEntryFp4Ue8m0 ? 1 : 2; }
 // rope (rows of `heads` heads of hs floats, rs = heads x hs when the shapes do not allow one kernel) then, per head,
 // qdq_rows of its first n dims: one launch, the same bits.
 void rope_qdq(float* x, int64_t rows, int heads, int64_t rs, int64_t hs, int offset, const int64_t* pos,
               const float* freqs, int dim, bool inverse, int n, int block, int kind);
 void hadamard_rows(float* x, int64_t rows, int64_t rs, int n);
-// V4: unweighted per-head RMS norm in bf16 arithmetic, for rows x heads heads of width D.
+// Unweighted per-head RMS norm in bf16 arithmetic, for rows x heads heads of width D.
 void head_norm_bf16(float* x, int64_t n_heads, int D, float eps);
 // ids[i] < 0 (other than INT32_MIN) is a deferred id: row -1 - ids[i] of src, read as src[row * stride].
 void resolve_deferred_ids(int32_t* ids, int64_t n, const int32_t* src, int stride);
@@ -319,8 +321,8 @@ void paged_entry_table(const PagedSeqs& p, const PagedSection& sec, int ratio, c
                        int64_t max_entries, const uint8_t** table);
 // Per row: its window keys' addresses in window_list's order (null: none; nulls beyond the count too) and
 // their count, for T rows and a window of W.
-void paged_window_table(const PagedSeqs& p, const PagedSection& sec, int64_t T, int W, bool v41, const uint8_t** win,
-                        int32_t* nwin);
+void paged_window_table(const PagedSeqs& p, const PagedSection& sec, int64_t T, int W, bool ring_before_full,
+                        const uint8_t** win, int32_t* nwin);
 // The window entries a step's rows can see, per sequence s the positions lo_s = max(0, start_pos - W + 1) up to
 // the step's end, back to back from row_base[s]: table[row_base[s] + j] = address of position lo_s + j;
 // max_entries bounds the per-sequence counts.
@@ -328,7 +330,7 @@ void paged_window_rows(const PagedSeqs& p, const PagedSection& sec, int W, const
                        int64_t max_entries, const uint8_t** table);
 // paged_window_table's list with each position's row of `rows` (paged_window_rows' order, decoded into rows of
 // row_bytes) instead of its state entry.
-void paged_window_rows_table(const PagedSeqs& p, int64_t T, int W, bool v41, const int64_t* row_base,
+void paged_window_rows_table(const PagedSeqs& p, int64_t T, int W, bool ring_before_full, const int64_t* row_base,
                              const uint8_t* rows, int64_t row_bytes, const uint8_t** win, int32_t* nwin);
 // Row t of src [T, f.dim] encoded into entry row_pos[t] of `sec` of its sequence (StateLayout::entry(.., pos));
 // with ratio > 1 only the rows that end a group (pos + 1 a multiple of ratio), into entry pos / ratio. In
@@ -368,13 +370,13 @@ void candidate_blocks_fast(const float* scores, int64_t T, int64_t stride, const
                            uint8_t* mask, int64_t mask_stride);
 
 // ---- moe_kernels.cu
+// route_norm: RouteNorm (ops/model_format.h).
 void route(const float* logits, int64_t T, int E, int K, int score_func, const float* bias, const int64_t* tid2eid,
-           const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale, bool balanced, int32_t* sel,
-           float* wsel);
+           const int32_t* ids, int route_norm, float route_scale, bool balanced, int32_t* sel, float* wsel);
 // Numerics::Fast: one warp per token, same selection and weights as route.
 void route_fast(const float* logits, int64_t T, int E, int K, int score_func, const float* bias,
-                const int64_t* tid2eid, const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale,
-                bool balanced, int32_t* sel, float* wsel);
+                const int64_t* tid2eid, const int32_t* ids, int route_norm, float route_scale, bool balanced,
+                int32_t* sel, float* wsel);
 void gather_pairs(const float* x, int64_t T, int K, int D, float* xp);
 void swiglu(const float* g, const float* u, int64_t n, int I, const float* weights, float limit, float* out);
 void moe_combine(const float* ye, const int32_t* sel, const float* shared, int64_t T, int K, int D, float* out);

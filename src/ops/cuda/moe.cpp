@@ -77,9 +77,9 @@ MoeRoute CudaBackend::route_rows(const Tensor& x, const MoEWeight& w, const int3
     MoeRoute r{empty(DType::I32, {T * K}), empty(DType::F32, {T * K})};
     (numerics_ == Numerics::Fast ? route_fast : route)(
         logits.f32(), T, E, K, score_func, w.bias.empty() ? nullptr : dev_f32(w.bias),
-        w.tid2eid.empty() ? nullptr : static_cast<const int64_t*>(dev_raw(w.tid2eid)), ids_d, cfg_.is_v41(),
-        cfg_.norm_topk_prob, static_cast<float>(cfg_.route_scale), balanced_routing_, r.experts.data<int32_t>(),
-        r.weights.f32());
+        w.tid2eid.empty() ? nullptr : static_cast<const int64_t*>(dev_raw(w.tid2eid)), ids_d,
+        static_cast<int>(format_.route_norm), static_cast<float>(cfg_.route_scale), balanced_routing_,
+        r.experts.data<int32_t>(), r.weights.f32());
     return r;
 }
 

@@ -15,8 +15,8 @@ constexpr int kMaxExperts = 1024, kMaxTopK = 16;
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1p_cr(exp_cr(x)); }
 
 __global__ void route_kernel(const float* logits, int64_t T, int E, int K, int score_func, const float* bias,
-                             const int64_t* tid2eid, const int32_t* ids, bool v41, bool norm_topk_prob,
-                             float route_scale, bool balanced, int32_t* sel, float* wsel) {
+                             const int64_t* tid2eid, const int32_t* ids, int route_norm, float route_scale,
+                             bool balanced, int32_t* sel, float* wsel) {
     pdl_enter();
     const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (t >= T) return;
@@ -59,9 +59,9 @@ __global__ void route_kernel(const float* logits, int64_t T, int E, int K, int s
     for (int k = 0; k < K; ++k) sum += score[top[k]];
     for (int k = 0; k < K; ++k) {
         float v = score[top[k]];
-        if (v41) {
-            if (norm_topk_prob && K > 1) v = v / (sum + 1e-20f);
-        } else if (score_func != 0) {
+        if (route_norm == 2) {  // RouteNorm::kSumIfSeveral
+            if (K > 1) v = v / (sum + 1e-20f);
+        } else if (route_norm == 1) {  // RouteNorm::kSum
             v = v / sum;
         }
         sel[t * K + k] = top[k];
@@ -78,7 +78,7 @@ constexpr int kRouteThreads = 128;
 
 __global__ void __launch_bounds__(kRouteThreads) route_fast_kernel(
     const float* logits, int64_t T, int E, int K, int score_func, const float* bias, const int64_t* tid2eid,
-    const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale, bool balanced, int32_t* sel, float* wsel) {
+    const int32_t* ids, int route_norm, float route_scale, bool balanced, int32_t* sel, float* wsel) {
     pdl_enter();
     __shared__ float score[kMaxExperts];
     __shared__ float biased[kMaxExperts];
@@ -153,9 +153,9 @@ __global__ void __launch_bounds__(kRouteThreads) route_fast_kernel(
     for (int k = 0; k < K; ++k) sum += score[top[k]];
     for (int k = 0; k < K; ++k) {
         float v = score[top[k]];
-        if (v41) {
-            if (norm_topk_prob && K > 1) v = v / (sum + 1e-20f);
-        } else if (score_func != 0) {
+        if (route_norm == 2) {  // RouteNorm::kSumIfSeveral
+            if (K > 1) v = v / (sum + 1e-20f);
+        } else if (route_norm == 1) {  // RouteNorm::kSum
             v = v / sum;
         }
         sel[t * K + k] = top[k];
@@ -208,24 +208,23 @@ __global__ void combine_kernel(const float* ye, const int32_t* sel, const float*
 }  // namespace
 
 void route(const float* logits, int64_t T, int E, int K, int score_func, const float* bias, const int64_t* tid2eid,
-           const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale, bool balanced, int32_t* sel,
-           float* wsel) {
+           const int32_t* ids, int route_norm, float route_scale, bool balanced, int32_t* sel, float* wsel) {
     if (T == 0) return;
     if (E > kMaxExperts || K > kMaxTopK)
         cuda_fail(cudaErrorInvalidValue, "route: too many experts", __FILE__, __LINE__);
-    launch_pdl(route_kernel, dim3(blocks_for(T, 64)), dim3(64), 0, logits, T, E, K, score_func, bias, tid2eid, ids, v41,
-               norm_topk_prob, route_scale, balanced, sel, wsel);
+    launch_pdl(route_kernel, dim3(blocks_for(T, 64)), dim3(64), 0, logits, T, E, K, score_func, bias, tid2eid, ids,
+               route_norm, route_scale, balanced, sel, wsel);
 }
 
 void route_fast(const float* logits, int64_t T, int E, int K, int score_func, const float* bias,
-                const int64_t* tid2eid, const int32_t* ids, bool v41, bool norm_topk_prob, float route_scale,
-                bool balanced, int32_t* sel, float* wsel) {
+                const int64_t* tid2eid, const int32_t* ids, int route_norm, float route_scale, bool balanced,
+                int32_t* sel, float* wsel) {
     if (T == 0) return;
     if (E > kMaxExperts || K > kMaxTopK)
         cuda_fail(cudaErrorInvalidValue, "route: too many experts", __FILE__, __LINE__);
     if (T > 0x7fffffff) cuda_fail(cudaErrorInvalidValue, "route: too many tokens", __FILE__, __LINE__);
     launch_pdl(route_fast_kernel, dim3(static_cast<unsigned>(T)), dim3(kRouteThreads), 0, logits, T, E, K, score_func,
-               bias, tid2eid, ids, v41, norm_topk_prob, route_scale, balanced, sel, wsel);
+               bias, tid2eid, ids, route_norm, route_scale, balanced, sel, wsel);
 }
 
 void gather_pairs(const float* x, int64_t T, int K, int D, float* xp) {

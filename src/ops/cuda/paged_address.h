@@ -28,9 +28,10 @@ PEREGRINE_HD int64_t paged_entry_offset(const int32_t* pages, int page_tokens, i
     return static_cast<int64_t>(pages[page]) * page_bytes + sec.offset + slot * sec.entry_bytes;
 }
 
-// Entry j of window_list(seq, pos, W, v41): a position or -1; *n: the list's length. The sequence starts this
-// step at `start` with `n_tokens` rows.
-PEREGRINE_HD int64_t window_position(int64_t start, int64_t n_tokens, int64_t pos, int W, bool v41, int j, int* n) {
+// Entry j of window_list(seq, pos, W, ring_before_full): a position or -1; *n: the list's length. The sequence
+// starts this step at `start` with `n_tokens` rows.
+PEREGRINE_HD int64_t window_position(int64_t start, int64_t n_tokens, int64_t pos, int W, bool ring_before_full, int j,
+                                     int* n) {
     const int64_t lo = pos - W + 1 > 0 ? pos - W + 1 : 0;
     if (start == 0) {  // one-shot prefill: the query's window, oldest first
         const int64_t len = n_tokens < W ? n_tokens : W;
@@ -38,7 +39,7 @@ PEREGRINE_HD int64_t window_position(int64_t start, int64_t n_tokens, int64_t po
         return j < len && lo + j <= pos ? lo + j : -1;
     }
     *n = W;
-    if (n_tokens == 1 && (v41 || pos >= W - 1)) {  // decode: the ring from its oldest slot
+    if (n_tokens == 1 && (ring_before_full || pos >= W - 1)) {  // decode: the ring from its oldest slot
         const int64_t slot = (pos % W + 1 + j) % W;
         return slot <= pos ? pos - ((pos - slot) % W) : -1;
     }

@@ -133,13 +133,15 @@ AddressTable decode_entry_table(const PagedSeqs& p, const StateSection& sec, int
     return t;
 }
 
-WindowTable device_window_table(const PagedSeqs& p, const StateSection& sec, int64_t T, int W, bool v41) {
+WindowTable device_window_table(const PagedSeqs& p, const StateSection& sec, int64_t T, int W,
+                                bool ring_before_full) {
     WindowTable w = window_table(T, W);
-    paged_window_table(p, paged_section(sec), T, W, v41, w.win.table, w.nwin);
+    paged_window_table(p, paged_section(sec), T, W, ring_before_full, w.win.table, w.nwin);
     return w;
 }
 
-WindowRows device_window_rows(const PagedSeqs& p, const ForwardBatch& batch, const StateSection& sec, int W, bool v41) {
+WindowRows device_window_rows(const PagedSeqs& p, const ForwardBatch& batch, const StateSection& sec, int W,
+                              bool ring_before_full) {
     std::vector<int64_t> seq_base(batch.seqs.size());
     int64_t most = 0, n = 0;
     for (size_t i = 0; i < batch.seqs.size(); ++i) {
@@ -156,7 +158,7 @@ WindowRows device_window_rows(const PagedSeqs& p, const ForwardBatch& batch, con
     w.rows = device_alloc(static_cast<size_t>(std::max<int64_t>(n, 1) * row_bytes));
     gather_keys_bf16(w.src.table, n, sec.format, static_cast<uint16_t*>(w.rows.get()));
     w.table = window_table(T, W);
-    paged_window_rows_table(p, T, W, v41, sb.ptr, static_cast<const uint8_t*>(w.rows.get()), row_bytes,
+    paged_window_rows_table(p, T, W, ring_before_full, sb.ptr, static_cast<const uint8_t*>(w.rows.get()), row_bytes,
                             w.table.win.table, w.table.nwin);
     return w;
 }

@@ -51,7 +51,8 @@ struct WindowTable {
     std::shared_ptr<void> nwin_keep;
     int32_t* nwin = nullptr;
 };
-WindowTable device_window_table(const PagedSeqs& p, const StateSection& sec, int64_t T, int W, bool v41);
+WindowTable device_window_table(const PagedSeqs& p, const StateSection& sec, int64_t T, int W,
+                                bool ring_before_full);
 
 // Room for T rows' tables cap wide (decode steps: row t's sequence starts at t * cap, paged_entry_table's
 // seq_base = DecodeRows::base) filled by paged_entry_table with entries of `sec`.
@@ -70,6 +71,7 @@ struct WindowRows {
     std::shared_ptr<void> rows;
     WindowTable table;
 };
-WindowRows device_window_rows(const PagedSeqs& p, const ForwardBatch& batch, const StateSection& sec, int W, bool v41);
+WindowRows device_window_rows(const PagedSeqs& p, const ForwardBatch& batch, const StateSection& sec, int W,
+                              bool ring_before_full);
 
 }  // namespace peregrine::cuda

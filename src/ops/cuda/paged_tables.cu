@@ -25,7 +25,7 @@ __device__ __forceinline__ int64_t window_lo(const int64_t* m, int W) { return m
 
 // Each row's window list: the positions' state entries, or with `rows`, their decoded rows (seq_entries_kernel's
 // window order from row_base[s], row_bytes apart).
-__global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, int W, bool v41,
+__global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, int W, bool ring_before_full,
                                     const int64_t* row_base, const uint8_t* rows, int64_t row_bytes,
                                     const uint8_t** win, int32_t* nwin) {
     pdl_enter();
@@ -36,7 +36,7 @@ __global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, in
     const int s = p.row_seq[t];
     const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);
     int n = 0;
-    const int64_t at = window_position(m[2], m[3], p.row_pos[t], W, v41, j, &n);
+    const int64_t at = window_position(m[2], m[3], p.row_pos[t], W, ring_before_full, j, &n);
     if (j == 0) nwin[t] = n;
     if (!(j < n && at >= 0)) win[i] = nullptr;
     else if (rows) win[i] = rows + (row_base[s] + at - window_lo(m, W)) * row_bytes;
@@ -136,11 +136,11 @@ void paged_entry_table(const PagedSeqs& p, const PagedSection& sec, int ratio, c
     launch_seq_entries(p, sec, ratio, 0, seq_base, max_entries, table);
 }
 
-void paged_window_table(const PagedSeqs& p, const PagedSection& sec, int64_t T, int W, bool v41, const uint8_t** win,
-                        int32_t* nwin) {
+void paged_window_table(const PagedSeqs& p, const PagedSection& sec, int64_t T, int W, bool ring_before_full,
+                        const uint8_t** win, int32_t* nwin) {
     if (T * W == 0) return;
-    launch_pdl(window_table_kernel, dim3(blocks_for(T * W)), dim3(kThreads), 0, p, sec, T, W, v41, nullptr, nullptr,
-               int64_t{0}, win, nwin);
+    launch_pdl(window_table_kernel, dim3(blocks_for(T * W)), dim3(kThreads), 0, p, sec, T, W, ring_before_full,
+               nullptr, nullptr, int64_t{0}, win, nwin);
 }
 
 void paged_window_rows(const PagedSeqs& p, const PagedSection& sec, int W, const int64_t* row_base,
@@ -151,11 +151,11 @@ void paged_window_rows(const PagedSeqs& p, const PagedSection& sec, int W, const
     launch_seq_entries(p, sec, 1, W, row_base, max_entries, table);
 }
 
-void paged_window_rows_table(const PagedSeqs& p, int64_t T, int W, bool v41, const int64_t* row_base,
+void paged_window_rows_table(const PagedSeqs& p, int64_t T, int W, bool ring_before_full, const int64_t* row_base,
                              const uint8_t* rows, int64_t row_bytes, const uint8_t** win, int32_t* nwin) {
     if (T * W == 0) return;
-    launch_pdl(window_table_kernel, dim3(blocks_for(T * W)), dim3(kThreads), 0, p, PagedSection{}, T, W, v41,
-               row_base, rows, row_bytes, win, nwin);
+    launch_pdl(window_table_kernel, dim3(blocks_for(T * W)), dim3(kThreads), 0, p, PagedSection{}, T, W,
+               ring_before_full, row_base, rows, row_bytes, win, nwin);
 }
 
 }  // namespace peregrine::cuda

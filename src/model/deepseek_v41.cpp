@@ -1,0 +1,207 @@
+// DeepSeek-V4.1 (model_type deepseek_v41, DeepseekV41ForCausalLM): cross-layer sharing of compressed KV (kv source
+// layers compress, the layers after them attend to their entries) and of the indexer (index sources score,
+// the layers after them reuse the selection; a kv source that is also an index source turns its latents into
+// the indexer's keys), a two-level indexer over candidate blocks, Engram layers, single-pass mHC, and a DSpark
+// draft head. config.json keeps the text model under text_config; blocks of 32 for weights and activations.
+#include "io/config_reader.h"
+#include "model/variant.h"
+#include "model/weight_loader.h"
+#include "util/error.h"
+
+#include <algorithm>
+#include <fmt/format.h>
+
+namespace peregrine {
+
+namespace {
+
+bool contains(const std::vector<int>& v, int x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+// Largest element of v that is <= x, or -1.
+int latest_at_or_before(const std::vector<int>& v, int x) {
+    int best = -1;
+    for (int e : v)
+        if (e <= x) best = std::max(best, e);
+    return best;
+}
+
+class DeepseekV41 final : public ModelVariant {
+public:
+    ModelArch arch() const override { return ModelArch::DeepseekV41; }
+    const char* model_type() const override { return "deepseek_v41"; }
+    const char* name() const override { return "DeepSeek-V4.1"; }
+    const char* draft_name() const override { return "DSpark stages"; }
+
+    ModelConfig read_config(const nlohmann::json& j, const std::string& path) const override {
+        ModelConfig c;
+        c.arch = arch();
+        c.model_type = model_type();
+        if (!j.contains("text_config")) fail("'{}': model_type deepseek_v41 without text_config", path);
+        const nlohmann::json& t = j["text_config"];
+        ConfigReader r{t, path};
+        c.weight_block = 32;
+        c.act_block = 32;
+        read_shared_config(r, c);
+        c.kv_source_layers = r.get<std::vector<int>>("kv_source_layer_ids");
+        c.index_source_layers = r.get<std::vector<int>>("index_source_layer_ids");
+        c.candidate_source_layer = r.get<int>("candidate_source_layer_id", -1);
+        c.candidate_topk_blocks = r.get<int>("candidate_topk_blocks", 0);
+        c.candidate_block_size = r.get<int>("candidate_block_size", 1);
+        c.engram_layer_ids = r.get<std::vector<int>>("engram_layer_ids", {});
+        c.engram_num_embeddings = r.get<std::vector<int64_t>>("engram_num_embeddings", {});
+        c.engram_max_ngram_size = r.get<int>("engram_max_ngram_size", 0);
+        c.engram_n_heads = r.get<int>("engram_n_heads", 0);
+        c.engram_head_dim = r.get<int>("engram_head_dim", 0);
+        c.engram_vocab_size = r.get<int64_t>("engram_vocab_size", 0);
+        c.engram_pad_id = r.get<int>("engram_pad_token_id", 2);
+        c.engram_compressed_vocab_size = r.get<int>("engram_compressed_vocab_size", 0);
+        c.dspark_block_size = r.get<int>("dspark_block_size", 0);
+        c.dspark_noise_token_id = r.get<int>("dspark_noise_token_id", 0);
+        c.dspark_target_layer_ids = r.get<std::vector<int>>("dspark_target_layer_ids", {});
+        c.dspark_markov_rank = r.get<int>("dspark_markov_rank", 0);
+        c.dspark_n_routed_experts = r.get<int>("dspark_n_routed_experts", 0);
+        c.dspark_n_activated_experts = r.get<int>("dspark_num_experts_per_tok", 0);
+        c.image_token_id = j.value("image_token_id", -1);
+        if (j.contains("quantization_config")) read_quantization_config(j["quantization_config"], path, c);
+        if (t.contains("bos_token_id") || j.contains("bos_token_id"))
+            c.bos_token_id = t.value("bos_token_id", j.value("bos_token_id", 0));
+        validate_shared_config(c, path);
+        auto need = [&](bool ok, const char* what) {
+            if (!ok) fail("'{}': invalid model configuration: {}", path, what);
+        };
+        for (int l : c.kv_source_layers) need(l >= 0 && l < c.n_layers, "kv_source_layer_ids out of range");
+        for (int l : c.index_source_layers) need(l >= 0 && l < c.n_layers, "index_source_layer_ids out of range");
+        need(c.engram_layer_ids.size() == c.engram_num_embeddings.size(), "engram_num_embeddings per engram layer");
+        return c;
+    }
+
+    ModelFormat format(const ModelConfig& c) const override {
+        ModelFormat f;
+        f.single_pass_mhc = true;
+        f.query_head_norm = false;
+        f.index_rotation = false;
+        f.sorted_selection = true;
+        f.ring_before_full = true;
+        f.yarn_ramp = YarnRamp::kMinWidth;
+        f.route_norm = c.norm_topk_prob ? RouteNorm::kSumIfSeveral : RouteNorm::kNone;
+        return f;
+    }
+
+    std::vector<AttentionLayerInfo> layer_roles(const ModelConfig& c) const override {
+        std::vector<AttentionLayerInfo> out;
+        std::vector<int> owners;  // index-key owners: kv sources that are index sources
+        for (int l : c.kv_source_layers)
+            if (contains(c.index_source_layers, l)) owners.push_back(l);
+        for (int l = 0; l < c.n_layers; ++l) {
+            AttentionLayerInfo a;
+            a.layer = l;
+            a.ratio = c.ratio(l);
+            a.yarn = a.ratio > 0 && c.original_seq_len > 0;
+            a.rope_theta = a.ratio > 0 ? c.compress_rope_theta : c.rope_theta;
+            if (a.ratio > 0) {
+                a.compresses = contains(c.kv_source_layers, l);
+                a.comp_source = latest_at_or_before(c.kv_source_layers, l);
+                a.has_indexer = contains(c.index_source_layers, l);
+                a.owns_index_k = a.has_indexer && a.compresses;
+                a.index_k_source = latest_at_or_before(owners, l);
+                a.candidate_source = a.has_indexer && l == c.candidate_source_layer;
+                a.uses_candidates = a.has_indexer && c.candidate_source_layer >= 0 && c.candidate_source_layer < l;
+                a.reuses_selection = !a.has_indexer;
+                if (a.comp_source < 0) fail("layer {} compresses (ratio {}) but no kv source precedes it", l, a.ratio);
+                if (a.has_indexer && a.index_k_source < 0)
+                    fail("index source layer {} has no index-key owner before it", l);
+            }
+            out.push_back(a);
+        }
+        return out;
+    }
+
+    // Window K=V: e4m3 over every dim (blocks of act_block); compressed latents: e2m1 under e4m3 scales (blocks of
+    // 16); indexer keys: e2m1 under ue8m0 scales (blocks of 32). DSpark stages keep only a window, fed by the
+    // backbone.
+    StateSpec state_spec(const ModelConfig& c) const override {
+        const int D = c.head_dim;
+        const EntryFormat window = fp8_entry_format(D, D, c.act_block);
+        StateSpec spec;
+        for (const AttentionLayerInfo& a : layer_roles(c)) {
+            LayerStateSpec L;
+            L.window = {window, 1};
+            if (a.compresses) {
+                L.comp = {fp4_entry_format(D, 16, true), a.ratio};
+                if (a.ratio > 1) L.carry_floats = int64_t{a.ratio} * D;
+            }
+            if (a.owns_index_k) L.index_k = {fp4_entry_format(c.index_head_dim, 32, false), a.ratio};
+            spec.layers.push_back(L);
+        }
+        if (c.dspark_block_size > 0)
+            for (int st = 0; st < c.n_mtp_layers; ++st) {
+                LayerStateSpec L;
+                L.window = {window, 1};
+                spec.layers.push_back(L);
+            }
+        return spec;
+    }
+
+    ModelWeights load_weights(WeightLoader& L) const override {
+        const ModelConfig& c = L.config();
+        const int D = c.dim, HD = c.head_dim;
+        ModelWeights m;
+        m.embed = L.tensor("embed.weight", DType::BF16, {c.vocab_size, D});
+        m.norm = L.param("norm.weight", {D});
+        m.head = L.dense("head", c.vocab_size, D, LinearWeight::Kind::F32);
+        for (int l = 0; l < c.n_layers; ++l) {
+            const std::string p = fmt::format("layers.{}.", l), ap = p + "attn.";
+            BlockWeight b = load_block_core(L, p, c.n_routed_experts, c.n_activated_experts, l < c.n_hash_layers);
+            const int ratio = c.ratio(l);
+            const bool kv_source = contains(c.kv_source_layers, l);
+            if (kv_source && ratio > 0)
+                b.attn.compressor = load_compressor(L, ap + "compressor.", ratio, HD, false, false);
+            if (contains(c.index_source_layers, l) && ratio > 0) {
+                IndexerWeight ix = load_indexer(L, ap + "indexer.");
+                if (kv_source) {  // the key owner: its latents become the keys
+                    ix.wk = L.dense(ap + "indexer.wk", ix.head_dim, HD, LinearWeight::Kind::BF16);
+                    ix.k_norm = L.param(ap + "indexer.k_norm.weight", {ix.head_dim});
+                }
+                b.attn.indexer = ix;
+            }
+            if (c.is_engram_layer(l)) {
+                const auto at = std::find(c.engram_layer_ids.begin(), c.engram_layer_ids.end(), l);
+                b.engram = load_engram(L, p, static_cast<size_t>(at - c.engram_layer_ids.begin()));
+            }
+            m.layers.push_back(std::move(b));
+        }
+        if (c.n_mtp_layers > 0 && c.dspark_block_size > 0 && !c.dspark_target_layer_ids.empty())
+            m.dspark = load_dspark(L);
+        return m;
+    }
+
+private:
+    // The DSpark head (checkpoint namespace mtp.S.): window-only blocks fed by the backbone's hidden states, then
+    // a Markov bias and a confidence head.
+    static DSparkWeight load_dspark(WeightLoader& L) {
+        const ModelConfig& c = L.config();
+        DSparkWeight d;
+        const int D = c.dim, S = c.n_mtp_layers;
+        const int E = c.dspark_n_routed_experts ? c.dspark_n_routed_experts : c.n_routed_experts;
+        const int K = c.dspark_n_activated_experts ? c.dspark_n_activated_experts : c.n_activated_experts;
+        for (int s = 0; s < S; ++s) d.stages.push_back(load_block_core(L, fmt::format("mtp.{}.", s), E, K, false));
+        const int targets = static_cast<int>(c.dspark_target_layer_ids.size());
+        d.main_proj = L.fp8("mtp.0.main_proj", D, targets * D);
+        d.main_norm = L.param("mtp.0.main_norm.weight", {D});
+        const std::string last = fmt::format("mtp.{}.", S - 1);
+        d.norm = L.param(last + "norm.weight", {D});
+        d.markov_embed = L.tensor(last + "markov_head.embed.weight", DType::BF16, {c.vocab_size, c.dspark_markov_rank});
+        d.markov_head = L.tensor(last + "markov_head.head.weight", DType::BF16, {c.vocab_size, c.dspark_markov_rank});
+        d.confidence = L.dense(last + "confidence_head.proj", 1, D + c.dspark_markov_rank, LinearWeight::Kind::F32);
+        return d;
+    }
+};
+
+}  // namespace
+
+const ModelVariant& deepseek_v41_variant() {
+    static const DeepseekV41 v;
+    return v;
+}
+
+}  // namespace peregrine

@@ -3,7 +3,6 @@
 // random state (no prefill run) fed a fixed number of tokens per step.
 #include "kv/page_pool.h"
 #include "model/model.h"
-#include "ops/cuda/cuda_backend.h"
 #include "util/error.h"
 
 #include <sstream>
@@ -24,9 +23,9 @@ inline std::vector<int64_t> parse_list(const std::string& s) {
 class CachedSequences {
 public:
     // `n_seqs` sequences of `ctx` cached tokens, with pages for `extra` more tokens each.
-    CachedSequences(Model& m, cuda::CudaBackend& be, int n_seqs, int64_t ctx, int64_t extra)
+    CachedSequences(Model& m, Diagnostics& be, int n_seqs, int64_t ctx, int64_t extra)
         : pages_per_seq_(m.layout().pages_for(ctx + extra)),
-          pool_(be.state_memory(), m.layout(), pages_per_seq_ * n_seqs),
+          pool_(m.backend().state_memory(), m.layout(), pages_per_seq_ * n_seqs),
           seqs_(static_cast<size_t>(n_seqs)) {
         const StateLayout& L = m.layout();
         be.fill_state_random(pool_.base(), static_cast<size_t>(pages_per_seq_ * n_seqs) * L.page_bytes, 12345);

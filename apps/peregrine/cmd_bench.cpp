@@ -4,18 +4,13 @@
 // by a device-to-device copy in the same run, FP8 dense peak from the datasheet), with a per-op breakdown.
 // The cached context is random state (its prefill is not run). Table to stdout, JSON to --json.
 #include "bench_engine_ep.h"
-#include "commands.h"
-#ifdef PEREGRINE_HAVE_CUDA
 #include "bench_steps.h"
-#endif
+#include "commands.h"
+#include "engine/sampling_params.h"
 #include "kv/page_pool.h"
 #include "model/model.h"
 #include "util/error.h"
 #include "util/file.h"
-
-#ifdef PEREGRINE_HAVE_CUDA
-#include "ops/cuda/cuda_backend.h"
-#endif
 
 #include <nlohmann/json.hpp>
 
@@ -42,8 +37,6 @@ struct BenchArgs {
     int64_t prefill_context = 131072;
     double max_step_seconds = 20.0;
 };
-
-#ifdef PEREGRINE_HAVE_CUDA
 
 int64_t linear_bytes(const LinearWeight& w) {
     return w.empty() ? 0 : static_cast<int64_t>(w.w.nbytes() + (w.scale.empty() ? 0 : w.scale.nbytes()));
@@ -126,11 +119,12 @@ struct Measured {
 
 // Runs `steps` timed forward steps (after one warm-up) of `n_seqs` sequences with cached context `ctx`,
 // feeding `rows_per_seq` tokens each; the last step is profiled per op.
-Measured run_steps(Model& m, cuda::CudaBackend& be, int n_seqs, int64_t ctx, int rows_per_seq, int steps,
+Measured run_steps(Model& m, Diagnostics& be, int n_seqs, int64_t ctx, int rows_per_seq, int steps,
                    double max_step_seconds, bool* too_slow, bool device_sampling = false, bool overlap = false) {
     // Untimed first steps: decode's second call at a batch size captures its CUDA graphs, so it warms up twice.
     const int warm = rows_per_seq == 1 && steps > 1 ? 2 : 1;
     CachedSequences seqs(m, be, n_seqs, ctx, static_cast<int64_t>(rows_per_seq) * (steps + warm + 1));
+    DeviceSampler& sampler = m.backend().sampler();
     Measured r;
     std::vector<double> times, waits;
     be.take_host_wait_ms();
@@ -158,11 +152,11 @@ Measured run_steps(Model& m, cuda::CudaBackend& be, int n_seqs, int64_t ctx, int
             // in the steady state the longer of the host's enqueue and the device's step.
             if (step > 0)
                 for (size_t i = 0; i < batch.token_ids.size(); ++i)
-                    batch.token_ids[i] = Backend::deferred_id(static_cast<int>(i));
-            be.sample_start(m.forward(batch, logit_rows, false), sample_rows());
-            if (step > 0) (void)be.sample_finish();
+                    batch.token_ids[i] = DeviceSampler::deferred_id(static_cast<int>(i));
+            sampler.start(m.forward(batch, logit_rows, false), sample_rows());
+            if (step > 0) (void)sampler.finish();
         } else if (device_sampling) {  // logits stay on the device; the ids come back: the step is complete
-            (void)be.sample(m.forward(batch, logit_rows, false), sample_rows());
+            (void)sampler.sample(m.forward(batch, logit_rows, false), sample_rows());
         } else {
             Tensor logits = m.forward(batch, logit_rows);  // host logits: the step is complete
         }
@@ -186,7 +180,7 @@ Measured run_steps(Model& m, cuda::CudaBackend& be, int n_seqs, int64_t ctx, int
             }
         }
     }
-    if (overlap) (void)be.sample_finish();  // the last step's samples
+    if (overlap) (void)sampler.finish();  // the last step's samples
     std::sort(times.begin(), times.end());
     std::sort(waits.begin(), waits.end());
     r.ms = times[times.size() / 2] * 1e3;  // median
@@ -198,20 +192,20 @@ int run_bench(const BenchArgs& a) {
     std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe even if the run is cut short
     PEREGRINE_CHECK(a.synthetic == "v41-flash", "--synthetic: only v41-flash is available");
     PEREGRINE_CHECK(a.device == "cuda", "bench engine measures the CUDA backend (--device cuda)");
-    std::string why;
-    PEREGRINE_CHECK(cuda_device_available(&why), "{}", why);
-    const double bw = cuda::CudaBackend::copy_bandwidth_gbs(size_t(2) << 30, 20);
     ModelConfig cfg = synthetic_v41_flash_config(a.layers, a.experts);
     ModelOptions opts;
     opts.device = "cuda";
     auto t0 = std::chrono::steady_clock::now();
     auto model = Model::synthetic(cfg, opts);
-    auto& be = dynamic_cast<cuda::CudaBackend&>(model->backend());
+    const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    Diagnostics* diag = model->backend().diagnostics();
+    PEREGRINE_CHECK(diag != nullptr, "bench engine measures a backend with diagnostics (--device cuda)");
+    Diagnostics& be = *diag;
+    const double bw = be.copy_bandwidth_gbs(size_t(2) << 30, 20);
     be.set_balanced_routing(a.balanced);
     std::fflush(stdout);
     std::printf("bench engine: %s, %d layers (%d experts), balanced routing %s; synthetic weights in %.1f s\n",
-                cuda::CudaBackend::device_name().c_str(), a.layers, a.experts, a.balanced ? "on" : "off",
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+                be.device_name().c_str(), a.layers, a.experts, a.balanced ? "on" : "off", load_s);
     std::printf("measured device-to-device copy: %.0f GB/s (read + write); FP8 dense peak (datasheet): %.0f TFLOP/s\n",
                 bw, kFp8DensePeakTflops);
     const StateBytes sb = state_bytes(*model);
@@ -225,7 +219,7 @@ int run_bench(const BenchArgs& a) {
         std::printf("decode schedule: overlapped (each step enqueued before the previous step's ids come back)\n");
 
     nlohmann::json out;
-    out["device"] = cuda::CudaBackend::device_name();
+    out["device"] = be.device_name();
     out["layers"] = a.layers;
     out["experts"] = a.experts;
     out["device_sampling"] = a.device_sampling || a.overlap;
@@ -277,7 +271,7 @@ int run_bench(const BenchArgs& a) {
             nlohmann::json row{{"mode", "decode"}, {"batch", B}, {"context", ctx}};
             const int64_t pages = B * model->layout().pages_for(ctx + a.steps + 3);
             const double need = static_cast<double>(pages) * model->layout().page_bytes;
-            if (skip_rest || need > 0.85 * static_cast<double>(cuda::CudaBackend::free_device_memory())) {
+            if (skip_rest || need > 0.85 * static_cast<double>(be.free_memory())) {
                 row["skipped"] = skip_rest ? "previous batch exceeded --max-step-seconds" : "state pages do not fit";
                 std::printf("%-8lld %-8lld %10s\n", static_cast<long long>(B), static_cast<long long>(ctx),
                             skip_rest ? "(slow)" : "(no fit)");
@@ -304,14 +298,14 @@ int run_bench(const BenchArgs& a) {
                         {"tflops", tflops},
                         {"ops_ms_total", ops_total_ms(r.ops)},
                         {"ops_ms", ops_json(r.ops)},
-                        {"graph_memory_mib", cuda::CudaBackend::graph_memory_bytes() / 1048576.0}});
+                        {"graph_memory_mib", be.graph_memory_bytes() / 1048576.0}});
             out["results"].push_back(row);
             save();
             skip_rest = slow;
         }
     }
     std::printf("CUDA graphs' memory (reserved, high-water mark): %.1f MiB\n",
-                cuda::CudaBackend::graph_memory_bytes() / 1048576.0);
+                be.graph_memory_bytes() / 1048576.0);
 
     std::printf("\n%-8s %-8s %10s %10s %9s %10s %9s\n", "prefill", "context", "ms/step", "tok/s", "TFLOP/s",
                 "GEMM TF/s", "of FP8");
@@ -360,9 +354,6 @@ int run_bench(const BenchArgs& a) {
     if (!a.json.empty()) std::printf("\nwrote %s\n", a.json.c_str());
     return 0;
 }
-#else
-int run_bench(const BenchArgs&) { fail("bench engine needs a build with the CUDA backend"); }
-#endif
 
 RegisterCommand reg([](CLI::App& app, int& exit_code) {
     auto a = std::make_shared<BenchArgs>();

@@ -1,6 +1,6 @@
 // peregrine generate: prompt (text or ids) -> streamed continuation on stdout.
 #include "commands.h"
-#include "ops/sampling.h"
+#include "engine/sampling_params.h"
 #include "engine/sequence_runner.h"
 #include "tokenizer/stream_decoder.h"
 #include "util/error.h"

@@ -201,7 +201,7 @@ int run_serve(ServeArgs& a) {
         static_cast<long long>(pages), model->layout().page_tokens, static_cast<long long>(engine.kv_tokens()),
         static_cast<double>(pages * static_cast<int64_t>(model->layout().page_bytes)) / (1 << 20),
         eo.radix_cache ? "on" : "off", static_cast<long long>(engine.context_length()), a.max_running, a.max_queued,
-        a.chunked_prefill, eo.overlap_schedule != 0 && a.dp == 1 && model->backend().sample_async() ? "on" : "off",
+        a.chunked_prefill, eo.overlap_schedule != 0 && a.dp == 1 && model->backend().sampler().async() ? "on" : "off",
         secs);
     std::printf("peregrine serve: listening on http://%s:%d\n", a.host.c_str(), port);
     std::fflush(stdout);

@@ -325,7 +325,7 @@ struct Engine::Impl {
 
     bool overlap_on() const {
         if (opts.overlap_schedule == 0 || model.expert_parallel()) return false;
-        if (opts.overlap_schedule < 0 && !model.backend().sample_async()) return false;
+        if (opts.overlap_schedule < 0 && !model.backend().sampler().async()) return false;
         for (auto& r : running)
             if (!r->overlappable()) return false;
         return true;
@@ -343,7 +343,7 @@ struct Engine::Impl {
     // and hands the tokens to their requests (which may finish them).
     uint64_t take_samples(Launched& l, const std::vector<std::shared_ptr<EngineRequest>>& fed = {}) {
         auto tw = Clock::now();
-        std::vector<SampleResult> res = model.backend().sample_finish();
+        std::vector<SampleResult> res = model.backend().sampler().finish();
         trace.wait += ms_since(tw);
         tw = Clock::now();
         PEREGRINE_CHECK(res.size() == l.sampled.size(), "{} samples for {} requests", res.size(), l.sampled.size());
@@ -374,7 +374,7 @@ struct Engine::Impl {
     void drop_launched(const std::string& why = "") {
         launched.reset();
         try {
-            model.backend().sample_discard();
+            model.backend().sampler().discard();
         } catch (const std::exception& e) {
             spdlog::error("dropping the started samples: {}", e.what());
         }
@@ -472,7 +472,7 @@ struct Engine::Impl {
                 if (pos < known) {
                     batch.token_ids.push_back(r->seq[static_cast<size_t>(pos)]);
                 } else {
-                    batch.token_ids.push_back(Backend::deferred_id(r->sample_row));
+                    batch.token_ids.push_back(DeviceSampler::deferred_id(r->sample_row));
                     r->deferred_pos = pos;
                 }
             }
@@ -492,7 +492,7 @@ struct Engine::Impl {
         // Where the backend samples on the device, the logits stay there and only the chosen ids come back;
         // rows with a logit processor (grammar masks, host code) copy just their own logits to the host.
         Backend& be = model.backend();
-        const bool on_device = be.samples_on_device();
+        const bool on_device = be.sampler().on_device();
         auto tf = Clock::now();
         trace.build += std::chrono::duration<double, std::milli>(tf - t0).count();
         Tensor logits = model.forward(batch, logit_rows, !on_device && !overlap);
@@ -500,7 +500,7 @@ struct Engine::Impl {
             // This step's samples start; the previous step's arrive (the device runs this step meanwhile).
             std::vector<SampleRow> rows;
             for (size_t i = 0; i < sampled.size(); ++i) rows.push_back(sample_row(*sampled[i], static_cast<int>(i)));
-            be.sample_start(logits, rows);
+            be.sampler().start(logits, rows);
             trace.forward += ms_since(tf);
             for (size_t i = 0; i < sampled.size(); ++i) {
                 ++sampled[i]->pending;
@@ -524,11 +524,11 @@ struct Engine::Impl {
             (on_device && !sampled[i]->params.processor ? device_rows : host_rows).push_back(i);
         Tensor host_logits = logits;  // row j: sampled[host_rows[j]]
         if (on_device && !host_rows.empty())
-            host_logits = be.logits_to_host(logits, std::vector<int>(host_rows.begin(), host_rows.end()));
+            host_logits = be.sampler().rows_to_host(logits, std::vector<int>(host_rows.begin(), host_rows.end()));
         if (!device_rows.empty()) {
             std::vector<SampleRow> rows;
             for (size_t i : device_rows) rows.push_back(sample_row(*sampled[i], static_cast<int>(i)));
-            std::vector<SampleResult> res = be.sample(logits, rows);
+            std::vector<SampleResult> res = be.sampler().sample(logits, rows);
             for (size_t j = 0; j < device_rows.size(); ++j) chosen[device_rows[j]] = token_output(std::move(res[j]));
         }
         // Choosing the tokens on the host is independent per request (own logits row, sampler, grammar

@@ -1,7 +1,7 @@
 #pragma once
 // What a client gives the engine (prompt ids and generation parameters) and what it gets back: a
 // RequestStream the engine thread fills with tokens and text as they are sampled.
-#include "ops/sampling.h"
+#include "engine/sampling_params.h"
 
 #include <atomic>
 #include <chrono>

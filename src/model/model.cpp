@@ -45,8 +45,8 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
     bool deferred = false;
     for (int32_t& id : batch.token_ids)
         if (id < 0) {
-            if (be.takes_deferred_ids()) deferred = true;
-            else id = be.started_id(Backend::deferred_row(id));
+            if (be.sampler().takes_deferred_ids()) deferred = true;
+            else id = be.sampler().started_id(DeviceSampler::deferred_row(id));
         }
     for (auto& s : batch.seqs) {
         PEREGRINE_CHECK(s.state && s.state->n_cached == s.start_pos,
@@ -130,10 +130,6 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
     return be.logits(x, w_.head, logits_to_host);
 }
 
-}  // namespace peregrine
-
-namespace peregrine {
-
 void Model::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {
     PEREGRINE_CHECK(!ep_, "expert parallelism is already set");
     for (auto& b : w_.layers) ep->keep_local(b.ffn);
@@ -144,50 +140,6 @@ void Model::idle_step() {
     PEREGRINE_CHECK(ep_ != nullptr, "idle_step: no expert parallelism");
     Tensor none = backend_->from_host_copy(Tensor::zeros(DType::F32, {0, cfg_.dim}));
     for (auto& b : w_.layers) ep_->moe(*backend_, none, b.ffn, {});
-}
-
-AttentionLayerInfo Model::stage_info(int stage) const {
-    AttentionLayerInfo a;
-    a.layer = cfg_.n_layers + stage;
-    a.rope_theta = cfg_.rope_theta;  // window-only: base theta, no YaRN
-    return a;
-}
-
-DraftResult Model::draft(const SeqState& s, int32_t anchor) {
-    PEREGRINE_CHECK(w_.dspark.has_value(), "this model has no DSpark head");
-    PEREGRINE_CHECK(s.n_cached > 0, "draft needs a fed sequence");
-    const DSparkWeight& d = *w_.dspark;
-    Backend& be = *backend_;
-    const int B = cfg_.dspark_block_size, vocab = cfg_.vocab_size;
-    const int64_t pos = s.n_cached - 1;
-    std::vector<int32_t> ids(static_cast<size_t>(B), cfg_.dspark_noise_token_id);
-    ids[0] = anchor;
-    Tensor h = be.embed(w_.embed, ids);
-    Tensor pre = be.first_stream_mix(B);
-    for (int st = 0; st < cfg_.n_mtp_layers; ++st) {  // the pre_mix chain runs on across the stages
-        const BlockWeight& b = d.stages[static_cast<size_t>(st)];
-        decoder_layer_ops(be, b, format_.single_pass_mhc,
-                          {[&](const Tensor& x) { return be.dspark_attention(x, b.attn, stage_info(st), s, pos); },
-                           [&](const Tensor& x) { return be.moe(x, b.ffn, ids); }},
-                          h, pre);
-    }
-    Tensor x = be.hc_collapse(h, pre);
-    Tensor logits = be.logits(be.rms_norm(x, d.norm), w_.head);
-    DraftResult r;
-    r.ids.push_back(anchor);
-    for (int i = 0; i < B; ++i) {  // each draft token biases the next position's logits
-        Tensor bias = be.markov_bias(d, r.ids.back());
-        float* row = logits.f32() + static_cast<int64_t>(i) * vocab;
-        for (int v = 0; v < vocab; ++v) row[v] += bias.f32()[v];
-        int32_t best = 0;
-        for (int v = 1; v < vocab; ++v)
-            if (row[v] > row[best]) best = v;
-        r.ids.push_back(best);
-    }
-    r.logits.assign(logits.f32(), logits.f32() + static_cast<int64_t>(B) * vocab);
-    Tensor conf = be.dspark_confidence(d, x, std::vector<int32_t>(r.ids.begin(), r.ids.end() - 1));
-    r.confidence.assign(conf.f32(), conf.f32() + B);
-    return r;
 }
 
 }  // namespace peregrine

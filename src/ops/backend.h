@@ -5,14 +5,13 @@
 #include "kv/sequence_state.h"
 #include "kv/state_layout.h"
 #include "kv/state_memory.h"
+#include "ops/device_sampler.h"
+#include "ops/diagnostics.h"
 #include "ops/model_format.h"
-#include "ops/sampling.h"
 #include "ops/weights.h"
 #include "util/error.h"
 
 #include <cstdint>
-#include <cstring>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -31,7 +30,7 @@ struct BatchSeq {
 
 struct ForwardBatch {
     std::vector<BatchSeq> seqs;
-    std::vector<int32_t> token_ids;  // per row; negative: a deferred id (Backend::deferred_id)
+    std::vector<int32_t> token_ids;  // per row; negative: a deferred id (DeviceSampler::deferred_id)
     int rows() const { return static_cast<int>(token_ids.size()); }
 };
 
@@ -91,8 +90,11 @@ public:
     // Makes the calling thread use this backend's device (a thread that drives a model on one of several GPUs).
     virtual void bind_thread() {}
 
-    // The memory state pages and carries live in (host memory for the CPU backend, device memory for CUDA).
+    // Its roles beside the compute ops: the memory state pages and carries live in (host memory for the CPU
+    // backend, device memory for CUDA), its sampler, and what tools can ask of it (null: nothing).
     virtual StateMemory& state_memory() = 0;
+    virtual DeviceSampler& sampler() = 0;
+    virtual Diagnostics* diagnostics() { return nullptr; }
 
     // [T, hc] mixing weights that select copy 0 (the first sublayer's collapse in V4.1).
     virtual Tensor first_stream_mix(int T) = 0;
@@ -147,54 +149,13 @@ public:
     // and the whole block (no causal mask inside the block).
     virtual Tensor dspark_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                                     const SeqState& state, int64_t pos) = 0;
-    // Markov bias row for the token `id`: markov_head(markov_embed[id]) in fp32, host memory [vocab].
-    virtual Tensor markov_bias(const DSparkWeight& w, int32_t id) = 0;
-    // Raw confidence logits [B] (host) of the collapsed block rows x [B, dim] and the Markov embeddings of ids.
-    virtual Tensor dspark_confidence(const DSparkWeight& w, const Tensor& x, const std::vector<int32_t>& ids) = 0;
     virtual Tensor linear(const Tensor& x, const LinearWeight& w) = 0;
     // fp32 logits [rows, vocab] of already normalised rows, in host memory (or, with to_host false, where
-    // the backend samples them: device memory when samples_on_device()).
+    // the backend samples them: device memory when sampler().on_device()).
     virtual Tensor logits(const Tensor& x, const LinearWeight& head, bool to_host = true) = 0;
 
-    // Whether logits(..., to_host = false) stay on the device and sample() runs there.
-    virtual bool samples_on_device() const { return false; }
-    // The tokens of `rows` (adjustments, penalties, truncation, seeded draw, logprobs: ops/sampling.h) from
-    // logits as logits() returned them. May change the sampled rows of `logits` (their adjustments).
-    virtual std::vector<SampleResult> sample(const Tensor& logits, const std::vector<SampleRow>& rows) {
-        return sample_rows_host(logits.f32(), static_cast<int>(logits.dim(1)), rows);
-    }
-    // The overlapped schedule. sample_start() starts sample() and, where sample_async(), returns before the ids
-    // exist; sample_finish() returns the results of the oldest unfinished call. Until the next sample_start(),
-    // a forward may name row j of the latest call as the token id deferred_id(j): backends that
-    // takes_deferred_ids() read it where it is (the CUDA backend: on the device), for the others the model
-    // replaces it with started_id(j) first.
-    static constexpr int32_t deferred_id(int j) { return -1 - j; }
-    static constexpr int deferred_row(int32_t id) { return -1 - id; }
-    virtual bool sample_async() const { return false; }
-    virtual bool takes_deferred_ids() const { return false; }
-    virtual void sample_start(const Tensor& logits, const std::vector<SampleRow>& rows) {
-        started_.push_back(sample(logits, rows));
-        started_ids_.clear();
-        for (const SampleResult& r : started_.back()) started_ids_.push_back(r.id);
-    }
-    virtual std::vector<SampleResult> sample_finish() {
-        PEREGRINE_CHECK(!started_.empty(), "sample_finish without sample_start");
-        std::vector<SampleResult> r = std::move(started_.front());
-        started_.pop_front();
-        return r;
-    }
-    // Drops every started call's results (after a failed step), once the device is done with them.
-    virtual void sample_discard() {
-        started_.clear();
-        started_ids_.clear();
-    }
-    int32_t started_id(int j) const {
-        PEREGRINE_CHECK(j >= 0 && j < static_cast<int>(started_ids_.size()),
-                        "deferred id of row {}: the last sample_start had {} rows", j, started_ids_.size());
-        return started_ids_[static_cast<size_t>(j)];
-    }
     // Engram over windows [T, max_ngram] of token ids (each row's own, then the ones before it; kNoToken before
-    // the sequence's start), hashed by the backend: the path for deferred ids (takes_deferred_ids()).
+    // the sequence's start), hashed by the backend: the path for deferred ids (DeviceSampler::takes_deferred_ids).
     static constexpr int32_t kNoToken = INT32_MIN;
     virtual void engram_hashed(Tensor& h, const EngramWeight& w, const EngramHash& hash,
                                const std::vector<int32_t>& windows) {
@@ -202,22 +163,8 @@ public:
         fail("this backend hashes no engram windows");
     }
 
-    // Rows `rows` of logits as logits() returned them, in host memory [rows.size(), vocab].
-    virtual Tensor logits_to_host(const Tensor& logits, const std::vector<int>& rows) {
-        const int64_t V = logits.dim(1);
-        Tensor out = Tensor::zeros(DType::F32, {static_cast<int64_t>(rows.size()), V});
-        for (size_t i = 0; i < rows.size(); ++i)
-            std::memcpy(out.f32() + static_cast<int64_t>(i) * V, logits.f32() + rows[i] * V,
-                        sizeof(float) * static_cast<size_t>(V));
-        return out;
-    }
-
 protected:
     ModelFormat format_;
-
-private:
-    std::deque<std::vector<SampleResult>> started_;  // sample_start results not yet finished (synchronous backends)
-    std::vector<int32_t> started_ids_;               // the latest call's ids
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& cfg, const ModelFormat& format, const StateLayout& layout);

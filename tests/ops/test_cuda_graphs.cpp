@@ -14,7 +14,7 @@
 #include "model/model.h"
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/kernels.h"
-#include "ops/sampling.h"
+#include "engine/sampling_params.h"
 
 #include <gtest/gtest.h>
 
@@ -228,11 +228,11 @@ void compare_deferred(const char* fx, int n_seqs) {
     std::vector<int64_t> fed_pos(static_cast<size_t>(n_seqs), -1);
     for (int st = 0; st <= decode_steps; ++st) {
         Tensor a = step(host, feeds, false);  // logits stay on the device
-        std::vector<SampleResult> ha = host.be().sample(a, rows_of(sh));
+        std::vector<SampleResult> ha = host.be().sampler().sample(a, rows_of(sh));
         Tensor b = step(dev, dfeeds, false);
-        dev.be().sample_start(b, rows_of(sd));
+        dev.be().sampler().start(b, rows_of(sd));
         if (st > 0) {  // the previous step's samples arrive: patch the histories that hold them as deferred ids
-            std::vector<SampleResult> prev = dev.be().sample_finish();
+            std::vector<SampleResult> prev = dev.be().sampler().finish();
             for (int i = 0; i < n_seqs; ++i) {
                 EXPECT_EQ(prev[static_cast<size_t>(i)].id, feeds[static_cast<size_t>(i)][0]) << fx << " step " << st;
                 dev.seqs[static_cast<size_t>(i)].tokens.at(static_cast<size_t>(fed_pos[static_cast<size_t>(i)])) =
@@ -247,11 +247,11 @@ void compare_deferred(const char* fx, int n_seqs) {
         EXPECT_TRUE(same) << fx << " step " << st << ": logits of deferred ids differ from host ids";
         for (int i = 0; i < n_seqs; ++i) {
             feeds[static_cast<size_t>(i)] = {ha[static_cast<size_t>(i)].id};
-            dfeeds[static_cast<size_t>(i)] = {Backend::deferred_id(i)};
+            dfeeds[static_cast<size_t>(i)] = {DeviceSampler::deferred_id(i)};
             fed_pos[static_cast<size_t>(i)] = dev.seqs[static_cast<size_t>(i)].n_cached;
         }
     }
-    std::vector<SampleResult> last = dev.be().sample_finish();
+    std::vector<SampleResult> last = dev.be().sampler().finish();
     for (int i = 0; i < n_seqs; ++i) EXPECT_EQ(last[static_cast<size_t>(i)].id, feeds[static_cast<size_t>(i)][0]);
     std::printf(
         "PARITY deferred ids %-14s %d seqs: %d decode steps fed on the device (%d tokens), logits bit-identical "

@@ -7,7 +7,7 @@
 #include "model/fixture.h"
 #include "model/model.h"
 #include "ops/cuda/cuda_backend.h"
-#include "ops/sampling.h"
+#include "engine/sampling_params.h"
 
 #include <gtest/gtest.h>
 
@@ -141,7 +141,7 @@ Compared compare(CudaBackend& gpu, const std::vector<float>& logits, int V, cons
     for (size_t b = 0; b < rows.size(); b += batch) {
         const std::vector<SampleRow> part(rows.begin() + static_cast<std::ptrdiff_t>(b),
                                           rows.begin() + static_cast<std::ptrdiff_t>(std::min(rows.size(), b + batch)));
-        for (auto& g : gpu.sample(dev, part)) got.push_back(std::move(g));
+        for (auto& g : gpu.sampler().sample(dev, part)) got.push_back(std::move(g));
     }
     Compared c;
     c.rows = static_cast<int>(rows.size());
@@ -241,7 +241,7 @@ TEST(CudaSampling, SeededDrawsFollowTheSoftmax) {
     report("one row x 4096 draws", c);
     Tensor host = Tensor::zeros(DType::F32, {R, V});
     std::copy(logits.begin(), logits.end(), host.f32());
-    const auto got = gpu.sample(CudaBackend::to_device(host), rows);
+    const auto got = gpu.sampler().sample(CudaBackend::to_device(host), rows);
     int hits[3] = {0, 0, 0};
     for (const auto& g : got) hits[g.id == 10 ? 0 : g.id == 500 ? 1 : 2] += 1;
     const double z = std::exp(2.0) + std::exp(1.0) + 1.0;  // the other 997 tokens weigh ~1e-13 each
@@ -287,7 +287,7 @@ TEST(CudaSampling, Timing) {
                 row.logprobs = s.logprobs;
                 row.top_logprobs = s.logprobs ? 20 : 0;
             }
-            const double ms = test::device_ms([&] { (void)gpu.sample(part, rows); }, 5);
+            const double ms = test::device_ms([&] { (void)gpu.sampler().sample(part, rows); }, 5);
             line += std::string(", ") + s.name + " " + std::to_string(ms) + " ms";
         }
         std::printf("%s\n", line.c_str());

@@ -1,7 +1,7 @@
 // The grammar logit processor on the byte vocabulary of the tiny models, driven by noise logits as the
 // engine drives it: every output is a sentence of the grammar, and the end-of-budget steering completes
 // it within max_tokens whenever the budget can hold the shortest completion (plus EOS).
-#include "ops/sampling.h"
+#include "engine/sampling_params.h"
 #include "server/structured_output.h"
 #include "tokenizer/byte_tokenizer.h"
 #include "util/error.h"

@@ -424,28 +424,4 @@ Tensor CpuBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, c
     return project_output(o, w, rope, positions);
 }
 
-Tensor CpuBackend::markov_bias(const DSparkWeight& w, int32_t id) {
-    const int64_t V = w.markov_head.dim(0), R = w.markov_head.dim(1);
-    std::vector<float> e(static_cast<size_t>(R)), hr(static_cast<size_t>(R));
-    for (int64_t k = 0; k < R; ++k) e[k] = bf16_to_f32(w.markov_embed.data<uint16_t>()[id * R + k]);
-    Tensor bias = Tensor::zeros(DType::F32, {V});
-    for (int64_t v = 0; v < V; ++v) {
-        for (int64_t k = 0; k < R; ++k) hr[k] = bf16_to_f32(w.markov_head.data<uint16_t>()[v * R + k]);
-        bias.f32()[v] = dot_exact(e.data(), hr.data(), static_cast<int>(R));
-    }
-    return bias;
-}
-
-Tensor CpuBackend::dspark_confidence(const DSparkWeight& w, const Tensor& x, const std::vector<int32_t>& ids) {
-    const int64_t B = x.dim(0), D = x.dim(1), R = w.markov_embed.dim(1);
-    Tensor in = Tensor::zeros(DType::F32, {B, D + R});
-    for (int64_t i = 0; i < B; ++i) {
-        std::memcpy(in.f32() + i * (D + R), x.f32() + i * D, sizeof(float) * static_cast<size_t>(D));
-        for (int64_t k = 0; k < R; ++k)
-            in.f32()[i * (D + R) + D + k] =
-                bf16_to_f32(w.markov_embed.data<uint16_t>()[ids[static_cast<size_t>(i)] * R + k]);
-    }
-    return linear(in, w.confidence).reshaped({B});
-}
-
 }  // namespace peregrine::cpu

@@ -22,6 +22,7 @@ public:
 
     std::unique_ptr<StepScratch> begin_step(const ForwardBatch& batch) override;
     StateMemory& state_memory() override { return memory_; }
+    DeviceSampler& sampler() override { return sampler_; }
     Tensor first_stream_mix(int T) override;
     Tensor gather_rows(const Tensor& x, const std::vector<int>& rows) override;
     Tensor embed(const Tensor& table, const std::vector<int32_t>& ids) override;
@@ -45,8 +46,6 @@ public:
                          ForwardBatch& batch) override;
     Tensor dspark_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                             const SeqState& state, int64_t pos) override;
-    Tensor markov_bias(const DSparkWeight& w, int32_t id) override;
-    Tensor dspark_confidence(const DSparkWeight& w, const Tensor& x, const std::vector<int32_t>& ids) override;
     Tensor linear(const Tensor& x, const LinearWeight& w) override;
     Tensor logits(const Tensor& x, const LinearWeight& head, bool to_host = true) override;
 
@@ -65,6 +64,7 @@ private:
     ModelConfig cfg_;
     StateLayout layout_;
     HostStateMemory memory_;
+    HostSampler sampler_;
     std::map<std::pair<double, bool>, Rope> ropes_;
 };
 

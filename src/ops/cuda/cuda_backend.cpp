@@ -215,7 +215,8 @@ Tensor CudaBackend::to_host(const Tensor& dev) {
 
 CudaBackend::CudaBackend(const ModelConfig& cfg, const ModelFormat& format, const StateLayout& layout,
                          EngramPlacement engram, int gpu)
-    : Backend(format), gpu_(gpu), cfg_(cfg), layout_(layout), memory_(gpu), engram_placement_(engram) {
+    : Backend(format), gpu_(gpu), cfg_(cfg), layout_(layout), memory_(gpu), sampler_(*this, cfg.vocab_size),
+      engram_placement_(engram) {
     PG_CUDA(cudaSetDevice(gpu_));
     graphs_ = switch_is("PEREGRINE_CUDA_GRAPHS", "1");
     hc_small_ = switch_is("PEREGRINE_HC_SMALL", "1");
@@ -688,7 +689,8 @@ void CudaBackend::fill_state_random(uint8_t* p, size_t bytes, uint64_t seed) {
     PG_CUDA(cudaDeviceSynchronize());
 }
 
-double CudaBackend::copy_bandwidth_gbs(size_t bytes, int reps) {
+double CudaBackend::copy_bandwidth_gbs(size_t bytes, int reps) const {
+    PG_CUDA(cudaSetDevice(gpu_));
     void *a = nullptr, *b = nullptr;
     PG_CUDA(cudaMalloc(&a, bytes));
     PG_CUDA(cudaMalloc(&b, bytes));
@@ -711,34 +713,30 @@ double CudaBackend::copy_bandwidth_gbs(size_t bytes, int reps) {
     return 2.0 * static_cast<double>(bytes) * reps / (ms * 1e-3) / 1e9;
 }
 
-size_t CudaBackend::graph_memory_bytes() {
-    int dev = 0;
+size_t CudaBackend::graph_memory_bytes() const {
     uint64_t bytes = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetGraphMemAttribute(dev, cudaGraphMemAttrReservedMemHigh, &bytes) != cudaSuccess) {
+    if (cudaDeviceGetGraphMemAttribute(gpu_, cudaGraphMemAttrReservedMemHigh, &bytes) != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
     return static_cast<size_t>(bytes);
 }
 
-// Free device memory, counting the activation pool's freed but still mapped memory (alloc_state can take it back).
-size_t CudaBackend::free_device_memory() {
+size_t CudaBackend::free_memory() const {
+    PG_CUDA(cudaSetDevice(gpu_));
     size_t free = 0, total = 0;
     PG_CUDA(cudaMemGetInfo(&free, &total));
-    int dev = 0;
-    PG_CUDA(cudaGetDevice(&dev));
     cudaMemPool_t pool = nullptr;
-    PG_CUDA(cudaDeviceGetDefaultMemPool(&pool, dev));
+    PG_CUDA(cudaDeviceGetDefaultMemPool(&pool, gpu_));
     uint64_t reserved = 0, used = 0;
     PG_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
     PG_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
     return free + static_cast<size_t>(reserved > used ? reserved - used : 0);
 }
 
-std::string CudaBackend::device_name() {
+std::string CudaBackend::device_name() const {
     cudaDeviceProp p{};
-    PG_CUDA(cudaGetDeviceProperties(&p, 0));
+    PG_CUDA(cudaGetDeviceProperties(&p, gpu_));
     return p.name;
 }
 

@@ -6,6 +6,7 @@
 // logits agree with the reference to rounding noise; the exact ones are bit-identical to it (see numerics_
 // and docs/cuda-backend.md). Logits come back in host memory.
 #include "ops/backend.h"
+#include "ops/cuda/cuda_sampler.h"
 #include "ops/cuda/kernels.h"
 
 #include <deque>
@@ -75,7 +76,7 @@ private:
     int gpu_;
 };
 
-class CudaBackend : public Backend {
+class CudaBackend : public Backend, public Diagnostics {
 public:
     CudaBackend(const ModelConfig& cfg, const ModelFormat& format, const StateLayout& layout,
                 EngramPlacement engram = EngramPlacement::Device, int gpu = 0);
@@ -112,32 +113,36 @@ public:
                          ForwardBatch& batch) override;
     Tensor dspark_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                             const SeqState& state, int64_t pos) override;
-    Tensor markov_bias(const DSparkWeight& w, int32_t id) override;
-    Tensor dspark_confidence(const DSparkWeight& w, const Tensor& x, const std::vector<int32_t>& ids) override;
     Tensor linear(const Tensor& x, const LinearWeight& w) override;
     Tensor logits(const Tensor& x, const LinearWeight& head, bool to_host = true) override;
-    // Sampling on the device (cuda/sampling.cpp): logits stay there, only the chosen ids come back
-    // (PEREGRINE_SAMPLING=host: the logits are copied and sampled on the host, to A/B).
-    bool samples_on_device() const override;
-    std::vector<SampleResult> sample(const Tensor& logits, const std::vector<SampleRow>& rows) override;
-    Tensor logits_to_host(const Tensor& logits, const std::vector<int>& rows) override;
-    // The overlapped schedule: sample_start() queues the sampler and the copy of its results into page-locked
-    // memory and returns; ops after it read deferred ids from the sampler's output on the device (embedding,
-    // hash routing, engram windows hashed here).
-    bool sample_async() const override { return samples_on_device(); }
-    bool takes_deferred_ids() const override { return true; }
-    void sample_start(const Tensor& logits, const std::vector<SampleRow>& rows) override;
-    std::vector<SampleResult> sample_finish() override;
-    void sample_discard() override;
+    // Ops after a sampler start() read deferred ids from its output on the device (embedding, hash routing,
+    // engram windows hashed here).
     void engram_hashed(Tensor& h, const EngramWeight& w, const EngramHash& hash,
                        const std::vector<int32_t>& windows) override;
 
-    // Benchmark support. Profiling records device time per outermost op (and per phase inside attention
-    // and MoE) with events; profile() waits for the device and returns milliseconds by name, then clears.
-    void set_profiling(bool on) { profiling_ = on; }
-    std::map<std::string, double> profile();
-    // Routes row t's slot k to expert (t*K + k) % E: every expert equally loaded (router still computed).
-    void set_balanced_routing(bool on);
+    DeviceSampler& sampler() override { return sampler_; }
+    Diagnostics* diagnostics() override { return this; }
+
+    // Diagnostics (ops/diagnostics.h): profiling with events per outermost op and per phase inside attention and
+    // MoE.
+    std::string device_name() const override;
+    void set_profiling(bool on) override { profiling_ = on; }
+    std::map<std::string, double> profile() override;
+    double take_host_wait_ms() override {
+        const double ms = host_wait_ms_;
+        host_wait_ms_ = 0;
+        return ms;
+    }
+    void set_balanced_routing(bool on) override;
+    bool graphs() const override { return graphs_; }
+    // Device memory reserved for CUDA graphs' allocations, its high-water mark in this process.
+    size_t graph_memory_bytes() const override;
+    // Counting the activation pool's freed but still mapped memory (state allocations can take it back).
+    size_t free_memory() const override;
+    double copy_bandwidth_gbs(size_t bytes, int reps) const override;
+    // bf16-valued floats in [-1, 1), then valid codes and scales in every entry of whole pages.
+    void fill_state_random(uint8_t* p, size_t bytes, uint64_t seed) override;
+
     // Bound on the indexer's score matrix per chunk of query rows (default 1 GiB; env PEREGRINE_INDEX_SCORE_MB
     // at construction for A/B); tests shrink it to check that the chunking changes nothing.
     void set_index_score_bytes(int64_t bytes) { index_score_bytes_ = bytes; }
@@ -158,24 +163,9 @@ public:
     void set_decode_tables(bool on) { decode_tables_ = on; }
     // The hc mixes of decode-sized steps on a side stream (on by default, Fast numerics); returns the previous setting.
     bool set_side_mixes(bool on);
-    bool graphs() const { return graphs_; }
-    // Wall milliseconds the host spent waiting for results (the logits copy) since the last call.
-    double take_host_wait_ms() {
-        const double ms = host_wait_ms_;
-        host_wait_ms_ = 0;
-        return ms;
-    }
     // Graph replays / captures so far (tests, benchmarks).
     int64_t graph_replays() const { return graph_replays_; }
     int64_t graph_captures() const { return graph_captures_; }
-    // Fills state-page memory with bf16-valued floats in [-1, 1) (a cached context without its prefill).
-    void fill_state_random(uint8_t* p, size_t bytes, uint64_t seed);
-    // Device-to-device copy bandwidth, bytes read plus written per second (GB/s).
-    static double copy_bandwidth_gbs(size_t bytes, int reps);
-    static size_t free_device_memory();
-    // Device memory reserved for CUDA graphs' allocations, its high-water mark in this process (0 if unknown).
-    static size_t graph_memory_bytes();
-    static std::string device_name();
 
     // Host <-> device copies of F32/any tensors (tests, tools).
     static Tensor to_device(const Tensor& host);
@@ -190,6 +180,7 @@ public:
 
 private:
     friend class OpTimer;
+    friend class CudaSampler;
     struct TimedEvent {
         std::string name;
         void* start;
@@ -235,20 +226,12 @@ private:
 
     // Sequence s's carry in device memory (its slot from the page pool).
     float* device_carry(SeqState& s);
-    // A sampler call: its results on the device (the deferred ids' source) and on their way to the host.
-    struct StartedSample;
-    std::shared_ptr<StartedSample> launch_sample(const Tensor& logits, const std::vector<SampleRow>& rows);
-    std::vector<SampleResult> collect_sample(StartedSample& s);
-    std::deque<std::shared_ptr<StartedSample>> started_samples_;
-    std::shared_ptr<StartedSample> deferred_source_;  // the latest sample_start's
-    int deferred_rows_ = 0;
-    // Token ids on the device, deferred ones (Backend::deferred_id) read from deferred_source_; kNoToken kept.
+    // Token ids on the device, deferred ones (DeviceSampler::deferred_id) read from the sampler's latest start();
+    // kNoToken kept.
     DevArray<int32_t> upload_ids(const std::vector<int32_t>& ids);
-    uint64_t deferred_gen_ = 0;             // sample_start calls so far
-    DevArray<int32_t> ids_cache_;           // the latest upload_ids: its host ids and deferred_gen_
+    DevArray<int32_t> ids_cache_;  // the latest upload_ids: its host ids and the sampler's generation then
     std::vector<int32_t> ids_cache_host_;
     uint64_t ids_cache_gen_ = 0;
-    void resolve_deferred(int32_t* ids_d, const std::vector<int32_t>& ids);
     // Engram from table row ids on the device [T, n_cols].
     void engram_rows_d(Tensor& h, const EngramWeight& w, const int64_t* rows_d);
     const int64_t* dev_i64(const int64_t* host, size_t n);      // a host int64 table, uploaded once
@@ -358,6 +341,7 @@ private:
     ModelConfig cfg_;
     StateLayout layout_;
     CudaStateMemory memory_;
+    CudaSampler sampler_;
     EngramPlacement engram_placement_;
     std::unordered_map<const void*, std::shared_ptr<void>> raw_, f32_, engram_w_;
     std::unordered_map<const void*, ExpertTables> experts_;

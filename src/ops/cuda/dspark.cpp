@@ -1,6 +1,5 @@
-// DSpark head on the GPU (cf. the reference's DSpark methods in cpu/attention.cpp and cpu_backend.cpp): the
-// stages' window K=V fed from the backbone, the draft block's attention over the window ring and the whole
-// block, the Markov bias row and the confidence head.
+// DSpark's attention on the GPU (cf. the reference's in cpu/attention.cpp): the stages' window K=V fed from the
+// backbone, and the draft block's attention over the window ring and the whole block.
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/launch_check.h"
 #include "util/error.h"
@@ -91,32 +90,6 @@ Tensor CudaBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, 
     Tensor o = empty(DType::F32, {B, H, D});
     sparse_attention(q.f32(), B, H, D, static_cast<float>(std::pow(D, -0.5)), dev_f32(w.attn_sink), kr, o.f32());
     return project_output(o, w, freqs, pos_d.ptr, B);
-}
-
-Tensor CudaBackend::markov_bias(const DSparkWeight& w, int32_t id) {
-    OpTimer op_(*this, "markov_bias");
-    const int64_t V = w.markov_head.dim(0), R = w.markov_head.dim(1);
-    PEREGRINE_CHECK(id >= 0 && id < w.markov_embed.dim(0), "markov_bias: token id {} out of range", id);
-    // markov_head(markov_embed[id]) in fp32: an F32-compute linear over the bf16 head rows.
-    Tensor e = Tensor::zeros(DType::F32, {1, R});
-    for (int64_t k = 0; k < R; ++k) e.f32()[k] = bf16_to_f32(w.markov_embed.data<uint16_t>()[id * R + k]);
-    LinearWeight head;
-    head.kind = LinearWeight::Kind::F32;
-    head.out = static_cast<int>(V);
-    head.in = static_cast<int>(R);
-    head.w = w.markov_head;
-    return to_host(run_linear(to_device(e), head)).reshaped({V});
-}
-
-Tensor CudaBackend::dspark_confidence(const DSparkWeight& w, const Tensor& x, const std::vector<int32_t>& ids) {
-    OpTimer op_(*this, "dspark_confidence");
-    const int64_t B = x.dim(0), R = w.markov_embed.dim(1);
-    Tensor m = Tensor::zeros(DType::F32, {B, R});
-    for (int64_t i = 0; i < B; ++i)
-        for (int64_t k = 0; k < R; ++k)
-            m.f32()[i * R + k] = bf16_to_f32(w.markov_embed.data<uint16_t>()[ids.at(static_cast<size_t>(i)) * R + k]);
-    Tensor in = concat_cols({x, to_device(m)});
-    return to_host(run_linear(in, w.confidence)).reshaped({B});
 }
 
 }  // namespace peregrine::cuda

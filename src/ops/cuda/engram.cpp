@@ -39,7 +39,7 @@ void CudaBackend::engram_hashed(Tensor& h, const EngramWeight& w, const EngramHa
         PEREGRINE_CHECK(id < 0 || id < static_cast<int64_t>(hash.token_map->size()),
                         "engram: token id {} has no compressed id", id);
     auto win = upload(windows);
-    resolve_deferred(win.ptr, windows);
+    sampler_.resolve_deferred(win.ptr, windows);
     auto rows = device_alloc(sizeof(int64_t) * static_cast<size_t>(T * nc));
     engram_hash_rows(win.ptr, T, hash.max_ngram, hash.n_heads, dev_i32(*hash.token_map),
                      static_cast<int64_t>(hash.token_map->size()), hash.pad,

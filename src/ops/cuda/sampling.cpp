@@ -1,5 +1,5 @@
-// CudaBackend::sample: packs the rows' parameters and adjustments, runs the device sampler on logits that
-// never leave the device, and reads back only the chosen ids (and logprobs when asked).
+// CudaSampler: packs the rows' parameters and adjustments, runs the device sampler on logits that never leave the
+// device, and reads back only the chosen ids (and logprobs when asked).
 #include "ops/cuda/cuda_backend.h"
 #include "util/switches.h"
 #include "ops/cuda/launch_check.h"
@@ -11,35 +11,35 @@
 
 namespace peregrine::cuda {
 
-bool CudaBackend::samples_on_device() const {
+bool CudaSampler::on_device() const {
     static const bool host = switch_is("PEREGRINE_SAMPLING", "host");
-    return !host && cfg_.vocab_size > 0 && cfg_.vocab_size <= kSampleMaxVocab;
+    return !host && vocab_ > 0 && vocab_ <= kSampleMaxVocab;
 }
 
 // Results of one sampler call: on the device (read by deferred ids) and copied into page-locked memory; or, where
 // the rows were sampled on the host, the results themselves (their ids uploaded for deferred ids).
-struct CudaBackend::StartedSample {
+struct CudaSampler::Started {
     std::shared_ptr<void> d_out, d_top, h_out, h_top;
     std::vector<int> top_n;
     std::vector<SampleResult> host;
     bool on_host = false;
     cudaEvent_t done = nullptr;
-    ~StartedSample() {
+    ~Started() {
         if (done) cudaEventDestroy(done);
     }
 };
 
-std::shared_ptr<CudaBackend::StartedSample> CudaBackend::launch_sample(const Tensor& logits,
-                                                                       const std::vector<SampleRow>& rows) {
-    auto s = std::make_shared<StartedSample>();
+std::shared_ptr<CudaSampler::Started> CudaSampler::launch(const Tensor& logits, const std::vector<SampleRow>& rows) {
+    auto s = std::make_shared<Started>();
     const int V = static_cast<int>(logits.dim(1));
     if (rows.empty() || logits.device() != Device::CUDA ||
         V > kSampleMaxVocab) {  // the host sampler (beyond the kernel's draw buffer)
         s->on_host = true;
-        s->host = Backend::sample(logits.device() == Device::CUDA ? to_host(logits) : logits, rows);
+        const Tensor host = logits.device() == Device::CUDA ? CudaBackend::to_host(logits) : logits;
+        s->host = sample_rows_host(host.f32(), V, rows);
         std::vector<SampleOutDev> out(rows.size());
         for (size_t i = 0; i < rows.size(); ++i) out[i] = {s->host[i].id, s->host[i].logprob};
-        s->d_out = upload(out).keep;
+        s->d_out = CudaBackend::upload(out).keep;
         return s;
     }
     PEREGRINE_CHECK(logits.dtype() == DType::F32 && logits.ndim() == 2, "sample: logits must be f32 [rows, vocab]");
@@ -71,8 +71,8 @@ std::shared_ptr<CudaBackend::StartedSample> CudaBackend::launch_sample(const Ten
         s->top_n.push_back(std::min(d.top_n, V));
     }
     const int n = static_cast<int>(rows.size());
-    auto d_rows = upload(dev);
-    auto d_adj = upload(adj);
+    auto d_rows = CudaBackend::upload(dev);
+    auto d_adj = CudaBackend::upload(adj);
     const size_t out_bytes = sizeof(SampleOutDev) * static_cast<size_t>(n);
     const size_t top_bytes = sizeof(SampleOutDev) * (any_top ? static_cast<size_t>(n) * kSampleMaxTop : 1);
     s->d_out = device_alloc(out_bytes);
@@ -91,11 +91,11 @@ std::shared_ptr<CudaBackend::StartedSample> CudaBackend::launch_sample(const Ten
     return s;
 }
 
-std::vector<SampleResult> CudaBackend::collect_sample(StartedSample& s) {
+std::vector<SampleResult> CudaSampler::collect(Started& s) {
     if (s.on_host) return std::move(s.host);
     const auto t0 = std::chrono::steady_clock::now();  // the step's one wait: for the ids (and logprobs)
     PG_CUDA(cudaEventSynchronize(s.done));
-    host_wait_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    be_.host_wait_ms_ += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const auto* out = static_cast<const SampleOutDev*>(s.h_out.get());
     const auto* top = static_cast<const SampleOutDev*>(s.h_top.get());
     std::vector<SampleResult> res(s.top_n.size());
@@ -110,41 +110,45 @@ std::vector<SampleResult> CudaBackend::collect_sample(StartedSample& s) {
     return res;
 }
 
-std::vector<SampleResult> CudaBackend::sample(const Tensor& logits, const std::vector<SampleRow>& rows) {
+std::vector<SampleResult> CudaSampler::sample(const Tensor& logits, const std::vector<SampleRow>& rows) {
     if (rows.empty()) return {};
-    OpTimer op_(*this, "sample");
-    return collect_sample(*launch_sample(logits, rows));
+    OpTimer op_(be_, "sample");
+    return collect(*launch(logits, rows));
 }
 
-void CudaBackend::sample_start(const Tensor& logits, const std::vector<SampleRow>& rows) {
-    OpTimer op_(*this, "sample");
-    deferred_source_ = launch_sample(logits, rows);
-    ++deferred_gen_;
+void CudaSampler::start(const Tensor& logits, const std::vector<SampleRow>& rows) {
+    OpTimer op_(be_, "sample");
+    deferred_source_ = launch(logits, rows);
+    ++generation_;
     deferred_rows_ = static_cast<int>(rows.size());
-    started_samples_.push_back(deferred_source_);
+    started_.push_back(deferred_source_);
 }
 
-std::vector<SampleResult> CudaBackend::sample_finish() {
-    PEREGRINE_CHECK(!started_samples_.empty(), "sample_finish without sample_start");
-    auto s = std::move(started_samples_.front());
-    started_samples_.pop_front();
-    return collect_sample(*s);
+std::vector<SampleResult> CudaSampler::finish() {
+    PEREGRINE_CHECK(!started_.empty(), "sample finish without start");
+    auto s = std::move(started_.front());
+    started_.pop_front();
+    return collect(*s);
 }
 
-void CudaBackend::sample_discard() {
-    for (auto& s : started_samples_)
+void CudaSampler::discard() {
+    for (auto& s : started_)
         if (s->done) cudaEventSynchronize(s->done);  // its copies into page-locked memory are done
-    started_samples_.clear();
+    started_.clear();
     deferred_source_.reset();
     deferred_rows_ = 0;
 }
 
-void CudaBackend::resolve_deferred(int32_t* ids_d, const std::vector<int32_t>& ids) {
+int32_t CudaSampler::started_id(int) const {
+    fail("the CUDA backend reads deferred ids on the device (takes_deferred_ids)");
+}
+
+void CudaSampler::resolve_deferred(int32_t* ids_d, const std::vector<int32_t>& ids) {
     bool any = false;
     for (int32_t id : ids)
-        if (id < 0 && id != kNoToken) {
+        if (id < 0 && id != Backend::kNoToken) {
             PEREGRINE_CHECK(deferred_source_ && deferred_row(id) < deferred_rows_,
-                            "deferred id of row {}: the latest sample_start had {} rows", deferred_row(id),
+                            "deferred id of row {}: the latest sample start had {} rows", deferred_row(id),
                             deferred_rows_);
             any = true;
         }
@@ -156,18 +160,18 @@ void CudaBackend::resolve_deferred(int32_t* ids_d, const std::vector<int32_t>& i
 
 DevArray<int32_t> CudaBackend::upload_ids(const std::vector<int32_t>& ids) {
     // A step's ops take the same ids (embedding, then every MoE layer): uploaded and resolved once.
-    if (ids_cache_.keep && ids == ids_cache_host_ && ids_cache_gen_ == deferred_gen_) return ids_cache_;
+    if (ids_cache_.keep && ids == ids_cache_host_ && ids_cache_gen_ == sampler_.generation()) return ids_cache_;
     auto d = upload(ids);
-    resolve_deferred(d.ptr, ids);
+    sampler_.resolve_deferred(d.ptr, ids);
     ids_cache_ = d;
     ids_cache_host_ = ids;
-    ids_cache_gen_ = deferred_gen_;
+    ids_cache_gen_ = sampler_.generation();
     return d;
 }
 
-Tensor CudaBackend::logits_to_host(const Tensor& logits, const std::vector<int>& rows) {
-    if (logits.device() != Device::CUDA) return Backend::logits_to_host(logits, rows);
-    return to_host_pinned(gather_rows(logits, rows), &host_wait_ms_);
+Tensor CudaSampler::rows_to_host(const Tensor& logits, const std::vector<int>& rows) {
+    if (logits.device() != Device::CUDA) return HostSampler().rows_to_host(logits, rows);
+    return CudaBackend::to_host_pinned(be_.gather_rows(logits, rows), &be_.host_wait_ms_);
 }
 
 }  // namespace peregrine::cuda

@@ -1,10 +1,11 @@
 // Sampler, penalties, logit bias and logprobs against direct computations.
-#include "ops/sampling.h"
+#include "engine/sampling_params.h"
 
 #include <gtest/gtest.h>
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <random>
 #include <vector>
 #include <algorithm>
 

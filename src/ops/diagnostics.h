@@ -1,0 +1,33 @@
+#pragma once
+// What benchmarks and tools ask of a backend beyond its ops: device time per op, graphs, memory, bandwidth. The
+// CUDA backend answers (Backend::diagnostics); the CPU backend has none.
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace peregrine {
+
+class Diagnostics {
+public:
+    virtual ~Diagnostics() = default;
+    virtual std::string device_name() const = 0;
+    // Profiling records device time per outermost op (and per phase inside attention and MoE); profile() waits
+    // for the device and returns milliseconds by name, then clears.
+    virtual void set_profiling(bool on) = 0;
+    virtual std::map<std::string, double> profile() = 0;
+    // Wall milliseconds the host spent waiting for results (logits, sampled ids) since the last call.
+    virtual double take_host_wait_ms() = 0;
+    // Routes row t's slot k to expert (t*K + k) % E: every expert equally loaded (the router still computed).
+    virtual void set_balanced_routing(bool on) = 0;
+    // Whether steps run as CUDA graphs, and the memory the graphs hold (high-water mark; 0 if unknown).
+    virtual bool graphs() const = 0;
+    virtual size_t graph_memory_bytes() const = 0;
+    // Free device memory, and a device-to-device copy's bandwidth (bytes read plus written per second, GB/s).
+    virtual size_t free_memory() const = 0;
+    virtual double copy_bandwidth_gbs(size_t bytes, int reps) const = 0;
+    // Fills state memory with valid random entries (a cached context without its prefill).
+    virtual void fill_state_random(uint8_t* p, size_t bytes, uint64_t seed) = 0;
+};
+
+}  // namespace peregrine

@@ -51,6 +51,7 @@ public:
                 batch.token_ids.push_back(static_cast<int32_t>((st.n_cached + i) % 100000 + 100));
             logit_rows.push_back(row0 + rows - 1);
         }
+        batch.mode = batch_mode_of(batch);
         return batch;
     }
 

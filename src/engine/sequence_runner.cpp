@@ -27,6 +27,7 @@ std::vector<float> SequenceRunner::feed(const std::vector<int32_t>& ids, int chu
         ForwardBatch b;
         b.seqs.push_back({&state_, start, count, 0});
         b.token_ids.assign(ids.begin() + p, ids.begin() + p + count);
+        b.mode = batch_mode_of(b);
         std::vector<int> rows;
         const bool last_chunk = p + count == n;
         if (all_logits)

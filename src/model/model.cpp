@@ -48,6 +48,8 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
             if (be.sampler().takes_deferred_ids()) deferred = true;
             else id = be.sampler().started_id(DeviceSampler::deferred_row(id));
         }
+    PEREGRINE_CHECK(batch.mode != BatchMode::decode || batch_mode_of(batch) == BatchMode::decode,
+                    "a decode batch feeds one token per sequence, row i for sequence i");
     for (auto& s : batch.seqs) {
         PEREGRINE_CHECK(s.state && s.state->n_cached == s.start_pos,
                         "sequence state holds {} tokens, step starts at {}", s.state ? s.state->n_cached : -1,

@@ -7,6 +7,7 @@
 #include "kv/state_memory.h"
 #include "ops/device_sampler.h"
 #include "ops/diagnostics.h"
+#include "ops/forward_batch.h"
 #include "ops/model_format.h"
 #include "ops/weights.h"
 #include "util/error.h"
@@ -18,21 +19,6 @@
 #include <vector>
 
 namespace peregrine {
-
-// One sequence's share of a forward step: rows [row0, row0 + n_tokens) hold its tokens at positions
-// start_pos.. ; its state already covers positions < start_pos.
-struct BatchSeq {
-    SeqState* state = nullptr;
-    int64_t start_pos = 0;
-    int n_tokens = 0;
-    int row0 = 0;
-};
-
-struct ForwardBatch {
-    std::vector<BatchSeq> seqs;
-    std::vector<int32_t> token_ids;  // per row; negative: a deferred id (DeviceSampler::deferred_id)
-    int rows() const { return static_cast<int>(token_ids.size()); }
-};
 
 // One engram layer's n-gram hashing for backends that hash on their side (deferred ids); model/engram_hash.h
 // owns the tables, ops/engram_hash_math.h holds the arithmetic.

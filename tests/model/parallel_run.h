@@ -54,6 +54,7 @@ inline std::vector<SeqLogits> run_sequences(Model& model, const std::vector<std:
             batch.token_ids.insert(batch.token_ids.end(), toks[i].begin() + start, toks[i].end());
             rows.push_back(batch.rows() - 1);
         }
+        batch.mode = batch_mode_of(batch);
         Tensor l = model.forward(batch, rows);
         for (size_t i = 0; i < seqs.size(); ++i) {
             const float* row = l.f32() + static_cast<int64_t>(i) * vocab;

@@ -122,6 +122,7 @@ TEST(Batching, MixedBatchMatchesSingleSequences) {
         batch.token_ids.insert(batch.token_ids.end(), b.begin() + b0, b.begin() + b0 + bn);
         std::vector<int> rows(static_cast<size_t>(an + bn));
         for (int i = 0; i < an + bn; ++i) rows[static_cast<size_t>(i)] = i;
+        batch.mode = batch_mode_of(batch);
         Tensor l = model->forward(batch, rows);
         for (int i = 0; i < an; ++i)
             for (int v = 0; v < vocab; ++v)
@@ -155,6 +156,7 @@ TEST(PrefixState, ResumeFromSharedPagesIsExact) {
         ForwardBatch fa;
         fa.seqs.push_back({&a, 0, n, 0});
         fa.token_ids.assign(ids.begin(), ids.begin() + n);
+        fa.mode = batch_mode_of(fa);
         model->forward(fa, {});
         for (int shared_pages = 1; shared_pages * P < n; ++shared_pages) {
             // b shares a's first pages (read-only) and its history, then computes the rest itself.
@@ -170,6 +172,7 @@ TEST(PrefixState, ResumeFromSharedPagesIsExact) {
             fb.token_ids.assign(ids.begin() + start, ids.begin() + n);
             std::vector<int> rows;
             for (int i = 0; i < n - start; ++i) rows.push_back(i);
+            fb.mode = batch_mode_of(fb);
             Tensor l = model->forward(fb, rows);
             for (int i = 0; i < n - start; ++i)
                 for (int v = 0; v < vocab; ++v)
@@ -201,6 +204,7 @@ TEST(DSpark, DraftsMatchGolden) {
         ForwardBatch b;
         b.seqs.push_back({&st, start, n, 0});
         b.token_ids.assign(ids.begin() + start, ids.begin() + start + n);
+        b.mode = batch_mode_of(b);
         return model->forward(b, {n - 1});
     };
     feed(0, static_cast<int>(P));

@@ -142,6 +142,7 @@ TEST(StateFormat, FixtureStateIsCanonical) {
         ForwardBatch b;
         b.seqs.push_back({&st, 0, n, 0});
         b.token_ids = ids;
+        b.mode = batch_mode_of(b);
         model->forward(b, {});
         int64_t checked = 0, nonzero = 0, mismatches = 0;
         const auto infos = attention_layer_infos(model->config());

@@ -321,6 +321,7 @@ TEST_P(CudaModel, MixedBatchAndPrefixResume) {
         batch.token_ids.insert(batch.token_ids.end(), b.begin() + b0, b.begin() + b0 + bn);
         std::vector<int> rows(static_cast<size_t>(an + bn));
         for (int i = 0; i < an + bn; ++i) rows[static_cast<size_t>(i)] = i;
+        batch.mode = batch_mode_of(batch);
         Tensor l = model.forward(batch, rows);
         float worst = 0.0f;
         for (int i = 0; i < an; ++i)
@@ -349,6 +350,7 @@ TEST_P(CudaModel, MixedBatchAndPrefixResume) {
     fc.token_ids.assign(ids.begin() + 2 * P, ids.begin() + n);
     std::vector<int> rows;
     for (int i = 0; i < n - 2 * P; ++i) rows.push_back(i);
+    fc.mode = batch_mode_of(fc);
     Tensor l = model.forward(fc, rows);
     float worst = 0.0f;
     for (int i = 0; i < n - 2 * P; ++i)
@@ -601,6 +603,7 @@ TEST(CudaDSpark, DraftsMatchGoldenAndCpu) {
         ForwardBatch b;
         b.seqs.push_back({&r.st, start, n, 0});
         b.token_ids.assign(ids.begin() + start, ids.begin() + start + n);
+        b.mode = batch_mode_of(b);
         return r.m->forward(b, {n - 1});
     };
     for (Run& r : runs) feed(r, 0, static_cast<int>(P));

@@ -69,6 +69,7 @@ Tensor step(ModelRun& r, const std::vector<std::vector<int32_t>>& feeds, bool lo
         b.token_ids.insert(b.token_ids.end(), feeds[i].begin(), feeds[i].end());
         rows.push_back(b.rows() - 1);
     }
+    b.mode = batch_mode_of(b);
     return r.m->forward(b, rows, logits_to_host);
 }
 

@@ -58,5 +58,42 @@ for g in gen-v41 gen-demo gen-demo-sampled; do
     echo "DIFFERENT  $g"; differ=$((differ + 1))
   fi
 done
+# The serving engine: each build serves the demo model; 12 concurrent /generate requests (greedy and seeded, three
+# sharing a prefix, one with a stop string and one under a repetition penalty), answers compared.
+serve_case() {  # $1 build, $2 port, $3 output dir
+  "$1" serve --device "$device" --port "$2" --host 127.0.0.1 --max-running-requests 8 --chunked-prefill-size 64 \
+    >"$3.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 1 240); do curl -sf "http://127.0.0.1:$2/health" >/dev/null 2>&1 && break; sleep 0.5; done
+  mkdir -p "$3"
+  local pids=()
+  for i in $(seq 0 11); do
+    local extra=""
+    ((i % 3 == 1)) && extra=',"temperature":0.9,"top_p":0.95,"seed":'$((100 + i))
+    ((i == 5)) && extra=$extra',"stop":["the"]'
+    ((i == 7)) && extra=$extra',"repetition_penalty":1.3'
+    local text="ROMEO: speak again, $((i % 4)) bright angel"
+    ((i < 3)) && text="KING RICHARD III: now is the winter of our discontent, $i"
+    curl -s "http://127.0.0.1:$2/generate" -H 'Content-Type: application/json' \
+      -d '{"text":"'"$text"'","sampling_params":{"temperature":0,"max_new_tokens":'$((16 + 4 * i))$extra'}}' \
+      >"$3/$i.json" &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  kill $pid 2>/dev/null; wait $pid 2>/dev/null
+}
+serve_case "$old" 30171 "$out/serve.old"
+serve_case "$new" 30172 "$out/serve.new"
+answer() {  # what a request produced (its ids, text and finish reason; not its timings or cache hits)
+  python3 -c 'import json, sys; a = json.load(open(sys.argv[1])); print(a["output_ids"], repr(a["text"]), a["meta_info"]["finish_reason"])' "$1" 2>/dev/null
+}
+for i in $(seq 0 11); do
+  if [[ -n $(answer "$out/serve.new/$i.json") && "$(answer "$out/serve.old/$i.json")" == "$(answer "$out/serve.new/$i.json")" ]]; then
+    same=$((same + 1))
+  else
+    echo "DIFFERENT  serve request $i"; differ=$((differ + 1))
+  fi
+done
+echo "serve: 12 requests compared"
 echo "compare_builds ($device): $same same, $differ different"
 [[ $differ == 0 ]]

@@ -28,15 +28,10 @@ struct CudaBackend::DecodePlan {
 
 void CudaBackend::begin_decode(const ForwardBatch& batch, CudaScratch& scratch) {
     scratch.decode = 0;
-    if (numerics_ != Numerics::Fast || !decode_tables_) return;
+    if (batch.mode != BatchMode::decode || numerics_ != Numerics::Fast || !decode_tables_) return;
     const int64_t T = batch.rows();
-    if (T == 0 || static_cast<int64_t>(batch.seqs.size()) != T) return;
-    int64_t top = 0;
-    for (int64_t i = 0; i < T; ++i) {
-        const BatchSeq& s = batch.seqs[static_cast<size_t>(i)];
-        if (s.n_tokens != 1 || s.row0 != i) return;
-        top = std::max(top, s.start_pos + 1);
-    }
+    int64_t top = 0;  // a decode batch: row t is sequence t's one token (Model::forward checks it)
+    for (const BatchSeq& s : batch.seqs) top = std::max(top, s.start_pos + 1);
     // Indexers the streaming scorer does not take.
     if (cfg_.index_n_heads > 0 && !index_scores_stream_supported(cfg_.index_n_heads, cfg_.index_head_dim)) return;
     const bool graphs = graphs_ && !profiling_ && graph_bucket(T);

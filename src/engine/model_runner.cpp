@@ -1,0 +1,210 @@
+#include "engine/model_runner.h"
+#include "util/thread_pool.h"
+
+#include <chrono>
+
+namespace peregrine {
+
+namespace {
+double ms_since(EngineClock::time_point t) {
+    return std::chrono::duration<double, std::milli>(EngineClock::now() - t).count();
+}
+}  // namespace
+
+ModelRunner::ModelRunner(Model& model, CacheManager& kv, const Tokenizer* tok, int overlap_schedule)
+    : model_(model), kv_(kv), tok_(tok), overlap_schedule_(overlap_schedule), vocab_(model.config().vocab_size),
+      eos_(model.config().eos_token_id) {}
+
+bool ModelRunner::overlapping(const std::list<RequestPtr>& running) const {
+    if (overlap_schedule_ == 0 || model_.expert_parallel()) return false;
+    if (overlap_schedule_ < 0 && !model_.backend().sampler().async()) return false;
+    for (auto& r : running)
+        if (!r->overlappable()) return false;
+    return true;
+}
+
+std::pair<double, double> ModelRunner::take_times() {
+    std::pair<double, double> t{forward_ms_, wait_ms_};
+    forward_ms_ = wait_ms_ = 0;
+    return t;
+}
+
+void ModelRunner::idle_step() {
+    if (model_.expert_parallel()) model_.idle_step();
+}
+
+void ModelRunner::discard() {
+    launched_.reset();
+    model_.backend().sampler().discard();
+}
+
+void ModelRunner::share_pages(const std::vector<RequestPtr>& reqs) {
+    for (auto& r : reqs)
+        if (r->phase == Request::Phase::running && r->deferred_pos < 0) kv_.share(r->kv, r->kv.state.n_cached);
+}
+
+StepOutput ModelRunner::drain() {
+    if (!launched_) return {};
+    Launched l = std::move(*launched_);
+    launched_.reset();
+    return take_samples(l, {});
+}
+
+// Step l's samples (the oldest the sampler has started): the deferred ids the step launched since (`fed_since`) left
+// in token histories are patched, both steps' completed pages join the prefix cache, and the tokens go out.
+StepOutput ModelRunner::take_samples(Launched& l, const std::vector<RequestPtr>& fed_since) {
+    const auto tw = EngineClock::now();
+    std::vector<SampleResult> res = model_.backend().sampler().finish();
+    wait_ms_ += ms_since(tw);
+    PEREGRINE_CHECK(res.size() == l.sampled.size(), "{} samples for {} requests", res.size(), l.sampled.size());
+    for (size_t i = 0; i < res.size(); ++i) {
+        Request& r = *l.sampled[i];
+        --r.pending;
+        if (r.deferred_pos >= 0) {  // fed to the step launched since: its input was this sample
+            r.kv.state.tokens.at(static_cast<size_t>(r.deferred_pos)) = res[i].id;
+            r.deferred_pos = -1;
+        }
+    }
+    share_pages(l.fed);
+    share_pages(fed_since);
+    StepOutput out;
+    for (size_t i = 0; i < res.size(); ++i) out.tokens.emplace_back(l.sampled[i], token_output(std::move(res[i])));
+    return out;
+}
+
+StepOutput ModelRunner::run(const ScheduledBatch& sb, bool overlap) {
+    // The forward batch: every entry's known tokens, and a token on its way as a deferred id.
+    ForwardBatch batch;
+    batch.mode = sb.mode;
+    std::vector<int> logit_rows;
+    std::vector<RequestPtr> fed, sampled;
+    for (const auto& e : sb.entries) {
+        Request& r = *e.request;
+        const int64_t known = static_cast<int64_t>(r.seq.size());
+        const int row0 = batch.rows();
+        batch.seqs.push_back({&r.kv.state, e.start, e.n_tokens, row0});
+        for (int64_t pos = e.start; pos < e.start + e.n_tokens; ++pos) {
+            if (pos < known) {
+                batch.token_ids.push_back(r.seq[static_cast<size_t>(pos)]);
+            } else {
+                batch.token_ids.push_back(DeviceSampler::deferred_id(r.sample_row));
+                r.deferred_pos = pos;
+            }
+        }
+        fed.push_back(e.request);
+        if (e.sampled) {
+            logit_rows.push_back(row0 + e.n_tokens - 1);
+            sampled.push_back(e.request);
+        }
+    }
+
+    // Where the backend samples on the device, the logits stay there and only the chosen ids come back; rows with a
+    // logit processor (grammar masks, host code) copy just their own logits to the host.
+    DeviceSampler& sampler = model_.backend().sampler();
+    const bool on_device = sampler.on_device();
+    const auto tf = EngineClock::now();
+    Tensor logits = model_.forward(batch, logit_rows, !on_device && !overlap);
+    StepOutput out;
+    out.stepped = true;
+    if (overlap) {
+        // This step's samples start; the previous step's arrive (the device runs this step meanwhile).
+        std::vector<SampleRow> rows;
+        for (size_t i = 0; i < sampled.size(); ++i) rows.push_back(sample_row(*sampled[i], static_cast<int>(i)));
+        sampler.start(logits, rows);
+        forward_ms_ += ms_since(tf);
+        for (size_t i = 0; i < sampled.size(); ++i) {
+            ++sampled[i]->pending;
+            sampled[i]->sample_row = static_cast<int>(i);
+        }
+        std::optional<Launched> prev = std::move(launched_);
+        launched_ = Launched{sampled, fed};
+        if (prev) {
+            StepOutput p = take_samples(*prev, fed);
+            out.tokens = std::move(p.tokens);
+            out.overlapped = true;
+        } else {
+            share_pages(fed);
+        }
+        return out;
+    }
+    share_pages(fed);
+    forward_ms_ += ms_since(tf);
+    const auto tw = EngineClock::now();
+    std::vector<TokenOutput> chosen(sampled.size());
+    std::vector<size_t> device_rows, host_rows;
+    for (size_t i = 0; i < sampled.size(); ++i)
+        (on_device && !sampled[i]->params.processor ? device_rows : host_rows).push_back(i);
+    Tensor host_logits = logits;  // row j: sampled[host_rows[j]]
+    if (on_device && !host_rows.empty())
+        host_logits = sampler.rows_to_host(logits, std::vector<int>(host_rows.begin(), host_rows.end()));
+    if (!device_rows.empty()) {
+        std::vector<SampleRow> rows;
+        for (size_t i : device_rows) rows.push_back(sample_row(*sampled[i], static_cast<int>(i)));
+        std::vector<SampleResult> res = sampler.sample(logits, rows);
+        for (size_t j = 0; j < device_rows.size(); ++j) chosen[device_rows[j]] = token_output(std::move(res[j]));
+    }
+    // Choosing the tokens on the host is independent per request (own logits row, sampler, grammar matcher): it
+    // runs in parallel; delivering them and the finishing rules run in order (the output processor).
+    parallel_for(static_cast<int64_t>(host_rows.size()), [&](int64_t j0, int64_t j1) {
+        std::vector<float> row;
+        for (int64_t j = j0; j < j1; ++j) {
+            const size_t i = host_rows[static_cast<size_t>(j)];
+            const int64_t src = on_device ? j : static_cast<int64_t>(i);
+            chosen[i] = choose(*sampled[i], host_logits.f32() + src * static_cast<int64_t>(vocab_), row);
+        }
+    });
+    wait_ms_ += ms_since(tw);  // the synchronous sample (or the host's choice) waits for the logits
+    for (size_t i = 0; i < sampled.size(); ++i) out.tokens.emplace_back(sampled[i], std::move(chosen[i]));
+    return out;
+}
+
+// The ids r may not produce yet (EOS and stop ids before min_new_tokens) and its logit adjustments.
+std::vector<LogitAdjust> ModelRunner::adjustments(const Request& r) const {
+    const auto& p = r.params;
+    std::vector<int32_t> masked;
+    if (r.completion + r.pending < p.min_new_tokens) {  // tokens on their way count
+        if (!p.ignore_eos && eos_ >= 0 && eos_ < vocab_) masked.push_back(eos_);
+        masked.insert(masked.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
+    }
+    if (!p.sampling.has_penalties() && p.sampling.logit_bias.empty() && masked.empty()) return {};
+    return logit_adjustments(p.sampling, r.penalties, masked, vocab_);
+}
+
+SampleRow ModelRunner::sample_row(Request& r, int row) const {
+    const auto& p = r.params;
+    SampleRow s;
+    s.row = row;
+    s.adjust = adjustments(r);
+    s.penalties = penalties_of(p.sampling);
+    s.config = r.sampler.config();
+    s.seed = r.sampler.seed();
+    s.index = r.sampler.take_index();
+    s.logprobs = p.logprobs;
+    s.top_logprobs = p.logprobs ? p.top_logprobs : 0;
+    return s;
+}
+
+TokenOutput ModelRunner::token_output(SampleResult&& s) const {
+    TokenOutput out;
+    out.id = s.id;
+    out.logprob = s.logprob;
+    out.top = std::move(s.top);
+    if (tok_ && tok_->is_valid(out.id)) out.text = tok_->token_bytes(out.id);
+    return out;
+}
+
+TokenOutput ModelRunner::choose(Request& r, const float* raw, std::vector<float>& row) const {
+    const auto& p = r.params;
+    row.assign(raw, raw + vocab_);
+    float* l = row.data();
+    if (p.processor) p.processor->process(l, vocab_);
+    apply_adjustments(l, vocab_, adjustments(r), penalties_of(p.sampling));
+    const int32_t id = r.sampler.sample(l, vocab_);
+    TokenOutput out;
+    out.id = id;
+    if (p.logprobs) out.logprob = chosen_logprob(l, vocab_, id, &out.top, p.top_logprobs).logprob;
+    if (tok_ && tok_->is_valid(id)) out.text = tok_->token_bytes(id);
+    return out;
+}
+
+}  // namespace peregrine

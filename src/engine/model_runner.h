@@ -1,0 +1,72 @@
+#pragma once
+// The model runner turns a scheduled batch into a forward step and sampled tokens. It feeds each request's tokens
+// (an id still on its way as a deferred id), runs the model in the batch's mode, and samples every row that gives a
+// request its next token: on the device where the backend samples there, on the host where a request's logits
+// need host code (grammar masks). With the overlapped schedule the next step is enqueued before the current one's
+// ids come back, and a step returns the tokens of the one before it.
+#include "engine/request_state.h"
+#include "engine/scheduler.h"
+#include "model/model.h"
+
+#include <list>
+#include <optional>
+#include <vector>
+
+namespace peregrine {
+
+// Tokens for the output processor, in sampling order (a request that ended meanwhile is skipped there).
+struct StepOutput {
+    std::vector<std::pair<RequestPtr, TokenOutput>> tokens;
+    bool stepped = false;     // a forward step ran
+    bool overlapped = false;  // and was enqueued before the previous step's ids were on the host
+};
+
+class ModelRunner {
+public:
+    // overlap_schedule: -1 where the backend samples asynchronously, 0 off, 1 on (EngineOptions).
+    ModelRunner(Model& model, CacheManager& kv, const Tokenizer* tok, int overlap_schedule);
+
+    // Whether the next step may be enqueued before the launched one's ids are on the host: the option allows it,
+    // and no running request needs host code or the exact history for its logits.
+    bool overlapping(const std::list<RequestPtr>& running) const;
+    // Runs the step; without overlap its own tokens come back, with it those of the step launched before.
+    StepOutput run(const ScheduledBatch& batch, bool overlap);
+    // The launched step's tokens (none when nothing is on its way).
+    StepOutput drain();
+    // A step with no rows of this rank: under expert parallelism it still serves the group's MoE layers.
+    void idle_step();
+    // Drops every started sample (after a failed step, or at shutdown): the sampler's queue stays in step with
+    // its callers.
+    void discard();
+
+    // Host milliseconds enqueueing forward steps and waiting for their ids, since the last call (trace).
+    std::pair<double, double> take_times();
+
+private:
+    // A step whose samples are on their way (the overlapped schedule): its sampled requests in sample-row order
+    // and the requests it fed, whose completed pages join the prefix cache once their ids are known.
+    struct Launched {
+        std::vector<RequestPtr> sampled, fed;
+    };
+    StepOutput take_samples(Launched& l, const std::vector<RequestPtr>& fed_since);
+    // Completed pages of requests whose fed ids are known join the prefix cache at once, so concurrent requests
+    // with the same prefix (a shared system prompt) reuse them while these are still running.
+    void share_pages(const std::vector<RequestPtr>& reqs);
+    // The sampler's row for r (logits row `row`); takes the request's next draw.
+    SampleRow sample_row(Request& r, int row) const;
+    std::vector<LogitAdjust> adjustments(const Request& r) const;
+    // r's next token from its logits row on the host (grammar mask, then the device sampler's adjustments and draw).
+    TokenOutput choose(Request& r, const float* raw, std::vector<float>& row) const;
+    TokenOutput token_output(SampleResult&& s) const;
+
+    Model& model_;
+    CacheManager& kv_;
+    const Tokenizer* tok_;
+    int overlap_schedule_;
+    int vocab_;
+    int32_t eos_;
+    std::optional<Launched> launched_;
+    double forward_ms_ = 0, wait_ms_ = 0;
+};
+
+}  // namespace peregrine

@@ -85,17 +85,17 @@ TEST(CudaAttnFast, IndexScoresDecodeStream) {
     auto kh = fp4_rows(N, kDim, 11);
     auto qh = fp4_rows(T * kHeads, kDim, 12);
     const EntryFormat kf = fp4_entry_format(kDim, 32, false);  // the indexer keys' state entries
-    auto kd = CudaBackend::upload(peregrine::test::pack_entries(kh, N, kf));
+    auto kd = cuda::upload(peregrine::test::pack_entries(kh, N, kf));
     std::vector<const uint8_t*> table(static_cast<size_t>(N));
     for (int64_t j = 0; j < N; ++j) table[static_cast<size_t>(j)] = kd.ptr + (j ^ 1) * kf.bytes;
-    auto td = CudaBackend::upload(table);
-    auto q = CudaBackend::upload(qh);
-    auto w = CudaBackend::upload(weights(T, 13));
+    auto td = cuda::upload(table);
+    auto q = cuda::upload(qh);
+    auto w = cuda::upload(weights(T, 13));
     // Each row its own sequence over the same keys, with fewer visible entries on some rows.
     std::vector<int64_t> width(T, N), visible(T), keybase(T, 0);
     for (int t = 0; t < T; ++t) visible[static_cast<size_t>(t)] = N - t * 1001;
-    auto wd = CudaBackend::upload(width), vd = CudaBackend::upload(visible), bd = CudaBackend::upload(keybase);
-    Tensor fast = CudaBackend::empty(DType::F32, {T, N}), exact = CudaBackend::empty(DType::F32, {T, N});
+    auto wd = cuda::upload(width), vd = cuda::upload(visible), bd = cuda::upload(keybase);
+    Tensor fast = cuda::empty(DType::F32, {T, N}), exact = cuda::empty(DType::F32, {T, N});
     const float ms_fast = peregrine::test::device_ms([&] {
         cuda::index_scores_stream(q.ptr, w.ptr, nullptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, kf, N,
                                   fast.f32());
@@ -118,18 +118,18 @@ TEST(CudaAttnFast, IndexScoresDecodeTensorCores) {
     const int64_t N = 131072;
     auto kh = fp4_rows(N, kDim, 21);
     const EntryFormat kf = fp4_entry_format(kDim, 32, false);
-    auto kd = CudaBackend::upload(peregrine::test::pack_entries(kh, N, kf));
+    auto kd = cuda::upload(peregrine::test::pack_entries(kh, N, kf));
     std::vector<const uint8_t*> table(static_cast<size_t>(N));
     for (int64_t j = 0; j < N; ++j) table[static_cast<size_t>(j)] = kd.ptr + (j ^ 1) * kf.bytes;
-    auto td = CudaBackend::upload(table);
+    auto td = cuda::upload(table);
     for (int T : {1, 8, 128}) {
-        auto q = CudaBackend::upload(fp4_rows(static_cast<int64_t>(T) * kHeads, kDim, 22 + T));
-        auto w = CudaBackend::upload(weights(T, 23 + T));
+        auto q = cuda::upload(fp4_rows(static_cast<int64_t>(T) * kHeads, kDim, 22 + T));
+        auto w = cuda::upload(weights(T, 23 + T));
         std::vector<int64_t> width(static_cast<size_t>(T), N), visible(static_cast<size_t>(T)),
             keybase(static_cast<size_t>(T), 0);
         for (int t = 0; t < T; ++t) visible[static_cast<size_t>(t)] = N - (t * 1001) % (N / 2) - (t % 3) * 37;
-        auto wd = CudaBackend::upload(width), vd = CudaBackend::upload(visible), bd = CudaBackend::upload(keybase);
-        Tensor tc = CudaBackend::empty(DType::F32, {T, N}), st = CudaBackend::empty(DType::F32, {T, N});
+        auto wd = cuda::upload(width), vd = cuda::upload(visible), bd = cuda::upload(keybase);
+        Tensor tc = cuda::empty(DType::F32, {T, N}), st = cuda::empty(DType::F32, {T, N});
         auto run = [&](bool mma, Tensor& out) {
             cuda::index_scores_decode_use_mma(mma);
             return peregrine::test::device_ms([&] {
@@ -150,7 +150,7 @@ TEST(CudaAttnFast, IndexScoresDecodeTensorCores) {
         }
         compare_scores(a, b, "index_scores decode tensor cores vs stream " + std::to_string(T) + "x131072");
         if (T <= 8) {  // the exact kernel's ~9 ms per 8 rows
-            Tensor ex = CudaBackend::empty(DType::F32, {T, N});
+            Tensor ex = cuda::empty(DType::F32, {T, N});
             cuda::index_scores(q.ptr, w.ptr, T, kHeads, kDim, wd.ptr, vd.ptr, bd.ptr, td.ptr, kf, N, ex.f32());
             compare_scores(a, host(ex.f32(), static_cast<size_t>(T) * N),
                            "index_scores decode tensor cores vs exact " + std::to_string(T) + "x131072");
@@ -175,15 +175,15 @@ struct PrefillIndex {
     DevArray<int64_t> vd;
     std::shared_ptr<void> qb, kb;
     PrefillIndex(int rows, int64_t keys, uint64_t seed, int64_t perm) : T(rows), N(keys) {
-        kd = CudaBackend::upload(peregrine::test::pack_entries(fp4_rows(N, kDim, seed), N, kf));
+        kd = cuda::upload(peregrine::test::pack_entries(fp4_rows(N, kDim, seed), N, kf));
         std::vector<const uint8_t*> table(static_cast<size_t>(N));
         for (int64_t j = 0; j < N; ++j) table[static_cast<size_t>(j)] = kd.ptr + (j ^ perm) * kf.bytes;
-        td = CudaBackend::upload(table);
-        q = CudaBackend::upload(fp4_rows(static_cast<int64_t>(T) * kHeads, kDim, seed + 1));
-        w = CudaBackend::upload(weights(T, seed + 2));
+        td = cuda::upload(table);
+        q = cuda::upload(fp4_rows(static_cast<int64_t>(T) * kHeads, kDim, seed + 1));
+        w = cuda::upload(weights(T, seed + 2));
         std::vector<int64_t> visible(static_cast<size_t>(T));
         for (int t = 0; t < T; ++t) visible[static_cast<size_t>(t)] = N - T + t + 1;
-        vd = CudaBackend::upload(visible);
+        vd = cuda::upload(visible);
         qb = cuda::device_alloc(sizeof(uint16_t) * T * kHeads * kDim);
         kb = cuda::device_alloc(sizeof(uint16_t) * N * kDim);
         to_bf16();
@@ -210,13 +210,13 @@ TEST(CudaAttnFast, IndexScoresPrefillTensorCores) {
     const auto &q = in.q, &w = in.w;
     // One sequence: 4096 new tokens at the end of 65536 entries.
     std::vector<int64_t> width(T, N), keybase(T, 0);
-    auto wd = CudaBackend::upload(width), bd = CudaBackend::upload(keybase);
+    auto wd = cuda::upload(width), bd = cuda::upload(keybase);
     std::vector<int64_t> tiles;
     for (int r = 0; r < T; r += 64) tiles.insert(tiles.end(), {r, std::min(64, T - r), 0, N});
-    auto tiles_d = CudaBackend::upload(tiles);
+    auto tiles_d = cuda::upload(tiles);
     const int n_tiles = static_cast<int>(tiles.size() / 4);
-    Tensor mma = CudaBackend::empty(DType::F32, {T, N}), stream = CudaBackend::empty(DType::F32, {T, N}),
-           wg = CudaBackend::empty(DType::F32, {T, N});
+    Tensor mma = cuda::empty(DType::F32, {T, N}), stream = cuda::empty(DType::F32, {T, N}),
+           wg = cuda::empty(DType::F32, {T, N});
     float ms_kernel[2];
     for (int v = 0; v < 2; ++v) {  // mma.sync, then wgmma
         cuda::index_scores_use_wgmma(v == 1);
@@ -241,7 +241,7 @@ TEST(CudaAttnFast, IndexScoresPrefillTensorCores) {
     m = mw;
     // The exact kernel on the first and last 64 rows (all of it would take seconds).
     const int sub = 64;
-    Tensor ex = CudaBackend::empty(DType::F32, {2 * sub, N});
+    Tensor ex = cuda::empty(DType::F32, {2 * sub, N});
     float ms_exact = 0.0f;
     for (int part = 0; part < 2; ++part) {
         const int r0 = part == 0 ? 0 : T - sub;
@@ -268,10 +268,10 @@ TEST(CudaAttnFast, IndexScoresPrefillRaggedTiles) {
     const int T = 131;
     const int64_t N = 2000;
     const PrefillIndex in(T, N, 31, 0);
-    auto tiles_d = CudaBackend::upload(std::vector<int64_t>{0, 64, 0, N, 64, 64, 0, N, 128, 3, 0, N});
+    auto tiles_d = cuda::upload(std::vector<int64_t>{0, 64, 0, N, 64, 64, 0, N, 128, 3, 0, N});
     std::vector<float> out[2];
     for (int v = 0; v < 2; ++v) {  // mma.sync, then wgmma
-        Tensor s = CudaBackend::empty(DType::F32, {T, N});
+        Tensor s = cuda::empty(DType::F32, {T, N});
         cuda::index_scores_use_wgmma(v == 1);
         in.score(tiles_d, 3, s.f32());
         out[v] = host(s.f32(), static_cast<size_t>(T) * N);
@@ -303,8 +303,8 @@ std::vector<float> tied_scores(int64_t T, int64_t N, const std::vector<int64_t>&
 void check_topk(int64_t T, int64_t N, int k, bool ascending, const std::string& shape) {
     std::vector<int64_t> width(static_cast<size_t>(T), N), visible(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) visible[static_cast<size_t>(t)] = std::max<int64_t>(1, N - (t * 37) % (N / 2));
-    auto s = CudaBackend::upload(tied_scores(T, N, visible, 5 + T));
-    auto wd = CudaBackend::upload(width), vd = CudaBackend::upload(visible);
+    auto s = cuda::upload(tied_scores(T, N, visible, 5 + T));
+    auto wd = cuda::upload(width), vd = cuda::upload(visible);
     auto tmp = cuda::device_alloc(sizeof(int32_t) * T * k);
     auto of = cuda::device_alloc(sizeof(int32_t) * T * k), oe = cuda::device_alloc(sizeof(int32_t) * T * k);
     auto cf = cuda::device_alloc(sizeof(int32_t) * T), ce = cuda::device_alloc(sizeof(int32_t) * T);
@@ -358,11 +358,11 @@ TEST(CudaAttnFast, TopKMatchesStableSortOnTies) {
     std::vector<int64_t> w(widths, widths + T), vis(w);
     vis[3] = 500;
     for (bool asc : {false, true}) {
-        auto s = CudaBackend::upload(scores);
-        auto wd = CudaBackend::upload(w), vd = CudaBackend::upload(vis);
-        auto tmp = CudaBackend::upload(std::vector<int32_t>(static_cast<size_t>(T * k), -7));
-        auto out = CudaBackend::upload(std::vector<int32_t>(static_cast<size_t>(T * k), -7));
-        auto cnt = CudaBackend::upload(std::vector<int32_t>(static_cast<size_t>(T), -7));
+        auto s = cuda::upload(scores);
+        auto wd = cuda::upload(w), vd = cuda::upload(vis);
+        auto tmp = cuda::upload(std::vector<int32_t>(static_cast<size_t>(T * k), -7));
+        auto out = cuda::upload(std::vector<int32_t>(static_cast<size_t>(T * k), -7));
+        auto cnt = cuda::upload(std::vector<int32_t>(static_cast<size_t>(T), -7));
         cuda::topk_rows_fast(s.ptr, T, stride, wd.ptr, vd.ptr, k, asc, tmp.ptr, out.ptr, cnt.ptr);
         auto o = host(out.ptr, static_cast<size_t>(T * k));
         auto c = host(cnt.ptr, static_cast<size_t>(T));
@@ -384,8 +384,8 @@ TEST(CudaAttnFast, CandidateBlocksSameMask) {
     for (auto [T, N] : {std::pair<int64_t, int64_t>{8, 131072}, {1024, 65536}}) {
         std::vector<int64_t> width(static_cast<size_t>(T), N), visible(static_cast<size_t>(T));
         for (int64_t t = 0; t < T; ++t) visible[static_cast<size_t>(t)] = N - (t * 13) % 4096;
-        auto s = CudaBackend::upload(tied_scores(T, N, visible, 77));
-        auto wd = CudaBackend::upload(width), vd = CudaBackend::upload(visible);
+        auto s = cuda::upload(tied_scores(T, N, visible, 77));
+        auto wd = cuda::upload(width), vd = cuda::upload(visible);
         const int64_t nb = (N + bs - 1) / bs;
         auto bscore = cuda::device_alloc(sizeof(float) * T * nb), bsel = cuda::device_alloc(sizeof(int32_t) * T * nb);
         const int64_t ms = cuda::candidate_mask_stride(N, bs);  // a bit per block
@@ -444,9 +444,9 @@ TEST(CudaAttnFast, RouteSameSelectionAndWeights) {
     for (size_t i = 0; i < tid2eid.size(); ++i) tid2eid[i] = static_cast<int64_t>((i * 7919) % E);
     std::vector<int32_t> ids(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) ids[static_cast<size_t>(t)] = static_cast<int32_t>((t * 31) % 1000);
-    auto ld = CudaBackend::upload(logits), bd = CudaBackend::upload(bias);
-    auto hd = CudaBackend::upload(tid2eid);
-    auto idd = CudaBackend::upload(ids);
+    auto ld = cuda::upload(logits), bd = cuda::upload(bias);
+    auto hd = cuda::upload(tid2eid);
+    auto idd = cuda::upload(ids);
     auto sf = cuda::device_alloc(sizeof(int32_t) * T * K), se = cuda::device_alloc(sizeof(int32_t) * T * K);
     auto wf = cuda::device_alloc(sizeof(float) * T * K), we = cuda::device_alloc(sizeof(float) * T * K);
     struct Case {
@@ -503,9 +503,9 @@ TEST(CudaAttnFast, CompressorBatchSameAsSequential) {
             for (auto& x : v) x = round_bf16(n(g));
             return v;
         };
-        auto kv = CudaBackend::upload(rnd(static_cast<size_t>(T) * width));
-        auto score = CudaBackend::upload(rnd(static_cast<size_t>(T) * width));
-        auto ape = CudaBackend::upload(rnd(static_cast<size_t>(ratio) * width));
+        auto kv = cuda::upload(rnd(static_cast<size_t>(T) * width));
+        auto score = cuda::upload(rnd(static_cast<size_t>(T) * width));
+        auto ape = cuda::upload(rnd(static_cast<size_t>(ratio) * width));
         auto carries = rnd(seqs.size() * carry);
         // Emissions and snapshot slots in sequence order.
         std::vector<int64_t> meta;
@@ -526,7 +526,7 @@ TEST(CudaAttnFast, CompressorBatchSameAsSequential) {
             int64_t count = 0;
             for (auto& q : seqs)
                 for (int i = 0; i < q.n; ++i) count += (q.start + i + 1) % page_tokens == 0;
-            area = CudaBackend::empty(DType::F32, {std::max<int64_t>(count, 1), carry});
+            area = cuda::empty(DType::F32, {std::max<int64_t>(count, 1), carry});
             std::vector<float*> ptrs;
             int64_t k = 0;
             for (auto& q : seqs)
@@ -535,14 +535,14 @@ TEST(CudaAttnFast, CompressorBatchSameAsSequential) {
             return ptrs;
         };
         Tensor area_e, area_f, area_p;
-        auto snap_e = CudaBackend::upload(snap_area(area_e)), snap_f = CudaBackend::upload(snap_area(area_f));
+        auto snap_e = cuda::upload(snap_area(area_e)), snap_f = cuda::upload(snap_area(area_f));
         const std::vector<float*> snap_p = snap_area(area_p);
-        Tensor pooled_e = CudaBackend::empty(DType::F32, {std::max(emits, 1), d});
-        Tensor pooled_f = CudaBackend::empty(DType::F32, {std::max(emits, 1), d});
-        Tensor pooled_p = CudaBackend::empty(DType::F32, {std::max(emits, 1), d});
-        auto state_e = CudaBackend::upload(carries), state_f = CudaBackend::upload(carries);
-        auto state_p = CudaBackend::upload(carries);
-        auto meta_d = CudaBackend::upload(meta);
+        Tensor pooled_e = cuda::empty(DType::F32, {std::max(emits, 1), d});
+        Tensor pooled_f = cuda::empty(DType::F32, {std::max(emits, 1), d});
+        Tensor pooled_p = cuda::empty(DType::F32, {std::max(emits, 1), d});
+        auto state_e = cuda::upload(carries), state_f = cuda::upload(carries);
+        auto state_p = cuda::upload(carries);
+        auto meta_d = cuda::upload(meta);
         cuda::CompressorArgs base;
         base.kv = kv.ptr;
         base.score = score.ptr;
@@ -574,8 +574,8 @@ TEST(CudaAttnFast, CompressorBatchSameAsSequential) {
         // The parallel form (prefill), from the host's jobs.
         const cuda::CompressorJobs jobs =
             cuda::compressor_jobs(meta.data(), static_cast<int>(seqs.size()), ratio, snap_p.data());
-        auto emit_d = CudaBackend::upload(jobs.emit), carry_d = CudaBackend::upload(jobs.carry);
-        auto dest_d = CudaBackend::upload(jobs.dest);
+        auto emit_d = cuda::upload(jobs.emit), carry_d = cuda::upload(jobs.carry);
+        auto dest_d = cuda::upload(jobs.dest);
         auto run_parallel = [&] {
             cuda::CompressorArgs a = base;
             a.state = state_p.ptr;
@@ -616,17 +616,17 @@ TEST(CudaAttnFast, HcMixesSplitMatchesExact) {
     std::vector<float> fn(static_cast<size_t>(n_mix) * W), base(n_mix), scale = {0.5f, 0.7f, 0.9f};
     for (auto& x : fn) x = n(g) * 0.01f;
     for (auto& x : base) x = n(g) * 0.1f;
-    auto fd = CudaBackend::upload(fn), bd = CudaBackend::upload(base), sd = CudaBackend::upload(scale);
+    auto fd = cuda::upload(fn), bd = cuda::upload(base), sd = cuda::upload(scale);
     for (int64_t T : {8, 1023, 1025, 4096}) {  // partial 32-token tiles, and column splits from 264 down to 3
         std::vector<float> h(static_cast<size_t>(T) * W);
         for (auto& x : h) x = round_bf16(n(g));
-        auto hd = CudaBackend::upload(h);
+        auto hd = cuda::upload(h);
         Tensor out[2][3];
         float ms[2];
         for (int k = 0; k < 2; ++k) {
-            out[k][0] = CudaBackend::empty(DType::F32, {T, hc});
-            out[k][1] = CudaBackend::empty(DType::F32, {T, hc});
-            out[k][2] = CudaBackend::empty(DType::F32, {T, hc * hc});
+            out[k][0] = cuda::empty(DType::F32, {T, hc});
+            out[k][1] = cuda::empty(DType::F32, {T, hc});
+            out[k][2] = cuda::empty(DType::F32, {T, hc * hc});
             ms[k] = peregrine::test::device_ms([&] {
                 (k == 0 ? cuda::hc_mixes_fast : cuda::hc_mixes)(hd.ptr, T, hc, D, fd.ptr, n_mix, bd.ptr, sd.ptr, 1e-6f,
                                                                 1e-6f, iters, 0, out[k][0].f32(), out[k][1].f32(),
@@ -636,7 +636,7 @@ TEST(CudaAttnFast, HcMixesSplitMatchesExact) {
         float worst = 0.0f;
         int64_t equal = 0, total = 0;
         for (int i = 0; i < 3; ++i) {
-            auto a = CudaBackend::to_host(out[0][i]), b = CudaBackend::to_host(out[1][i]);
+            auto a = cuda::to_host(out[0][i]), b = cuda::to_host(out[1][i]);
             for (int64_t e = 0; e < a.numel(); ++e) {
                 const float x = a.f32()[e], y = b.f32()[e];
                 equal += x == y;
@@ -664,9 +664,9 @@ TEST(CudaAttnFast, HcExpandVectorisedSameOutput) {
         for (auto& x : res) x = round_bf16(n(g));
         for (auto& x : post) x = 2.0f / (1.0f + std::exp(-n(g)));
         for (auto& x : comb) x = std::fabs(n(g)) * 0.25f;
-        auto yd = CudaBackend::upload(y), rd = CudaBackend::upload(res), pd = CudaBackend::upload(post),
-             cd = CudaBackend::upload(comb);
-        Tensor of = CudaBackend::empty(DType::F32, {T, hc, D}), oe = CudaBackend::empty(DType::F32, {T, hc, D});
+        auto yd = cuda::upload(y), rd = cuda::upload(res), pd = cuda::upload(post),
+             cd = cuda::upload(comb);
+        Tensor of = cuda::empty(DType::F32, {T, hc, D}), oe = cuda::empty(DType::F32, {T, hc, D});
         const float ms_fast = peregrine::test::device_ms(
             [&] { cuda::hc_expand_fast(yd.ptr, rd.ptr, pd.ptr, cd.ptr, T, hc, D, of.f32()); });
         const float ms_exact =
@@ -702,9 +702,9 @@ TEST(CudaAttnFast, SparseAttentionWarpSoftmaxSameOutput) {
             qdq_fp8(kv.data() + r * Dh, Dh, 32);
             qdq_fp4_e4m3(lat.data() + r * Dh, Dh, 16);
         }
-        auto qd = CudaBackend::upload(q), sd = CudaBackend::upload(sink);
-        auto wd = CudaBackend::upload(peregrine::test::pack_entries(kv, nk, wf));
-        auto cd = CudaBackend::upload(peregrine::test::pack_entries(lat, nk, cf));
+        auto qd = cuda::upload(q), sd = cuda::upload(sink);
+        auto wd = cuda::upload(peregrine::test::pack_entries(kv, nk, wf));
+        auto cd = cuda::upload(peregrine::test::pack_entries(lat, nk, cf));
         std::vector<const uint8_t*> keys(static_cast<size_t>(T * maxk), nullptr);
         std::vector<int32_t> cnt(static_cast<size_t>(T)), nwin(static_cast<size_t>(T));
         for (int64_t t = 0; t < T; ++t) {
@@ -717,8 +717,8 @@ TEST(CudaAttnFast, SparseAttentionWarpSoftmaxSameOutput) {
                                                                                              : cd.ptr + e * cf.bytes;
             }
         }
-        auto keys_d = CudaBackend::upload(keys);
-        auto cnt_d = CudaBackend::upload(cnt), nwin_d = CudaBackend::upload(nwin);
+        auto keys_d = cuda::upload(keys);
+        auto cnt_d = cuda::upload(cnt), nwin_d = cuda::upload(nwin);
         cuda::KeyRefs kr;
         kr.keys = keys_d.ptr;
         kr.nkeys = cnt_d.ptr;
@@ -726,7 +726,7 @@ TEST(CudaAttnFast, SparseAttentionWarpSoftmaxSameOutput) {
         kr.maxk = maxk;
         kr.win = wf;
         kr.comp = cf;
-        Tensor of = CudaBackend::empty(DType::F32, {T, H, Dh}), oe = CudaBackend::empty(DType::F32, {T, H, Dh});
+        Tensor of = cuda::empty(DType::F32, {T, H, Dh}), oe = cuda::empty(DType::F32, {T, H, Dh});
         const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
         const float ms_fast = peregrine::test::device_ms([&] {
             cuda::sparse_attention(qd.ptr, T, H, Dh, scale, sd.ptr, kr, of.f32(), true);
@@ -761,15 +761,15 @@ TEST(CudaAttnFast, RopeQdqSameAsTwoKernels) {
     std::normal_distribution<float> n01(0.0f, 1.0f);
     std::vector<float> freqs(256);
     for (size_t k = 0; k < freqs.size(); ++k) freqs[k] = std::pow(10000.0f, -static_cast<float>(k) / 128.0f);
-    auto fd = CudaBackend::upload(freqs);
+    auto fd = cuda::upload(freqs);
     for (const Case& c : cases) {
         const int64_t width = static_cast<int64_t>(c.heads) * c.hs;
         std::vector<float> x(static_cast<size_t>(c.rows * width));
         for (auto& v : x) v = round_bf16(n01(g) * std::ldexp(1.0f, static_cast<int>(g() % 12) - 6));
         std::vector<int64_t> pos(static_cast<size_t>(c.rows));
         for (auto& p : pos) p = static_cast<int64_t>(g() % 131072);
-        auto pd = CudaBackend::upload(pos);
-        auto a = CudaBackend::upload(x), b = CudaBackend::upload(x);
+        auto pd = cuda::upload(pos);
+        auto a = cuda::upload(x), b = cuda::upload(x);
         cuda::rope(a.ptr, c.rows, c.heads, width, c.hs, c.hs - c.rd, pd.ptr, fd.ptr, c.rd, false);
         cuda::qdq_rows(a.ptr, static_cast<int64_t>(c.rows) * c.heads, c.hs, c.n, c.block, c.kind);
         cuda::rope_qdq(b.ptr, c.rows, c.heads, width, c.hs, c.hs - c.rd, pd.ptr, fd.ptr, c.rd, false, c.n, c.block,

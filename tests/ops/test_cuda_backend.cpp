@@ -76,8 +76,8 @@ Loaded load(const std::string& fx) {
 }
 
 using cuda::CudaBackend;
-Tensor H(const Tensor& t) { return t.device() == Device::CUDA ? CudaBackend::to_host(t) : t; }
-Tensor D(const Tensor& t) { return CudaBackend::to_device(t); }
+Tensor H(const Tensor& t) { return t.device() == Device::CUDA ? cuda::to_host(t) : t; }
+Tensor D(const Tensor& t) { return cuda::to_device(t); }
 
 class CudaOps : public ::testing::TestWithParam<const char*> {};
 
@@ -449,14 +449,14 @@ TEST(CudaTopK, MatchesStableSortOnTies) {
     std::vector<int64_t> w(widths, widths + T), vis(w);
     vis[3] = 500;  // entries at or beyond `visible` come back as -1
     for (bool asc : {false, true}) {
-        auto s = CudaBackend::upload(scores);
-        auto wd = CudaBackend::upload(w), vd = CudaBackend::upload(vis);
-        auto tmp = CudaBackend::upload(std::vector<int32_t>(static_cast<size_t>(T * k), -7));
-        auto out = CudaBackend::upload(std::vector<int32_t>(static_cast<size_t>(T * k), -7));
-        auto cnt = CudaBackend::upload(std::vector<int32_t>(static_cast<size_t>(T), -7));
+        auto s = cuda::upload(scores);
+        auto wd = cuda::upload(w), vd = cuda::upload(vis);
+        auto tmp = cuda::upload(std::vector<int32_t>(static_cast<size_t>(T * k), -7));
+        auto out = cuda::upload(std::vector<int32_t>(static_cast<size_t>(T * k), -7));
+        auto cnt = cuda::upload(std::vector<int32_t>(static_cast<size_t>(T), -7));
         cuda::topk_rows(s.ptr, T, stride, wd.ptr, vd.ptr, k, asc, tmp.ptr, out.ptr, cnt.ptr);
-        Tensor o = CudaBackend::to_host(Tensor::view(DType::I32, {T, k}, out.ptr, Device::CUDA));
-        Tensor c = CudaBackend::to_host(Tensor::view(DType::I32, {T}, cnt.ptr, Device::CUDA));
+        Tensor o = cuda::to_host(Tensor::view(DType::I32, {T, k}, out.ptr, Device::CUDA));
+        Tensor c = cuda::to_host(Tensor::view(DType::I32, {T}, cnt.ptr, Device::CUDA));
         for (int t = 0; t < T; ++t) {
             auto ref = cpu::topk_desc(scores.data() + t * stride, static_cast<int>(w[static_cast<size_t>(t)]), k);
             if (asc) std::sort(ref.begin(), ref.end());

@@ -707,16 +707,16 @@ TEST(CudaGemm, BackendFastDispatchMatchesExact) {
     const int64_t T = 128;
     const BlockWeight& b = w.layers.at(1);
     uint64_t seed = 4242;
-    auto host = [](const Tensor& t) { return CudaBackend::to_host(t); };
+    auto host = [](const Tensor& t) { return cuda::to_host(t); };
     auto vec = [](const Tensor& t) { return std::vector<float>(t.f32(), t.f32() + t.numel()); };
     for (auto [name, lw] : std::vector<std::pair<std::string, const LinearWeight*>>{
              {"wq_a", &b.attn.wq_a}, {"wq_b", &b.attn.wq_b}, {"wo_b", &b.attn.wo_b}, {"gate", &b.ffn.gate}}) {
-        Tensor x = CudaBackend::empty(DType::F32, {T, lw->in});
+        Tensor x = cuda::empty(DType::F32, {T, lw->in});
         fill_random_bf16(x.f32(), x.numel(), seed++);
         compare(vec(host(fast.linear(x, *lw))), vec(host(exact.linear(x, *lw))), lw->kind != LinearWeight::Kind::F32,
                 "backend " + name + " T=128");
     }
-    Tensor x = CudaBackend::empty(DType::F32, {T, cfg.dim});
+    Tensor x = cuda::empty(DType::F32, {T, cfg.dim});
     fill_random_bf16(x.f32(), x.numel(), seed++);
     std::vector<int32_t> ids(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) ids[static_cast<size_t>(t)] = static_cast<int32_t>((t * 37 + 11) % cfg.vocab_size);

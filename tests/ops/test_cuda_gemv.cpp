@@ -3,13 +3,15 @@
 // expert loads, the grouped wo_a). Outputs may differ only by the fp32 summation order before the same bf16
 // rounding: |d| <= 1e-2 |ref| + 1e-5 max|ref|, and bf16 outputs mostly bit-equal. At M = 8 each case also
 // prints the achieved weight bandwidth. Lines starting with "PARITY" are collected by tools/gpu/check.sh.
-// VariantsAtDecodeShapes (at the end) checks and times every variant (kernels.h: 1, 3 .. 8) at rows 1..32.
+// VariantsAtDecodeShapes (at the end) checks and times every GEMV kernel (kernels.h GemvKernel) at rows 1..32.
 #include "util/switches.h"
 #include "cuda_test_util.h"
 #include "ops/backend.h"
 #include "ops/cuda/kernels.h"
 
 #include <cuda_runtime.h>
+
+#include <optional>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -244,19 +246,21 @@ Routing make_routing(const std::vector<int32_t>& sel, int E, unsigned max_tiles 
     return rt;
 }
 
-// GEMV variants checked and timed in one run: the defaults (0, no tag: each format's default variant, the
-// streaming kernels for bf16/FP8/FP4) and the CUDA-core kernel everywhere ("[v1]", where it differs).
-const int kVariants[] = {0, 1};
-bool variant_applies(int v, const LinearDev& l) { return v != 1 || linear_gemv_mma_supported(l); }
-std::string variant_tag(int v) { return v == 0 ? "" : " [v1]"; }
-struct VariantScope {  // every format's variant set to v (0: left at the defaults), restored afterwards
-    int before[4];
-    explicit VariantScope(int v) {
-        for (int f = 0; f < 4; ++f) before[f] = linear_gemv_variant(f);
-        if (v != 0) linear_gemv_set_variant(v);
+// GEMV kernels checked and timed in one run: the defaults (null, no tag: each format's default kernel, the
+// streaming kernels for bf16/FP8/FP4) and the CUDA-core kernel everywhere ("[cuda-cores]", where it differs).
+const std::optional<GemvKernel> kVariants[] = {std::nullopt, GemvKernel::cuda_cores};
+bool variant_applies(std::optional<GemvKernel> k, const LinearDev& l) { return !k || linear_gemv_mma_supported(l); }
+std::string variant_tag(std::optional<GemvKernel> k) {
+    return k ? std::string(" [") + gemv_kernel_name(*k) + "]" : "";
+}
+struct VariantScope {  // every format's kernel set to k (null: left at the defaults), restored afterwards
+    GemvKernel before[4];
+    explicit VariantScope(std::optional<GemvKernel> k) {
+        for (int f = 0; f < 4; ++f) before[f] = linear_gemv_kernel(f);
+        if (k) linear_gemv_set_kernel(*k);
     }
     ~VariantScope() {
-        for (int f = 0; f < 4; ++f) linear_gemv_set_variant(f, before[f]);
+        for (int f = 0; f < 4; ++f) linear_gemv_set_kernel(f, before[f]);
     }
 };
 
@@ -319,7 +323,7 @@ TEST(CudaGemv, DenseMatchesExactAtRealShapes) {
             const size_t n = static_cast<size_t>(M) * s.out;
             Buf yf(n * sizeof(float)), ye(n * sizeof(float));
             linear_tiled(a.xp, a.sp, M, l, ye.as<float>(), nullptr, nullptr);
-            for (int v : kVariants) {
+            for (std::optional<GemvKernel> v : kVariants) {
                 if (!variant_applies(v, l)) continue;
                 VariantScope scope(v);
                 CK(cudaMemset(yf.p, 0xff, n * sizeof(float)));  // NaN: an output left unwritten fails
@@ -464,7 +468,7 @@ void check_routed(const Shape& s, int E, int distinct, int top_k, uint64_t seed)
             const size_t n = static_cast<size_t>(pairs) * s.out;
             Buf yf(n * sizeof(float)), ye(n * sizeof(float));
             linear_tiled(a.xp, a.sp, pairs, l, ye.as<float>(), &ex, &rt.r);
-            for (int v : kVariants) {
+            for (std::optional<GemvKernel> v : kVariants) {
                 if (!variant_applies(v, l)) continue;
                 VariantScope scope(v);
                 CK(cudaMemset(yf.p, 0xff, n * sizeof(float)));
@@ -630,25 +634,28 @@ struct Total {
     size_t bad = 0, checks = 0;
 };
 
-// Runs one (shape, rows) case for every variant: `call(v, fused, yf)` runs variant v (1, 3 .. 8) once;
-// `quant()` is act_quant (for "3+q"); `use(i)` selects weight copy / expert set i (0: the one `exact` was
-// computed with); bytes per call.
-using CallFn = std::function<void(int v, bool fused, float* y)>;
+// Runs one (shape, rows) case for every GEMV kernel: `call(k, fused, yf)` runs kernel k once; `quant()` is act_quant
+// (for "mma-sync+q"); `use(i)` selects weight copy / expert set i (0: the one `exact` was computed with); bytes per
+// call.
+using CallFn = std::function<void(GemvKernel k, bool fused, float* y)>;
 void sweep_case(const SweepShape& sh, int rows, bool scaled, bool routed, const std::vector<float>& exact, size_t n,
                 const CallFn& call, const std::function<void()>& quant, const std::function<void(int)>& use,
                 double bytes, std::map<std::string, Total>& totals) {
     Buf yf(n * sizeof(float));
-    std::vector<std::pair<std::string, std::pair<int, bool>>> variants = {{"1", {1, false}}};
+    using K = GemvKernel;
+    std::vector<std::pair<std::string, std::pair<K, bool>>> variants = {{"cuda-cores", {K::cuda_cores, false}}};
     if (scaled) {
-        variants.push_back({"3", {3, false}});
-        variants.push_back({"3+q", {3, false}});
+        variants.push_back({"mma-sync", {K::mma_sync, false}});
+        variants.push_back({"mma-sync+q", {K::mma_sync, false}});
     }
-    for (int v : {4, 5, 6, 7, 8, 9, 10}) {
-        if (v >= 7 && !routed) continue;  // dense calls: the same as 4 and 5 (9, 10: FP4 with 12, 16 warps, else 5)
-        variants.push_back({std::to_string(v), {v, false}});
-        if (scaled) variants.push_back({std::to_string(v) + "f", {v, true}});
+    for (K k : {K::stream_128x6, K::stream_256x4, K::stream_128x4_2ctas, K::persistent_128x6, K::persistent_256x4,
+                K::fp4_12warps, K::fp4_16warps}) {
+        // Dense calls: the persistent kernels are their streaming forms (and the FP4 ones stream_256x4 elsewhere).
+        if (k >= K::persistent_128x6 && !routed) continue;
+        variants.push_back({gemv_kernel_name(k), {k, false}});
+        if (scaled) variants.push_back({std::string(gemv_kernel_name(k)) + "+fused", {k, true}});
     }
-    std::map<int, std::vector<float>> unfused;
+    std::map<K, std::vector<float>> unfused;
     for (const auto& [tag, vf] : variants) {
         const auto [v, fused] = vf;
         ASSERT_EQ(cudaMemset(yf.p, 0xff, n * sizeof(float)), cudaSuccess);  // NaN: an unwritten output fails
@@ -660,7 +667,8 @@ void sweep_case(const SweepShape& sh, int rows, bool scaled, bool routed, const 
         EXPECT_EQ(d.bad, 0u) << sh.name << " rows=" << rows << " variant=" << tag << ": " << d.bad << " of " << n
                              << " outputs beyond one bf16 ulp, max|d| " << d.max_abs;
         std::string same;
-        if (v >= 4 && !routed && rows >= 3) {  // dense calls of 3+ rows copy their staged activations: same bits
+        // Dense calls of 3+ rows copy their staged activations: the same bits.
+        if (gemv_kernel_streams(v) && !routed && rows >= 3) {
             const int before = linear_gemv_set_image_rows(0);
             ASSERT_EQ(cudaMemset(yf.p, 0xff, n * sizeof(float)), cudaSuccess);
             call(v, fused, yf.as<float>());
@@ -671,14 +679,14 @@ void sweep_case(const SweepShape& sh, int rows, bool scaled, bool routed, const 
                             << ": staged image differs from CTA staging";
             same = eq ? " image==staged" : " IMAGE!=STAGED";
         }
-        if (v >= 4 && !fused) unfused[v] = got;
-        if (v >= 4 && fused) {
+        if (gemv_kernel_streams(v) && !fused) unfused[v] = got;
+        if (gemv_kernel_streams(v) && fused) {
             const bool eq = std::memcmp(got.data(), unfused[v].data(), n * sizeof(float)) == 0;
-            EXPECT_TRUE(eq) << sh.name << " rows=" << rows << ": variant " << v
+            EXPECT_TRUE(eq) << sh.name << " rows=" << rows << ": kernel " << gemv_kernel_name(v)
                             << " fused differs from quantise-then-GEMV";
             same += eq ? " fused==unfused" : " FUSED!=UNFUSED";
         }
-        const bool with_quant = tag == "3+q";
+        const bool with_quant = tag == "mma-sync+q";
         int i = 0;
         const double ms = peregrine::test::device_ms(
             [&] {
@@ -755,11 +763,11 @@ void sweep_dense(const SweepShape& sh, uint64_t seed, std::map<std::string, Tota
         int cur = 0;
         Buf xq(static_cast<size_t>(rows) * s.in * sizeof(float)),
             xs(static_cast<size_t>(rows) * (s.in / 32 + 1) * sizeof(float));
-        auto call = [&](int v, bool fused, float* y) {
+        auto call = [&](GemvKernel v, bool fused, float* y) {
             LinearDev lc = l;
             lc.w = ws[cur].w->p;
             lc.scale = ws[cur].scale ? ws[cur].scale->as<uint8_t>() : nullptr;
-            if (v >= 4) {
+            if (gemv_kernel_streams(v)) {
                 linear_gemv_stream(v, fused ? a.x->as<float>() : a.xp, fused ? nullptr : a.sp, rows, lc, y, nullptr,
                                    nullptr);
             } else {
@@ -840,8 +848,8 @@ void sweep_routed(const SweepShape& sh, int E, int top_k, int mode, uint64_t see
         int cur = 0;
         Buf xq(static_cast<size_t>(pairs) * s.in * sizeof(float)),
             xs(static_cast<size_t>(pairs) * (s.in / 32 + 1) * sizeof(float));
-        auto call = [&](int v, bool fused, float* y) {
-            if (v >= 4) {
+        auto call = [&](GemvKernel v, bool fused, float* y) {
+            if (gemv_kernel_streams(v)) {
                 linear_gemv_stream(v, fused ? a.x->as<float>() : a.xp, fused ? nullptr : a.sp, pairs, l, y, &et,
                                    &rts[cur].r);
             } else {

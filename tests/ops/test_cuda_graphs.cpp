@@ -241,7 +241,7 @@ void compare_deferred(const char* fx, int n_seqs) {
                 ++deferred_tokens;
             }
         }
-        Tensor ah = cuda::CudaBackend::to_host(a), bh = cuda::CudaBackend::to_host(b);
+        Tensor ah = cuda::to_host(a), bh = cuda::to_host(b);
         const bool same = ah.numel() == bh.numel() &&
                           std::memcmp(ah.f32(), bh.f32(), sizeof(float) * static_cast<size_t>(ah.numel())) == 0;
         same_steps += same;

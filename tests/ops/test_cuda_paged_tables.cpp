@@ -183,7 +183,7 @@ void check_window_rows(const Model4& m, Step& st, const cuda::PagedSeqs& paged, 
     }
     EXPECT_EQ(bad, 0) << what << ": window row slots that miss their entry";
     const int64_t ns = static_cast<int64_t>(sample_entries.size());
-    auto sd = CudaBackend::upload(sample_entries);
+    auto sd = cuda::upload(sample_entries);
     auto want_d = cuda::device_alloc(static_cast<size_t>(std::max<int64_t>(ns, 1) * rb));
     cuda::gather_keys_bf16(sd.ptr, ns, sec.format, static_cast<uint16_t*>(want_d.get()));
     const auto want = host(static_cast<const uint16_t*>(want_d.get()), static_cast<size_t>(ns * dim));
@@ -275,7 +275,7 @@ void timing(const Model4& m, Step& st, const std::string& what) {
         std::vector<const uint8_t*> hw;
         std::vector<int32_t> hn;
         host_window_table(m.layout, st.batch, L.window, W, true, hw, hn);
-        auto a = CudaBackend::upload(k.table), b = CudaBackend::upload(c.table), d = CudaBackend::upload(hw);
+        auto a = cuda::upload(k.table), b = cuda::upload(c.table), d = cuda::upload(hw);
         cudaDeviceSynchronize();
     });
     const double ms_upload = host_ms([&] {
@@ -313,13 +313,13 @@ void check_pipeline(const Model4& m, Step& st, const std::string& what) {
         visible[static_cast<size_t>(t)] = (rows[static_cast<size_t>(t)].pos + 1) / ratio;
         stride = std::max(stride, width[static_cast<size_t>(t)]);
     }
-    auto wd = CudaBackend::upload(width), vd = CudaBackend::upload(visible);
-    auto q = CudaBackend::upload(fp4_rows(static_cast<int64_t>(T) * nh, hd, 41));
+    auto wd = cuda::upload(width), vd = cuda::upload(visible);
+    auto q = cuda::upload(fp4_rows(static_cast<int64_t>(T) * nh, hd, 41));
     std::vector<float> wh(static_cast<size_t>(T) * nh);
     std::mt19937_64 g(43);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (auto& x : wh) x = round_bf16(nd(g) * 0.01f);
-    auto wts = CudaBackend::upload(wh);
+    auto wts = cuda::upload(wh);
 
     // Tables both ways.
     HostTable hk = host_entry_table(m.layout, batch, KL.index_k, ratio),
@@ -327,18 +327,18 @@ void check_pipeline(const Model4& m, Step& st, const std::string& what) {
     std::vector<const uint8_t*> hw;
     std::vector<int32_t> hn;
     host_window_table(m.layout, batch, L.window, W, true, hw, hn);
-    auto hk_d = CudaBackend::upload(hk.table), hc_d = CudaBackend::upload(hc.table), hw_d = CudaBackend::upload(hw);
-    auto hkb = CudaBackend::upload(hk.rowbase), hcb = CudaBackend::upload(hc.rowbase);
-    auto hn_d = CudaBackend::upload(hn);
+    auto hk_d = cuda::upload(hk.table), hc_d = cuda::upload(hc.table), hw_d = cuda::upload(hw);
+    auto hkb = cuda::upload(hk.rowbase), hcb = cuda::upload(hc.rowbase);
+    auto hn_d = cuda::upload(hn);
     auto paged = cuda::upload_paged_step(m.layout, batch);
     std::vector<int64_t> dkr, dcr;
     auto dk = cuda::device_entry_table(paged.seqs, batch, KL.index_k, ratio, dkr);
     auto dc = cuda::device_entry_table(paged.seqs, batch, CL.comp, ratio, dcr);
     auto dw = cuda::device_window_table(paged.seqs, L.window, T, W, true);
-    auto dkb = CudaBackend::upload(dkr), dcb = CudaBackend::upload(dcr);
+    auto dkb = cuda::upload(dkr), dcb = cuda::upload(dcr);
 
     // Scores (streamed), and the bf16 key gather of the tensor-core scorer.
-    Tensor sh = CudaBackend::empty(DType::F32, {T, stride}), sd = CudaBackend::empty(DType::F32, {T, stride});
+    Tensor sh = cuda::empty(DType::F32, {T, stride}), sd = cuda::empty(DType::F32, {T, stride});
     const EntryFormat& kf = KL.index_k.format;
     cuda::index_scores_stream(q.ptr, wts.ptr, nullptr, T, nh, hd, wd.ptr, vd.ptr, hkb.ptr, hk_d.ptr, kf, stride,
                               sh.f32());
@@ -393,8 +393,8 @@ void check_pipeline(const Model4& m, Step& st, const std::string& what) {
     std::vector<float> qa(static_cast<size_t>(T) * H * D), sink(static_cast<size_t>(H));
     for (auto& x : qa) x = round_bf16(nd(g));
     for (auto& x : sink) x = nd(g);
-    auto qd = CudaBackend::upload(qa), skd = CudaBackend::upload(sink);
-    Tensor oh = CudaBackend::empty(DType::F32, {T, H, D}), od = CudaBackend::empty(DType::F32, {T, H, D});
+    auto qd = cuda::upload(qa), skd = cuda::upload(sink);
+    Tensor oh = cuda::empty(DType::F32, {T, H, D}), od = cuda::empty(DType::F32, {T, H, D});
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     cuda::KeyRefs rh, rd;
     rh.keys = static_cast<const uint8_t* const*>(kh.get());
@@ -436,7 +436,7 @@ void check_store(const Model4& m, Step& st, const std::string& what) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (auto& x : src) x = round_bf16(nd(g) * std::ldexp(1.0f, static_cast<int>(g() % 40) - 20));
     for (int64_t t = 0; t < T; ++t) qdq_fp8(src.data() + t * width, width, m.cfg.act_block);
-    auto sd = CudaBackend::upload(src);
+    auto sd = cuda::upload(src);
     auto paged = cuda::upload_paged_step(m.layout, st.batch);
     (void)cuda::state_encode_failures();
     cuda::paged_store_entries(sd.ptr, T, f, paged.seqs, cuda::paged_section(sec));
@@ -456,9 +456,9 @@ void check_store(const Model4& m, Step& st, const std::string& what) {
     {
         std::vector<float> raw(static_cast<size_t>(width), 1.0f);
         raw[3] = 1.0078125f;
-        auto rd = CudaBackend::upload(raw);
+        auto rd = cuda::upload(raw);
         auto scratch = cuda::device_alloc(static_cast<size_t>(f.bytes));
-        auto dst = CudaBackend::upload(std::vector<uint8_t*>{static_cast<uint8_t*>(scratch.get())});
+        auto dst = cuda::upload(std::vector<uint8_t*>{static_cast<uint8_t*>(scratch.get())});
         cuda::store_entries(rd.ptr, 1, f, dst.ptr);
         EXPECT_EQ(cuda::state_encode_failures(), 1u) << what;
     }
@@ -561,12 +561,12 @@ TEST(CudaPagedTables, EncodersMatchHostBytes) {
                 for (int c = 0; c < f.block; ++c) raw[static_cast<size_t>(f.kind == kEntryFp8 ? c : c / 2)] = 0;
             for (int c = 0; c < f.dim; ++c) x[static_cast<size_t>(r) * f.dim + c] = entry_value(f, raw.data(), c);
         }
-        auto xd = CudaBackend::upload(x);
+        auto xd = cuda::upload(x);
         auto pool = cuda::device_alloc(static_cast<size_t>(rows) * f.bytes);
         std::vector<uint8_t*> dst(static_cast<size_t>(rows));
         for (int r = 0; r < rows; ++r)
             dst[static_cast<size_t>(r)] = static_cast<uint8_t*>(pool.get()) + static_cast<size_t>(r) * f.bytes;
-        auto dd = CudaBackend::upload(dst);
+        auto dd = cuda::upload(dst);
         (void)cuda::state_encode_failures();
         cuda::store_entries(xd.ptr, rows, f, dd.ptr);
         EXPECT_EQ(cuda::state_encode_failures(), 0u) << name;

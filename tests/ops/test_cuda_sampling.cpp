@@ -135,7 +135,7 @@ Compared compare(CudaBackend& gpu, const std::vector<float>& logits, int V, cons
     const int R = static_cast<int>(logits.size() / static_cast<size_t>(V));
     Tensor host = Tensor::zeros(DType::F32, {R, V});
     std::copy(logits.begin(), logits.end(), host.f32());
-    Tensor dev = CudaBackend::to_device(host);
+    Tensor dev = cuda::to_device(host);
     const auto want = sample_rows_host(host.f32(), V, rows);
     std::vector<SampleResult> got;
     for (size_t b = 0; b < rows.size(); b += batch) {
@@ -241,7 +241,7 @@ TEST(CudaSampling, SeededDrawsFollowTheSoftmax) {
     report("one row x 4096 draws", c);
     Tensor host = Tensor::zeros(DType::F32, {R, V});
     std::copy(logits.begin(), logits.end(), host.f32());
-    const auto got = gpu.sampler().sample(CudaBackend::to_device(host), rows);
+    const auto got = gpu.sampler().sample(cuda::to_device(host), rows);
     int hits[3] = {0, 0, 0};
     for (const auto& g : got) hits[g.id == 10 ? 0 : g.id == 500 ? 1 : 2] += 1;
     const double z = std::exp(2.0) + std::exp(1.0) + 1.0;  // the other 997 tokens weigh ~1e-13 each
@@ -257,7 +257,7 @@ TEST(CudaSampling, Timing) {
     const auto logits = make_logits(Rmax, kVocab, 1, 5);
     Tensor host = Tensor::zeros(DType::F32, {Rmax, kVocab});
     std::copy(logits.begin(), logits.end(), host.f32());
-    Tensor dev = CudaBackend::to_device(host);
+    Tensor dev = cuda::to_device(host);
     struct Setting {
         const char* name;
         SamplingParams p;
@@ -273,7 +273,7 @@ TEST(CudaSampling, Timing) {
     settings.back().p.top_p = 0.95f;
     for (int R : {1, 8, 64, 256}) {
         Tensor part = Tensor::view(DType::F32, {R, kVocab}, dev.f32(), Device::CUDA);
-        const double copy_ms = test::device_ms([&] { (void)CudaBackend::to_host_pinned(part); }, 5);
+        const double copy_ms = test::device_ms([&] { (void)cuda::to_host_pinned(part); }, 5);
         std::string line =
             "TIMING sample rows " + std::to_string(R) + ": copy logits to host " + std::to_string(copy_ms) + " ms";
         for (const auto& s : settings) {

@@ -69,8 +69,8 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
     for (auto& x : sink) x = nd(g);
     const std::vector<float> win_rows(kv.begin(), kv.begin() + nk / 2 * Dh),
         comp_rows(kv.begin() + nk / 2 * Dh, kv.end());
-    auto wd = CudaBackend::upload(peregrine::test::pack_entries(win_rows, nk / 2, wf));
-    auto cd = CudaBackend::upload(peregrine::test::pack_entries(comp_rows, nk / 2, cf));
+    auto wd = cuda::upload(peregrine::test::pack_entries(win_rows, nk / 2, wf));
+    auto cd = cuda::upload(peregrine::test::pack_entries(comp_rows, nk / 2, cf));
     // The same entries decoded to bf16 rows (as attention.cpp does for prefill-sized steps): window rows, then
     // compressed rows, 1 KB each.
     auto decoded = cuda::device_alloc(static_cast<size_t>(nk) * Dh * 2);
@@ -81,7 +81,7 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
             wa[static_cast<size_t>(i)] = wd.ptr + i * wf.bytes;
             ca[static_cast<size_t>(i)] = cd.ptr + i * cf.bytes;
         }
-        auto wad = CudaBackend::upload(wa), cad = CudaBackend::upload(ca);
+        auto wad = cuda::upload(wa), cad = cuda::upload(ca);
         cuda::gather_keys_bf16(wad.ptr, nk / 2, wf, reinterpret_cast<uint16_t*>(rows_d));
         cuda::gather_keys_bf16(cad.ptr, nk / 2, cf, reinterpret_cast<uint16_t*>(rows_d + nk / 2 * Dh * 2));
         cudaDeviceSynchronize();
@@ -91,7 +91,7 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
         if (p >= wd.ptr && p < wd.ptr + nk / 2 * wf.bytes) return rows_d + (p - wd.ptr) / wf.bytes * Dh * 2;
         return rows_d + (nk / 2 + (p - cd.ptr) / cf.bytes) * Dh * 2;
     };
-    auto sd = CudaBackend::upload(sink);
+    auto sd = cuda::upload(sink);
     const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
 
     for (int64_t T : sizes) {
@@ -99,7 +99,7 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
         std::vector<float> q(static_cast<size_t>(T * H * Dh));
         for (int64_t i = 0; i < static_cast<int64_t>(q.size()); ++i)
             q[static_cast<size_t>(i)] = round_bf16(nd(g) * static_cast<float>(1 + (i / Dh) % H % 4));
-        auto qd = CudaBackend::upload(q);
+        auto qd = cuda::upload(q);
         // Window keys near the query (shared by neighbours, as in prefill), then scattered compressed keys.
         std::vector<const uint8_t*> keys(static_cast<size_t>(T * maxk), nullptr);
         std::vector<int32_t> cnt(static_cast<size_t>(T)), nwin(static_cast<size_t>(T));
@@ -116,8 +116,8 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
                 key_bytes += masked ? 0 : (j < W ? wf.bytes : cf.bytes);
             }
         }
-        auto keys_d = CudaBackend::upload(keys);
-        auto cnt_d = CudaBackend::upload(cnt), nwin_d = CudaBackend::upload(nwin);
+        auto keys_d = cuda::upload(keys);
+        auto cnt_d = cuda::upload(cnt), nwin_d = cuda::upload(nwin);
         cuda::KeyRefs kr;
         kr.keys = keys_d.ptr;
         kr.nkeys = cnt_d.ptr;
@@ -126,7 +126,7 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
         kr.win = wf;
         kr.comp = cf;
         const size_t n_out = static_cast<size_t>(T * H * Dh);
-        Tensor om = CudaBackend::empty(DType::F32, {T, H, Dh}), oe = CudaBackend::empty(DType::F32, {T, H, Dh});
+        Tensor om = cuda::empty(DType::F32, {T, H, Dh}), oe = cuda::empty(DType::F32, {T, H, Dh});
         const size_t ws_bytes = cuda::sparse_attention_mma_workspace(T, H, Dh, maxk);
         const bool split = ws_bytes > 0;
         auto ws = cuda::device_alloc(ws_bytes);
@@ -139,7 +139,7 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
             cuda::sparse_attention(qd.ptr, T, H, Dh, scale, sd.ptr, kr, oe.f32(), true);
         });
         // CTAs of 16 warps: the same bits as the 8-warp CTAs.
-        Tensor o16 = CudaBackend::empty(DType::F32, {T, H, Dh});
+        Tensor o16 = cuda::empty(DType::F32, {T, H, Dh});
         cuda::sparse_attention_mma_use_warps(16);
         const float ms_16 = peregrine::test::device_ms([&] { run(o16); });
         cuda::sparse_attention_mma_use_warps(0);
@@ -191,8 +191,8 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
         if (!split) {
             std::vector<const uint8_t*> rows(keys.size());
             for (size_t i = 0; i < keys.size(); ++i) rows[i] = row_of(keys[i]);
-            auto rows_k = CudaBackend::upload(rows);
-            Tensor orow = CudaBackend::empty(DType::F32, {T, H, Dh});
+            auto rows_k = cuda::upload(rows);
+            Tensor orow = cuda::empty(DType::F32, {T, H, Dh});
             const float ms_rows = peregrine::test::device_ms([&] {
                 cuda::sparse_attention_rows(qd.ptr, T, H, Dh, scale, sd.ptr, rows_k.ptr, cnt_d.ptr, maxk, orow.f32());
             });

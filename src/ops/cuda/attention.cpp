@@ -31,7 +31,7 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
     const int ratio = cw.ratio, d = cw.head_dim;
     Emitted out;
     if (ratio == 1) {
-        Tensor kv = run_linear(x, cw.wkv);
+        Tensor kv = linear_.run(x, cw.wkv);
         for (auto& s : batch.seqs)
             for (int i = 0; i < s.n_tokens; ++i) {
                 out.rows.push_back(s.row0 + i);
@@ -44,7 +44,7 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
         return out;
     }
     // x is the attention norm's output (bf16 values): the fp32 projections take the bf16 tensor cores.
-    auto [kv, score] = run_linear_pair(x, cw.wkv, cw.wgate, true);
+    auto [kv, score] = linear_.run_pair(x, cw.wkv, cw.wgate, true);
     for (auto& s : batch.seqs)
         for (int i = 0; i < s.n_tokens; ++i)
             if ((s.start_pos + i + 1) % ratio == 0) {
@@ -52,7 +52,7 @@ CudaBackend::Emitted CudaBackend::run_compressor(const CompressorWeight& cw, siz
                 out.group.push_back((s.start_pos + i) / ratio);
             }
     Tensor pooled = empty(DType::F32, {std::max(out.n(), 1), d});
-    const float* ape = cw.ape.empty() ? nullptr : dev_f32(cw.ape);
+    const float* ape = cw.ape.empty() ? nullptr : weights_.f32(cw.ape);
     if (numerics_ == Numerics::Fast) {
         // One launch for every sequence; their carries stay in device memory. The kernel finds sequence s's
         // carry at a signed float offset from the first one's (they are separate allocations).
@@ -154,7 +154,7 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
     if (scratch.decode < 0) begin_decode(batch, scratch);
     if (scratch.decode == 1) return attention_decode(x, w, info, scratch);
     const int T = batch.rows(), H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim, W = cfg_.window_size;
-    const float* freqs = rope_freqs(info);
+    const float* freqs = weights_.rope(info);
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
     auto rows = row_infos(batch);
     std::vector<int64_t> pos_h(static_cast<size_t>(T));
@@ -208,7 +208,7 @@ Tensor CudaBackend::attention(const Tensor& x, const AttentionWeight& w, const A
             auto gp = upload(gpos);
             if (info.owns_index_k) {
                 const IndexerWeight& iw = *w.indexer;
-                Tensor k = rms_norm(run_linear(e.latent, iw.wk), iw.k_norm);
+                Tensor k = rms_norm(linear_.run(e.latent, iw.wk), iw.k_norm);
                 index_rope_qdq(k.f32(), n, 1, gp.ptr, freqs, L.index_k.format);
                 std::vector<uint8_t*> dst(static_cast<size_t>(n));
                 for (int i = 0; i < n; ++i)
@@ -510,10 +510,10 @@ CudaBackend::AttentionInputs CudaBackend::attention_inputs(const Tensor& x, cons
                                                            const AttentionLayerInfo& info, const float* freqs,
                                                            const int64_t* pos, int T) {
     AttentionInputs in;
-    auto [qa, kva] = run_linear_pair(x, w.wq_a, w.wkv);  // one GEMV launch at decode
+    auto [qa, kva] = linear_.run_pair(x, w.wq_a, w.wkv);  // one GEMV launch at decode
     Tensor qr = rms_norm(qa, w.q_norm);
     if (info.ratio > 0 && info.has_indexer) {  // the indexer's queries read qr too: its wq_b rides in the launch
-        auto [qb, ib] = run_linear_pair(qr, w.wq_b, w.indexer->wq_b);
+        auto [qb, ib] = linear_.run_pair(qr, w.wq_b, w.indexer->wq_b);
         in.q = queries_of(qb, freqs, pos, T);
         in.iq = std::move(ib);
     } else {
@@ -526,7 +526,7 @@ CudaBackend::AttentionInputs CudaBackend::attention_inputs(const Tensor& x, cons
 Tensor CudaBackend::index_queries(const Tensor& x, Tensor& iq, const IndexerWeight& iw, const float* freqs,
                                   const int64_t* pos, int T, const EntryFormat& f) {
     const int nh = iw.n_heads, hd = iw.head_dim;
-    Tensor wts = run_linear(x, iw.weights_proj);
+    Tensor wts = linear_.run(x, iw.weights_proj);
     index_rope_qdq(iq.f32(), T, nh, pos, freqs, f);
     scale_round_bf16(wts.f32(), static_cast<int64_t>(T) * nh,
                      static_cast<float>(std::pow(hd, -0.5) * std::pow(nh, -0.5)));
@@ -552,20 +552,20 @@ Tensor CudaBackend::sparse_attend(const Tensor& q, const AttentionWeight& w, con
     Tensor o = empty(DType::F32, {T, H, D});
     const float scale = static_cast<float>(std::pow(D, -0.5));
     if (key_rows) {
-        sparse_attention_rows(q.f32(), T, H, D, scale, dev_f32(w.attn_sink), kr.keys, kr.nkeys, kr.maxk, o.f32());
+        sparse_attention_rows(q.f32(), T, H, D, scale, weights_.f32(w.attn_sink), kr.keys, kr.nkeys, kr.maxk, o.f32());
     } else if (numerics_ == Numerics::Fast && sparse_attention_mma_supported(H, D, kr.win, kr.comp)) {
         // Tensor cores, prefill and decode (few rows split their keys over CTAs, with a scratch for the parts).
         auto ws = device_alloc(sparse_attention_mma_workspace(T, H, D, kr.maxk));
-        sparse_attention_mma(q.f32(), T, H, D, scale, dev_f32(w.attn_sink), kr, o.f32(), ws.get());
+        sparse_attention_mma(q.f32(), T, H, D, scale, weights_.f32(w.attn_sink), kr, o.f32(), ws.get());
     } else {
-        sparse_attention(q.f32(), T, H, D, scale, dev_f32(w.attn_sink), kr, o.f32(), numerics_ == Numerics::Fast);
+        sparse_attention(q.f32(), T, H, D, scale, weights_.f32(w.attn_sink), kr, o.f32(), numerics_ == Numerics::Fast);
     }
     return o;
 }
 
 Tensor CudaBackend::project_queries(const Tensor& qr, const AttentionWeight& w, const float* freqs, const int64_t* pos,
                                     int T) {
-    return queries_of(run_linear(qr, w.wq_b), freqs, pos, T);
+    return queries_of(linear_.run(qr, w.wq_b), freqs, pos, T);
 }
 
 Tensor CudaBackend::queries_of(Tensor q, const float* freqs, const int64_t* pos, int T) {
@@ -577,7 +577,7 @@ Tensor CudaBackend::queries_of(Tensor q, const float* freqs, const int64_t* pos,
 
 Tensor CudaBackend::window_kv(const Tensor& x, const AttentionWeight& w, const float* freqs, const int64_t* pos,
                               int T, const EntryFormat& f) {
-    return window_kv_of(run_linear(x, w.wkv), w, freqs, pos, T, f);
+    return window_kv_of(linear_.run(x, w.wkv), w, freqs, pos, T, f);
 }
 
 Tensor CudaBackend::window_kv_of(const Tensor& projected, const AttentionWeight& w, const float* freqs,
@@ -594,7 +594,7 @@ Tensor CudaBackend::project_output(Tensor& o, const AttentionWeight& w, const fl
     // Grouped low-rank output projection: wo_a per head group (bf16), then wo_b.
     const int G = cfg_.o_groups, R = cfg_.o_lora_rank, GD = H / G * D;
     Tensor oa = empty(DType::F32, {T, static_cast<int64_t>(G) * R});
-    const uint16_t* wo_a = static_cast<const uint16_t*>(dev_raw(w.wo_a.w));
+    const uint16_t* wo_a = static_cast<const uint16_t*>(weights_.raw(w.wo_a.w));
     if (numerics_ == Numerics::Reference) {
         grouped_linear_bf16(o.f32(), T, G, R, GD, wo_a, oa.f32());
     } else if (numerics_ == Numerics::Fast && routing_tile_rows(static_cast<int64_t>(T) * G, G) != 8) {
@@ -602,13 +602,7 @@ Tensor CudaBackend::project_output(Tensor& o, const AttentionWeight& w, const fl
         grouped_linear_cublas(o.f32(), T, G, R, GD, wo_a, oa.f32());
     } else {  // rows (t, g) of length GD through group g's [R, GD] block: a routed GEMM with G "experts"
         const GroupRouting& gr = group_routing(T, G);
-        auto& table = group_tables_[wo_a];
-        if (!table) {
-            std::vector<const void*> ptrs(static_cast<size_t>(2 * G), nullptr);
-            for (int g = 0; g < G; ++g) ptrs[static_cast<size_t>(g)] = wo_a + static_cast<size_t>(g) * R * GD;
-            table = upload(ptrs).keep;
-        }
-        const void* const* tp = static_cast<const void* const*>(table.get());
+        const void* const* tp = weights_.group_table(wo_a, G, R, GD);
         ExpertTable groups{tp, reinterpret_cast<const uint8_t* const*>(tp + G)};
         const int64_t rows = static_cast<int64_t>(T) * G;
         Routed routed;
@@ -620,10 +614,10 @@ Tensor CudaBackend::project_output(Tensor& o, const AttentionWeight& w, const fl
         wg.in = GD;
         wg.w = Tensor::view(DType::BF16, {R, GD}, wo_a, Device::CUDA);
         // o holds bf16 values (as the prefill's bf16 GEMM takes them): the bf16 tensor cores' products are exact.
-        Tensor oa_rows = run_linear(o.reshaped({rows, GD}), wg, &groups, &routed, /*bf16_acts=*/true);
+        Tensor oa_rows = linear_.run(o.reshaped({rows, GD}), wg, &groups, &routed, /*bf16_acts=*/true);
         oa = oa_rows.reshaped({T, static_cast<int64_t>(G) * R});
     }
-    return run_linear(oa, w.wo_b);
+    return linear_.run(oa, w.wo_b);
 }
 
 // Row (t, g) goes to group g: the tile table depends on T alone, so it is built once per T (expert_tiles on the

@@ -107,16 +107,16 @@ CudaBackend::DecodePlan CudaBackend::decode_plan(const PagedSeqs& p, int64_t T, 
 // The compressor over T rows (decode_plan with the compressor's carry offset): row t of the result is the
 // normalised latent row t emits, or zeros where it ends no group.
 Tensor CudaBackend::compress_decode(const CompressorWeight& cw, const Tensor& x, const DecodePlan& plan) {
-    if (cw.ratio == 1) return rms_norm(run_linear(x, cw.wkv), cw.norm);  // every row ends its group; no carry
+    if (cw.ratio == 1) return rms_norm(linear_.run(x, cw.wkv), cw.norm);  // every row ends its group; no carry
     const int64_t T = x.dim(0);
     const int d = cw.head_dim;
-    auto [kv, score] = run_linear_pair(x, cw.wkv, cw.wgate, true);
+    auto [kv, score] = linear_.run_pair(x, cw.wkv, cw.wgate, true);
     Tensor pooled = empty(DType::F32, {T, d});
     PG_CUDA(cudaMemsetAsync(pooled.raw(), 0, pooled.nbytes(), launch_stream()));
     CompressorArgs a;
     a.kv = kv.f32();
     a.score = score.f32();
-    a.ape = cw.ape.empty() ? nullptr : dev_f32(cw.ape);
+    a.ape = cw.ape.empty() ? nullptr : weights_.f32(cw.ape);
     a.ratio = cw.ratio;
     a.d = d;
     a.overlap = cw.overlap ? 1 : 0;
@@ -130,7 +130,7 @@ Tensor CudaBackend::compress_decode(const CompressorWeight& cw, const Tensor& x,
 Tensor CudaBackend::attention_decode(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                                      CudaScratch& scratch) {
     const int T = static_cast<int>(x.dim(0)), D = cfg_.head_dim, rd = cfg_.rope_head_dim, W = cfg_.window_size;
-    const float* freqs = rope_freqs(info);
+    const float* freqs = weights_.rope(info);
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
     const PagedSeqs& P = scratch.paged;
     const int64_t* pos = P.row_pos;
@@ -146,7 +146,7 @@ Tensor CudaBackend::attention_decode(const Tensor& x, const AttentionWeight& w, 
         Tensor latent = compress_decode(cw, x, cp);
         if (info.owns_index_k) {
             const IndexerWeight& iw = *w.indexer;
-            Tensor k = rms_norm(run_linear(latent, iw.wk), iw.k_norm);
+            Tensor k = rms_norm(linear_.run(latent, iw.wk), iw.k_norm);
             index_rope_qdq(k.f32(), T, 1, cp.rows.gpos, freqs, L.index_k.format);
             paged_store_entries(k.f32(), T, L.index_k.format, P, paged_section(L.index_k), cw.ratio);
         }

@@ -7,7 +7,10 @@
 // and docs/cuda-backend.md). Logits come back in host memory.
 #include "ops/backend.h"
 #include "ops/cuda/cuda_sampler.h"
+#include "ops/cuda/device_memory.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/linear_dispatch.h"
+#include "ops/cuda/weight_cache.h"
 
 #include <deque>
 #include <map>
@@ -16,19 +19,6 @@
 #include <utility>
 
 namespace peregrine::cuda {
-
-// Device memory of `bytes`, freed in stream order when the last reference goes.
-std::shared_ptr<void> device_alloc(size_t bytes);
-void copy_to_device(void* dst, const void* src, size_t bytes);
-// Page-locked host memory of at least `bytes` from a reused pool (results copied back every step).
-std::shared_ptr<void> pinned_host_buffer(size_t bytes);
-
-// A typed device copy of a host vector (kept alive by `keep`).
-template <typename T>
-struct DevArray {
-    std::shared_ptr<void> keep;
-    T* ptr = nullptr;
-};
 
 struct CudaScratch : StepScratch {
     // Compressed-entry selection of the most recent index source: [T, k] (-1: none) and counts [T].
@@ -59,8 +49,6 @@ struct DecodeSet {
     size_t step_bytes = 0;
     std::map<int, std::pair<std::shared_ptr<void>, size_t>> slots;  // by DecodeSlot
 };
-
-enum class EngramPlacement { Device, Host };
 
 // State pages and carries in one GPU's memory; copies on the calling thread's stream.
 class CudaStateMemory final : public StateMemory {
@@ -167,17 +155,6 @@ public:
     int64_t graph_replays() const { return graph_replays_; }
     int64_t graph_captures() const { return graph_captures_; }
 
-    // Host <-> device copies of F32/any tensors (tests, tools).
-    static Tensor to_device(const Tensor& host);
-    static Tensor to_host(const Tensor& dev);
-    // The same into reused page-locked memory (results copied back every step); *wait_ms (if given) adds the
-    // wall time spent waiting for the device.
-    static Tensor to_host_pinned(const Tensor& dev, double* wait_ms = nullptr);
-    // Uninitialised device tensor.
-    static Tensor empty(DType dtype, std::vector<int64_t> shape);
-    template <typename T>
-    static DevArray<T> upload(const std::vector<T>& v);
-
 private:
     friend class OpTimer;
     friend class CudaSampler;
@@ -234,9 +211,6 @@ private:
     uint64_t ids_cache_gen_ = 0;
     // Engram from table row ids on the device [T, n_cols].
     void engram_rows_d(Tensor& h, const EngramWeight& w, const int64_t* rows_d);
-    const int64_t* dev_i64(const int64_t* host, size_t n);      // a host int64 table, uploaded once
-    const int32_t* dev_i32(const std::vector<int32_t>& host);   // the same for int32
-    std::unordered_map<const void*, std::shared_ptr<void>> tables_;
     // MoE on device ids (moe() uploads them); writes out [T, dim].
     void moe_body(const Tensor& x, const MoEWeight& w, const int32_t* ids_d, Tensor& out);
     // The MoE block through its graph (captured on the second call at this layer and size); false: run it
@@ -275,8 +249,6 @@ private:
     struct Emitted;  // compressor output
     Emitted run_compressor(const CompressorWeight& cw, size_t carry_offset, const Tensor& x, ForwardBatch& batch);
 
-    const void* dev_raw(const Tensor& t);    // the stored bytes, uploaded once
-    const float* dev_f32(const Tensor& t);   // a BF16/F32 parameter as floats, uploaded once
     // Mixing coefficients (hc_mixes / hc_head) by numerics and size: exact kernel, small-T kernels,
     // or the FP64 tensor-core kernel.
     void run_hc_mixes(const Tensor& h, const Tensor& fn, int n_mix, const Tensor& base, const Tensor& scale, int iters,
@@ -288,14 +260,6 @@ private:
     // Makes this thread's stream wait for the mix in flight: always (t null) or if t is one of its outputs.
     void join_mixes(const Tensor* t);
     bool side_mixes_on_ = true;
-    LinearDev dev_linear(const LinearWeight& w);
-    const float* rope_freqs(const AttentionLayerInfo& info);
-    const float* engram_weight(const EngramWeight& w);
-    // How a routed GEMM finds each row's expert: per row (reference kernel) and grouped (tiled kernel).
-    struct Routed {
-        const int* row_expert = nullptr;
-        LinearRouting routing;
-    };
     // The grouped wo_a's routing (row (t, g) to group g) at T rows, built once per T; its group tables per weight.
     struct GroupRouting {
         std::shared_ptr<void> sel, row_map, tiles, n_tiles;
@@ -303,35 +267,9 @@ private:
     };
     const GroupRouting& group_routing(int T, int G);
     std::map<std::pair<int, int>, GroupRouting> group_routing_;
-    std::unordered_map<const void*, std::shared_ptr<void>> group_tables_;
-    // y = x W^T for x [M, in] (device); with experts, row m uses its expert's weights. bf16_acts: x holds bf16
-    // values (BF16 weights may then run on the bf16 tensor cores: exact products).
-    Tensor run_linear(const Tensor& x, const LinearWeight& w, const ExpertTable* experts = nullptr,
-                      const Routed* routed = nullptr, bool bf16_acts = false);
-    // Two linears of the same input: one GEMV launch where both are decode-sized and alike (linear_gemv_pair).
-    // Routed: a's rows through experts ea, b's through eb, one routing (the experts' w1 and w3).
-    std::pair<Tensor, Tensor> run_linear_pair(const Tensor& x, const LinearWeight& a, const LinearWeight& b,
-                                              bool bf16_acts = false, const ExpertTable* ea = nullptr,
-                                              const ExpertTable* eb = nullptr, const Routed* routed = nullptr);
-    // Fast numerics: whether gemm() takes the decode GEMV for this call.
-    bool use_gemv(const float* x, int64_t M, const LinearDev& d, const Routed* routed) const;
-    void gemm(const float* x, const float* xs, int64_t M, const LinearDev& d, float* y, const ExpertTable* experts,
-              const Routed* routed);
-    // PEREGRINE_CUDA_NUMERICS: "fast" (default: tensor-core and memory-bound kernels summing in fp32; parity
-    // with the CPU reference within the fixtures' tolerances), "exact" (tiled kernels with exact block sums:
-    // bit-identical to the CPU reference), "reference" (plain one-thread-per-output kernels, to A/B the
-    // tiled ones).
-    enum class Numerics { Fast, Exact, Reference };
-    Numerics numerics_ = Numerics::Fast;
+    Numerics numerics_ = Numerics::Fast;  // PEREGRINE_CUDA_NUMERICS (linear_dispatch.h)
     float eps() const { return static_cast<float>(cfg_.norm_eps); }
 
-    struct ExpertTables {
-        std::shared_ptr<void> keep;
-        ExpertTable w1, w2, w3;
-        const ExpertWeight* first = nullptr;  // the first expert held (formats and shapes)
-        bool aligned16 = false;  // every weight and scale array 16-byte aligned (vector and cp.async loads)
-    };
-    const ExpertTables& expert_tables(const MoEWeight& w);
     MoeRoute route_rows(const Tensor& x, const MoEWeight& w, const int32_t* ids_d);
     Tensor routed_experts(const Tensor& x, int64_t pairs, int per_row, const MoEWeight& w, const int32_t* sel,
                           const float* wsel);
@@ -342,11 +280,8 @@ private:
     StateLayout layout_;
     CudaStateMemory memory_;
     CudaSampler sampler_;
-    EngramPlacement engram_placement_;
-    std::unordered_map<const void*, std::shared_ptr<void>> raw_, f32_, engram_w_;
-    std::unordered_map<const void*, ExpertTables> experts_;
-    std::map<std::pair<double, bool>, std::shared_ptr<void>> ropes_;
-    std::vector<void*> pinned_;  // host-placed engram tables
+    WeightCache weights_;
+    LinearDispatch linear_;
 };
 
 // Scope of one op, timed when profiling and outermost (ops called by other ops count to their caller).
@@ -362,14 +297,5 @@ private:
     bool record_ = false;
     size_t index_ = 0;
 };
-
-template <typename T>
-DevArray<T> CudaBackend::upload(const std::vector<T>& v) {
-    DevArray<T> a;
-    a.keep = device_alloc(sizeof(T) * std::max<size_t>(v.size(), 1));
-    a.ptr = static_cast<T*>(a.keep.get());
-    if (!v.empty()) copy_to_device(a.ptr, v.data(), sizeof(T) * v.size());
-    return a;
-}
 
 }  // namespace peregrine::cuda

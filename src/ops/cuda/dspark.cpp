@@ -42,7 +42,7 @@ void CudaBackend::store_window_kv(const Tensor& x, const AttentionWeight& w, con
             dst[r] = layout_.entry<uint8_t>(s.state->pool, s.state->pages, L.window, pos[r]);
         }
     auto pos_d = upload(pos);
-    Tensor kv = window_kv(x, w, rope_freqs(info), pos_d.ptr, T, L.window.format);
+    Tensor kv = window_kv(x, w, weights_.rope(info), pos_d.ptr, T, L.window.format);
     auto dst_d = upload(dst);
     store_entries(kv.f32(), T, L.window.format, dst_d.ptr);
 }
@@ -51,11 +51,11 @@ Tensor CudaBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, 
                                      const SeqState& state, int64_t pos) {
     OpTimer op_(*this, "dspark_attention");
     const int B = static_cast<int>(x.dim(0)), H = cfg_.n_heads, D = cfg_.head_dim, W = cfg_.window_size;
-    const float* freqs = rope_freqs(info);
+    const float* freqs = weights_.rope(info);
     std::vector<int64_t> positions(static_cast<size_t>(B));
     for (int i = 0; i < B; ++i) positions[static_cast<size_t>(i)] = pos + 1 + i;
     auto pos_d = upload(positions);
-    Tensor qr = rms_norm(run_linear(x, w.wq_a), w.q_norm);
+    Tensor qr = rms_norm(linear_.run(x, w.wq_a), w.q_norm);
     Tensor q = project_queries(qr, w, freqs, pos_d.ptr, B);
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
     Tensor kv = window_kv(x, w, freqs, pos_d.ptr, B, L.window.format);
@@ -88,7 +88,7 @@ Tensor CudaBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, 
     kr.maxk = n;
     kr.win = kr.comp = f;
     Tensor o = empty(DType::F32, {B, H, D});
-    sparse_attention(q.f32(), B, H, D, static_cast<float>(std::pow(D, -0.5)), dev_f32(w.attn_sink), kr, o.f32());
+    sparse_attention(q.f32(), B, H, D, static_cast<float>(std::pow(D, -0.5)), weights_.f32(w.attn_sink), kr, o.f32());
     return project_output(o, w, freqs, pos_d.ptr, B);
 }
 

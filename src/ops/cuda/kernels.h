@@ -54,32 +54,41 @@ bool linear_gemv_supported(const LinearDev& w);
 void linear_gemv(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
                  const LinearRouting* routing);
 // Two linears of one input (linear_gemv's contract for each): one streaming launch when their formats and widths
-// match and their format's variant streams (PEREGRINE_GEMV_PAIR=0: always two calls), else two calls. Routed
+// match and their format's kernel streams (PEREGRINE_GEMV_PAIR=0: always two calls), else two calls. Routed
 // (routing given): a's rows use table ea's experts, b's eb's, both the same routing (an expert's w1 and w3).
 void linear_gemv_pair(const float* x, const float* xs, int64_t M, const LinearDev& a, float* ya, const LinearDev& b,
                       float* yb, const ExpertTable* ea = nullptr, const ExpertTable* eb = nullptr,
                       const LinearRouting* routing = nullptr);
-// Kernel variants, per stored format: 1 the CUDA-core kernel (register double buffer, separate split
-// reduction; every format), 3 the older tensor-core one (linear_gemv_mma.cu; FP8/FP4), 4-10 the streaming
-// tensor-core ones (linear_gemv_stream.cu; FP8/FP4, and BF16 when LinearDev::bf16_acts; 7/8 are 4/5 with
-// persistent CTAs for routed calls, 9 and 10 FP4 on persistent CTAs of 12 and 16 warps). A variant a linear
-// does not support falls back to 3, then 1. Defaults: BF16 and FP8 5, FP4 10 (9 above 384 routed pairs), F32 1
-// (linear_gemv.cu). Env at start:
-// PEREGRINE_GEMV_VARIANT=<v> (every format) or a list such as "fp8=4,fp4=5,bf16=4"; PEREGRINE_GEMV=1 as
-// PEREGRINE_GEMV_VARIANT=1. Tests A/B them in one run.
-void linear_gemv_set_variant(int v);                  // every format (F32 stays 1; BF16 takes 1 for 3)
-void linear_gemv_set_variant(int kind_format, int v);  // one stored format: 0 F32, 1 BF16, 2 FP8, 3 FP4
-int linear_gemv_variant();                             // FP8's (the tests' A/B key)
-int linear_gemv_variant(int kind_format);
+// The decode GEMV's kernels, chosen per stored format (docs/cuda-backend.md has their figures). A kernel a linear
+// does not support falls back to mma_sync, then cuda_cores. Defaults: BF16 and FP8 stream_256x4, FP4 fp4_16warps
+// (fp4_12warps above 384 routed pairs), F32 cuda_cores. PEREGRINE_GEMV_KERNEL at start: a name for every format,
+// or a list such as "fp8=stream-128x6,fp4=persistent-256x4".
+enum class GemvKernel {
+    cuda_cores = 1,          // CUDA cores, register double buffer, separate split reduction (every format)
+    mma_sync = 3,            // mma.sync e4m3, 64-byte stages (linear_gemv_mma.cu; FP8/FP4)
+    stream_128x6 = 4,        // streamed weights (linear_gemv_stream.cu): 128 bytes x 16 rows a stage, 6 stages
+    stream_256x4 = 5,        // 256 bytes a stage, 4 stages (FP4: 3)
+    stream_128x4_2ctas = 6,  // 128 bytes x 4 stages, two CTAs per SM
+    persistent_128x6 = 7,    // stream_128x6 with persistent CTAs on routed calls
+    persistent_256x4 = 8,    // stream_256x4 with persistent CTAs on routed calls
+    fp4_12warps = 9,         // FP4: 12 warps a CTA, persistent when routed (other formats: stream_256x4)
+    fp4_16warps = 10,        // FP4: 16 warps a CTA, persistent when routed (other formats: stream_256x4)
+};
+const char* gemv_kernel_name(GemvKernel k);
+GemvKernel gemv_kernel_named(const std::string& name);  // fails naming the kernels
+inline bool gemv_kernel_streams(GemvKernel k) { return k >= GemvKernel::stream_128x6; }
+void linear_gemv_set_kernel(GemvKernel k);                   // every format (F32 stays cuda_cores)
+void linear_gemv_set_kernel(int kind_format, GemvKernel k);  // one stored format: 0 F32, 1 BF16, 2 FP8, 3 FP4
+GemvKernel linear_gemv_kernel(int kind_format);
 // Whether linear_gemv takes this FP8/FP4 linear's activations unquantised (xs == nullptr) and quantises them
-// itself, with act_quant's arithmetic (variants 4-10; PEREGRINE_GEMV_FUSE=0 or the setter turn it off).
+// itself, with act_quant's arithmetic (streaming kernels; PEREGRINE_GEMV_FUSE=0 or the setter turn it off).
 bool linear_gemv_quantises(const LinearDev& w);
 void linear_gemv_set_fuse(bool on);
-// ---- linear_gemv_mma.cu (variant 3): FP8/FP4 decode GEMV on mma.sync e4m3 (same contract as linear_gemv).
+// ---- linear_gemv_mma.cu (GemvKernel::mma_sync): FP8/FP4 decode GEMV on mma.sync e4m3 (linear_gemv's contract).
 bool linear_gemv_mma_supported(const LinearDev& w);
 void linear_gemv_mma(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
                      const ExpertTable* experts, const LinearRouting* routing);
-// ---- linear_gemv_stream.cu (variants 4 to 10): the weights streamed through deep cp.async rings (scales
+// ---- linear_gemv_stream.cu (the streaming GemvKernels): the weights streamed through deep cp.async rings (scales
 // included) on mma.sync e4m3 / bf16, the work split chosen for full waves; same contract as linear_gemv, and
 // FP8/FP4 activations may come unquantised (xs == nullptr) where linear_gemv_stream_quantises.
 bool linear_gemv_stream_supported(const LinearDev& w);
@@ -87,12 +96,12 @@ bool linear_gemv_stream_quantises(const LinearDev& w);
 // Dense calls from this many rows on stage their activations once for all CTAs (0: never; the default 3 or
 // PEREGRINE_GEMV_IMAGE_ROWS at start): the same outputs bit for bit. Returns the previous setting.
 int linear_gemv_set_image_rows(int rows);
-void linear_gemv_stream(int variant, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
+void linear_gemv_stream(GemvKernel k, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
                         const ExpertTable* experts, const LinearRouting* routing);
 // Two dense linears of the same input, format and K in one launch (rows of b after a's; a call of two when a's
 // rows end inside a CTA's group of rows): the fixed cost of a call paid once.
 bool linear_gemv_stream_pairs(const LinearDev& a, const LinearDev& b);
-void linear_gemv_stream_pair(int variant, const float* x, const float* xs, int64_t M, const LinearDev& a, float* ya,
+void linear_gemv_stream_pair(GemvKernel k, const float* x, const float* xs, int64_t M, const LinearDev& a, float* ya,
                              const LinearDev& b, float* yb, const ExpertTable* ea = nullptr,
                              const ExpertTable* eb = nullptr, const LinearRouting* routing = nullptr);
 // ---- linear_cublas.cpp (prefill: tensor-core GEMMs through cuBLAS on exact bf16 images of the quantised

@@ -8,9 +8,9 @@
 // fill HBM. Products are exact (e4m3 x e4m3/e2m1 and the power-of-two scales); only the fp32 summation
 // order differs from the exact kernels, before the same bf16 rounding.
 //
-// This is variant 1 (a block per 32-row group, a register double buffer, a separate split reduction kernel).
-// The defaults are the streaming kernels of linear_gemv_stream.cu (variants 4-10; see kernels.h and
-// launch_rows); variant 3 is the older tensor-core one in linear_gemv_mma.cu.
+// This is GemvKernel::cuda_cores (a block per 32-row group, a register double buffer, a separate split reduction
+// kernel). The defaults are the streaming kernels of linear_gemv_stream.cu (see kernels.h and launch_rows);
+// mma_sync is the older tensor-core one in linear_gemv_mma.cu.
 #include "ops/cuda/device_math.cuh"
 #include "util/switches.h"
 #include "ops/cuda/gemv_common.cuh"
@@ -333,74 +333,72 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     }
 }
 
-// Variant per stored format (F32, BF16, FP8, FP4), from the environment at start (see kernels.h). The
-// defaults are the fastest end to end on the H200 (bench engine, 4 layers, 8K context): the streaming kernel
-// with 256-byte stages for bf16 and FP8; for the routed FP4 experts its persistent form, 16 warps a CTA (10) up
-// to 384 pairs (about a pair per expert: 2627 against 2545 GB/s for 8 warps (8) at 192 pairs, which had taken
-// batch 64 in 11.6 ms of routed experts against 13.6 with 12 warps) and 12 warps (9) above (batch 128: 12.6 ms
-// against 19.2 with 8), unless a variant was asked for.
-struct Variants {
-    int v[4] = {1, 5, 5, 10};
+// Kernel per stored format (F32, BF16, FP8, FP4), from the environment at start (see kernels.h). The defaults are
+// the fastest end to end on the H200 (bench engine, 4 layers, 8K context): stream_256x4 for bf16 and FP8; for the
+// routed FP4 experts fp4_16warps up to 384 pairs (about a pair per expert: 2627 against 2545 GB/s for
+// persistent_256x4 at 192 pairs, which had taken batch 64 in 11.6 ms of routed experts against 13.6 with 12 warps)
+// and fp4_12warps above (batch 128: 12.6 ms against 19.2 with 8 warps), unless a kernel was asked for.
+struct Kernels {
+    GemvKernel k[4] = {GemvKernel::cuda_cores, GemvKernel::stream_256x4, GemvKernel::stream_256x4,
+                       GemvKernel::fp4_16warps};
     bool fuse = true;
     bool fp4_auto = true;  // FP4 not set by the environment or a setter
 };
-int clamp_variant(int format, int v) {
-    if (format == kF32) return 1;
-    if (format == kBF16) return v == 3 ? 1 : v;
-    return v;
+// F32 linears take the CUDA-core kernel; BF16 has no mma_sync form.
+GemvKernel clamp_kernel(int format, GemvKernel k) {
+    if (format == kF32) return GemvKernel::cuda_cores;
+    if (format == kBF16 && k == GemvKernel::mma_sync) return GemvKernel::cuda_cores;
+    return k;
 }
-Variants& variants() {
-    static Variants vs = [] {
-        Variants r;
-        if (switch_is("PEREGRINE_GEMV", "1")) {
-            r.v[1] = r.v[2] = r.v[3] = 1;
-            r.fp4_auto = false;
-        }
-        const std::string spec = switch_value("PEREGRINE_GEMV_VARIANT");
+Kernels& kernels() {
+    static Kernels ks = [] {
+        Kernels r;
+        const std::string spec = switch_value("PEREGRINE_GEMV_KERNEL");
         size_t at = 0;
-        while (at < spec.size()) {  // "<v>" or "fmt=<v>,..."; unknown entries are ignored
+        while (at < spec.size()) {  // "<name>" or "fmt=<name>,..."
             const size_t end = std::min(spec.find(',', at), spec.size());
             const std::string item = spec.substr(at, end - at);
             at = end + 1;
             const size_t eq = item.find('=');
-            const std::string name = eq == std::string::npos ? "" : item.substr(0, eq);
-            const int v = std::atoi(item.c_str() + (eq == std::string::npos ? 0 : eq + 1));
-            if (v != 1 && (v < 3 || v > 10)) continue;
-            for (int f = 0; f < 4; ++f) {
-                static const char* names[4] = {"f32", "bf16", "fp8", "fp4"};
-                if (name.empty() || name == names[f]) {
-                    r.v[f] = clamp_variant(f, v);
+            const std::string fmt = eq == std::string::npos ? "" : item.substr(0, eq);
+            const GemvKernel k = gemv_kernel_named(eq == std::string::npos ? item : item.substr(eq + 1));
+            static const char* formats[4] = {"f32", "bf16", "fp8", "fp4"};
+            bool known = fmt.empty();
+            for (int f = 0; f < 4; ++f)
+                if (fmt.empty() || fmt == formats[f]) {
+                    known = true;
+                    r.k[f] = clamp_kernel(f, k);
                     if (f == kFP4) r.fp4_auto = false;
                 }
-            }
+            if (!known) fail("PEREGRINE_GEMV_KERNEL: no stored format '{}' (f32, bf16, fp8, fp4)", fmt);
         }
         r.fuse = switch_is("PEREGRINE_GEMV_FUSE", "1");
         return r;
     }();
-    return vs;
+    return ks;
 }
 
-// The variant a call of M rows uses (routed: M pairs).
-int variant_for(int format, int64_t M, bool routed) {
-    const Variants& vs = variants();
-    if (format == kFP4 && routed && vs.fp4_auto && M > 384) return 9;
-    return vs.v[format];
+// The kernel a call of M rows uses (routed: M pairs).
+GemvKernel kernel_for(int format, int64_t M, bool routed) {
+    const Kernels& ks = kernels();
+    if (format == kFP4 && routed && ks.fp4_auto && M > 384) return GemvKernel::fp4_12warps;
+    return ks.k[format];
 }
 
 template <int F>
 void launch_rows(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y, const ExpertTable* experts,
                  const LinearRouting* routing) {
     const int64_t rows = routing ? routing->tile_rows : M;
-    const int v = variant_for(F, M, routing != nullptr);
-    // Variants 4-10: the streaming kernels (the defaults); 3: the older tensor-core kernel for FP8/FP4; else this one.
-    // (A cp.async-pipelined CUDA-core variant measured 1.2-1.8x slower than the tensor-core one on every
-    // FP8/FP4 shape on the H200, and slower than this one on the bf16 LM head and the grouped wo_a.)
-    if (v >= 4 && linear_gemv_stream_supported(w)) {
-        linear_gemv_stream(v, x, xs, M, w, y, experts, routing);
+    const GemvKernel k = kernel_for(F, M, routing != nullptr);
+    // The streaming kernels (the defaults); mma_sync, the older tensor-core kernel for FP8/FP4; else this one. (A
+    // cp.async-pipelined CUDA-core kernel measured 1.2-1.8x slower than the tensor-core one on every FP8/FP4 shape on
+    // the H200, and slower than this one on the bf16 LM head and the grouped wo_a.)
+    if (gemv_kernel_streams(k) && linear_gemv_stream_supported(w)) {
+        linear_gemv_stream(k, x, xs, M, w, y, experts, routing);
         return;
     }
-    if (F >= kFP8 && xs == nullptr) fail("linear_gemv: unquantised activations need a quantising variant");
-    if (v >= 3 && linear_gemv_mma_supported(w)) {
+    if (F >= kFP8 && xs == nullptr) fail("linear_gemv: unquantised activations need a quantising kernel");
+    if (k != GemvKernel::cuda_cores && linear_gemv_mma_supported(w)) {
         linear_gemv_mma(x, xs, M, w, y, experts, routing);
         return;
     }
@@ -454,33 +452,59 @@ void linear_gemv_pair(const float* x, const float* xs, int64_t M, const LinearDe
                       float* yb, const ExpertTable* ea, const ExpertTable* eb, const LinearRouting* routing) {
     static const bool on = switch_is("PEREGRINE_GEMV_PAIR", "1");
     const bool routed = routing != nullptr;
-    const int v = variant_for(stored_format(a), M, routed);
-    if (on && M > 0 && v >= 4 && variant_for(stored_format(b), M, routed) == v && linear_gemv_stream_pairs(a, b)) {
-        linear_gemv_stream_pair(v, x, xs, M, a, ya, b, yb, ea, eb, routing);
+    const GemvKernel k = kernel_for(stored_format(a), M, routed);
+    if (on && M > 0 && gemv_kernel_streams(k) && kernel_for(stored_format(b), M, routed) == k &&
+        linear_gemv_stream_pairs(a, b)) {
+        linear_gemv_stream_pair(k, x, xs, M, a, ya, b, yb, ea, eb, routing);
         return;
     }
     linear_gemv(x, xs, M, a, ya, ea, routing);
     linear_gemv(x, xs, M, b, yb, eb, routing);
 }
 
-void linear_gemv_set_variant(int v) {
-    if (v != 1 && (v < 3 || v > 10)) fail("linear_gemv: no variant {} (1, 3 to 10)", v);
-    for (int f = 0; f < 4; ++f) variants().v[f] = clamp_variant(f, v);
-    variants().fp4_auto = false;
+const char* gemv_kernel_name(GemvKernel k) {
+    switch (k) {
+        case GemvKernel::cuda_cores: return "cuda-cores";
+        case GemvKernel::mma_sync: return "mma-sync";
+        case GemvKernel::stream_128x6: return "stream-128x6";
+        case GemvKernel::stream_256x4: return "stream-256x4";
+        case GemvKernel::stream_128x4_2ctas: return "stream-128x4-2ctas";
+        case GemvKernel::persistent_128x6: return "persistent-128x6";
+        case GemvKernel::persistent_256x4: return "persistent-256x4";
+        case GemvKernel::fp4_12warps: return "fp4-12warps";
+        case GemvKernel::fp4_16warps: return "fp4-16warps";
+    }
+    return "?";
 }
-void linear_gemv_set_variant(int format, int v) {
-    if (format < 0 || format > 3 || (v != 1 && (v < 3 || v > 10)))
-        fail("linear_gemv: no variant {} for format {}", v, format);
-    variants().v[format] = clamp_variant(format, v);
-    if (format == kFP4) variants().fp4_auto = false;
+
+GemvKernel gemv_kernel_named(const std::string& name) {
+    std::string all;
+    for (GemvKernel k : {GemvKernel::cuda_cores, GemvKernel::mma_sync, GemvKernel::stream_128x6,
+                         GemvKernel::stream_256x4, GemvKernel::stream_128x4_2ctas, GemvKernel::persistent_128x6,
+                         GemvKernel::persistent_256x4, GemvKernel::fp4_12warps, GemvKernel::fp4_16warps}) {
+        if (name == gemv_kernel_name(k)) return k;
+        all += std::string(all.empty() ? "" : ", ") + gemv_kernel_name(k);
+    }
+    fail("no decode GEMV kernel '{}' ({})", name, all);
 }
-int linear_gemv_variant() { return variants().v[kFP8]; }
-int linear_gemv_variant(int format) { return format >= 0 && format < 4 ? variants().v[format] : 1; }
-void linear_gemv_set_fuse(bool on) { variants().fuse = on; }
+
+void linear_gemv_set_kernel(GemvKernel k) {
+    for (int f = 0; f < 4; ++f) kernels().k[f] = clamp_kernel(f, k);
+    kernels().fp4_auto = false;
+}
+void linear_gemv_set_kernel(int format, GemvKernel k) {
+    if (format < 0 || format > 3) fail("linear_gemv: no stored format {}", format);
+    kernels().k[format] = clamp_kernel(format, k);
+    if (format == kFP4) kernels().fp4_auto = false;
+}
+GemvKernel linear_gemv_kernel(int format) {
+    return format >= 0 && format < 4 ? kernels().k[format] : GemvKernel::cuda_cores;
+}
+void linear_gemv_set_fuse(bool on) { kernels().fuse = on; }
 
 bool linear_gemv_quantises(const LinearDev& w) {
     if (w.kind != kFP8 && w.kind != kFP4) return false;
-    return variants().fuse && variants().v[w.kind] >= 4 && linear_gemv_stream_quantises(w);
+    return kernels().fuse && gemv_kernel_streams(kernels().k[w.kind]) && linear_gemv_stream_quantises(w);
 }
 
 bool linear_gemv_supported(const LinearDev& w) {

@@ -1,4 +1,4 @@
-// Decode GEMV streaming weights at HBM bandwidth on the tensor cores (variants 4-10 of linear_gemv):
+// Decode GEMV streaming weights at HBM bandwidth on the tensor cores (the streaming GemvKernels of linear_gemv):
 // FP8 (e4m3, ue8m0 tiles of 32/64/128), FP4 (e2m1, ue8m0 per 32) and BF16 weights whose activations are bf16
 // values (LinearDev::bf16_acts; F32 linears on bf16 weights too, their outputs left in fp32). 16 weight rows are
 // the mma's A and up to 8 activation rows its B; each 32-value k block is two f16 mma.sync m16n8k16 whose fp32
@@ -903,26 +903,29 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
 }
 
 template <int F>
-void launch_variant(int v, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
-                    const ExpertTable* experts, const LinearRouting* routing, const LinearDev* w2, float* y2,
-                    const ExpertTable* experts2) {
+void launch_kernel(GemvKernel v, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
+                   const ExpertTable* experts, const LinearRouting* routing, const LinearDev* w2, float* y2,
+                   const ExpertTable* experts2) {
     // Dense calls of more than 8 rows: tiles of 16 or 32 rows, so that each weight fragment feeds 2 or 4 mmas
     // (and the weights are streamed once instead of once per 8 rows).
     const int mt = routing || M <= 8 ? 1 : M <= 16 ? 2 : 4;
     switch (v) {
-        case 4:
-        case 7:  // 80 KB in flight per CTA (7: persistent when routed)
-            if (mt == 1) launch<F, 128, 6, 1, 1, 8>(x, xs, M, w, y, experts, routing, v == 7, w2, y2, experts2);
+        case GemvKernel::stream_128x6:
+        case GemvKernel::persistent_128x6:  // 80 KB in flight per CTA (persistent when routed)
+            if (mt == 1)
+                launch<F, 128, 6, 1, 1, 8>(x, xs, M, w, y, experts, routing, v == GemvKernel::persistent_128x6, w2, y2,
+                                           experts2);
             else if (mt == 2) launch<F, 128, 6, 1, 2, 8>(x, xs, M, w, y, experts, routing, false, w2, y2, experts2);
             else launch<F, 128, 6, 1, 4, 8>(x, xs, M, w, y, experts, routing, false, w2, y2, experts2);
             break;
-        case 6:
+        case GemvKernel::stream_128x4_2ctas:
             launch<F, 128, 4, 2, 1, 8>(x, xs, M, w, y, experts, routing, false, w2, y2, experts2);
             break;  // 48 KB, two CTAs per SM
-        case 9:  // FP4: 12 warps (192 rows) a CTA with 128-byte stages 4 deep (72 KB in flight; a whole K of f16
-                 // activations still fits), persistent when routed: three warps a scheduler to hide the k steps'
-                 // latency, where 8 warps left issue slots idle. Other formats, and dense tiles of 16-32 rows
-                 // (whose k steps would not fit the registers of so many warps): as 5.
+        case GemvKernel::fp4_12warps:
+            // FP4: 12 warps (192 rows) a CTA with 128-byte stages 4 deep (72 KB in flight; a whole K of f16
+            // activations still fits), persistent when routed: three warps a scheduler to hide the k steps' latency,
+            // where 8 warps left issue slots idle. Other formats, and dense tiles of 16-32 rows (whose k steps would
+            // not fit the registers of so many warps): as stream_256x4.
             if constexpr (F == kFP4) {
                 if (mt == 1) {
                     launch<F, 128, 4, 1, 1, 12>(x, xs, M, w, y, experts, routing, true, w2, y2, experts2);
@@ -930,19 +933,22 @@ void launch_variant(int v, const float* x, const float* xs, int64_t M, const Lin
                 }
             }
             [[fallthrough]];
-        case 10:  // FP4: 16 warps (256 rows) a CTA, 128-byte stages 3 deep, persistent when routed: four warps a
-                  // scheduler. Other formats and 16-32-row tiles: as 5.
+        case GemvKernel::fp4_16warps:
+            // FP4: 16 warps (256 rows) a CTA, 128-byte stages 3 deep, persistent when routed: four warps a
+            // scheduler. Other formats and 16-32-row tiles: as stream_256x4.
             if constexpr (F == kFP4) {
-                if (v == 10 && mt == 1) {
+                if (v == GemvKernel::fp4_16warps && mt == 1) {
                     launch<F, 128, 3, 1, 1, 16>(x, xs, M, w, y, experts, routing, true, w2, y2, experts2);
                     break;
                 }
             }
             [[fallthrough]];
-        default: {  // 5 and 8: 96 KB in flight, 4 rows x 256 B per copy (8: persistent when routed). FP4: 64 KB,
+        default: {  // stream_256x4 and persistent_256x4: 96 KB in flight, 4 rows x 256 B per copy. FP4: 64 KB,
                     // so that a whole K of f16 activations (5120 values: 87 KB) fits beside the ring.
             constexpr int st = F == kFP4 ? 3 : 4;
-            if (mt == 1) launch<F, 256, st, 1, 1, 8>(x, xs, M, w, y, experts, routing, v == 8, w2, y2, experts2);
+            if (mt == 1)
+                launch<F, 256, st, 1, 1, 8>(x, xs, M, w, y, experts, routing, v == GemvKernel::persistent_256x4, w2,
+                                            y2, experts2);
             else if (mt == 2) launch<F, 256, st, 1, 2, 8>(x, xs, M, w, y, experts, routing, false, w2, y2, experts2);
             else launch<F, 256, st, 1, 4, 8>(x, xs, M, w, y, experts, routing, false, w2, y2, experts2);
             break;
@@ -977,23 +983,23 @@ bool linear_gemv_stream_quantises(const LinearDev& w) {
 }
 
 namespace {
-void stream(int variant, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
+void stream(GemvKernel variant, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
             const ExpertTable* experts, const LinearRouting* routing, const LinearDev* w2, float* y2,
             const ExpertTable* experts2) {
     if (M == 0 || w.out == 0) return;
-    if (variant < 4 || variant > 10) fail("linear_gemv_stream: no variant {}", variant);
+    if (!gemv_kernel_streams(variant)) fail("linear_gemv_stream: {} does not stream", gemv_kernel_name(variant));
     if (!linear_gemv_stream_supported(w)) fail("linear_gemv_stream: unsupported linear (kind {}, in {})", w.kind, w.in);
     if (reinterpret_cast<uintptr_t>(x) % 16 != 0) fail("linear_gemv_stream: activations must be 16-byte aligned");
     if (routing && routing->tile_rows > kCols) fail("linear_gemv_stream: routed tiles of {} rows", routing->tile_rows);
     if ((w.kind == kFP8 || w.kind == kFP4) && xs == nullptr && !linear_gemv_stream_quantises(w))
         fail("linear_gemv_stream: cannot quantise activation blocks of {}", w.act_block);
-    if (w.kind == kFP4) launch_variant<kFP4>(variant, x, xs, M, w, y, experts, routing, w2, y2, experts2);
-    else if (w.kind == kFP8) launch_variant<kFP8>(variant, x, xs, M, w, y, experts, routing, w2, y2, experts2);
-    else launch_variant<kBF16>(variant, x, xs, M, w, y, experts, routing, w2, y2, experts2);
+    if (w.kind == kFP4) launch_kernel<kFP4>(variant, x, xs, M, w, y, experts, routing, w2, y2, experts2);
+    else if (w.kind == kFP8) launch_kernel<kFP8>(variant, x, xs, M, w, y, experts, routing, w2, y2, experts2);
+    else launch_kernel<kBF16>(variant, x, xs, M, w, y, experts, routing, w2, y2, experts2);
 }
 }  // namespace
 
-void linear_gemv_stream(int variant, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
+void linear_gemv_stream(GemvKernel variant, const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,
                         const ExpertTable* experts, const LinearRouting* routing) {
     stream(variant, x, xs, M, w, y, experts, routing, nullptr, nullptr, nullptr);
 }
@@ -1004,7 +1010,7 @@ bool linear_gemv_stream_pairs(const LinearDev& a, const LinearDev& b) {
            a.act_block == b.act_block && (a.weight_block <= 0 || a.out % a.weight_block == 0);
 }
 
-void linear_gemv_stream_pair(int variant, const float* x, const float* xs, int64_t M, const LinearDev& a, float* ya,
+void linear_gemv_stream_pair(GemvKernel variant, const float* x, const float* xs, int64_t M, const LinearDev& a, float* ya,
                              const LinearDev& b, float* yb, const ExpertTable* ea, const ExpertTable* eb,
                              const LinearRouting* routing) {
     if (!linear_gemv_stream_pairs(a, b)) fail("linear_gemv_stream_pair: linears of different formats or widths");

@@ -11,46 +11,6 @@
 
 namespace peregrine::cuda {
 
-const CudaBackend::ExpertTables& CudaBackend::expert_tables(const MoEWeight& w) {
-    // Experts this rank does not hold (expert parallelism) are empty: null pointers, never routed to here.
-    const ExpertWeight* first = nullptr;
-    for (const ExpertWeight& x : w.experts)
-        if (!x.w1.empty()) {
-            first = &x;
-            break;
-        }
-    PEREGRINE_CHECK(first != nullptr, "a MoE layer holds no expert");
-    const void* key = first->w1.w.raw();
-    auto it = experts_.find(key);
-    if (it != experts_.end()) return it->second;
-    const size_t E = w.experts.size();
-    std::vector<const void*> ptrs(6 * E, nullptr);
-    for (size_t e = 0; e < E; ++e) {
-        const ExpertWeight& x = w.experts[e];
-        if (x.w1.empty()) continue;
-        for (const LinearWeight* l : {&x.w1, &x.w2, &x.w3})
-            PEREGRINE_CHECK(l->kind == first->w1.kind && l->in == (l == &x.w2 ? first->w2.in : first->w1.in),
-                            "experts of one layer must share formats and shapes");
-        ptrs[e] = dev_raw(x.w1.w);
-        ptrs[E + e] = x.w1.scale.empty() ? nullptr : dev_raw(x.w1.scale);
-        ptrs[2 * E + e] = dev_raw(x.w2.w);
-        ptrs[3 * E + e] = x.w2.scale.empty() ? nullptr : dev_raw(x.w2.scale);
-        ptrs[4 * E + e] = dev_raw(x.w3.w);
-        ptrs[5 * E + e] = x.w3.scale.empty() ? nullptr : dev_raw(x.w3.scale);
-    }
-    auto d = upload(ptrs);
-    auto p = reinterpret_cast<const void* const*>(d.ptr);
-    ExpertTables t;
-    t.keep = d.keep;
-    t.first = first;
-    t.aligned16 = true;
-    for (const void* q : ptrs) t.aligned16 = t.aligned16 && reinterpret_cast<uintptr_t>(q) % 16 == 0;
-    t.w1 = {p, reinterpret_cast<const uint8_t* const*>(p + E)};
-    t.w2 = {p + 2 * E, reinterpret_cast<const uint8_t* const*>(p + 3 * E)};
-    t.w3 = {p + 4 * E, reinterpret_cast<const uint8_t* const*>(p + 5 * E)};
-    return experts_.emplace(key, t).first->second;
-}
-
 // The grouped FP4 kernels: Fast numerics, prefill-sized routing (32-row tiles: more than 8 pairs per expert
 // on average; fewer go to the GEMV), FP4 experts of supported shapes, and not switched off.
 bool CudaBackend::use_grouped_fp4(const ExpertWeight& e0, const ExpertTables& tab, const LinearRouting& r) {
@@ -59,8 +19,8 @@ bool CudaBackend::use_grouped_fp4(const ExpertWeight& e0, const ExpertTables& ta
     if (e0.w1.kind != LinearWeight::Kind::FP4 || e0.w2.kind != LinearWeight::Kind::FP4 ||
         e0.w3.kind != LinearWeight::Kind::FP4 || e0.w1.act_block != e0.w3.act_block)
         return false;
-    return fp4_grouped_supported(dev_linear(e0.w1)) && fp4_grouped_supported(dev_linear(e0.w2)) &&
-           fp4_grouped_supported(dev_linear(e0.w3));
+    return fp4_grouped_supported(weights_.linear(e0.w1)) && fp4_grouped_supported(weights_.linear(e0.w2)) &&
+           fp4_grouped_supported(weights_.linear(e0.w3));
 }
 
 // The router over device token ids: [T*K] experts and weights.
@@ -72,12 +32,12 @@ MoeRoute CudaBackend::route_rows(const Tensor& x, const MoEWeight& w, const int3
     else if (cfg_.score_func == "sigmoid") score_func = 1;
     else score_func = 2;
     phase("moe.gate");
-    Tensor logits = run_linear(x, w.gate, nullptr, nullptr, /*bf16_acts=*/true);  // x: an rms_norm output
+    Tensor logits = linear_.run(x, w.gate, nullptr, nullptr, /*bf16_acts=*/true);  // x: an rms_norm output
     phase("moe.route");
     MoeRoute r{empty(DType::I32, {T * K}), empty(DType::F32, {T * K})};
     (numerics_ == Numerics::Fast ? route_fast : route)(
-        logits.f32(), T, E, K, score_func, w.bias.empty() ? nullptr : dev_f32(w.bias),
-        w.tid2eid.empty() ? nullptr : static_cast<const int64_t*>(dev_raw(w.tid2eid)), ids_d,
+        logits.f32(), T, E, K, score_func, w.bias.empty() ? nullptr : weights_.f32(w.bias),
+        w.tid2eid.empty() ? nullptr : static_cast<const int64_t*>(weights_.raw(w.tid2eid)), ids_d,
         static_cast<int>(format_.route_norm), static_cast<float>(cfg_.route_scale), balanced_routing_,
         r.experts.data<int32_t>(), r.weights.f32());
     return r;
@@ -97,7 +57,7 @@ Tensor CudaBackend::routed_experts(const Tensor& x, int64_t pairs, int per_row, 
     const int D = cfg_.dim, E = static_cast<int>(w.experts.size());
     const float limit = static_cast<float>(cfg_.swiglu_limit);
     const int64_t T = x.dim(0);
-    const ExpertTables& tab = expert_tables(w);
+    const ExpertTables& tab = weights_.experts(w);
     Routed routed;
     routed.row_expert = sel;
     routed.routing.tile_rows = routing_tile_rows(pairs, E);
@@ -116,7 +76,7 @@ Tensor CudaBackend::routed_experts(const Tensor& x, int64_t pairs, int per_row, 
     if (use_grouped_fp4(e0, tab, routed.routing)) {
         // Token rows quantised once (act_quant is per row, so this is every pair row's quantisation), read by
         // pair p as row p / per_row.
-        const LinearDev d1 = dev_linear(e0.w1), d2 = dev_linear(e0.w2);
+        const LinearDev d1 = weights_.linear(e0.w1), d2 = weights_.linear(e0.w2);
         Tensor xq = empty(DType::F32, {T, D}), xs = empty(DType::F32, {T, D / d1.act_block});
         act_quant(x.f32(), T, D, d1.act_block, xq.f32(), xs.f32());
         Tensor a = empty(DType::F32, {pairs, I});
@@ -134,10 +94,10 @@ Tensor CudaBackend::routed_experts(const Tensor& x, int64_t pairs, int per_row, 
         gather_pairs(x.f32(), T, per_row, D, xp.f32());
     }
     // w1 and w3 of every expert in one GEMV launch at decode (their fixed cost paid once).
-    auto [g, u] = run_linear_pair(xp, e0.w1, e0.w3, false, &tab.w1, &tab.w3, &routed);
+    auto [g, u] = linear_.run_pair(xp, e0.w1, e0.w3, false, &tab.w1, &tab.w3, &routed);
     Tensor a = empty(DType::F32, {pairs, I});
     swiglu(g.f32(), u.f32(), pairs, I, wsel, limit, a.f32());
-    return run_linear(a, e0.w2, &tab.w2, &routed);
+    return linear_.run(a, e0.w2, &tab.w2, &routed);
 }
 
 Tensor CudaBackend::moe_experts(const Tensor& xp, const MoEWeight& w, const Tensor& experts, const Tensor& weights) {
@@ -152,11 +112,11 @@ void CudaBackend::combine_into(const Tensor& x, const MoEWeight& w, const Tensor
     const int64_t T = x.dim(0);
     const int D = cfg_.dim;
     const float limit = static_cast<float>(cfg_.swiglu_limit);
-    auto [gs, us] = run_linear_pair(x, w.shared.w1, w.shared.w3);
+    auto [gs, us] = linear_.run_pair(x, w.shared.w1, w.shared.w3);
     const int Is = w.shared.w1.out;
     Tensor as = empty(DType::F32, {T, Is});
     swiglu(gs.f32(), us.f32(), T, Is, nullptr, limit, as.f32());
-    Tensor ys = run_linear(as, w.shared.w2);
+    Tensor ys = linear_.run(as, w.shared.w2);
     ::peregrine::cuda::moe_combine(ye.f32(), sel, ys.f32(), T, w.top_k, D, out.f32());
 }
 

@@ -123,7 +123,7 @@ public:
         for (int s = 0; s < n_; ++s)
             rows += recv_counts[static_cast<size_t>(s)] = all[static_cast<size_t>(s * n_ + rank_)];
         shape[0] = rows;
-        Tensor out = cuda::CudaBackend::empty(src.dtype(), shape);
+        Tensor out = cuda::empty(src.dtype(), shape);
         std::vector<int64_t> out_bytes(static_cast<size_t>(n_)), in_bytes(static_cast<size_t>(n_));
         for (int r = 0; r < n_; ++r) {
             out_bytes[static_cast<size_t>(r)] = counts[static_cast<size_t>(r)] * rb;

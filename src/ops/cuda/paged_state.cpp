@@ -73,7 +73,7 @@ PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch
         copy_to_device(into.get(), buf.data(), buf.size());
         out.keep = std::move(into);
     } else {
-        out.keep = CudaBackend::upload(buf).keep;
+        out.keep = upload(buf).keep;
     }
     const auto* d = static_cast<const uint8_t*>(out.keep.get());
     out.seqs.seq = reinterpret_cast<const int64_t*>(d + at.seq);
@@ -121,7 +121,7 @@ AddressTable device_entry_table(const PagedSeqs& p, const ForwardBatch& batch, c
         most = std::max(most, count);
     }
     AddressTable t = address_table(n);
-    auto sb = CudaBackend::upload(seq_base);  // freed in stream order, after the kernel
+    auto sb = upload(seq_base);  // freed in stream order, after the kernel
     paged_entry_table(p, paged_section(sec), ratio, sb.ptr, most, t.table);
     return t;
 }
@@ -153,7 +153,7 @@ WindowRows device_window_rows(const PagedSeqs& p, const ForwardBatch& batch, con
     const int64_t T = batch.rows(), row_bytes = 2 * static_cast<int64_t>(sec.format.dim);
     WindowRows w;
     w.src = address_table(n);
-    auto sb = CudaBackend::upload(seq_base);  // freed in stream order, after the kernels
+    auto sb = upload(seq_base);  // freed in stream order, after the kernels
     paged_window_rows(p, paged_section(sec), W, sb.ptr, most, w.src.table);
     w.rows = device_alloc(static_cast<size_t>(std::max<int64_t>(n, 1) * row_bytes));
     gather_keys_bf16(w.src.table, n, sec.format, static_cast<uint16_t*>(w.rows.get()));

@@ -35,11 +35,11 @@ std::shared_ptr<CudaSampler::Started> CudaSampler::launch(const Tensor& logits, 
     if (rows.empty() || logits.device() != Device::CUDA ||
         V > kSampleMaxVocab) {  // the host sampler (beyond the kernel's draw buffer)
         s->on_host = true;
-        const Tensor host = logits.device() == Device::CUDA ? CudaBackend::to_host(logits) : logits;
+        const Tensor host = logits.device() == Device::CUDA ? to_host(logits) : logits;
         s->host = sample_rows_host(host.f32(), V, rows);
         std::vector<SampleOutDev> out(rows.size());
         for (size_t i = 0; i < rows.size(); ++i) out[i] = {s->host[i].id, s->host[i].logprob};
-        s->d_out = CudaBackend::upload(out).keep;
+        s->d_out = upload(out).keep;
         return s;
     }
     PEREGRINE_CHECK(logits.dtype() == DType::F32 && logits.ndim() == 2, "sample: logits must be f32 [rows, vocab]");
@@ -71,8 +71,8 @@ std::shared_ptr<CudaSampler::Started> CudaSampler::launch(const Tensor& logits, 
         s->top_n.push_back(std::min(d.top_n, V));
     }
     const int n = static_cast<int>(rows.size());
-    auto d_rows = CudaBackend::upload(dev);
-    auto d_adj = CudaBackend::upload(adj);
+    auto d_rows = upload(dev);
+    auto d_adj = upload(adj);
     const size_t out_bytes = sizeof(SampleOutDev) * static_cast<size_t>(n);
     const size_t top_bytes = sizeof(SampleOutDev) * (any_top ? static_cast<size_t>(n) * kSampleMaxTop : 1);
     s->d_out = device_alloc(out_bytes);
@@ -171,7 +171,7 @@ DevArray<int32_t> CudaBackend::upload_ids(const std::vector<int32_t>& ids) {
 
 Tensor CudaSampler::rows_to_host(const Tensor& logits, const std::vector<int>& rows) {
     if (logits.device() != Device::CUDA) return HostSampler().rows_to_host(logits, rows);
-    return CudaBackend::to_host_pinned(be_.gather_rows(logits, rows), &be_.host_wait_ms_);
+    return to_host_pinned(be_.gather_rows(logits, rows), &be_.host_wait_ms_);
 }
 
 }  // namespace peregrine::cuda

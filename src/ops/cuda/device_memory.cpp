@@ -1,0 +1,180 @@
+// Device memory, uploads through a pinned staging ring, page-locked buffers for results, and tensor copies.
+#include "ops/cuda/device_memory.h"
+#include "ops/cuda/launch_check.h"
+#include "ops/cuda/launch_stream.h"
+#include "util/error.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+namespace peregrine::cuda {
+
+// Stream-ordered on the stream kernels launch on (launch_stream(): the thread's own, or the hc mixes' side stream),
+// and freed on the same stream.
+std::shared_ptr<void> device_alloc(size_t bytes) {
+    void* p = nullptr;
+    const cudaStream_t s = launch_stream();
+    PG_CUDA(cudaMallocAsync(&p, std::max<size_t>(bytes, 16), s));
+    return std::shared_ptr<void>(p, [s](void* q) { cudaFreeAsync(q, s); });
+}
+
+namespace {
+// Page-locked staging for host-to-device uploads: an upload is copied into the next free bytes of a pinned ring
+// and sent with an async copy, so the host never waits for the GPU (a copy from pageable memory may wait for the
+// stream). The ring is cut into segments; leaving a segment records an event on the stream, and a segment is
+// written again only once its event has completed, which waits only if the GPU is a whole ring behind. One per
+// thread: the events are recorded on the thread's own stream, so they cover only its own copies.
+class StagingRing {
+public:
+    static constexpr size_t kSegment = size_t(4) << 20, kSegments = 16, kAlign = 256;
+    static StagingRing& get() {
+        thread_local StagingRing ring;
+        return ring;
+    }
+    ~StagingRing() {  // the thread ends (before the runtime does, also for the main thread)
+        if (!base_) return;
+        cudaDeviceSynchronize();  // the thread's copies out of the ring are done
+        for (auto& e : done_) cudaEventDestroy(e);
+        cudaFreeHost(base_);
+    }
+    // Queues the copy of bytes from src to dst through the ring; false (nothing queued) when it is larger than
+    // a segment (copy_to_device splits larger uploads).
+    bool copy(void* dst, const void* src, size_t bytes) {
+        if (bytes > kSegment) return false;
+        if (!base_) {
+            PG_CUDA(cudaMallocHost(&base_, kSegment * kSegments));
+            for (auto& e : done_) PG_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        }
+        cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+        PG_CUDA(cudaStreamIsCapturing(0, &cap));
+        if (cap != cudaStreamCaptureStatusNone)  // a captured copy would re-read a reused slot at replay
+            fail("upload during CUDA graph capture (per-step data must go into the graph's fixed buffers)");
+        const size_t need = (bytes + kAlign - 1) / kAlign * kAlign;
+        if (off_ + need > kSegment) {
+            PG_CUDA(cudaEventRecord(done_[seg_], 0));
+            used_[seg_] = true;
+            seg_ = (seg_ + 1) % kSegments;
+            off_ = 0;
+            if (used_[seg_]) PG_CUDA(cudaEventSynchronize(done_[seg_]));
+        }
+        char* p = static_cast<char*>(base_) + seg_ * kSegment + off_;
+        std::memcpy(p, src, bytes);
+        PG_CUDA(cudaMemcpyAsync(dst, p, bytes, cudaMemcpyHostToDevice, 0));
+        off_ += need;
+        return true;
+    }
+
+private:
+    void* base_ = nullptr;
+    size_t seg_ = 0, off_ = 0;
+    cudaEvent_t done_[kSegments] = {};
+    bool used_[kSegments] = {};
+};
+}  // namespace
+
+// Uploads larger than a segment go through the ring a segment at a time, since a copy from pageable memory may
+// wait for the stream (the step's page tables pass 4 MB at batch 128 and a 128K context).
+void copy_to_device(void* dst, const void* src, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += StagingRing::kSegment) {
+        const size_t n = std::min(bytes - o, StagingRing::kSegment);
+        char* d = static_cast<char*>(dst) + o;
+        const char* s = static_cast<const char*>(src) + o;
+        if (!StagingRing::get().copy(d, s, n)) PG_CUDA(cudaMemcpyAsync(d, s, n, cudaMemcpyHostToDevice, 0));
+    }
+}
+
+Tensor empty(DType dtype, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    auto keep = device_alloc(static_cast<size_t>(n) * dtype_size(dtype));
+    void* p = keep.get();
+    return Tensor::view(dtype, std::move(shape), p, Device::CUDA, std::move(keep));
+}
+
+Tensor to_device(const Tensor& host) {
+    PEREGRINE_CHECK(host.device() == Device::CPU, "to_device: tensor is already on the device");
+    Tensor t = empty(host.dtype(), host.shape());
+    if (host.nbytes()) PG_CUDA(cudaMemcpy(t.raw(), host.raw(), host.nbytes(), cudaMemcpyHostToDevice));
+    return t;
+}
+
+namespace {
+// Page-locked host buffers for results copied back every step (logits), reused: a copy into pageable memory
+// runs at a fraction of PCIe speed, and a fresh cudaMallocHost costs milliseconds. Buffers return to the pool
+// when their tensor goes; the pool lives as long as the process (never freed at exit, when the CUDA context
+// may already be gone).
+class PinnedPool {
+public:
+    static PinnedPool& get() {
+        static auto* pool = new PinnedPool;
+        return *pool;
+    }
+    std::shared_ptr<void> take(size_t bytes) {
+        void* p = nullptr;
+        {
+            std::lock_guard lk(mu_);
+            auto it = free_.lower_bound(bytes);
+            if (it != free_.end() && it->first <= 2 * bytes) {
+                p = it->second;
+                bytes = it->first;
+                free_.erase(it);
+            }
+        }
+        if (!p) PG_CUDA(cudaMallocHost(&p, bytes));
+        return std::shared_ptr<void>(p, [this, bytes](void* q) { give(q, bytes); });
+    }
+
+private:
+    void give(void* p, size_t bytes) {
+        std::lock_guard lk(mu_);
+        if (free_.size() >= 8) {  // bounded: drop the smallest
+            cudaFreeHost(free_.begin()->second);
+            free_.erase(free_.begin());
+        }
+        free_.emplace(bytes, p);
+    }
+    std::mutex mu_;
+    std::multimap<size_t, void*> free_;
+};
+}  // namespace
+
+// Small requests (the sampler's ids and logprobs, whose size follows the batch) are rounded up to a power of two
+// of at least 4 KB, so that a pooled buffer serves them again and no step pays for a fresh allocation (or for the
+// synchronising free of a buffer the bounded pool drops).
+std::shared_ptr<void> pinned_host_buffer(size_t bytes) {
+    size_t b = std::max<size_t>(bytes, 64);
+    if (b <= (size_t(1) << 20)) {
+        size_t r = 4096;
+        while (r < b) r <<= 1;
+        b = r;
+    }
+    return PinnedPool::get().take(b);
+}
+
+Tensor to_host_pinned(const Tensor& dev, double* wait_ms) {
+    PEREGRINE_CHECK(dev.device() == Device::CUDA, "to_host: tensor is not on the device");
+    auto keep = pinned_host_buffer(dev.nbytes());
+    void* p = keep.get();
+    if (dev.nbytes()) {  // the step's one wait: for its results
+        PG_CUDA(cudaMemcpyAsync(p, dev.raw(), dev.nbytes(), cudaMemcpyDeviceToHost, 0));
+        const auto t0 = std::chrono::steady_clock::now();
+        PG_CUDA(cudaStreamSynchronize(0));
+        if (wait_ms)
+            *wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    }
+    return Tensor::view(dev.dtype(), dev.shape(), p, Device::CPU, std::move(keep));
+}
+
+Tensor to_host(const Tensor& dev) {
+    PEREGRINE_CHECK(dev.device() == Device::CUDA, "to_host: tensor is not on the device");
+    Tensor t = Tensor::zeros(dev.dtype(), dev.shape());
+    if (dev.nbytes()) PG_CUDA(cudaMemcpy(t.raw(), dev.raw(), dev.nbytes(), cudaMemcpyDeviceToHost));
+    return t;
+}
+
+}  // namespace peregrine::cuda

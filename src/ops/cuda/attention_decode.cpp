@@ -47,11 +47,7 @@ void CudaBackend::begin_decode(const ForwardBatch& batch, CudaScratch& scratch) 
     if (graphs) {
         auto& slot = decode_sets_[T];
         if (!slot || slot->cap != cap) {
-            if (slot) {  // a new cap: the graphs of this T read the old buffers
-                PG_CUDA(cudaStreamSynchronize(launch_stream()));
-                for (auto it = layer_graphs_.begin(); it != layer_graphs_.end();)
-                    it = it->first.second == T ? layer_graphs_.erase(it) : std::next(it);
-            }
+            if (slot) graph_runner_.drop(GraphRunner::Kind::decoder_layer, T);  // a new cap: they read old buffers
             slot = std::make_shared<DecodeSet>();
             slot->cap = cap;
             slot->step_bytes = paged_step_bytes(T, T, T * layout_.pages_for(cap));

@@ -86,7 +86,7 @@ void CudaBackend::bind_thread() { PG_CUDA(cudaSetDevice(gpu_)); }
 CudaBackend::~CudaBackend() {
     cudaSetDevice(gpu_);
     cudaDeviceSynchronize();
-    moe_graphs_.clear();
+    graph_runner_.drop_all();
     linear_cublas_release();
 }
 

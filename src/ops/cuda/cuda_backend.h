@@ -8,6 +8,7 @@
 #include "ops/backend.h"
 #include "ops/cuda/cuda_sampler.h"
 #include "ops/cuda/device_memory.h"
+#include "ops/cuda/graph_runner.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/linear_dispatch.h"
 #include "ops/cuda/weight_cache.h"
@@ -152,8 +153,8 @@ public:
     // The hc mixes of decode-sized steps on a side stream (on by default, Fast numerics); returns the previous setting.
     bool set_side_mixes(bool on);
     // Graph replays / captures so far (tests, benchmarks).
-    int64_t graph_replays() const { return graph_replays_; }
-    int64_t graph_captures() const { return graph_captures_; }
+    int64_t graph_replays() const { return graph_runner_.replays(); }
+    int64_t graph_captures() const { return graph_runner_.captures(); }
 
 private:
     friend class OpTimer;
@@ -216,14 +217,9 @@ private:
     // The MoE block through its graph (captured on the second call at this layer and size); false: run it
     // eagerly (first call, or capture not possible).
     bool moe_graph(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids, Tensor& out);
-    // Destroys every graph (after the device is idle).
-    void drop_graphs();
-    struct MoeGraph;
     bool graphs_ = true;
+    GraphRunner graph_runner_;
     double host_wait_ms_ = 0;
-    int64_t graph_replays_ = 0, graph_captures_ = 0;
-    std::map<std::pair<const void*, int64_t>, std::shared_ptr<MoeGraph>> moe_graphs_;
-    void* graph_scratch_[3] = {nullptr, nullptr, nullptr};  // the GEMV scratch the graphs were captured with
     // Decode steps (attention_decode.cpp): one token per sequence, Numerics::Fast. Every table and list the
     // attention block reads is worked out on the device from the step's page tables, so the block uploads nothing
     // and launches the same kernels for any step of (T, cap): a layer is captured as a graph per T (layer_graph).
@@ -239,13 +235,9 @@ private:
     // block as attention_decode, the MoE block as moe_body); false: run it eagerly.
     bool layer_graph(const BlockWeight& b, const AttentionLayerInfo& info, CudaScratch& scratch,
                      const std::vector<int32_t>& ids, Tensor& h, Tensor& pre);
-    struct LayerGraph;
     std::map<int64_t, std::shared_ptr<DecodeSet>> decode_sets_;
-    std::map<std::pair<int, int64_t>, std::shared_ptr<LayerGraph>> layer_graphs_;
     int64_t graph_cap_tokens_ = 2048;
     bool decode_tables_ = true;
-    // Graph captures read the GEMV's grow-only scratch: grown once before the first, every graph dropped if it moved.
-    void prepare_graph_scratch();
     struct Emitted;  // compressor output
     Emitted run_compressor(const CompressorWeight& cw, size_t carry_offset, const Tensor& x, ForwardBatch& batch);
 

@@ -1,0 +1,130 @@
+#include "ops/cuda/graph_runner.h"
+#include "ops/cuda/device_memory.h"
+#include "ops/cuda/launch_check.h"
+#include "ops/cuda/launch_stream.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <string>
+
+namespace peregrine::cuda {
+
+void* gemv_scratch(int which, size_t bytes, bool zero);  // linear_gemv.cu
+
+namespace {
+constexpr int kScratchSlots = 3;
+bool scratch_moved(void* const (&captured)[kScratchSlots]) {
+    for (int i = 0; i < kScratchSlots; ++i)
+        if (gemv_scratch(i, 0, i == 1) != captured[i]) return true;
+    return false;
+}
+}  // namespace
+
+struct GraphRunner::Region {
+    int64_t version = 0;
+    int eager_runs = 0;
+    bool failed = false;  // capture was not possible: this region stays eager
+    cudaGraphExec_t exec = nullptr;
+    std::vector<Tensor> in, out;  // the fixed buffers
+    std::shared_ptr<void> ids;    // [rows] token ids
+    std::shared_ptr<void> note;   // what the caller noted after the capture (Hooks)
+    ~Region() {
+        if (exec) cudaGraphExecDestroy(exec);
+    }
+};
+
+GraphRunner::~GraphRunner() { regions_.clear(); }
+
+void GraphRunner::drop(Kind kind, int64_t rows) {
+    PG_CUDA(cudaStreamSynchronize(launch_stream()));
+    for (auto it = regions_.begin(); it != regions_.end();)
+        it = it->first.kind == kind && it->first.rows == rows ? regions_.erase(it) : std::next(it);
+}
+
+void GraphRunner::drop_all() {
+    if (regions_.empty()) return;
+    PG_CUDA(cudaStreamSynchronize(0));
+    regions_.clear();
+    for (void*& p : scratch_) p = nullptr;
+}
+
+void GraphRunner::prepare_scratch() {
+    // The GEMV scratch moved (grown by a larger call): the captured graphs point at freed memory.
+    if (scratch_[0] && scratch_moved(scratch_)) drop_all();
+    if (!scratch_[0]) {  // room for every decode-sized GEMV, so that no capture grows it
+        scratch_[0] = gemv_scratch(0, size_t(64) << 20, false);
+        scratch_[1] = gemv_scratch(1, size_t(4) << 20, true);
+        scratch_[2] = gemv_scratch(2, size_t(4) << 20, false);  // 32 staged rows of K up to ~61,000
+    }
+}
+
+bool GraphRunner::capture(Region& r, const Key& key, const Body& body) {
+    cudaGraph_t graph = nullptr;
+    PG_CUDA(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeThreadLocal));
+    std::string why;
+    try {
+        body(r.in, static_cast<const int32_t*>(r.ids.get()), r.out);
+    } catch (const std::exception& e) {
+        why = e.what();
+    }
+    cudaError_t e = cudaStreamEndCapture(cudaStreamPerThread, &graph);
+    if (why.empty() && e != cudaSuccess) why = cudaGetErrorString(e);
+    if (why.empty()) {
+        e = cudaGraphInstantiate(&r.exec, graph, 0);
+        if (e != cudaSuccess) {
+            why = cudaGetErrorString(e);
+            r.exec = nullptr;
+        }
+    }
+    if (graph) cudaGraphDestroy(graph);
+    if (why.empty() && scratch_moved(scratch_)) why = "the GEMV scratch grew during capture";
+    if (why.empty()) return true;
+    cudaGetLastError();  // capture errors are not sticky
+    std::fprintf(stderr, "peregrine: CUDA graph for the %s at %lld rows not used: %s\n",
+                 key.kind == Kind::decoder_layer ? "decoder layer" : "MoE block", static_cast<long long>(key.rows),
+                 why.c_str());
+    if (r.exec) cudaGraphExecDestroy(r.exec);
+    r.exec = nullptr;
+    r.failed = true;
+    return false;
+}
+
+bool GraphRunner::run(const Key& key, int64_t version, const std::vector<Tensor>& in, const int32_t* ids,
+                      const std::vector<Tensor>& out_like, std::vector<Tensor>& out, const Body& body,
+                      const Hooks& hooks) {
+    prepare_scratch();
+    auto& slot = regions_[key];
+    if (!slot || slot->version != version) {
+        slot = std::make_shared<Region>();
+        slot->version = version;
+    }
+    Region& r = *slot;
+    if (r.failed) return false;
+    if (!r.exec) {
+        if (r.eager_runs++ == 0) return false;
+        for (const Tensor& t : in) r.in.push_back(empty(t.dtype(), t.shape()));
+        for (const Tensor& t : out_like) r.out.push_back(empty(t.dtype(), t.shape()));
+        r.ids = device_alloc(sizeof(int32_t) * static_cast<size_t>(key.rows));
+        if (hooks.before_capture) hooks.before_capture();
+        if (!capture(r, key, body)) return false;
+        if (hooks.after_capture) hooks.after_capture(r.note);
+        ++captures_;
+    } else if (hooks.on_replay) {
+        hooks.on_replay(r.note);
+    }
+    for (size_t i = 0; i < in.size(); ++i)
+        PG_CUDA(cudaMemcpyAsync(r.in[i].raw(), in[i].raw(), in[i].nbytes(), cudaMemcpyDeviceToDevice, 0));
+    PG_CUDA(cudaMemcpyAsync(r.ids.get(), ids, sizeof(int32_t) * static_cast<size_t>(key.rows),
+                            cudaMemcpyDeviceToDevice, 0));
+    PG_CUDA(cudaGraphLaunch(r.exec, cudaStreamPerThread));
+    out.clear();
+    for (const Tensor& t : r.out) {
+        out.push_back(empty(t.dtype(), t.shape()));
+        PG_CUDA(cudaMemcpyAsync(out.back().raw(), t.raw(), t.nbytes(), cudaMemcpyDeviceToDevice, 0));
+    }
+    ++replays_;
+    return true;
+}
+
+}  // namespace peregrine::cuda

@@ -6,6 +6,7 @@
 // logits agree with the reference to rounding noise; the exact ones are bit-identical to it (see numerics_
 // and docs/cuda-backend.md). Logits come back in host memory.
 #include "ops/backend.h"
+#include "ops/cuda/attention_planner.h"
 #include "ops/cuda/cuda_sampler.h"
 #include "ops/cuda/device_memory.h"
 #include "ops/cuda/graph_runner.h"
@@ -25,10 +26,12 @@ struct CudaScratch : StepScratch {
     // Compressed-entry selection of the most recent index source: [T, k] (-1: none) and counts [T].
     std::shared_ptr<void> topk, topk_count;
     int topk_k = 0;
-    // Level-1 candidate mask of the candidate source: [T, mask_stride] bytes (a bit per candidate block) and its
-    // width per row.
-    std::shared_ptr<void> mask, mask_width;
+    // Level-1 candidate mask of the candidate source: [T, mask_stride] bytes (a bit per candidate block), its ratio
+    // and (prefill planner) its width per row.
+    std::shared_ptr<void> mask;
+    std::shared_ptr<const int64_t> mask_width;
     int64_t mask_stride = 0;
+    int mask_ratio = 0;
     // Numerics::Fast: the step's page tables on the device (uploaded by the first attention layer).
     std::shared_ptr<void> paged_keep;
     PagedSeqs paged;
@@ -38,7 +41,6 @@ struct CudaScratch : StepScratch {
     int decode = -1;
     int64_t cap = 0;
     struct DecodeSet* set = nullptr;
-    int mask_ratio = 0;  // the candidate source's ratio (decode steps: its users' widths are their own)
 };
 
 // Per decode batch size: the buffers a step's layer graphs read and write at fixed addresses (the step's page
@@ -48,7 +50,7 @@ struct DecodeSet {
     int64_t cap = 0;
     std::shared_ptr<void> step;
     size_t step_bytes = 0;
-    std::map<int, std::pair<std::shared_ptr<void>, size_t>> slots;  // by DecodeSlot
+    std::map<int, std::pair<std::shared_ptr<void>, size_t>> slots;  // by StepSlot (attention_planner.h)
 };
 
 // State pages and carries in one GPU's memory; copies on the calling thread's stream.
@@ -159,6 +161,8 @@ public:
 private:
     friend class OpTimer;
     friend class CudaSampler;
+    friend class PrefillPlanner;
+    friend class DecodePlanner;
     struct TimedEvent {
         std::string name;
         void* start;
@@ -224,22 +228,16 @@ private:
     // attention block reads is worked out on the device from the step's page tables, so the block uploads nothing
     // and launches the same kernels for any step of (T, cap): a layer is captured as a graph per T (layer_graph).
     void begin_decode(const ForwardBatch& batch, CudaScratch& scratch);
-    struct DecodePlan;
-    DecodePlan decode_plan(const PagedSeqs& p, int64_t T, int ratio, int64_t cap, const size_t* carry_offset);
-    Tensor compress_decode(const CompressorWeight& cw, const Tensor& x, const DecodePlan& plan);
-    Tensor attention_decode(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
-                            CudaScratch& scratch);
-    // A buffer the step's later layers read: from the step's DecodeSet if it has one (fixed), else fresh.
-    std::shared_ptr<void> decode_buffer(CudaScratch& scratch, int slot, size_t bytes);
+    // The attention block's skeleton (attention.cpp) over a planner's tables (attention_planner.h).
+    Tensor attend(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info, AttentionPlanner& plan,
+                  CudaScratch& scratch);
     // A decode step's decoder layer through its graph (captured on the second call at this T and cap; the attention
-    // block as attention_decode, the MoE block as moe_body); false: run it eagerly.
+    // block through the decode planner, the MoE block as moe_body); false: run it eagerly.
     bool layer_graph(const BlockWeight& b, const AttentionLayerInfo& info, CudaScratch& scratch,
                      const std::vector<int32_t>& ids, Tensor& h, Tensor& pre);
     std::map<int64_t, std::shared_ptr<DecodeSet>> decode_sets_;
     int64_t graph_cap_tokens_ = 2048;
     bool decode_tables_ = true;
-    struct Emitted;  // compressor output
-    Emitted run_compressor(const CompressorWeight& cw, size_t carry_offset, const Tensor& x, ForwardBatch& batch);
 
     // Mixing coefficients (hc_mixes / hc_head) by numerics and size: exact kernel, small-T kernels,
     // or the FP64 tensor-core kernel.

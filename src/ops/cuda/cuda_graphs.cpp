@@ -1,7 +1,7 @@
 // The CUDA backend's graphed regions (graph_runner.h), at decode sizes:
-// - a decode step's decoder layer (hc mixes on the side stream, collapse and norm, the attention block of
-//   attention_decode.cpp, expand, the MoE block, ...: about sixty launches) depends on T and the step's cap: it reads
-//   the step's page tables and earlier layers' selections from its DecodeSet's fixed buffers;
+// - a decode step's decoder layer (hc mixes on the side stream, collapse and norm, the attention block with the
+//   decode planner of attention_decode.cpp, expand, the MoE block, ...: about sixty launches) depends on T and the
+//   step's cap: it reads the step's page tables and earlier layers' selections from its DecodeSet's fixed buffers;
 // - another step's MoE block (gate, routing, expert tiles, routed and shared experts, combine: about fifteen launches
 //   per layer) depends only on T.
 // The temporaries are allocated inside the graph (stream-ordered allocation nodes).
@@ -57,7 +57,10 @@ bool CudaBackend::layer_graph(const BlockWeight& b, const AttentionLayerInfo& in
     const bool ran = graph_runner_.run(
         {GraphRunner::Kind::decoder_layer, &b, T}, scratch.cap, {h, pre}, upload_ids(ids).ptr, {h, pre}, out,
         [&](const std::vector<Tensor>& in, const int32_t* ids_d, std::vector<Tensor>& fixed_out) {
-            const LayerBlocks blocks{[&](const Tensor& x) { return attention_decode(x, b.attn, info, scratch); },
+            const LayerBlocks blocks{[&](const Tensor& x) {
+                                         auto plan = decode_planner(*this, scratch, T);
+                                         return attend(x, b.attn, info, *plan, scratch);
+                                     },
                                      [&](const Tensor& x) {
                                          Tensor o = empty(DType::F32, {T, cfg_.dim});
                                          moe_body(x, b.ffn, ids_d, o);

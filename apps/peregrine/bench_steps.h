@@ -28,7 +28,7 @@ public:
           pool_(m.backend().state_memory(), m.layout(), pages_per_seq_ * n_seqs),
           seqs_(static_cast<size_t>(n_seqs)) {
         const StateLayout& L = m.layout();
-        be.fill_state_random(pool_.base(), static_cast<size_t>(pages_per_seq_ * n_seqs) * L.page_bytes, 12345);
+        be.fill_state_random(pool_, 12345);
         for (int s = 0; s < n_seqs; ++s) {
             SeqState& st = seqs_[static_cast<size_t>(s)];
             pool_.init(st);

@@ -210,9 +210,10 @@ int run_bench(const BenchArgs& a) {
                 bw, kFp8DensePeakTflops);
     const StateBytes sb = state_bytes(*model);
     std::printf("state (packed entries): %.0f B/token (window K=V %.0f, compressed latents %.0f, indexer keys %.0f); "
-                "pages of %d tokens: %zu B (%.0f B/token with padding and the carry snapshot)\n",
-                sb.total(), sb.window, sb.comp, sb.index, model->layout().page_tokens, model->layout().page_bytes,
-                static_cast<double>(model->layout().page_bytes) / model->layout().page_tokens);
+                "pages of %d tokens: %zu B (window %zu, history %zu; %.0f B/token with padding and the carry snapshot)\n",
+                sb.total(), sb.window, sb.comp, sb.index, model->layout().page_tokens, model->layout().row_bytes(),
+                model->layout().page_bytes[kWindowPages], model->layout().page_bytes[kHistoryPages],
+                static_cast<double>(model->layout().row_bytes()) / model->layout().page_tokens);
     std::printf("CUDA graphs (PEREGRINE_CUDA_GRAPHS): %s\n",
                 be.graphs() ? "on (decode attention and MoE blocks)" : "off");
     if (a.overlap)
@@ -270,7 +271,7 @@ int run_bench(const BenchArgs& a) {
         for (int64_t B : parse_list(a.decode_batches)) {
             nlohmann::json row{{"mode", "decode"}, {"batch", B}, {"context", ctx}};
             const int64_t pages = B * model->layout().pages_for(ctx + a.steps + 3);
-            const double need = static_cast<double>(pages) * model->layout().page_bytes;
+            const double need = static_cast<double>(pages) * model->layout().row_bytes();
             if (skip_rest || need > 0.85 * static_cast<double>(be.free_memory())) {
                 row["skipped"] = skip_rest ? "previous batch exceeded --max-step-seconds" : "state pages do not fit";
                 std::printf("%-8lld %-8lld %10s\n", static_cast<long long>(B), static_cast<long long>(ctx),

@@ -153,9 +153,9 @@ int run_serve(ServeArgs& a) {
     progress.begin("state pages");
     const auto& cfg = model->config();
     const int64_t kv_bytes = parse_memory(a.kv_memory);
-    const int64_t pages = PagePool::pages_for_budget(model->layout(), kv_bytes);
+    const int64_t pages = PagePool::rows_for_budget(model->layout(), kv_bytes);
     PEREGRINE_CHECK(pages > 0, "--kv-memory {} holds no state page ({} bytes each)", a.kv_memory,
-                    model->layout().page_bytes);
+                    model->layout().row_bytes());
 
     EngineOptions eo;
     eo.max_running_requests = a.max_running;
@@ -199,7 +199,7 @@ int run_serve(ServeArgs& a) {
         cfg.vocab_size, tok_source.c_str(), std::string(chat_format_name(ao.chat_format)).c_str(),
         a.dp > 1 ? fmt::format("{} ranks: data-parallel attention, expert-parallel MoE", a.dp).c_str() : "one rank",
         static_cast<long long>(pages), model->layout().page_tokens, static_cast<long long>(engine.kv_tokens()),
-        static_cast<double>(pages * static_cast<int64_t>(model->layout().page_bytes)) / (1 << 20),
+        static_cast<double>(pages * static_cast<int64_t>(model->layout().row_bytes())) / (1 << 20),
         eo.radix_cache ? "on" : "off", static_cast<long long>(engine.context_length()), a.max_running, a.max_queued,
         a.chunked_prefill, eo.overlap_schedule != 0 && a.dp == 1 && model->backend().sampler().async() ? "on" : "off",
         secs);

@@ -13,7 +13,7 @@ CacheManager::CacheManager(StateMemory& memory, const StateLayout& layout, int64
 CacheManager::~CacheManager() { cache_.reset(); }  // its pages back to the pool before the pool goes
 
 int64_t CacheManager::available_pages() const {
-    return pool_.free_pages() + (cache_ ? cache_->stats().evictable_pages : 0);
+    return pool_.free_rows() + (cache_ ? cache_->stats().evictable_pages : 0);
 }
 
 int64_t CacheManager::admit(CachedSequence& s, std::span<const int32_t> tokens) {
@@ -39,8 +39,8 @@ int64_t CacheManager::admit(CachedSequence& s, std::span<const int32_t> tokens) 
 bool CacheManager::reserve(CachedSequence& s, int64_t n_tokens) {
     const int64_t need = pool_.layout().pages_for(n_tokens) - static_cast<int64_t>(s.state.pages.size());
     if (need <= 0) return true;
-    if (pool_.free_pages() < need && cache_) cache_->evict(need - pool_.free_pages());
-    if (pool_.free_pages() < need) return false;
+    if (pool_.free_rows() < need && cache_) cache_->evict(need - pool_.free_rows());
+    if (pool_.free_rows() < need) return false;
     return pool_.reserve(s.state, n_tokens);
 }
 
@@ -77,7 +77,7 @@ int64_t CacheManager::flush() { return cache_ ? cache_->clear() : 0; }
 CacheManager::Stats CacheManager::stats() const {
     Stats st;
     st.pages_total = pool_.capacity();
-    st.pages_used = pool_.used_pages();
+    st.pages_used = pool_.used_rows();
     st.pages_cached = cache_ ? cache_->stats().cached_pages : 0;
     st.pages_evictable = cache_ ? cache_->stats().evictable_pages : 0;
     return st;

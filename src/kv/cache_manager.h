@@ -1,8 +1,8 @@
 #pragma once
-// The state of the engine's running sequences: pages from one pool, shared through the prefix cache. A sequence
-// is admitted (its prompt's cached prefix matched and locked, its state resumed after it), grows page by page
-// (evicting unused cached pages when the pool runs short), shares its completed pages while it runs, and hands
-// them to the cache when it ends or is preempted.
+// The state of the engine's running sequences: pages from one pool, shared through the prefix cache, counted in
+// rows (a page of each table: sequence_state.h). A sequence is admitted (its prompt's cached prefix matched and
+// locked, its state resumed after it), grows page by page (evicting unused cached pages when the pool runs short),
+// shares its completed pages while it runs, and hands them to the cache when it ends or is preempted.
 #include "kv/page_pool.h"
 #include "kv/prefix_cache.h"
 

@@ -1,6 +1,7 @@
 #include "kv/page_pool.h"
 #include "util/error.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace peregrine {
@@ -36,47 +37,67 @@ CarrySlot CarryPool::take() {
     return {this, p};
 }
 
-PagePool::PagePool(StateMemory& memory, const StateLayout& layout, int64_t n_pages)
-    : memory_(memory), layout_(layout), n_pages_(static_cast<size_t>(n_pages)), carries_(memory, layout.carry_bytes),
+PagePool::PagePool(StateMemory& memory, const StateLayout& layout, int64_t n_rows)
+    : memory_(memory), layout_(layout), n_rows_(n_rows), carries_(memory, layout.carry_bytes),
       initial_carry_(layout.initial_carry()) {
-    PEREGRINE_CHECK(n_pages > 0, "page pool needs at least one page");
-    base_ = memory_.alloc(n_pages_ * layout_.page_bytes);
-    free_.reserve(n_pages_);
-    for (int64_t i = n_pages - 1; i >= 0; --i) free_.push_back(static_cast<int32_t>(i));
+    PEREGRINE_CHECK(n_rows > 0, "page pool needs at least one page");
+    for (int t = 0; t < kPageTables; ++t) {
+        const size_t bytes = static_cast<size_t>(n_rows_) * layout_.page_bytes[static_cast<size_t>(t)];
+        if (bytes > 0) base_[static_cast<size_t>(t)] = memory_.alloc(bytes);
+        auto& f = free_[static_cast<size_t>(t)];
+        f.reserve(static_cast<size_t>(n_rows_));
+        for (int64_t i = n_rows_ - 1; i >= 0; --i) f.push_back(static_cast<int32_t>(i));
+    }
 }
 
-PagePool::~PagePool() { memory_.free(base_); }
-
-int64_t PagePool::pages_for_budget(const StateLayout& layout, int64_t bytes) {
-    return bytes / static_cast<int64_t>(layout.page_bytes);
+PagePool::~PagePool() {
+    for (uint8_t* b : base_)
+        if (b) memory_.free(b);
 }
 
-int32_t PagePool::alloc() {
-    if (free_.empty()) return -1;
-    int32_t p = free_.back();
-    free_.pop_back();
-    return p;
+int64_t PagePool::rows_for_budget(const StateLayout& layout, int64_t bytes) {
+    return bytes / static_cast<int64_t>(layout.row_bytes());
 }
 
-void PagePool::free(int32_t page) { free_.push_back(page); }
+int64_t PagePool::free_rows() const {
+    return static_cast<int64_t>(std::min(free_[kHistoryPages].size(), free_[kWindowPages].size()));
+}
+
+PageRow PagePool::alloc() {
+    PageRow row;
+    row.fill(-1);
+    if (free_rows() == 0) return row;
+    for (size_t t = 0; t < row.size(); ++t) {
+        row[t] = free_[t].back();
+        free_[t].pop_back();
+    }
+    return row;
+}
+
+void PagePool::free(const PageRow& row) {
+    for (size_t t = 0; t < row.size(); ++t)
+        if (row[t] >= 0) free_[t].push_back(row[t]);
+}
+
+void PagePool::attach(SeqState& s) const { s.pool = base_; }
 
 bool PagePool::reserve(SeqState& s, int64_t n_tokens) {
     int64_t need = layout_.pages_for(n_tokens) - static_cast<int64_t>(s.pages.size());
     if (need <= 0) return true;
-    if (need > free_pages()) return false;
-    s.pool = base_;
+    if (need > free_rows()) return false;
+    attach(s);
     for (int64_t i = 0; i < need; ++i) s.pages.push_back(alloc());
     return true;
 }
 
 void PagePool::release(SeqState& s) {
-    for (int32_t p : s.pages) free(p);
+    for (const PageRow& row : s.pages) free(row);
     s.pages.clear();
     s.carry.reset();
 }
 
 void PagePool::init(SeqState& s) {
-    s.pool = base_;
+    attach(s);
     s.tokens.clear();
     s.n_cached = 0;
     if (!s.carry) s.carry = carries_.take();
@@ -91,14 +112,12 @@ void PagePool::restore(SeqState& s, int64_t n_tokens) {
         init(s);
         return;
     }
-    s.pool = base_;
+    attach(s);
     s.tokens.resize(static_cast<size_t>(n_tokens));
     s.n_cached = n_tokens;
     if (!s.carry) s.carry = carries_.take();
     if (s.carry)  // stream-ordered after the step that wrote the snapshot
-        memory_.copy(s.carry.get(),
-                     layout_.page_ptr(base_, s.pages.at(static_cast<size_t>(n_tokens / P - 1))) + layout_.snapshot_offset,
-                     layout_.carry_bytes);
+        memory_.copy(s.carry.get(), layout_.snapshot(s, n_tokens / P - 1), layout_.carry_bytes);
 }
 
 }  // namespace peregrine

@@ -1,11 +1,12 @@
 #pragma once
-// State memory for sequences: fixed-size pages carved from one allocation, and a carry-over slot per sequence.
-// The pool sets a sequence's state up (fresh, or resumed at a page boundary from the page's snapshot) and takes
-// its pages and slot back.
+// State memory for sequences: fixed-size pages of each page table (sequence_state.h) carved from one allocation
+// per table, and a carry-over slot per sequence. The pool sets a sequence's state up (fresh, or resumed at a page
+// boundary from the page's snapshot) and takes its pages and slot back.
 #include "kv/sequence_state.h"
 #include "kv/state_layout.h"
 #include "kv/state_memory.h"
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -31,27 +32,31 @@ private:
     std::vector<uint8_t*> chunks_, free_;
 };
 
+// Every table has n_rows pages; a sequence takes a row of pages (one of each table) per page_tokens tokens.
 class PagePool {
 public:
-    PagePool(StateMemory& memory, const StateLayout& layout, int64_t n_pages);
+    PagePool(StateMemory& memory, const StateLayout& layout, int64_t n_rows);
     ~PagePool();
     PagePool(const PagePool&) = delete;
     PagePool& operator=(const PagePool&) = delete;
 
-    // Pages that fit in `bytes` for this layout.
-    static int64_t pages_for_budget(const StateLayout& layout, int64_t bytes);
+    // Rows of pages that fit in `bytes` for this layout.
+    static int64_t rows_for_budget(const StateLayout& layout, int64_t bytes);
 
-    uint8_t* base() const { return base_; }
-    int64_t capacity() const { return static_cast<int64_t>(n_pages_); }
-    int64_t free_pages() const { return static_cast<int64_t>(free_.size()); }
-    int64_t used_pages() const { return capacity() - free_pages(); }
+    // Table t's pages: page id i at base(t) + i * layout().page_bytes[t].
+    uint8_t* base(PageTable t) const { return base_[t]; }
+    int64_t capacity() const { return n_rows_; }
+    // Rows that can be taken now (the scarcest table's free pages).
+    int64_t free_rows() const;
+    int64_t used_rows() const { return capacity() - free_rows(); }
     const StateLayout& layout() const { return layout_; }
     StateMemory& memory() { return memory_; }
 
-    // A free page id, or -1 when the pool is exhausted.
-    int32_t alloc();
-    void free(int32_t page);
-    // Grows a sequence's page table to cover n_tokens; false (and nothing allocated) if the pool is short.
+    // A free row of pages, or a row of -1 when the pool is exhausted.
+    PageRow alloc();
+    // The row's pages (those held: not -1) back to the pool.
+    void free(const PageRow& row);
+    // Grows a sequence's page tables to cover n_tokens; false (and nothing allocated) if the pool is short.
     bool reserve(SeqState& s, int64_t n_tokens);
     // Returns all of a sequence's pages and its carry slot.
     void release(SeqState& s);
@@ -63,11 +68,12 @@ public:
     void restore(SeqState& s, int64_t n_tokens);
 
 private:
+    void attach(SeqState& s) const;  // the sequence's table bases: this pool's
     StateMemory& memory_;
     StateLayout layout_;
-    size_t n_pages_;
-    uint8_t* base_ = nullptr;
-    std::vector<int32_t> free_;
+    int64_t n_rows_;
+    std::array<uint8_t*, kPageTables> base_{};
+    std::array<std::vector<int32_t>, kPageTables> free_;
     CarryPool carries_;
     std::vector<uint8_t> initial_carry_;
 };

@@ -1,8 +1,10 @@
 #pragma once
-// A cache of whole state pages keyed by the tokens before them. Since a full page is never written again and
-// carries the compressor snapshot of its last token, any shared prefix of whole pages can be resumed exactly
-// (PagePool::restore), whatever the compression ratios of the layers. Sequences lock the path they match or
-// share; only pages no sequence uses are evicted.
+// A cache of whole rows of state pages (sequence_state.h: a page of each table) keyed by the tokens before them.
+// Since a full row is never written again and carries the compressor snapshot of its last token, any shared
+// prefix of whole rows can be resumed exactly (PagePool::restore), whatever the compression ratios of the layers.
+// Sequences lock the path they match or share; only rows no sequence uses are evicted. Counts are in rows ("pages").
+#include "kv/sequence_state.h"
+
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -16,7 +18,7 @@ public:
     using Handle = Node*;
 
     struct Match {
-        std::vector<int32_t> pages;  // pages[i] holds tokens [i*P, (i+1)*P)
+        std::vector<PageRow> pages;  // pages[i] holds tokens [i*P, (i+1)*P)
         Handle last = nullptr;       // the matched path, locked until unlock(last)
     };
 
@@ -33,11 +35,11 @@ public:
     virtual void unlock(Handle last) = 0;
     // Hands a sequence's first n_pages pages over (pages[i] holds tokens [i*P, (i+1)*P)); a page whose prefix is
     // already cached under another page goes back to the pool.
-    virtual void insert(std::span<const int32_t> tokens, std::span<const int32_t> pages, int64_t n_pages) = 0;
+    virtual void insert(std::span<const int32_t> tokens, std::span<const PageRow> pages, int64_t n_pages) = 0;
     // Shares a running sequence's newly completed pages [from_page, to_page) while it keeps using them, locked for
     // it below `last` (its locked path). Stops at a page whose prefix another sequence cached under a different
     // page (that page stays the sequence's own). Returns the new path end; `to_page` becomes the count shared.
-    virtual Handle extend(Handle last, std::span<const int32_t> tokens, std::span<const int32_t> pages,
+    virtual Handle extend(Handle last, std::span<const int32_t> tokens, std::span<const PageRow> pages,
                           int64_t from_page, int64_t& to_page) = 0;
     // Frees up to n pages no sequence uses, least recently used first; returns how many.
     virtual int64_t evict(int64_t n) = 0;

@@ -13,7 +13,7 @@ RadixCache::~RadixCache() {
     while (!stack.empty()) {
         Node* n = stack.back();
         stack.pop_back();
-        if (n->page >= 0) pool_.free(n->page);
+        if (n != &root_) pool_.free(n->page);
         for (auto& [k, c] : n->children) stack.push_back(c.get());
     }
 }
@@ -54,7 +54,7 @@ void RadixCache::unlock(Handle last) {
     }
 }
 
-void RadixCache::insert(std::span<const int32_t> tokens, std::span<const int32_t> pages, int64_t n_pages) {
+void RadixCache::insert(std::span<const int32_t> tokens, std::span<const PageRow> pages, int64_t n_pages) {
     PEREGRINE_CHECK(
         static_cast<int64_t>(tokens.size()) >= n_pages * P_ && static_cast<int64_t>(pages.size()) >= n_pages,
         "radix cache: insert of {} pages needs their tokens and pages", n_pages);
@@ -81,7 +81,7 @@ void RadixCache::insert(std::span<const int32_t> tokens, std::span<const int32_t
     }
 }
 
-PrefixCache::Handle RadixCache::extend(Handle last, std::span<const int32_t> tokens, std::span<const int32_t> pages,
+PrefixCache::Handle RadixCache::extend(Handle last, std::span<const int32_t> tokens, std::span<const PageRow> pages,
                                      int64_t from_page, int64_t& to_page) {
     Node* n = last ? last : &root_;
     ++clock_;

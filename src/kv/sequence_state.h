@@ -1,9 +1,19 @@
 #pragma once
-// One sequence's state: its page table into a pool, its token history and its compressor carry-over.
+// One sequence's state: its page tables into a pool, its token history and its compressor carry-over.
+#include <array>
 #include <cstdint>
 #include <vector>
 
 namespace peregrine {
+
+// A sequence's state lives in two page tables (StateLayout places each section in one): the sliding window's K=V,
+// which only a sequence's last tokens read, so that its old pages can go back to the pool on their own; and the
+// history (compressed entries, indexer keys, the carry snapshot), which a sequence keeps whole.
+enum PageTable : int { kHistoryPages = 0, kWindowPages = 1, kPageTables = 2 };
+
+// Row i of a sequence's page tables: in each table, the page holding tokens [i*page_tokens, (i+1)*page_tokens)
+// (-1: none).
+using PageRow = std::array<int32_t, kPageTables>;
 
 class CarryPool;
 
@@ -28,8 +38,8 @@ private:
 };
 
 struct SeqState {
-    uint8_t* pool = nullptr;        // base of the page pool the ids refer to
-    std::vector<int32_t> pages;     // page i holds tokens [i*page_tokens, (i+1)*page_tokens)
+    std::array<uint8_t*, kPageTables> pool{};  // each table's pages in the pool the ids refer to
+    std::vector<PageRow> pages;     // row i: the pages holding tokens [i*page_tokens, (i+1)*page_tokens)
     std::vector<int32_t> tokens;    // every token id fed so far (engram history, prefix keys)
     int64_t n_cached = 0;           // tokens whose state is in the pages
     CarrySlot carry;                // compressor partial groups, in state memory (PagePool::init / restore)

@@ -10,12 +10,13 @@ StateLayout make_state_layout(const StateSpec& spec, int page_tokens) {
     PEREGRINE_CHECK(page_tokens > 0, "pages need at least one token, not {}", page_tokens);
     StateLayout s;
     s.page_tokens = page_tokens;
-    size_t off = 0;
-    auto place = [&](const SectionSpec& in) {
+    std::array<size_t, kPageTables> off{};  // bytes so far in a page of each table
+    auto place = [&](const SectionSpec& in, PageTable table) {
         StateSection sec;
         if (!in.present()) return sec;
         const int n = in.per_entry_tokens;
-        sec.offset = off;
+        sec.table = table;
+        sec.offset = off[table];
         sec.format = in.format;
         sec.entry_bytes = static_cast<size_t>(in.format.bytes);
         sec.per_entry_tokens = n;
@@ -26,7 +27,7 @@ StateLayout make_state_layout(const StateSpec& spec, int page_tokens) {
             if (n % page_tokens != 0) fail("compression ratio {} is not a multiple of the page size {}", n, page_tokens);
             sec.entries_per_page = 1;
         }
-        off += sec.entry_bytes * static_cast<size_t>(sec.entries_per_page);
+        off[table] += sec.entry_bytes * static_cast<size_t>(sec.entries_per_page);
         return sec;
     };
     auto carry = [&](int64_t floats, size_t& offset, size_t& bytes) {
@@ -37,15 +38,16 @@ StateLayout make_state_layout(const StateSpec& spec, int page_tokens) {
     };
     for (const LayerStateSpec& in : spec.layers) {
         LayerStateLayout L;
-        L.window = place(in.window);
-        L.comp = place(in.comp);
-        L.index_k = place(in.index_k);
+        L.window = place(in.window, kWindowPages);
+        L.comp = place(in.comp, kHistoryPages);
+        L.index_k = place(in.index_k, kHistoryPages);
         carry(in.carry_floats, L.carry_offset, L.carry_bytes);
         carry(in.index_carry_floats, L.index_carry_offset, L.index_carry_bytes);
         s.layers.push_back(L);
     }
-    s.snapshot_offset = off;
-    s.page_bytes = (off + s.carry_bytes + 63) / 64 * 64;
+    s.snapshot_offset = off[kHistoryPages];
+    s.page_bytes[kHistoryPages] = (off[kHistoryPages] + s.carry_bytes + 63) / 64 * 64;
+    s.page_bytes[kWindowPages] = (off[kWindowPages] + 63) / 64 * 64;
     return s;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // Where per-sequence state lives in fixed-size pages, so that a prefix's state can be shared between sequences
-// and cached. A model variant says what each layer keeps (StateSpec); make_state_layout places it in a page.
+// and cached. A model variant says what each layer keeps (StateSpec); make_state_layout places it in the pages of
+// two tables (sequence_state.h): every layer's window K=V in the window table's pages, the rest in the history's.
 //
 // Everything a layer keeps per token (sliding-window K=V) or per compressed group (compressed KV latents, indexer
 // keys) lives in the pages of the tokens it belongs to, packed in the release's byte formats (entry_format.h).
@@ -8,8 +9,12 @@
 // memory per sequence (SeqState::carry), and each page also keeps a copy as of its last token (the snapshot), so
 // that a sequence can resume from any page boundary.
 #include "kv/entry_format.h"
+#include "kv/sequence_state.h"
 
 #include <cstddef>
+#include "util/error.h"
+
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -40,8 +45,9 @@ struct StateSpec {
 
 // ---- where it is
 
-// Entries of one kind for one layer inside a page.
+// Entries of one kind for one layer inside a page of its table.
 struct StateSection {
+    PageTable table = kHistoryPages;
     size_t offset = 0;        // bytes from the page start
     size_t entry_bytes = 0;   // bytes per entry (format.bytes)
     EntryFormat format;       // how an entry's values are packed
@@ -58,14 +64,17 @@ struct LayerStateLayout {
 
 struct StateLayout {
     int page_tokens = 0;
-    size_t page_bytes = 0;
+    std::array<size_t, kPageTables> page_bytes{};  // a page of each table
     size_t carry_bytes = 0;       // per sequence
-    size_t snapshot_offset = 0;   // where a page keeps the carry as of its last token
+    size_t snapshot_offset = 0;   // where a history page keeps the carry as of its last token
     std::vector<LayerStateLayout> layers;
 
-    // Address of entry `index` of a section, given the sequence's page table.
+    // What page_tokens tokens cost: a page of each table.
+    size_t row_bytes() const { return page_bytes[kHistoryPages] + page_bytes[kWindowPages]; }
+
+    // Address of entry `index` of a section of a sequence.
     template <typename T>
-    T* entry(uint8_t* pool, const std::vector<int32_t>& pages, const StateSection& s, int64_t index) const {
+    T* entry(const SeqState& st, const StateSection& s, int64_t index) const {
         int64_t page, slot;
         if (s.per_entry_tokens <= page_tokens) {
             int64_t per_page = page_tokens / s.per_entry_tokens;
@@ -75,18 +84,26 @@ struct StateLayout {
             page = ((index + 1) * s.per_entry_tokens - 1) / page_tokens;
             slot = 0;
         }
-        return reinterpret_cast<T*>(pool + static_cast<size_t>(pages.at(static_cast<size_t>(page))) * page_bytes +
-                                    s.offset + static_cast<size_t>(slot) * s.entry_bytes);
+        return reinterpret_cast<T*>(page_ptr(st, s.table, page) + s.offset + static_cast<size_t>(slot) * s.entry_bytes);
     }
-    uint8_t* page_ptr(uint8_t* pool, int32_t page) const { return pool + static_cast<size_t>(page) * page_bytes; }
+    // Page `row` of table t of a sequence.
+    uint8_t* page_ptr(const SeqState& st, PageTable t, int64_t row) const {
+        const int32_t id = st.pages.at(static_cast<size_t>(row))[t];
+        PEREGRINE_CHECK(id >= 0, "page {} of table {} is not held", row, static_cast<int>(t));
+        return st.pool[t] + static_cast<size_t>(id) * page_bytes[t];
+    }
+    // Where the snapshot of page row `row` (the carry after its last token) is.
+    uint8_t* snapshot(const SeqState& st, int64_t row) const {
+        return page_ptr(st, kHistoryPages, row) + snapshot_offset;
+    }
     int64_t pages_for(int64_t n_tokens) const { return (n_tokens + page_tokens - 1) / page_tokens; }
     // A fresh sequence's carry (carry_bytes): pending values 0, gate scores -inf (an empty slot never wins).
     std::vector<uint8_t> initial_carry() const;
 };
 
-// Places every layer's sections in a page of `page_tokens` tokens (whole entries per page; an entry spanning
-// pages lives in the page of its last token), the snapshot after them; fails when a ratio and the page size do
-// not divide one another.
+// Places every layer's sections in the pages of `page_tokens` tokens of their tables (whole entries per page; an
+// entry spanning pages lives in the page of its last token), the snapshot after the history's; fails when a ratio
+// and the page size do not divide one another.
 StateLayout make_state_layout(const StateSpec& spec, int page_tokens);
 
 }  // namespace peregrine

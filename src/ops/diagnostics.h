@@ -1,6 +1,8 @@
 #pragma once
 // What benchmarks and tools ask of a backend beyond its ops: device time per op, graphs, memory, bandwidth. The
 // CUDA backend answers (Backend::diagnostics); the CPU backend has none.
+#include "kv/page_pool.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -26,8 +28,8 @@ public:
     // Free device memory, and a device-to-device copy's bandwidth (bytes read plus written per second, GB/s).
     virtual size_t free_memory() const = 0;
     virtual double copy_bandwidth_gbs(size_t bytes, int reps) const = 0;
-    // Fills state memory with valid random entries (a cached context without its prefill).
-    virtual void fill_state_random(uint8_t* p, size_t bytes, uint64_t seed) = 0;
+    // Fills every page of the pool with valid random entries (a cached context without its prefill).
+    virtual void fill_state_random(const PagePool& pool, uint64_t seed) = 0;
 };
 
 }  // namespace peregrine

@@ -27,8 +27,7 @@ void compute(CacheManager& m, CachedSequence& s, const std::vector<int32_t>& t) 
     s.state.n_cached = static_cast<int64_t>(t.size());
     const StateLayout& L = m.layout();
     for (size_t p = 0; p < t.size() / P; ++p)
-        std::memset(L.page_ptr(s.state.pool, s.state.pages[p]) + L.snapshot_offset, static_cast<int>(p + 1),
-                    L.carry_bytes);
+        std::memset(L.snapshot(s.state, static_cast<int64_t>(p)), static_cast<int>(p + 1), L.carry_bytes);
 }
 }  // namespace
 

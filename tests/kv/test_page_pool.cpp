@@ -13,15 +13,22 @@
 using namespace peregrine;
 using test::small_layout;
 
-TEST(StateLayout, SectionsThenSnapshotAndCarries) {
+TEST(StateLayout, WindowPagesApartFromHistoryPages) {
     const StateLayout L = small_layout();
     ASSERT_EQ(L.layers.size(), 2u);
     const LayerStateLayout &a = L.layers[0], &b = L.layers[1];
+    // The window table: every layer's window entries.
+    EXPECT_EQ(a.window.table, kWindowPages);
+    EXPECT_EQ(b.window.table, kWindowPages);
     EXPECT_EQ(a.window.offset, 0u);
     EXPECT_EQ(a.window.entries_per_page, 8);
-    EXPECT_FALSE(a.comp.present());
     EXPECT_EQ(b.window.offset, 8u * a.window.entry_bytes);
-    EXPECT_EQ(b.comp.offset, b.window.offset + 8u * b.window.entry_bytes);
+    EXPECT_EQ(L.page_bytes[kWindowPages], (b.window.offset + 8u * b.window.entry_bytes + 63) / 64 * 64);
+    // The history table: compressed entries, indexer keys, then the snapshot.
+    EXPECT_FALSE(a.comp.present());
+    EXPECT_EQ(b.comp.table, kHistoryPages);
+    EXPECT_EQ(b.index_k.table, kHistoryPages);
+    EXPECT_EQ(b.comp.offset, 0u);
     EXPECT_EQ(b.comp.entries_per_page, 2);
     EXPECT_EQ(b.index_k.offset, b.comp.offset + 2u * b.comp.entry_bytes);
     EXPECT_EQ(L.snapshot_offset, b.index_k.offset + 2u * b.index_k.entry_bytes);
@@ -29,8 +36,27 @@ TEST(StateLayout, SectionsThenSnapshotAndCarries) {
     EXPECT_EQ(b.carry_bytes, 2u * 4 * 64 * sizeof(float));
     EXPECT_EQ(b.index_carry_offset, b.carry_bytes);
     EXPECT_EQ(L.carry_bytes, b.carry_bytes + b.index_carry_bytes);
-    EXPECT_EQ(L.page_bytes % 64, 0u);
-    EXPECT_GE(L.page_bytes, L.snapshot_offset + L.carry_bytes);
+    EXPECT_EQ(L.page_bytes[kHistoryPages] % 64, 0u);
+    EXPECT_GE(L.page_bytes[kHistoryPages], L.snapshot_offset + L.carry_bytes);
+    EXPECT_EQ(L.row_bytes(), L.page_bytes[kHistoryPages] + L.page_bytes[kWindowPages]);
+}
+
+TEST(StateLayout, EntriesFollowTheirTablesPages) {
+    const StateLayout L = small_layout();
+    const LayerStateLayout& b = L.layers[1];
+    std::vector<uint8_t> history(4 * L.page_bytes[kHistoryPages]), window(4 * L.page_bytes[kWindowPages]);
+    SeqState s;
+    s.pool = {history.data(), window.data()};
+    s.pages = {{3, 1}, {0, 2}};  // row 1: history page 0, window page 2
+    // Window entry 9 (token 9): row 1, slot 1 of the window table's page 2.
+    EXPECT_EQ(L.entry<uint8_t>(s, b.window, 9),
+              window.data() + 2 * L.page_bytes[kWindowPages] + b.window.offset + b.window.entry_bytes);
+    // Compressed entry 3 (ratio 4: tokens 12..15): row 1, slot 1 of the history table's page 0.
+    EXPECT_EQ(L.entry<uint8_t>(s, b.comp, 3), history.data() + b.comp.offset + b.comp.entry_bytes);
+    EXPECT_EQ(L.snapshot(s, 0), history.data() + 3 * L.page_bytes[kHistoryPages] + L.snapshot_offset);
+    s.pages[1][kWindowPages] = -1;  // a released window page
+    EXPECT_THROW(L.entry<uint8_t>(s, b.window, 9), Error);
+    EXPECT_NO_THROW(L.entry<uint8_t>(s, b.comp, 3));
 }
 
 TEST(StateLayout, RatiosAndPagesMustDivide) {
@@ -42,11 +68,12 @@ TEST(StateLayout, RatiosAndPagesMustDivide) {
     spec.layers[0].comp.per_entry_tokens = 128;  // spans 16 pages: lives in the page of its last token
     const StateLayout L = make_state_layout(spec, 8);
     EXPECT_EQ(L.layers[0].comp.entries_per_page, 1);
-    std::vector<int32_t> pages(32);
-    for (int i = 0; i < 32; ++i) pages[static_cast<size_t>(i)] = 100 + i;
-    uint8_t* base = nullptr;
-    EXPECT_EQ(L.entry<uint8_t>(base, pages, L.layers[0].comp, 1) - base,
-              static_cast<ptrdiff_t>(131 * L.page_bytes + L.layers[0].comp.offset));
+    SeqState s;
+    for (int i = 0; i < 32; ++i) s.pages.push_back({100 + i, i});
+    std::vector<uint8_t> history(132 * L.page_bytes[kHistoryPages]);
+    s.pool[kHistoryPages] = history.data();
+    EXPECT_EQ(L.entry<uint8_t>(s, L.layers[0].comp, 1) - history.data(),
+              static_cast<ptrdiff_t>(131 * L.page_bytes[kHistoryPages] + L.layers[0].comp.offset));
 }
 
 TEST(PagePool, FreshCarryScoresStartAtMinusInfinity) {
@@ -68,7 +95,8 @@ TEST(PagePool, FreshCarryScoresStartAtMinusInfinity) {
         EXPECT_TRUE(std::isinf(g[ikv + i]) && g[ikv + i] < 0);
     }
     EXPECT_EQ(s.n_cached, 0);
-    EXPECT_EQ(s.pool, pool.base());
+    EXPECT_EQ(s.pool[kHistoryPages], pool.base(kHistoryPages));
+    EXPECT_EQ(s.pool[kWindowPages], pool.base(kWindowPages));
 }
 
 TEST(PagePool, RestoreTakesThePagesSnapshot) {
@@ -78,11 +106,11 @@ TEST(PagePool, RestoreTakesThePagesSnapshot) {
     SeqState a;
     pool.init(a);
     ASSERT_TRUE(pool.reserve(a, 16));
-    EXPECT_EQ(pool.used_pages(), 2);
+    EXPECT_EQ(pool.used_rows(), 2);
     a.tokens.assign(16, 7);
     a.n_cached = 16;
     // What a compressor would have left in page 1's snapshot at its last token.
-    uint8_t* snap = L.page_ptr(pool.base(), a.pages[1]) + L.snapshot_offset;
+    uint8_t* snap = L.snapshot(a, 1);
     for (size_t i = 0; i < L.carry_bytes; ++i) snap[i] = static_cast<uint8_t>(i * 7 + 1);
     SeqState b;
     b.pages = a.pages;
@@ -125,9 +153,9 @@ TEST(PagePool, ReserveIsAllOrNothing) {
     pool.init(s);
     EXPECT_FALSE(pool.reserve(s, 40));  // 5 pages of 8
     EXPECT_TRUE(s.pages.empty());
-    EXPECT_EQ(pool.free_pages(), 3);
+    EXPECT_EQ(pool.free_rows(), 3);
     EXPECT_TRUE(pool.reserve(s, 17));
     EXPECT_EQ(s.pages.size(), 3u);
     pool.release(s);
-    EXPECT_EQ(pool.free_pages(), 3);
+    EXPECT_EQ(pool.free_rows(), 3);
 }

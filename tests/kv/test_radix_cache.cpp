@@ -1,7 +1,6 @@
 // Radix cache bookkeeping: page-granular matching, sharing, duplicate pages, locking and LRU eviction.
 #include "kv/radix_cache.h"
 
-
 #include <gtest/gtest.h>
 #include <numeric>
 
@@ -29,8 +28,8 @@ std::vector<int32_t> seq(int n, int start = 0) {
     return v;
 }
 
-std::vector<int32_t> take(PagePool& pool, int n) {
-    std::vector<int32_t> p;
+std::vector<PageRow> take(PagePool& pool, int n) {
+    std::vector<PageRow> p;
     for (int i = 0; i < n; ++i) p.push_back(pool.alloc());
     return p;
 }
@@ -46,10 +45,10 @@ TEST(RadixCache, MatchesWholePagesOnly) {
     cache.insert(t, pages, 2);
     pool.free(pages[2]);
     EXPECT_EQ(cache.stats().cached_pages, 2);
-    EXPECT_EQ(pool.used_pages(), 2);
+    EXPECT_EQ(pool.used_rows(), 2);
 
     auto m = cache.match(t, 100);
-    EXPECT_EQ(m.pages, std::vector<int32_t>(pages.begin(), pages.begin() + 2));
+    EXPECT_EQ(m.pages, std::vector<PageRow>(pages.begin(), pages.begin() + 2));
     EXPECT_EQ(cache.stats().evictable_pages, 0);
     cache.unlock(m.last);
     EXPECT_EQ(cache.stats().evictable_pages, 2);
@@ -78,7 +77,7 @@ TEST(RadixCache, DuplicatePagesReturnToPool) {
     auto again = take(pool, 3);  // a second sequence computed the same prefix concurrently
     cache.insert(t, again, 3);
     EXPECT_EQ(cache.stats().cached_pages, 3);
-    EXPECT_EQ(pool.used_pages(), 3);
+    EXPECT_EQ(pool.used_rows(), 3);
 }
 
 TEST(RadixCache, SharedPrefixBranches) {
@@ -91,12 +90,12 @@ TEST(RadixCache, SharedPrefixBranches) {
     cache.insert(a, pa, 3);
     auto m = cache.match(b, 100);
     ASSERT_EQ(m.pages.size(), 2u);
-    std::vector<int32_t> pb = m.pages;
+    std::vector<PageRow> pb = m.pages;
     pb.push_back(pool.alloc());
     cache.insert(b, pb, 3);
     cache.unlock(m.last);
     EXPECT_EQ(cache.stats().cached_pages, 4);
-    EXPECT_EQ(pool.used_pages(), 4);
+    EXPECT_EQ(pool.used_rows(), 4);
     EXPECT_EQ(cache.match(a, 100).pages, pa);
 }
 
@@ -120,10 +119,10 @@ TEST(RadixCache, EvictsLeastRecentlyUsedUnreferencedLeaves) {
 
     EXPECT_EQ(cache.evict(100), 2);  // only a remains evictable
     EXPECT_EQ(cache.stats().cached_pages, 2);
-    EXPECT_EQ(pool.used_pages(), 2);
+    EXPECT_EQ(pool.used_rows(), 2);
     cache.unlock(held.last);
     EXPECT_EQ(cache.clear(), 2);
-    EXPECT_EQ(pool.used_pages(), 0);
+    EXPECT_EQ(pool.used_rows(), 0);
 }
 
 TEST(RadixCache, ParentOfLockedChildIsNotEvicted) {
@@ -151,7 +150,7 @@ TEST(RadixCache, RunningSequenceSharesPagesAndKeepsDuplicatesPrivate) {
     EXPECT_EQ(cache.stats().evictable_pages, 0);  // locked for a
     EXPECT_EQ(cache.evict(100), 0);
     auto m = cache.match(t, 100);  // a newcomer reuses them while a runs
-    EXPECT_EQ(m.pages, std::vector<int32_t>(a.begin(), a.begin() + 2));
+    EXPECT_EQ(m.pages, std::vector<PageRow>(a.begin(), a.begin() + 2));
     cache.unlock(m.last);
 
     auto b = take(pool, 4);  // b computed the same four pages privately
@@ -165,9 +164,9 @@ TEST(RadixCache, RunningSequenceSharesPagesAndKeepsDuplicatesPrivate) {
     EXPECT_EQ(cache.stats().cached_pages, 4);
 
     cache.insert(t, b, 4);  // b finishes: its duplicates go back to the pool
-    EXPECT_EQ(pool.used_pages(), 4);
+    EXPECT_EQ(pool.used_rows(), 4);
     cache.insert(t, a, 4);  // a finishes: its pages are the cached ones
     cache.unlock(la);
     EXPECT_EQ(cache.stats().evictable_pages, 4);
-    EXPECT_EQ(pool.used_pages(), 4);
+    EXPECT_EQ(pool.used_rows(), 4);
 }

@@ -161,7 +161,6 @@ TEST(PrefixState, ResumeFromSharedPagesIsExact) {
         for (int shared_pages = 1; shared_pages * P < n; ++shared_pages) {
             // b shares a's first pages (read-only) and its history, then computes the rest itself.
             b = SeqState();
-            b.pool = pool.base();
             b.pages.assign(a.pages.begin(), a.pages.begin() + shared_pages);
             b.tokens = a.tokens;
             pool.restore(b, static_cast<int64_t>(shared_pages) * P);

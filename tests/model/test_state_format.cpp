@@ -68,7 +68,7 @@ TEST(StateFormat, EntrySizesAreTheReleasedOnes) {
         for (const StateSection* s : {&ll.window, &ll.comp, &ll.index_k})
             if (s->present()) per_token += static_cast<double>(s->entry_bytes) / s->per_entry_tokens;
     EXPECT_EQ(per_token, 4 * 528 + 144 + 40 + 288 + 80);
-    std::printf("V4.1-Flash 4-layer state: %.0f B/token (page of 64 tokens: %zu B)\n", per_token, L.page_bytes);
+    std::printf("V4.1-Flash 4-layer state: %.0f B/token (pages of 64 tokens: %zu B)\n", per_token, L.row_bytes());
 }
 
 // The quantisers' outputs at magnitudes from 2^-40 to 2^12, with zeros, signed zeros, single spikes and blocks
@@ -154,7 +154,7 @@ TEST(StateFormat, FixtureStateIsCanonical) {
             for (auto [sec, count] : secs) {
                 if (!sec->present()) continue;
                 for (int64_t j = 0; j < count; ++j) {
-                    const uint8_t* e = L.entry<uint8_t>(st.pool, st.pages, *sec, j);
+                    const uint8_t* e = L.entry<uint8_t>(st, *sec, j);
                     std::vector<float> v(static_cast<size_t>(sec->format.dim));
                     decode_entry(sec->format, e, v.data());
                     std::vector<uint8_t> again(static_cast<size_t>(sec->format.bytes));

@@ -340,7 +340,6 @@ TEST_P(CudaModel, MixedBatchAndPrefixResume) {
 
     // Resume from a's first pages: the carry comes back from the page snapshot in device memory.
     SeqState c;
-    c.pool = pool.base();
     c.pages.assign(sa.pages.begin(), sa.pages.begin() + 2);
     c.tokens = sa.tokens;
     pool.restore(c, 2 * P);

@@ -167,7 +167,6 @@ TEST(CudaGraphs, RestoredCarryContinuesExactly) {
         SeqState& c = r.seqs[1];
         r.pool->release(c);
         c = SeqState();
-        c.pool = r.pool->base();
         c.pages.assign(r.seqs[0].pages.begin(), r.seqs[0].pages.begin() + 1);
         c.tokens = r.seqs[0].tokens;
         r.pool->restore(c, P);

@@ -54,27 +54,31 @@ std::vector<float> fp4_rows(int64_t rows, int width, uint64_t seed) {
     return v;
 }
 
-// Sequences (start_pos, n_tokens) with their pages drawn from a shuffled pool at `pool`.
+// Sequences (start_pos, n_tokens) with the pages of each table drawn from its own shuffled ids in `pool`.
 struct Step {
     std::vector<SeqState> states;
     ForwardBatch batch;
 };
 
-Step make_step(const StateLayout& layout, uint8_t* pool, int64_t pool_pages,
+Step make_step(const StateLayout& layout, const std::array<uint8_t*, kPageTables>& pool, int64_t pool_pages,
                const std::vector<std::pair<int64_t, int>>& seqs, uint64_t seed) {
     Step s;
     s.states.resize(seqs.size());
-    std::vector<int32_t> ids(static_cast<size_t>(pool_pages));
-    std::iota(ids.begin(), ids.end(), 0);
-    std::shuffle(ids.begin(), ids.end(), std::mt19937_64(seed));
+    std::array<std::vector<int32_t>, kPageTables> ids;
+    for (int t = 0; t < kPageTables; ++t) {
+        ids[t].resize(static_cast<size_t>(pool_pages));
+        std::iota(ids[t].begin(), ids[t].end(), 0);
+        std::shuffle(ids[t].begin(), ids[t].end(), std::mt19937_64(seed + static_cast<uint64_t>(t)));
+    }
     size_t next = 0;
     int row = 0;
     for (size_t i = 0; i < seqs.size(); ++i) {
         SeqState& st = s.states[i];
         st.pool = pool;
         const int64_t n = layout.pages_for(seqs[i].first + seqs[i].second);
-        if (next + static_cast<size_t>(n) > ids.size()) throw std::runtime_error("test pool too small");
-        st.pages.assign(ids.begin() + static_cast<int64_t>(next), ids.begin() + static_cast<int64_t>(next) + n);
+        if (next + static_cast<size_t>(n) > static_cast<size_t>(pool_pages)) throw std::runtime_error("test pool too small");
+        for (int64_t j = 0; j < n; ++j)
+            st.pages.push_back({ids[kHistoryPages][next + static_cast<size_t>(j)], ids[kWindowPages][next + static_cast<size_t>(j)]});
         next += static_cast<size_t>(n);
         st.n_cached = seqs[i].first;
         s.batch.seqs.push_back({&st, seqs[i].first, seqs[i].second, row});
@@ -101,7 +105,7 @@ HostTable host_entry_table(const StateLayout& layout, ForwardBatch& batch, const
     for (auto& s : batch.seqs) {
         const int64_t base = static_cast<int64_t>(h.table.size()), wseq = (s.start_pos + s.n_tokens) / ratio;
         for (int64_t j = 0; j < wseq; ++j)
-            h.table.push_back(layout.entry<uint8_t>(s.state->pool, s.state->pages, sec, j));
+            h.table.push_back(layout.entry<uint8_t>(*s.state, sec, j));
         for (int i = 0; i < s.n_tokens; ++i) h.rowbase[static_cast<size_t>(s.row0 + i)] = base;
     }
     return h;
@@ -117,7 +121,7 @@ void host_window_table(const StateLayout& layout, ForwardBatch& batch, const Sta
         nwin[t] = static_cast<int32_t>(list.size());
         SeqState& st = *rows[t].seq->state;
         for (size_t j = 0; j < list.size(); ++j)
-            if (list[j] >= 0) win[t * W + j] = layout.entry<uint8_t>(st.pool, st.pages, sec, list[j]);
+            if (list[j] >= 0) win[t * W + j] = layout.entry<uint8_t>(st, sec, list[j]);
     }
 }
 
@@ -446,7 +450,7 @@ void check_store(const Model4& m, Step& st, const std::string& what) {
     std::vector<uint8_t> got(static_cast<size_t>(f.bytes)), want(static_cast<size_t>(f.bytes));
     for (int64_t t = 0; t < T; ++t) {
         SeqState& s = *rows[static_cast<size_t>(t)].seq->state;
-        const uint8_t* at = m.layout.entry<uint8_t>(s.pool, s.pages, sec, rows[static_cast<size_t>(t)].pos);
+        const uint8_t* at = m.layout.entry<uint8_t>(s, sec, rows[static_cast<size_t>(t)].pos);
         cudaMemcpy(got.data(), at, got.size(), cudaMemcpyDeviceToHost);
         EXPECT_TRUE(encode_entry(f, src.data() + t * width, want.data()));
         bad += got != want;
@@ -466,18 +470,25 @@ void check_store(const Model4& m, Step& st, const std::string& what) {
                 bad ? "MISPLACED" : "all at the host's addresses");
 }
 
-// Device memory for `pages` state pages of random valid entries.
-std::shared_ptr<void> random_pool(const StateLayout& layout, int64_t pages) {
-    const size_t bytes = static_cast<size_t>(pages) * layout.page_bytes;
-    auto pool = cuda::device_alloc(bytes);
-    cuda::fill_random_bf16(static_cast<float*>(pool.get()), static_cast<int64_t>(bytes / sizeof(float)), 77);
-    for (const auto& L : layout.layers)
-        for (const StateSection* sec : {&L.window, &L.comp, &L.index_k})
-            if (sec->present())
-                cuda::sanitize_entries(static_cast<uint8_t*>(pool.get()), pages,
-                                       static_cast<int64_t>(layout.page_bytes), static_cast<int64_t>(sec->offset),
-                                       sec->entries_per_page, sec->format);
-    return pool;
+// Device memory for `pages` pages of each table, of random valid entries.
+struct RandomPool {
+    std::array<std::shared_ptr<void>, kPageTables> keep;
+    std::array<uint8_t*, kPageTables> base{};
+};
+RandomPool random_pool(const StateLayout& layout, int64_t pages) {
+    RandomPool p;
+    for (int t = 0; t < kPageTables; ++t) {
+        const int64_t page_bytes = static_cast<int64_t>(layout.page_bytes[static_cast<size_t>(t)]);
+        p.keep[t] = cuda::device_alloc(static_cast<size_t>(pages * page_bytes));
+        p.base[t] = static_cast<uint8_t*>(p.keep[t].get());
+        cuda::fill_random_bf16(reinterpret_cast<float*>(p.base[t]), pages * page_bytes / 4, 77 + t);
+        for (const auto& L : layout.layers)
+            for (const StateSection* sec : {&L.window, &L.comp, &L.index_k})
+                if (sec->present() && sec->table == t)
+                    cuda::sanitize_entries(p.base[t], pages, page_bytes, static_cast<int64_t>(sec->offset),
+                                           sec->entries_per_page, sec->format);
+    }
+    return p;
 }
 
 const std::vector<std::pair<int64_t, int>> kDecode8 = {{131071, 1}, {131071, 1}, {131070, 1}, {131000, 1},
@@ -490,7 +501,7 @@ TEST(CudaPagedTables, DecodeSameAddressesAndResults) {
     Model4 m;
     const int64_t pages = pages_needed(m.layout, kDecode8) + 64;
     auto pool = random_pool(m.layout, pages);
-    Step st = make_step(m.layout, static_cast<uint8_t*>(pool.get()), pages, kDecode8, 1);
+    Step st = make_step(m.layout, pool.base, pages, kDecode8, 1);
     check_tables(m, st, "decode 8x131072");
     check_window_rows(m, st, "decode 8x131072");
     check_pipeline(m, st, "decode 8x131072");
@@ -503,7 +514,7 @@ TEST(CudaPagedTables, PrefillSameAddressesAndResults) {
     Model4 m;
     const int64_t pages = pages_needed(m.layout, kPrefill) + 64;
     auto pool = random_pool(m.layout, pages);
-    Step st = make_step(m.layout, static_cast<uint8_t*>(pool.get()), pages, kPrefill, 2);
+    Step st = make_step(m.layout, pool.base, pages, kPrefill, 2);
     check_tables(m, st, "prefill 2048-token chunk at 131072 + others");
     check_window_rows(m, st, "prefill 2048-token chunk at 131072 + others");
     check_pipeline(m, st, "prefill 2048-token chunk at 131072 + others");
@@ -518,7 +529,8 @@ TEST(CudaPagedTables, Decode32Timing) {
     std::vector<std::pair<int64_t, int>> seqs(32, {131071, 1});
     const int64_t pages = pages_needed(m.layout, seqs);
     auto base = cuda::device_alloc(16);
-    Step st = make_step(m.layout, static_cast<uint8_t*>(base.get()), pages, seqs, 3);
+    uint8_t* b = static_cast<uint8_t*>(base.get());
+    Step st = make_step(m.layout, {b, b}, pages, seqs, 3);
     check_tables(m, st, "decode 32x131072");
     timing(m, st, "decode 32x131072");
 }

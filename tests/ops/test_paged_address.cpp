@@ -21,21 +21,29 @@ TEST(PagedAddress, EntryOffsetsMatchStateLayout) {
     int64_t checked = 0;
     for (int page_tokens : {4, 16, 64, 128, 256}) {
         const StateLayout layout = make_state_layout(cfg, page_tokens);
-        std::vector<int32_t> pages(static_cast<size_t>(layout.pages_for(20000)));
-        std::iota(pages.begin(), pages.end(), 0);
-        std::shuffle(pages.begin(), pages.end(), std::mt19937(page_tokens));
-        uint8_t* pool = reinterpret_cast<uint8_t*>(uintptr_t{1} << 40);  // never dereferenced
+        // Each table's pages drawn in its own shuffled order.
+        const size_t n = static_cast<size_t>(layout.pages_for(20000));
+        SeqState st;
+        std::array<std::vector<int32_t>, kPageTables> ids;
+        for (int t = 0; t < kPageTables; ++t) {
+            ids[t].resize(n);
+            std::iota(ids[t].begin(), ids[t].end(), 0);
+            std::shuffle(ids[t].begin(), ids[t].end(), std::mt19937(page_tokens + t));
+            st.pool[t] = reinterpret_cast<uint8_t*>(uintptr_t{1 + static_cast<uintptr_t>(t)} << 40);  // never read
+        }
+        for (size_t i = 0; i < n; ++i) st.pages.push_back({ids[kHistoryPages][i], ids[kWindowPages][i]});
         for (const auto& L : layout.layers)
             for (const StateSection* s : {&L.window, &L.comp, &L.index_k}) {
                 if (!s->present()) continue;
                 const cuda::PagedSection ps{static_cast<int64_t>(s->offset), static_cast<int64_t>(s->entry_bytes),
-                                            s->per_entry_tokens};
+                                            s->per_entry_tokens, s->table};
                 for (int64_t i = 0; i < 20000 / s->per_entry_tokens; ++i, ++checked) {
-                    const uint8_t* want = layout.entry<uint8_t>(pool, pages, *s, i);
-                    const int64_t got = cuda::paged_entry_offset(pages.data(), layout.page_tokens,
-                                                                 static_cast<int64_t>(layout.page_bytes), ps, i);
-                    ASSERT_EQ(want - pool, got) << "page_tokens " << page_tokens << " ratio " << s->per_entry_tokens
-                                                << " entry " << i;
+                    const uint8_t* want = layout.entry<uint8_t>(st, *s, i);
+                    const int64_t got = cuda::paged_entry_offset(
+                        st.pages.front().data(), layout.page_tokens,
+                        static_cast<int64_t>(layout.page_bytes[s->table]), ps, i);
+                    ASSERT_EQ(want - st.pool[s->table], got)
+                        << "page_tokens " << page_tokens << " ratio " << s->per_entry_tokens << " entry " << i;
                 }
             }
     }

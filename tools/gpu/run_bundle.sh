@@ -18,6 +18,8 @@ if [[ -x $bin/peregrine-base ]]; then
     PEREGRINE_CUDA_NUMERICS=$numerics "$here/tools/gpu/compare_builds.sh" "$bin/peregrine-base" "$bin/peregrine" cuda \
       "$out/compare-$numerics" >"$out/compare-$numerics.log" 2>&1
     summary+=("$(tail -n 1 "$out/compare-$numerics.log") [$numerics]")
+    # one file back instead of a hundred
+    tar -czf "$out/compare-$numerics.tgz" -C "$out" "compare-$numerics" && rm -rf "$out/compare-$numerics"
   done
 fi
 if [[ ${CHECK:-1} != 0 ]]; then
@@ -34,6 +36,6 @@ if [[ -n ${BENCH_COMPARE:-} && -x $bin/peregrine-base ]]; then
   done
 fi
 echo "================ run_bundle ================"
-cat "$out"/compare-*.log 2>/dev/null | grep -E "DIFFERENT|failed" || true
+cat "$out"/compare-*.log 2>/dev/null | grep -E "DIFFERENT|FAILED|failed|^serve:" || true
 [[ -f $out/check.log ]] && sed -n '/==== summary ====/,$p' "$out/check.log"
 for s in "${summary[@]}"; do echo "$s"; done

@@ -106,9 +106,7 @@ static std::vector<Emitted> run_compressor(const ModelConfig& cfg, const StateLa
                 }
             }
             if ((pos + 1) % layout.page_tokens == 0) {  // snapshot the carry as of this page's end
-                uint8_t* page =
-                    layout.page_ptr(s.state->pool, s.state->pages.at(static_cast<size_t>(pos / layout.page_tokens)));
-                std::memcpy(page + layout.snapshot_offset + carry_offset, kv_state,
+                std::memcpy(layout.snapshot(*s.state, pos / layout.page_tokens) + carry_offset, kv_state,
                             sizeof(float) * static_cast<size_t>(2 * slots * width));
             }
         }
@@ -170,7 +168,7 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
     for (int t = 0; t < T; ++t) {
         SeqState& st = *rows[t].seq->state;
         store_entry(L.window, kv.f32() + static_cast<int64_t>(t) * D,
-                    layout_.entry<uint8_t>(st.pool, st.pages, L.window, rows[t].pos));
+                    layout_.entry<uint8_t>(st, L.window, rows[t].pos));
     }
 
     // Indexer keys at group position gpos: RoPE, the format's rotation, the keys' QDQ; stored.
@@ -179,7 +177,7 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
         rope.apply(k + hd - rd, group * info.ratio);
         if (format_.index_rotation) hadamard_bf16(k, hd);
         qdq_entry(L.index_k.format, k);
-        store_entry(L.index_k, k, layout_.entry<uint8_t>(s.state->pool, s.state->pages, L.index_k, group));
+        store_entry(L.index_k, k, layout_.entry<uint8_t>(*s.state, L.index_k, group));
     };
 
     // Compressed entries (and, for key owners, indexer keys from the latents).
@@ -197,7 +195,7 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
             float* lat = e.latent.data();
             rope.apply(lat + D - rd, gpos);
             qdq_entry(L.comp.format, lat);
-            store_entry(L.comp, lat, layout_.entry<uint8_t>(st.pool, st.pages, L.comp, e.group));
+            store_entry(L.comp, lat, layout_.entry<uint8_t>(st, L.comp, e.group));
         }
     }
 
@@ -235,7 +233,7 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
                     auto& dk = seq_keys[static_cast<size_t>(si)];
                     dk.resize(static_cast<size_t>(width * hd));
                     for (int64_t j = 0; j < width; ++j)
-                        decode_entry(ks.format, layout_.entry<uint8_t>(s.state->pool, s.state->pages, ks, j),
+                        decode_entry(ks.format, layout_.entry<uint8_t>(*s.state, ks, j),
                                      dk.data() + j * hd);
                 }
             });
@@ -311,7 +309,7 @@ Tensor CpuBackend::attention(const Tensor& x, const AttentionWeight& w, const At
                     keys.push_back(nullptr);
                     return;
                 }
-                vals.push_back(load_entry(sec, layout_.entry<uint8_t>(st.pool, st.pages, sec, idx)));
+                vals.push_back(load_entry(sec, layout_.entry<uint8_t>(st, sec, idx)));
                 keys.push_back(vals.back().data());
             };
             for (int64_t p : window_list(*rows[t].seq, rows[t].pos, W, format_.ring_before_full)) add(L.window, p);
@@ -391,7 +389,7 @@ void CpuBackend::store_window_kv(const Tensor& x, const AttentionWeight& w, cons
     for (size_t t = 0; t < rows.size(); ++t) {
         SeqState& st = *rows[t].seq->state;
         store_entry(L.window, kv.f32() + static_cast<int64_t>(t) * D,
-                    layout_.entry<uint8_t>(st.pool, st.pages, L.window, rows[t].pos));
+                    layout_.entry<uint8_t>(st, L.window, rows[t].pos));
     }
 }
 
@@ -411,7 +409,7 @@ Tensor CpuBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, c
     std::vector<const float*> keys;
     for (int64_t j = 0; j < std::min<int64_t>(W, pos + 1); ++j) {
         int64_t p = pos - ((pos - j) % W + W) % W;
-        vals.push_back(load_entry(L.window, layout_.entry<uint8_t>(state.pool, state.pages, L.window, p)));
+        vals.push_back(load_entry(L.window, layout_.entry<uint8_t>(state, L.window, p)));
     }
     for (auto& v : vals) keys.push_back(v.data());
     for (int i = 0; i < B; ++i) keys.push_back(kv.f32() + static_cast<int64_t>(i) * D);

@@ -92,7 +92,7 @@ public:
             for (const BatchSeq& s : batch_.seqs) {
                 const int64_t base = static_cast<int64_t>(table.size()), n = (s.start_pos + s.n_tokens) / ratio;
                 for (int64_t j = 0; j < n; ++j)
-                    table.push_back(layout_.entry<uint8_t>(s.state->pool, s.state->pages, sec, j));
+                    table.push_back(layout_.entry<uint8_t>(*s.state, sec, j));
                 for (int i = 0; i < s.n_tokens; ++i) e.base_h[static_cast<size_t>(s.row0 + i)] = base;
             }
             auto d = upload(table);
@@ -163,7 +163,7 @@ private:
     }
     uint8_t* entry(const RowInfo& r, const StateSection& sec, int64_t idx) {
         SeqState& st = *r.seq->state;
-        return layout_.entry<uint8_t>(st.pool, st.pages, sec, idx);
+        return layout_.entry<uint8_t>(st, sec, idx);
     }
 };
 
@@ -202,9 +202,7 @@ Compressed PrefillPlanner::compress(const CompressorWeight& cw, size_t carry_off
         // Where a token ends a page, its sequence's carry after it goes to the page's snapshot (prefix cache).
         auto snapshot = [&](const BatchSeq& s, int64_t pos) -> float* {
             if ((pos + 1) % layout_.page_tokens != 0) return nullptr;
-            const int32_t id = s.state->pages.at(static_cast<size_t>(pos / layout_.page_tokens));
-            uint8_t* page = layout_.page_ptr(s.state->pool, id);
-            return reinterpret_cast<float*>(page + layout_.snapshot_offset + carry_offset);
+            return reinterpret_cast<float*>(layout_.snapshot(*s.state, pos / layout_.page_tokens) + carry_offset);
         };
         if (device_tables_) {
             // One launch for every sequence; their carries stay in device memory. The kernel finds sequence s's

@@ -388,15 +388,20 @@ std::map<std::string, double> CudaBackend::profile() {
     return ms;
 }
 
-void CudaBackend::fill_state_random(uint8_t* p, size_t bytes, uint64_t seed) {
-    fill_random_bf16(reinterpret_cast<float*>(p), static_cast<int64_t>(bytes / sizeof(float)), seed);
-    // The entries are packed: random bytes become valid codes and scales (whole pages only).
-    const int64_t n_pages = static_cast<int64_t>(bytes / layout_.page_bytes);
-    for (const auto& L : layout_.layers)
-        for (const StateSection* sec : {&L.window, &L.comp, &L.index_k})
-            if (sec->present())
-                sanitize_entries(p, n_pages, static_cast<int64_t>(layout_.page_bytes),
-                                 static_cast<int64_t>(sec->offset), sec->entries_per_page, sec->format);
+void CudaBackend::fill_state_random(const PagePool& pool, uint64_t seed) {
+    const StateLayout& layout = pool.layout();
+    for (int t = 0; t < kPageTables; ++t) {
+        const int64_t page_bytes = static_cast<int64_t>(layout.page_bytes[static_cast<size_t>(t)]);
+        uint8_t* p = pool.base(static_cast<PageTable>(t));
+        if (!p) continue;
+        fill_random_bf16(reinterpret_cast<float*>(p), pool.capacity() * page_bytes / 4, seed + static_cast<uint64_t>(t));
+        // The entries are packed: random bytes become valid codes and scales.
+        for (const auto& L : layout.layers)
+            for (const StateSection* sec : {&L.window, &L.comp, &L.index_k})
+                if (sec->present() && sec->table == t)
+                    sanitize_entries(p, pool.capacity(), page_bytes, static_cast<int64_t>(sec->offset),
+                                     sec->entries_per_page, sec->format);
+    }
     PG_CUDA(cudaDeviceSynchronize());
 }
 

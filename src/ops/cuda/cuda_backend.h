@@ -131,8 +131,8 @@ public:
     // Counting the activation pool's freed but still mapped memory (state allocations can take it back).
     size_t free_memory() const override;
     double copy_bandwidth_gbs(size_t bytes, int reps) const override;
-    // bf16-valued floats in [-1, 1), then valid codes and scales in every entry of whole pages.
-    void fill_state_random(uint8_t* p, size_t bytes, uint64_t seed) override;
+    // bf16-valued floats in [-1, 1), then valid codes and scales in every entry.
+    void fill_state_random(const PagePool& pool, uint64_t seed) override;
 
     // Bound on the indexer's score matrix per chunk of query rows (default 1 GiB; env PEREGRINE_INDEX_SCORE_MB
     // at construction for A/B); tests shrink it to check that the chunking changes nothing.

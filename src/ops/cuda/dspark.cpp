@@ -39,7 +39,7 @@ void CudaBackend::store_window_kv(const Tensor& x, const AttentionWeight& w, con
         for (int i = 0; i < s.n_tokens; ++i) {
             const size_t r = static_cast<size_t>(s.row0 + i);
             pos[r] = s.start_pos + i;
-            dst[r] = layout_.entry<uint8_t>(s.state->pool, s.state->pages, L.window, pos[r]);
+            dst[r] = layout_.entry<uint8_t>(*s.state, L.window, pos[r]);
         }
     auto pos_d = upload(pos);
     Tensor kv = window_kv(x, w, weights_.rope(info), pos_d.ptr, T, L.window.format);
@@ -68,7 +68,7 @@ Tensor CudaBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, 
     std::vector<const uint8_t*> keys;
     for (int64_t j = 0; j < std::min<int64_t>(W, pos + 1); ++j) {
         const int64_t p = pos - ((pos - j) % W + W) % W;
-        keys.push_back(layout_.entry<uint8_t>(state.pool, state.pages, L.window, p));
+        keys.push_back(layout_.entry<uint8_t>(state, L.window, p));
     }
     for (int i = 0; i < B; ++i) {
         block_entries.push_back(static_cast<uint8_t*>(block.get()) +

@@ -302,13 +302,13 @@ void sparse_attention_rows(const float* q, int64_t T, int H, int D, float scale,
 // ---- paged_tables.cu (Numerics::Fast): entry addresses worked out on the device from the step's page tables
 // (StateLayout::entry), so the host uploads page tables (one id per page) instead of one address per entry.
 struct PagedSeqs {
-    const int32_t* pages = nullptr;    // the step's page tables, back to back
-    const int64_t* seq = nullptr;  // per sequence [4]: pool base address, first page in `pages`, start_pos, n_tokens
+    const int32_t* pages = nullptr;    // the step's page tables: rows of kPageTables ids, back to back
+    const int64_t* seq = nullptr;      // per sequence [kSeqFields] (paged_address.h)
     const int32_t* row_seq = nullptr;  // per row: its sequence
     const int64_t* row_pos = nullptr;  // per row: its position
     const int64_t* carry = nullptr;    // per sequence: its compressor carry's device address (0: none)
     int n_seqs = 0, page_tokens = 0;
-    int64_t page_bytes = 0;
+    int64_t page_bytes[kPageTables] = {};  // a page of each table
 };
 // Decode steps (one token per sequence, row t of sequence t), per row for a layer of `ratio`: what the host
 // lists for other steps, worked out from the step's page tables (attention_decode in attention.cpp).

@@ -2,6 +2,7 @@
 // State-entry addresses from a page table and the window order, as plain arithmetic shared by the device
 // kernels (paged_tables.cu) and host code: the same results as StateLayout::entry and window_list
 // (attention_plan.cpp), checked against them in tests/ops/test_paged_address.cpp.
+#include "kv/sequence_state.h"
 #include "util/host_device.h"
 
 #include <cstdint>
@@ -11,10 +12,17 @@ namespace peregrine::cuda {
 struct PagedSection {  // a StateSection of one layer
     int64_t offset = 0, entry_bytes = 0;
     int per_entry_tokens = 1;
+    int table = kHistoryPages;  // the page table it lives in
 };
 
-// Byte offset from the pool base of entry `index` of `sec`, given the sequence's page table.
-PEREGRINE_HD int64_t paged_entry_offset(const int32_t* pages, int page_tokens, int64_t page_bytes,
+// A sequence's fields in PagedSeqs::seq: its history pages' base address, its first row in the step's page rows,
+// start_pos, n_tokens, its window pages' base address.
+constexpr int kSeqFields = 5;
+PEREGRINE_HD int64_t seq_table_base(const int64_t* m, int table) { return table == kWindowPages ? m[4] : m[0]; }
+
+// Byte offset from its table's base of entry `index` of `sec`, given the sequence's page rows (kPageTables ids
+// each) and the table's page size.
+PEREGRINE_HD int64_t paged_entry_offset(const int32_t* rows, int page_tokens, int64_t page_bytes,
                                         const PagedSection& sec, int64_t index) {
     int64_t page, slot;
     if (sec.per_entry_tokens <= page_tokens) {
@@ -25,7 +33,8 @@ PEREGRINE_HD int64_t paged_entry_offset(const int32_t* pages, int page_tokens, i
         page = ((index + 1) * sec.per_entry_tokens - 1) / page_tokens;
         slot = 0;
     }
-    return static_cast<int64_t>(pages[page]) * page_bytes + sec.offset + slot * sec.entry_bytes;
+    return static_cast<int64_t>(rows[page * kPageTables + sec.table]) * page_bytes + sec.offset +
+           slot * sec.entry_bytes;
 }
 
 // Entry j of window_list(seq, pos, W, ring_before_full): a position or -1; *n: the list's length. The sequence

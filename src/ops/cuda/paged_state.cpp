@@ -15,11 +15,11 @@ struct StepLayout {
     size_t seq, pos, carry, rows, pages, total;
     StepLayout(int64_t S, int64_t T, int64_t n_pages) {
         seq = 0;
-        pos = seq + static_cast<size_t>(4 * S) * 8;
+        pos = seq + static_cast<size_t>(kSeqFields * S) * 8;
         carry = pos + static_cast<size_t>(T) * 8;
         rows = carry + static_cast<size_t>(S) * 8;
         pages = rows + static_cast<size_t>(T) * 4;
-        total = pages + static_cast<size_t>(n_pages) * 4;
+        total = pages + static_cast<size_t>(n_pages) * kPageTables * 4;
     }
 };
 }  // namespace
@@ -55,11 +55,15 @@ PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch
     for (int64_t s = 0; s < S; ++s) {
         const BatchSeq& b = batch.seqs[static_cast<size_t>(s)];
         const int64_t n = layout.pages_for(b.start_pos + b.n_tokens);
-        seq[4 * s] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b.state->pool));
-        seq[4 * s + 1] = first;
-        seq[4 * s + 2] = b.start_pos;
-        seq[4 * s + 3] = b.n_tokens;
-        if (n > 0) std::memcpy(pages + first, b.state->pages.data(), static_cast<size_t>(n) * 4);
+        int64_t* m = seq + kSeqFields * s;
+        m[0] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b.state->pool[kHistoryPages]));
+        m[1] = first;
+        m[2] = b.start_pos;
+        m[3] = b.n_tokens;
+        m[4] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b.state->pool[kWindowPages]));
+        static_assert(sizeof(PageRow) == kPageTables * sizeof(int32_t), "page rows are packed ids");
+        if (n > 0)
+            std::memcpy(pages + first * kPageTables, b.state->pages.data(), sizeof(PageRow) * static_cast<size_t>(n));
         first += n;
         for (int i = 0; i < b.n_tokens; ++i) {
             row_pos[b.row0 + i] = b.start_pos + i;
@@ -83,7 +87,8 @@ PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch
     out.seqs.row_seq = reinterpret_cast<const int32_t*>(d + at.rows);
     out.seqs.n_seqs = static_cast<int>(S);
     out.seqs.page_tokens = layout.page_tokens;
-    out.seqs.page_bytes = static_cast<int64_t>(layout.page_bytes);
+    for (int t = 0; t < kPageTables; ++t)
+        out.seqs.page_bytes[t] = static_cast<int64_t>(layout.page_bytes[static_cast<size_t>(t)]);
     return out;
 }
 

@@ -17,11 +17,11 @@ struct PagedStep {
     PagedSeqs seqs;
 };
 
-// Bytes of the packed tables of S sequences, T rows and n_pages pages.
+// Bytes of the packed tables of S sequences, T rows and n_pages rows of pages.
 size_t paged_step_bytes(int64_t S, int64_t T, int64_t n_pages);
 
-// Page tables (the pages covering each sequence's tokens up to the end of the step), per-sequence pool base,
-// start and token count, per-row sequence and position; with `carries`, each sequence's compressor carry address.
+// Page tables (the rows of pages covering each sequence's tokens up to the end of the step), per-sequence table
+// bases, start and token count, per-row sequence and position; with `carries`, each sequence's compressor carry address.
 // Into fresh device memory, or into `into` of into_bytes (the pages come last, so the other arrays keep their
 // offsets from step to step: a CUDA graph's fixed buffer).
 PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch,
@@ -29,7 +29,7 @@ PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch
                             size_t into_bytes = 0);
 
 inline PagedSection paged_section(const StateSection& s) {
-    return {static_cast<int64_t>(s.offset), static_cast<int64_t>(s.entry_bytes), s.per_entry_tokens};
+    return {static_cast<int64_t>(s.offset), static_cast<int64_t>(s.entry_bytes), s.per_entry_tokens, s.table};
 }
 
 // An address table on the device: `table` entries (kept alive by `keep`).

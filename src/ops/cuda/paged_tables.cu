@@ -14,9 +14,10 @@ namespace {
 
 __device__ __forceinline__ const uint8_t* paged_entry(const PagedSeqs& p, const PagedSection& sec, int s,
                                                       int64_t index) {
-    const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);
-    const uint8_t* base = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(m[0]));
-    return (base + paged_entry_offset(p.pages + m[1], p.page_tokens, p.page_bytes, sec, index));
+    const int64_t* m = p.seq + kSeqFields * static_cast<int64_t>(s);
+    const uint8_t* base = reinterpret_cast<const uint8_t*>(static_cast<uintptr_t>(seq_table_base(m, sec.table)));
+    return base + paged_entry_offset(p.pages + m[1] * kPageTables, p.page_tokens, p.page_bytes[sec.table], sec,
+                                     index);
 }
 
 // A sequence's rows see window positions from lo = max(0, start - W + 1) (window_position's lowest) to the step's
@@ -34,7 +35,7 @@ __global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, in
     const int64_t t = i / W;
     const int j = static_cast<int>(i % W);
     const int s = p.row_seq[t];
-    const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);
+    const int64_t* m = p.seq + kSeqFields * static_cast<int64_t>(s);
     int n = 0;
     const int64_t at = window_position(m[2], m[3], p.row_pos[t], W, ring_before_full, j, &n);
     if (j == 0) nwin[t] = n;
@@ -49,7 +50,7 @@ __global__ void seq_entries_kernel(PagedSeqs p, PagedSection sec, int ratio, int
                                    const uint8_t** table) {
     pdl_enter();
     const int s = blockIdx.y;
-    const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);
+    const int64_t* m = p.seq + kSeqFields * static_cast<int64_t>(s);
     if (m[3] <= 0) return;
     const int64_t first = W > 0 ? window_lo(m, W) : 0;
     const int64_t count = W > 0 ? m[2] + m[3] - first : (m[2] + m[3]) / ratio;
@@ -66,7 +67,7 @@ __global__ void all_entries_kernel(PagedSeqs p, int ratio, int64_t T, int kmax, 
     if (i >= T * kmax) return;
     const int64_t t = i / kmax;
     const int j = static_cast<int>(i % kmax);
-    const int64_t* m = p.seq + 4 * static_cast<int64_t>(p.row_seq[t]);
+    const int64_t* m = p.seq + kSeqFields * static_cast<int64_t>(p.row_seq[t]);
     const int64_t visible = (p.row_pos[t] + 1) / ratio;
     const int64_t count = m[2] == 0 ? (m[2] + m[3]) / ratio : visible;
     if (j == 0) counts[t] = static_cast<int32_t>(count);
@@ -97,10 +98,10 @@ __global__ void decode_rows_kernel(PagedSeqs p, int64_t T, int ratio, int64_t ca
     mt[5] = t;
     float* snap = nullptr;
     if ((pos + 1) % p.page_tokens == 0) {
-        const int64_t* m = p.seq + 4 * static_cast<int64_t>(s);
-        uint8_t* pool = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(m[0]));
-        const int64_t page = p.pages[m[1] + pos / p.page_tokens];
-        snap = reinterpret_cast<float*>(pool + page * p.page_bytes + snapshot_offset + carry_offset);
+        const int64_t* m = p.seq + kSeqFields * static_cast<int64_t>(s);
+        uint8_t* pool = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(seq_table_base(m, kHistoryPages)));
+        const int64_t page = p.pages[(m[1] + pos / p.page_tokens) * kPageTables + kHistoryPages];
+        snap = reinterpret_cast<float*>(pool + page * p.page_bytes[kHistoryPages] + snapshot_offset + carry_offset);
     }
     o.snap[t] = snap;
 }

@@ -72,9 +72,10 @@ __global__ void paged_store_entries_kernel(const float* src, EntryFormat f, Page
     pdl_enter();
     const int64_t t = blockIdx.x, pos = p.row_pos[t];
     if ((pos + 1) % ratio != 0) return;
-    const int64_t* m = p.seq + 4 * static_cast<int64_t>(p.row_seq[t]);
-    uint8_t* base = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(m[0]));
-    uint8_t* e = base + paged_entry_offset(p.pages + m[1], p.page_tokens, p.page_bytes, sec, pos / ratio);
+    const int64_t* m = p.seq + kSeqFields * static_cast<int64_t>(p.row_seq[t]);
+    uint8_t* base = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(seq_table_base(m, sec.table)));
+    uint8_t* e = base + paged_entry_offset(p.pages + m[1] * kPageTables, p.page_tokens, p.page_bytes[sec.table], sec,
+                                           pos / ratio);
     encode_entry_cta(f, src + t * f.dim, e);
 }
 

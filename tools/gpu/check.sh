@@ -70,8 +70,9 @@ echo "serve cuda: $s_cuda" >>"$log"; echo "cpu:        $s_cpu" >>"$log"
 [[ -n $s_cuda && "$s_cuda" == "$s_cpu" ]] && serve=same || serve=DIFFERENT
 
 bench_rc=skipped
-# BENCH_ARGS overrides the benchmark grid (default: the full one of docs/perf); BENCH_TIMEOUT bounds it.
-if "$bin/peregrine" bench engine --help >/dev/null 2>&1; then
+# BENCH_ARGS overrides the benchmark grid (default: the full one of docs/perf); BENCH_TIMEOUT bounds it; BENCH=0
+# skips it.
+if [[ ${BENCH:-1} != 0 ]] && "$bin/peregrine" bench engine --help >/dev/null 2>&1; then
   say "== bench engine"
   timeout "${BENCH_TIMEOUT:-3000}" "$bin/peregrine" bench engine --device cuda --synthetic v41-flash --balanced-routing \
     ${BENCH_ARGS:---layers 6} --json "$out/bench.json" 2>&1 | tee "$out/bench.log" >>"$log"

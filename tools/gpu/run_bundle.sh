@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, one call: unpacks the bundle (tools/gpu/pack.sh), compares the build with the base build it
 # carries byte for byte (compare_builds.sh, fast and exact numerics), runs tools/gpu/check.sh on it, and with
-# BENCH_COMPARE set times the base and the new build's `bench engine` on the same grid, alternating, so that a
-# refactoring's figures sit beside the code it replaced. Everything goes to OUT_DIR.
+# BENCH_COMPARE set times the base and the new build's `bench engine` on the same grid, alternating (BENCH_ROUNDS
+# rounds, default 2), so that a refactoring's figures sit beside the code it replaced. Everything goes to OUT_DIR.
 #
 #   tools/gpu/run_bundle.sh [OUT_DIR]
 set -uo pipefail
@@ -27,7 +27,7 @@ if [[ ${CHECK:-1} != 0 ]]; then
   summary+=("check.sh exit $?")
 fi
 if [[ -n ${BENCH_COMPARE:-} && -x $bin/peregrine-base ]]; then
-  for round in 1 2; do
+  for round in $(seq 1 "${BENCH_ROUNDS:-2}"); do
     for b in peregrine-base peregrine; do
       timeout "${BENCH_TIMEOUT:-600}" "$bin/$b" bench engine --device cuda --synthetic v41-flash --balanced-routing \
         $BENCH_COMPARE --json "$out/bench-$b-$round.json" >"$out/bench-$b-$round.log" 2>&1

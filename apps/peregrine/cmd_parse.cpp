@@ -20,7 +20,7 @@ static RegisterCommand reg_parse([](CLI::App& app, int& exit_code) {
         std::string model, format, input, request;
         size_t chunk = 0;
         int64_t seed = -1;
-        bool thinking = false, no_tools = false, full = false;
+        bool thinking = false, no_tools = false, full = false, enable_thinking = false;
     };
     auto o = std::make_shared<Opts>();
     auto* m = cmd->add_option("--model", o->model, "Model directory (config.json model_type picks the format)");
@@ -33,6 +33,8 @@ static RegisterCommand reg_parse([](CLI::App& app, int& exit_code) {
     cmd->add_option("--request", o->request, "Derive the parser setup from this OpenAI request (as the server does)")
         ->excludes(th)
         ->excludes(nt);
+    cmd->add_flag("--enable-thinking", o->enable_thinking,
+                  "With --request: a request that says nothing about thinking thinks (as `serve --enable-thinking`)");
     cmd->add_flag("--full", o->full, "Print {\"message\", \"finish_reason\", \"warnings\"}");
     cmd->callback([o, &exit_code] {
         PEREGRINE_CHECK(!o->model.empty() || !o->format.empty(), "give --model DIR or --format NAME");
@@ -42,7 +44,7 @@ static RegisterCommand reg_parse([](CLI::App& app, int& exit_code) {
         OutputParserOptions po;
         bool thinking = o->thinking;
         if (!o->request.empty()) {
-            ChatRequest req = parse_chat_request_text(read_file(o->request));
+            ChatRequest req = parse_chat_request_text(read_file(o->request), {.default_thinking = o->enable_thinking});
             po = output_parser_options(req, fmt);
             thinking = reports_reasoning(po.start);
         } else {

@@ -15,7 +15,7 @@ static RegisterCommand reg_render([](CLI::App& app, int& exit_code) {
     auto* cmd = app.add_subcommand("render", "Print the exact prompt an OpenAI chat request renders to");
     struct Opts {
         std::string model, format, request, tokenizer;
-        bool ids = false, json = false;
+        bool ids = false, json = false, enable_thinking = false;
     };
     auto o = std::make_shared<Opts>();
     auto* m = cmd->add_option("--model", o->model, "Model directory (config.json model_type picks the format)");
@@ -23,6 +23,8 @@ static RegisterCommand reg_render([](CLI::App& app, int& exit_code) {
     cmd->add_option("--request", o->request, "OpenAI chat request JSON file ('-' for stdin)")->required();
     cmd->add_flag("--ids", o->ids, "Print token ids (needs the model's tokenizer.json)");
     cmd->add_option("--tokenizer", o->tokenizer, "tokenizer.json for --ids (default: MODEL/tokenizer.json)");
+    cmd->add_flag("--enable-thinking", o->enable_thinking,
+                  "A request that says nothing about thinking thinks (as `serve --enable-thinking`)");
     cmd->add_flag("--json", o->json, "Print {\"prompt\", \"special_ranges\"} (or the OpenAI error body)");
     cmd->callback([o, &exit_code] {
         PEREGRINE_CHECK(!o->model.empty() || !o->format.empty(), "give --model DIR or --format NAME");
@@ -31,7 +33,7 @@ static RegisterCommand reg_render([](CLI::App& app, int& exit_code) {
                                              : read_file(o->request);
         RenderedPrompt p;
         try {
-            p = render_prompt(parse_chat_request_text(body), fmt);
+            p = render_prompt(parse_chat_request_text(body, {.default_thinking = o->enable_thinking}), fmt);
         } catch (const RequestError& e) {
             if (o->json) std::printf("%s\n", e.to_openai_json().dump().c_str());
             std::fprintf(stderr, "error: %s%s\n", e.what(),

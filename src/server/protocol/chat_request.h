@@ -93,7 +93,8 @@ struct ChatRequest {
 };
 
 struct RequestOptions {
-    bool default_thinking = true;  // a request that says nothing about thinking gets this
+    // A request that says nothing about thinking gets this: off, as `serve` (--enable-thinking) and `render`.
+    bool default_thinking = false;
 };
 
 // Parses and validates; throws RequestError.

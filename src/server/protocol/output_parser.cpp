@@ -189,14 +189,24 @@ bool OutputParser::step() {
     case State::block:
     case State::invoke: return step_block();
     case State::value: return step_value();
-    case State::finished:
+    case State::finished: {
+        // The end-of-sentence text may close a tool-call block's output (DeepSeek's encoding ends every
+        // assistant turn with it); it is not text after the end.
+        std::string_view rest = buf_;
+        if (!eos_seen_ && rest.starts_with(tok::eos)) {
+            rest.remove_prefix(tok::eos.size());
+            eos_seen_ = true;
+        } else if (!eos_seen_ && !eof_ && !rest.empty() && tok::eos.starts_with(rest)) {
+            return false;  // may still become it
+        }
         if (!warned_after_end_ && !stopped_ &&
-            std::any_of(buf_.begin(), buf_.end(), [](char c) { return !is_space(c); })) {
-            warn("text after the tool-call block dropped");
+            std::any_of(rest.begin(), rest.end(), [](char c) { return !is_space(c); })) {
+            warn(eos_seen_ ? "text after the end-of-sentence token dropped" : "text after the tool-call block dropped");
             warned_after_end_ = true;
         }
         buf_.clear();
         return false;
+    }
     }
     return false;
 }
@@ -215,7 +225,9 @@ bool OutputParser::step_text() {
     // Markers: </think> (reasoning end, or a stray one in content), the DSML block, stop sequences, and in
     // JSON output mode the JSON's start (a ``` fence, or a bare { or [) and end (a closing fence).
     // Newlines right before </think> in reasoning and before a DSML block belong to the marker.
-    enum What { think_end, dsml, stop, fence_open, bare_open, fence_close };
+    // The end-of-sentence text, written out, ends the output wherever it comes (as DeepSeek's encoding reads
+    // a completion: everything before it is the message).
+    enum What { think_end, dsml, stop, fence_open, bare_open, fence_close, eos };
     struct Marker {
         std::string_view text;
         bool absorbs_newlines;
@@ -245,6 +257,7 @@ bool OutputParser::step_text() {
         if (opts_.parse_tool_calls) markers.push_back({kOpen, true, dsml});
         break;
     }
+    markers.push_back({tok::eos, false, eos});
     auto emit_text = [&](std::string text) {
         if (text.empty()) return;
         leading_ = false;
@@ -297,6 +310,11 @@ bool OutputParser::step_text() {
         case stop:
             buf_.clear();
             stopped_ = true;
+            state_ = State::finished;
+            break;
+        case eos:
+            buf_.erase(0, best_end);
+            eos_seen_ = true;
             state_ = State::finished;
             break;
         case fence_open:

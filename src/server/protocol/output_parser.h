@@ -90,6 +90,7 @@ private:
     bool eof_ = false;
     bool stopped_ = false;
     bool warned_after_end_ = false;
+    bool eos_seen_ = false;     // the end-of-sentence text was read: anything after it is dropped
     std::string buf_;           // input not yet decided
     std::string tail_;          // last text bytes emitted since the last marker (for partial-match context)
     std::vector<ParseEvent> out_;

@@ -14,7 +14,7 @@ namespace {
 
 std::string param_of(const std::string& body) {
     try {
-        parse_chat_request_text(body);
+        parse_chat_request_text(body, {.default_thinking = true});
     } catch (const RequestError& e) {
         return e.param();
     }
@@ -105,17 +105,22 @@ TEST(ChatRequest, ReasoningEffortMapping) {
                                     {"87", true, 87, EffortTier::high},
                                     {"88", true, 88, EffortTier::max},
                                     {"100", true, 100, EffortTier::max}}) {
-        auto r = parse_chat_request_text(with(std::string(R"(, "reasoning_effort": )") + c.effort));
+        auto r = parse_chat_request_text(with(std::string(R"(, "reasoning_effort": )") + c.effort),
+                                         {.default_thinking = true});
         EXPECT_EQ(r.thinking, c.thinking) << c.effort;
         EXPECT_EQ(r.effort.value, c.value) << c.effort;
         EXPECT_EQ(r.effort.tier, c.tier) << c.effort;
     }
     // An explicit thinking object wins over the default; reasoning_effort "none" turns thinking off.
-    EXPECT_FALSE(
-        parse_chat_request_text(with(R"(, "thinking": {"type": "disabled"}, "reasoning_effort": "max")")).thinking);
+    EXPECT_FALSE(parse_chat_request_text(with(R"(, "thinking": {"type": "disabled"}, "reasoning_effort": "max")"),
+                                         {.default_thinking = true})
+                     .thinking);
     EXPECT_TRUE(
         parse_chat_request_text(with(R"(, "thinking": {"type": "enabled"})"), {.default_thinking = false}).thinking);
     EXPECT_FALSE(parse_chat_request_text(with(""), {.default_thinking = false}).thinking);
+    // One default for serve, render and parse: off unless the request (or --enable-thinking) asks.
+    EXPECT_FALSE(parse_chat_request_text(with("")).thinking);
+    EXPECT_FALSE(parse_chat_request_text(with(R"(, "reasoning_effort": "none")")).thinking);
 }
 
 TEST(ChatRequest, MessagesAndTools) {

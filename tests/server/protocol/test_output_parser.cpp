@@ -75,7 +75,7 @@ protected:
     void SetUp() override {
         const json& g = GetParam().golden;
         fmt_ = golden_format(g["format"]);
-        ChatRequest req = parse_chat_request(ojson::parse(g["request"].dump()));
+        ChatRequest req = parse_chat_request(ojson::parse(g["request"].dump()), kOracleDefaults);
         opts_ = output_parser_options(req, fmt_);
         text_ = g["completion"];
         malformed_ = g["malformed"];
@@ -228,6 +228,40 @@ TEST(OutputParser, DsmlIsTextWithoutTools) {
     auto tail = p.finish();
     ev.insert(ev.end(), tail.begin(), tail.end());
     EXPECT_EQ(joined(ev, ParseEvent::Kind::content), s);
+}
+
+// The end-of-sentence token written as text ends the output, as DeepSeek's encoding_dsv4.py
+// (parse_message_from_completion_text) reads a completion: the message is what comes before it. Checked at every
+// byte split of each completion.
+TEST(OutputParser, EndOfSentenceTextEndsTheOutput) {
+    const std::string eos(tok::eos);
+    const std::string call = "<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter name=\"q\" "
+                             "string=\"true\">x</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls>";
+    struct Case {
+        ParseStart start;
+        std::string text, reasoning, content, args;
+        bool warns;
+    };
+    const std::vector<Case> cases = {
+        {ParseStart::content, "Hello." + eos, "", "Hello.", "", false},
+        {ParseStart::reasoning, "think</think>Answer." + eos, "think", "Answer.", "", false},
+        {ParseStart::reasoning, "think" + eos, "think", "", "", false},
+        {ParseStart::content, "Hello." + eos + "more", "", "Hello.", "", true},
+        {ParseStart::content, "Let me check.\n\n" + call + eos, "", "Let me check.", "{\"q\": \"x\"}", false},
+        {ParseStart::content, call + eos + "x", "", "", "{\"q\": \"x\"}", true},
+        {ParseStart::content, "<｜end▁of▁sent", "", "<｜end▁of▁sent", "", false},  // not the token
+    };
+    for (const Case& c : cases) {
+        for (size_t k = 0; k <= c.text.size(); ++k) {
+            auto ev = run(v41(c.start), c.text, k ? std::vector<size_t>{k} : std::vector<size_t>{});
+            ASSERT_EQ(joined(ev, ParseEvent::Kind::reasoning), c.reasoning) << c.text << " split at " << k;
+            ASSERT_EQ(joined(ev, ParseEvent::Kind::content), c.content) << c.text << " split at " << k;
+            ASSERT_EQ(joined(ev, ParseEvent::Kind::tool_call_arguments), c.args) << c.text << " split at " << k;
+            const bool warned =
+                std::any_of(ev.begin(), ev.end(), [](auto& e) { return e.kind == ParseEvent::Kind::warning; });
+            ASSERT_EQ(warned, c.warns) << c.text << " split at " << k;
+        }
+    }
 }
 
 TEST(OutputParser, MalformedBlocksComeBackAsText) {

@@ -133,7 +133,7 @@ def test_render_matches_oracle(seed):
     try:
         for fmt in FORMATS:
             want = oracle.render(body, fmt)
-            got = run_peregrine(["render", "--format", fmt, "--request", path, "--json"])
+            got = run_peregrine(["render", "--format", fmt, "--request", path, "--json", "--enable-thinking"])
             if "error" in want:
                 assert got.returncode != 0, "oracle rejects (%s), peregrine accepted" % want["error"]
                 continue
@@ -192,7 +192,7 @@ def test_parse_matches_oracle(seed):
     inp = write_tmp(text, ".txt")
     try:
         for chunking in (["--chunk-size", str(rng.randint(1, 9))], ["--random-chunks", str(seed)]):
-            got = run_peregrine(["parse", "--format", fmt, "--request", req, "--input", inp, "--full"] + chunking)
+            got = run_peregrine(["parse", "--format", fmt, "--request", req, "--input", inp, "--full", "--enable-thinking"] + chunking)
             assert got.returncode == 0, got.stderr.decode()
             out = json.loads(got.stdout)
             for tc in out["message"].get("tool_calls", []):
@@ -225,7 +225,8 @@ def test_render_ids_match_oracle(name):
     body = dict(oracle.render_cases())[name]
     path = write_tmp(json.dumps(body, ensure_ascii=False), ".json")
     try:
-        got = run_peregrine(["render", "--format", "deepseek_v4", "--request", path, "--ids", "--json", "--tokenizer", tk])
+        got = run_peregrine(["render", "--format", "deepseek_v4", "--request", path, "--ids", "--json", "--tokenizer", tk,
+                             "--enable-thinking"])
         assert got.returncode == 0, got.stderr.decode()
         enc = dr.DeepseekV4Encoding().with_tokenizer(dr.Tokenizer.from_file(tk))
         assert json.loads(got.stdout) == enc.encode(oracle.convert(body, "deepseek_v4").conversation)

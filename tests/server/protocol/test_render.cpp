@@ -46,15 +46,15 @@ TEST_P(Render, MatchesOracle) {
         // Deliberate extension: OpenAI's "developer" role is accepted as a system message.
         auto as_system = c.request;
         as_system["messages"][0]["role"] = "system";
-        EXPECT_EQ(render_prompt(parse_chat_request(c.request), fmt).text,
-                  render_prompt(parse_chat_request(as_system), fmt).text);
+        EXPECT_EQ(render_prompt(parse_chat_request(c.request, kOracleDefaults), fmt).text,
+                  render_prompt(parse_chat_request(as_system, kOracleDefaults), fmt).text);
         return;
     }
     if (c.expected.contains("error")) {
-        EXPECT_THROW(parse_chat_request(c.request), RequestError) << c.expected["error"].dump();
+        EXPECT_THROW(parse_chat_request(c.request, kOracleDefaults), RequestError) << c.expected["error"].dump();
         return;
     }
-    ChatRequest req = parse_chat_request(c.request);
+    ChatRequest req = parse_chat_request(c.request, kOracleDefaults);
     RenderedPrompt p = render_prompt(req, fmt);
     EXPECT_EQ(p.text, c.expected["prompt"].get<std::string>());
     std::vector<std::pair<size_t, size_t>> want;
@@ -122,7 +122,7 @@ TEST(Render, AgentLoopPromptExtendsPreviousPrompt) {
                 "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
                     "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]})");
             body["thinking"] = {{"type", thinking ? "enabled" : "disabled"}};
-            ChatRequest req = parse_chat_request(body);
+            ChatRequest req = parse_chat_request(body, kOracleDefaults);
             std::string prompt1 = render_prompt(req, fmt).text;
 
             // What the model writes: reasoning, an answer line, two calls, then its end-of-sentence token.
@@ -157,7 +157,7 @@ TEST(Render, AgentLoopPromptExtendsPreviousPrompt) {
             body["messages"].push_back(assistant);
             body["messages"].push_back({{"role", "tool"}, {"tool_call_id", tool_calls[1]["id"]}, {"content", "rain"}});
             body["messages"].push_back({{"role", "tool"}, {"tool_call_id", tool_calls[0]["id"]}, {"content", "sun"}});
-            std::string prompt2 = render_prompt(parse_chat_request(body), fmt).text;
+            std::string prompt2 = render_prompt(parse_chat_request(body, kOracleDefaults), fmt).text;
 
             std::string expected_prefix = prompt1 + output + std::string(tok::eos);
             ASSERT_TRUE(prompt2.starts_with(expected_prefix))

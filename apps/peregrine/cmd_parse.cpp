@@ -65,7 +65,9 @@ static RegisterCommand reg_parse([](CLI::App& app, int& exit_code) {
         for (auto& w : msg.warnings()) std::fprintf(stderr, "warning: %s\n", w.c_str());
         ojson out = msg.to_openai_json();
         if (o->full)
-            out = {{"message", out}, {"finish_reason", msg.finish_reason("stop")}, {"warnings", msg.warnings()}};
+            out = {{"message", out},
+                   {"finish_reason", msg.finish_reason("stop", parser.cut_in_block())},
+                   {"warnings", msg.warnings()}};
         std::printf("%s\n", out.dump(2, ' ', false, ojson::error_handler_t::replace).c_str());
         exit_code = 0;
     });

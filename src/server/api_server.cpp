@@ -597,7 +597,7 @@ struct ApiServer::Impl {
                         json c = {{"index", i},
                                   {"message", msg.to_openai_json()},
                                   {"logprobs", nullptr},
-                                  {"finish_reason", msg.finish_reason(finish_name(d))}};
+                                  {"finish_reason", msg.finish_reason(finish_name(d), parser.cut_in_block())}};
                         if (!d.matched_stop.empty()) c["matched_stop"] = d.matched_stop;
                         if (want_lp) {
                             json content = json::array();
@@ -663,7 +663,7 @@ struct ApiServer::Impl {
                     for (auto& t : d.tokens) content.push_back(chat_logprob(t));
                     c["logprobs"] = json{{"content", content}};
                 }
-                if (d.finished) c["finish_reason"] = msgs[i]->finish_reason(finish_name(d));
+                if (d.finished) c["finish_reason"] = msgs[i]->finish_reason(finish_name(d), parsers[i]->cut_in_block());
                 return json{{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
                             {"choices", json::array({c})}};
             }, [&](const std::vector<RequestDelta>& totals) {
@@ -713,7 +713,7 @@ struct ApiServer::Impl {
     static std::pair<std::string, json> anthropic_stop(const RequestDelta& d, const OutputParser& parser,
                                                        const AnthropicBlocks& blocks,
                                                        const std::vector<std::string>& stops) {
-        if (blocks.has_tool_use()) return {"tool_use", nullptr};
+        if (blocks.has_tool_use() && !parser.cut_in_block()) return {"tool_use", nullptr};
         if (!d.matched_stop.empty() && std::find(stops.begin(), stops.end(), d.matched_stop) != stops.end())
             return {"stop_sequence", d.matched_stop};
         if (parser.stopped_by_sequence()) return {"stop_sequence", nullptr};

@@ -207,6 +207,24 @@ def test_openai_tool_choice(server):
                                   reasoning_effort="low", max_tokens=10)
 
 
+script(AFTER_OPEN, AFTER_OPEN, AFTER_OPEN)
+
+
+def test_budget_ends_inside_a_call(server):
+    """max_tokens running out inside a required call gives finish_reason "length" with what was produced, never
+    "tool_calls" with a call that misses its required arguments."""
+    c = server.openai()
+    kw = dict(model=NAME, messages=USER, tools=TOOLS, tool_choice="required", max_tokens=20)  # inside the call
+    r = c.chat.completions.create(**kw)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 20
+    assert [c.function.name for c in r.choices[0].message.tool_calls] == ["search"]  # what was produced
+    chunks = list(c.chat.completions.create(stream=True, **kw))
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["length"]
+    r = server.anthropic().messages.create(model=NAME, max_tokens=20, messages=USER, tools=A_TOOLS,
+                                           tool_choice={"type": "any"})
+    assert r.stop_reason == "max_tokens"
+
+
 script("Thinking it over.</think>" + dsml([("get_weather", {"city": "Paris", "days": 2})]),
        "Sunny, 20 degrees.</think>It will be sunny.")
 

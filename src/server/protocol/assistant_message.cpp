@@ -50,8 +50,8 @@ json AssistantMessage::to_openai_json() const {
     return m;
 }
 
-std::string AssistantMessage::finish_reason(const std::string& engine_reason) const {
-    return calls_.empty() ? engine_reason : "tool_calls";
+std::string AssistantMessage::finish_reason(const std::string& engine_reason, bool cut_in_block) const {
+    return calls_.empty() || cut_in_block ? engine_reason : "tool_calls";
 }
 
 }  // namespace peregrine

@@ -24,8 +24,9 @@ public:
     // {"role": "assistant", "content": "...", ["reasoning_content": "..."], ["tool_calls": [...]]}
     // (content is "" rather than null when only tool calls came back, as DeepSeek's API does).
     ojson to_openai_json() const;
-    // "tool_calls" when the model called tools, else what the engine reported ("stop", "length").
-    std::string finish_reason(const std::string& engine_reason) const;
+    // "tool_calls" when the model called tools, else what the engine reported ("stop", "length"); also the
+    // engine's when the output was cut inside the tool-call block (OutputParser::cut_in_block).
+    std::string finish_reason(const std::string& engine_reason, bool cut_in_block = false) const;
 
     const std::string& content() const { return content_; }
     const std::string& reasoning() const { return reasoning_; }

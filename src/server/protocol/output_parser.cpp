@@ -156,11 +156,13 @@ std::vector<ParseEvent> OutputParser::finish() {
     // What is left is an unterminated structure: close it so every started call has valid JSON.
     switch (state_) {
     case State::value:
+        cut_in_block_ = true;
         warn("tool call parameter not closed at end of output");
         close_value();
         close_invoke();
         break;
     case State::invoke:
+        cut_in_block_ = true;
         warn("tool call not closed at end of output");
         close_invoke();
         break;
@@ -170,6 +172,7 @@ std::vector<ParseEvent> OutputParser::finish() {
             emit(block_origin_ == State::reasoning ? ParseEvent::Kind::reasoning : ParseEvent::Kind::content,
                  block_raw_ + buf_);
         } else {
+            cut_in_block_ = true;
             warn("tool-call block not closed at end of output");
         }
         break;

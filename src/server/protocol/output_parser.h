@@ -68,6 +68,9 @@ public:
     bool done() const { return state_ == State::finished; }
     bool stopped_by_sequence() const { return stopped_; }
     int tool_call_count() const { return calls_; }
+    // After finish(): the output ended inside the tool-call block (a budget ran out mid-call), so its last call
+    // is what was produced, not a finished call: the finish reason is the engine's ("length"), not tool_calls.
+    bool cut_in_block() const { return cut_in_block_; }
 
 private:
     enum class State { reasoning, content, json, json_done, block, invoke, value, finished };
@@ -90,6 +93,7 @@ private:
     bool eof_ = false;
     bool stopped_ = false;
     bool warned_after_end_ = false;
+    bool cut_in_block_ = false;
     bool eos_seen_ = false;     // the end-of-sentence text was read: anything after it is dropped
     std::string buf_;           // input not yet decided
     std::string tail_;          // last text bytes emitted since the last marker (for partial-match context)

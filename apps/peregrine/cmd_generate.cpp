@@ -19,7 +19,9 @@ namespace {
 struct GenerateArgs {
     std::string model, prompt, ids, tokenizer, device = "cpu";
     int max_tokens = 64;
-    SamplingParams sampling;
+    std::optional<float> temperature, top_p, min_p;  // unset: the model's generation_config.json, else 1, 1, 0
+    std::optional<int> top_k;
+    int64_t seed = -1;
     bool ignore_eos = false, add_bos = false, print_ids = false;
 };
 
@@ -46,8 +48,15 @@ int run_generate(GenerateArgs& a) {
     for (int32_t id : prompt)
         if (id < 0 || id >= vocab) fail("prompt token id {} is outside the vocabulary (0..{})", id, vocab - 1);
 
+    // The model's generation_config.json, then the flags given.
+    SamplingParams sp = sampling_defaults(read_generation_config(a.model));
+    if (a.temperature) sp.temperature = *a.temperature;
+    if (a.top_p) sp.top_p = *a.top_p;
+    if (a.top_k) sp.top_k = *a.top_k;
+    if (a.min_p) sp.min_p = *a.min_p;
+    sp.seed = a.seed;
     SequenceRunner run(*model, static_cast<int64_t>(prompt.size()) + a.max_tokens);
-    Sampler sampler(a.sampling);
+    Sampler sampler(sp);
     std::optional<StreamDecoder> dec;
     if (tok && !a.print_ids) dec.emplace(*tok, true);
     std::vector<float> logits = run.feed(prompt);
@@ -72,11 +81,12 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--ids", a->ids, "Prompt as comma-separated token ids")->excludes(p);
     cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's)");
     cmd->add_option("--max-tokens", a->max_tokens, "Tokens to generate")->check(CLI::Range(1, 1 << 20));
-    cmd->add_option("--temperature", a->sampling.temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0));
-    cmd->add_option("--top-p", a->sampling.top_p)->check(CLI::Range(0.0, 1.0));
-    cmd->add_option("--top-k", a->sampling.top_k);
-    cmd->add_option("--min-p", a->sampling.min_p)->check(CLI::Range(0.0, 1.0));
-    cmd->add_option("--seed", a->sampling.seed);
+    cmd->add_option("--temperature", a->temperature, "0 = greedy (default: the model's generation_config.json, else 1)")
+        ->check(CLI::Range(0.0, 100.0));
+    cmd->add_option("--top-p", a->top_p)->check(CLI::Range(0.0, 1.0));
+    cmd->add_option("--top-k", a->top_k);
+    cmd->add_option("--min-p", a->min_p)->check(CLI::Range(0.0, 1.0));
+    cmd->add_option("--seed", a->seed);
     cmd->add_flag("--ignore-eos", a->ignore_eos);
     cmd->add_flag("--add-bos", a->add_bos, "Start the prompt with the BOS token");
     cmd->add_flag("--print-ids", a->print_ids, "Print token ids instead of text");

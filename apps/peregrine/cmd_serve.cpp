@@ -1,6 +1,7 @@
 // peregrine serve: the OpenAI-compatible HTTP server over the batching engine.
 #include "commands.h"
 #include "engine/engine.h"
+#include "io/generation_config.h"
 #include "kv/page_pool.h"
 #include "model/parallel_models.h"
 #include "server/api_server.h"
@@ -28,7 +29,7 @@ namespace {
 
 struct ServeArgs {
     std::string model, tokenizer, host = "127.0.0.1", served_model_name, kv_memory = "0.05", api_key,
-        log_level = "info", device = "cpu", scripted_output, synthetic;
+        log_level = "info", device = "cpu", scripted_output, synthetic, sampling_defaults = "model";
     int port = 30000, max_running = 64, max_queued = 1024, chunked_prefill = 512, page_tokens = 16, dp = 1, ep = 1;
     int synthetic_layers = 4, synthetic_experts = 384;
     ExpertParallelOptions ep_opts;
@@ -177,6 +178,10 @@ int run_serve(ServeArgs& a) {
         a.synthetic.empty() ? chat_format_from_model_dir(a.model) : chat_format_from_model_type(cfg.model_type);
     ao.default_thinking = a.enable_thinking;
     ao.default_max_tokens = a.default_max_tokens;
+    // The model's generation_config.json fills the sampling fields a request leaves out (SGLang's default).
+    GenerationConfig gen;
+    if (a.sampling_defaults == "model" && a.synthetic.empty()) gen = read_generation_config(a.model);
+    ao.sampling_defaults = sampling_defaults(gen);
     if (!a.scripted_output.empty()) {
         ao.scripted_output = ScriptedOutput::from_file(a.scripted_output);
         std::fprintf(stderr, "  --scripted-output %s: completions are forced from the script (a testing aid)\n",
@@ -194,6 +199,7 @@ int run_serve(ServeArgs& a) {
         "  parallel   %s\n"
         "  kv memory  %lld pages x %d tokens = %lld tokens (%.1f MiB) per rank, prefix cache %s\n"
         "  scheduler  context %lld, max running %d, max queued %d, chunked prefill %d, overlap schedule %s\n"
+        "  sampling   defaults %s\n"
         "  loaded in %.2f s\n",
         ao.served_model_name.c_str(), model_variant(cfg).name(), cfg.n_layers, cfg.dim,
         cfg.vocab_size, tok_source.c_str(), std::string(chat_format_name(ao.chat_format)).c_str(),
@@ -202,7 +208,7 @@ int run_serve(ServeArgs& a) {
         static_cast<double>(pages * static_cast<int64_t>(model->layout().row_bytes())) / (1 << 20),
         eo.radix_cache ? "on" : "off", static_cast<long long>(engine.context_length()), a.max_running, a.max_queued,
         a.chunked_prefill, eo.overlap_schedule != 0 && a.dp == 1 && model->backend().sampler().async() ? "on" : "off",
-        secs);
+        gen.empty() ? "temperature 1, top_p 1 (openai)" : (gen.describe() + " (generation_config.json)").c_str(), secs);
     std::printf("peregrine serve: listening on http://%s:%d\n", a.host.c_str(), port);
     std::fflush(stdout);
     std::atomic<bool> finished{false};
@@ -254,6 +260,9 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
                     "Longest sequence (default: max_position_embeddings; at least 8192 with the byte tokenizer)");
     cmd->add_option("--default-max-tokens", a->default_max_tokens,
                     "Chat max_tokens when a request gives none (default: the context)");
+    cmd->add_option("--sampling-defaults", a->sampling_defaults,
+                    "Sampling fields a request leaves out: 'model' (generation_config.json) or 'openai' (1.0)")
+        ->check(CLI::IsMember({"model", "openai"}));
     cmd->add_option("--page-tokens", a->page_tokens, "Tokens per state page (prefix-cache granularity)")
         ->check(CLI::Range(1, 4096));
     cmd->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY'");

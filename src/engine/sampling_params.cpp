@@ -6,6 +6,16 @@
 
 namespace peregrine {
 
+SamplingParams sampling_defaults(const GenerationConfig& g) {
+    SamplingParams s;
+    if (g.temperature) s.temperature = static_cast<float>(*g.temperature);
+    if (g.top_p) s.top_p = static_cast<float>(*g.top_p);
+    if (g.top_k) s.top_k = *g.top_k;
+    if (g.min_p) s.min_p = static_cast<float>(*g.min_p);
+    if (g.repetition_penalty) s.repetition_penalty = static_cast<float>(*g.repetition_penalty);
+    return s;
+}
+
 void PenaltyState::add_prompt(std::span<const int32_t> ids, int vocab) {
     if (seen.empty()) seen.assign(static_cast<size_t>(vocab), 0);
     for (int32_t id : ids)

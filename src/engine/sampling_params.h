@@ -2,6 +2,7 @@
 // A request's sampling policy: its parameters, the token history its penalties look at, the logit adjustments
 // they make for its next row, and its seeded generator (the same seed and logits give the same token whatever
 // else is in the batch, on the host and on the device: ops/sampling.h has the draw both share).
+#include "io/generation_config.h"
 #include "ops/sampling.h"
 
 #include <cstdint>
@@ -30,6 +31,9 @@ struct SamplingParams {
         return presence_penalty != 0.0f || frequency_penalty != 0.0f || repetition_penalty != 1.0f;
     }
 };
+
+// The parameters a request starts from: the model's generation_config.json values where it has them.
+SamplingParams sampling_defaults(const GenerationConfig& g);
 
 // Token history the penalties look at.
 struct PenaltyState {

@@ -120,6 +120,7 @@ struct ApiServer::Impl {
         limits.vocab = engine.model().config().vocab_size;
         limits.context_length = engine.context_length();
         limits.default_max_tokens = opts.default_max_tokens;
+        limits.sampling_defaults = opts.sampling_defaults;
         route("GET", "/health", [](const HttpRequest&, HttpResponse& r) { r.body = "{\"status\":\"ok\"}"; }, false);
         route("GET", "/v1/models", [this](const HttpRequest&, HttpResponse& r) { models(r); });
         route("GET", "/metrics", [this](const HttpRequest&, HttpResponse& r) {

@@ -17,6 +17,7 @@ struct ApiOptions {
     ChatFormat chat_format = ChatFormat::deepseek_v41;
     bool default_thinking = false;  // thinking off unless the request asks for it
     int64_t default_max_tokens = 0; // 0: up to the context length
+    SamplingParams sampling_defaults;  // for the fields a request leaves out (--sampling-defaults)
     size_t max_body_bytes = 32u << 20;
     // Testing aid: completions forced token by token (see scripted_output.h); null in normal serving.
     std::shared_ptr<ScriptedOutput> scripted_output;

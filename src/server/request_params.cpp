@@ -58,6 +58,7 @@ GenerationParams read_generation_params(const ojson& body, const ParamLimits& li
                                         const char* max_tokens_key) {
     GenerationParams g;
     auto& s = g.sampling;
+    s = lim.sampling_defaults;
     if (auto v = get_number(body, "temperature", 0.0, 2.0, prefix)) s.temperature = static_cast<float>(*v);
     if (auto v = get_number(body, "top_p", 0.0, 1.0, prefix)) {
         if (*v <= 0.0) bad(prefix + "top_p", "'top_p' must be greater than 0");

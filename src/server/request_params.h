@@ -12,6 +12,7 @@ struct ParamLimits {
     int vocab = 0;               // logit_bias / stop_token_ids ids must be below it
     int64_t context_length = 0;  // max_tokens above it can never be met
     int64_t default_max_tokens = 0;
+    SamplingParams sampling_defaults;  // what a request that does not set a field gets (the model's defaults)
 };
 
 // Reads the OpenAI fields (temperature, top_p, top_k, min_p, presence/frequency/repetition penalties,

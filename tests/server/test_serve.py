@@ -393,3 +393,39 @@ def test_synthetic_release_dims_and_ids_beyond_the_tokenizer():
         assert status == 200 and json.loads(body)["data"][0]["id"] == "synthetic-v41-flash"
     finally:
         s.stop()
+
+
+def test_generation_config_gives_the_sampling_defaults(tmp_path):
+    """A request that leaves temperature / top_p out gets the model's generation_config.json values (SGLang's
+    --sampling-defaults model); --sampling-defaults openai keeps 1.0."""
+    for f in os.listdir(MODEL):
+        os.symlink(os.path.join(os.path.abspath(MODEL), f), tmp_path / f)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.3, "top_p": 0.9, "do_sample": True}))
+
+    def texts(server):
+        c = server.client()
+        kw = dict(model=NAME, prompt="ROMEO:", max_tokens=32, seed=7)
+        return [c.completions.create(**kw, **extra).choices[0].text
+                for extra in ({}, {"temperature": 0.3, "top_p": 0.9}, {"temperature": 1.0, "top_p": 1.0})]
+
+    server = Server("--kv-memory", "64M", model=str(tmp_path))
+    try:
+        default, model_values, openai_values = texts(server)
+        assert default == model_values and default != openai_values
+    finally:
+        server.stop()
+    server = Server("--kv-memory", "64M", "--sampling-defaults", "openai", model=str(tmp_path))
+    try:
+        default, model_values, openai_values = texts(server)
+        assert default == openai_values and default != model_values
+    finally:
+        server.stop()
+    # `generate` starts from the same defaults; its flags override them.
+    gen = lambda *flags: subprocess.run([BIN, "generate", "--model", str(tmp_path), "--ids", "5,17,42", "--max-tokens",
+                                         "24", "--seed", "7", "--ignore-eos", "--print-ids", *flags],
+                                        capture_output=True, text=True, timeout=60, check=True).stdout
+    assert gen() == gen("--temperature", "0.3", "--top-p", "0.9") != gen("--temperature", "1")
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": -1}))
+    proc = subprocess.run([BIN, "serve", "--port", "0", "--model", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode != 0 and "generation_config.json" in proc.stderr and "temperature" in proc.stderr

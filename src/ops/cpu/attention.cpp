@@ -134,9 +134,12 @@ static void sparse_attend(const float* q, const std::vector<const float*>& keys,
         }
         const float m_new = std::max(m, bmax);
         const float rescale = std::exp(m - m_new);
-        float bsum = 0.0f;
+        // The block's probabilities summed in double and rounded once: the official kernel sums them in its
+        // threads' order, its reference port exactly; an fp32 sum in index order flipped bf16 outputs (one row of
+        // 160 on the demo model, carried on through the window to every later row).
+        double bsum = 0.0;
         for (int j = b0; j < b1; ++j) bsum += (p[j - b0] = std::exp(s[j - b0] - m_new));
-        sum = sum * rescale + bsum;
+        sum = sum * rescale + static_cast<float>(bsum);
         for (int c = 0; c < D; ++c) {
             double pv = 0.0;
             for (int j = b0; j < b1; ++j)

@@ -446,9 +446,9 @@ __global__ void sparse_attention_kernel(const float* q, int H, int D, float scal
                 __syncwarp();
                 if (lane == 0) {
                     const float rescale = exp_cr(m_sh - m_new);
-                    float bsum = 0.0f;
+                    double bsum = 0.0;  // exact, rounded once (the CPU reference's sparse_attend)
                     for (int j = 0; j < cnt; ++j) bsum += pe[j];
-                    sum_sh = sum_sh * rescale + bsum;
+                    sum_sh = sum_sh * rescale + static_cast<float>(bsum);
                     rescale_sh = rescale;
                     m_sh = m_new;
                 }
@@ -458,13 +458,13 @@ __global__ void sparse_attention_kernel(const float* q, int H, int D, float scal
             for (int j = 0; j < cnt; ++j) bmax = fmaxf(bmax, s[j]);
             const float m_new = fmaxf(m_sh, bmax);
             const float rescale = exp_cr(m_sh - m_new);
-            float bsum = 0.0f;
+            double bsum = 0.0;  // exact, rounded once (the CPU reference's sparse_attend)
             for (int j = 0; j < cnt; ++j) {
                 const float pj = exp_cr(s[j] - m_new);
                 bsum += pj;
                 p[j] = round_bf16(pj);
             }
-            sum_sh = sum_sh * rescale + bsum;
+            sum_sh = sum_sh * rescale + static_cast<float>(bsum);
             rescale_sh = rescale;
             m_sh = m_new;
         }

@@ -9,6 +9,7 @@
 #include "server/structured_output.h"
 #include "server/tool_call_grammar.h"
 #include "tokenizer/utf8.h"
+#include "util/json_depth.h"
 #include "util/log.h"
 
 #include <atomic>
@@ -63,6 +64,8 @@ bool valid_utf8(const std::string& s) {
 // Parses a JSON object body; malformed JSON, invalid UTF-8 and non-objects are 400s.
 ojson parse_body(const std::string& body) {
     if (!valid_utf8(body)) throw ApiError(400, "the request body is not valid UTF-8");
+    if (json_too_deep(body))
+        throw ApiError(400, fmt::format("the request body nests arrays and objects deeper than {} levels", kMaxJsonDepth));
     ojson j = ojson::parse(body, nullptr, false);
     if (j.is_discarded()) throw ApiError(400, "the request body is not valid JSON");
     if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");

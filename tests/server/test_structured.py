@@ -191,6 +191,28 @@ def test_unsupported_features_are_400s_naming_them(server):
     assert error_of(status, out)["param"] == "sampling_params"
 
 
+def test_hostile_nesting_is_a_400_and_the_server_lives(server):
+    """Requests that once crashed the server (unbounded recursion): each is a 400, and the server still answers."""
+    chat = {"model": NAME, "messages": [{"role": "user", "content": "a"}], "max_tokens": 4, "thinking": {"type": "disabled"}}
+    ref_loop = {**chat, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#", "minLength": 1}}}}
+    deep_regex = {"text": "a", "sampling_params": {"max_new_tokens": 2, "regex": "(" * 12000 + "a" + ")" * 12000}}
+    deep_ebnf = {"text": "a", "sampling_params": {"max_new_tokens": 2, "ebnf": "root ::= " + "(" * 17000 + '"a"' + ")" * 17000}}
+    # Python's json cannot build these: the deep part is spliced in as text.
+    deep_ignored = json.dumps({"text": "a", "sampling_params": {"max_new_tokens": 2, "ignored": "X"}}).replace(
+        '"X"', "[" * 70000 + "]" * 70000)
+    deep_tool = json.dumps({**chat, "tools": [{"type": "function", "function": {"name": "f", "parameters": "X"}}]}).replace(
+        '"X"', '{"a":' * 44000 + "1" + "}" * 44000)
+    for path, body, says in [("/v1/chat/completions", json.dumps(ref_loop), "levels"),
+                             ("/generate", json.dumps(deep_regex), "deeper than"),
+                             ("/generate", json.dumps(deep_ebnf), "deeper than"),
+                             ("/generate", deep_ignored, "deeper than"),
+                             ("/v1/chat/completions", deep_tool, "deeper than")]:
+        status, data = server.raw("POST", path, body)
+        assert status == 400, (path, status, data[:200])
+        assert says in json.loads(data)["error"]["message"], (path, data[:300])
+    assert server.raw("GET", "/health")[0] == 200
+
+
 def test_thinking_with_response_format_is_rejected(server):
     status, data = server.raw("POST", "/v1/chat/completions", {
         "model": NAME, "messages": [{"role": "user", "content": "json"}], "thinking": {"type": "enabled"},

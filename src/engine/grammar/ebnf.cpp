@@ -82,6 +82,7 @@ private:
     }
 
     Expr parse_alt() {
+        NestingLevel level(depth_, [&] { error(fmt::format("groups nest deeper than {} levels", kMaxNesting)); });
         Expr alt;
         alt.kind = Expr::kAlt;
         alt.kids.push_back(parse_seq());
@@ -254,6 +255,7 @@ private:
 
     const std::string& s_;
     size_t pos_ = 0;
+    int depth_ = 0;
 };
 
 void collect_refs(const Expr& e, std::vector<std::string>& out) {

@@ -10,6 +10,23 @@
 
 namespace peregrine::grammar {
 
+// How deep regex groups, EBNF parentheses and JSON Schema subschemas may nest. The compilers recurse once a level,
+// so a request nesting thousands of levels would exhaust a thread's stack; past this it is a clear error instead.
+inline constexpr int kMaxNesting = 128;
+
+// Counts one level of nesting for as long as it lives; `too_deep` (which must throw) runs past kMaxNesting.
+struct NestingLevel {
+    int& depth;
+    template <typename F>
+    NestingLevel(int& d, F&& too_deep) : depth(d) {
+        if (++depth > kMaxNesting) {
+            --depth;
+            too_deep();
+        }
+    }
+    ~NestingLevel() { --depth; }
+};
+
 struct Grammar {
     struct Rule {
         std::string name;

@@ -11,6 +11,7 @@
 #include "engine/grammar/json_number.h"
 #include "engine/grammar/regex.h"
 #include "util/error.h"
+#include "util/json_depth.h"
 
 namespace peregrine::grammar {
 
@@ -221,6 +222,9 @@ private:
 
     // Merges allOf parts into one schema when they do not constrain the same keyword differently.
     ojson merge_all_of(const ojson& s, const std::string& where) {
+        NestingLevel level(depth_, [&] {
+            fail("JSON Schema allOf nests deeper than {} levels (at {})", kMaxNesting, where.substr(0, 200));
+        });
         ojson out = s;
         out.erase("allOf");
         for (const ojson& part_in : s["allOf"]) {
@@ -254,6 +258,12 @@ private:
     }
 
     Frag value(const ojson& schema_in, const std::string& where) {
+        // Deep schemas, and a $ref whose sibling keywords lead back to itself ({"$ref": "#", "minLength": 1}),
+        // end here rather than in the stack.
+        NestingLevel level(depth_, [&] {
+            fail("JSON Schema nests deeper than {} levels, or a $ref leads back to itself (at {})", kMaxNesting,
+                 where.substr(0, 200));
+        });
         if (schema_in.is_boolean()) {
             if (!schema_in.get<bool>()) fail("JSON Schema 'false' admits no value (at {})", where);
             return any_value();
@@ -793,6 +803,7 @@ private:
     }
 
     const ojson& root_;
+    int depth_ = 0;
     JsonSchemaOptions o_;
     GrammarBuilder own_;
     GrammarBuilder& b_;
@@ -811,6 +822,7 @@ Grammar json_schema_grammar(const ojson& schema, const JsonSchemaOptions& option
 
 Grammar json_schema_grammar(const std::string& schema_text, const JsonSchemaOptions& options) {
     ojson schema;
+    if (json_too_deep(schema_text)) fail("JSON Schema nests deeper than {} levels", kMaxJsonDepth);
     try {
         schema = ojson::parse(schema_text);
     } catch (const std::exception& e) {
@@ -821,6 +833,7 @@ Grammar json_schema_grammar(const std::string& schema_text, const JsonSchemaOpti
 
 Frag json_schema_fragment(GrammarBuilder& b, const std::string& schema_text, const JsonSchemaOptions& options) {
     ojson schema;
+    if (json_too_deep(schema_text)) fail("JSON Schema nests deeper than {} levels", kMaxJsonDepth);
     try {
         schema = ojson::parse(schema_text);
     } catch (const std::exception& e) {

@@ -68,6 +68,7 @@ private:
     }
 
     Node parse_alt() {
+        NestingLevel level(depth_, [&] { error(fmt::format("groups nest deeper than {} levels", kMaxNesting)); });
         Node first = parse_concat();
         if (peek() != '|') return first;
         Node alt;
@@ -280,6 +281,7 @@ private:
     std::string src_;
     std::vector<uint32_t> cps_;
     size_t pos_ = 0;
+    int depth_ = 0;
 };
 
 Frag emit(GrammarBuilder& b, const Node& n, const CharEncoder& enc, const std::string& src) {

@@ -1,4 +1,5 @@
 #include "server/protocol/chat_request.h"
+#include "util/json_depth.h"
 
 #include <algorithm>
 #include <cctype>
@@ -241,6 +242,7 @@ bool mentions_json(const std::vector<ChatMessage>& msgs) {
 }  // namespace
 
 ChatRequest parse_chat_request_text(std::string_view text, const RequestOptions& opts) {
+    if (json_too_deep(text)) bad("", fmt::format("request body nests deeper than {} levels", kMaxJsonDepth));
     ojson body = ojson::parse(text.begin(), text.end(), nullptr, false);
     if (body.is_discarded()) bad("", "request body is not valid JSON");
     return parse_chat_request(body, opts);

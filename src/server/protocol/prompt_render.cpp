@@ -1,4 +1,5 @@
 #include "server/protocol/prompt_render.h"
+#include "util/json_depth.h"
 
 #include <algorithm>
 #include <map>
@@ -132,7 +133,7 @@ void emit_tool_calls(PromptBuilder& b, const std::vector<ToolCallRecord>& calls,
         open(n.invoke);
         b.text(" name=\"" + c.name + "\">\n");
         // Arguments that are a JSON object become one parameter per key; anything else is kept verbatim.
-        ojson args = ojson::parse(c.arguments, nullptr, false);
+        ojson args = json_too_deep(c.arguments) ? ojson(nullptr) : ojson::parse(c.arguments, nullptr, false);
         std::vector<std::pair<std::string, const ojson*>> params;
         ojson raw;
         if (args.is_object()) {

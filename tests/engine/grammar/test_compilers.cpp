@@ -178,3 +178,26 @@ TEST(Ebnf, SchemaRulesEmbedJsonSchemas) {
     EXPECT_FALSE(accepts(cg, "<｜DSML｜ invoke name=\"get_weather\">{\"city\": \"P\", \"days\": 0}</｜DSML｜ invoke>"));
     EXPECT_THROW(ebnf_grammar("root ::= args\nargs ::= \"x\"", "root", {{"args", "{}"}}), Error);
 }
+
+// Groups nested past kMaxNesting are an error naming the depth, not a stack overflow.
+TEST(Regex, DeepGroupsAreAnError) {
+    const std::string deep = std::string(12000, '(') + "a" + std::string(12000, ')');
+    try {
+        regex_grammar(deep);
+        ADD_FAILURE() << "compiled";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("deeper than"), std::string::npos) << e.what();
+    }
+    const std::string ok = std::string(100, '(') + "a" + std::string(100, ')');
+    EXPECT_TRUE(accepts(compile_bytes(regex_grammar(ok)), "a"));
+}
+
+TEST(Ebnf, DeepGroupsAreAnError) {
+    const std::string deep = "root ::= " + std::string(17000, '(') + "\"a\"" + std::string(17000, ')');
+    try {
+        ebnf_grammar(deep);
+        ADD_FAILURE() << "compiled";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("deeper than"), std::string::npos) << e.what();
+    }
+}

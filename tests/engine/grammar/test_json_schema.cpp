@@ -205,3 +205,29 @@ TEST(JsonSchema, AnyJsonObject) {
         EXPECT_TRUE(accepts(cg, s)) << s;
     for (auto* s : {"[]", "1", R"({"a"})", R"({"a":01})", R"({"a":[1,]})"}) EXPECT_FALSE(accepts(cg, s)) << s;
 }
+
+// Inputs that recursed without bound: each is an error naming the cause, never a crash.
+TEST(JsonSchema, DeepNestingAndSelfReferencesAreErrors) {
+    auto error_of = [](const std::string& text) -> std::string {
+        try {
+            json_schema_grammar(text);
+        } catch (const Error& e) {
+            return e.what();
+        }
+        return "compiled";
+    };
+    // A $ref whose sibling keywords merge back into itself.
+    for (const char* s : {R"({"$ref": "#", "minLength": 1})", R"({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#"}}, "type": "string"})",
+                          R"({"allOf": [{"$ref": "#"}], "maxLength": 3})"})
+        EXPECT_NE(error_of(s).find("levels"), std::string::npos) << s << ": " << error_of(s);
+    // 10,000 levels of items: refused before anything walks it.
+    std::string deep;
+    for (int i = 0; i < 10000; ++i) deep += R"({"type": "array", "items": )";
+    deep += R"({"type": "string"})" + std::string(10000, '}');
+    EXPECT_NE(error_of(deep).find("deeper than"), std::string::npos);
+    // Within the bounds, nesting still compiles.
+    std::string ok;
+    for (int i = 0; i < 8; ++i) ok += R"({"type": "array", "items": )";
+    ok += R"({"type": "string"})" + std::string(8, '}');
+    EXPECT_EQ(error_of(ok), "compiled");
+}

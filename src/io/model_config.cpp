@@ -2,6 +2,7 @@
 #include "util/error.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fmt/format.h>
 
 namespace peregrine {
@@ -69,15 +70,38 @@ void validate_shared_config(const ModelConfig& c, const std::string& path) {
     auto need = [&](bool ok, const char* what) {
         if (!ok) fail("'{}': invalid model configuration: {}", path, what);
     };
+    auto positive = [](double v) { return std::isfinite(v) && v > 0.0; };
     need(c.vocab_size > 0 && c.dim > 0 && c.n_layers > 0 && c.n_heads > 0, "sizes must be positive");
+    need(c.n_mtp_layers >= 0 && c.n_mtp_layers <= 16, "num_nextn_predict_layers must be within [0, 16]");
     need(static_cast<int>(c.compress_ratios.size()) >= c.n_layers + c.n_mtp_layers,
          "compress_ratios needs one entry per layer (MTP/DSpark stages included)");
-    need(c.head_dim > c.rope_head_dim && c.rope_head_dim % 2 == 0, "head_dim/qk_rope_head_dim");
+    for (int r : c.compress_ratios) need(r >= 0 && r <= (1 << 20), "compress_ratios entries must be within [0, 2^20]");
+    need(c.head_dim > c.rope_head_dim && c.rope_head_dim % 2 == 0 && c.head_dim <= 4096, "head_dim/qk_rope_head_dim");
+    need(c.q_lora_rank > 0 && c.o_lora_rank > 0, "q_lora_rank and o_lora_rank must be positive");
     need(c.o_groups > 0 && c.n_heads % c.o_groups == 0, "num_attention_heads must divide into o_groups");
+    need(c.window_size > 0 && c.window_size <= (1 << 20), "sliding_window must be within [1, 2^20]");
+    const bool compressed = std::any_of(c.compress_ratios.begin(), c.compress_ratios.end(), [](int r) { return r > 0; });
+    if (compressed) {
+        need(c.index_topk > 0, "index_topk must be positive");
+        need(c.index_n_heads > 0 && c.index_head_dim > 0 && (c.index_head_dim & (c.index_head_dim - 1)) == 0,
+             "index_n_heads must be positive and index_head_dim a power of two");
+    }
+    need(c.moe_inter_dim > 0 && c.n_shared_experts >= 0, "moe_intermediate_size and n_shared_experts");
     need(c.n_activated_experts > 0 && c.n_activated_experts <= c.n_routed_experts, "num_experts_per_tok");
     need(c.score_func == "sqrtsoftplus" || c.score_func == "softmax" || c.score_func == "sigmoid", "scoring_func");
+    need(positive(c.route_scale), "routed_scaling_factor must be positive");
+    need(std::isfinite(c.swiglu_limit) && c.swiglu_limit >= 0.0, "swiglu_limit must be finite and not negative");
     need(c.dim % c.act_block == 0, "hidden_size must be a multiple of the activation quantisation block");
-    need(c.hc_mult > 0, "hc_mult");
+    need(positive(c.norm_eps) && c.norm_eps < 1.0, "rms_norm_eps must be within (0, 1)");
+    need(positive(c.rope_theta) && positive(c.compress_rope_theta), "rope_theta and compress_rope_theta must be positive");
+    need(positive(c.rope_factor) && positive(c.beta_fast) && positive(c.beta_slow) && c.original_seq_len >= 0,
+         "rope_scaling: factor, beta_fast and beta_slow must be positive");
+    need(c.hc_mult > 0 && c.hc_mult <= 16, "hc_mult must be within [1, 16]");
+    need(c.hc_sinkhorn_iters > 0 && c.hc_sinkhorn_iters <= 1000, "hc_sinkhorn_iters must be within [1, 1000]");
+    need(std::isfinite(c.hc_eps) && c.hc_eps >= 0.0, "hc_eps must be finite and not negative");
+    need(c.max_position_embeddings >= 0, "max_position_embeddings must not be negative");
+    need(c.bos_token_id >= 0 && c.bos_token_id < c.vocab_size && c.eos_token_id >= 0 && c.eos_token_id < c.vocab_size,
+         "bos_token_id and eos_token_id must be ids of the vocabulary");
 }
 
 bool ModelConfig::is_engram_layer(int layer) const {

@@ -3,6 +3,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cstdint>
+
 namespace peregrine {
 
 using json = nlohmann::json;
@@ -34,7 +37,15 @@ SafeTensors SafeTensors::open_dir(const std::string& dir) {
         }
         if (!j.contains("weight_map") || !j["weight_map"].is_object()) fail("'{}' has no weight_map", index);
         std::map<std::string, bool> shards;
-        for (auto& [name, file] : j["weight_map"].items()) shards[file.get<std::string>()] = true;
+        for (auto& [name, file] : j["weight_map"].items()) {
+            // Shards are files of this directory: a path elsewhere (../.., /etc) is refused, not opened.
+            const std::string f = file.is_string() ? file.get<std::string>() : "";
+            if (f.empty() || f.find('/') != std::string::npos || f.find('\\') != std::string::npos || f == "." ||
+                f == "..")
+                fail("'{}': weight_map entry '{}' must name a shard file in the model directory, not {}", index, name,
+                     file.dump());
+            shards[f] = true;
+        }
         for (auto& [file, _] : shards) st.add_file(dir + "/" + file);
         for (auto& [name, file] : j["weight_map"].items())
             if (!st.has(name))
@@ -64,26 +75,45 @@ void SafeTensors::add_file(const std::string& path) {
     const uint8_t* payload = base + 8 + header_len;
     size_t payload_size = size - 8 - header_len;
     const std::string* file_name = &mf->path();
+    std::vector<std::pair<size_t, size_t>> ranges;  // every tensor's bytes, to refuse overlaps
     for (auto& [name, info] : header.items()) {
         if (name == "__metadata__") continue;
         TensorView t;
         t.name = name;
         t.file = file_name;
-        std::string dt = info.value("dtype", "");
+        if (!info.is_object()) fail("tensor '{}' in '{}': its header entry is not an object", name, path);
+        std::string dt = info.contains("dtype") && info["dtype"].is_string() ? info["dtype"].get<std::string>() : "";
         if (!dtype_from_name(dt, &t.dtype)) fail("tensor '{}' in '{}' has unsupported dtype '{}'", name, path, dt);
-        for (auto& d : info.at("shape")) t.shape.push_back(d.get<int64_t>());
-        auto offs = info.at("data_offsets");
-        size_t begin = offs.at(0).get<size_t>(), end = offs.at(1).get<size_t>();
+        const json shape = info.value("shape", json());
+        const json offs = info.value("data_offsets", json());
+        if (!shape.is_array() || !offs.is_array() || offs.size() != 2 || !offs[0].is_number_unsigned() ||
+            !offs[1].is_number_unsigned())
+            fail("tensor '{}' in '{}' needs a shape list and two data_offsets", name, path);
+        size_t numel = 1;
+        for (auto& d : shape) {
+            const uint64_t n = d.is_number_unsigned() ? d.get<uint64_t>() : UINT64_MAX;
+            if (n == UINT64_MAX || (n != 0 && numel > (uint64_t{1} << 48) / n))  // not a size, or beyond any file
+                fail("tensor '{}' in '{}' has an invalid shape {}", name, path, shape.dump());
+            t.shape.push_back(static_cast<int64_t>(n));
+            numel *= n;
+        }
+        size_t begin = offs[0].get<size_t>(), end = offs[1].get<size_t>();
         if (begin > end || end > payload_size)
             fail("tensor '{}' in '{}' has data offsets [{}, {}) outside the payload of {} bytes", name, path, begin,
                  end, payload_size);
         t.data = payload + begin;
         t.nbytes = end - begin;
-        if (static_cast<size_t>(t.numel()) * dtype_size(t.dtype) != t.nbytes)
+        if (numel * dtype_size(t.dtype) != t.nbytes)
             fail("tensor '{}' in '{}': {} bytes do not match shape {} of {}", name, path, t.nbytes, t.shape_str(), dt);
+        if (begin < end) ranges.emplace_back(begin, end);
         if (tensors_.count(name)) fail("tensor '{}' appears twice ('{}' and '{}')", name, *tensors_[name].file, path);
         tensors_.emplace(name, std::move(t));
     }
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t i = 1; i < ranges.size(); ++i)
+        if (ranges[i].first < ranges[i - 1].second)
+            fail("'{}': tensors overlap (data offsets [{}, {}) and [{}, {}))", path, ranges[i - 1].first,
+                 ranges[i - 1].second, ranges[i].first, ranges[i].second);
     files_.push_back(std::move(mf));
 }
 

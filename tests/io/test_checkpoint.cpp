@@ -130,3 +130,45 @@ TEST(Checkpoint, ShardedIndexIsFollowed) {
     auto model = Model::load(m.dir.string());
     EXPECT_EQ(model->config().n_layers, 6);
 }
+
+// Values that once crashed or hung the server at its first request are refused at load, naming the key.
+TEST(Config, OutOfRangeValuesAreNamed) {
+    const std::string base = read_file(fixture("dsv4-tiny-a") + "/config.json");
+    struct Case {
+        const char* key;
+        nlohmann::json value;
+        const char* says;
+    };
+    for (const Case& c : std::vector<Case>{{"sliding_window", 0, "sliding_window"},
+                                           {"index_topk", -1, "index_topk"},
+                                           {"rms_norm_eps", -1.0, "rms_norm_eps"},
+                                           {"rope_theta", 0, "rope_theta"},
+                                           {"hc_sinkhorn_iters", 1000000000, "hc_sinkhorn_iters"},
+                                           {"eos_token_id", 100000, "eos_token_id"}}) {
+        auto j = nlohmann::json::parse(base);
+        j[c.key] = c.value;
+        std::string msg = error_of([&] { parse_model_config(j.dump()); });
+        EXPECT_NE(msg.find(c.says), std::string::npos) << c.key << ": " << msg;
+    }
+    EXPECT_EQ(error_of([&] { parse_model_config(base); }), "");
+}
+
+TEST(Checkpoint, ShardPathsStayInTheModelDirectory) {
+    ScratchModel m("dsv41-tiny-a");
+    nlohmann::json idx;
+    idx["weight_map"]["embed.weight"] = "../../../../etc/passwd";
+    std::string s = idx.dump();
+    write_file((m.dir / "model.safetensors.index.json").string(), s.data(), s.size());
+    std::string msg = error_of([&] { SafeTensors::open_dir(m.dir.string()); });
+    EXPECT_NE(msg.find("must name a shard file in the model directory"), std::string::npos) << msg;
+}
+
+TEST(Checkpoint, OverlappingTensorsAreRefused) {
+    ScratchModel m("dsv4-tiny-a");
+    patch_header(m.dir / "model.safetensors", [](nlohmann::json& h) {
+        // Two same-sized tensors: the second now points at the first's bytes.
+        h["layers.1.attn_norm.weight"]["data_offsets"] = h["layers.0.attn_norm.weight"]["data_offsets"];
+    });
+    std::string msg = error_of([&] { SafeTensors::open_dir(m.dir.string()); });
+    EXPECT_NE(msg.find("overlap"), std::string::npos) << msg;
+}

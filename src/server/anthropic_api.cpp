@@ -18,13 +18,27 @@ const ojson* field(const ojson& o, const char* key) {
     return it == o.end() || it->is_null() ? nullptr : &*it;
 }
 
+// A block's string / boolean field: absent gives the fallback, another type a 400 naming it (not a 500).
+std::string text_field(const ojson& b, const char* key, const std::string& where) {
+    const ojson* v = b.is_object() ? field(b, key) : nullptr;
+    if (!v) return "";
+    if (!v->is_string()) bad(where + "." + key + ": must be a string");
+    return v->get<std::string>();
+}
+bool bool_field(const ojson& b, const char* key, const std::string& where) {
+    const ojson* v = b.is_object() ? field(b, key) : nullptr;
+    if (!v) return false;
+    if (!v->is_boolean()) bad(where + "." + key + ": must be a boolean");
+    return v->get<bool>();
+}
+
 // Text of a string or an array of {"type": "text", "text"} blocks (joined by blank lines).
 std::string text_of(const ojson& c, const std::string& where) {
     if (c.is_string()) return c.get<std::string>();
     if (!c.is_array()) bad(where + ": content must be a string or an array of content blocks");
     std::string out;
     for (auto& b : c) {
-        if (!b.is_object() || b.value("type", "") != "text" || !b.contains("text") || !b["text"].is_string())
+        if (text_field(b, "type", where) != "text" || !b.contains("text") || !b["text"].is_string())
             bad(where + ": only text blocks are supported here");
         if (!out.empty()) out += "\n\n";
         out += b["text"].get<std::string>();
@@ -53,12 +67,12 @@ void convert_message(const ojson& m, size_t i, ojson& out) {
         for (size_t k = 0; k < content->size(); ++k) {
             const ojson& b = (*content)[k];
             const std::string bw = fmt::format("{}.content.{}", where, k);
-            const std::string type = b.is_object() ? b.value("type", "") : "";
+            const std::string type = text_field(b, "type", bw);
             if (type == "text") {
                 if (!text.empty()) text += "\n\n";
-                text += b.value("text", "");
+                text += text_field(b, "text", bw);
             } else if (type == "thinking") {
-                thinking += b.value("thinking", "");
+                thinking += text_field(b, "thinking", bw);
                 has_thinking = true;
             } else if (type == "redacted_thinking") {
                 continue;
@@ -86,16 +100,16 @@ void convert_message(const ojson& m, size_t i, ojson& out) {
     for (size_t k = 0; k < content->size(); ++k) {
         const ojson& b = (*content)[k];
         const std::string bw = fmt::format("{}.content.{}", where, k);
-        const std::string type = b.is_object() ? b.value("type", "") : "";
+        const std::string type = text_field(b, "type", bw);
         if (type == "text") {
             if (has_text) text += "\n\n";
-            text += b.value("text", "");
+            text += text_field(b, "text", bw);
             has_text = true;
         } else if (type == "tool_result") {
             if (!b.contains("tool_use_id") || !b["tool_use_id"].is_string()) bad(bw + ".tool_use_id: Field required");
             std::string result;
             if (const ojson* c = field(b, "content")) result = text_of(*c, bw + ".content");
-            if (b.value("is_error", false)) result = "Error: " + result;
+            if (bool_field(b, "is_error", bw)) result = "Error: " + result;
             out.push_back({{"role", "tool"}, {"tool_call_id", b["tool_use_id"]}, {"content", result}});
         } else {
             bad(bw + ": unsupported content block type '" + type + "' (text and tool_result are supported)");
@@ -272,7 +286,7 @@ ojson AnthropicBlocks::content() const {
         if (b.kind == Kind::thinking) out.push_back({{"type", "thinking"}, {"thinking", b.text}, {"signature", ""}});
         else if (b.kind == Kind::text) out.push_back({{"type", "text"}, {"text", b.text}});
         else {
-            ojson input = b.text.empty() || json_too_deep(b.text) ? ojson::object() : ojson::parse(b.text, nullptr, false);
+            ojson input = b.text.empty() || json_shape_problem(b.text) ? ojson::object() : ojson::parse(b.text, nullptr, false);
             if (input.is_discarded() || !input.is_object()) input = ojson::object();
             out.push_back({{"type", "tool_use"}, {"id", b.id}, {"name", b.name}, {"input", input}});
         }

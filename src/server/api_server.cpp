@@ -64,8 +64,7 @@ bool valid_utf8(const std::string& s) {
 // Parses a JSON object body; malformed JSON, invalid UTF-8 and non-objects are 400s.
 ojson parse_body(const std::string& body) {
     if (!valid_utf8(body)) throw ApiError(400, "the request body is not valid UTF-8");
-    if (json_too_deep(body))
-        throw ApiError(400, fmt::format("the request body nests arrays and objects deeper than {} levels", kMaxJsonDepth));
+    if (const char* problem = json_shape_problem(body)) throw ApiError(400, std::string("the request body ") + problem);
     ojson j = ojson::parse(body, nullptr, false);
     if (j.is_discarded()) throw ApiError(400, "the request body is not valid JSON");
     if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
@@ -133,9 +132,6 @@ struct ApiServer::Impl {
         route("POST", "/flush_cache", [this](const HttpRequest&, HttpResponse& r) {
             r.body = dump(json{{"flushed_pages", engine.flush_cache()}});
         });
-        route("GET", "/flush_cache", [this](const HttpRequest&, HttpResponse& r) {
-            r.body = dump(json{{"flushed_pages", engine.flush_cache()}});
-        });
         route("POST", "/v1/completions", [this](const HttpRequest& q, HttpResponse& r) { completions(q, r); });
         route("POST", "/v1/chat/completions", [this](const HttpRequest& q, HttpResponse& r) { chat(q, r); });
         route("POST", "/generate", [this](const HttpRequest& q, HttpResponse& r) { generate(q, r); });
@@ -162,30 +158,37 @@ struct ApiServer::Impl {
     // key may also come as "x-api-key".
     void route(const std::string& method, const std::string& path, HttpHandler h, bool auth = true,
                bool anthropic = false) {
-        http.route(method, path, [this, h, auth, anthropic](const HttpRequest& q, HttpResponse& r) {
-            auto error = [&](const ApiError& e) {
-                if (!anthropic) return set_error(r, e);
-                r.status = e.status();
-                r.content_type = "application/json";
-                r.body = dump(anthropic_error_json(e.status(), e.what()));
+        auto error = [this, anthropic](HttpResponse& r, const ApiError& e) {
+            if (!anthropic) return set_error(r, e);
+            r.status = e.status();
+            r.content_type = "application/json";
+            r.body = dump(anthropic_error_json(e.status(), e.what()));
+        };
+        // The key is checked on the headers, before the body is read.
+        HttpGate gate;
+        if (auth && !opts.api_key.empty())
+            gate = [this, anthropic, error](const HttpRequest& q, HttpResponse& r) {
+                if (q.header("Authorization") == "Bearer " + opts.api_key ||
+                    (anthropic && q.header("x-api-key") == opts.api_key))
+                    return true;
+                error(r, ApiError(401, "invalid or missing API key", "", "authentication_error", "invalid_api_key"));
+                return false;
             };
+        http.route(method, path, [h, error, anthropic](const HttpRequest& q, HttpResponse& r) {
             try {
-                if (auth && !opts.api_key.empty() && q.header("Authorization") != "Bearer " + opts.api_key &&
-                    !(anthropic && q.header("x-api-key") == opts.api_key))
-                    throw ApiError(401, "invalid or missing API key", "", "authentication_error", "invalid_api_key");
                 h(q, r);
             } catch (const ApiError& e) {
-                error(e);
+                error(r, e);
             } catch (const RequestError& e) {
-                error(
-                    ApiError(400, anthropic && !e.param().empty() ? e.param() + ": " + e.what() : e.what(), e.param()));
+                error(r, ApiError(400, anthropic && !e.param().empty() ? e.param() + ": " + e.what() : e.what(),
+                                  e.param()));
             } catch (const QueueFullError& e) {
-                error(ApiError(anthropic ? 529 : 429, e.what(), "", "rate_limit_exceeded", "queue_full"));
+                error(r, ApiError(anthropic ? 529 : 429, e.what(), "", "rate_limit_exceeded", "queue_full"));
             } catch (const std::exception& e) {
                 spdlog::error("{} {}: {}", q.method, q.path, e.what());
-                error(ApiError(500, e.what(), "", "server_error"));
+                error(r, ApiError(500, e.what(), "", "server_error"));
             }
-        });
+        }, gate);
     }
 
     void models(HttpResponse& r) {
@@ -332,8 +335,10 @@ struct ApiServer::Impl {
         if (get_bool(body, "echo").value_or(false)) throw ApiError(400, "'echo' is not supported", "echo");
         const auto grammar = compile_constraint(response_format_spec(body), "response_format");
         const bool stream = get_bool(body, "stream").value_or(false);
-        const bool include_usage = stream && body.contains("stream_options") && body["stream_options"].is_object() &&
-                                   body["stream_options"].value("include_usage", false);
+        const ojson* so = body.contains("stream_options") && !body["stream_options"].is_null() ? &body["stream_options"]
+                                                                                              : nullptr;
+        if (so && !so->is_object()) throw ApiError(400, "'stream_options' must be an object", "stream_options");
+        const bool include_usage = stream && so && get_bool(*so, "include_usage", "stream_options.").value_or(false);
 
         std::vector<std::shared_ptr<RequestStream>> streams;
         try {

@@ -17,6 +17,29 @@ std::string HttpRequest::header(const std::string& name) const {
 struct HttpServer::Impl {
     HttpServerOptions opts;
     httplib::Server srv;
+    std::map<std::string, std::string> allowed;  // path -> its methods ("GET, POST"), for 405s
+
+    void send(const HttpResponse& out, httplib::Response& res) {
+        res.status = out.status;
+        if (out.stream) {
+            auto producer = std::make_shared<std::function<void(const ChunkWriter&)>>(out.stream);
+            res.set_chunked_content_provider(out.content_type, [producer](size_t, httplib::DataSink& sink) {
+                (*producer)([&sink](const std::string& chunk) {
+                    if (sink.is_writable && !sink.is_writable()) return false;
+                    return sink.write(chunk.data(), chunk.size());
+                });
+                sink.done();
+                return true;
+            });
+        } else {
+            res.set_content(out.body, out.content_type);
+        }
+    }
+    void refuse(int status, httplib::Response& res) {
+        res.status = status;
+        if (opts.error_body) res.set_content(opts.error_body(status), "application/json");
+        res.set_header("Connection", "close");  // the unread body must not be taken for the next request
+    }
 };
 
 namespace {
@@ -46,10 +69,17 @@ HttpServer::HttpServer(HttpServerOptions opts) : impl_(std::make_unique<Impl>())
     srv.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
     srv.set_tcp_nodelay(true);                 // else every reused connection waits ~40 ms per chunk
     srv.set_keep_alive_max_count(1u << 20);    // the default closes a connection after 5 requests
-    srv.set_keep_alive_timeout(60);
-    srv.set_read_timeout(600, 0);
+    srv.set_keep_alive_timeout(5);  // an idle connection holds a thread; uvicorn's default
+    srv.set_read_timeout(60, 0);
     srv.set_write_timeout(600, 0);
     srv.set_payload_max_length(impl_->opts.max_body_bytes);
+    // A request with neither Content-Length nor Transfer-Encoding has no body (RFC 9112 6.3); cpp-httplib would read
+    // one until the client closes (`curl -X POST .../flush_cache` hung for the read timeout). Say so explicitly.
+    srv.set_pre_routing_handler([](const httplib::Request& req, httplib::Response&) {
+        if (!req.has_header("Content-Length") && !req.has_header("Transfer-Encoding"))
+            const_cast<httplib::Request&>(req).headers.emplace("Content-Length", "0");
+        return httplib::Server::HandlerResponse::Unhandled;
+    });
     auto body = impl_->opts.error_body;
     srv.set_error_handler([body](const httplib::Request&, httplib::Response& res) {
         if (res.body.empty() && body) res.set_content(body(res.status), "application/json");
@@ -58,36 +88,69 @@ HttpServer::HttpServer(HttpServerOptions opts) : impl_(std::make_unique<Impl>())
 
 HttpServer::~HttpServer() { stop(); }
 
-void HttpServer::route(const std::string& method, const std::string& path, HttpHandler h) {
-    auto wrap = [h](const httplib::Request& req, httplib::Response& res) {
+void HttpServer::route(const std::string& method, const std::string& path, HttpHandler h, HttpGate gate) {
+    PEREGRINE_CHECK(method == "GET" || method == "POST", "unsupported method {}", method);
+    std::string& allow = impl_->allowed[path];
+    allow += (allow.empty() ? "" : ", ") + method;
+    auto headers_of = [](const httplib::Request& req) {
         HttpRequest r;
         r.method = req.method;
         r.path = req.path;
-        r.body = req.body;
         for (auto& [k, v] : req.headers) r.headers.emplace(k, v);
-        HttpResponse out;
-        h(r, out);
-        res.status = out.status;
-        if (out.stream) {
-            auto producer = std::make_shared<std::function<void(const ChunkWriter&)>>(std::move(out.stream));
-            res.set_chunked_content_provider(out.content_type, [producer](size_t, httplib::DataSink& sink) {
-                (*producer)([&sink](const std::string& chunk) {
-                    if (sink.is_writable && !sink.is_writable()) return false;
-                    return sink.write(chunk.data(), chunk.size());
-                });
-                sink.done();
-                return true;
-            });
-        } else {
-            res.set_content(out.body, out.content_type);
-        }
+        return r;
     };
-    if (method == "GET") impl_->srv.Get(path, wrap);
-    else if (method == "POST") impl_->srv.Post(path, wrap);
-    else fail("unsupported method {}", method);
+    Impl* impl = impl_.get();
+    if (method == "GET") {
+        impl_->srv.Get(path, [=](const httplib::Request& req, httplib::Response& res) {
+            HttpRequest r = headers_of(req);
+            HttpResponse out;
+            if (!gate || gate(r, out)) h(r, out);
+            impl->send(out, res);
+        });
+        return;
+    }
+    // POST: the gate sees the headers first, then the body is read here, counted as it arrives (after
+    // decompression, whatever the framing), so no body beyond max_body_bytes is ever held.
+    impl_->srv.Post(path, [=](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
+        HttpRequest r = headers_of(req);
+        HttpResponse out;
+        if (gate && !gate(r, out)) {
+            impl->send(out, res);
+            res.set_header("Connection", "close");
+            return;
+        }
+        bool too_large = false;
+        const size_t limit = impl->opts.max_body_bytes;
+        const bool read_whole = read([&](const char* data, size_t n) {
+            if (r.body.size() + n > limit) {
+                too_large = true;
+                return false;
+            }
+            r.body.append(data, n);
+            return true;
+        });
+        // The transport refuses a declared Content-Length over the limit itself, before any byte.
+        if (too_large || (!read_whole && req.get_header_value<uint64_t>("Content-Length") > limit))
+            return impl->refuse(413, res);
+        if (!read_whole) return impl->refuse(400, res);
+        h(r, out);
+        impl->send(out, res);
+    });
 }
 
 int HttpServer::bind(const std::string& host, int port) {
+    // Every other method of a routed path: 405 naming the allowed ones.
+    for (const auto& [path, allow] : impl_->allowed) {
+        auto not_allowed = [this, allow](const httplib::Request&, httplib::Response& res) {
+            impl_->refuse(405, res);
+            res.set_header("Allow", allow);
+        };
+        if (allow.find("GET") == std::string::npos) impl_->srv.Get(path, not_allowed);
+        if (allow.find("POST") == std::string::npos) impl_->srv.Post(path, not_allowed);
+        impl_->srv.Put(path, not_allowed);
+        impl_->srv.Patch(path, not_allowed);
+        impl_->srv.Delete(path, not_allowed);
+    }
     int bound = port;
     if (port == 0) bound = impl_->srv.bind_to_any_port(host);
     else if (!impl_->srv.bind_to_port(host, port)) bound = -1;

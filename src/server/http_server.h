@@ -25,10 +25,13 @@ struct HttpResponse {
 };
 
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponse&)>;
+// Runs on a request's headers before its body is read (the body is empty then); false: `response` is the answer and
+// the body is never read (an unauthenticated client cannot make the server buffer megabytes).
+using HttpGate = std::function<bool(const HttpRequest& headers, HttpResponse& response)>;
 
 struct HttpServerOptions {
     int threads = 512;                          // one per in-flight connection (streams block a thread)
-    size_t max_body_bytes = 32u << 20;          // larger bodies get 413
+    size_t max_body_bytes = 32u << 20;          // larger bodies get 413, counted as they arrive (inflated)
     // Body for errors the transport produces itself (404, 413, ...): status -> JSON text.
     std::function<std::string(int status)> error_body;
 };
@@ -38,7 +41,8 @@ public:
     explicit HttpServer(HttpServerOptions opts = {});
     ~HttpServer();
 
-    void route(const std::string& method, const std::string& path, HttpHandler h);
+    // A method on a path (GET or POST). The other methods of a routed path are answered 405 with Allow.
+    void route(const std::string& method, const std::string& path, HttpHandler h, HttpGate gate = {});
     // Binds host:port (port 0: any free port); returns the bound port. Throws when it cannot bind.
     int bind(const std::string& host, int port);
     // Serves until stop().

@@ -1,9 +1,11 @@
 """End-to-end tests of `peregrine serve` on the tiny fixture model (byte-level text), with the official
 openai client for the OpenAI API and raw HTTP for everything a client library would refuse to send."""
+import gzip
 import http.client
 import json
 import os
 import re
+import socket
 import subprocess
 import threading
 import time
@@ -252,6 +254,67 @@ def test_api_key():
         assert s.raw("GET", "/health")[0] == 200
     finally:
         s.stop()
+
+
+def test_transport_limits_hold_before_the_body_is_read():
+    """405 with Allow on routed paths, state changes only on POST, a body-less POST answered at once, the key checked
+    before the body is read, and the body limit counted on the wire for chunked and gzip bodies alike."""
+    s = Server("--api-key", "sekret")
+    key = {"Content-Type": "application/json", "Authorization": "Bearer sekret"}
+
+    def send(method, path, body=None, headers=None, **kw):
+        c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        c.request(method, path, body=body, headers=headers or {}, **kw)
+        r = c.getresponse()
+        out = (r.status, r.getheader("Allow"), r.read())
+        c.close()
+        return out
+
+    try:
+        assert send("GET", "/flush_cache", headers=key)[:2] == (405, "POST")
+        assert send("PUT", "/v1/chat/completions", headers=key)[:2] == (405, "POST")
+        assert send("POST", "/v1/models", headers=key)[:2] == (405, "GET")
+        t = time.time()
+        c = socket.create_connection(("127.0.0.1", s.port), timeout=10)  # no Content-Length, no body
+        c.sendall(b"POST /flush_cache HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sekret\r\n\r\n")
+        assert b" 200 " in c.recv(4096).split(b"\r\n")[0] and time.time() - t < 5
+        c.close()
+        status, _, body = send("POST", "/v1/completions", b'{"prompt": "' + b"a" * (40 << 20) + b'"}',
+                               {"Content-Type": "application/json"})
+        assert status == 401 and b"API key" in body
+
+        def chunks():
+            yield b'{"prompt": "'
+            for _ in range(40):
+                yield b"a" * (1 << 20)
+            yield b'"}'
+        assert send("POST", "/v1/completions", chunks(), {**key, "Transfer-Encoding": "chunked"}, encode_chunked=True)[0] == 413
+        bomb = gzip.compress(b'{"prompt": "' + b"a" * (100 << 20) + b'"}')
+        assert send("POST", "/v1/completions", bomb, {**key, "Content-Encoding": "gzip"})[0] == 413
+        assert s.client("sekret").completions.create(model=NAME, prompt="x", max_tokens=2).choices
+    finally:
+        s.stop()
+
+
+def test_type_errors_are_400s_naming_the_field(server):
+    """Wrong JSON types inside nested fields: 400s naming the field, never a 500 with a library's text."""
+    user = {"role": "user", "content": "hi"}
+    for path, body, field in [
+        ("/v1/completions", {"model": NAME, "prompt": "x", "stream": True, "stream_options": {"include_usage": "yes"}},
+         "include_usage"),
+        ("/v1/chat/completions", {"model": NAME, "messages": [user], "stream_options": {"include_usage": "yes"}},
+         "include_usage"),
+        ("/v1/messages", {"model": NAME, "max_tokens": 2, "messages": [{"role": "user", "content": [{"type": 5}]}]}, "type"),
+        ("/v1/messages", {"model": NAME, "max_tokens": 2, "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+         "text"),
+        ("/v1/messages", {"model": NAME, "max_tokens": 2, "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "r", "is_error": "yes"}]}]},
+         "is_error")]:
+        status, data = server.raw("POST", path, body)
+        assert status == 400, (path, status, data[:200])
+        assert field in json.loads(data)["error"]["message"] + str(json.loads(data)["error"].get("param")), data[:300]
 
 
 def test_full_queue_is_429():

@@ -192,7 +192,8 @@ def test_unsupported_features_are_400s_naming_them(server):
 
 
 def test_hostile_nesting_is_a_400_and_the_server_lives(server):
-    """Requests that once crashed the server (unbounded recursion): each is a 400, and the server still answers."""
+    """Requests that once crashed the server (unbounded recursion) or burnt a core (80,000 keys parse in quadratic
+    time): each is a 400 at once, and the server still answers."""
     chat = {"model": NAME, "messages": [{"role": "user", "content": "a"}], "max_tokens": 4, "thinking": {"type": "disabled"}}
     ref_loop = {**chat, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#", "minLength": 1}}}}
     deep_regex = {"text": "a", "sampling_params": {"max_new_tokens": 2, "regex": "(" * 12000 + "a" + ")" * 12000}}
@@ -206,7 +207,9 @@ def test_hostile_nesting_is_a_400_and_the_server_lives(server):
                              ("/generate", json.dumps(deep_regex), "deeper than"),
                              ("/generate", json.dumps(deep_ebnf), "deeper than"),
                              ("/generate", deep_ignored, "deeper than"),
-                             ("/v1/chat/completions", deep_tool, "deeper than")]:
+                             ("/v1/chat/completions", deep_tool, "deeper than"),
+                             ("/v1/chat/completions", json.dumps({**chat, **{f"k{i}": 0 for i in range(80000)}}),
+                              "more than 10000 members")]:
         status, data = server.raw("POST", path, body)
         assert status == 400, (path, status, data[:200])
         assert says in json.loads(data)["error"]["message"], (path, data[:300])

@@ -822,7 +822,7 @@ Grammar json_schema_grammar(const ojson& schema, const JsonSchemaOptions& option
 
 Grammar json_schema_grammar(const std::string& schema_text, const JsonSchemaOptions& options) {
     ojson schema;
-    if (json_too_deep(schema_text)) fail("JSON Schema nests deeper than {} levels", kMaxJsonDepth);
+    if (const char* problem = json_shape_problem(schema_text)) fail("JSON Schema text {}", problem);
     try {
         schema = ojson::parse(schema_text);
     } catch (const std::exception& e) {
@@ -833,7 +833,7 @@ Grammar json_schema_grammar(const std::string& schema_text, const JsonSchemaOpti
 
 Frag json_schema_fragment(GrammarBuilder& b, const std::string& schema_text, const JsonSchemaOptions& options) {
     ojson schema;
-    if (json_too_deep(schema_text)) fail("JSON Schema nests deeper than {} levels", kMaxJsonDepth);
+    if (const char* problem = json_shape_problem(schema_text)) fail("JSON Schema text {}", problem);
     try {
         schema = ojson::parse(schema_text);
     } catch (const std::exception& e) {

@@ -242,7 +242,7 @@ bool mentions_json(const std::vector<ChatMessage>& msgs) {
 }  // namespace
 
 ChatRequest parse_chat_request_text(std::string_view text, const RequestOptions& opts) {
-    if (json_too_deep(text)) bad("", fmt::format("request body nests deeper than {} levels", kMaxJsonDepth));
+    if (const char* problem = json_shape_problem(text)) bad("", std::string("request body ") + problem);
     ojson body = ojson::parse(text.begin(), text.end(), nullptr, false);
     if (body.is_discarded()) bad("", "request body is not valid JSON");
     return parse_chat_request(body, opts);
@@ -409,9 +409,13 @@ ChatRequest parse_chat_request(const ojson& body, const RequestOptions& opts) {
         }
     };
     get_bool("stream", r.stream);
-    if (const ojson* so = field(body, "stream_options"))
-        if (so->is_object() && so->contains("include_usage") && (*so)["include_usage"].is_boolean())
-            r.include_usage = (*so)["include_usage"].get<bool>();
+    if (const ojson* so = field(body, "stream_options")) {
+        if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
+        if (const ojson* iu = field(*so, "include_usage")) {
+            if (!iu->is_boolean()) bad("stream_options.include_usage", "'include_usage' must be a boolean");
+            r.include_usage = iu->get<bool>();
+        }
+    }
     get_int("max_tokens", r.max_tokens, 1);
     if (!r.max_tokens) get_int("max_completion_tokens", r.max_tokens, 1);
     get_number("temperature", r.temperature, 0.0, 2.0);

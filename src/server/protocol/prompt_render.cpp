@@ -133,7 +133,7 @@ void emit_tool_calls(PromptBuilder& b, const std::vector<ToolCallRecord>& calls,
         open(n.invoke);
         b.text(" name=\"" + c.name + "\">\n");
         // Arguments that are a JSON object become one parameter per key; anything else is kept verbatim.
-        ojson args = json_too_deep(c.arguments) ? ojson(nullptr) : ojson::parse(c.arguments, nullptr, false);
+        ojson args = json_shape_problem(c.arguments) ? ojson(nullptr) : ojson::parse(c.arguments, nullptr, false);
         std::vector<std::pair<std::string, const ojson*>> params;
         ojson raw;
         if (args.is_object()) {

@@ -80,7 +80,8 @@ void validate_shared_config(const ModelConfig& c, const std::string& path) {
     need(c.q_lora_rank > 0 && c.o_lora_rank > 0, "q_lora_rank and o_lora_rank must be positive");
     need(c.o_groups > 0 && c.n_heads % c.o_groups == 0, "num_attention_heads must divide into o_groups");
     need(c.window_size > 0 && c.window_size <= (1 << 20), "sliding_window must be within [1, 2^20]");
-    const bool compressed = std::any_of(c.compress_ratios.begin(), c.compress_ratios.end(), [](int r) { return r > 0; });
+    const bool compressed =
+        std::any_of(c.compress_ratios.begin(), c.compress_ratios.end(), [](int r) { return r > 0; });
     if (compressed) {
         need(c.index_topk > 0, "index_topk must be positive");
         need(c.index_n_heads > 0 && c.index_head_dim > 0 && (c.index_head_dim & (c.index_head_dim - 1)) == 0,
@@ -93,7 +94,8 @@ void validate_shared_config(const ModelConfig& c, const std::string& path) {
     need(std::isfinite(c.swiglu_limit) && c.swiglu_limit >= 0.0, "swiglu_limit must be finite and not negative");
     need(c.dim % c.act_block == 0, "hidden_size must be a multiple of the activation quantisation block");
     need(positive(c.norm_eps) && c.norm_eps < 1.0, "rms_norm_eps must be within (0, 1)");
-    need(positive(c.rope_theta) && positive(c.compress_rope_theta), "rope_theta and compress_rope_theta must be positive");
+    need(positive(c.rope_theta) && positive(c.compress_rope_theta),
+         "rope_theta and compress_rope_theta must be positive");
     need(positive(c.rope_factor) && positive(c.beta_fast) && positive(c.beta_slow) && c.original_seq_len >= 0,
          "rope_scaling: factor, beta_fast and beta_slow must be positive");
     need(c.hc_mult > 0 && c.hc_mult <= 16, "hc_mult must be within [1, 16]");

@@ -286,7 +286,8 @@ ojson AnthropicBlocks::content() const {
         if (b.kind == Kind::thinking) out.push_back({{"type", "thinking"}, {"thinking", b.text}, {"signature", ""}});
         else if (b.kind == Kind::text) out.push_back({{"type", "text"}, {"text", b.text}});
         else {
-            ojson input = b.text.empty() || json_shape_problem(b.text) ? ojson::object() : ojson::parse(b.text, nullptr, false);
+            ojson input = b.text.empty() || json_shape_problem(b.text) ? ojson::object()
+                                                                       : ojson::parse(b.text, nullptr, false);
             if (input.is_discarded() || !input.is_object()) input = ojson::object();
             out.push_back({{"type", "tool_use"}, {"id", b.id}, {"name", b.name}, {"input", input}});
         }

@@ -69,7 +69,7 @@ HttpServer::HttpServer(HttpServerOptions opts) : impl_(std::make_unique<Impl>())
     srv.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
     srv.set_tcp_nodelay(true);                 // else every reused connection waits ~40 ms per chunk
     srv.set_keep_alive_max_count(1u << 20);    // the default closes a connection after 5 requests
-    srv.set_keep_alive_timeout(5);  // an idle connection holds a thread; uvicorn's default
+    srv.set_keep_alive_timeout(5);             // an idle connection holds a thread; uvicorn's default
     srv.set_read_timeout(60, 0);
     srv.set_write_timeout(600, 0);
     srv.set_payload_max_length(impl_->opts.max_body_bytes);

@@ -217,7 +217,8 @@ TEST(JsonSchema, DeepNestingAndSelfReferencesAreErrors) {
         return "compiled";
     };
     // A $ref whose sibling keywords merge back into itself.
-    for (const char* s : {R"({"$ref": "#", "minLength": 1})", R"({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#"}}, "type": "string"})",
+    for (const char* s : {R"({"$ref": "#", "minLength": 1})",
+                          R"({"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#"}}, "type": "string"})",
                           R"({"allOf": [{"$ref": "#"}], "maxLength": 3})"})
         EXPECT_NE(error_of(s).find("levels"), std::string::npos) << s << ": " << error_of(s);
     // 10,000 levels of items: refused before anything walks it.

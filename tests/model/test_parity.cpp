@@ -28,6 +28,8 @@ struct Case {
 const Case kCases[] = {
     {"dsv41-tiny-a", 1e-2f, 1.0, 1e-2f, 1.0},
     {"dsv4-tiny-a", 0.125f, 0.98, 0.125f, 0.95},
+    // Two window layers, a hash-routed CSA layer, window 32: bounds from its README (official CPU vs CUDA spread).
+    {"dsv4-tiny-b", 0.36f, 0.99, 0.75f, 0.95},
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.fixture; }
@@ -91,7 +93,10 @@ TEST_P(Parity, ChunkedPrefillAndDecodeAgreeWithOneShot) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Parity, ::testing::ValuesIn(kCases),
-                         [](const auto& info) { return std::string(info.param.fixture[4] == '1' ? "V41" : "V4"); });
+                         [](const auto& info) {
+                             const std::string f = info.param.fixture;  // dsv41-tiny-a -> V41, dsv4-tiny-b -> V4b
+                             return std::string(f[4] == '1' ? "V41" : "V4") + (f.back() == 'a' ? "" : f.substr(f.size() - 1));
+                         });
 
 }  // namespace
 

@@ -8,7 +8,7 @@ MODEL_PY is the release's inference/model.py (not part of this repository: its s
 model.safetensors and inference_config.json (the official ModelArgs). Dtype path = generate.py: torch default
 dtype bf16, ModelArgs(max_batch_size=1, **inference_config.json). Weights are loaded as convert.py + load_model
 do. Sums that model.py leaves to torch (F.linear, its two einsums, RMSNorm's mean) are evaluated exactly and
-rounded once, so the result does not depend on BLAS order; nothing else changes. Prefill asks the head for every
+rounded once, so the result does not depend on BLAS order (--torch-sums leaves them to torch); nothing else changes. Prefill asks the head for every
 position (row t = logits after position t). --golden-json keeps each row's top K ids and logits.
 """
 import argparse, hashlib, importlib.util, json, os, sys, types
@@ -58,7 +58,7 @@ def build(mod, ckpt):
                 t = t.to(p.dtype)  # bf16 -> fp32 declared params, I64 tid2eid -> int32
             assert t.shape == p.shape, (name, t.shape, p.shape)
             with torch.no_grad():
-                p.data = t.contiguous().clone()
+                p.data = t.contiguous().clone().to(p.device)
             seen.add(name)
     missing = set(params) - seen - {n for n in params if n.endswith("wo_a.scale")}
     assert not missing, missing
@@ -118,12 +118,20 @@ def main():
     ap.add_argument("--top", type=int, default=8)
     ap.add_argument("--decode-from", type=int, default=0)
     ap.add_argument("--dump", default="", help="save every module's output (forward hooks) to DIR/hooks.pt")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (TF32 and reduced-precision bf16 sums off)")
+    ap.add_argument("--torch-sums", action="store_true",
+                    help="leave model.py's own sums to torch (as on the GPU the goldens come from), not exact")
     a = ap.parse_args()
     sha = hashlib.sha256(open(a.model_py, "rb").read()).hexdigest()
     print(f"model.py sha256 {sha}")
     ids = [int(x) for x in open(a.ids_file).read().strip().split(",")]
+    if a.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    torch.set_default_device(a.device)
     mod = load_official(a.model_py)
-    exact_mode(mod)
+    if not a.torch_sums:
+        exact_mode(mod)
     model = build(mod, a.ckpt)
     all_logits(mod, model)
     dumps = {}
@@ -144,7 +152,7 @@ def main():
         rows = [model(x[:, :P], 0)[0, -1:]] + [model(x[:, p:p + 1], p)[0, -1:] for p in range(P, len(ids))]
     else:
         rows = [model(x, 0)[0]]
-    logits = torch.cat(rows).float()
+    logits = torch.cat(rows).float().cpu()
     if a.out:
         logits.numpy().tofile(a.out)
     if a.golden_json:

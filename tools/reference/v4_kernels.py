@@ -115,7 +115,8 @@ def _fp4_unpack(b):
     """float4_e2m1fn_x2 [N, K/2] (low nibble = even column) -> fp32 [N, K]."""
     u = b.view(torch.uint8).to(torch.int64)
     lo, hi = u & 0xF, (u >> 4) & 0xF
-    return torch.stack([_E2M1[lo], _E2M1[hi]], -1).flatten(-2)
+    table = _E2M1.to(u.device)
+    return torch.stack([table[lo], table[hi]], -1).flatten(-2)
 
 
 def fp4_gemm(a, a_s, b, b_s, scale_dtype=F32):

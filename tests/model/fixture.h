@@ -33,6 +33,12 @@ inline std::vector<T> read_raw(const std::string& path) {
     return v;
 }
 
+// A fixture's name in test names: dsv41-tiny-a -> V41, dsv4-tiny-a -> V4, dsv4-tiny-b -> V4b.
+inline std::string fixture_test_name(const std::string& fixture) {
+    const std::string variant = fixture[4] == '1' ? "V41" : "V4";
+    return variant + (fixture.back() == 'a' ? "" : fixture.substr(fixture.size() - 1));
+}
+
 // Per-row max |a - b| and top-1 agreement of [rows, vocab] logits.
 struct RowDiff {
     std::vector<float> max_abs;

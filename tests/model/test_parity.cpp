@@ -93,11 +93,7 @@ TEST_P(Parity, ChunkedPrefillAndDecodeAgreeWithOneShot) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Parity, ::testing::ValuesIn(kCases),
-                         [](const auto& info) {
-                             const std::string f = info.param.fixture;  // dsv41-tiny-a -> V41, dsv4-tiny-b -> V4b
-                             const std::string variant = f[4] == '1' ? "V41" : "V4";
-                             return variant + (f.back() == 'a' ? "" : f.substr(f.size() - 1));
-                         });
+                         [](const auto& info) { return fixture_test_name(info.param.fixture); });
 
 }  // namespace
 

@@ -27,7 +27,7 @@ using namespace peregrine::test;
 
 namespace {
 
-const char* kFixtures[] = {"dsv41-tiny-a", "dsv4-tiny-a"};
+const char* kFixtures[] = {"dsv41-tiny-a", "dsv4-tiny-a", "dsv4-tiny-b"};
 
 Tensor random_bf16(std::vector<int64_t> shape, uint64_t seed, float scale = 1.0f) {
     Tensor t = Tensor::zeros(DType::F32, std::move(shape));
@@ -168,7 +168,7 @@ TEST(CudaOpsRealDims, SyntheticV41Flash) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaOps, ::testing::ValuesIn(kFixtures),
-                         [](const auto& info) { return std::string(info.param[4] == '1' ? "V41" : "V4"); });
+                         [](const auto& info) { return fixture_test_name(info.param); });
 
 // ---------------------------------------------------------------------------------------------------
 struct E2E {
@@ -177,20 +177,24 @@ struct E2E {
     double golden_top1;
     float cpu_tol;      // per-row against the CPU backend
     double cpu_top1;
+    float fast_batch_tol = 1e-3f;  // Fast numerics: chunked against one-shot (batch_variance_bound)
 };
 // V4.1: the fixture's acceptance. V4: the fixture README's bound (0.1 per row, top-1 >= 99%) has to allow the
 // reference's own CPU-vs-CUDA spread; against the goldens the same bounds as the CPU parity test.
 const E2E kE2E[] = {
     {"dsv41-tiny-a", 1e-2f, 1.0, 1e-2f, 1.0},
     {"dsv4-tiny-a", 0.125f, 0.95, 0.1f, 0.99},
+    // Its README's bounds (the official code's CPU-vs-CUDA spread). Fast: the tensor-core one-shot prefill moves
+    // a bf16 rounding and these numerics carry it (0.032 against the CPU and the GEMV-path chunks, measured).
+    {"dsv4-tiny-b", 0.36f, 0.95, 0.36f, 0.99, 0.05f},
 };
 void PrintTo(const E2E& c, std::ostream* os) { *os << c.fixture; }
 
 // The same sequence computed in different batches or chunks. Exact numerics give identical logits; Fast
 // numerics pick kernels by batch size (GEMV below 9 rows, tensor cores above: fp32 sums in other orders), so
 // the logits may move by rounding noise there (a real indexing or state bug moves them by O(1)).
-float batch_variance_bound() {
-    return switch_is("PEREGRINE_CUDA_NUMERICS", "fast") ? 1e-3f : 1e-5f;
+float batch_variance_bound(float fast_tol = 1e-3f) {
+    return switch_is("PEREGRINE_CUDA_NUMERICS", "fast") ? fast_tol : 1e-5f;
 }
 
 class CudaModel : public ::testing::TestWithParam<E2E> {
@@ -248,7 +252,7 @@ TEST_P(CudaModel, PrefillDecodeChunkedAgainstGoldenAndCpu) {
         auto g = run(*gpu_, ids, n, chunk);
         check(g, cpu_prefill, c.cpu_tol, c.cpu_top1, fx + " chunked(" + std::to_string(chunk) + ") vs cpu");
         RowDiff d = compare_logits(g, gpu_prefill, vocab());
-        EXPECT_LE(d.worst(), batch_variance_bound()) << "cuda chunk " << chunk << " vs cuda one-shot";
+        EXPECT_LE(d.worst(), batch_variance_bound(c.fast_batch_tol)) << "cuda chunk " << chunk << " vs cuda one-shot";
     }
     check(run(*gpu_, ids, n / 3, 7), cpu_prefill, c.cpu_tol, c.cpu_top1, fx + " chunks of 7 then decode vs cpu");
     const uint64_t failures = cuda::state_encode_failures();
@@ -361,7 +365,7 @@ TEST_P(CudaModel, MixedBatchAndPrefixResume) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::ValuesIn(kE2E),
-                         [](const auto& info) { return std::string(info.param.fixture[4] == '1' ? "V41" : "V4"); });
+                         [](const auto& info) { return fixture_test_name(info.param.fixture); });
 
 TEST(CudaEngram, HostPlacementMatchesDevice) {
     REQUIRE_GPU();

@@ -279,14 +279,21 @@ Grammar GrammarBuilder::build(int32_t root_rule) const {
     std::vector<std::vector<std::pair<int32_t, int32_t>>> calls;
     std::vector<std::vector<std::pair<std::pair<uint8_t, uint8_t>, int32_t>>> byte_edges;
 
-    auto closure = [&](std::vector<int32_t> set) {
-        std::vector<int32_t> work = set;
-        std::vector<int32_t> seen(set);
+    // Epsilon closure of a set of NFA states, sorted and without repeats. Membership by generation stamps: a search
+    // of `seen` per edge made closures of inlined rule chains quadratic.
+    std::vector<uint32_t> stamp(edges_.size(), 0);
+    uint32_t generation = 0;
+    auto closure = [&](const std::vector<int32_t>& set) {
+        ++generation;
+        std::vector<int32_t> seen, work;
+        for (int32_t s : set)
+            if (stamp[s] != generation) stamp[s] = generation, seen.push_back(s), work.push_back(s);
         while (!work.empty()) {
             int32_t s = work.back();
             work.pop_back();
             for (const Edge& e : edges_[s])
-                if (e.kind == Edge::kEps && std::find(seen.begin(), seen.end(), e.target) == seen.end()) {
+                if (e.kind == Edge::kEps && stamp[e.target] != generation) {
+                    stamp[e.target] = generation;
                     seen.push_back(e.target);
                     work.push_back(e.target);
                 }

@@ -1,5 +1,6 @@
 #include "engine/grammar/ebnf.h"
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -284,22 +285,53 @@ Grammar ebnf_grammar(const std::string& text, const std::string& root_rule,
         // Schema rules are leaves here: their own recursion is handled by the schema compiler.
         std::erase_if(refs[name], [&](const std::string& r) { return schema_rules.count(r) > 0; });
     }
-    // A rule is recursive if it can reach itself; only those need pushdown calls.
-    std::map<std::string, bool> recursive;
-    for (auto& [name, _] : defs) {
-        std::vector<std::string> work = refs[name];
-        std::map<std::string, bool> seen;
-        bool rec = false;
-        while (!work.empty() && !rec) {
-            std::string r = work.back();
-            work.pop_back();
-            if (r == name) rec = true;
-            if (seen[r]) continue;
-            seen[r] = true;
-            for (const std::string& x : refs[r]) work.push_back(x);
+    // A rule is recursive if it can reach itself (it lies on a cycle of references); only those need pushdown calls.
+    // Strongly connected components (Tarjan's algorithm, iterative: a chain of thousands of rules must not recurse
+    // as deep); a walk from every rule was quadratic in a chain's length.
+    std::vector<std::string> names;
+    std::map<std::string, int> index_of;
+    for (auto& [name, _] : defs) index_of[name] = static_cast<int>(names.size()), names.push_back(name);
+    const int n = static_cast<int>(names.size());
+    std::vector<std::vector<int>> adj(static_cast<size_t>(n));
+    for (int v = 0; v < n; ++v)
+        for (const std::string& r : refs[names[v]]) adj[v].push_back(index_of.at(r));
+    std::vector<int> order(n, -1), low(n, 0), comp(n, -1), comp_size, stack;
+    std::vector<uint8_t> on_stack(n, 0);
+    int counter = 0;
+    for (int root = 0; root < n; ++root) {
+        if (order[root] >= 0) continue;
+        std::vector<std::pair<int, size_t>> frames{{root, 0}};
+        order[root] = low[root] = counter++;
+        stack.push_back(root), on_stack[root] = 1;
+        while (!frames.empty()) {
+            const int v = frames.back().first;
+            if (frames.back().second < adj[v].size()) {
+                const int w = adj[v][frames.back().second++];
+                if (order[w] < 0) {
+                    order[w] = low[w] = counter++;
+                    stack.push_back(w), on_stack[w] = 1;
+                    frames.push_back({w, 0});
+                } else if (on_stack[w]) {
+                    low[v] = std::min(low[v], order[w]);
+                }
+                continue;
+            }
+            if (low[v] == order[v]) {
+                const int c = static_cast<int>(comp_size.size());
+                comp_size.push_back(0);
+                for (int w = -1; w != v;) {
+                    w = stack.back();
+                    stack.pop_back(), on_stack[w] = 0;
+                    comp[w] = c, ++comp_size[c];
+                }
+            }
+            frames.pop_back();
+            if (!frames.empty()) low[frames.back().first] = std::min(low[frames.back().first], low[v]);
         }
-        recursive[name] = rec;
     }
+    std::map<std::string, bool> recursive;
+    for (int v = 0; v < n; ++v)
+        recursive[names[v]] = comp_size[comp[v]] > 1 || std::find(adj[v].begin(), adj[v].end(), v) != adj[v].end();
 
     GrammarBuilder b;
     std::map<std::string, int32_t> rule_ids;

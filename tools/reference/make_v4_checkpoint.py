@@ -16,8 +16,9 @@ from safetensors.torch import save_file
 
 torch.set_num_threads(1)
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from v4_kernels import _pow2_ceil_scale, _round_e2m1
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import demo_quant as dq  # noqa: E402
+from demo_quant import quantize_fp8_block as quant_fp8  # noqa: E402
 
 TRAITS = dict(
     vocab_size=320, dim=384, moe_inter_dim=128, n_layers=4, n_hash_layers=3, n_mtp_layers=0,
@@ -31,35 +32,14 @@ TRAITS = dict(
 )
 
 
-def quant_fp8(w):
-    """fp32 [out,in] -> e4m3 weight + e8m0 scale per 128x128 block (power-of-two scale)."""
-    o, i = w.shape
-    bo, bi = math.ceil(o / 128), math.ceil(i / 128)
-    wp = torch.zeros(bo * 128, bi * 128)
-    wp[:o, :i] = w
-    blk = wp.view(bo, 128, bi, 128)
-    amax = blk.abs().amax((1, 3)).clamp_min(1e-4)
-    s = _pow2_ceil_scale(amax, 1.0 / 448.0)                     # [bo, bi]
-    q = (blk / s[:, None, :, None]).clamp(-448, 448).view(bo * 128, bi * 128)[:o, :i]
-    return q.to(torch.float8_e4m3fn), s.to(torch.float8_e8m0fnu)
-
-
-_CODES = {v: c for c, v in enumerate([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])}
-
-
 def quant_fp4(w):
-    """fp32 [out,in] -> int8 [out,in/2] packed e2m1 (low nibble = even column) + e8m0 scale per 32."""
-    o, i = w.shape
-    g = w.view(o, i // 32, 32)
-    s = _pow2_ceil_scale(g.abs().amax(-1, keepdim=True).clamp_min(6 * 2.0 ** -126), 1.0 / 6.0)
-    v = _round_e2m1((g / s).clamp(-6, 6)).view(o, i)
-    mag = v.abs()
-    code = torch.zeros_like(mag, dtype=torch.int64)
-    for val, c in _CODES.items():
-        code = torch.where(mag == val, c, code)
-    code = code | ((v < 0) & (mag > 0)).long() << 3
-    packed = (code[:, 0::2] | (code[:, 1::2] << 4)).to(torch.uint8).view(torch.int8)
-    return packed, s.squeeze(-1).to(torch.float8_e8m0fnu)
+    """fp32 [out,in] -> int8 [out,in/2] packed e2m1 (low nibble = even column) + e8m0 scale per 32: the demo's
+    quantize_fp4_rows, except that a negative value rounding to zero is written as +0 (code 0), as in dsv4-tiny-b."""
+    g = w.float().unflatten(-1, (-1, 32))
+    s = dq.pow2_scale(g.abs().amax(-1).clamp_min(6 * 2.0 ** -126), dq.FP4_MAX)
+    codes = dq.e2m1_codes((g / s.unsqueeze(-1)).clamp(-dq.FP4_MAX, dq.FP4_MAX)).flatten(-2)
+    codes = torch.where(codes == 8, 0, codes)
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).view(torch.int8), dq.scale_to_e8m0(s)
 
 
 def make(a, seed):
@@ -115,7 +95,8 @@ def make(a, seed):
             T[p + "ffn.gate.bias"] = ru(E)
         for e in range(E):
             for w, (o, i) in {"w1": (I, D), "w2": (D, I), "w3": (I, D)}.items():
-                T[f"{p}ffn.experts.{e}.{w}.weight"], T[f"{p}ffn.experts.{e}.{w}.scale"] = quant_fp4(rn(o, i) * 1.0 / math.sqrt(i))
+                name = f"{p}ffn.experts.{e}.{w}"
+                T[name + ".weight"], T[name + ".scale"] = quant_fp4(rn(o, i) * 1.0 / math.sqrt(i))
         fp8(p + "ffn.shared_experts.w1", I, D, 1.5)
         fp8(p + "ffn.shared_experts.w2", D, I, 1.05)
         fp8(p + "ffn.shared_experts.w3", I, D, 1.5)

@@ -1,15 +1,16 @@
-"""DeepSeek's official V4 inference/model.py, run on the CPU with our torch port of its kernels
+"""DeepSeek's official V4 inference/model.py, run on the CPU or a GPU with our torch port of its kernels
 (v4_kernels.py): the reference Peregrine's V4 path is checked against.
 
-  python3 tools/reference/run_official_v4.py MODEL_PY CKPT_DIR --ids-file IDS
+  python3 tools/reference/run_official_v4.py MODEL_PY CKPT_DIR --ids-file IDS [--device cuda --torch-sums]
         [--out LOGITS.f32] [--golden-json OUT.json --top K] [--decode-from P] [--dump DIR]
 
 MODEL_PY is the release's inference/model.py (not part of this repository: its sha256 is printed). CKPT_DIR holds
 model.safetensors and inference_config.json (the official ModelArgs). Dtype path = generate.py: torch default
 dtype bf16, ModelArgs(max_batch_size=1, **inference_config.json). Weights are loaded as convert.py + load_model
 do. Sums that model.py leaves to torch (F.linear, its two einsums, RMSNorm's mean) are evaluated exactly and
-rounded once, so the result does not depend on BLAS order (--torch-sums leaves them to torch); nothing else changes. Prefill asks the head for every
-position (row t = logits after position t). --golden-json keeps each row's top K ids and logits.
+rounded once, so the result does not depend on BLAS order (--torch-sums leaves them to torch); nothing else
+changes. Prefill asks the head for every position (row t = logits after position t). --golden-json keeps each
+row's top K ids and logits.
 """
 import argparse, hashlib, importlib.util, json, os, sys, types
 
@@ -49,7 +50,8 @@ def build(mod, ckpt):
                 continue
             if name.endswith("wo_a.weight"):  # convert.py: dequantise wo_a to bf16 with its 128x128 scales
                 s = f.get_tensor(name.replace("weight", "scale")).float()
-                t = (t.unflatten(0, (-1, 128)).unflatten(-1, (-1, 128)).float() * s[:, None, :, None]).flatten(2, 3).flatten(0, 1)
+                t = t.unflatten(0, (-1, 128)).unflatten(-1, (-1, 128)).float() * s[:, None, :, None]
+                t = t.flatten(2, 3).flatten(0, 1)
                 t = t.to(torch.bfloat16)
             p = params[name]
             if p.dtype == torch.float4_e2m1fn_x2:

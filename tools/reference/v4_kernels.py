@@ -9,45 +9,19 @@ then scaled and accumulated in fp32 in K order, as the tilelang kernels do.
 Usage: put this file's directory on sys.path ahead of model.py's and import it as `kernel`
 (run_official_v4.py does that), or `import v4_kernels as kernel`.
 """
+import os
+import sys
+
 import torch
 
-FP8_MAX = 448.0
-FP4_MAX = 6.0
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import demo_quant as dq  # noqa: E402  (the e4m3 / e2m1 / ue8m0 arithmetic the demo model's tools share)
+from demo_model import sinkhorn_split  # noqa: E402
+
+FP8_MAX = dq.FP8_MAX
+FP4_MAX = dq.FP4_MAX
 F32 = torch.float32
 F64 = torch.float64
-
-# e2m1 code -> value (index = 4-bit code, bit 3 = sign)
-_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
-                      -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=F32)
-
-
-def _pow2_ceil_scale(amax: torch.Tensor, max_inv: float) -> torch.Tensor:
-    """fast_round_scale: 2^ceil(log2(amax * max_inv)) via the fp32 exponent bits (amax*inv in fp32)."""
-    v = (amax.float() * torch.tensor(max_inv, dtype=F32)).contiguous()
-    bits = v.view(torch.int32)
-    e = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(torch.int32)
-    return ((e + 127) << 23).to(torch.int32).view(F32)
-
-
-def _to_e4m3(x: torch.Tensor) -> torch.Tensor:
-    """RNE cast to e4m3 with saturation to +-448 (values are pre-clamped anyway)."""
-    return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-
-
-def _round_e2m1(x: torch.Tensor) -> torch.Tensor:
-    """Round fp32 values (already clamped to [-6,6]) to the nearest e2m1 value, ties to even code."""
-    a = x.abs()
-    # representable magnitudes 0,.5,1,1.5,2,3,4,6; midpoints with the even-code winner
-    # code:      0    1    2    3    4    5    6    7
-    r = torch.zeros_like(a)
-    r = torch.where(a > 0.25, 0.5, r)   # 0.25 -> 0 (code 0 even)
-    r = torch.where(a >= 0.75, 1.0, r)  # 0.75 -> 1.0 (code 2 even)
-    r = torch.where(a > 1.25, 1.5, r)   # 1.25 -> 1.0 (code 2)
-    r = torch.where(a >= 1.75, 2.0, r)  # 1.75 -> 2.0 (code 4)
-    r = torch.where(a > 2.5, 3.0, r)    # 2.5 -> 2.0 (code 4)
-    r = torch.where(a >= 3.5, 4.0, r)   # 3.5 -> 4.0 (code 6)
-    r = torch.where(a > 5.0, 6.0, r)    # 5.0 -> 4.0 (code 6)
-    return torch.where(x < 0, -r, r)
 
 
 def act_quant(x, block_size=128, scale_fmt=None, scale_dtype=F32, inplace=False):
@@ -57,10 +31,10 @@ def act_quant(x, block_size=128, scale_fmt=None, scale_dtype=F32, inplace=False)
     xf = x.float().unflatten(-1, (N // block_size, block_size))
     amax = xf.abs().amax(-1, keepdim=True).clamp_min(1e-4)
     if scale_fmt is not None:
-        s = _pow2_ceil_scale(amax, 1.0 / FP8_MAX)
+        s = dq.pow2_scale(amax, FP8_MAX)
     else:
         s = amax * torch.tensor(1.0 / FP8_MAX, dtype=F32)
-    q = _to_e4m3((xf / s).clamp(-FP8_MAX, FP8_MAX))
+    q = (xf / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     if inplace:
         y = (q.float() * s).flatten(-2).to(x.dtype)
         x.copy_(y)
@@ -74,8 +48,8 @@ def fp4_act_quant(x, block_size=32, inplace=False):
     assert N % block_size == 0
     xf = x.float().unflatten(-1, (N // block_size, block_size))
     amax = xf.abs().amax(-1, keepdim=True).clamp_min(6 * 2.0 ** -126)
-    s = _pow2_ceil_scale(amax, 1.0 / FP4_MAX)
-    q = _round_e2m1((xf / s).clamp(-FP4_MAX, FP4_MAX))
+    s = dq.pow2_scale(amax, FP4_MAX)
+    q = dq.round_e2m1((xf / s).clamp(-FP4_MAX, FP4_MAX))
     if inplace:
         x.copy_((q * s).flatten(-2).to(x.dtype))
         return x
@@ -111,21 +85,13 @@ def fp8_gemm(a, a_s, b, b_s, scale_dtype=F32):
     return acc.to(torch.get_default_dtype()).view(*a.shape[:-1], N)
 
 
-def _fp4_unpack(b):
-    """float4_e2m1fn_x2 [N, K/2] (low nibble = even column) -> fp32 [N, K]."""
-    u = b.view(torch.uint8).to(torch.int64)
-    lo, hi = u & 0xF, (u >> 4) & 0xF
-    table = _E2M1.to(u.device)
-    return torch.stack([table[lo], table[hi]], -1).flatten(-2)
-
-
 def fp4_gemm(a, a_s, b, b_s, scale_dtype=F32):
     """C = A_fp8 @ B_fp4^T; K blocks of 32: acc += partial * sa[k//4] * sb[:,k] in fp32, K order."""
     K = a.size(-1)
     M = a.numel() // K
     N = b.size(0)
     A = a.reshape(M, K).to(F64)
-    B = _fp4_unpack(b).to(F64)
+    B = dq.unpack_fp4(b).to(F64)
     part = _block_gemm(A, B, 32)                     # [K/32, M, N]
     sa = a_s.reshape(M, -1).float()
     sb = b_s.float()                                 # [N, K/32]
@@ -175,18 +141,7 @@ def sparse_attn(q, kv, attn_sink, topk_idxs, softmax_scale):
 
 def hc_split_sinkhorn(mixes, hc_scale, hc_base, hc_mult=4, sinkhorn_iters=20, eps=1e-6):
     """pre/post sigmoids and the Sinkhorn-normalised comb matrix, fp32, kernel op order."""
-    hc = hc_mult
-    m = mixes.float()
-    pre = torch.sigmoid(m[..., :hc] * hc_scale[0] + hc_base[:hc]) + eps
-    post = 2 * torch.sigmoid(m[..., hc:2 * hc] * hc_scale[1] + hc_base[hc:2 * hc])
-    comb = m[..., 2 * hc:].unflatten(-1, (hc, hc)) * hc_scale[2] + hc_base[2 * hc:].view(hc, hc)
-    comb = torch.exp(comb - comb.amax(-1, keepdim=True))
-    comb = comb / comb.sum(-1, keepdim=True) + eps
-    comb = comb / (comb.sum(-2, keepdim=True) + eps)
-    for _ in range(sinkhorn_iters - 1):
-        comb = comb / (comb.sum(-1, keepdim=True) + eps)
-        comb = comb / (comb.sum(-2, keepdim=True) + eps)
-    return pre, post, comb
+    return sinkhorn_split(mixes.float(), hc_scale, hc_base, hc_mult, sinkhorn_iters, eps)
 
 
 def hadamard_transform(x, scale=1.0):

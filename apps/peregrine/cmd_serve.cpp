@@ -2,13 +2,15 @@
 #include "commands.h"
 #include "engine/engine.h"
 #include "io/generation_config.h"
-#include "kv/page_pool.h"
+#include "kv/cache_manager.h"
 #include "model/parallel_models.h"
 #include "server/api_server.h"
 #include "tokenizer/byte_tokenizer.h"
 #include "util/error.h"
 #include "util/file.h"
 #include "util/log.h"
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -30,6 +32,7 @@ namespace {
 struct ServeArgs {
     std::string model, tokenizer, host = "127.0.0.1", served_model_name, kv_memory = "0.05", api_key,
         log_level = "info", device = "cpu", scripted_output, synthetic, sampling_defaults = "model";
+    int64_t swa_prefix_tails = -1;
     int port = 30000, max_running = 64, max_queued = 1024, chunked_prefill = 512, page_tokens = 16, dp = 1, ep = 1;
     int synthetic_layers = 4, synthetic_experts = 384;
     ExpertParallelOptions ep_opts;
@@ -154,15 +157,20 @@ int run_serve(ServeArgs& a) {
     progress.begin("state pages");
     const auto& cfg = model->config();
     const int64_t kv_bytes = parse_memory(a.kv_memory);
-    const int64_t pages = PagePool::rows_for_budget(model->layout(), kv_bytes);
-    PEREGRINE_CHECK(pages > 0, "--kv-memory {} holds no state page ({} bytes each)", a.kv_memory,
-                    model->layout().row_bytes());
+    // Window pages only for what running sequences read plus the cached tails; the rest of the budget holds history.
+    const StateLayout& layout = model->layout();
+    const int64_t tails = a.swa_prefix_tails >= 0 ? a.swa_prefix_tails : a.max_running;
+    const PagePool::Pages kv_pages = PagePool::pages_for_budget(
+        layout, kv_bytes, window_pages_wanted(layout, a.max_running, a.chunked_prefill, tails));
+    const int64_t pages = kv_pages[kHistoryPages];
+    PEREGRINE_CHECK(pages > 0, "--kv-memory {} holds no state page ({} bytes each)", a.kv_memory, layout.row_bytes());
 
     EngineOptions eo;
     eo.max_running_requests = a.max_running;
     eo.max_queued_requests = a.max_queued;
     eo.chunked_prefill_size = a.chunked_prefill;
     eo.kv_pages = pages;
+    eo.window_pages = kv_pages[kWindowPages];
     eo.radix_cache = !a.disable_radix_cache;
     eo.context_length = a.context_length;
     if (a.disable_overlap_schedule) eo.overlap_schedule = 0;
@@ -187,6 +195,22 @@ int run_serve(ServeArgs& a) {
         std::fprintf(stderr, "  --scripted-output %s: completions are forced from the script (a testing aid)\n",
                      a.scripted_output.c_str());
     }
+    ao.server_info = nlohmann::json{
+        {"model_path", a.model},
+        {"served_model_name", ao.served_model_name},
+        {"device", a.device},
+        {"page_size", layout.page_tokens},
+        {"max_total_num_tokens", engine.kv_tokens()},
+        {"state_page_bytes",
+         {{"history", layout.page_bytes[kHistoryPages]}, {"window", layout.page_bytes[kWindowPages]}}},
+        {"window_pages", eo.window_pages},
+        {"swa_prefix_tails", tails},
+        {"max_running_requests", a.max_running},
+        {"chunked_prefill_size", a.chunked_prefill},
+        {"context_length", engine.context_length()},
+        {"disable_radix_cache", a.disable_radix_cache},
+        {"dp_size", a.dp},
+        {"ep_size", a.ep}}.dump();
     ApiServer server(engine, *tok, ao);
     const int port = server.bind(a.host, a.port);
     progress.done();
@@ -197,15 +221,18 @@ int run_serve(ServeArgs& a) {
         "  tokenizer  %s\n"
         "  chat       %s\n"
         "  parallel   %s\n"
-        "  kv memory  %lld pages x %d tokens = %lld tokens (%.1f MiB) per rank, prefix cache %s\n"
+        "  kv memory  %lld pages x %d tokens = %lld tokens, %lld window pages (%.1f MiB) per rank, prefix cache %s\n"
         "  scheduler  context %lld, max running %d, max queued %d, chunked prefill %d, overlap schedule %s\n"
         "  sampling   defaults %s\n"
         "  loaded in %.2f s\n",
         ao.served_model_name.c_str(), model_variant(cfg).name(), cfg.n_layers, cfg.dim,
         cfg.vocab_size, tok_source.c_str(), std::string(chat_format_name(ao.chat_format)).c_str(),
         a.dp > 1 ? fmt::format("{} ranks: data-parallel attention, expert-parallel MoE", a.dp).c_str() : "one rank",
-        static_cast<long long>(pages), model->layout().page_tokens, static_cast<long long>(engine.kv_tokens()),
-        static_cast<double>(pages * static_cast<int64_t>(model->layout().row_bytes())) / (1 << 20),
+        static_cast<long long>(pages), layout.page_tokens, static_cast<long long>(engine.kv_tokens()),
+        static_cast<long long>(eo.window_pages),
+        static_cast<double>(pages * static_cast<int64_t>(layout.page_bytes[kHistoryPages]) +
+                            eo.window_pages * static_cast<int64_t>(layout.page_bytes[kWindowPages])) /
+            (1 << 20),
         eo.radix_cache ? "on" : "off", static_cast<long long>(engine.context_length()), a.max_running, a.max_queued,
         a.chunked_prefill, eo.overlap_schedule != 0 && a.dp == 1 && model->backend().sampler().async() ? "on" : "off",
         gen.empty() ? "temperature 1, top_p 1 (openai)" : (gen.describe() + " (generation_config.json)").c_str(), secs);
@@ -256,6 +283,10 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
         ->check(CLI::Range(1, 1 << 24));
     cmd->add_option("--kv-memory", a->kv_memory,
                     "State memory: bytes (512M, 2G) or a fraction of available memory (0.3)");
+    cmd->add_option("--swa-prefix-tails", a->swa_prefix_tails,
+                    "Finished sequences' last windows the window pages are sized to keep cached (default: "
+                    "--max-running-requests)")
+        ->check(CLI::Range(0, 1 << 24));
     cmd->add_option("--context-length", a->context_length,
                     "Longest sequence (default: max_position_embeddings; at least 8192 with the byte tokenizer)");
     cmd->add_option("--default-max-tokens", a->default_max_tokens,

@@ -19,7 +19,8 @@ struct EngineOptions {
     int max_running_requests = 64;
     int max_queued_requests = 1024;
     int chunked_prefill_size = 512;  // tokens per step, prefill chunks and decodes together
-    int64_t kv_pages = 0;            // state pages in the pool (required)
+    int64_t kv_pages = 0;            // history pages (rows) in the pool (required)
+    int64_t window_pages = 0;        // window pages in the pool (0: as many as kv_pages)
     bool radix_cache = true;
     int64_t context_length = 0;      // 0: the model's max_position_embeddings
     // The overlapped schedule: the next step is built and enqueued while the device runs the current one, its

@@ -56,6 +56,10 @@ void EngineStats::merge(const EngineStats& o) {
     pages_used += o.pages_used;
     pages_cached += o.pages_cached;
     pages_evictable += o.pages_evictable;
+    window_pages_total += o.window_pages_total;
+    window_pages_used += o.window_pages_used;
+    window_pages_cached += o.window_pages_cached;
+    window_pages_evictable += o.window_pages_evictable;
     token_usage = pages_total ? used / static_cast<double>(pages_total) : 0.0;
     cache_hit_rate =
         prompt_tokens_total ? static_cast<double>(cached_tokens_total) / static_cast<double>(prompt_tokens_total) : 0.0;

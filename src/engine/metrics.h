@@ -29,6 +29,7 @@ struct EngineStats {
     // Gauges.
     int64_t running = 0, queued = 0;
     int64_t pages_total = 0, pages_used = 0, pages_cached = 0, pages_evictable = 0, page_tokens = 0;
+    int64_t window_pages_total = 0, window_pages_used = 0, window_pages_cached = 0, window_pages_evictable = 0;
     double token_usage = 0.0;  // pages held by live requests / all pages
     double cache_hit_rate = 0.0;  // cached prompt tokens / prompt tokens, since start
     double gen_throughput = 0.0;  // generated tokens per second over the last few seconds

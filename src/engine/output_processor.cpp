@@ -115,6 +115,10 @@ void OutputProcessor::publish_gauges(const CacheManager& kv) {
     st_.pages_used = ks.pages_used;
     st_.pages_cached = ks.pages_cached;
     st_.pages_evictable = ks.pages_evictable;
+    st_.window_pages_total = ks.window_pages_total;
+    st_.window_pages_used = ks.window_pages_used;
+    st_.window_pages_cached = ks.window_pages_cached;
+    st_.window_pages_evictable = ks.window_pages_evictable;
     st_.token_usage = static_cast<double>(st_.pages_used - st_.pages_evictable) / static_cast<double>(st_.pages_total);
     st_.cache_hit_rate = st_.prompt_tokens_total ? static_cast<double>(st_.cached_tokens_total) /
                                                        static_cast<double>(st_.prompt_tokens_total)

@@ -5,15 +5,25 @@
 
 namespace peregrine {
 
-CacheManager::CacheManager(StateMemory& memory, const StateLayout& layout, int64_t n_pages, bool prefix_cache)
-    : pool_(memory, layout, n_pages) {
+int64_t window_pages_wanted(const StateLayout& L, int max_running, int chunk_tokens, int64_t tails) {
+    const int64_t rows = L.window_rows();
+    if (rows < 0) return INT64_MAX;
+    // Each sequence reads its window and writes a row (two when a page boundary falls inside its step); a
+    // prefill chunk's rows come on top.
+    return max_running * (rows + 2) + L.pages_for(chunk_tokens) + tails * rows;
+}
+
+CacheManager::CacheManager(StateMemory& memory, const StateLayout& layout, PagePool::Pages pages, bool prefix_cache)
+    : pool_(memory, layout, pages) {
     if (prefix_cache) cache_ = std::make_unique<RadixCache>(pool_);
 }
 
 CacheManager::~CacheManager() { cache_.reset(); }  // its pages back to the pool before the pool goes
 
-int64_t CacheManager::available_pages() const {
-    return pool_.free_rows() + (cache_ ? cache_->stats().evictable_pages : 0);
+int64_t CacheManager::available_pages(PageTable t) const {
+    if (!cache_) return pool_.free_pages(t);
+    const auto& cs = cache_->stats();
+    return pool_.free_pages(t) + (t == kHistoryPages ? cs.evictable_pages : cs.evictable_window_pages);
 }
 
 int64_t CacheManager::admit(CachedSequence& s, std::span<const int32_t> tokens) {
@@ -23,8 +33,15 @@ int64_t CacheManager::admit(CachedSequence& s, std::span<const int32_t> tokens) 
     PrefixCache::Match m;
     if (cache_) m = cache_->match(tokens, (n - 1) / P);
     const int64_t matched = static_cast<int64_t>(m.pages.size());
-    if (L.pages_for(n + 1) - matched > available_pages()) {
-        if (m.last) cache_->unlock(m.last);
+    const int64_t window_from = L.window_first_row(matched * P);  // the match holds the window pages from here
+    const int64_t need = L.pages_for(n + 1) - matched;
+    const int64_t window_rows = L.window_rows();
+    const int64_t window_need = window_rows < 0 ? need : std::min(need, window_rows + 2);
+    if (need > available_pages(kHistoryPages) || window_need > available_pages(kWindowPages)) {
+        if (m.last) {
+            cache_->drop_window(m.last, window_from, matched);
+            cache_->unlock(m.last);
+        }
         return -1;
     }
     s.state.pages = m.pages;
@@ -32,15 +49,32 @@ int64_t CacheManager::admit(CachedSequence& s, std::span<const int32_t> tokens) 
     pool_.restore(s.state, matched * P);
     s.locked = m.last;
     s.shared_pages = matched;
+    s.window_from = window_from;
     s.sharing_stopped = false;
     return matched * P;
 }
 
+void CacheManager::trim_window(CachedSequence& s) {
+    const int64_t to = std::min<int64_t>(pool_.layout().window_first_row(s.state.n_cached),
+                                         static_cast<int64_t>(s.state.pages.size()));
+    if (to <= s.window_from) return;
+    const int64_t shared = std::min(to, s.shared_pages);
+    if (shared > s.window_from) {  // the cache's rows: no longer read by this sequence
+        cache_->drop_window(s.locked, s.window_from, shared);
+        for (int64_t r = s.window_from; r < shared; ++r) s.state.pages[static_cast<size_t>(r)][kWindowPages] = -1;
+    }
+    pool_.drop_window(s.state, std::max(s.window_from, shared), to);
+    s.window_from = to;
+}
+
 bool CacheManager::reserve(CachedSequence& s, int64_t n_tokens) {
+    trim_window(s);
     const int64_t need = pool_.layout().pages_for(n_tokens) - static_cast<int64_t>(s.state.pages.size());
     if (need <= 0) return true;
-    if (pool_.free_rows() < need && cache_) cache_->evict(need - pool_.free_rows());
-    if (pool_.free_rows() < need) return false;
+    if (cache_) {
+        if (pool_.free_pages(kHistoryPages) < need) cache_->evict(need - pool_.free_pages(kHistoryPages));
+        if (pool_.free_pages(kWindowPages) < need) cache_->evict_window(need - pool_.free_pages(kWindowPages));
+    }
     return pool_.reserve(s.state, n_tokens);
 }
 
@@ -48,6 +82,7 @@ void CacheManager::release(CachedSequence& s, int64_t known_tokens) {
     SeqState& st = s.state;
     const int P = pool_.layout().page_tokens;
     if (cache_) {
+        if (s.shared_pages > s.window_from) cache_->drop_window(s.locked, s.window_from, s.shared_pages);
         const int64_t full = std::min<int64_t>(known_tokens / P, static_cast<int64_t>(st.pages.size()));
         cache_->insert(st.tokens, st.pages, full);
         for (size_t i = static_cast<size_t>(full); i < st.pages.size(); ++i) pool_.free(st.pages[i]);
@@ -57,6 +92,7 @@ void CacheManager::release(CachedSequence& s, int64_t known_tokens) {
     pool_.release(st);  // the rest of its pages (without a cache: all) and its carry slot
     s.locked = nullptr;
     s.shared_pages = 0;
+    s.window_from = 0;
     st.tokens.clear();
     st.n_cached = 0;
 }
@@ -76,10 +112,17 @@ int64_t CacheManager::flush() { return cache_ ? cache_->clear() : 0; }
 
 CacheManager::Stats CacheManager::stats() const {
     Stats st;
-    st.pages_total = pool_.capacity();
-    st.pages_used = pool_.used_rows();
-    st.pages_cached = cache_ ? cache_->stats().cached_pages : 0;
-    st.pages_evictable = cache_ ? cache_->stats().evictable_pages : 0;
+    st.pages_total = pool_.capacity(kHistoryPages);
+    st.pages_used = pool_.used_pages(kHistoryPages);
+    st.window_pages_total = pool_.capacity(kWindowPages);
+    st.window_pages_used = pool_.used_pages(kWindowPages);
+    if (cache_) {
+        const auto& cs = cache_->stats();
+        st.pages_cached = cs.cached_pages;
+        st.pages_evictable = cs.evictable_pages;
+        st.window_pages_cached = cs.window_pages;
+        st.window_pages_evictable = cs.evictable_window_pages;
+    }
     return st;
 }
 

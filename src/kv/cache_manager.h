@@ -2,7 +2,10 @@
 // The state of the engine's running sequences: pages from one pool, shared through the prefix cache, counted in
 // rows (a page of each table: sequence_state.h). A sequence is admitted (its prompt's cached prefix matched and
 // locked, its state resumed after it), grows page by page (evicting unused cached pages when the pool runs short),
-// shares its completed pages while it runs, and hands them to the cache when it ends or is preempted.
+// shares its completed pages while it runs, and hands them to the cache when it ends or is preempted. As it grows,
+// it gives up the window pages of rows its queries no longer read: its own go back to the pool at once, the
+// cache's become evictable. So a running sequence holds window pages for its last window only, and a finished
+// one leaves its last window in the cache with its rows (a prefix tail: the next turn resumes there exactly).
 #include "kv/page_pool.h"
 #include "kv/prefix_cache.h"
 
@@ -12,22 +15,29 @@
 
 namespace peregrine {
 
+// Window pages that `max_running` sequences can need at once, a prefill chunk of `chunk_tokens` among them, plus
+// `tails` cached window tails (SGLang's --swa-prefix-tails); INT64_MAX when the layout keeps every window page.
+int64_t window_pages_wanted(const StateLayout& layout, int max_running, int chunk_tokens, int64_t tails);
+
 // One sequence as the cache manager tracks it.
 struct CachedSequence {
     SeqState state;
     PrefixCache::Handle locked = nullptr;  // the cached path it uses
     int64_t shared_pages = 0;              // its leading pages the cache owns
+    int64_t window_from = 0;               // the first row whose window page it still holds
     bool sharing_stopped = false;          // a concurrent duplicate: the rest of its pages stay private
 };
 
 class CacheManager {
 public:
     struct Stats {
-        int64_t pages_total = 0, pages_used = 0, pages_cached = 0, pages_evictable = 0;
+        int64_t pages_total = 0, pages_used = 0, pages_cached = 0, pages_evictable = 0;  // history pages (rows)
+        int64_t window_pages_total = 0, window_pages_used = 0, window_pages_cached = 0, window_pages_evictable = 0;
     };
 
-    // `prefix_cache` false: no sharing, pages go back to the pool.
-    CacheManager(StateMemory& memory, const StateLayout& layout, int64_t n_pages, bool prefix_cache);
+    // `pages`: of each table (PagePool::pages_for_budget); `prefix_cache` false: no sharing, pages go back to the
+    // pool.
+    CacheManager(StateMemory& memory, const StateLayout& layout, PagePool::Pages pages, bool prefix_cache);
     ~CacheManager();
 
     // Sets the sequence up to compute `tokens` after their longest cached prefix of whole pages (the last token
@@ -42,16 +52,17 @@ public:
     // with the same prefix use them at once.
     void share(CachedSequence& s, int64_t known_tokens);
 
-    // Pages free or held only by the cache.
-    int64_t available_pages() const;
+    // Pages of table t free or held only by the cache.
+    int64_t available_pages(PageTable t = kHistoryPages) const;
     // Frees every cached page no sequence uses; returns how many.
     int64_t flush();
     Stats stats() const;
     const StateLayout& layout() const { return pool_.layout(); }
-    int64_t capacity_tokens() const { return pool_.capacity() * pool_.layout().page_tokens; }
+    int64_t capacity_tokens() const { return pool_.capacity(kHistoryPages) * pool_.layout().page_tokens; }
     PagePool& pool() { return pool_; }
 
 private:
+    void trim_window(CachedSequence& s);  // gives up the window pages its next query will not read
     PagePool pool_;
     std::unique_ptr<PrefixCache> cache_;
 };

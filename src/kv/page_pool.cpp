@@ -37,16 +37,16 @@ CarrySlot CarryPool::take() {
     return {this, p};
 }
 
-PagePool::PagePool(StateMemory& memory, const StateLayout& layout, int64_t n_rows)
-    : memory_(memory), layout_(layout), n_rows_(n_rows), carries_(memory, layout.carry_bytes),
+PagePool::PagePool(StateMemory& memory, const StateLayout& layout, Pages pages)
+    : memory_(memory), layout_(layout), capacity_(pages), carries_(memory, layout.carry_bytes),
       initial_carry_(layout.initial_carry()) {
-    PEREGRINE_CHECK(n_rows > 0, "page pool needs at least one page");
-    for (int t = 0; t < kPageTables; ++t) {
-        const size_t bytes = static_cast<size_t>(n_rows_) * layout_.page_bytes[static_cast<size_t>(t)];
-        if (bytes > 0) base_[static_cast<size_t>(t)] = memory_.alloc(bytes);
-        auto& f = free_[static_cast<size_t>(t)];
-        f.reserve(static_cast<size_t>(n_rows_));
-        for (int64_t i = n_rows_ - 1; i >= 0; --i) f.push_back(static_cast<int32_t>(i));
+    PEREGRINE_CHECK(pages[kHistoryPages] > 0 && pages[kWindowPages] > 0, "page pool needs at least one page");
+    for (size_t t = 0; t < kPageTables; ++t) {
+        const size_t bytes = static_cast<size_t>(capacity_[t]) * layout_.page_bytes[t];
+        if (bytes > 0) base_[t] = memory_.alloc(bytes);
+        auto& f = free_[t];
+        f.reserve(static_cast<size_t>(capacity_[t]));
+        for (int64_t i = capacity_[t] - 1; i >= 0; --i) f.push_back(static_cast<int32_t>(i));
     }
 }
 
@@ -55,12 +55,12 @@ PagePool::~PagePool() {
         if (b) memory_.free(b);
 }
 
-int64_t PagePool::rows_for_budget(const StateLayout& layout, int64_t bytes) {
-    return bytes / static_cast<int64_t>(layout.row_bytes());
-}
-
-int64_t PagePool::free_rows() const {
-    return static_cast<int64_t>(std::min(free_[kHistoryPages].size(), free_[kWindowPages].size()));
+PagePool::Pages PagePool::pages_for_budget(const StateLayout& layout, int64_t bytes, int64_t window_pages) {
+    const auto history = static_cast<int64_t>(layout.page_bytes[kHistoryPages]);
+    const auto window = static_cast<int64_t>(layout.page_bytes[kWindowPages]);
+    const int64_t rows = bytes / static_cast<int64_t>(layout.row_bytes());
+    if (window_pages >= rows) return {rows, rows};
+    return {(bytes - window_pages * window) / history, window_pages};
 }
 
 PageRow PagePool::alloc() {
@@ -82,12 +82,20 @@ void PagePool::free(const PageRow& row) {
 void PagePool::attach(SeqState& s) const { s.pool = base_; }
 
 bool PagePool::reserve(SeqState& s, int64_t n_tokens) {
-    int64_t need = layout_.pages_for(n_tokens) - static_cast<int64_t>(s.pages.size());
+    const int64_t need = layout_.pages_for(n_tokens) - static_cast<int64_t>(s.pages.size());
     if (need <= 0) return true;
     if (need > free_rows()) return false;
     attach(s);
     for (int64_t i = 0; i < need; ++i) s.pages.push_back(alloc());
     return true;
+}
+
+void PagePool::drop_window(SeqState& s, int64_t from_row, int64_t to_row) {
+    to_row = std::min<int64_t>(to_row, static_cast<int64_t>(s.pages.size()));
+    for (int64_t r = std::max<int64_t>(from_row, 0); r < to_row; ++r) {
+        int32_t& id = s.pages[static_cast<size_t>(r)][kWindowPages];
+        if (id >= 0) free_[kWindowPages].push_back(std::exchange(id, -1));
+    }
 }
 
 void PagePool::release(SeqState& s) {

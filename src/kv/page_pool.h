@@ -6,6 +6,7 @@
 #include "kv/state_layout.h"
 #include "kv/state_memory.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -32,23 +33,31 @@ private:
     std::vector<uint8_t*> chunks_, free_;
 };
 
-// Every table has n_rows pages; a sequence takes a row of pages (one of each table) per page_tokens tokens.
+// Each table has its own number of pages. A sequence takes a row of pages (one of each table) per page_tokens
+// tokens, and gives the window pages of rows it no longer reads back on their own (drop_window), so the window
+// table can be much smaller than the history table.
 class PagePool {
 public:
-    PagePool(StateMemory& memory, const StateLayout& layout, int64_t n_rows);
+    using Pages = std::array<int64_t, kPageTables>;  // pages of each table
+    PagePool(StateMemory& memory, const StateLayout& layout, Pages pages);
+    // n_rows pages in each table: every row can keep its window page.
+    PagePool(StateMemory& memory, const StateLayout& layout, int64_t n_rows)
+        : PagePool(memory, layout, Pages{n_rows, n_rows}) {}
     ~PagePool();
     PagePool(const PagePool&) = delete;
     PagePool& operator=(const PagePool&) = delete;
 
-    // Rows of pages that fit in `bytes` for this layout.
-    static int64_t rows_for_budget(const StateLayout& layout, int64_t bytes);
+    // Pages of each table that fit in `bytes` when at most `window_pages` window pages are needed at once (never
+    // more window pages than history pages).
+    static Pages pages_for_budget(const StateLayout& layout, int64_t bytes, int64_t window_pages);
 
     // Table t's pages: page id i at base(t) + i * layout().page_bytes[t].
     uint8_t* base(PageTable t) const { return base_[t]; }
-    int64_t capacity() const { return n_rows_; }
-    // Rows that can be taken now (the scarcest table's free pages).
-    int64_t free_rows() const;
-    int64_t used_rows() const { return capacity() - free_rows(); }
+    int64_t capacity(PageTable t = kHistoryPages) const { return capacity_[t]; }
+    int64_t free_pages(PageTable t) const { return static_cast<int64_t>(free_[t].size()); }
+    // Rows that can be taken now (the scarcer table's free pages).
+    int64_t free_rows() const { return std::min(free_pages(kHistoryPages), free_pages(kWindowPages)); }
+    int64_t used_pages(PageTable t = kHistoryPages) const { return capacity(t) - free_pages(t); }
     const StateLayout& layout() const { return layout_; }
     StateMemory& memory() { return memory_; }
 
@@ -58,6 +67,8 @@ public:
     void free(const PageRow& row);
     // Grows a sequence's page tables to cover n_tokens; false (and nothing allocated) if the pool is short.
     bool reserve(SeqState& s, int64_t n_tokens);
+    // The window pages of the sequence's rows [from_row, to_row) that it holds back to the pool.
+    void drop_window(SeqState& s, int64_t from_row, int64_t to_row);
     // Returns all of a sequence's pages and its carry slot.
     void release(SeqState& s);
 
@@ -71,7 +82,7 @@ private:
     void attach(SeqState& s) const;  // the sequence's table bases: this pool's
     StateMemory& memory_;
     StateLayout layout_;
-    int64_t n_rows_;
+    Pages capacity_;
     std::array<uint8_t*, kPageTables> base_{};
     std::array<std::vector<int32_t>, kPageTables> free_;
     CarryPool carries_;

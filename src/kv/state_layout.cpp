@@ -10,6 +10,7 @@ StateLayout make_state_layout(const StateSpec& spec, int page_tokens) {
     PEREGRINE_CHECK(page_tokens > 0, "pages need at least one token, not {}", page_tokens);
     StateLayout s;
     s.page_tokens = page_tokens;
+    s.window_tokens = spec.window_tokens;
     std::array<size_t, kPageTables> off{};  // bytes so far in a page of each table
     auto place = [&](const SectionSpec& in, PageTable table) {
         StateSection sec;

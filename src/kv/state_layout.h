@@ -14,6 +14,7 @@
 #include <cstddef>
 #include "util/error.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -41,6 +42,7 @@ struct LayerStateSpec {
 // The backbone's layers, then the draft stages'.
 struct StateSpec {
     std::vector<LayerStateSpec> layers;
+    int window_tokens = 0;  // a query reads the window entries of its last window_tokens positions (0: of all)
 };
 
 // ---- where it is
@@ -64,6 +66,7 @@ struct LayerStateLayout {
 
 struct StateLayout {
     int page_tokens = 0;
+    int window_tokens = 0;  // StateSpec::window_tokens
     std::array<size_t, kPageTables> page_bytes{};  // a page of each table
     size_t carry_bytes = 0;       // per sequence
     size_t snapshot_offset = 0;   // where a history page keeps the carry as of its last token
@@ -97,6 +100,13 @@ struct StateLayout {
         return page_ptr(st, kHistoryPages, row) + snapshot_offset;
     }
     int64_t pages_for(int64_t n_tokens) const { return (n_tokens + page_tokens - 1) / page_tokens; }
+    // The first row whose window entries a query at `pos` (or later) reads: the window pages of the rows before
+    // it are never read again.
+    int64_t window_first_row(int64_t pos) const {
+        return window_tokens > 0 ? std::max<int64_t>(0, pos - window_tokens + 1) / page_tokens : 0;
+    }
+    // Rows before a page boundary whose window pages a sequence resumed there needs (-1: all of them).
+    int64_t window_rows() const { return window_tokens > 0 ? pages_for(window_tokens - 1) : -1; }
     // A fresh sequence's carry (carry_bytes): pending values 0, gate scores -inf (an empty slot never wins).
     std::vector<uint8_t> initial_carry() const;
 };

@@ -76,6 +76,7 @@ public:
         const int D = c.head_dim, rd = c.rope_head_dim, ihd = c.index_head_dim;
         const EntryFormat latent = fp8_entry_format(D, D - rd, 64);
         StateSpec spec;
+        spec.window_tokens = c.window_size;
         for (const AttentionLayerInfo& a : layer_roles(c)) {
             LayerStateSpec L;
             L.window = {latent, 1};

@@ -123,6 +123,7 @@ public:
         const int D = c.head_dim;
         const EntryFormat window = fp8_entry_format(D, D, c.act_block);
         StateSpec spec;
+        spec.window_tokens = c.window_size;
         for (const AttentionLayerInfo& a : layer_roles(c)) {
             LayerStateSpec L;
             L.window = {window, 1};

@@ -129,6 +129,9 @@ struct ApiServer::Impl {
             r.content_type = "text/plain; version=0.0.4";
             r.body = prometheus_text(engine.stats(), opts.served_model_name);
         });
+        // SGLang's names for the same document.
+        for (const char* path : {"/server_info", "/get_server_info"})
+            route("GET", path, [this](const HttpRequest&, HttpResponse& r) { r.body = opts.server_info; });
         route("POST", "/flush_cache", [this](const HttpRequest&, HttpResponse& r) {
             r.body = dump(json{{"flushed_pages", engine.flush_cache()}});
         });

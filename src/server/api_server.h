@@ -19,6 +19,7 @@ struct ApiOptions {
     int64_t default_max_tokens = 0; // 0: up to the context length
     SamplingParams sampling_defaults;  // for the fields a request leaves out (--sampling-defaults)
     size_t max_body_bytes = 32u << 20;
+    std::string server_info = "{}";  // GET /server_info: the launch configuration, a JSON object
     // Testing aid: completions forced token by token (see scripted_output.h); null in normal serving.
     std::shared_ptr<ScriptedOutput> scripted_output;
 };

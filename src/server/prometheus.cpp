@@ -55,6 +55,14 @@ std::string prometheus_text(const EngineStats& s, const std::string& model_name)
     metric(o, "num_cached_pages", "gauge", "State pages owned by the prefix cache.", l,
            static_cast<double>(s.pages_cached));
     metric(o, "token_usage", "gauge", "Fraction of state pages held by live requests.", l, s.token_usage);
+    metric(o, "num_used_window_pages", "gauge", "Sliding-window pages in use (live requests and prefix cache).", l,
+           static_cast<double>(s.window_pages_used));
+    metric(o, "num_cached_window_pages", "gauge", "Sliding-window pages owned by the prefix cache.", l,
+           static_cast<double>(s.window_pages_cached));
+    metric(o, "swa_token_usage", "gauge", "Fraction of sliding-window pages held by live requests.", l,
+           s.window_pages_total ? static_cast<double>(s.window_pages_used - s.window_pages_evictable) /
+                                      static_cast<double>(s.window_pages_total)
+                                : 0.0);
     metric(o, "cache_hit_rate", "gauge", "Prompt tokens served from the prefix cache / prompt tokens.", l,
            s.cache_hit_rate);
     metric(o, "gen_throughput", "gauge", "Generated tokens per second (recent).", l, s.gen_throughput);

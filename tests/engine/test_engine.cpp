@@ -123,6 +123,64 @@ TEST(Engine, PrefixCacheHitGivesIdenticalOutput) {
     }
 }
 
+// Window pages: a running request holds its last window only, so a small window table serves requests many
+// times longer than it (preempting when short), and a finished request's window tail lets its next turn resume
+// exactly.
+TEST(Engine, WindowPagesGoBackAndTailsResumeExactly) {
+    for (const char* fx : {"dsv41-tiny-a", "dsv4-tiny-b"}) {
+        Model& m = model(fx);
+        const int P = m.layout().page_tokens;
+        const int64_t wr = m.layout().window_rows();
+        ASSERT_GT(wr, 0) << fx;
+        std::vector<std::vector<int32_t>> prompts, refs;
+        for (int i = 0; i < 5; ++i) {
+            prompts.push_back(prompt(fx, 4 * P + 3 + 5 * i, 7 * i));
+            refs.push_back(reference_greedy(m, prompts.back(), 2 * P));
+        }
+        const int64_t context = 16 * P;  // beyond what the fixtures declare: RoPE has no hard limit
+        {
+            EngineOptions o = opts(64);
+            o.context_length = context;
+            o.window_pages = 2 * (wr + 3);  // two requests' windows at once
+            Engine eng(m, nullptr, o);
+            std::vector<std::shared_ptr<RequestStream>> streams;
+            for (auto& p : prompts) streams.push_back(eng.submit(p, greedy(2 * P)));
+            for (size_t i = 0; i < streams.size(); ++i) {
+                auto d = streams[i]->wait();
+                ASSERT_EQ(d.finish, FinishReason::length) << fx << " " << d.error;
+                EXPECT_EQ(ids_of(d), refs[i]) << fx << " request " << i;
+            }
+            EXPECT_EQ(eng.stats().window_pages_total, o.window_pages);
+        }
+        // One request alone in a window table that holds a single window: its rows keep their history, few keep
+        // their window, its tail among them.
+        EngineOptions o = opts(64);
+        o.context_length = context;
+        o.window_pages = wr + 3;
+        Engine eng(m, nullptr, o);
+        const auto& p = prompts[0];
+        auto first = eng.submit(p, greedy(2 * P))->wait();
+        EXPECT_EQ(ids_of(first), refs[0]) << fx;
+        const int64_t known = static_cast<int64_t>(p.size()) + 2 * P - 1;  // the last token was never fed
+        EXPECT_EQ(eng.stats().pages_cached, known / P) << fx << ": every row's history";
+        EXPECT_LT(eng.stats().window_pages_cached, known / P) << fx;
+        EXPECT_GE(eng.stats().window_pages_cached, wr) << fx << ": at least the tail";
+        auto turn2 = p;
+        for (auto t : refs[0]) turn2.push_back(t);
+        turn2.push_back(p[1]);
+        auto t2 = eng.submit(turn2, greedy(6))->wait();
+        EXPECT_EQ(t2.cached_tokens, known / P * P) << fx;
+        EXPECT_EQ(ids_of(t2), reference_greedy(m, turn2, 6)) << fx;
+        // Leaving the path early, where no window was kept: nothing to resume from, the output unchanged.
+        auto fork = p;
+        fork.resize(static_cast<size_t>(2 * P));
+        fork.push_back(p[0]);
+        auto f = eng.submit(fork, greedy(4))->wait();
+        EXPECT_EQ(f.cached_tokens, 0) << fx;
+        EXPECT_EQ(ids_of(f), reference_greedy(m, fork, 4)) << fx;
+    }
+}
+
 TEST(Engine, RunningRequestsShareTheirPrefixPages) {
     for (const char* fx : {"dsv4-tiny-a", "dsv41-tiny-a"}) {
         Model& m = model(fx);

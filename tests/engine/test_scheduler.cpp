@@ -58,7 +58,7 @@ struct Harness {
     std::vector<RequestPtr> requests;
 
     Harness(int64_t pages, SchedulerOptions o)
-        : kv(memory, layout(), pages, true), output(scheduler, nullptr, -1, kVocab, o.context_length),
+        : kv(memory, layout(), {pages, pages}, true), output(scheduler, nullptr, -1, kVocab, o.context_length),
           scheduler(kv, o, output) {}
 
     RequestPtr submit(int prompt_len, int max_new, int first = 1) {

@@ -106,7 +106,7 @@ TEST(PagePool, RestoreTakesThePagesSnapshot) {
     SeqState a;
     pool.init(a);
     ASSERT_TRUE(pool.reserve(a, 16));
-    EXPECT_EQ(pool.used_rows(), 2);
+    EXPECT_EQ(pool.used_pages(), 2);
     a.tokens.assign(16, 7);
     a.n_cached = 16;
     // What a compressor would have left in page 1's snapshot at its last token.

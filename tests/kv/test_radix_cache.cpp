@@ -45,7 +45,7 @@ TEST(RadixCache, MatchesWholePagesOnly) {
     cache.insert(t, pages, 2);
     pool.free(pages[2]);
     EXPECT_EQ(cache.stats().cached_pages, 2);
-    EXPECT_EQ(pool.used_rows(), 2);
+    EXPECT_EQ(pool.used_pages(), 2);
 
     auto m = cache.match(t, 100);
     EXPECT_EQ(m.pages, std::vector<PageRow>(pages.begin(), pages.begin() + 2));
@@ -77,7 +77,7 @@ TEST(RadixCache, DuplicatePagesReturnToPool) {
     auto again = take(pool, 3);  // a second sequence computed the same prefix concurrently
     cache.insert(t, again, 3);
     EXPECT_EQ(cache.stats().cached_pages, 3);
-    EXPECT_EQ(pool.used_rows(), 3);
+    EXPECT_EQ(pool.used_pages(), 3);
 }
 
 TEST(RadixCache, SharedPrefixBranches) {
@@ -95,7 +95,7 @@ TEST(RadixCache, SharedPrefixBranches) {
     cache.insert(b, pb, 3);
     cache.unlock(m.last);
     EXPECT_EQ(cache.stats().cached_pages, 4);
-    EXPECT_EQ(pool.used_rows(), 4);
+    EXPECT_EQ(pool.used_pages(), 4);
     EXPECT_EQ(cache.match(a, 100).pages, pa);
 }
 
@@ -119,10 +119,10 @@ TEST(RadixCache, EvictsLeastRecentlyUsedUnreferencedLeaves) {
 
     EXPECT_EQ(cache.evict(100), 2);  // only a remains evictable
     EXPECT_EQ(cache.stats().cached_pages, 2);
-    EXPECT_EQ(pool.used_rows(), 2);
+    EXPECT_EQ(pool.used_pages(), 2);
     cache.unlock(held.last);
     EXPECT_EQ(cache.clear(), 2);
-    EXPECT_EQ(pool.used_rows(), 0);
+    EXPECT_EQ(pool.used_pages(), 0);
 }
 
 TEST(RadixCache, ParentOfLockedChildIsNotEvicted) {
@@ -164,9 +164,9 @@ TEST(RadixCache, RunningSequenceSharesPagesAndKeepsDuplicatesPrivate) {
     EXPECT_EQ(cache.stats().cached_pages, 4);
 
     cache.insert(t, b, 4);  // b finishes: its duplicates go back to the pool
-    EXPECT_EQ(pool.used_rows(), 4);
+    EXPECT_EQ(pool.used_pages(), 4);
     cache.insert(t, a, 4);  // a finishes: its pages are the cached ones
     cache.unlock(la);
     EXPECT_EQ(cache.stats().evictable_pages, 4);
-    EXPECT_EQ(pool.used_rows(), 4);
+    EXPECT_EQ(pool.used_pages(), 4);
 }

@@ -394,12 +394,13 @@ void CudaBackend::fill_state_random(const PagePool& pool, uint64_t seed) {
         const int64_t page_bytes = static_cast<int64_t>(layout.page_bytes[static_cast<size_t>(t)]);
         uint8_t* p = pool.base(static_cast<PageTable>(t));
         if (!p) continue;
-        fill_random_bf16(reinterpret_cast<float*>(p), pool.capacity() * page_bytes / 4, seed + static_cast<uint64_t>(t));
+        const int64_t pages = pool.capacity(static_cast<PageTable>(t));
+        fill_random_bf16(reinterpret_cast<float*>(p), pages * page_bytes / 4, seed + static_cast<uint64_t>(t));
         // The entries are packed: random bytes become valid codes and scales.
         for (const auto& L : layout.layers)
             for (const StateSection* sec : {&L.window, &L.comp, &L.index_k})
                 if (sec->present() && sec->table == t)
-                    sanitize_entries(p, pool.capacity(), page_bytes, static_cast<int64_t>(sec->offset),
+                    sanitize_entries(p, pages, page_bytes, static_cast<int64_t>(sec->offset),
                                      sec->entries_per_page, sec->format);
     }
     PG_CUDA(cudaDeviceSynchronize());

@@ -22,22 +22,34 @@ inline std::vector<int64_t> parse_list(const std::string& s) {
 
 class CachedSequences {
 public:
-    // `n_seqs` sequences of `ctx` cached tokens, with pages for `extra` more tokens each.
+    // `n_seqs` sequences of `ctx` cached tokens, with pages for `extra` more tokens each; as in serving, window
+    // pages only for the rows their queries read.
     CachedSequences(Model& m, Diagnostics& be, int n_seqs, int64_t ctx, int64_t extra)
         : pages_per_seq_(m.layout().pages_for(ctx + extra)),
-          pool_(m.backend().state_memory(), m.layout(), pages_per_seq_ * n_seqs),
+          pool_(m.backend().state_memory(), m.layout(),
+                {pages_per_seq_ * n_seqs, (pages_per_seq_ - m.layout().window_first_row(ctx)) * n_seqs}),
           seqs_(static_cast<size_t>(n_seqs)) {
         const StateLayout& L = m.layout();
         be.fill_state_random(pool_, 12345);
+        const int64_t window_from = L.window_first_row(ctx);
         for (int s = 0; s < n_seqs; ++s) {
             SeqState& st = seqs_[static_cast<size_t>(s)];
             pool_.init(st);
-            PEREGRINE_CHECK(pool_.reserve(st, pages_per_seq_ * L.page_tokens), "bench: page pool too small");
+            for (int64_t r = 0; r < pages_per_seq_; ++r) {
+                PEREGRINE_CHECK(pool_.reserve(st, (r + 1) * L.page_tokens), "bench: page pool too small");
+                if (r < window_from) pool_.drop_window(st, r, r + 1);
+            }
             st.tokens.resize(static_cast<size_t>(ctx));
             for (int64_t i = 0; i < ctx; ++i)
                 st.tokens[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + s) % 100000 + 100);
             st.n_cached = ctx;
         }
+    }
+    // State bytes such sequences hold.
+    static int64_t bytes(const StateLayout& L, int n_seqs, int64_t ctx, int64_t extra) {
+        const int64_t rows = L.pages_for(ctx + extra);
+        return n_seqs * (rows * static_cast<int64_t>(L.page_bytes[kHistoryPages]) +
+                         (rows - L.window_first_row(ctx)) * static_cast<int64_t>(L.page_bytes[kWindowPages]));
     }
     // The next step: `rows` new tokens of every sequence; `logit_rows` gets each sequence's last row.
     ForwardBatch next_batch(int rows, std::vector<int>& logit_rows) {

@@ -209,11 +209,16 @@ int run_bench(const BenchArgs& a) {
     std::printf("measured device-to-device copy: %.0f GB/s (read + write); FP8 dense peak (datasheet): %.0f TFLOP/s\n",
                 bw, kFp8DensePeakTflops);
     const StateBytes sb = state_bytes(*model);
+    const StateLayout& layout = model->layout();
+    const int64_t window_bytes = (layout.window_rows() + 1) * static_cast<int64_t>(layout.page_bytes[kWindowPages]);
     std::printf("state (packed entries): %.0f B/token (window K=V %.0f, compressed latents %.0f, indexer keys %.0f); "
-                "pages of %d tokens: %zu B (window %zu, history %zu; %.0f B/token with padding and the carry snapshot)\n",
-                sb.total(), sb.window, sb.comp, sb.index, model->layout().page_tokens, model->layout().row_bytes(),
-                model->layout().page_bytes[kWindowPages], model->layout().page_bytes[kHistoryPages],
-                static_cast<double>(model->layout().row_bytes()) / model->layout().page_tokens);
+                "pages of %d tokens: %zu B (window %zu, history %zu); held: %.0f B/token of history (with padding "
+                "and the carry snapshot) + %lld window pages (%.0f KiB) per sequence\n",
+                sb.total(), sb.window, sb.comp, sb.index, layout.page_tokens, layout.row_bytes(),
+                layout.page_bytes[kWindowPages], layout.page_bytes[kHistoryPages],
+                static_cast<double>(layout.page_bytes[kHistoryPages]) / layout.page_tokens,
+                static_cast<long long>(layout.window_rows() + 1),
+                static_cast<double>(window_bytes) / 1024);
     std::printf("CUDA graphs (PEREGRINE_CUDA_GRAPHS): %s\n",
                 be.graphs() ? "on (decode attention and MoE blocks)" : "off");
     if (a.overlap)
@@ -230,7 +235,10 @@ int run_bench(const BenchArgs& a) {
     out["cuda_graphs"] = be.graphs();
     out["fp8_dense_peak_tflops"] = kFp8DensePeakTflops;
     out["state_bytes_per_token"] = {
-        {"window", sb.window}, {"compressed", sb.comp}, {"indexer", sb.index}, {"total", sb.total()}};
+        {"window", sb.window}, {"compressed", sb.comp}, {"indexer", sb.index}, {"total", sb.total()},
+        {"held_history_per_token",
+         static_cast<double>(layout.page_bytes[kHistoryPages]) / layout.page_tokens},
+        {"held_window_per_sequence", window_bytes}};
     auto save = [&] {  // after every point, so that a run cut short still leaves its results
         if (a.json.empty()) return;
         const std::string text = out.dump(2);
@@ -270,8 +278,8 @@ int run_bench(const BenchArgs& a) {
         bool skip_rest = false;
         for (int64_t B : parse_list(a.decode_batches)) {
             nlohmann::json row{{"mode", "decode"}, {"batch", B}, {"context", ctx}};
-            const int64_t pages = B * model->layout().pages_for(ctx + a.steps + 3);
-            const double need = static_cast<double>(pages) * model->layout().row_bytes();
+            const double need = static_cast<double>(
+                CachedSequences::bytes(model->layout(), static_cast<int>(B), ctx, a.steps + 3));
             if (skip_rest || need > 0.85 * static_cast<double>(be.free_memory())) {
                 row["skipped"] = skip_rest ? "previous batch exceeded --max-step-seconds" : "state pages do not fit";
                 std::printf("%-8lld %-8lld %10s\n", static_cast<long long>(B), static_cast<long long>(ctx),
@@ -290,7 +298,12 @@ int run_bench(const BenchArgs& a) {
                         static_cast<long long>(ctx), r.ms, B / sec, gbs, 100.0 * gbs / bw, tflops);
             std::printf("    ops (ms):%s\n", ops_line(r.ops, r.ms).c_str());
             std::printf("%s", host_line(r).c_str());
-            row.update({{"ms_per_step", r.ms},
+            // Without window release every row would keep its window page.
+            const double full_rows = static_cast<double>(B * model->layout().pages_for(ctx + a.steps + 3)) *
+                                     static_cast<double>(model->layout().row_bytes());
+            row.update({{"state_gb", need / 1e9},
+                        {"state_gb_every_window_page", full_rows / 1e9},
+                        {"ms_per_step", r.ms},
                         {"host_wait_ms", r.wait_ms},
                         {"tokens_per_s", B / sec},
                         {"bytes", k.weight_bytes + k.state_bytes},

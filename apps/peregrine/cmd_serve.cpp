@@ -33,6 +33,7 @@ struct ServeArgs {
     std::string model, tokenizer, host = "127.0.0.1", served_model_name, kv_memory = "0.05", api_key,
         log_level = "info", device = "cpu", scripted_output, synthetic, sampling_defaults = "model";
     int64_t swa_prefix_tails = -1;
+    double shutdown_timeout = 30;
     int port = 30000, max_running = 64, max_queued = 1024, chunked_prefill = 512, page_tokens = 16, dp = 1, ep = 1;
     int synthetic_layers = 4, synthetic_experts = 384;
     ExpertParallelOptions ep_opts;
@@ -243,6 +244,10 @@ int run_serve(ServeArgs& a) {
         int sig = 0;
         sigwait(&stop_signals, &sig);
         if (finished) return;
+        // Graceful: no new generations, those running finish within the deadline (or are cancelled).
+        const int cancelled = server.drain(std::chrono::milliseconds(static_cast<int64_t>(a.shutdown_timeout * 1e3)));
+        std::fprintf(stderr, "peregrine serve: shutting down (%d request%s cancelled at the deadline)\n", cancelled,
+                     cancelled == 1 ? "" : "s");
         server.stop();
         // Idle keep-alive connections hold pool threads until their timeout; nothing is lost by not
         // waiting for them (all state is in memory).
@@ -287,6 +292,9 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
                     "Finished sequences' last windows the window pages are sized to keep cached (default: "
                     "--max-running-requests)")
         ->check(CLI::Range(0, 1 << 24));
+    cmd->add_option("--shutdown-timeout", a->shutdown_timeout,
+                    "Seconds running requests get to finish after SIGTERM/SIGINT before they are cancelled")
+        ->check(CLI::Range(0.0, 86400.0));
     cmd->add_option("--context-length", a->context_length,
                     "Longest sequence (default: max_position_embeddings; at least 8192 with the byte tokenizer)");
     cmd->add_option("--default-max-tokens", a->default_max_tokens,

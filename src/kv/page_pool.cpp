@@ -56,7 +56,8 @@ PagePool::~PagePool() {
 }
 
 PagePool::Pages PagePool::pages_for_budget(const StateLayout& layout, int64_t bytes, int64_t window_pages) {
-    const auto history = static_cast<int64_t>(layout.page_bytes[kHistoryPages]);
+    // A model whose layers keep only windows has empty history pages: count what their table entry costs.
+    const auto history = std::max<int64_t>(static_cast<int64_t>(layout.page_bytes[kHistoryPages]), 64);
     const auto window = static_cast<int64_t>(layout.page_bytes[kWindowPages]);
     const int64_t rows = bytes / static_cast<int64_t>(layout.row_bytes());
     if (window_pages >= rows) return {rows, rows};

@@ -5,6 +5,7 @@
 #include "server/protocol/output_parser.h"
 #include "server/protocol/prompt_render.h"
 #include "server/request_params.h"
+#include "server/request_registry.h"
 #include "server/scripted_output.h"
 #include "server/structured_output.h"
 #include "server/tool_call_grammar.h"
@@ -15,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <random>
+#include <thread>
 
 namespace peregrine {
 
@@ -115,6 +117,8 @@ struct ApiServer::Impl {
     HttpServer http;
     ParamLimits limits;
     StructuredOutput structured;
+    RequestRegistry inflight;
+    std::atomic<bool> draining{false};  // shutting down: no new generations
 
     Impl(Engine& e, const Tokenizer& t, ApiOptions o)
         : engine(e), tok(t), opts(std::move(o)), http(make_http_options(opts)),
@@ -123,7 +127,8 @@ struct ApiServer::Impl {
         limits.context_length = engine.context_length();
         limits.default_max_tokens = opts.default_max_tokens;
         limits.sampling_defaults = opts.sampling_defaults;
-        route("GET", "/health", [](const HttpRequest&, HttpResponse& r) { r.body = "{\"status\":\"ok\"}"; }, false);
+        route("GET", "/health", [this](const HttpRequest&, HttpResponse& r) { health(r); }, false);
+        route("GET", "/health_generate", [this](const HttpRequest&, HttpResponse& r) { health_generate(r); }, false);
         route("GET", "/v1/models", [this](const HttpRequest&, HttpResponse& r) { models(r); });
         route("GET", "/metrics", [this](const HttpRequest&, HttpResponse& r) {
             r.content_type = "text/plain; version=0.0.4";
@@ -131,7 +136,8 @@ struct ApiServer::Impl {
         });
         // SGLang's names for the same document.
         for (const char* path : {"/server_info", "/get_server_info"})
-            route("GET", path, [this](const HttpRequest&, HttpResponse& r) { r.body = opts.server_info; });
+            route("GET", path, [this](const HttpRequest&, HttpResponse& r) { server_info(r); });
+        route("POST", "/abort_request", [this](const HttpRequest& q, HttpResponse& r) { abort_request(q, r); });
         route("POST", "/flush_cache", [this](const HttpRequest&, HttpResponse& r) {
             r.body = dump(json{{"flushed_pages", engine.flush_cache()}});
         });
@@ -194,6 +200,75 @@ struct ApiServer::Impl {
         }, gate);
     }
 
+    void health(HttpResponse& r) {
+        if (draining) {
+            r.status = 503;
+            r.body = R"({"status":"shutting down"})";
+            return;
+        }
+        r.body = R"({"status":"ok"})";
+    }
+
+    // Proves the engine runs: one generated token within the timeout (SGLang's /health_generate).
+    void health_generate(HttpResponse& r) {
+        const auto t0 = std::chrono::steady_clock::now();
+        GenerationParams g;
+        g.sampling.temperature = 0.0f;
+        g.max_new_tokens = 1;
+        g.ignore_eos = true;
+        std::shared_ptr<RequestStream> s;
+        try {
+            if (!draining) s = engine.submit({0}, g);
+        } catch (const Error&) {  // a full queue: the engine is busy, not healthy enough to take one more
+        }
+        RequestDelta d;
+        const bool done = s && s->wait_for(d, opts.health_generate_timeout);
+        if (s && !done) s->cancel();
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        const bool ok = done && d.finish != FinishReason::error && d.completion_tokens == 1;
+        r.status = ok ? 200 : 503;
+        r.body = dump(json{{"status", ok ? "ok" : draining ? "shutting down" : "unhealthy"}, {"ms", ms}});
+    }
+
+    // The launch configuration, then the queue and the state memory as they are now.
+    void server_info(HttpResponse& r) {
+        json info = json::parse(opts.server_info);
+        const EngineStats st = engine.stats();
+        info["status"] = draining ? "shutting down" : "serving";
+        info["num_running_reqs"] = st.running;
+        info["num_queue_reqs"] = st.queued;
+        info["state"] = {{"pages_total", st.pages_total},     {"pages_used", st.pages_used},
+                         {"pages_cached", st.pages_cached},   {"window_pages_total", st.window_pages_total},
+                         {"window_pages_used", st.window_pages_used}, {"window_pages_cached", st.window_pages_cached},
+                         {"token_usage", st.token_usage},     {"cache_hit_rate", st.cache_hit_rate}};
+        r.body = dump(info);
+    }
+
+    // SGLang's /abort_request: {"rid": ID} cancels that request (an OpenAI response id, or /generate's rid);
+    // {"abort_all": true} cancels every one.
+    void abort_request(const HttpRequest& q, HttpResponse& r) {
+        ojson body = parse_body(q.body);
+        const bool all = get_bool(body, "abort_all").value_or(false);
+        auto it = body.find("rid");
+        if (!all && (it == body.end() || !it->is_string()))
+            throw ApiError(400, "give 'rid' (a string) or 'abort_all': true", "rid");
+        r.body = dump(json{{"aborted", inflight.abort(all ? std::string() : it->get<std::string>())}});
+    }
+
+    // Stops admitting generations, waits up to `timeout` for those in flight, cancels the rest; returns how many
+    // were cancelled.
+    int drain(std::chrono::milliseconds timeout) {
+        draining = true;
+        const auto end = std::chrono::steady_clock::now() + timeout;
+        while (inflight.alive() > 0 && std::chrono::steady_clock::now() < end)
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        const int cancelled = inflight.abort("");
+        // Their handlers write the final chunk (finish_reason "abort") and let go.
+        for (int i = 0; i < 100 && inflight.alive() > 0; ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        return cancelled;
+    }
+
     void models(HttpResponse& r) {
         json m = {{"id", opts.served_model_name},
                   {"object", "model"},
@@ -218,6 +293,7 @@ struct ApiServer::Impl {
     }
 
     std::shared_ptr<RequestStream> submit(std::vector<int32_t> ids, GenerationParams g, const char* param) {
+        if (draining) throw ApiError(503, "the server is shutting down", {}, "service_unavailable");
         try {
             return engine.submit(std::move(ids), std::move(g));
         } catch (const QueueFullError&) {
@@ -357,6 +433,7 @@ struct ApiServer::Impl {
             throw;
         }
         const std::string id = random_id("cmpl-");
+        inflight.add(id, streams);
         const int64_t created = unix_now();
         auto lp_json = [&](const std::vector<TokenOutput>& toks, size_t offset0) {
             json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
@@ -590,6 +667,7 @@ struct ApiServer::Impl {
         const OutputParserOptions popts = output_parser_options(req, opts.chat_format);
         const bool with_reasoning = reports_reasoning(popts.start);
         const std::string id = random_id("chatcmpl-");
+        inflight.add(id, streams);
         const int64_t created = unix_now();
         const std::string model = opts.served_model_name;
         if (!req.stream) {
@@ -742,6 +820,7 @@ struct ApiServer::Impl {
         const OutputParserOptions popts = output_parser_options(p.req, opts.chat_format);
         const std::vector<std::string> stops = p.req.stop;
         const std::string id = random_id("msg_");
+        inflight.add(id, {s});
         const std::string model = opts.served_model_name;
         auto tool_ids = [](int) { return random_id("toolu_"); };
         if (!p.req.stream) {
@@ -857,6 +936,7 @@ struct ApiServer::Impl {
         auto s = submit(ids, g, "input_ids");
         const std::string rid =
             body.contains("rid") && body["rid"].is_string() ? body["rid"].get<std::string>() : random_id("");
+        inflight.add(rid, {s});
         const auto t0 = std::chrono::steady_clock::now();
         auto result = [rid, t0, this](const RequestDelta& total, const std::string& text,
                                       const std::vector<int32_t>& out_ids, bool logprob) {
@@ -922,5 +1002,6 @@ ApiServer::~ApiServer() = default;
 int ApiServer::bind(const std::string& host, int port) { return impl_->http.bind(host, port); }
 void ApiServer::run() { impl_->http.run(); }
 void ApiServer::stop() { impl_->http.stop(); }
+int ApiServer::drain(std::chrono::milliseconds timeout) { return impl_->drain(timeout); }
 
 }  // namespace peregrine

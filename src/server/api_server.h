@@ -6,6 +6,7 @@
 #include "server/protocol/chat_format.h"
 #include "server/scripted_output.h"
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -20,6 +21,7 @@ struct ApiOptions {
     SamplingParams sampling_defaults;  // for the fields a request leaves out (--sampling-defaults)
     size_t max_body_bytes = 32u << 20;
     std::string server_info = "{}";  // GET /server_info: the launch configuration, a JSON object
+    std::chrono::milliseconds health_generate_timeout{20000};
     // Testing aid: completions forced token by token (see scripted_output.h); null in normal serving.
     std::shared_ptr<ScriptedOutput> scripted_output;
 };
@@ -31,6 +33,9 @@ public:
     int bind(const std::string& host, int port);
     void run();
     void stop();
+    // Graceful shutdown's first half: new generations get 503, those in flight get up to `timeout` to finish,
+    // the rest are cancelled. Returns how many were cancelled.
+    int drain(std::chrono::milliseconds timeout);
 
 private:
     struct Impl;

@@ -266,4 +266,13 @@ TEST(CacheManager, WindowPagesSizedFromTheRunningCap) {
     const int64_t bytes = 100 * (history + window);
     EXPECT_EQ(PagePool::pages_for_budget(L, bytes, 1000), (PagePool::Pages{100, 100}));
     EXPECT_EQ(PagePool::pages_for_budget(L, bytes, 20), (PagePool::Pages{(bytes - 20 * window) / history, 20}));
+    // Window-only layers: empty history pages.
+    StateSpec spec;
+    spec.window_tokens = W;
+    spec.layers.resize(1);
+    spec.layers[0].window = {fp8_entry_format(64, 64, 32), 1};
+    const StateLayout windows_only = make_state_layout(spec, P);
+    ASSERT_EQ(windows_only.page_bytes[kHistoryPages], 0u);
+    const auto w1 = static_cast<int64_t>(windows_only.page_bytes[kWindowPages]);
+    EXPECT_EQ(PagePool::pages_for_budget(windows_only, 100 * w1, 20), (PagePool::Pages{80 * w1 / 64, 20}));
 }

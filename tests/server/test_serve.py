@@ -5,6 +5,7 @@ import http.client
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import threading
@@ -495,3 +496,87 @@ def test_generation_config_gives_the_sampling_defaults(tmp_path):
     proc = subprocess.run([BIN, "serve", "--port", "0", "--model", str(tmp_path)], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode != 0 and "generation_config.json" in proc.stderr and "temperature" in proc.stderr
+
+
+def test_health_generate_server_info_and_abort_request(server):
+    status, body = server.raw("GET", "/health_generate")
+    assert status == 200 and json.loads(body)["status"] == "ok", body
+    status, body = server.raw("GET", "/server_info")
+    info = json.loads(body)
+    assert status == 200 and info["status"] == "serving" and info["page_size"] == 16, info
+    assert info["max_total_num_tokens"] == server.metrics()["max_total_num_tokens"]
+    assert {"num_running_reqs", "num_queue_reqs", "state"} <= info.keys()
+    assert server.raw("GET", "/get_server_info")[0] == 200
+
+    # A long generation aborted by its rid ends at once with finish_reason "abort".
+    got = {}
+
+    def long_request():
+        got["r"] = server.raw("POST", "/generate", {"input_ids": [5, 6, 7], "rid": "abort-me", "sampling_params": {
+            "temperature": 0, "max_new_tokens": 200, "ignore_eos": True}})
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    aborted = 0
+    for _ in range(200):
+        status, body = server.raw("POST", "/abort_request", {"rid": "abort-me"})
+        assert status == 200, body
+        aborted = json.loads(body)["aborted"]
+        if aborted:
+            break
+        time.sleep(0.02)
+    t.join(30)
+    assert aborted == 1
+    status, body = got["r"]
+    r = json.loads(body)
+    assert status == 200 and r["meta_info"]["finish_reason"]["type"] == "abort", r
+    assert len(r["output_ids"]) < 200
+    status, body = server.raw("POST", "/abort_request", {})
+    assert status == 400 and json.loads(body)["error"]["param"] == "rid"
+    assert json.loads(server.raw("POST", "/abort_request", {"abort_all": True})[1])["aborted"] == 0
+
+
+def test_sigterm_lets_running_requests_finish():
+    s = Server("--kv-memory", "64M")
+    got = {}
+
+    def request():
+        got["r"] = s.raw("POST", "/generate", {"input_ids": [5, 6, 7], "sampling_params": {
+            "temperature": 0, "max_new_tokens": 40, "ignore_eos": True}})
+
+    t = threading.Thread(target=request)
+    t.start()
+    while json.loads(s.raw("GET", "/server_info")[1])["num_running_reqs"] == 0:
+        time.sleep(0.01)
+    s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    # Draining: no new generation, and /health tells load balancers to go elsewhere.
+    status, body = s.raw("POST", "/generate", {"input_ids": [1], "sampling_params": {"max_new_tokens": 1}})
+    assert status == 503, body
+    assert s.raw("GET", "/health")[0] == 503
+    t.join(60)
+    status, body = got["r"]
+    r = json.loads(body)
+    assert status == 200 and len(r["output_ids"]) == 40 and r["meta_info"]["finish_reason"]["type"] == "length", r
+    assert s.proc.wait(30) == 0
+
+
+def test_sigterm_cancels_what_outlasts_the_shutdown_timeout():
+    s = Server("--kv-memory", "64M", "--shutdown-timeout", "0.5", "--context-length", "100000")
+    got = {}
+
+    def request():
+        got["r"] = s.raw("POST", "/generate", {"input_ids": [5, 6, 7], "sampling_params": {
+            "temperature": 0, "max_new_tokens": 50000, "ignore_eos": True}})
+
+    t = threading.Thread(target=request)
+    t.start()
+    while json.loads(s.raw("GET", "/server_info")[1])["num_running_reqs"] == 0:
+        time.sleep(0.01)
+    t0 = time.time()
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(30) == 0
+    assert time.time() - t0 < 5
+    t.join(10)
+    status, body = got["r"]
+    assert status == 200 and json.loads(body)["meta_info"]["finish_reason"]["type"] == "abort", body

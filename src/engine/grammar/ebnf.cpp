@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 
+#include "engine/grammar/budget.h"
 #include "engine/grammar/builder.h"
 #include "engine/grammar/regex.h"
 #include "util/error.h"
@@ -341,6 +342,7 @@ Grammar ebnf_grammar(const std::string& text, const std::string& root_rule,
         if (rec) rule_ids[name] = b.declare_rule(name);
 
     std::function<Frag(const Expr&)> emit = [&](const Expr& e) -> Frag {
+        poll_budget();  // inlining rules can multiply the work
         switch (e.kind) {
             case Expr::kBytes: return b.literal(e.text);
             case Expr::kSet: return b.codepoints(e.set);

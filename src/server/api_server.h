@@ -5,6 +5,7 @@
 #include "server/http_server.h"
 #include "server/protocol/chat_format.h"
 #include "server/scripted_output.h"
+#include "server/structured_output.h"
 
 #include <memory>
 #include <string>
@@ -19,6 +20,7 @@ struct ApiOptions {
     int64_t default_max_tokens = 0; // 0: up to the context length
     SamplingParams sampling_defaults;  // for the fields a request leaves out (--sampling-defaults)
     size_t max_body_bytes = 32u << 20;
+    GrammarCompileOptions grammar;  // compile threads, queue and time budget for request grammars
     // Testing aid: completions forced token by token (see scripted_output.h); null in normal serving.
     std::shared_ptr<ScriptedOutput> scripted_output;
 };

@@ -33,24 +33,30 @@ double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std
 
 }  // namespace
 
+// Wall-clock slack for a loaded machine (the suite runs beside builds on two cores): the budget is polled
+// every few microseconds of work, so the slack is all scheduling.
+constexpr double kSlackMs = 300;
+
 TEST(CompileBudget, TimeLimitStopsWithinSlack) {
     GrammarCompiler compiler(test::synthetic_vocab());
+    const ConstraintSpec spec = slow_spec();
     CompileBudget budget(200ms);
     budget.start();
     BudgetScope scope(&budget);
     const auto t0 = Clock::now();
     try {
-        compiler.compile(slow_spec());
+        compiler.compile(spec);
         FAIL() << "compiled within the budget";
     } catch (const GrammarTooComplex& e) {
         EXPECT_TRUE(e.time_limit());
         EXPECT_NE(std::string(e.what()).find("200 ms"), std::string::npos) << e.what();
     }
-    EXPECT_LT(ms_since(t0), 200 + 150);
+    EXPECT_LT(ms_since(t0), 200 + kSlackMs);
 }
 
 TEST(CompileBudget, CancelStopsEarly) {
     GrammarCompiler compiler(test::synthetic_vocab());
+    const ConstraintSpec spec = slow_spec();
     auto cancel = std::make_shared<std::atomic<bool>>(false);
     CompileBudget budget(0ms, cancel);  // no time limit
     budget.start();
@@ -60,25 +66,26 @@ TEST(CompileBudget, CancelStopsEarly) {
         cancel->store(true);
     });
     const auto t0 = Clock::now();
-    EXPECT_THROW(compiler.compile(slow_spec()), CompileCancelled);
+    EXPECT_THROW(compiler.compile(spec), CompileCancelled);
     const double ms = ms_since(t0);
     canceller.join();
-    EXPECT_LT(ms, 50 + 150);
+    EXPECT_LT(ms, 50 + kSlackMs);
     EXPECT_EQ(compiler.cached(), 0u);  // a cancelled compilation leaves nothing behind
 }
 
-TEST(CompileBudget, TooComplexIsRememberedCancelledIsNot) {
+TEST(CompileBudget, TooComplexIsRemembered) {
     GrammarCompiler compiler(test::synthetic_vocab());
+    const ConstraintSpec spec = slow_spec();
     {
         CompileBudget budget(100ms);
         budget.start();
         BudgetScope scope(&budget);
-        EXPECT_THROW(compiler.compile(slow_spec()), GrammarTooComplex);
+        EXPECT_THROW(compiler.compile(spec), GrammarTooComplex);
     }
-    // Asking again answers at once, without spending the budget a second time.
+    // Asking again answers from the cache, with no budget at all (a new compilation would take minutes).
     const auto t0 = Clock::now();
-    EXPECT_THROW(compiler.compile(slow_spec()), GrammarTooComplex);
-    EXPECT_LT(ms_since(t0), 50);
+    EXPECT_THROW(compiler.compile(spec), GrammarTooComplex);
+    EXPECT_LT(ms_since(t0), kSlackMs);
 }
 
 TEST(CompileBudget, StateLimitsAreTooComplexNamingTheLimit) {

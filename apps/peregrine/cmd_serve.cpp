@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -36,6 +37,8 @@ struct ServeArgs {
     double shutdown_timeout = 30;
     int port = 30000, max_running = 64, max_queued = 1024, chunked_prefill = 512, page_tokens = 16, dp = 1, ep = 1;
     int synthetic_layers = 4, synthetic_experts = 384;
+    int grammar_compile_threads = 2, grammar_compile_queue = 32;
+    double grammar_compile_timeout = 5.0;
     ExpertParallelOptions ep_opts;
     int64_t context_length = 0, default_max_tokens = 0;
     bool disable_radix_cache = false, enable_thinking = false, disable_overlap_schedule = false;
@@ -187,6 +190,9 @@ int run_serve(ServeArgs& a) {
         a.synthetic.empty() ? chat_format_from_model_dir(a.model) : chat_format_from_model_type(cfg.model_type);
     ao.default_thinking = a.enable_thinking;
     ao.default_max_tokens = a.default_max_tokens;
+    ao.grammar.threads = a.grammar_compile_threads;
+    ao.grammar.max_queued = static_cast<size_t>(a.grammar_compile_queue);
+    ao.grammar.timeout = std::chrono::milliseconds(std::llround(a.grammar_compile_timeout * 1000));
     // The model's generation_config.json fills the sampling fields a request leaves out (SGLang's default).
     GenerationConfig gen;
     if (a.sampling_defaults == "model" && a.synthetic.empty()) gen = read_generation_config(a.model);
@@ -304,6 +310,15 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
         ->check(CLI::IsMember({"model", "openai"}));
     cmd->add_option("--page-tokens", a->page_tokens, "Tokens per state page (prefix-cache granularity)")
         ->check(CLI::Range(1, 4096));
+    cmd->add_option("--grammar-compile-threads", a->grammar_compile_threads,
+                    "Threads compiling request grammars (response_format, regex, ebnf, tool calls)")
+        ->check(CLI::Range(1, 256));
+    cmd->add_option("--grammar-compile-queue", a->grammar_compile_queue,
+                    "Compilations that may wait for a compile thread; beyond, requests get 429")
+        ->check(CLI::Range(0, 1 << 20));
+    cmd->add_option("--grammar-compile-timeout", a->grammar_compile_timeout,
+                    "Seconds one grammar may take to compile before the request gets 400 (0: no limit)")
+        ->check(CLI::Range(0.0, 3600.0));
     cmd->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY'");
     cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error");
     cmd->add_flag("--disable-radix-cache", a->disable_radix_cache, "No prefix cache");

@@ -122,7 +122,7 @@ struct ApiServer::Impl {
 
     Impl(Engine& e, const Tokenizer& t, ApiOptions o)
         : engine(e), tok(t), opts(std::move(o)), http(make_http_options(opts)),
-          structured(t, e.model().config().vocab_size, e.model().config().eos_token_id) {
+          structured(t, e.model().config().vocab_size, e.model().config().eos_token_id, opts.grammar) {
         limits.vocab = engine.model().config().vocab_size;
         limits.context_length = engine.context_length();
         limits.default_max_tokens = opts.default_max_tokens;
@@ -305,15 +305,34 @@ struct ApiServer::Impl {
 
     std::vector<int32_t> encode_text(const std::string& text) const { return tok.encode(text, true, true); }
 
-    // Compiles a request's constraint here, on the HTTP thread (cached), so the engine loop never waits
-    // on it; errors (bad syntax, unsupported schema features) are 400s naming `param`.
+    // Compiles a request's constraint on a compile thread (cached), so the engine loop never waits on it; errors
+    // (bad syntax, unsupported schema features) are 400s naming `param`.
     std::shared_ptr<const grammar::CompiledGrammar> compile_constraint(
-        const std::optional<grammar::ConstraintSpec>& spec, const std::string& param) {
+        const std::optional<grammar::ConstraintSpec>& spec, const std::string& param, const HttpRequest& q) {
         if (!spec) return nullptr;
+        return compile_guarded(param, "invalid " + param, [&] { return structured.compile(*spec, q.client_gone); });
+    }
+
+    // Maps compilation errors to API errors: too complex (a limit passed) and malformed are 400s naming `param`,
+    // a full compile queue is a 429.
+    template <typename F>
+    std::shared_ptr<const grammar::CompiledGrammar> compile_guarded(const std::string& param,
+                                                                   const std::string& what, F&& compile) {
         try {
-            return structured.compile(*spec);
+            return compile();
+        } catch (const ApiError&) {
+            throw;
+        } catch (const CompileQueueFull& e) {
+            throw ApiError(429, e.what(), "", "rate_limit_exceeded", "grammar_queue_full");
+        } catch (const grammar::CompileCancelled&) {
+            throw ApiError(400, "the client closed the connection while its grammar compiled", param);
+        } catch (const grammar::GrammarTooComplex& e) {
+            // The time limit is this server's setting: name its flag.
+            const char* flag = e.time_limit() ? " (--grammar-compile-timeout)" : "";
+            throw ApiError(400, fmt::format("{}: {}{}", what, e.what(), flag), param, "invalid_request_error",
+                           "grammar_too_complex");
         } catch (const Error& e) {
-            throw ApiError(400, fmt::format("invalid {}: {}", param, e.what()), param);
+            throw ApiError(400, fmt::format("{}: {}", what, e.what()), param);
         }
     }
 
@@ -334,17 +353,14 @@ struct ApiServer::Impl {
     }
 
     // tool_choice required / a named function: the DSML grammar of the allowed calls (nullptr otherwise).
-    std::shared_ptr<const grammar::CompiledGrammar> tool_choice_grammar(const ChatRequest& req) {
+    std::shared_ptr<const grammar::CompiledGrammar> tool_choice_grammar(const ChatRequest& req, const HttpRequest& q) {
         if (req.tool_choice.mode != ToolChoiceMode::required && req.tool_choice.mode != ToolChoiceMode::named)
             return nullptr;
         const std::string key = tool_call_grammar_key(req, opts.chat_format);
-        try {
-            return structured.compile_tool_calls(key, [&] { return tool_call_grammar(req, opts.chat_format); });
-        } catch (const ApiError&) {
-            throw;
-        } catch (const Error& e) {
-            throw ApiError(400, fmt::format("invalid tools: {}", e.what()), "tools");
-        }
+        return compile_guarded("tools", "invalid tools", [&] {
+            return structured.compile_tool_calls(key, [&] { return tool_call_grammar(req, opts.chat_format); },
+                                                 q.client_gone);
+        });
     }
 
     // A grammar per sequence: each choice of an n > 1 request has its own matcher.
@@ -412,7 +428,7 @@ struct ApiServer::Impl {
             g.top_logprobs = static_cast<int>(*lp);
         }
         if (get_bool(body, "echo").value_or(false)) throw ApiError(400, "'echo' is not supported", "echo");
-        const auto grammar = compile_constraint(response_format_spec(body), "response_format");
+        const auto grammar = compile_constraint(response_format_spec(body), "response_format", q);
         const bool stream = get_bool(body, "stream").value_or(false);
         const ojson* so = body.contains("stream_options") && !body["stream_options"].is_null() ? &body["stream_options"]
                                                                                               : nullptr;
@@ -644,8 +660,8 @@ struct ApiServer::Impl {
             throw ApiError(
                 400, "response_format cannot be combined with thinking: turn thinking off (thinking: {type: disabled})",
                 "response_format");
-        auto grammar = compile_constraint(spec, "response_format");
-        if (auto tg = tool_choice_grammar(req)) {
+        auto grammar = compile_constraint(spec, "response_format", q);
+        if (auto tg = tool_choice_grammar(req, q)) {
             if (grammar)
                 throw ApiError(400, "response_format cannot be combined with tool_choice required or a named function",
                                "response_format");
@@ -814,7 +830,7 @@ struct ApiServer::Impl {
     void messages(const HttpRequest& q, HttpResponse& res) {
         PreparedMessages p = prepare_messages(q, false);
         GenerationParams g = read_generation_params(p.chat_body, limits);
-        constrain(g, tool_choice_grammar(p.req));
+        constrain(g, tool_choice_grammar(p.req, q));
         if (opts.scripted_output) g.processor = opts.scripted_output->next(tok);
         auto s = submit(p.prompt, g, "messages");
         const OutputParserOptions popts = output_parser_options(p.req, opts.chat_format);
@@ -931,7 +947,7 @@ struct ApiServer::Impl {
             if (spec->kind == grammar::ConstraintKind::kJsonSchema && sp["json_schema"].is_object())
                 spec->text = sp["json_schema"].dump();
         }
-        constrain(g, compile_constraint(spec, cparam));
+        constrain(g, compile_constraint(spec, cparam, q));
         const bool stream = get_bool(body, "stream").value_or(false);
         auto s = submit(ids, g, "input_ids");
         const std::string rid =

@@ -5,6 +5,7 @@
 #include "server/http_server.h"
 #include "server/protocol/chat_format.h"
 #include "server/scripted_output.h"
+#include "server/structured_output.h"
 
 #include <chrono>
 #include <memory>
@@ -22,6 +23,7 @@ struct ApiOptions {
     size_t max_body_bytes = 32u << 20;
     std::string server_info = "{}";  // GET /server_info: the launch configuration, a JSON object
     std::chrono::milliseconds health_generate_timeout{20000};
+    GrammarCompileOptions grammar;  // compile threads, queue and time budget for request grammars
     // Testing aid: completions forced token by token (see scripted_output.h); null in normal serving.
     std::shared_ptr<ScriptedOutput> scripted_output;
 };

@@ -2,9 +2,14 @@
 #include "util/error.h"
 
 #include <httplib.h>
-#include <sys/socket.h>
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
 
 namespace peregrine {
 
@@ -60,6 +65,65 @@ void raise_listen_backlog(int port) {
     }
 }
 
+// "address:port" of a socket's peer (peer) or own end.
+std::string endpoint(int fd, bool peer) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    if ((peer ? ::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len)
+              : ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len)) != 0)
+        return {};
+    char host[INET6_ADDRSTRLEN] = {};
+    int port = 0;
+    if (ss.ss_family == AF_INET) {
+        auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+        ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+        port = ntohs(a->sin_port);
+    } else if (ss.ss_family == AF_INET6) {
+        auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+        ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+        port = ntohs(a->sin6_port);
+    } else {
+        return {};
+    }
+    return std::string(host) + ":" + std::to_string(port);
+}
+
+// Whether a request's client has closed its connection. cpp-httplib does not hand the socket to handlers, so the
+// socket is found once by its two addresses among this process's descriptors; it stays open while the handler
+// runs (the handler's thread owns the connection). Then a peek without reading tells: 0 bytes is the client's
+// end of stream. A client that half-closes after its request counts as gone.
+class ClientProbe {
+public:
+    ClientProbe(std::string peer, std::string local) : peer_(std::move(peer)), local_(std::move(local)) {}
+    bool operator()() {
+        if (fd_ == kUnknown) fd_ = find();
+        if (fd_ < 0) return false;
+        char c;
+        ssize_t n = ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    }
+
+private:
+    static constexpr int kUnknown = -2;
+    int find() const {
+        DIR* dir = ::opendir("/proc/self/fd");
+        if (!dir) return -1;
+        int found = -1;
+        while (dirent* e = ::readdir(dir)) {
+            int fd = std::atoi(e->d_name);
+            if (fd <= 2 || fd == ::dirfd(dir)) continue;
+            if (endpoint(fd, true) == peer_ && endpoint(fd, false) == local_) {
+                found = fd;
+                break;
+            }
+        }
+        ::closedir(dir);
+        return found;
+    }
+    std::string peer_, local_;
+    int fd_ = kUnknown;
+};
+
 }  // namespace
 
 HttpServer::HttpServer(HttpServerOptions opts) : impl_(std::make_unique<Impl>()) {
@@ -113,6 +177,9 @@ void HttpServer::route(const std::string& method, const std::string& path, HttpH
     // decompression, whatever the framing), so no body beyond max_body_bytes is ever held.
     impl_->srv.Post(path, [=](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& read) {
         HttpRequest r = headers_of(req);
+        r.client_gone = [probe = std::make_shared<ClientProbe>(
+                             req.remote_addr + ":" + std::to_string(req.remote_port),
+                             req.local_addr + ":" + std::to_string(req.local_port))] { return (*probe)(); };
         HttpResponse out;
         if (gate && !gate(r, out)) {
             impl->send(out, res);

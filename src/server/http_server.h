@@ -12,6 +12,9 @@ struct HttpRequest {
     std::string method, path, body;
     std::multimap<std::string, std::string> headers;  // as received
     std::string header(const std::string& name) const;
+    // True once the client has closed its connection (a handler polls it during long work before answering);
+    // null where the transport cannot tell.
+    std::function<bool()> client_gone;
 };
 
 // A streamed body: the producer calls write() per chunk; write returns false once the client is gone.

@@ -1,11 +1,17 @@
 #include "server/structured_output.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <future>
 #include <numeric>
+
+#include <fmt/format.h>
 
 namespace peregrine {
 
+using grammar::CompileBudget;
+using grammar::CompileCancelled;
 using grammar::CompiledGrammar;
 using grammar::GrammarCompiler;
 using grammar::Vocabulary;
@@ -73,8 +79,9 @@ void GrammarLogitProcessor::accept(int32_t id) {
     matcher_.accept_token(id);  // the mask allowed only accepted tokens
 }
 
-StructuredOutput::StructuredOutput(const Tokenizer& tok, int32_t vocab_size, int32_t eos_id)
-    : tok_(tok), vocab_size_(vocab_size), eos_(eos_id) {}
+StructuredOutput::StructuredOutput(const Tokenizer& tok, int32_t vocab_size, int32_t eos_id,
+                                   GrammarCompileOptions opts)
+    : tok_(tok), vocab_size_(vocab_size), eos_(eos_id), opts_(opts), pool_(opts.threads, opts.max_queued) {}
 
 // Built on first use: a 128K vocabulary takes a moment to sort into the trie.
 std::unique_ptr<GrammarCompiler> StructuredOutput::make_compiler(const std::vector<int32_t>& text_ids) const {
@@ -93,19 +100,54 @@ std::unique_ptr<GrammarCompiler> StructuredOutput::make_compiler(const std::vect
     return std::make_unique<GrammarCompiler>(std::make_shared<Vocabulary>(std::move(bytes), special, std::move(stop)));
 }
 
-std::shared_ptr<const CompiledGrammar> StructuredOutput::compile(const grammar::ConstraintSpec& spec) {
+std::shared_ptr<const CompiledGrammar> StructuredOutput::compile(const grammar::ConstraintSpec& spec,
+                                                                 const ClientGone& gone) {
     std::call_once(once_, [&] { compiler_ = make_compiler({}); });
-    return compiler_->compile(spec);
+    return run(*compiler_, GrammarCompiler::key_of(spec), [&] { return compiler_->compile(spec); }, gone);
 }
 
 std::shared_ptr<const CompiledGrammar> StructuredOutput::compile_tool_calls(
-    const std::string& key, const std::function<grammar::Grammar()>& build) {
+    const std::string& key, const std::function<grammar::Grammar()>& build, const ClientGone& gone) {
     std::call_once(tools_once_, [&] {
         std::vector<int32_t> text_ids;
         if (int32_t dsml = tok_.token_id("｜DSML｜"); dsml >= 0) text_ids.push_back(dsml);
         tools_compiler_ = make_compiler(text_ids);
     });
-    return tools_compiler_->compile_cached(key, build);
+    return run(*tools_compiler_, key, [&] { return tools_compiler_->compile_cached(key, build); }, gone);
+}
+
+StructuredOutput::Result StructuredOutput::run(GrammarCompiler& compiler, const std::string& key,
+                                               const std::function<Result()>& compile, const ClientGone& gone) {
+    constexpr auto kPoll = std::chrono::milliseconds(5);
+    // Compiled already, or under way for another request: wait for it here rather than take a compile thread.
+    if (auto f = compiler.find(key)) {
+        while (f->wait_for(kPoll) != std::future_status::ready)
+            if (gone && gone()) throw CompileCancelled();
+        try {
+            return f->get();
+        } catch (const CompileCancelled&) {
+            // that request's client left before it finished: compile it for this one
+        }
+    }
+    auto cancel = std::make_shared<std::atomic<bool>>(false);
+    auto budget = std::make_shared<CompileBudget>(opts_.timeout, cancel);
+    // Shared with the compile thread, which may still be returning from the task once the result is ready.
+    auto task = std::make_shared<std::packaged_task<Result()>>([budget, &compile] {
+        budget->start();
+        grammar::BudgetScope scope(budget.get());
+        budget->check();  // cancelled while it waited in the queue
+        return compile();
+    });
+    auto result = task->get_future();
+    if (!pool_.try_submit([task] { (*task)(); }))
+        throw CompileQueueFull(fmt::format(
+            "too many grammars are being compiled: {} compile threads are busy and {} compilations wait "
+            "(--grammar-compile-threads, --grammar-compile-queue); retry later",
+            pool_.threads(), pool_.max_queued()));
+    // `compile` is used by the task until it ends: wait for it even once the client is gone (it stops promptly).
+    while (result.wait_for(kPoll) != std::future_status::ready)
+        if (gone && !cancel->load(std::memory_order_relaxed) && gone()) cancel->store(true);
+    return result.get();
 }
 
 std::shared_ptr<LogitProcessor> StructuredOutput::processor(std::shared_ptr<const CompiledGrammar> g,

@@ -7,7 +7,10 @@ naming them."""
 import json
 import os
 import re
+import socket
 import sys
+import threading
+import time
 
 import jsonschema
 import pytest
@@ -288,3 +291,55 @@ def test_demo_model_real_tokenizer(demo):
                 jsonschema.validate(json.loads(call.function.arguments), schema)
             else:
                 assert call.function.name == "ping" and json.loads(call.function.arguments) == {}
+
+
+def rule_chain(rules, letter):
+    """Issue 31's reproducer: a chain of EBNF rules (20,000 took minutes to compile with no budget)."""
+    lines = ["root ::= r0"] + [f'r{i} ::= "{letter}" r{i + 1}' for i in range(rules - 1)]
+    lines.append(f'r{rules - 1} ::= "{letter}"')
+    return json.dumps({"text": "a", "sampling_params": {"max_new_tokens": 2, "ebnf": "\n".join(lines)}})
+
+
+@pytest.fixture(scope="module")
+def one_compile_thread():
+    s = Server("--kv-memory", "64M", "--grammar-compile-threads", "1", "--grammar-compile-queue", "0",
+               "--grammar-compile-timeout", "3")
+    yield s
+    s.stop()
+
+
+def test_compile_budget_is_a_400_within_the_budget(one_compile_thread):
+    t0 = time.monotonic()
+    status, data = one_compile_thread.raw("POST", "/generate", rule_chain(20000, "a"))
+    took = time.monotonic() - t0
+    e = error_of(status, data)
+    assert e["code"] == "grammar_too_complex" and e["param"] == "sampling_params.ebnf", e
+    assert "3 s budget" in e["message"] and "--grammar-compile-timeout" in e["message"], e
+    assert took < 3 + 1.5, took
+    # The verdict is remembered: asking again costs nothing.
+    t0 = time.monotonic()
+    assert one_compile_thread.raw("POST", "/generate", rule_chain(20000, "a"))[0] == 400
+    assert time.monotonic() - t0 < 1
+
+
+def test_full_compile_queue_is_a_429(one_compile_thread):
+    slow = threading.Thread(target=one_compile_thread.raw, args=("POST", "/generate", rule_chain(20000, "b")))
+    slow.start()
+    time.sleep(0.5)  # it holds the only compile thread for its 3 s budget
+    status, data = one_compile_thread.raw("POST", "/generate", rule_chain(20, "c"))
+    slow.join()
+    assert status == 429, data
+    e = json.loads(data)["error"]
+    assert e["code"] == "grammar_queue_full" and "--grammar-compile-queue" in e["message"], e
+
+
+def test_client_gone_cancels_its_compilation(one_compile_thread):
+    body = rule_chain(20000, "d").encode()
+    with socket.create_connection(("127.0.0.1", one_compile_thread.port)) as s:
+        s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        time.sleep(0.5)
+    # Had it gone on, the only compile thread would be busy for 2.5 s more and this would be a 429.
+    time.sleep(0.2)
+    status, data = one_compile_thread.raw("POST", "/generate", rule_chain(20, "e"))
+    assert status == 200, data

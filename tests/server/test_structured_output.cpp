@@ -8,8 +8,12 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <future>
 #include <random>
+#include <thread>
 
 namespace peregrine {
 namespace {
@@ -86,6 +90,77 @@ TEST(StructuredOutput, UnsupportedFeaturesAreNamed) {
         FAIL() << "no error";
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("patternProperties"), std::string::npos) << e.what();
+    }
+}
+
+
+// Issue 31's reproducer: a chain of `rules` EBNF rules (20,000 take minutes to compile without a budget).
+grammar::ConstraintSpec rule_chain(int rules, const std::string& letter = "a") {
+    std::string text = "root ::= r0\n";
+    for (int i = 0; i + 1 < rules; ++i)
+        text += "r" + std::to_string(i) + " ::= \"" + letter + "\" r" + std::to_string(i + 1) + "\n";
+    text += "r" + std::to_string(rules - 1) + " ::= \"" + letter + "\"\n";
+    return {grammar::ConstraintKind::kEbnf, text};
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+TEST(StructuredOutput, CompileTimeBudgetAnswersWithinItsLimit) {
+    Tokenizer tok = byte_tokenizer();
+    GrammarCompileOptions opts;
+    opts.timeout = std::chrono::milliseconds(300);
+    StructuredOutput so(tok, 256, kEos, opts);
+    const grammar::ConstraintSpec chain = rule_chain(20000);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+        so.compile(chain);
+        FAIL() << "compiled within the budget";
+    } catch (const grammar::GrammarTooComplex& e) {
+        EXPECT_TRUE(e.time_limit());
+        EXPECT_NE(std::string(e.what()).find("300 ms"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(ms_since(t0), 300 + 400);  // wall-clock slack for a loaded machine
+    // A small grammar still compiles under the same budget.
+    EXPECT_NO_THROW(so.compile(rule_chain(20)));
+}
+
+TEST(StructuredOutput, FullCompileQueueRefusesAndClientGoneCancels) {
+    Tokenizer tok = byte_tokenizer();
+    GrammarCompileOptions opts;
+    opts.threads = 1;
+    opts.max_queued = 0;
+    opts.timeout = std::chrono::milliseconds(20000);
+    StructuredOutput so(tok, 256, kEos, opts);
+    std::atomic<bool> gone{false};
+    auto slow = std::async(std::launch::async, [&] {
+        so.compile(rule_chain(20000), [&] { return gone.load(); });
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the slow one holds the only thread
+    EXPECT_THROW(so.compile(rule_chain(20000, "b")), CompileQueueFull);
+    // The same grammar is not refused: it waits for the compilation under way (here until its client leaves).
+    std::atomic<bool> gone2{false};
+    auto same = std::async(std::launch::async, [&] {
+        so.compile(rule_chain(20000), [&] { return gone2.load(); });
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gone2 = true;
+    EXPECT_THROW(same.get(), grammar::CompileCancelled);
+    // The client of the slow one leaves: its compilation stops within milliseconds, freeing the thread.
+    const auto t0 = std::chrono::steady_clock::now();
+    gone = true;
+    EXPECT_THROW(slow.get(), grammar::CompileCancelled);
+    EXPECT_LT(ms_since(t0), 400);
+    // The thread counts as busy until it has returned from the task, a moment after the result is ready.
+    for (int i = 0;; ++i) {
+        try {
+            so.compile(rule_chain(20, "b"));
+            break;
+        } catch (const CompileQueueFull&) {
+            ASSERT_LT(i, 100) << "the compile thread stayed busy";
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
     }
 }
 

@@ -3,13 +3,16 @@
 #include <algorithm>
 #include <map>
 
+#include "engine/grammar/budget.h"
 #include "util/error.h"
 
 namespace peregrine::grammar {
 
 int32_t GrammarBuilder::new_state() {
-    PEREGRINE_CHECK(static_cast<int32_t>(edges_.size()) < limits_.max_nfa_states,
-                    "grammar too large (more than {} automaton states)", limits_.max_nfa_states);
+    poll_budget();
+    if (static_cast<int32_t>(edges_.size()) >= limits_.max_nfa_states)
+        throw GrammarTooComplex(
+            fmt::format("grammar too complex: more than {} automaton states", limits_.max_nfa_states));
     edges_.emplace_back();
     return static_cast<int32_t>(edges_.size()) - 1;
 }
@@ -133,6 +136,7 @@ Frag GrammarBuilder::copy(Frag f) {
     std::vector<int32_t> work{f.start};
     map[f.start] = new_state();
     while (!work.empty()) {
+        poll_budget();
         int32_t old = work.back();
         work.pop_back();
         for (size_t i = 0; i < edges_[old].size(); ++i) {
@@ -232,6 +236,7 @@ static void minimize(Grammar& g) {
     for (int round = 0;; ++round) {
         ids.clear();
         for (int32_t s = 0; s < n; ++s) {
+            poll_budget();  // a long chain takes as many rounds as states
             signature(s, round == 0);
             auto it = ids.emplace(sig, static_cast<int32_t>(ids.size())).first;
             next_cls[s] = it->second;
@@ -289,6 +294,7 @@ Grammar GrammarBuilder::build(int32_t root_rule) const {
         for (int32_t s : set)
             if (stamp[s] != generation) stamp[s] = generation, seen.push_back(s), work.push_back(s);
         while (!work.empty()) {
+            poll_budget();
             int32_t s = work.back();
             work.pop_back();
             for (const Edge& e : edges_[s])
@@ -310,9 +316,9 @@ Grammar GrammarBuilder::build(int32_t root_rule) const {
             auto it = ids.find(set);
             if (it != ids.end()) return it->second;
             int32_t id = static_cast<int32_t>(g.rule_of.size());
-            PEREGRINE_CHECK(id < limits_.max_dfa_states,
-                            "grammar too large: more than {} automaton states after determinization",
-                            limits_.max_dfa_states);
+            if (id >= limits_.max_dfa_states)
+                throw GrammarTooComplex(fmt::format("grammar too complex: more than {} automaton states after "
+                                                    "determinization", limits_.max_dfa_states));
             g.rule_of.push_back(r);
             g.accepting.push_back(std::binary_search(set.begin(), set.end(), bodies_[r].end));
             calls.emplace_back();
@@ -324,6 +330,7 @@ Grammar GrammarBuilder::build(int32_t root_rule) const {
         int32_t first = static_cast<int32_t>(g.rule_of.size());
         g.rules[r].start = intern(closure({bodies_[r].start}));
         for (int32_t k = 0; first + k < static_cast<int32_t>(g.rule_of.size()); ++k) {
+            poll_budget();
             int32_t d = first + k;
             std::vector<int32_t> set = sets[k];
             std::vector<const Edge*> bytes;
@@ -363,6 +370,7 @@ Grammar GrammarBuilder::build(int32_t root_rule) const {
     for (bool changed = true; changed;) {
         changed = false;
         for (int32_t s = 0; s < n; ++s) {
+            poll_budget();
             if (prod[s]) continue;
             bool p = g.accepting[s];
             for (auto& [range, t] : byte_edges[s]) p = p || prod[t];
@@ -393,6 +401,7 @@ Grammar GrammarBuilder::build(int32_t root_rule) const {
     auto eps_reach = [&](int32_t rule) {
         std::vector<int32_t> seen{g.rules[rule].start}, work{g.rules[rule].start};
         while (!work.empty()) {
+            poll_budget();
             int32_t s = work.back();
             work.pop_back();
             for (auto [q, ret] : g.calls[s])
@@ -416,6 +425,7 @@ Grammar GrammarBuilder::build(int32_t root_rule) const {
     std::vector<int> color(names_.size(), 0);
     std::vector<int32_t> path;
     std::function<void(int32_t)> dfs = [&](int32_t r) {
+        poll_budget();
         color[r] = 1;
         path.push_back(r);
         for (int32_t q : left[r]) {
@@ -452,6 +462,7 @@ Grammar GrammarBuilder::build(int32_t root_rule) const {
     for (bool changed = true; changed;) {
         changed = false;
         for (int32_t s = 0; s < m; ++s) {
+            poll_budget();
             int32_t best = g.min_to_accept[s];
             for (int32_t t : targets[s]) best = std::min(best, g.min_to_accept[t] + 1);
             for (auto [q, ret] : g.calls[s])

@@ -1,11 +1,15 @@
 #include "engine/grammar/compiled_grammar.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <exception>
+#include <mutex>
 #include <map>
 #include <cstdio>
 #include <cstdlib>
 
+#include "engine/grammar/budget.h"
 #include "engine/grammar/stack.h"
 #include "engine/grammar/worker_pools.h"
 #include "util/switches.h"
@@ -39,6 +43,7 @@ public:
         run_cap_.assign(n, -1);
         for (int32_t st = 0; st < n; ++st) plain_[st] = !g.accepting[st] && g.calls[st].empty() && g.has_bytes(st);
         for (int32_t st = 0; st < n; ++st) {
+            poll_budget();
             if (!plain_[st]) continue;
             std::map<int32_t, int> count;
             for (int b = 0; b < 256; ++b)
@@ -108,6 +113,7 @@ private:
     }
 
     void walk(int32_t node, size_t depth, bool popped_before) {
+        poll_budget();
         const auto& trie = v_.trie();
         const std::vector<Top>& cur = levels_[depth];
         // One plain state whose run covers every byte below, long enough for the deepest token: the whole
@@ -192,10 +198,10 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabula
 
     // PEREGRINE_GRAMMAR_PROFILE=1 prints each state's walk time and class sizes (compile-time tuning).
     static const bool profile = switch_is("PEREGRINE_GRAMMAR_PROFILE", "1");
-    grammar_parallel_for(GrammarPool::kCompile, static_cast<int64_t>(todo.size()), [&](int64_t begin, int64_t end) {
+    auto classify_range = [&](int64_t begin, int64_t end, const std::atomic<bool>& stop) {
         TrieClassifier cls(grammar_, v);
         std::vector<int32_t> accepted, uncertain;
-        for (int64_t i = begin; i < end; ++i) {
+        for (int64_t i = begin; i < end && !stop.load(std::memory_order_relaxed); ++i) {
             accepted.clear();
             uncertain.clear();
             int32_t bottom =
@@ -227,7 +233,24 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabula
                 for (int32_t id : accepted) m.bits[id >> 5] |= 1u << (id & 31);
             }
         }
+    };
+    // The pool's threads run under the caller's budget; the first part to fail (time, cancel) stops the others,
+    // and its error is raised here once every part has returned.
+    const CompileBudget* budget = current_budget();
+    std::atomic<bool> failed{false};
+    std::exception_ptr error;
+    std::mutex error_mutex;
+    grammar_parallel_for(GrammarPool::kCompile, static_cast<int64_t>(todo.size()), [&](int64_t begin, int64_t end) {
+        BudgetScope scope(budget);
+        try {
+            classify_range(begin, end, failed);
+        } catch (...) {
+            std::lock_guard<std::mutex> lock(error_mutex);
+            if (!error) error = std::current_exception();
+            failed = true;
+        }
     });
+    if (error) std::rethrow_exception(error);
 
     stats_.states = grammar_.num_states();
     stats_.mask_states = static_cast<int32_t>(todo.size());

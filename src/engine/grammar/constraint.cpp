@@ -1,5 +1,6 @@
 #include "engine/grammar/constraint.h"
 
+#include "engine/grammar/budget.h"
 #include "engine/grammar/ebnf.h"
 #include "engine/grammar/regex.h"
 #include "util/error.h"
@@ -72,16 +73,43 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const Grammar& g
     return std::make_shared<const CompiledGrammar>(grammar, vocab_);
 }
 
+std::string GrammarCompiler::key_of(const ConstraintSpec& spec) {
+    return std::string(constraint_kind_name(spec.kind)) + '\0' + spec.text;
+}
+
 std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const ConstraintSpec& spec) {
-    std::string key = std::string(constraint_kind_name(spec.kind)) + '\0' + spec.text;
-    return compile_cached(key, [&] { return build_grammar(spec, options_); });
+    return compile_cached(key_of(spec), [&] { return build_grammar(spec, options_); });
+}
+
+std::optional<GrammarCompiler::Future> GrammarCompiler::find(const std::string& key) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = cache_.find(key);
+    if (it == cache_.end()) return std::nullopt;
+    return it->second;
 }
 
 std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile_cached(const std::string& key,
                                                                        const std::function<Grammar()>& build) {
+    for (;;) {
+        bool owner = false;
+        Future future = entry(key, build, owner);
+        if (owner) return future.get();
+        // Another request compiles it: wait under this thread's own budget, and compile it here if that one was
+        // cancelled (its client left; the failed entry is gone from the cache).
+        const CompileBudget* budget = current_budget();
+        while (future.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready)
+            if (budget) budget->check();
+        try {
+            return future.get();
+        } catch (const CompileCancelled&) {
+        }
+    }
+}
+
+GrammarCompiler::Future GrammarCompiler::entry(const std::string& key, const std::function<Grammar()>& build,
+                                               bool& owner) {
     std::promise<std::shared_ptr<const CompiledGrammar>> promise;
     Future future;
-    bool owner = false;
     {
         std::lock_guard<std::mutex> lock(mutex_);
         auto it = cache_.find(key);
@@ -101,6 +129,8 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile_cached(const std
     if (owner) {
         try {
             promise.set_value(compile(build()));
+        } catch (const GrammarTooComplex&) {
+            promise.set_exception(std::current_exception());  // kept: finding out again would cost the budget again
         } catch (...) {
             {
                 std::lock_guard<std::mutex> lock(mutex_);
@@ -110,7 +140,7 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile_cached(const std
             promise.set_exception(std::current_exception());
         }
     }
-    return future.get();
+    return future;
 }
 
 size_t GrammarCompiler::cached() const {

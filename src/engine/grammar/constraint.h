@@ -41,7 +41,8 @@ std::optional<ConstraintSpec> constraint_from_sampling_params(const nlohmann::js
 Grammar build_grammar(const ConstraintSpec& spec, const JsonSchemaOptions& options = {});
 
 // Compiles constraints for one vocabulary, caching compiled grammars by (kind, text). Thread-safe;
-// concurrent requests for the same constraint wait for a single compilation.
+// concurrent requests for the same constraint wait for a single compilation. Compilations run under the
+// calling thread's CompileBudget (budget.h), if any.
 class GrammarCompiler {
 public:
     explicit GrammarCompiler(std::shared_ptr<const Vocabulary> vocab, JsonSchemaOptions options = {},
@@ -52,11 +53,17 @@ public:
     // cached under a caller-chosen key (keys of specs start with their kind name and a NUL).
     std::shared_ptr<const CompiledGrammar> compile_cached(const std::string& key,
                                                           const std::function<Grammar()>& build);
+    // The cache key of a spec.
+    static std::string key_of(const ConstraintSpec& spec);
+    // The entry under `key` (compiled or being compiled), if any: waiting on it needs no compilation of one's own.
+    std::optional<std::shared_future<std::shared_ptr<const CompiledGrammar>>> find(const std::string& key) const;
     size_t cached() const;
     const std::shared_ptr<const Vocabulary>& vocab() const { return vocab_; }
 
 private:
     using Future = std::shared_future<std::shared_ptr<const CompiledGrammar>>;
+    // The cache entry for `key`; owner: this call created it and has compiled it (the future is ready).
+    Future entry(const std::string& key, const std::function<Grammar()>& build, bool& owner);
     std::shared_ptr<const Vocabulary> vocab_;
     JsonSchemaOptions options_;
     size_t max_cached_;

@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 
+#include "engine/grammar/budget.h"
 #include "engine/grammar/builder.h"
 #include "engine/grammar/regex.h"
 #include "util/error.h"
@@ -30,6 +31,7 @@ public:
         std::vector<std::pair<std::string, Expr>> rules;
         skip_space();
         while (pos_ < s_.size()) {
+            poll_budget();
             std::string name = parse_name();
             if (name.empty()) error("expected a rule name");
             skip_space();
@@ -278,6 +280,7 @@ Grammar ebnf_grammar(const std::string& text, const std::string& root_rule,
     PEREGRINE_CHECK(defs.count(root_rule), "EBNF: no '{}' rule", root_rule);
     std::map<std::string, std::vector<std::string>> refs;
     for (auto& [name, body] : defs) {
+        poll_budget();
         collect_refs(*body, refs[name]);
         for (const std::string& r : refs[name])
             PEREGRINE_CHECK(defs.count(r) || schema_rules.count(r), "EBNF: rule '{}' references undefined rule '{}'",
@@ -304,6 +307,7 @@ Grammar ebnf_grammar(const std::string& text, const std::string& root_rule,
         order[root] = low[root] = counter++;
         stack.push_back(root), on_stack[root] = 1;
         while (!frames.empty()) {
+            poll_budget();
             const int v = frames.back().first;
             if (frames.back().second < adj[v].size()) {
                 const int w = adj[v][frames.back().second++];
@@ -341,6 +345,7 @@ Grammar ebnf_grammar(const std::string& text, const std::string& root_rule,
         if (rec) rule_ids[name] = b.declare_rule(name);
 
     std::function<Frag(const Expr&)> emit = [&](const Expr& e) -> Frag {
+        poll_budget();  // inlining rules can multiply the work
         switch (e.kind) {
             case Expr::kBytes: return b.literal(e.text);
             case Expr::kSet: return b.codepoints(e.set);

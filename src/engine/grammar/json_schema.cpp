@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "engine/grammar/budget.h"
 #include "engine/grammar/builder.h"
 #include "engine/grammar/json_number.h"
 #include "engine/grammar/regex.h"
@@ -264,6 +265,7 @@ private:
             fail("JSON Schema nests deeper than {} levels, or a $ref leads back to itself (at {})", kMaxNesting,
                  where.substr(0, 200));
         });
+        poll_budget();
         if (schema_in.is_boolean()) {
             if (!schema_in.get<bool>()) fail("JSON Schema 'false' admits no value (at {})", where);
             return any_value();

@@ -1,11 +1,13 @@
 #include "engine/grammar/worker_pools.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <thread>
 
+#include "engine/grammar/budget.h"
 #include "util/switches.h"
 #include "util/thread_pool.h"
 
@@ -16,7 +18,7 @@ namespace {
 struct Pool {
     std::once_flag once;
     std::unique_ptr<ThreadPool> pool;
-    std::mutex mutex;
+    std::timed_mutex mutex;
 };
 
 int pool_threads(GrammarPool kind) {
@@ -31,7 +33,10 @@ void grammar_parallel_for(GrammarPool kind, int64_t n, const std::function<void(
     static Pool pools[2];
     Pool& p = pools[kind == GrammarPool::kCompile ? 0 : 1];
     std::call_once(p.once, [&] { p.pool = std::make_unique<ThreadPool>(pool_threads(kind)); });
-    std::lock_guard<std::mutex> lock(p.mutex);
+    // Another compilation may hold the pool for up to its whole budget: wait within this one's budget.
+    std::unique_lock<std::timed_mutex> lock(p.mutex, std::defer_lock);
+    while (!lock.try_lock_for(std::chrono::milliseconds(5)))
+        if (const CompileBudget* budget = current_budget()) budget->check();
     p.pool->parallel_for(n, fn);
 }
 

@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: deps configure build test run clean
+.PHONY: deps configure build test run fuzz clean
 
 deps:
 	@scripts/install-deps.sh
@@ -20,5 +20,11 @@ test: build
 run: build
 	@scripts/run.sh
 
+# libFuzzer targets (tests/fuzz), each run FUZZ_SECONDS on its corpus; `make test` replays the corpora.
+FUZZ_SECONDS ?= 60
+fuzz:
+	@scripts/install-deps.sh --fuzz
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) JOBS=$(JOBS) scripts/fuzz.sh
+
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-fuzz

@@ -4,7 +4,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <limits>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 namespace peregrine {
 
@@ -17,6 +21,12 @@ struct ConfigReader {
     template <typename T>
     T get(const char* k) const {
         if (!has(k)) fail_missing(k);
+        // The JSON library converts a number outside an integer type's range with undefined behaviour (3e24 to
+        // int): such a value, or a fraction, is the file's error.
+        if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) check_integer<T>(k, j[k]);
+        if constexpr (std::is_same_v<T, std::vector<int>>)
+            if (j[k].is_array())
+                for (auto& x : j[k]) check_integer<int>(k, x);
         try {
             return j[k].get<T>();
         } catch (const nlohmann::json::exception& e) {
@@ -29,6 +39,19 @@ struct ConfigReader {
     }
 
 private:
+    template <typename I>
+    void check_integer(const char* k, const nlohmann::json& v) const {
+        static_assert(std::is_signed_v<I>);
+        using lim = std::numeric_limits<I>;
+        bool ok = true;
+        if (v.is_number_unsigned()) ok = v.get<uint64_t>() <= static_cast<uint64_t>(lim::max());
+        else if (v.is_number_integer()) ok = v.get<int64_t>() >= lim::min() && v.get<int64_t>() <= lim::max();
+        else if (v.is_number_float()) {  // [min, -min): -min is the first power of two above the range
+            const double d = v.get<double>(), lo = static_cast<double>(lim::min());
+            ok = d >= lo && d < -lo && std::floor(d) == d;
+        }
+        if (!ok) fail_type(k, ("an integer in range is needed, not " + v.dump()).c_str());
+    }
     [[noreturn]] void fail_missing(const char* k) const;
     [[noreturn]] void fail_type(const char* k, const char* what) const;
 };

@@ -6,6 +6,7 @@
 #include "server/protocol/prompt_render.h"
 #include "server/request_params.h"
 #include "server/request_registry.h"
+#include "server/route_requests.h"
 #include "server/scripted_output.h"
 #include "server/structured_output.h"
 #include "server/tool_call_grammar.h"
@@ -41,36 +42,6 @@ void set_error(HttpResponse& res, const ApiError& e) {
     res.status = e.status();
     res.content_type = "application/json";
     res.body = dump(e.to_json());
-}
-
-bool valid_utf8(const std::string& s) {
-    size_t i = 0;
-    while (i < s.size()) {
-        unsigned char c = static_cast<unsigned char>(s[i]);
-        int n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-        if (!n || i + static_cast<size_t>(n) > s.size()) return false;
-        uint32_t cp = n == 1 ? c : c & (0x7f >> n);
-        for (int k = 1; k < n; ++k) {
-            unsigned char d = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
-            if ((d & 0xc0) != 0x80) return false;
-            cp = (cp << 6) | (d & 0x3f);
-        }
-        if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
-            (cp >= 0xd800 && cp <= 0xdfff))
-            return false;
-        i += static_cast<size_t>(n);
-    }
-    return true;
-}
-
-// Parses a JSON object body; malformed JSON, invalid UTF-8 and non-objects are 400s.
-ojson parse_body(const std::string& body) {
-    if (!valid_utf8(body)) throw ApiError(400, "the request body is not valid UTF-8");
-    if (const char* problem = json_shape_problem(body)) throw ApiError(400, std::string("the request body ") + problem);
-    ojson j = ojson::parse(body, nullptr, false);
-    if (j.is_discarded()) throw ApiError(400, "the request body is not valid JSON");
-    if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
-    return j;
 }
 
 json usage_json(int64_t prompt, int64_t completion, int64_t cached) {
@@ -115,7 +86,7 @@ struct ApiServer::Impl {
     const Tokenizer& tok;
     ApiOptions opts;
     HttpServer http;
-    ParamLimits limits;
+    RouteOptions route_opts;
     StructuredOutput structured;
     RequestRegistry inflight;
     std::atomic<bool> draining{false};  // shutting down: no new generations
@@ -123,10 +94,13 @@ struct ApiServer::Impl {
     Impl(Engine& e, const Tokenizer& t, ApiOptions o)
         : engine(e), tok(t), opts(std::move(o)), http(make_http_options(opts)),
           structured(t, e.model().config().vocab_size, e.model().config().eos_token_id, opts.grammar) {
-        limits.vocab = engine.model().config().vocab_size;
-        limits.context_length = engine.context_length();
-        limits.default_max_tokens = opts.default_max_tokens;
-        limits.sampling_defaults = opts.sampling_defaults;
+        route_opts.served_model_name = opts.served_model_name;
+        route_opts.chat_format = opts.chat_format;
+        route_opts.default_thinking = opts.default_thinking;
+        route_opts.limits.vocab = engine.model().config().vocab_size;
+        route_opts.limits.context_length = engine.context_length();
+        route_opts.limits.default_max_tokens = opts.default_max_tokens;
+        route_opts.limits.sampling_defaults = opts.sampling_defaults;
         route("GET", "/health", [this](const HttpRequest&, HttpResponse& r) { health(r); }, false);
         route("GET", "/health_generate", [this](const HttpRequest&, HttpResponse& r) { health_generate(r); }, false);
         route("GET", "/v1/models", [this](const HttpRequest&, HttpResponse& r) { models(r); });
@@ -280,18 +254,6 @@ struct ApiServer::Impl {
         r.body = dump(json{{"object", "list"}, {"data", json::array({m})}});
     }
 
-    void check_model(const ojson& body) {
-        auto it = body.find("model");
-        if (it == body.end() || it->is_null()) return;
-        if (!it->is_string()) throw ApiError(400, "'model' must be a string", "model");
-        const auto name = it->get<std::string>();
-        if (!name.empty() && name != opts.served_model_name)
-            throw ApiError(
-                400,
-                fmt::format("the model '{}' does not exist (this server serves '{}')", name, opts.served_model_name),
-                "model", "invalid_request_error", "model_not_found");
-    }
-
     std::shared_ptr<RequestStream> submit(std::vector<int32_t> ids, GenerationParams g, const char* param) {
         if (draining) throw ApiError(503, "the server is shutting down", {}, "service_unavailable");
         try {
@@ -336,22 +298,6 @@ struct ApiServer::Impl {
         }
     }
 
-    // OpenAI response_format on /v1/completions (chat reads it through the protocol library).
-    std::optional<grammar::ConstraintSpec> response_format_spec(const ojson& body) {
-        auto it = body.find("response_format");
-        if (it == body.end() || it->is_null()) return std::nullopt;
-        std::optional<grammar::ConstraintSpec> spec;
-        try {
-            spec = grammar::constraint_from_response_format(json::parse(it->dump()));
-        } catch (const Error& e) {
-            throw ApiError(400, e.what(), "response_format");
-        }
-        // Keep the schema's own key order (properties are generated in schema order).
-        if (spec && spec->kind == grammar::ConstraintKind::kJsonSchema)
-            spec->text = (*it)["json_schema"]["schema"].dump();
-        return spec;
-    }
-
     // tool_choice required / a named function: the DSML grammar of the allowed calls (nullptr otherwise).
     std::shared_ptr<const grammar::CompiledGrammar> tool_choice_grammar(const ChatRequest& req, const HttpRequest& q) {
         if (req.tool_choice.mode != ToolChoiceMode::required && req.tool_choice.mode != ToolChoiceMode::named)
@@ -386,54 +332,13 @@ struct ApiServer::Impl {
     // ---- /v1/completions -------------------------------------------------------------------------------
 
     void completions(const HttpRequest& q, HttpResponse& res) {
-        ojson body = parse_body(q.body);
-        check_model(body);
+        CompletionsRequest cr = parse_completions_request(q.body, route_opts);
         std::vector<std::vector<int32_t>> prompts;
-        auto it = body.find("prompt");
-        if (it == body.end() || it->is_null()) throw ApiError(400, "'prompt' is required", "prompt");
-        auto add_prompt = [&](const ojson& p) {
-            if (p.is_string()) {
-                if (p.get<std::string>().empty()) throw ApiError(400, "'prompt' must not be empty", "prompt");
-                prompts.push_back(encode_text(p.get<std::string>()));
-            } else if (p.is_array() && !p.empty() && p[0].is_number()) {
-                std::vector<int32_t> ids;
-                for (auto& x : p) {
-                    if (!x.is_number_integer()) throw ApiError(400, "token id prompts must hold integers", "prompt");
-                    int64_t v = x.get<int64_t>();
-                    if (v < 0 || v >= limits.vocab)
-                        throw ApiError(
-                            400,
-                            fmt::format("prompt token id {} is outside the vocabulary (0..{})", v, limits.vocab - 1),
-                            "prompt");
-                    ids.push_back(static_cast<int32_t>(v));
-                }
-                prompts.push_back(std::move(ids));
-            } else {
-                throw ApiError(400, "'prompt' must be a string, an array of strings or an array of token ids",
-                               "prompt");
-            }
-        };
-        if (it->is_array() && !it->empty() && !(*it)[0].is_number()) {
-            for (auto& p : *it) add_prompt(p);
-        } else {
-            add_prompt(*it);
-        }
-        if (prompts.empty()) throw ApiError(400, "'prompt' must not be empty", "prompt");
-        GenerationParams g = read_generation_params(body, limits);
-        if (!body.contains("max_tokens") && !body.contains("max_completion_tokens"))
-            g.max_new_tokens = std::min<int64_t>(g.max_new_tokens, 16);
-        const int n = static_cast<int>(get_int(body, "n", 1, 128).value_or(1));
-        if (auto lp = get_int(body, "logprobs", 0, 20)) {
-            g.logprobs = true;
-            g.top_logprobs = static_cast<int>(*lp);
-        }
-        if (get_bool(body, "echo").value_or(false)) throw ApiError(400, "'echo' is not supported", "echo");
-        const auto grammar = compile_constraint(response_format_spec(body), "response_format", q);
-        const bool stream = get_bool(body, "stream").value_or(false);
-        const ojson* so = body.contains("stream_options") && !body["stream_options"].is_null() ? &body["stream_options"]
-                                                                                              : nullptr;
-        if (so && !so->is_object()) throw ApiError(400, "'stream_options' must be an object", "stream_options");
-        const bool include_usage = stream && so && get_bool(*so, "include_usage", "stream_options.").value_or(false);
+        for (auto& p : cr.prompts) prompts.push_back(p.is_text() ? encode_text(p.text) : std::move(p.ids));
+        const GenerationParams& g = cr.params;
+        const int n = cr.n;
+        const auto grammar = compile_constraint(cr.constraint, "response_format", q);
+        const bool stream = cr.stream, include_usage = cr.include_usage;
 
         std::vector<std::shared_ptr<RequestStream>> streams;
         try {
@@ -621,46 +526,12 @@ struct ApiServer::Impl {
     }
 
     void chat(const HttpRequest& q, HttpResponse& res) {
-        ojson body = parse_body(q.body);
-        check_model(body);
-        // Thinking is off by default; chat_template_kwargs.thinking (SGLang) or a reasoning_effort other
-        // than "none" turns it on, unless the request's own thinking object says otherwise.
-        if (auto it = body.find("chat_template_kwargs"); it != body.end() && !it->is_null()) {
-            if (!it->is_object())
-                throw ApiError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs");
-            for (const char* key : {"thinking", "enable_thinking"}) {
-                auto t = it->find(key);
-                if (t == it->end() || t->is_null()) continue;
-                if (!t->is_boolean())
-                    throw ApiError(400, fmt::format("'chat_template_kwargs.{}' must be a boolean", key),
-                                   fmt::format("chat_template_kwargs.{}", key));
-                if (!body.contains("thinking")) body["thinking"] = {{"type", t->get<bool>() ? "enabled" : "disabled"}};
-            }
-        }
-        if (auto it = body.find("reasoning_effort"); it != body.end() && !body.contains("thinking") &&
-                                                     !(it->is_string() && it->get<std::string>() == "none") &&
-                                                     !it->is_null())
-            body["thinking"] = {{"type", "enabled"}};
-        RequestOptions ropts;
-        ropts.default_thinking = opts.default_thinking;
-        ChatRequest req = parse_chat_request(body, ropts);
-        const std::vector<int32_t> prompt = encode_rendered(render_prompt(req, opts.chat_format));
-        GenerationParams g = read_generation_params(body, limits);
-        g.logprobs = req.logprobs;
-        g.top_logprobs = req.top_logprobs.value_or(0);
-        const int n = static_cast<int>(get_int(body, "n", 1, 128).value_or(1));
-        std::optional<grammar::ConstraintSpec> spec;
-        if (req.response_format.type == ResponseFormatType::json_object)
-            spec = grammar::ConstraintSpec{grammar::ConstraintKind::kJsonObject, ""};
-        if (req.response_format.type == ResponseFormatType::json_schema)
-            spec = grammar::ConstraintSpec{grammar::ConstraintKind::kJsonSchema, req.response_format.schema.dump()};
-        // The grammar constrains the whole output, so it cannot follow a reasoning block: a constrained
-        // request must turn thinking off.
-        if (spec && req.thinking)
-            throw ApiError(
-                400, "response_format cannot be combined with thinking: turn thinking off (thinking: {type: disabled})",
-                "response_format");
-        auto grammar = compile_constraint(spec, "response_format", q);
+        ChatRouteRequest cr = parse_chat_route_request(q.body, route_opts);
+        const ChatRequest& req = cr.req;
+        const std::vector<int32_t> prompt = encode_rendered(cr.prompt);
+        const GenerationParams& g = cr.params;
+        const int n = cr.n;
+        auto grammar = compile_constraint(cr.constraint, "response_format", q);
         if (auto tg = tool_choice_grammar(req, q)) {
             if (grammar)
                 throw ApiError(400, "response_format cannot be combined with tool_choice required or a named function",
@@ -789,17 +660,12 @@ struct ApiServer::Impl {
         ChatRequest req;
         ojson chat_body;
         std::vector<int32_t> prompt;
+        GenerationParams params;
     };
 
     PreparedMessages prepare_messages(const HttpRequest& q, bool count_only) {
-        ojson body = parse_body(q.body);
-        PreparedMessages p;
-        p.chat_body = anthropic_to_chat_body(body, count_only);
-        check_model(p.chat_body);
-        RequestOptions ropts;
-        ropts.default_thinking = opts.default_thinking;
-        p.req = parse_chat_request(p.chat_body, ropts);
-        p.prompt = encode_rendered(render_prompt(p.req, opts.chat_format));
+        MessagesRequest m = parse_messages_request(q.body, route_opts, count_only);
+        PreparedMessages p{std::move(m.req), std::move(m.chat_body), encode_rendered(m.prompt), std::move(m.params)};
         return p;
     }
 
@@ -829,7 +695,7 @@ struct ApiServer::Impl {
 
     void messages(const HttpRequest& q, HttpResponse& res) {
         PreparedMessages p = prepare_messages(q, false);
-        GenerationParams g = read_generation_params(p.chat_body, limits);
+        GenerationParams g = p.params;
         constrain(g, tool_choice_grammar(p.req, q));
         if (opts.scripted_output) g.processor = opts.scripted_output->next(tok);
         auto s = submit(p.prompt, g, "messages");
@@ -910,48 +776,13 @@ struct ApiServer::Impl {
     // ---- /generate (SGLang native) -----------------------------------------------------------------------
 
     void generate(const HttpRequest& q, HttpResponse& res) {
-        ojson body = parse_body(q.body);
-        std::vector<int32_t> ids;
-        if (body.contains("input_ids") && !body["input_ids"].is_null()) {
-            const auto& a = body["input_ids"];
-            if (!a.is_array() || a.empty())
-                throw ApiError(400, "'input_ids' must be a non-empty array of token ids", "input_ids");
-            for (auto& x : a) {
-                if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= limits.vocab)
-                    throw ApiError(400, fmt::format("'input_ids' must hold token ids below {}", limits.vocab),
-                                   "input_ids");
-                ids.push_back(x.get<int32_t>());
-            }
-        } else if (body.contains("text") && body["text"].is_string()) {
-            if (body["text"].get<std::string>().empty()) throw ApiError(400, "'text' must not be empty", "text");
-            ids = encode_text(body["text"].get<std::string>());
-        } else {
-            throw ApiError(400, "give 'text' (a string) or 'input_ids'", "text");
-        }
-        ojson sp = body.contains("sampling_params") ? body["sampling_params"] : ojson::object();
-        if (sp.is_null()) sp = ojson::object();
-        if (!sp.is_object()) throw ApiError(400, "'sampling_params' must be an object", "sampling_params");
-        GenerationParams g = read_generation_params(sp, limits, "sampling_params.", "max_new_tokens");
-        if (!sp.contains("max_new_tokens")) g.max_new_tokens = std::min<int64_t>(g.max_new_tokens, 128);
-        g.logprobs = get_bool(body, "return_logprob").value_or(false);
-        g.top_logprobs = static_cast<int>(get_int(body, "top_logprobs_num", 0, 20).value_or(0));
-        std::optional<grammar::ConstraintSpec> spec;
-        try {
-            spec = grammar::constraint_from_sampling_params(json::parse(sp.dump()));
-        } catch (const Error& e) {
-            throw ApiError(400, e.what(), "sampling_params");
-        }
-        std::string cparam = "sampling_params";
-        if (spec) {
-            cparam += std::string(".") + grammar::constraint_kind_name(spec->kind);
-            if (spec->kind == grammar::ConstraintKind::kJsonSchema && sp["json_schema"].is_object())
-                spec->text = sp["json_schema"].dump();
-        }
-        constrain(g, compile_constraint(spec, cparam, q));
-        const bool stream = get_bool(body, "stream").value_or(false);
+        GenerateRequest gr = parse_generate_request(q.body, route_opts);
+        std::vector<int32_t> ids = gr.prompt.is_text() ? encode_text(gr.prompt.text) : std::move(gr.prompt.ids);
+        GenerationParams g = gr.params;
+        constrain(g, compile_constraint(gr.constraint, gr.constraint_param, q));
+        const bool stream = gr.stream;
         auto s = submit(ids, g, "input_ids");
-        const std::string rid =
-            body.contains("rid") && body["rid"].is_string() ? body["rid"].get<std::string>() : random_id("");
+        const std::string rid = gr.rid ? *gr.rid : random_id("");
         inflight.add(rid, {s});
         const auto t0 = std::chrono::steady_clock::now();
         auto result = [rid, t0, this](const RequestDelta& total, const std::string& text,

@@ -153,6 +153,29 @@ TEST(Config, OutOfRangeValuesAreNamed) {
     EXPECT_EQ(error_of([&] { parse_model_config(base); }), "");
 }
 
+// Integers out of their type's range or with a fraction are refused naming the key, never converted (3e24 to int
+// is undefined behaviour); found by tests/fuzz/fuzz_config.
+TEST(Config, NonIntegerValuesAreNamed) {
+    const std::string base = read_file(fixture("dsv4-tiny-a") + "/config.json");
+    const std::vector<std::pair<const char*, nlohmann::json>> cases = {
+        {"hidden_size", 3e24},
+        {"hidden_size", 4096.5},
+        {"num_hidden_layers", int64_t{1} << 40},
+        {"vocab_size", uint64_t{1} << 63},
+        {"compress_ratios", nlohmann::json::array({4, 1e30})}};
+    for (auto& [key, value] : cases) {
+        auto j = nlohmann::json::parse(base);
+        j[key] = value;
+        std::string msg = error_of([&] { parse_model_config(j.dump()); });
+        EXPECT_NE(msg.find(std::string("'") + key + "' has the wrong type: an integer in range is needed"),
+                  std::string::npos)
+            << key << " " << value.dump() << ": " << msg;
+    }
+    auto j = nlohmann::json::parse(base);
+    j["hidden_size"] = j["hidden_size"].get<double>();  // 256.0 is an integer
+    EXPECT_EQ(error_of([&] { parse_model_config(j.dump()); }), "");
+}
+
 TEST(Checkpoint, ShardPathsStayInTheModelDirectory) {
     ScratchModel m("dsv41-tiny-a");
     nlohmann::json idx;

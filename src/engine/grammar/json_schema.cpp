@@ -35,6 +35,47 @@ const std::set<std::string> kUnsupported = {
     fail("unsupported JSON Schema feature: {} (at {})", what, where.empty() ? "#" : where);
 }
 
+// The JSON types of the keywords this compiler reads: a schema giving another type is refused naming the keyword
+// (a 400), rather than ending in an exception of the JSON library.
+void check_keyword_types(const ojson& s, const std::string& where) {
+    auto all_strings = [](const ojson& v) {
+        return v.is_array() && std::all_of(v.begin(), v.end(), [](const ojson& x) { return x.is_string(); });
+    };
+    auto schema = [](const ojson& v) { return v.is_object() || v.is_boolean(); };
+    auto count = [](const ojson& v) {  // 5.0 is an integer too
+        return v.is_number_unsigned() ||
+               (v.is_number_float() && v.get<double>() >= 0 && v.get<double>() < 1e15 &&
+                std::floor(v.get<double>()) == v.get<double>());
+    };
+    for (auto& [k, v] : s.items()) {
+        const char* want = nullptr;
+        if (k == "$ref" || k == "pattern" || k == "format") {
+            if (!v.is_string()) want = "a string";
+        } else if (k == "type") {
+            if (!v.is_string() && !all_strings(v)) want = "a string or an array of strings";
+        } else if (k == "required") {
+            if (!all_strings(v)) want = "an array of strings";
+        } else if (k == "properties" || k == "$defs" || k == "definitions") {
+            if (!v.is_object()) want = "an object";
+        } else if (k == "enum" || k == "allOf" || k == "anyOf" || k == "oneOf" || k == "prefixItems") {
+            if (!v.is_array()) want = "an array";
+        } else if (k == "minLength" || k == "maxLength" || k == "minItems" || k == "maxItems") {
+            if (!count(v)) want = "a non-negative integer";
+        } else if (k == "minimum" || k == "maximum" || k == "multipleOf") {
+            if (!v.is_number()) want = "a number";
+        } else if (k == "exclusiveMinimum" || k == "exclusiveMaximum") {
+            if (!v.is_number() && !v.is_boolean()) want = "a number";
+        } else if (k == "items") {
+            if (!schema(v) && !v.is_array()) want = "a schema or an array of schemas";
+        } else if (k == "additionalProperties" || k == "additionalItems") {
+            if (!schema(v)) want = "a schema";
+        } else if (k == "uniqueItems") {
+            if (!v.is_boolean()) want = "a boolean";
+        }
+        if (want) fail("JSON Schema '{}' must be {} (at {})", k, want, where.empty() ? "#" : where);
+    }
+}
+
 // JSON string content: one character as JSON text would carry it (escaping what must be escaped).
 Frag encode_json_chars(GrammarBuilder& b, const CodepointSet& set) {
     CodepointSet plain = set.minus(CodepointSet::of(0, 0x1F));
@@ -165,8 +206,8 @@ private:
             for (size_t i; (i = tok.find("~0")) != std::string::npos;) tok.replace(i, 2, "~");
             for (size_t i; (i = tok.find("%25")) != std::string::npos;) tok.replace(i, 3, "%");
             if (cur->is_object() && cur->contains(tok)) cur = &(*cur)[tok];
-            else if (cur->is_array() && !tok.empty() && std::all_of(tok.begin(), tok.end(), ::isdigit) &&
-                     std::stoul(tok) < cur->size())
+            else if (cur->is_array() && !tok.empty() && tok.size() < 10 &&
+                     std::all_of(tok.begin(), tok.end(), ::isdigit) && std::stoul(tok) < cur->size())
                 cur = &(*cur)[std::stoul(tok)];
             else fail("JSON Schema $ref '{}' does not resolve (at {})", ref, where);
             pos = next + 1;
@@ -229,8 +270,11 @@ private:
         ojson out = s;
         out.erase("allOf");
         for (const ojson& part_in : s["allOf"]) {
+            if (part_in.is_object()) check_keyword_types(part_in, where);
             ojson part = part_in;
             if (part.is_object() && part.contains("$ref")) part = resolve(part["$ref"].get<std::string>(), where);
+            if (!part.is_object() && !part.is_boolean()) fail("JSON Schema allOf part is not a schema (at {})", where);
+            if (part.is_object()) check_keyword_types(part, where);
             if (part.is_boolean()) {
                 if (!part.get<bool>()) fail("JSON Schema allOf contains false: no value is valid (at {})", where);
                 continue;
@@ -271,6 +315,7 @@ private:
             return any_value();
         }
         if (!schema_in.is_object()) fail("JSON Schema at {} is not an object or boolean", where);
+        check_keyword_types(schema_in, where);
         ojson schema = schema_in;
         if (schema.contains("allOf")) schema = merge_all_of(schema, where);
         for (auto& [k, v] : schema.items()) {

@@ -232,3 +232,30 @@ TEST(JsonSchema, DeepNestingAndSelfReferencesAreErrors) {
     ok += R"({"type": "string"})" + std::string(8, '}');
     EXPECT_EQ(error_of(ok), "compiled");
 }
+
+// Keywords of the wrong JSON type are the request's error naming the keyword (a 400), not an exception of the JSON
+// library (a 500); found by tests/fuzz/fuzz_json_schema.
+TEST(JsonSchema, WrongKeywordTypesAreNamed) {
+    const std::pair<const char*, const char*> cases[] = {
+        {R"({"type": 5})", "'type'"},
+        {R"({"type": "string", "minLength": "x"})", "'minLength'"},
+        {R"({"type": "string", "maxLength": -1})", "'maxLength'"},
+        {R"({"type": "object", "properties": []})", "'properties'"},
+        {R"({"type": "object", "properties": {"a": {}}, "required": [1]})", "'required'"},
+        {R"({"$ref": 5})", "'$ref'"},
+        {R"({"allOf": [{"pattern": 1}]})", "'pattern'"},
+        {R"({"allOf": [5]})", "allOf"},
+        {R"({"anyOf": [{"type": "integer", "minimum": "0"}]})", "'minimum'"},
+        {R"({"$ref": "#/$defs/a/99999999999999999999", "$defs": {"a": [1]}})", "does not resolve"},
+    };
+    for (auto [text, named] : cases) {
+        try {
+            json_schema_grammar(std::string(text));
+            ADD_FAILURE() << text << " compiled";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << text << ": " << e.what();
+        }
+    }
+    // Integral floats are counts too.
+    EXPECT_NO_THROW(json_schema_grammar(std::string(R"({"type": "string", "maxLength": 3.0})")));
+}

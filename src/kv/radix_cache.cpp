@@ -39,20 +39,22 @@ void RadixCache::hold_window(Node* n) {
     if (n->window_refs++ == 0) unlist_window(n);
 }
 
-void RadixCache::release_window(Node* n) {
-    PEREGRINE_CHECK(n->window_refs > 0, "radix cache: window page of row {} dropped but not held", n->row);
-    if (--n->window_refs > 0 || n->page[kWindowPages] < 0) return;
+void RadixCache::list_window(Node* n) {
     n->window_lru = window_lru_.insert(window_lru_.end(), n);
     n->window_evictable = true;
     ++stats_.evictable_window_pages;
+}
+
+void RadixCache::release_window(Node* n) {
+    PEREGRINE_CHECK(n->window_refs > 0, "radix cache: window page of row {} dropped but not held", n->row);
+    if (--n->window_refs == 0 && n->page[kWindowPages] >= 0) list_window(n);
 }
 
 void RadixCache::own_window(Node* n, int32_t page) {
     PEREGRINE_CHECK(n->page[kWindowPages] < 0 && n->window_refs == 0, "radix cache: row {} has a window", n->row);
     n->page[kWindowPages] = page;
     ++stats_.window_pages;
-    ++n->window_refs;  // listed as evictable by the release
-    release_window(n);
+    list_window(n);
 }
 
 std::unique_ptr<PrefixCache::Node> RadixCache::new_node(Node* parent, const PageRow& page, int64_t row) {

@@ -50,6 +50,7 @@ private:
     void hold_window(Node* n);     // a sequence reads n's window page
     void release_window(Node* n);  // one fewer does
     void own_window(Node* n, int32_t page);  // n's window page is now `page`
+    void list_window(Node* n);    // its window page becomes evictable, most recently used
     void unlist_window(Node* n);
     std::unique_ptr<Node> new_node(Node* parent, const PageRow& page, int64_t row);
     std::vector<int32_t> key(std::span<const int32_t> tokens, int64_t page) const;

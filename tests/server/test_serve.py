@@ -536,18 +536,25 @@ def test_health_generate_server_info_and_abort_request(server):
     assert json.loads(server.raw("POST", "/abort_request", {"abort_all": True})[1])["aborted"] == 0
 
 
-def test_sigterm_lets_running_requests_finish():
-    s = Server("--kv-memory", "64M")
+def start_generation(s, max_new_tokens):
+    """A greedy /generate of max_new_tokens in a thread; returns the thread and where its (status, body) will be,
+    once the server runs it."""
     got = {}
 
     def request():
         got["r"] = s.raw("POST", "/generate", {"input_ids": [5, 6, 7], "sampling_params": {
-            "temperature": 0, "max_new_tokens": 40, "ignore_eos": True}})
+            "temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True}})
 
     t = threading.Thread(target=request)
     t.start()
     while json.loads(s.raw("GET", "/server_info")[1])["num_running_reqs"] == 0:
         time.sleep(0.01)
+    return t, got
+
+
+def test_sigterm_lets_running_requests_finish():
+    s = Server("--kv-memory", "64M")
+    t, got = start_generation(s, 40)
     s.proc.send_signal(signal.SIGTERM)
     time.sleep(0.05)
     # Draining: no new generation, and /health tells load balancers to go elsewhere.
@@ -563,16 +570,7 @@ def test_sigterm_lets_running_requests_finish():
 
 def test_sigterm_cancels_what_outlasts_the_shutdown_timeout():
     s = Server("--kv-memory", "64M", "--shutdown-timeout", "0.5", "--context-length", "100000")
-    got = {}
-
-    def request():
-        got["r"] = s.raw("POST", "/generate", {"input_ids": [5, 6, 7], "sampling_params": {
-            "temperature": 0, "max_new_tokens": 50000, "ignore_eos": True}})
-
-    t = threading.Thread(target=request)
-    t.start()
-    while json.loads(s.raw("GET", "/server_info")[1])["num_running_reqs"] == 0:
-        time.sleep(0.01)
+    t, got = start_generation(s, 50000)
     t0 = time.time()
     s.proc.send_signal(signal.SIGTERM)
     assert s.proc.wait(30) == 0

@@ -3,7 +3,8 @@
 set -euo pipefail
 
 debs=(cmake ninja-build g++ pkg-config ccache libgtest-dev libbenchmark-dev nlohmann-json3-dev libfmt-dev
-      libspdlog-dev libcli11-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev python3 python3-pip)
+      libspdlog-dev libcli11-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev libboost-dev zlib1g-dev
+      python3 python3-pip)
 # `make fuzz` (--fuzz) also needs clang and its libFuzzer runtime; `make test` replays the corpora with g++'s
 # sanitizers, so CI does not install clang.
 [ "${1:-}" != "--fuzz" ] || debs+=(clang libclang-rt-dev)

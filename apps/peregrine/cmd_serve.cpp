@@ -37,7 +37,7 @@ struct ServeArgs {
     double shutdown_timeout = 30;
     int port = 30000, max_running = 64, max_queued = 1024, chunked_prefill = 512, page_tokens = 16, dp = 1, ep = 1;
     int synthetic_layers = 4, synthetic_experts = 384;
-    int grammar_compile_threads = 2, grammar_compile_queue = 32;
+    int grammar_compile_threads = 2, grammar_compile_queue = 32, max_connections = 4096;
     double grammar_compile_timeout = 5.0;
     ExpertParallelOptions ep_opts;
     int64_t context_length = 0, default_max_tokens = 0;
@@ -190,6 +190,7 @@ int run_serve(ServeArgs& a) {
         a.synthetic.empty() ? chat_format_from_model_dir(a.model) : chat_format_from_model_type(cfg.model_type);
     ao.default_thinking = a.enable_thinking;
     ao.default_max_tokens = a.default_max_tokens;
+    ao.max_connections = a.max_connections;
     ao.grammar.threads = a.grammar_compile_threads;
     ao.grammar.max_queued = static_cast<size_t>(a.grammar_compile_queue);
     ao.grammar.timeout = std::chrono::milliseconds(std::llround(a.grammar_compile_timeout * 1000));
@@ -255,8 +256,8 @@ int run_serve(ServeArgs& a) {
         std::fprintf(stderr, "peregrine serve: shutting down (%d request%s cancelled at the deadline)\n", cancelled,
                      cancelled == 1 ? "" : "s");
         server.stop();
-        // Idle keep-alive connections hold pool threads until their timeout; nothing is lost by not
-        // waiting for them (all state is in memory).
+        // run() returns once the transport stopped; should a handler hold it up, nothing is lost by not
+        // waiting for it (all state is in memory).
         for (int i = 0; i < 5 && !finished; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
         if (!finished) {
             std::fprintf(stderr, "peregrine serve: stopped\n");
@@ -298,6 +299,9 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
                     "Finished sequences' last windows the window pages are sized to keep cached (default: "
                     "--max-running-requests)")
         ->check(CLI::Range(0, 1 << 24));
+    cmd->add_option("--max-connections", a->max_connections,
+                    "Open HTTP connections beyond which new ones are answered 503 and closed")
+        ->check(CLI::Range(1, 1 << 20));
     cmd->add_option("--shutdown-timeout", a->shutdown_timeout,
                     "Seconds running requests get to finish after SIGTERM/SIGINT before they are cancelled")
         ->check(CLI::Range(0.0, 86400.0));

@@ -1,5 +1,7 @@
 #include "engine/request.h"
 
+#include <algorithm>
+
 namespace peregrine {
 
 const char* finish_reason_name(FinishReason r) {
@@ -38,10 +40,9 @@ RequestDelta RequestStream::wait() {
 bool RequestStream::wait_for(RequestDelta& all, std::chrono::milliseconds timeout) {
     RequestDelta d;
     const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!all.finished) {
+    while (!all.finished) {  // reads what is ready even with no time left (a zero timeout polls)
         auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-        if (left.count() <= 0) break;
-        if (!next(d, left)) break;
+        if (!next(d, std::max(left, std::chrono::milliseconds(0)))) break;
         for (auto& t : d.tokens) all.tokens.push_back(std::move(t));
         all.text += d.text;
         all.finished = d.finished;
@@ -68,6 +69,7 @@ void RequestStream::push(TokenOutput tok, const std::string& text, int64_t compl
         pending_.text += text;
         pending_.completion_tokens = completion_tokens;
         has_new_ = true;
+        if (listener_) listener_();
     }
     cv_.notify_all();
 }
@@ -84,8 +86,14 @@ void RequestStream::finish(FinishReason r, std::string text, std::string matched
         pending_.error = std::move(error);
         has_new_ = true;
         done_ = true;
+        if (listener_) listener_();
     }
     cv_.notify_all();
+}
+
+void RequestStream::set_listener(std::function<void()> l) {
+    std::lock_guard lk(mu_);
+    listener_ = std::move(l);
 }
 
 void RequestStream::set_usage(int64_t prompt, int64_t cached, int64_t preemptions) {

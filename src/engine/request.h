@@ -85,6 +85,9 @@ public:
     void finish(FinishReason r, std::string text, std::string matched, std::string error, int64_t completion_tokens);
     void set_usage(int64_t prompt, int64_t cached, int64_t preemptions);
     void set_waker(std::function<void()> w) { waker_ = std::move(w); }
+    // Reader side: called whenever new output is ready. It runs under the stream's lock, so it may only signal
+    // (set a flag, post a task); once set_listener(nullptr) returns it is never called again.
+    void set_listener(std::function<void()> l);
 
 private:
     uint64_t id_;
@@ -94,6 +97,7 @@ private:
     bool has_new_ = false, done_ = false, delivered_final_ = false;
     std::atomic<bool> cancelled_{false};
     std::function<void()> waker_;
+    std::function<void()> listener_;
 };
 
 }  // namespace peregrine

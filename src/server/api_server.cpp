@@ -6,6 +6,7 @@
 #include "server/protocol/prompt_render.h"
 #include "server/request_params.h"
 #include "server/request_registry.h"
+#include "server/response_streams.h"
 #include "server/route_requests.h"
 #include "server/scripted_output.h"
 #include "server/structured_output.h"
@@ -127,12 +128,23 @@ struct ApiServer::Impl {
     static HttpServerOptions make_http_options(const ApiOptions& o) {
         HttpServerOptions h;
         h.max_body_bytes = o.max_body_bytes;
+        h.max_connections = o.max_connections;
         h.error_body = [](int status) {
-            if (status == 413)
-                return dump(
-                    error_json("the request body is too large", "invalid_request_error", "", "request_too_large"));
-            if (status == 404) return dump(error_json("no such route", "invalid_request_error", "", "not_found"));
-            return dump(error_json(fmt::format("HTTP {}", status), "invalid_request_error", "", ""));
+            auto err = [](const char* msg, const char* code) {
+                return dump(error_json(msg, "invalid_request_error", "", code));
+            };
+            switch (status) {
+                case 400: return err("malformed HTTP request", "bad_request");
+                case 404: return err("no such route", "not_found");
+                case 405: return err("method not allowed on this route (see the Allow header)", "method_not_allowed");
+                case 413: return err("the request body is too large", "request_too_large");
+                case 415: return err("unsupported Content-Encoding (gzip, deflate and identity are)",
+                                     "unsupported_media_type");
+                case 431: return err("the request headers are too large", "headers_too_large");
+                case 503: return dump(error_json("too many open connections (--max-connections)",
+                                                 "service_unavailable", "", "too_many_connections"));
+                default: return err(fmt::format("HTTP {}", status).c_str(), "");
+            }
         };
         return h;
     }
@@ -237,7 +249,7 @@ struct ApiServer::Impl {
         while (inflight.alive() > 0 && std::chrono::steady_clock::now() < end)
             std::this_thread::sleep_for(std::chrono::milliseconds(20));
         const int cancelled = inflight.abort("");
-        // Their handlers write the final chunk (finish_reason "abort") and let go.
+        // Their streams send the final chunk (finish_reason "abort") and let go.
         for (int i = 0; i < 100 && inflight.alive() > 0; ++i)
             std::this_thread::sleep_for(std::chrono::milliseconds(20));
         return cancelled;
@@ -398,8 +410,9 @@ struct ApiServer::Impl {
         res.content_type = "text/event-stream";
         const std::string model = opts.served_model_name;
         const bool want_lp = g.logprobs;
-        res.stream = [this, streams, id, created, model, include_usage, want_lp, lp_json, n](const ChunkWriter& write) {
-            pump(streams, write, [&](size_t i, const RequestDelta& d) {
+        res.stream = openai_events(
+            streams, "",
+            [id, created, model, want_lp, lp_json](size_t i, const RequestDelta& d) {
                 json c = {{"index", i}, {"text", d.text}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
                 if (want_lp && !d.tokens.empty()) c["logprobs"] = lp_json(d.tokens, 0);
                 if (d.finished) c["finish_reason"] = finish_name(d);
@@ -408,7 +421,8 @@ struct ApiServer::Impl {
                             {"created", created},
                             {"model", model},
                             {"choices", json::array({c})}};
-            }, [&](const std::vector<RequestDelta>& totals) {
+            },
+            [id, created, model, include_usage, n](const std::vector<RequestDelta>& totals) {
                 if (!include_usage) return json();
                 int64_t p = 0, c = 0, k = 0;
                 for (size_t i = 0; i < totals.size(); ++i) {
@@ -421,87 +435,44 @@ struct ApiServer::Impl {
                 return json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
                             {"choices", json::array()}, {"usage", usage_json(p, c, k)}};
             });
-        };
     }
 
     // Non-streaming answers: when every request finishes within a second the answer is an ordinary
-    // response (errors keep their status). Otherwise the body goes out chunked, preceded by spaces (which
-    // JSON ignores) that probe the connection twice a second, so a client that hangs up cancels its
-    // requests instead of leaving them to run.
+    // response (errors keep their status). Otherwise the body goes out chunked once ready, preceded by spaces
+    // (which JSON ignores); a client that hangs up meanwhile cancels its requests.
     using BodyBuilder = std::function<std::string(std::vector<RequestDelta>&)>;
-    static bool collect(const std::vector<std::shared_ptr<RequestStream>>& streams, std::vector<RequestDelta>& acc,
-                        std::chrono::milliseconds budget) {
-        const auto deadline = std::chrono::steady_clock::now() + budget;
-        for (size_t i = 0; i < streams.size(); ++i)
-            while (!acc[i].finished) {
-                auto left =
-                    std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-                if (left.count() <= 0) return false;
-                streams[i]->wait_for(acc[i], left);
-            }
-        return true;
-    }
-
     void respond_when_done(HttpResponse& res, std::vector<std::shared_ptr<RequestStream>> streams, BodyBuilder build) {
         auto acc = std::make_shared<std::vector<RequestDelta>>(streams.size());
         if (collect(streams, *acc, std::chrono::milliseconds(1000))) {
             res.body = build(*acc);
             return;
         }
-        res.content_type = "application/json";
-        res.stream = [streams, acc, build](const ChunkWriter& write) {
-            while (!collect(streams, *acc, std::chrono::milliseconds(500)))
-                if (!write(" ")) {
-                    for (auto& s : streams) s->cancel();
-                    return;
-                }
-            std::string body;
+        res.stream = std::make_shared<DeferredBody>(std::move(streams), acc, [build](std::vector<RequestDelta>& ds) {
             try {
-                body = build(*acc);
+                return build(ds);
             } catch (const ApiError& e) {
-                body = dump(e.to_json());
+                return dump(e.to_json());
             }
-            write(body);
-        };
+        });
     }
 
-    // Streams several requests as SSE: one event per delta, a usage event, then [DONE]. A failed write
-    // (client gone) cancels every request at once.
+    // Streams several requests as SSE: one event per delta (an error event first when one failed), a usage event
+    // when `usage` gives one, then [DONE]. The client leaving cancels every request at once.
     template <typename ChunkFn, typename UsageFn>
-    void pump(const std::vector<std::shared_ptr<RequestStream>>& streams, const ChunkWriter& write, ChunkFn chunk,
-              UsageFn usage) {
-        std::vector<RequestDelta> totals(streams.size());
-        std::vector<bool> done(streams.size(), false);
-        size_t left = streams.size();
-        auto cancel_all = [&] {
-            for (auto& s : streams) s->cancel();
+    static std::shared_ptr<BodyStream> openai_events(std::vector<std::shared_ptr<RequestStream>> streams,
+                                                     std::string head, ChunkFn chunk, UsageFn usage) {
+        auto on_delta = [chunk](size_t i, const RequestDelta& d) mutable {
+            std::string out;
+            if (d.finished && d.finish == FinishReason::error)
+                out += "data: " + dump(error_json(d.error, "server_error", "", "")) + "\n\n";
+            return out + "data: " + dump(chunk(i, d)) + "\n\n";
         };
-        while (left) {
-            bool any = false;
-            for (size_t i = 0; i < streams.size(); ++i) {
-                if (done[i]) continue;
-                RequestDelta d;
-                if (!streams[i]->next(d, std::chrono::milliseconds(streams.size() == 1 ? 200 : 5))) continue;
-                any = true;
-                totals[i].prompt_tokens = d.prompt_tokens;
-                totals[i].cached_tokens = d.cached_tokens;
-                totals[i].completion_tokens = d.completion_tokens;
-                if (d.finished) {
-                    done[i] = true;
-                    --left;
-                    if (d.finish == FinishReason::error) {
-                        write("data: " + dump(error_json(d.error, "server_error", "", "")) + "\n\n");
-                    }
-                }
-                if (d.text.empty() && d.tokens.empty() && !d.finished) continue;
-                if (!write("data: " + dump(chunk(i, d)) + "\n\n")) return cancel_all();
-            }
-            // Nothing new: probe the connection so that a vanished client is noticed while idle.
-            if (!any && !write(": keep-alive\n\n")) return cancel_all();
-        }
-        json u = usage(totals);
-        if (!u.is_null() && !write("data: " + dump(u) + "\n\n")) return;
-        write("data: [DONE]\n\n");
+        auto on_end = [usage](const std::vector<RequestDelta>& totals) mutable {
+            json u = usage(totals);
+            return (u.is_null() ? std::string() : "data: " + dump(u) + "\n\n") + "data: [DONE]\n\n";
+        };
+        return std::make_shared<EventStream>(std::move(streams), std::move(head), std::move(on_delta),
+                                             std::move(on_end), ": keep-alive\n\n");
     }
 
     // ---- /v1/chat/completions ----------------------------------------------------------------------------
@@ -595,27 +566,31 @@ struct ApiServer::Impl {
         }
         res.content_type = "text/event-stream";
         const bool include_usage = req.include_usage, want_lp = g.logprobs;
-        res.stream = [this, streams, popts, with_reasoning, id, created, model, include_usage,
-                      want_lp](const ChunkWriter& write) {
+        // Each choice's parser and message live as long as the stream.
+        struct Choices {
             std::vector<std::unique_ptr<OutputParser>> parsers;
             std::vector<std::unique_ptr<AssistantMessage>> msgs;
-            for (size_t i = 0; i < streams.size(); ++i) {
-                parsers.push_back(std::make_unique<OutputParser>(popts));
-                msgs.push_back(std::make_unique<AssistantMessage>(with_reasoning));
-                json role = {{"id", id},
-                             {"object", "chat.completion.chunk"},
-                             {"created", created},
-                             {"model", model},
-                             {"choices", json::array({json{{"index", i},
-                                                           {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                                           {"logprobs", nullptr},
-                                                           {"finish_reason", nullptr}}})}};
-                if (!write("data: " + dump(role) + "\n\n")) {
-                    for (auto& s : streams) s->cancel();
-                    return;
-                }
-            }
-            pump(streams, write, [&](size_t i, const RequestDelta& d) {
+        };
+        auto choices = std::make_shared<Choices>();
+        std::string head;
+        for (size_t i = 0; i < streams.size(); ++i) {
+            choices->parsers.push_back(std::make_unique<OutputParser>(popts));
+            choices->msgs.push_back(std::make_unique<AssistantMessage>(with_reasoning));
+            json role = {{"id", id},
+                         {"object", "chat.completion.chunk"},
+                         {"created", created},
+                         {"model", model},
+                         {"choices", json::array({json{{"index", i},
+                                                       {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                                       {"logprobs", nullptr},
+                                                       {"finish_reason", nullptr}}})}};
+            head += "data: " + dump(role) + "\n\n";
+        }
+        res.stream = openai_events(
+            streams, std::move(head),
+            [this, choices, id, created, model, want_lp](size_t i, const RequestDelta& d) {
+                auto& parsers = choices->parsers;
+                auto& msgs = choices->msgs;
                 auto events = parsers[i]->push(d.text);
                 if (d.finished) {
                     auto rest = parsers[i]->finish();
@@ -643,7 +618,8 @@ struct ApiServer::Impl {
                 if (d.finished) c["finish_reason"] = msgs[i]->finish_reason(finish_name(d), parsers[i]->cut_in_block());
                 return json{{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
                             {"choices", json::array({c})}};
-            }, [&](const std::vector<RequestDelta>& totals) {
+            },
+            [id, created, model, include_usage](const std::vector<RequestDelta>& totals) {
                 if (!include_usage) return json();
                 int64_t c = 0;
                 for (auto& t : totals) c += t.completion_tokens;
@@ -651,7 +627,6 @@ struct ApiServer::Impl {
                             {"choices", json::array()},
                             {"usage", usage_json(totals[0].prompt_tokens, c, totals[0].cached_tokens)}};
             });
-        };
     }
 
     // ---- /v1/messages (Anthropic) ------------------------------------------------------------------------
@@ -722,55 +697,39 @@ struct ApiServer::Impl {
             return;
         }
         res.content_type = "text/event-stream";
-        const int64_t prompt_tokens = static_cast<int64_t>(p.prompt.size());
-        res.stream = [s, popts, stops, id, model, tool_ids, prompt_tokens](const ChunkWriter& write) {
-            OutputParser parser(popts, tool_ids);
+        RequestDelta first;
+        first.prompt_tokens = static_cast<int64_t>(p.prompt.size());
+        ojson start = {{"type", "message_start"},
+                       {"message",
+                        {{"id", id},
+                         {"type", "message"},
+                         {"role", "assistant"},
+                         {"model", model},
+                         {"content", ojson::array()},
+                         {"stop_reason", nullptr},
+                         {"stop_sequence", nullptr},
+                         {"usage", anthropic_usage(first)}}}};
+        struct Message {
+            OutputParser parser;
             AnthropicBlocks blocks;
-            RequestDelta total;
-            total.prompt_tokens = prompt_tokens;
-            ojson start = {{"type", "message_start"},
-                           {"message",
-                            {{"id", id},
-                             {"type", "message"},
-                             {"role", "assistant"},
-                             {"model", model},
-                             {"content", ojson::array()},
-                             {"stop_reason", nullptr},
-                             {"stop_sequence", nullptr},
-                             {"usage", anthropic_usage(total)}}}};
-            if (!write(sse_event("message_start", start))) return s->cancel();
-            for (;;) {
-                RequestDelta d;
-                if (!s->next(d, std::chrono::milliseconds(500))) {
-                    // Idle: a ping probes the connection so that a vanished client is noticed.
-                    if (!write(sse_event("ping", {{"type", "ping"}}))) return s->cancel();
-                    continue;
-                }
-                total.prompt_tokens = d.prompt_tokens;
-                total.cached_tokens = d.cached_tokens;
-                total.completion_tokens = d.completion_tokens;
-                std::string out;
-                for (auto& e : parser.push(d.text)) blocks.add(e, &out);
-                if (d.finished) {
-                    if (d.finish == FinishReason::error) {
-                        write(sse_event("error", anthropic_error_json(500, d.error)));
-                        return;
-                    }
-                    for (auto& e : parser.finish()) blocks.add(e, &out);
-                    blocks.close(&out);
-                    total.finish = d.finish;
-                    total.matched_stop = d.matched_stop;
-                    auto [reason, seq] = anthropic_stop(total, parser, blocks, stops);
-                    out += sse_event("message_delta", {{"type", "message_delta"},
-                                                       {"delta", {{"stop_reason", reason}, {"stop_sequence", seq}}},
-                                                       {"usage", anthropic_usage(total)}});
-                    out += sse_event("message_stop", {{"type", "message_stop"}});
-                    write(out);
-                    return;
-                }
-                if (!out.empty() && !write(out)) return s->cancel();
-            }
         };
+        auto m = std::make_shared<Message>(Message{OutputParser(popts, tool_ids), AnthropicBlocks()});
+        auto on_delta = [m, stops](size_t, const RequestDelta& d) {
+            std::string out;
+            for (auto& e : m->parser.push(d.text)) m->blocks.add(e, &out);
+            if (!d.finished) return out;
+            if (d.finish == FinishReason::error) return out + sse_event("error", anthropic_error_json(500, d.error));
+            for (auto& e : m->parser.finish()) m->blocks.add(e, &out);
+            m->blocks.close(&out);
+            auto [reason, seq] = anthropic_stop(d, m->parser, m->blocks, stops);
+            out += sse_event("message_delta", {{"type", "message_delta"},
+                                               {"delta", {{"stop_reason", reason}, {"stop_sequence", seq}}},
+                                               {"usage", anthropic_usage(d)}});
+            return out + sse_event("message_stop", {{"type", "message_stop"}});
+        };
+        res.stream = std::make_shared<EventStream>(
+            std::vector<std::shared_ptr<RequestStream>>{s}, sse_event("message_start", start), std::move(on_delta),
+            [](const std::vector<RequestDelta>&) { return std::string(); }, sse_event("ping", {{"type", "ping"}}));
     }
 
     // ---- /generate (SGLang native) -----------------------------------------------------------------------
@@ -821,25 +780,26 @@ struct ApiServer::Impl {
         }
         res.content_type = "text/event-stream";
         const bool logprob = g.logprobs;
-        res.stream = [this, s, result, logprob](const ChunkWriter& write) {
-            RequestDelta total;
-            std::string text;
-            std::vector<int32_t> out;
-            pump({s}, write, [&](size_t, const RequestDelta& d) {
-                text += d.text;
+        // Each event carries everything so far, as SGLang streams it.
+        auto total = std::make_shared<RequestDelta>();
+        auto out = std::make_shared<std::vector<int32_t>>();
+        res.stream = openai_events(
+            {s}, "",
+            [result, logprob, total, out](size_t, const RequestDelta& d) {
+                total->text += d.text;
                 for (auto& t : d.tokens) {
-                    out.push_back(t.id);
-                    total.tokens.push_back(t);
+                    out->push_back(t.id);
+                    total->tokens.push_back(t);
                 }
-                total.prompt_tokens = d.prompt_tokens;
-                total.cached_tokens = d.cached_tokens;
-                total.completion_tokens = d.completion_tokens;
-                total.finished = d.finished;
-                total.finish = d.finish;
-                total.matched_stop = d.matched_stop;
-                return result(total, text, out, logprob);  // cumulative, as SGLang streams it
-            }, [](const std::vector<RequestDelta>&) { return json(); });
-        };
+                total->prompt_tokens = d.prompt_tokens;
+                total->cached_tokens = d.cached_tokens;
+                total->completion_tokens = d.completion_tokens;
+                total->finished = d.finished;
+                total->finish = d.finish;
+                total->matched_stop = d.matched_stop;
+                return result(*total, total->text, *out, logprob);
+            },
+            [](const std::vector<RequestDelta>&) { return json(); });
     }
 };
 

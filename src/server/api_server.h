@@ -21,6 +21,7 @@ struct ApiOptions {
     int64_t default_max_tokens = 0; // 0: up to the context length
     SamplingParams sampling_defaults;  // for the fields a request leaves out (--sampling-defaults)
     size_t max_body_bytes = 32u << 20;
+    int max_connections = 4096;     // open HTTP connections; beyond, 503
     std::string server_info = "{}";  // GET /server_info: the launch configuration, a JSON object
     std::chrono::milliseconds health_generate_timeout{20000};
     GrammarCompileOptions grammar;  // compile threads, queue and time budget for request grammars

@@ -1,6 +1,8 @@
 #pragma once
-// The HTTP transport behind the API handlers. cpp-httplib stays inside http_server.cpp (pimpl), so the
-// handlers never see it and another transport can replace it.
+// The HTTP transport behind the API handlers: event-driven (Boost.Beast over Asio, inside http_server.cpp), so a
+// connection holds no thread while it is idle, sends its request slowly or receives a stream. Handlers run on a
+// bounded pool of worker threads; streamed bodies are pulled from them without blocking.
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -17,14 +19,26 @@ struct HttpRequest {
     std::function<bool()> client_gone;
 };
 
-// A streamed body: the producer calls write() per chunk; write returns false once the client is gone.
-using ChunkWriter = std::function<bool(const std::string& chunk)>;
+// A body produced over time (SSE events, or an answer that takes long). The transport pulls it on its own threads,
+// so no call may block.
+class BodyStream {
+public:
+    virtual ~BodyStream() = default;
+    // Called once before the first pull. `wake` asks for a pull soon; any thread may call it, also after the
+    // connection is gone. Without a wake the transport pulls every `kPollInterval` anyway.
+    virtual void start(std::function<void()> wake) = 0;
+    // Appends what is ready to `out`; returns false once the body is complete (`out` then holds its last bytes).
+    virtual bool pull(std::string& out) = 0;
+    // The client left (or stopped reading) before the body was complete.
+    virtual void abandon() = 0;
+    static constexpr std::chrono::milliseconds kPollInterval{250};
+};
 
 struct HttpResponse {
     int status = 200;
     std::string content_type = "application/json";
     std::string body;
-    std::function<void(const ChunkWriter& write)> stream;  // set: chunked body (SSE), body ignored
+    std::shared_ptr<BodyStream> stream;  // set: the body is streamed (chunked), `body` ignored
 };
 
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponse&)>;
@@ -33,8 +47,16 @@ using HttpHandler = std::function<void(const HttpRequest&, HttpResponse&)>;
 using HttpGate = std::function<bool(const HttpRequest& headers, HttpResponse& response)>;
 
 struct HttpServerOptions {
-    int threads = 512;                          // one per in-flight connection (streams block a thread)
-    size_t max_body_bytes = 32u << 20;          // larger bodies get 413, counted as they arrive (inflated)
+    int worker_threads = 64;      // handlers running at once (a non-streamed answer holds one up to a second)
+    int io_threads = 2;           // threads that move bytes for every connection
+    int max_connections = 4096;   // open connections beyond this are answered 503 and closed
+    size_t max_body_bytes = 32u << 20;     // larger bodies get 413, counted as they arrive (inflated)
+    size_t max_header_bytes = 64u << 10;   // larger request headers get 431
+    // A slow or silent client loses its connection after these.
+    std::chrono::seconds header_timeout{10};  // from connect to the end of a request's headers
+    std::chrono::seconds idle_timeout{5};     // between requests on a kept-alive connection (uvicorn's default)
+    std::chrono::seconds body_timeout{60};    // to receive a whole body
+    std::chrono::seconds write_timeout{60};   // for each write to be taken by the client
     // Body for errors the transport produces itself (404, 413, ...): status -> JSON text.
     std::function<std::string(int status)> error_body;
 };
@@ -51,6 +73,7 @@ public:
     // Serves until stop().
     void run();
     void stop();
+    int open_connections() const;
 
 private:
     struct Impl;

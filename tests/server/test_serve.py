@@ -257,6 +257,74 @@ def test_api_key():
         s.stop()
 
 
+def threads_of(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("Threads:")).split()[1])
+
+
+def test_slow_clients_and_open_streams_hold_no_thread():
+    """The transport is event-driven: 600 clients trickling their headers and 200 open streams add no thread and
+    do not delay a normal request; streams whose clients leave cancel their requests at once."""
+    s = Server("--max-running-requests", "2")
+    slow, streams = [], []
+    try:
+        assert s.client().completions.create(model=NAME, prompt="x", max_tokens=2).choices
+        base = threads_of(s.proc.pid)
+        for _ in range(600):
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+            c.sendall(b"GET /health HTTP/1.1\r\nHo")  # and nothing more
+            slow.append(c)
+        t = time.time()
+        assert s.client().completions.create(model=NAME, prompt="x", max_tokens=2).choices
+        assert time.time() - t < 10
+        body = json.dumps({"model": NAME, "prompt": "x", "max_tokens": 200, "ignore_eos": True, "stream": True})
+        request = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n{body}").encode()
+        for _ in range(200):
+            c = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+            c.sendall(request)
+            streams.append(c)
+        for c in streams:
+            assert c.recv(12) == b"HTTP/1.1 200"
+        assert threads_of(s.proc.pid) <= base + 2
+        m = s.metrics()
+        assert m["num_running_reqs"] + m["num_queue_reqs"] >= 190  # two at a time run 200 tokens each
+        for c in streams + slow:
+            c.close()
+        deadline = time.time() + 5
+        while time.time() < deadline and (m["num_running_reqs"] or m["num_queue_reqs"]):
+            time.sleep(0.1)
+            m = s.metrics()
+        assert m["num_running_reqs"] == 0 and m["num_queue_reqs"] == 0
+    finally:
+        for c in streams + slow:
+            c.close()
+        s.stop()
+
+
+def test_connections_past_the_cap_get_503_and_slow_headers_time_out():
+    s = Server("--max-connections", "8")
+    idle = []
+    try:
+        for _ in range(8):
+            idle.append(socket.create_connection(("127.0.0.1", s.port), timeout=30))
+        time.sleep(0.2)
+        status, data = s.raw("GET", "/health")
+        assert status == 503 and json.loads(data)["error"]["code"] == "too_many_connections"
+        # A client that never finishes its headers is cut off (10 s), which frees its place.
+        t = time.time()
+        assert idle[0].recv(1) == b""
+        assert 8 < time.time() - t < 15
+        for c in idle:
+            c.close()
+        time.sleep(0.2)
+        assert s.raw("GET", "/health")[0] == 200
+    finally:
+        for c in idle:
+            c.close()
+        s.stop()
+
+
 def test_transport_limits_hold_before_the_body_is_read():
     """405 with Allow on routed paths, state changes only on POST, a body-less POST answered at once, the key checked
     before the body is read, and the body limit counted on the wire for chunked and gzip bodies alike."""

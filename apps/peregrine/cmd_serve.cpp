@@ -1,6 +1,7 @@
 // peregrine serve: the OpenAI-compatible HTTP server over the batching engine.
 #include "commands.h"
 #include "engine/engine.h"
+#include "engine/memory_plan.h"
 #include "io/generation_config.h"
 #include "kv/cache_manager.h"
 #include "model/parallel_models.h"
@@ -31,10 +32,10 @@ std::string default_model_dir();
 namespace {
 
 struct ServeArgs {
-    std::string model, tokenizer, host = "127.0.0.1", served_model_name, kv_memory = "0.05", api_key,
+    std::string model, tokenizer, host = "127.0.0.1", served_model_name, kv_memory, api_key,
         log_level = "info", device = "cpu", scripted_output, synthetic, sampling_defaults = "model";
     int64_t swa_prefix_tails = -1;
-    double shutdown_timeout = 30;
+    double shutdown_timeout = 30, mem_fraction_static = 0.88;
     int port = 30000, max_running = 64, max_queued = 1024, chunked_prefill = 512, page_tokens = 16, dp = 1, ep = 1;
     int synthetic_layers = 4, synthetic_experts = 384;
     int grammar_compile_threads = 2, grammar_compile_queue = 32, max_connections = 4096;
@@ -119,7 +120,7 @@ int run_serve(ServeArgs& a) {
     if (a.model.empty()) a.model = a.synthetic.empty() ? default_model_dir() : "synthetic-" + a.synthetic;
     const auto t0 = std::chrono::steady_clock::now();
     std::fprintf(stderr, "peregrine serve: loading %s (%s)\n", a.model.c_str(), a.device.c_str());
-    StartupProgress progress(4);
+    StartupProgress progress(a.device == "cuda" && a.kv_memory.empty() ? 5 : 4);
     progress.begin("model weights");
     ModelOptions mo;
     mo.device = a.device;
@@ -158,16 +159,26 @@ int run_serve(ServeArgs& a) {
             a.context_length = std::max<int64_t>(model->config().max_position_embeddings, 8192);
     }
     progress.done();
-    progress.begin("state pages");
     const auto& cfg = model->config();
-    const int64_t kv_bytes = parse_memory(a.kv_memory);
+    // State memory: on a GPU, what --mem-fraction-static leaves beside the weights (measured by a warm-up step);
+    // on the CPU (or given), --kv-memory.
+    std::optional<DeviceMemoryPlan> plan;
+    if (a.device == "cuda" && a.kv_memory.empty()) {
+        progress.begin("weights to the device, warm-up");
+        plan = plan_device_memory(group.ranks(), a.mem_fraction_static, a.chunked_prefill);
+        progress.done();
+    }
+    progress.begin("state pages");
+    if (a.kv_memory.empty()) a.kv_memory = "0.05";
+    const int64_t kv_bytes = plan ? static_cast<int64_t>(plan->state) : parse_memory(a.kv_memory);
     // Window pages only for what running sequences read plus the cached tails; the rest of the budget holds history.
     const StateLayout& layout = model->layout();
     const int64_t tails = a.swa_prefix_tails >= 0 ? a.swa_prefix_tails : a.max_running;
     const PagePool::Pages kv_pages = PagePool::pages_for_budget(
         layout, kv_bytes, window_pages_wanted(layout, a.max_running, a.chunked_prefill, tails));
     const int64_t pages = kv_pages[kHistoryPages];
-    PEREGRINE_CHECK(pages > 0, "--kv-memory {} holds no state page ({} bytes each)", a.kv_memory, layout.row_bytes());
+    PEREGRINE_CHECK(pages > 0, "{} hold no state page ({} bytes each)",
+                    plan ? plan->describe() : "--kv-memory " + a.kv_memory, layout.row_bytes());
 
     EngineOptions eo;
     eo.max_running_requests = a.max_running;
@@ -207,6 +218,12 @@ int run_serve(ServeArgs& a) {
         {"model_path", a.model},
         {"served_model_name", ao.served_model_name},
         {"device", a.device},
+        {"mem_fraction_static", plan ? nlohmann::json(a.mem_fraction_static) : nlohmann::json()},
+        {"memory_plan", plan ? nlohmann::json{{"device", plan->device}, {"total_bytes", plan->total},
+                                              {"weight_bytes", plan->weights},
+                                              {"activation_bytes", plan->activations},
+                                              {"state_bytes", plan->state}, {"left_bytes", plan->left}}
+                             : nlohmann::json()},
         {"page_size", layout.page_tokens},
         {"max_total_num_tokens", engine.kv_tokens()},
         {"state_page_bytes",
@@ -244,6 +261,7 @@ int run_serve(ServeArgs& a) {
         eo.radix_cache ? "on" : "off", static_cast<long long>(engine.context_length()), a.max_running, a.max_queued,
         a.chunked_prefill, eo.overlap_schedule != 0 && a.dp == 1 && model->backend().sampler().async() ? "on" : "off",
         gen.empty() ? "temperature 1, top_p 1 (openai)" : (gen.describe() + " (generation_config.json)").c_str(), secs);
+    if (plan) std::fprintf(stderr, "  gpu memory %s\n", plan->describe().c_str());
     std::printf("peregrine serve: listening on http://%s:%d\n", a.host.c_str(), port);
     std::fflush(stdout);
     std::atomic<bool> finished{false};
@@ -294,7 +312,12 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--chunked-prefill-size", a->chunked_prefill, "Tokens per step (prefill chunks and decodes)")
         ->check(CLI::Range(1, 1 << 24));
     cmd->add_option("--kv-memory", a->kv_memory,
-                    "State memory: bytes (512M, 2G) or a fraction of available memory (0.3)");
+                    "State memory: bytes (512M, 2G) or a fraction of available memory (default 0.05; on a GPU "
+                    "--mem-fraction-static sizes it unless this is given)");
+    cmd->add_option("--mem-fraction-static", a->mem_fraction_static,
+                    "GPU: the share of the device's memory for weights plus state pages (the rest holds a step's "
+                    "activations and graphs)")
+        ->check(CLI::Range(0.05, 0.99));
     cmd->add_option("--swa-prefix-tails", a->swa_prefix_tails,
                     "Finished sequences' last windows the window pages are sized to keep cached (default: "
                     "--max-running-requests)")

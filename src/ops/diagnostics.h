@@ -27,6 +27,12 @@ public:
     virtual size_t graph_memory_bytes() const = 0;
     // Free device memory, and a device-to-device copy's bandwidth (bytes read plus written per second, GB/s).
     virtual size_t free_memory() const = 0;
+    // The device's memory, and the bytes of its stream-ordered pool in use now and at most since the last reset
+    // (weights and activations come from that pool; state pages do not). `reset_peak` restarts the peak at now.
+    struct MemoryUse {
+        size_t total = 0, used_now = 0, used_peak = 0;
+    };
+    virtual MemoryUse memory_use(bool reset_peak) = 0;
     virtual double copy_bandwidth_gbs(size_t bytes, int reps) const = 0;
     // Fills every page of the pool with valid random entries (a cached context without its prefill).
     virtual void fill_state_random(const PagePool& pool, uint64_t seed) = 0;

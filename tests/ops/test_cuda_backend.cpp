@@ -5,6 +5,7 @@
 #include "util/switches.h"
 #include "cuda_test_util.h"
 #include "ops/sampling.h"
+#include "engine/memory_plan.h"
 #include "engine/sequence_runner.h"
 #include "kv/page_pool.h"
 #include "model/fixture.h"
@@ -381,6 +382,34 @@ TEST(CudaEngram, HostPlacementMatchesDevice) {
     }
     EXPECT_EQ(out[0], out[1]);
     std::printf("PARITY engram host placement == device placement: %s\n", out[0] == out[1] ? "yes" : "no");
+}
+
+// --mem-fraction-static: the warm-up uploads every weight (nothing is uploaded by a later step), the state is the
+// fraction of the device less the weights, and a fraction below the weights is refused naming them.
+TEST(CudaMemoryPlan, WarmUpUploadsTheWeightsAndSizesTheState) {
+    REQUIRE_GPU();
+    ModelOptions o;
+    o.device = "cuda";
+    auto m = Model::load(fixture_dir("dsv41-tiny-a"), o);
+    const DeviceMemoryPlan plan = plan_device_memory({m.get()}, 0.5, 64);
+    EXPECT_GT(plan.weights, 0u);
+    EXPECT_GT(plan.activations, 0u);
+    EXPECT_EQ(plan.state, static_cast<size_t>(0.5 * static_cast<double>(plan.total)) - plan.weights);
+    Diagnostics* d = m->backend().diagnostics();
+    auto ids = read_ids(fixture_dir("dsv41-tiny-a") + "/cases/prefill.ids");
+    {
+        SequenceRunner r(*m, static_cast<int64_t>(ids.size()) + 4);
+        r.feed(ids, 16);
+        r.feed({1}, 0);  // a decode step too
+    }
+    EXPECT_EQ(d->memory_use(false).used_now, plan.weights) << "a step uploaded what the warm-up did not";
+    try {
+        plan_device_memory({m.get()}, 1e-9, 64);
+        ADD_FAILURE() << "a fraction below the weights was accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("does not fit"), std::string::npos) << e.what();
+    }
+    std::printf("PLAN dsv41-tiny-a: %s\n", plan.describe().c_str());
 }
 
 TEST(CudaDevice, ReportsWhyWhenUnavailable) {

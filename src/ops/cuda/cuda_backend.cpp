@@ -451,6 +451,26 @@ size_t CudaBackend::free_memory() const {
     return free + static_cast<size_t>(reserved > used ? reserved - used : 0);
 }
 
+Diagnostics::MemoryUse CudaBackend::memory_use(bool reset_peak) {
+    PG_CUDA(cudaSetDevice(gpu_));
+    PG_CUDA(cudaDeviceSynchronize());  // frees in stream order are done
+    MemoryUse m;
+    size_t free = 0;
+    PG_CUDA(cudaMemGetInfo(&free, &m.total));
+    cudaMemPool_t pool = nullptr;
+    PG_CUDA(cudaDeviceGetDefaultMemPool(&pool, gpu_));
+    uint64_t now = 0, peak = 0;
+    PG_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &now));
+    PG_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &peak));
+    m.used_now = static_cast<size_t>(now);
+    m.used_peak = static_cast<size_t>(peak);
+    if (reset_peak) {
+        uint64_t zero = 0;  // the driver restarts the high-water mark at the current use
+        PG_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));
+    }
+    return m;
+}
+
 std::string CudaBackend::device_name() const {
     cudaDeviceProp p{};
     PG_CUDA(cudaGetDeviceProperties(&p, gpu_));

@@ -130,6 +130,7 @@ public:
     size_t graph_memory_bytes() const override;
     // Counting the activation pool's freed but still mapped memory (state allocations can take it back).
     size_t free_memory() const override;
+    MemoryUse memory_use(bool reset_peak) override;
     double copy_bandwidth_gbs(size_t bytes, int reps) const override;
     // bf16-valued floats in [-1, 1), then valid codes and scales in every entry.
     void fill_state_random(const PagePool& pool, uint64_t seed) override;

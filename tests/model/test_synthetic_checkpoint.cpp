@@ -1,5 +1,5 @@
 // Synthetic checkpoints: written shard by shard, loaded by the normal loader, the same model as Model::synthetic
-// bit for bit; and the presets they are made from.
+// bit for bit; the presets they are made from; synth-checkpoint's refusals.
 #include "engine/sequence_runner.h"
 #include "io/safetensors.h"
 #include "model/fixture.h"
@@ -8,6 +8,7 @@
 #include "util/error.h"
 #include "util/file.h"
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fmt/format.h>
@@ -178,6 +179,71 @@ TEST(SyntheticCheckpointPlan, RealSizeSliceWithoutMakingIt) {
             EXPECT_GT(s.bytes, size_t{31} << 27) << s.file << " is far from full";
         }
     }
+}
+
+// synth-checkpoint refuses before writing anything.
+std::string run_cli(const std::string& args, int* rc) {
+    const std::string cmd = std::string(PEREGRINE_BINARY) + " synth-checkpoint " + args + " 2>&1";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    *rc = ::pclose(p);
+    return out;
+}
+
+TEST(SynthCheckpointCli, Refusals) {
+    ScratchDir dir("cli");
+    const std::string out = (dir.dir / "ckpt").string();
+    int rc = 0;
+    std::string msg = run_cli("--preset v5-flash --layers 2 --out " + out, &rc);
+    EXPECT_NE(rc, 0);
+    EXPECT_NE(msg.find("unknown synthetic preset 'v5-flash' (known: v41-flash, v4-flash)"), std::string::npos) << msg;
+    msg = run_cli("--preset v41-flash --layers 41 --out " + out, &rc);
+    EXPECT_NE(rc, 0);
+    EXPECT_NE(msg.find("1..40 layers, not 41"), std::string::npos) << msg;
+    msg = run_cli("--preset v4-flash --layers 0 --out " + out, &rc);
+    EXPECT_NE(rc, 0);
+    EXPECT_NE(msg.find("1..43 layers, not 0"), std::string::npos) << msg;
+    msg = run_cli("--preset v4-flash --layers 2 --experts 3 --out " + out, &rc);
+    EXPECT_NE(rc, 0);
+    EXPECT_NE(msg.find("at least 6 routed experts"), std::string::npos) << msg;
+    EXPECT_FALSE(fs::exists(out)) << "refused before making --out";
+
+    fs::create_directories(out);
+    write_file(out + "/notes.txt", "x", 1);
+    msg = run_cli("--preset v41-flash --layers 1 --experts 6 --out " + out, &rc);
+    EXPECT_NE(rc, 0);
+    EXPECT_NE(msg.find("is not empty; give --force"), std::string::npos) << msg;
+    write_file(dir.dir.string() + "/file", "x", 1);
+    msg = run_cli("--preset v41-flash --layers 1 --out " + dir.dir.string() + "/file", &rc);
+    EXPECT_NE(rc, 0);
+    EXPECT_NE(msg.find("exists and is not a directory"), std::string::npos) << msg;
+    if (::geteuid() != 0) {  // root writes anywhere
+        fs::create_directories(dir.dir / "ro");
+        fs::permissions(dir.dir / "ro", fs::perms::owner_read | fs::perms::owner_exec);
+        msg = run_cli("--preset v41-flash --layers 1 --out " + (dir.dir / "ro").string(), &rc);
+        EXPECT_NE(rc, 0);
+        EXPECT_NE(msg.find("cannot write to --out"), std::string::npos) << msg;
+        fs::permissions(dir.dir / "ro", fs::perms::owner_all);
+    }
+    msg = run_cli("--preset v41-flash --layers 1 --shard-size 4X --out " + out, &rc);
+    EXPECT_NE(rc, 0);
+    EXPECT_NE(msg.find("--shard-size '4X'"), std::string::npos) << msg;
+}
+
+TEST(SynthCheckpointCli, RefusesWhatTheDiskCannotHold) {
+    ScratchDir dir("space");
+    const size_t need = plan_synthetic_checkpoint(synthetic_preset_config("v4-flash", 43, 2048), 1, size_t{4} << 30)
+                            .total_bytes;
+    if (fs::space(dir.dir).available > need) GTEST_SKIP() << "the disk holds " << need << " bytes";
+    int rc = 0;
+    const std::string out = (dir.dir / "big").string();
+    const std::string msg = run_cli("--preset v4-flash --layers 43 --experts 2048 --out " + out, &rc);
+    EXPECT_NE(rc, 0);
+    EXPECT_NE(msg.find("the checkpoint needs " + fmt::format("{:.2f}", need / 1e9) + " GB and"), std::string::npos)
+        << msg;
+    EXPECT_FALSE(fs::exists(out)) << "refused before making --out";
 }
 
 }  // namespace

@@ -33,9 +33,9 @@ std::vector<int32_t> parse_id_list(const std::string& text) {
 namespace {
 
 struct ForwardArgs {
-    std::string model, ids, ids_file, out, device = "cpu";
+    std::string model, synthetic, ids, ids_file, out, device = "cpu";
     int64_t decode_from = -1;
-    int prefill_chunk = 0;
+    int prefill_chunk = 0, synthetic_layers = 4, synthetic_experts = 0;
 };
 
 int run_forward(const ForwardArgs& a) {
@@ -47,7 +47,10 @@ int run_forward(const ForwardArgs& a) {
 
     ModelOptions opts;
     opts.device = a.device;
-    auto model = Model::load(a.model, opts);
+    auto model = a.synthetic.empty()
+                     ? Model::load(a.model, opts)
+                     : Model::synthetic(synthetic_preset_config(a.synthetic, a.synthetic_layers, a.synthetic_experts),
+                                        opts);
     const int vocab = model->config().vocab_size;
     SequenceRunner run(*model, n);
     // Positions before decode_from are prefilled (in chunks if asked), the rest fed one at a time.
@@ -64,7 +67,11 @@ int run_forward(const ForwardArgs& a) {
 RegisterCommand reg([](CLI::App& app, int& exit_code) {
     auto a = std::make_shared<ForwardArgs>();
     auto* cmd = app.add_subcommand("forward", "Write the logits of every position as float32 [n, vocab]");
-    cmd->add_option("--model", a->model, "Model directory")->required();
+    auto* model = cmd->add_option("--model", a->model, "Model directory");
+    cmd->add_option("--synthetic", a->synthetic, "Made-up weights instead, as serve --synthetic (v41-flash, v4-flash)")
+        ->excludes(model);
+    cmd->add_option("--synthetic-layers", a->synthetic_layers, "Layers of the synthetic model");
+    cmd->add_option("--synthetic-experts", a->synthetic_experts, "Routed experts per layer (default: the release's)");
     auto* ids = cmd->add_option("--ids", a->ids, "Comma-separated token ids");
     cmd->add_option("--ids-file", a->ids_file, "File with comma-separated token ids")->excludes(ids);
     cmd->add_option("--decode-from", a->decode_from, "Positions from N on are fed one token at a time");
@@ -73,6 +80,7 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--device", a->device, "cpu or cuda");
     cmd->callback([a, &exit_code] {
         if (a->ids.empty() && a->ids_file.empty()) fail("give --ids or --ids-file");
+        if (a->model.empty() && a->synthetic.empty()) fail("give --model or --synthetic");
         exit_code = run_forward(*a);
     });
 });

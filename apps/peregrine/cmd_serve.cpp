@@ -37,7 +37,7 @@ struct ServeArgs {
     int64_t swa_prefix_tails = -1;
     double shutdown_timeout = 30, mem_fraction_static = 0.88;
     int port = 30000, max_running = 64, max_queued = 1024, chunked_prefill = 512, page_tokens = 16, dp = 1, ep = 1;
-    int synthetic_layers = 4, synthetic_experts = 384;
+    int synthetic_layers = 4, synthetic_experts = 0;
     int grammar_compile_threads = 2, grammar_compile_queue = 32, max_connections = 4096;
     double grammar_compile_timeout = 5.0;
     ExpertParallelOptions ep_opts;
@@ -114,7 +114,6 @@ int run_serve(ServeArgs& a) {
     std::signal(SIGPIPE, SIG_IGN);
     log_init(a.log_level);
     if (!a.synthetic.empty()) {
-        PEREGRINE_CHECK(a.synthetic == "v41-flash", "--synthetic: only v41-flash is available");
         PEREGRINE_CHECK(a.model.empty() && a.dp == 1, "--synthetic takes neither --model nor --dp");
     }
     if (a.model.empty()) a.model = a.synthetic.empty() ? default_model_dir() : "synthetic-" + a.synthetic;
@@ -133,9 +132,9 @@ int run_serve(ServeArgs& a) {
     ParallelModels group;
     if (a.synthetic.empty()) {
         group = ParallelModels::load(a.model, mo, a.ep_opts);
-    } else {  // V4.1-Flash's dimensions and formats with made-up weights (serving benchmarks at real sizes)
+    } else {  // a release's dimensions and formats with made-up weights (serving benchmarks at real sizes)
         group.models.push_back(
-            Model::synthetic(synthetic_v41_flash_config(a.synthetic_layers, a.synthetic_experts), mo));
+            Model::synthetic(synthetic_preset_config(a.synthetic, a.synthetic_layers, a.synthetic_experts), mo));
     }
     Model* model = group.models[0].get();
     progress.done();
@@ -296,11 +295,12 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     auto* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (continuous batching, prefix cache)");
     cmd->add_option("--model", a->model, "Model directory (default: the embedded demo model)");
     cmd->add_option("--synthetic", a->synthetic,
-                    "Serve made-up weights at a release's dimensions and formats instead (v41-flash; byte tokenizer)");
-    cmd->add_option("--synthetic-layers", a->synthetic_layers, "Layers of the synthetic model")
-        ->check(CLI::Range(1, 40));
+                    "Serve made-up weights at a release's dimensions and formats instead (v41-flash or v4-flash; "
+                    "byte tokenizer)");
+    cmd->add_option("--synthetic-layers", a->synthetic_layers, "Layers of the synthetic model (up to 40 or 43)")
+        ->check(CLI::Range(1, 43));
     cmd->add_option("--synthetic-experts", a->synthetic_experts,
-                    "Routed experts per layer of the synthetic model (384 in the release)")
+                    "Routed experts per layer of the synthetic model (default: the release's, 384 or 256)")
         ->check(CLI::Range(6, 4096));
     cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's; bytes when it has none)");
     cmd->add_option("--host", a->host, "Address to listen on");

@@ -58,6 +58,9 @@ private:
 
 // The keys every release has (sizes, attention, RoPE/YaRN, MoE, mHC, token ids).
 void read_shared_config(const ConfigReader& r, ModelConfig& c);
+// Those keys as a release writes them (read_shared_config reads them back), with the fixed ones it ships
+// (num_key_value_heads 1, silu, untied embeddings, YaRN rope_scaling, noaux_tc routing).
+nlohmann::json shared_config_json(const ModelConfig& c);
 // quantization_config: fp8 with ue8m0 scales, square weight blocks of 32 or 128.
 void read_quantization_config(const nlohmann::json& q, const std::string& path, ModelConfig& c);
 // Sizes and ranges every release must satisfy; fails naming the file.

@@ -54,6 +54,51 @@ void read_shared_config(const ConfigReader& r, ModelConfig& c) {
     c.eos_token_id = r.get<int>("eos_token_id", 1);
 }
 
+nlohmann::json shared_config_json(const ModelConfig& c) {
+    nlohmann::json j;
+    j["vocab_size"] = c.vocab_size;
+    j["hidden_size"] = c.dim;
+    j["num_hidden_layers"] = c.n_layers;
+    j["num_nextn_predict_layers"] = c.n_mtp_layers;
+    j["num_attention_heads"] = c.n_heads;
+    j["num_key_value_heads"] = 1;
+    j["head_dim"] = c.head_dim;
+    j["qk_rope_head_dim"] = c.rope_head_dim;
+    j["q_lora_rank"] = c.q_lora_rank;
+    j["o_groups"] = c.o_groups;
+    j["o_lora_rank"] = c.o_lora_rank;
+    j["sliding_window"] = c.window_size;
+    j["compress_ratios"] = c.compress_ratios;
+    j["index_n_heads"] = c.index_n_heads;
+    j["index_head_dim"] = c.index_head_dim;
+    j["index_topk"] = c.index_topk;
+    j["rope_theta"] = c.rope_theta;
+    j["compress_rope_theta"] = c.compress_rope_theta;
+    j["rope_scaling"] = {{"factor", c.rope_factor},
+                         {"beta_fast", c.beta_fast},
+                         {"beta_slow", c.beta_slow},
+                         {"original_max_position_embeddings", c.original_seq_len}};
+    j["rms_norm_eps"] = c.norm_eps;
+    j["n_routed_experts"] = c.n_routed_experts;
+    j["num_experts_per_tok"] = c.n_activated_experts;
+    j["n_shared_experts"] = c.n_shared_experts;
+    j["moe_intermediate_size"] = c.moe_inter_dim;
+    j["scoring_func"] = c.score_func;
+    j["topk_method"] = "noaux_tc";
+    j["routed_scaling_factor"] = c.route_scale;
+    j["swiglu_limit"] = c.swiglu_limit;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["hc_mult"] = c.hc_mult;
+    j["hc_sinkhorn_iters"] = c.hc_sinkhorn_iters;
+    j["hc_eps"] = c.hc_eps;
+    j["max_position_embeddings"] = c.max_position_embeddings;
+    j["bos_token_id"] = c.bos_token_id;
+    j["eos_token_id"] = c.eos_token_id;
+    j["hidden_act"] = "silu";
+    j["tie_word_embeddings"] = false;
+    return j;
+}
+
 void read_quantization_config(const nlohmann::json& q, const std::string& path, ModelConfig& c) {
     ConfigReader r{q, path};
     std::string method = r.get<std::string>("quant_method", "fp8");

@@ -90,6 +90,8 @@ struct ModelConfig {
     int total_layers() const { return n_layers + n_mtp_layers; }
     int ratio(int layer) const { return compress_ratios.at(static_cast<size_t>(layer)); }
     bool is_engram_layer(int layer) const;
+    // Field by field: a config.json written for a configuration must read back as exactly it.
+    bool operator==(const ModelConfig&) const = default;
 };
 
 }  // namespace peregrine

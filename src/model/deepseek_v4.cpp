@@ -37,6 +37,19 @@ public:
         return c;
     }
 
+    nlohmann::json config_json(const ModelConfig& c) const override {
+        nlohmann::json j = shared_config_json(c);
+        j["architectures"] = {"DeepseekV4ForCausalLM"};
+        j["model_type"] = model_type();
+        j["num_hash_layers"] = c.n_hash_layers;
+        j["expert_dtype"] = "fp4";
+        j["quantization_config"] = {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"}, {"quant_method", "fp8"},
+                                    {"scale_fmt", "ue8m0"}, {"weight_block_size", {c.weight_block, c.weight_block}}};
+        j["rope_scaling"]["type"] = "yarn";
+        j["torch_dtype"] = "bfloat16";
+        return j;
+    }
+
     ModelFormat format(const ModelConfig& c) const override {
         ModelFormat f;
         f.single_pass_mhc = false;

@@ -75,6 +75,47 @@ public:
         return c;
     }
 
+    // The text model under text_config, as the release nests it; engram and DSpark keys only where the model has them.
+    nlohmann::json config_json(const ModelConfig& c) const override {
+        nlohmann::json t = shared_config_json(c);
+        t["model_type"] = "deepseek_v41_text";
+        t["rope_scaling"]["rope_type"] = "yarn";
+        t["kv_source_layer_ids"] = c.kv_source_layers;
+        t["index_source_layer_ids"] = c.index_source_layers;
+        t["candidate_source_layer_id"] = c.candidate_source_layer;
+        t["candidate_topk_blocks"] = c.candidate_topk_blocks;
+        t["candidate_block_size"] = c.candidate_block_size;
+        if (!c.engram_layer_ids.empty()) {
+            t["engram_layer_ids"] = c.engram_layer_ids;
+            t["engram_num_embeddings"] = c.engram_num_embeddings;
+            t["engram_max_ngram_size"] = c.engram_max_ngram_size;
+            t["engram_n_heads"] = c.engram_n_heads;
+            t["engram_head_dim"] = c.engram_head_dim;
+            t["engram_vocab_size"] = c.engram_vocab_size;
+            t["engram_pad_token_id"] = c.engram_pad_id;
+            t["engram_compressed_vocab_size"] = c.engram_compressed_vocab_size;
+        }
+        if (c.dspark_block_size > 0) {
+            t["dspark_block_size"] = c.dspark_block_size;
+            t["dspark_noise_token_id"] = c.dspark_noise_token_id;
+            t["dspark_target_layer_ids"] = c.dspark_target_layer_ids;
+            t["dspark_markov_rank"] = c.dspark_markov_rank;
+            t["dspark_n_routed_experts"] = c.dspark_n_routed_experts;
+            t["dspark_num_experts_per_tok"] = c.dspark_n_activated_experts;
+        }
+        nlohmann::json j;
+        j["architectures"] = {"DeepseekV41ForCausalLM"};
+        j["model_type"] = model_type();
+        if (c.image_token_id >= 0) j["image_token_id"] = c.image_token_id;
+        j["quantization_config"] = {{"quant_method", "fp8"},
+                                    {"activation_scheme", "dynamic"},
+                                    {"weight_block_size", {c.weight_block, c.weight_block}},
+                                    {"scale_fmt", "ue8m0"},
+                                    {"expert_dtype", c.fp4_experts ? "fp4" : "fp8"}};
+        j["text_config"] = std::move(t);
+        return j;
+    }
+
     ModelFormat format(const ModelConfig& c) const override {
         ModelFormat f;
         f.single_pass_mhc = true;

@@ -86,6 +86,13 @@ private:
 // only, ratio-2 source (compressor + indexer), ratio-2 reuse, ratio-1 source (+ candidate blocks), ratio-1
 // reuse, then ratio-1 layers with a re-indexing layer every fourth. No engram, no DSpark stages.
 ModelConfig synthetic_v41_flash_config(int layers, int n_routed_experts = 384);
+// DeepSeek-V4-Flash's dimensions with `layers` layers in its pattern: two window-only layers, then CSA (ratio 4,
+// indexer) and HCA (ratio 128) in turn; the first three route by token id. No MTP layer.
+ModelConfig synthetic_v4_flash_config(int layers, int n_routed_experts = 256);
+// The synthetic models by name, as serve --synthetic and synth-checkpoint take them; experts 0: the release's
+// count (384 for V4.1-Flash, 256 for V4-Flash).
+inline constexpr const char* synthetic_presets() { return "v41-flash, v4-flash"; }
+ModelConfig synthetic_preset_config(const std::string& preset, int layers, int n_routed_experts = 0);
 
 
 }  // namespace peregrine

@@ -14,4 +14,11 @@ ModelWeights synthetic_model_weights(const ModelConfig& cfg, uint64_t seed) {
     return model_variant(cfg).load_weights(L);
 }
 
+std::vector<SyntheticTensor> synthetic_inventory(const ModelConfig& cfg, uint64_t seed) {
+    std::vector<SyntheticTensor> out;
+    WeightLoader L(cfg, seed, &out);
+    model_variant(cfg).load_weights(L);
+    return out;
+}
+
 }  // namespace peregrine

@@ -1,7 +1,9 @@
-// Synthetic models for benchmarks: the V4.1-Flash configuration cut to a few layers, weights made up.
+// Synthetic models for benchmarks: a release's configuration cut to a few layers, weights made up.
 #include "model/model.h"
 #include "model/model_weights.h"
 #include "util/error.h"
+
+#include <algorithm>
 
 namespace peregrine {
 
@@ -56,6 +58,58 @@ ModelConfig synthetic_v41_flash_config(int layers, int n_routed_experts) {
     }
     c.candidate_source_layer = layers > 3 ? 3 : -1;
     return c;
+}
+
+ModelConfig synthetic_v4_flash_config(int layers, int n_routed_experts) {
+    PEREGRINE_CHECK(layers >= 1 && layers <= 43, "synthetic V4-Flash: 1..43 layers, not {}", layers);
+    PEREGRINE_CHECK(n_routed_experts >= 6, "synthetic V4-Flash: at least 6 routed experts (top-6 routing)");
+    ModelConfig c;
+    c.arch = ModelArch::DeepseekV4;
+    c.model_type = "deepseek_v4";
+    c.vocab_size = 129280;
+    c.dim = 4096;
+    c.n_layers = layers;
+    c.n_heads = 64;
+    c.head_dim = 512;
+    c.rope_head_dim = 64;
+    c.q_lora_rank = 1024;
+    c.o_groups = 8;
+    c.o_lora_rank = 1024;
+    c.window_size = 128;
+    c.index_n_heads = 64;
+    c.index_head_dim = 128;
+    c.index_topk = 512;
+    c.rope_theta = 10000;
+    c.compress_rope_theta = 160000;
+    c.original_seq_len = 65536;
+    c.rope_factor = 16;
+    c.beta_fast = 32;
+    c.beta_slow = 1;
+    c.norm_eps = 1e-6;
+    c.n_routed_experts = n_routed_experts;
+    c.n_activated_experts = 6;
+    c.n_shared_experts = 1;
+    c.moe_inter_dim = 2048;
+    c.score_func = "sqrtsoftplus";
+    c.route_scale = 1.5;
+    c.swiglu_limit = 10.0;
+    c.norm_topk_prob = true;
+    c.n_hash_layers = std::min(layers, 3);
+    c.hc_mult = 4;
+    c.hc_sinkhorn_iters = 20;
+    c.hc_eps = 1e-6;
+    c.weight_block = 128;
+    c.act_block = 128;
+    c.fp4_experts = true;
+    c.max_position_embeddings = 1048576;
+    for (int l = 0; l < layers; ++l) c.compress_ratios.push_back(l < 2 ? 0 : l % 2 == 0 ? 4 : 128);
+    return c;
+}
+
+ModelConfig synthetic_preset_config(const std::string& preset, int layers, int n_routed_experts) {
+    if (preset == "v41-flash") return synthetic_v41_flash_config(layers, n_routed_experts ? n_routed_experts : 384);
+    if (preset == "v4-flash") return synthetic_v4_flash_config(layers, n_routed_experts ? n_routed_experts : 256);
+    fail("unknown synthetic preset '{}' (known: {})", preset, synthetic_presets());
 }
 
 std::unique_ptr<Model> Model::synthetic(const ModelConfig& cfg, const ModelOptions& opts, uint64_t seed) {

@@ -53,6 +53,15 @@ ModelConfig load_model_config(const std::string& model_dir) {
     return parse_model_config(read_file(path), path);
 }
 
+std::string model_config_json(const ModelConfig& c) {
+    const ModelVariant& v = model_variant(c);
+    const std::string text = v.config_json(c).dump(2) + "\n";
+    if (!(parse_model_config(text) == c))
+        fail("this {} configuration has a field its config.json cannot express: it would not read back the same",
+             v.name());
+    return text;
+}
+
 std::string describe_model(const ModelConfig& c) {
     const ModelVariant& v = model_variant(c);
     return fmt::format("{} ({}): {} layers + {} {}, hidden {}, {} heads x {}, {} experts top-{}, vocab {}", v.name(),

@@ -27,6 +27,8 @@ public:
 
     // Its config.json (the shared keys through read_shared_config, its own keys and defaults), checked.
     virtual ModelConfig read_config(const nlohmann::json& root, const std::string& path) const = 0;
+    // config.json as the release lays it out, for c (read_config reads it back as c).
+    virtual nlohmann::json config_json(const ModelConfig& c) const = 0;
     virtual ModelFormat format(const ModelConfig& c) const = 0;
     virtual std::vector<AttentionLayerInfo> layer_roles(const ModelConfig& c) const = 0;
     // What each layer (then each draft stage that keeps a window) keeps per sequence.
@@ -41,6 +43,8 @@ const ModelVariant* find_model_variant(const std::string& model_type);
 // config.json read by the variant its model_type names; unknown architectures are refused with the known ones.
 ModelConfig parse_model_config(const std::string& json_text, const std::string& path = "config.json");
 ModelConfig load_model_config(const std::string& model_dir);
+// The text of c's config.json; fails unless it reads back as exactly c (a field its release has no key for).
+std::string model_config_json(const ModelConfig& c);
 // One line: release, layers, sizes.
 std::string describe_model(const ModelConfig& c);
 

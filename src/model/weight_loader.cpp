@@ -11,13 +11,20 @@ namespace {
 int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
+Tensor WeightLoader::synthetic(const std::string& name, DType dtype, std::vector<int64_t> shape) {
+    SyntheticTensor t{name, dtype, std::move(shape), seed_++};
+    if (!inventory_) return synthetic_tensor(cfg_, t);
+    inventory_->push_back(t);
+    return Tensor::view(dtype, t.shape, nullptr);
+}
+
 Tensor WeightLoader::tensor(const std::string& name, DType dtype, std::vector<int64_t> shape) {
-    if (synthetic_) return synthetic_tensor(name, dtype, std::move(shape), seed_++);
+    if (synthetic_) return synthetic(name, dtype, std::move(shape));
     const TensorView& t = st_.require(name, dtype, shape);
     return Tensor::view(t.dtype, t.shape, t.data);
 }
 Tensor WeightLoader::param(const std::string& name, std::vector<int64_t> shape) {
-    if (synthetic_) return synthetic_tensor(name, DType::BF16, std::move(shape), seed_++);
+    if (synthetic_) return synthetic(name, DType::BF16, std::move(shape));
     const TensorView& t = st_.require(name);
     if (t.dtype != DType::BF16 && t.dtype != DType::F32)
         fail("tensor '{}' in '{}' has dtype {}, expected BF16 or F32", name, *t.file, dtype_name(t.dtype));
@@ -58,6 +65,11 @@ LinearWeight WeightLoader::dense(const std::string& name, int out, int in, Linea
 }
 LinearWeight WeightLoader::fp8_as_bf16(const std::string& name, int out, int in) {
     LinearWeight q = fp8(name, out, in);
+    LinearWeight d;
+    d.kind = LinearWeight::Kind::BF16;
+    d.out = out;
+    d.in = in;
+    if (!q.w.raw()) return d;  // listed, not made
     Tensor w = Tensor::zeros(DType::BF16, {out, in});
     const int b = cfg_.weight_block;
     const int64_t sc = cdiv(in, b);
@@ -67,17 +79,23 @@ LinearWeight WeightLoader::fp8_as_bf16(const std::string& name, int out, int in)
                       e8m0_to_f32(q.scale.data<uint8_t>()[(r / b) * sc + c / b]);
             w.data<uint16_t>()[r * in + c] = f32_to_bf16(v);
         }
-    LinearWeight d;
-    d.kind = LinearWeight::Kind::BF16;
-    d.out = out;
-    d.in = in;
     d.w = w;
     return d;
 }
 
+size_t SyntheticTensor::nbytes() const {
+    size_t n = dtype_size(dtype);
+    for (int64_t d : shape) n *= static_cast<size_t>(d);
+    return n;
+}
+
 // Values in the released formats at sane magnitudes: e4m3 in [2^-3, 2), ue8m0 scales 2^-8, random fp4 nibbles, norms
 // 1, other parameters uniform in +-1/sqrt(fan-in), hash routes spread over the experts.
-Tensor WeightLoader::synthetic_tensor(const std::string& name, DType dtype, std::vector<int64_t> shape, uint64_t seed) {
+Tensor synthetic_tensor(const ModelConfig& cfg, const SyntheticTensor& spec) {
+    const std::string& name = spec.name;
+    const DType dtype = spec.dtype;
+    const std::vector<int64_t>& shape = spec.shape;
+    const uint64_t seed = spec.seed;
     Tensor t = Tensor::zeros(dtype, shape);
     const int64_t n = t.numel();
     const int64_t fan_in = shape.empty() ? 1 : shape.back();
@@ -99,7 +117,7 @@ Tensor WeightLoader::synthetic_tensor(const std::string& name, DType dtype, std:
                 case DType::I8: case DType::U8: t.data<uint8_t>()[i] = static_cast<uint8_t>(r); break;
                 case DType::I64:
                     t.data<int64_t>()[i] =
-                        static_cast<int64_t>((i * 7919 + i / fan_in) % std::max(1, cfg_.n_routed_experts));
+                        static_cast<int64_t>((i * 7919 + i / fan_in) % std::max(1, cfg.n_routed_experts));
                     break;
                 case DType::BF16: t.data<uint16_t>()[i] = f32_to_bf16(is_norm ? 1.0f : a * u); break;
                 case DType::F32: t.data<float>()[i] = is_norm ? 1.0f : a * u; break;
@@ -178,7 +196,7 @@ BlockWeight load_block_core(WeightLoader& L, const std::string& p, int n_experts
     if (hash) {
         f.tid2eid = L.tensor(fp + "gate.tid2eid", DType::I64, {cfg.vocab_size, top_k});
         const int64_t* t = f.tid2eid.data<int64_t>();
-        for (int64_t i = 0; i < f.tid2eid.numel(); ++i)
+        for (int64_t i = 0; t && i < f.tid2eid.numel(); ++i)  // t null: listed, not made
             if (t[i] < 0 || t[i] >= n_experts)
                 fail("tensor '{}gate.tid2eid' routes to expert {} of {}", fp, t[i], n_experts);
     } else {

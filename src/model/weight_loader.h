@@ -12,12 +12,31 @@
 
 namespace peregrine {
 
+// One made-up tensor, enough to make it again on its own (synthetic_tensor).
+struct SyntheticTensor {
+    std::string name;
+    DType dtype = DType::F32;
+    std::vector<int64_t> shape;
+    uint64_t seed = 0;
+    size_t nbytes() const;
+};
+
+// The values of a synthetic tensor: deterministic in its seed (and, for hash routes, cfg's expert count).
+Tensor synthetic_tensor(const ModelConfig& cfg, const SyntheticTensor& t);
+// Every tensor synthetic_model_weights makes, in its order and with its seed, without making any
+// (model_weights.cpp): a checkpoint of it can be written one tensor at a time.
+std::vector<SyntheticTensor> synthetic_inventory(const ModelConfig& cfg, uint64_t seed);
+
 class WeightLoader {
 public:
     // Every tensor is checked for presence, dtype and shape before use; errors name the tensor and file.
     WeightLoader(const ModelConfig& cfg, const SafeTensors& st) : cfg_(cfg), st_(st) {}
     // Synthetic weights: every tensor is made up (released formats, deterministic in seed) instead of read.
     WeightLoader(const ModelConfig& cfg, uint64_t seed) : cfg_(cfg), st_(empty_), synthetic_(true), seed_(seed) {}
+    // The synthetic tensors listed instead of made: each goes to `inventory` with its seed, and the weights
+    // returned have shapes but no data.
+    WeightLoader(const ModelConfig& cfg, uint64_t seed, std::vector<SyntheticTensor>* inventory)
+        : cfg_(cfg), st_(empty_), synthetic_(true), seed_(seed), inventory_(inventory) {}
 
     Tensor tensor(const std::string& name, DType dtype, std::vector<int64_t> shape);
     // A norm or small parameter stored as BF16 or F32.
@@ -32,13 +51,14 @@ public:
     const ModelConfig& config() const { return cfg_; }
 
 private:
-    Tensor synthetic_tensor(const std::string& name, DType dtype, std::vector<int64_t> shape, uint64_t seed);
+    Tensor synthetic(const std::string& name, DType dtype, std::vector<int64_t> shape);
 
     const ModelConfig& cfg_;
     SafeTensors empty_;
     const SafeTensors& st_;
     bool synthetic_ = false;
     uint64_t seed_ = 0;
+    std::vector<SyntheticTensor>* inventory_ = nullptr;
 };
 
 // The blocks every release has, under the prefix p ("layers.3.", "mtp.0.").

@@ -38,11 +38,13 @@ DeviceMemoryPlan plan_device_memory(const std::vector<Model*>& ranks, double fra
         m->backend().bind_thread();
         d->memory_use(true);
         try {
-            // The largest step a server runs: every weight goes to the device on first use, activations peak.
-            SequenceRunner warm(*m, chunk_tokens);
+            // The largest step a server runs, then a decode step (some weights take another form there): every
+            // weight goes to the device on first use, activations peak.
+            SequenceRunner warm(*m, chunk_tokens + 1);
             std::vector<int32_t> ids(static_cast<size_t>(chunk_tokens));
             for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i % m->config().vocab_size);
             warm.feed(ids, chunk_tokens);
+            warm.feed({ids[0]}, 1);
         } catch (const Error& e) {
             const Diagnostics::MemoryUse u = d->memory_use(false);
             fail("the warm-up step of {} tokens failed on {} with {} of weights and activations in use of {} ({}): "

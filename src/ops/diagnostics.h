@@ -33,6 +33,9 @@ public:
         size_t total = 0, used_now = 0, used_peak = 0;
     };
     virtual MemoryUse memory_use(bool reset_peak) = 0;
+    // Parameters (and their tables) copied to the device so far: a warm-up that uploads every weight leaves no
+    // later step anything to add.
+    virtual size_t weights_uploaded() const = 0;
     virtual double copy_bandwidth_gbs(size_t bytes, int reps) const = 0;
     // Fills every page of the pool with valid random entries (a cached context without its prefill).
     virtual void fill_state_random(const PagePool& pool, uint64_t seed) = 0;

@@ -131,6 +131,7 @@ public:
     // Counting the activation pool's freed but still mapped memory (state allocations can take it back).
     size_t free_memory() const override;
     MemoryUse memory_use(bool reset_peak) override;
+    size_t weights_uploaded() const override { return weights_.entries(); }
     double copy_bandwidth_gbs(size_t bytes, int reps) const override;
     // bf16-valued floats in [-1, 1), then valid codes and scales in every entry.
     void fill_state_random(const PagePool& pool, uint64_t seed) override;

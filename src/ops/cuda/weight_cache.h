@@ -50,6 +50,11 @@ public:
     const float* engram_gate(const EngramWeight& w);
     // The pointer table of G groups of a grouped weight [G * R, GD] (wo_a as a routed GEMM's experts).
     const void* const* group_table(const uint16_t* w, int G, int R, int GD);
+    // Device copies made so far.
+    size_t entries() const {
+        return raw_.size() + f32_.size() + tables_.size() + engram_gate_.size() + groups_.size() + experts_.size() +
+               ropes_.size();
+    }
 
 private:
     ModelConfig cfg_;

@@ -33,7 +33,8 @@ namespace {
 
 struct ServeArgs {
     std::string model, tokenizer, host = "127.0.0.1", served_model_name, kv_memory, api_key,
-        log_level = "info", device = "cpu", scripted_output, synthetic, sampling_defaults = "model";
+        log_level = "info", device = "cpu", engram_placement = "device", scripted_output, synthetic,
+        sampling_defaults = "model";
     int64_t swa_prefix_tails = -1;
     double shutdown_timeout = 30, mem_fraction_static = 0.88;
     int port = 30000, max_running = 64, max_queued = 1024, chunked_prefill = 512, page_tokens = 16, dp = 1, ep = 1;
@@ -124,6 +125,13 @@ int run_serve(ServeArgs& a) {
     ModelOptions mo;
     mo.device = a.device;
     mo.page_tokens = a.page_tokens;
+    if (a.engram_placement == "peer")
+        fail("--engram-placement peer (tables sharded over the GPUs, read over NVLink) needs several GPUs and is not "
+             "available yet: use device or host");
+    PEREGRINE_CHECK(a.engram_placement == "device" || a.device == "cuda",
+                    "--engram-placement {} places tables in GPU-readable memory: it needs --device cuda",
+                    a.engram_placement);
+    mo.engram_placement = a.engram_placement;
     if (a.ep != a.dp)
         fail(
             "--ep {} with --dp {}: expert parallelism runs over the data-parallel attention ranks (give both the same N)",
@@ -217,6 +225,7 @@ int run_serve(ServeArgs& a) {
         {"model_path", a.model},
         {"served_model_name", ao.served_model_name},
         {"device", a.device},
+        {"engram_placement", a.engram_placement},
         {"mem_fraction_static", plan ? nlohmann::json(a.mem_fraction_static) : nlohmann::json()},
         {"memory_plan", plan ? nlohmann::json{{"device", plan->device}, {"total_bytes", plan->total},
                                               {"weight_bytes", plan->weights},
@@ -354,6 +363,9 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
                   "enqueued while the GPU runs the current one)");
     cmd->add_flag("--enable-thinking", a->enable_thinking, "Chat requests think unless they say otherwise");
     cmd->add_option("--device", a->device, "cpu or cuda");
+    cmd->add_option("--engram-placement", a->engram_placement,
+                    "cuda: Engram tables in device memory, or in pinned host memory the GPU reads over PCIe (host)")
+        ->check(CLI::IsMember({"device", "host", "peer"}));
     cmd->add_option("--dp", a->dp,
                     "Data-parallel attention ranks (with cuda: GPUs 0..N-1), each with its own requests and KV")
         ->check(CLI::Range(1, 64));

@@ -325,6 +325,14 @@ def test_connections_past_the_cap_get_503_and_slow_headers_time_out():
         s.stop()
 
 
+def test_engram_placement_flag_refuses_what_it_cannot_do():
+    for args, words in ((("--engram-placement", "peer"), "not available yet"),
+                        (("--engram-placement", "host"), "needs --device cuda")):
+        p = subprocess.run([BIN, "serve", "--port", "0", "--model", MODEL, *args], capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode != 0 and words in p.stderr, p.stderr
+
+
 def test_transport_limits_hold_before_the_body_is_read():
     """405 with Allow on routed paths, state changes only on POST, a body-less POST answered at once, the key checked
     before the body is read, and the body limit counted on the wire for chunked and gzip bodies alike."""

@@ -186,6 +186,40 @@ TEST(Checkpoint, ShardPathsStayInTheModelDirectory) {
     EXPECT_NE(msg.find("must name a shard file in the model directory"), std::string::npos) << msg;
 }
 
+// The index alone: every way out of the directory is refused naming the index and the entry.
+TEST(Checkpoint, IndexShardNamesArePlainFileNames) {
+    for (const char* shard : {"../../etc/passwd", "/etc/passwd", "..\\x.safetensors", ".", "..", ""}) {
+        nlohmann::json idx;
+        idx["weight_map"]["embed.weight"] = shard;
+        std::string msg = error_of([&] { parse_safetensors_index(idx.dump(), "index.json"); });
+        EXPECT_NE(msg.find("'index.json': weight_map entry 'embed.weight' must name a shard file"), std::string::npos)
+            << shard << ": " << msg;
+    }
+    // A NUL would cut the path where open() reads it: "a\0x" opened "a".
+    std::string msg = error_of([] {
+        parse_safetensors_index(R"({"weight_map": {"w": "model.safetensors\u0000x"}})", "index.json");
+    });
+    EXPECT_NE(msg.find("must name a shard file"), std::string::npos) << msg;
+    EXPECT_NE(error_of([] { parse_safetensors_index(R"([{"weight_map": {}}])", "index.json"); }).find("no weight_map"),
+              std::string::npos);
+    auto m = parse_safetensors_index(R"({"metadata": {}, "weight_map": {"a": "s1", "b": "s2"}})", "index.json");
+    EXPECT_EQ(m, (std::map<std::string, std::string>{{"a", "s1"}, {"b", "s2"}}));
+}
+
+TEST(Checkpoint, IndexNamingTheWrongShardIsRefused) {
+    ScratchModel m("dsv41-tiny-a");
+    fs::rename(m.dir / "model.safetensors", m.dir / "model-00001-of-00002.safetensors");
+    write_file((m.dir / "model-00002-of-00002.safetensors").string(), "\2\0\0\0\0\0\0\0{}", 10);  // no tensors
+    nlohmann::json idx;
+    idx["weight_map"]["embed.weight"] = "model-00002-of-00002.safetensors";  // it is in the first
+    idx["weight_map"]["norm.weight"] = "model-00001-of-00002.safetensors";
+    std::string s = idx.dump();
+    write_file((m.dir / "model.safetensors.index.json").string(), s.data(), s.size());
+    std::string msg = error_of([&] { SafeTensors::open_dir(m.dir.string()); });
+    EXPECT_NE(msg.find("'embed.weight' is listed in"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("under 'model-00002-of-00002.safetensors' but lives in"), std::string::npos) << msg;
+}
+
 TEST(Checkpoint, OverlappingTensorsAreRefused) {
     ScratchModel m("dsv4-tiny-a");
     patch_header(m.dir / "model.safetensors", [](nlohmann::json& h) {

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace {
@@ -41,7 +42,10 @@ struct Scratch {
         write_shard(model / "model-00001-of-00002.safetensors", {"embed.weight", "norm.weight"});
         write_shard(model / "model-00002-of-00002.safetensors", {"head.weight"});
         write_shard(root / "outside.safetensors", {"outside.weight"});
-        std::atexit([] { fs::remove_all(scratch().root); });
+    }
+    ~Scratch() {
+        std::error_code ec;
+        fs::remove_all(root, ec);
     }
     static const Scratch& scratch();
 };

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <set>
 
 namespace peregrine {
 
@@ -24,32 +25,43 @@ int64_t TensorView::numel() const {
 
 std::string TensorView::shape_str() const { return shape_to_string(shape); }
 
+std::map<std::string, std::string> parse_safetensors_index(const std::string& text, const std::string& path) {
+    json j;
+    try {
+        j = json::parse(text);
+    } catch (const json::exception& e) {
+        fail("'{}' is not valid JSON: {}", path, e.what());
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+        fail("'{}' has no weight_map", path);
+    std::map<std::string, std::string> out;
+    for (auto& [name, file] : j["weight_map"].items()) {
+        // Shards are files of this directory: a path elsewhere (../.., /etc) is refused, not opened.
+        const std::string f = file.is_string() ? file.get<std::string>() : "";
+        if (f.empty() || f.find_first_of(std::string("/\\\0", 3)) != std::string::npos || f == "." || f == "..")
+            fail("'{}': weight_map entry '{}' must name a shard file in the model directory, not {}", path, name,
+                 file.dump());
+        out.emplace(name, f);
+    }
+    return out;
+}
+
 SafeTensors SafeTensors::open_dir(const std::string& dir) {
     SafeTensors st;
     st.dir_ = dir;
     std::string index = dir + "/model.safetensors.index.json";
     if (file_exists(index)) {
-        json j;
-        try {
-            j = json::parse(read_file(index));
-        } catch (const json::exception& e) {
-            fail("'{}' is not valid JSON: {}", index, e.what());
+        const std::map<std::string, std::string> weight_map = parse_safetensors_index(read_file(index), index);
+        std::set<std::string> shards;
+        for (auto& [name, shard] : weight_map) shards.insert(shard);
+        for (auto& shard : shards) st.add_file(dir + "/" + shard);
+        for (auto& [name, shard] : weight_map) {
+            const TensorView* t = st.find(name);
+            if (!t) fail("tensor '{}' is listed in '{}' but missing from '{}'", name, index, shard);
+            // A tensor found in another shard than the index says means a mixed-up checkpoint.
+            if (*t->file != dir + "/" + shard)
+                fail("tensor '{}' is listed in '{}' under '{}' but lives in '{}'", name, index, shard, *t->file);
         }
-        if (!j.contains("weight_map") || !j["weight_map"].is_object()) fail("'{}' has no weight_map", index);
-        std::map<std::string, bool> shards;
-        for (auto& [name, file] : j["weight_map"].items()) {
-            // Shards are files of this directory: a path elsewhere (../.., /etc) is refused, not opened.
-            const std::string f = file.is_string() ? file.get<std::string>() : "";
-            if (f.empty() || f.find('/') != std::string::npos || f.find('\\') != std::string::npos || f == "." ||
-                f == "..")
-                fail("'{}': weight_map entry '{}' must name a shard file in the model directory, not {}", index, name,
-                     file.dump());
-            shards[f] = true;
-        }
-        for (auto& [file, _] : shards) st.add_file(dir + "/" + file);
-        for (auto& [name, file] : j["weight_map"].items())
-            if (!st.has(name))
-                fail("tensor '{}' is listed in '{}' but missing from '{}'", name, index, file.get<std::string>());
     } else if (file_exists(dir + "/model.safetensors")) {
         st.add_file(dir + "/model.safetensors");
     } else {

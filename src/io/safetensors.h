@@ -49,4 +49,8 @@ private:
 
 std::string shape_to_string(const std::vector<int64_t>& shape);
 
+// model.safetensors.index.json's weight_map: tensor name -> shard file. A shard must be a plain file name of the
+// model directory (no separators, not "." or "..", no NUL); anything else fails naming the index at path.
+std::map<std::string, std::string> parse_safetensors_index(const std::string& text, const std::string& path);
+
 }  // namespace peregrine

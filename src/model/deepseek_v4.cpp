@@ -34,6 +34,8 @@ public:
         std::string expert_dtype = r.get<std::string>("expert_dtype", "fp4");
         if (expert_dtype != "fp4") fail("'{}': unsupported expert_dtype '{}' (expected fp4)", path, expert_dtype);
         validate_shared_config(c, path);
+        if (c.n_hash_layers < 0 || c.n_hash_layers > c.n_layers)
+            fail("'{}': invalid model configuration: num_hash_layers must be within [0, num_hidden_layers]", path);
         return c;
     }
 

@@ -36,7 +36,8 @@ public:
         ModelConfig c;
         c.arch = arch();
         c.model_type = model_type();
-        if (!j.contains("text_config")) fail("'{}': model_type deepseek_v41 without text_config", path);
+        if (!j.contains("text_config") || !j["text_config"].is_object())
+            fail("'{}': model_type deepseek_v41 without a text_config object", path);
         const nlohmann::json& t = j["text_config"];
         ConfigReader r{t, path};
         c.weight_block = 32;
@@ -61,17 +62,13 @@ public:
         c.dspark_markov_rank = r.get<int>("dspark_markov_rank", 0);
         c.dspark_n_routed_experts = r.get<int>("dspark_n_routed_experts", 0);
         c.dspark_n_activated_experts = r.get<int>("dspark_num_experts_per_tok", 0);
-        c.image_token_id = j.value("image_token_id", -1);
+        // Keys beside text_config go through the reader too (types and integer ranges checked).
+        const ConfigReader top{j, path};
+        c.image_token_id = top.get<int>("image_token_id", -1);
         if (j.contains("quantization_config")) read_quantization_config(j["quantization_config"], path, c);
-        if (t.contains("bos_token_id") || j.contains("bos_token_id"))
-            c.bos_token_id = t.value("bos_token_id", j.value("bos_token_id", 0));
+        if (!r.has("bos_token_id")) c.bos_token_id = top.get<int>("bos_token_id", c.bos_token_id);
         validate_shared_config(c, path);
-        auto need = [&](bool ok, const char* what) {
-            if (!ok) fail("'{}': invalid model configuration: {}", path, what);
-        };
-        for (int l : c.kv_source_layers) need(l >= 0 && l < c.n_layers, "kv_source_layer_ids out of range");
-        for (int l : c.index_source_layers) need(l >= 0 && l < c.n_layers, "index_source_layer_ids out of range");
-        need(c.engram_layer_ids.size() == c.engram_num_embeddings.size(), "engram_num_embeddings per engram layer");
+        validate(c, path);
         return c;
     }
 
@@ -218,6 +215,60 @@ public:
     }
 
 private:
+    // The ids the runtime indexes with: layers, vocabulary rows, engram tables, DSpark targets.
+    static void validate(const ModelConfig& c, const std::string& path) {
+        auto need = [&](bool ok, const char* what) {
+            if (!ok) fail("'{}': invalid model configuration: {}", path, what);
+        };
+        auto layers = [&](const std::vector<int>& v) {
+            std::vector<int> s = v;
+            std::sort(s.begin(), s.end());
+            return std::adjacent_find(s.begin(), s.end()) == s.end() &&
+                   std::all_of(s.begin(), s.end(), [&](int l) { return l >= 0 && l < c.n_layers; });
+        };
+        need(layers(c.kv_source_layers), "kv_source_layer_ids must be distinct layers");
+        need(layers(c.index_source_layers), "index_source_layer_ids must be distinct layers");
+        need(c.candidate_source_layer >= -1 && c.candidate_source_layer < c.n_layers,
+             "candidate_source_layer_id out of range");
+        // The candidate blocks divide the compressed entries: a block of 0 was a division by zero.
+        need(c.candidate_block_size >= 1 && c.candidate_topk_blocks >= 0,
+             "candidate_block_size must be positive and candidate_topk_blocks not negative");
+        need(c.image_token_id >= -1, "image_token_id must be -1 or an id");
+
+        need(c.engram_layer_ids.size() == c.engram_num_embeddings.size(), "engram_num_embeddings per engram layer");
+        if (!c.engram_layer_ids.empty()) {
+            need(layers(c.engram_layer_ids), "engram_layer_ids must be distinct layers");
+            for (int64_t n : c.engram_num_embeddings) need(n > 0, "engram_num_embeddings must be positive");
+            // The primes are searched upwards from engram_vocab_size (bounded so the search cannot overflow); the
+            // hash multipliers divide by the compressed vocabulary; pad is a token id.
+            need(c.engram_max_ngram_size >= 2 && c.engram_max_ngram_size <= 16,
+                 "engram_max_ngram_size must be within [2, 16]");
+            need(c.engram_n_heads >= 1 && c.engram_n_heads <= 64, "engram_n_heads must be within [1, 64]");
+            need(c.engram_head_dim > 0 && c.engram_head_dim <= 4096 && c.engram_head_dim % 32 == 0,
+                 "engram_head_dim must be a multiple of 32 within [32, 4096]");
+            need(c.engram_vocab_size >= 1 && c.engram_vocab_size <= (int64_t{1} << 40),
+                 "engram_vocab_size must be within [1, 2^40]");
+            need(c.engram_compressed_vocab_size >= 1 && c.engram_compressed_vocab_size <= c.vocab_size,
+                 "engram_compressed_vocab_size must be within [1, vocab_size]");
+            need(c.engram_pad_id >= 0 && c.engram_pad_id < c.vocab_size,
+                 "engram_pad_token_id must be an id of the vocabulary");
+        }
+
+        need(c.dspark_block_size >= 0 && c.dspark_block_size <= 1024, "dspark_block_size must be within [0, 1024]");
+        need(c.dspark_n_routed_experts >= 0 && c.dspark_n_activated_experts >= 0,
+             "dspark experts must not be negative");
+        if (c.n_mtp_layers > 0 && c.dspark_block_size > 0) {
+            // The draft embeds the noise token and reads each target layer's hidden state once.
+            need(layers(c.dspark_target_layer_ids), "dspark_target_layer_ids must be distinct layers");
+            need(c.dspark_noise_token_id >= 0 && c.dspark_noise_token_id < c.vocab_size,
+                 "dspark_noise_token_id must be an id of the vocabulary");
+            need(c.dspark_markov_rank > 0, "dspark_markov_rank must be positive");
+            const int E = c.dspark_n_routed_experts ? c.dspark_n_routed_experts : c.n_routed_experts;
+            const int K = c.dspark_n_activated_experts ? c.dspark_n_activated_experts : c.n_activated_experts;
+            need(K <= E, "dspark_num_experts_per_tok must not exceed dspark_n_routed_experts");
+        }
+    }
+
     // The DSpark head (checkpoint namespace mtp.S.): window-only blocks fed by the backbone's hidden states, then
     // a Markov bias and a confidence head.
     static DSparkWeight load_dspark(WeightLoader& L) {

@@ -37,11 +37,13 @@ ModelConfig parse_model_config(const std::string& text, const std::string& path)
         fail("'{}' is not valid JSON: {}", path, e.what());
     }
     if (!j.is_object()) fail("'{}' is not a JSON object", path);
-    const std::string model_type = j.value("model_type", "");
+    const nlohmann::json type = j.value("model_type", nlohmann::json(""));
+    const std::string model_type = type.is_string() ? type.get<std::string>() : type.dump();
     if (const ModelVariant* v = find_model_variant(model_type)) return v->read_config(j, path);
     std::string archs;
     if (j.contains("architectures") && j["architectures"].is_array())
-        for (auto& a : j["architectures"]) archs += (archs.empty() ? "" : ",") + a.get<std::string>();
+        for (auto& a : j["architectures"])
+            archs += (archs.empty() ? "" : ",") + (a.is_string() ? a.get<std::string>() : a.dump());
     fail("'{}': unsupported architecture (model_type '{}', architectures '{}'); Peregrine serves deepseek_v41 "
          "(DeepseekV41ForCausalLM) and deepseek_v4 (DeepseekV4ForCausalLM)",
          path, model_type, archs);

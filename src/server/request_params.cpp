@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 namespace peregrine {
 
 using ojson = nlohmann::ordered_json;
@@ -38,11 +40,17 @@ std::optional<int64_t> get_int(const ojson& o, const std::string& key, int64_t l
                                const std::string& prefix) {
     const ojson* v = field(o, key);
     if (!v) return std::nullopt;
-    if (!v->is_number_integer() &&
-        !(v->is_number_float() && v->get<double>() == static_cast<double>(static_cast<int64_t>(v->get<double>()))))
+    if (!v->is_number_integer() && !(v->is_number_float() && std::floor(v->get<double>()) == v->get<double>()))
         bad(prefix + key, fmt::format("'{}' must be an integer", key));
-    int64_t i = v->is_number_integer() ? v->get<int64_t>() : static_cast<int64_t>(v->get<double>());
-    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) i = INT64_MAX;
+    int64_t i = 0;
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+        i = INT64_MAX;
+    } else if (v->is_number_integer()) {
+        i = v->get<int64_t>();
+    } else {  // a whole double beyond int64 (2e125) would convert with undefined behaviour: clamped, then refused
+        const double d = v->get<double>();
+        i = d >= 0x1p63 ? INT64_MAX : d < -0x1p63 ? INT64_MIN : static_cast<int64_t>(d);
+    }
     if (i < lo || i > hi) bad(prefix + key, fmt::format("'{}' must be within [{}, {}], got {}", key, lo, hi, i));
     return i;
 }

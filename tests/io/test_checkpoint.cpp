@@ -208,6 +208,89 @@ TEST(Checkpoint, ShardPathsStayInTheModelDirectory) {
     EXPECT_NE(msg.find("must name a shard file in the model directory"), std::string::npos) << msg;
 }
 
+// The index alone: every way out of the directory is refused naming the index and the entry.
+TEST(Checkpoint, IndexShardNamesArePlainFileNames) {
+    for (const char* shard : {"../../etc/passwd", "/etc/passwd", "..\\x.safetensors", ".", "..", ""}) {
+        nlohmann::json idx;
+        idx["weight_map"]["embed.weight"] = shard;
+        std::string msg = error_of([&] { parse_safetensors_index(idx.dump(), "index.json"); });
+        EXPECT_NE(msg.find("'index.json': weight_map entry 'embed.weight' must name a shard file"), std::string::npos)
+            << shard << ": " << msg;
+    }
+    // A NUL would cut the path where open() reads it: "a\0x" opened "a".
+    std::string msg = error_of([] {
+        parse_safetensors_index(R"({"weight_map": {"w": "model.safetensors\u0000x"}})", "index.json");
+    });
+    EXPECT_NE(msg.find("must name a shard file"), std::string::npos) << msg;
+    EXPECT_NE(error_of([] { parse_safetensors_index(R"([{"weight_map": {}}])", "index.json"); }).find("no weight_map"),
+              std::string::npos);
+    auto m = parse_safetensors_index(R"({"metadata": {}, "weight_map": {"a": "s1", "b": "s2"}})", "index.json");
+    EXPECT_EQ(m, (std::map<std::string, std::string>{{"a", "s1"}, {"b", "s2"}}));
+}
+
+TEST(Checkpoint, IndexNamingTheWrongShardIsRefused) {
+    ScratchModel m("dsv41-tiny-a");
+    fs::rename(m.dir / "model.safetensors", m.dir / "model-00001-of-00002.safetensors");
+    write_file((m.dir / "model-00002-of-00002.safetensors").string(), "\2\0\0\0\0\0\0\0{}", 10);  // no tensors
+    nlohmann::json idx;
+    idx["weight_map"]["embed.weight"] = "model-00002-of-00002.safetensors";  // it is in the first
+    idx["weight_map"]["norm.weight"] = "model-00001-of-00002.safetensors";
+    std::string s = idx.dump();
+    write_file((m.dir / "model.safetensors.index.json").string(), s.data(), s.size());
+    std::string msg = error_of([&] { SafeTensors::open_dir(m.dir.string()); });
+    EXPECT_NE(msg.find("'embed.weight' is listed in"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("under 'model-00002-of-00002.safetensors' but lives in"), std::string::npos) << msg;
+}
+
+// Ids of a V4.1 configuration that the runtime indexes with are refused at load, naming the key (a candidate
+// block of 0 divided by zero, a compressed engram vocabulary of 0 too, a DSpark target beyond the layers read
+// outside the hidden states); keys of the wrong JSON type are named, never a library exception. Each case is also
+// in tests/fuzz/corpus/model_config.
+TEST(Config, IdsOutOfRangeAreNamed) {
+    const std::string base = read_file(fixture("dsv41-tiny-a") + "/config.json");
+    struct Case {
+        const char* key;
+        nlohmann::json value;
+        const char* says;
+    };
+    for (const Case& c : std::vector<Case>{{"engram_compressed_vocab_size", 0, "engram_compressed_vocab_size"},
+                                           {"engram_pad_token_id", 1000, "engram_pad_token_id"},
+                                           {"engram_layer_ids", {1, 99}, "engram_layer_ids"},
+                                           {"engram_layer_ids", {4, 4}, "engram_layer_ids"},
+                                           {"engram_vocab_size", int64_t{1} << 62, "engram_vocab_size"},
+                                           {"engram_head_dim", 33, "engram_head_dim"},
+                                           {"dspark_target_layer_ids", {3, 4, 50}, "dspark_target_layer_ids"},
+                                           {"dspark_target_layer_ids", {3, 3, 5}, "dspark_target_layer_ids"},
+                                           {"dspark_noise_token_id", -1, "dspark_noise_token_id"},
+                                           {"dspark_block_size", -3, "dspark_block_size"},
+                                           {"candidate_block_size", 0, "candidate_block_size"},
+                                           {"candidate_source_layer_id", 6, "candidate_source_layer_id"},
+                                           {"kv_source_layer_ids", {1, 1, 3}, "kv_source_layer_ids"}}) {
+        auto j = nlohmann::json::parse(base);
+        j["text_config"][c.key] = c.value;
+        std::string msg = error_of([&] { parse_model_config(j.dump()); });
+        EXPECT_NE(msg.find(c.says), std::string::npos) << c.key << " " << c.value.dump() << ": " << msg;
+    }
+    for (const Case& c : std::vector<Case>{{"image_token_id", 3e24, "'image_token_id' has the wrong type"},
+                                           {"image_token_id", "255", "'image_token_id' has the wrong type"},
+                                           {"text_config", 5, "without a text_config object"}}) {
+        auto j = nlohmann::json::parse(base);
+        j[c.key] = c.value;
+        std::string msg = error_of([&] { parse_model_config(j.dump()); });
+        EXPECT_NE(msg.find(c.says), std::string::npos) << c.key << " " << c.value.dump() << ": " << msg;
+    }
+    auto j = nlohmann::json::parse(base);
+    j["text_config"].erase("bos_token_id");
+    j["bos_token_id"] = 3;  // beside text_config, as some releases put it
+    EXPECT_EQ(parse_model_config(j.dump()).bos_token_id, 3);
+    EXPECT_NE(error_of([] { parse_model_config(R"({"model_type": 41, "architectures": [1, null]})"); })
+                  .find("model_type '41', architectures '1,null'"),
+              std::string::npos);
+    auto v4 = nlohmann::json::parse(read_file(fixture("dsv4-tiny-a") + "/config.json"));
+    v4["num_hash_layers"] = -1;
+    EXPECT_NE(error_of([&] { parse_model_config(v4.dump()); }).find("num_hash_layers"), std::string::npos);
+}
+
 TEST(Checkpoint, OverlappingTensorsAreRefused) {
     ScratchModel m("dsv4-tiny-a");
     patch_header(m.dir / "model.safetensors", [](nlohmann::json& h) {

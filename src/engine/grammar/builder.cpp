@@ -1,7 +1,10 @@
 #include "engine/grammar/builder.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
+#include <queue>
+#include <tuple>
 
 #include "engine/grammar/budget.h"
 #include "util/error.h"
@@ -196,55 +199,157 @@ struct VecHash {
 
 }  // namespace
 
-// Merges equivalent DFA states (Moore's partition refinement over bytes, calls and acceptance): each
-// distinct state costs one vocabulary walk at compile time, so duplicates are worth removing.
+// Merges equivalent DFA states: Hopcroft's partition refinement over bytes, calls and acceptance. Each distinct
+// state costs one vocabulary walk at compile time, so duplicates are worth removing. Moore's round-by-round
+// refinement needed as many rounds as the longest chain has states (a literal repeated 255 times: quadratic,
+// tens of seconds); splitting by the predecessors of one block at a time is O(transitions * log(states)).
 static void minimize(Grammar& g) {
     const int32_t n = g.num_states();
-    std::vector<int32_t> cls(n), next_cls(n);
-    std::unordered_map<std::vector<int32_t>, int32_t, VecHash> ids;
-    std::vector<int32_t> sig;
-    // Signature: class, acceptance, byte transitions run-length encoded by target class, calls.
-    // Byte transitions as runs of equal target state, computed once (a few runs per state).
-    std::vector<std::vector<std::pair<int32_t, int32_t>>> runs(n);  // (first byte, target)
-    for (int32_t s = 0; s < n; ++s) {
-        if (g.byte_table[s] < 0) continue;
-        int32_t prev = -3;
-        for (int b = 0; b < 256; ++b) {
-            int32_t t = g.next[g.byte_table[s] + b];
-            if (t != prev) runs[s].push_back({b, t}), prev = t;
-        }
-    }
-    auto signature = [&](int32_t s, bool first) {
-        sig.clear();
-        sig.push_back(first ? g.rule_of[s] : cls[s]);
-        sig.push_back(g.accepting[s]);
-        if (g.byte_table[s] >= 0) {
-            int32_t prev = -3;
-            for (auto [b, t] : runs[s]) {
-                int32_t c = first ? (t >= 0) : (t >= 0 ? cls[t] : -1);
-                if (c != prev) sig.push_back(b), sig.push_back(c), prev = c;
-            }
-        } else {
-            sig.push_back(-2);
-        }
-        for (auto [q, ret] : g.calls[s]) {
-            sig.push_back(q);
-            sig.push_back(first ? 0 : cls[ret]);
-        }
+    const int32_t sink = n;  // stands for "no transition"
+    // Inverse transitions: byte runs of equal target (a few per state) and call slots.
+    struct InRun {
+        int32_t from;
+        uint8_t lo, hi;
     };
-    int32_t count = 0;
-    for (int round = 0;; ++round) {
-        ids.clear();
+    std::vector<std::vector<InRun>> in_runs(static_cast<size_t>(n) + 1);
+    std::vector<std::vector<std::pair<int32_t, int32_t>>> in_calls(static_cast<size_t>(n) + 1);  // (from, slot)
+    // Initial blocks: rule, acceptance, which bytes have edges (and whether any table), the called rules in order.
+    std::vector<int32_t> block_of(static_cast<size_t>(n) + 1);
+    int32_t n_blocks = 0;
+    {
+        std::unordered_map<std::vector<int32_t>, int32_t, VecHash> ids;
+        std::vector<int32_t> key;
         for (int32_t s = 0; s < n; ++s) {
-            poll_budget();  // a long chain takes as many rounds as states
-            signature(s, round == 0);
-            auto it = ids.emplace(sig, static_cast<int32_t>(ids.size())).first;
-            next_cls[s] = it->second;
+            poll_budget();
+            key.assign({g.rule_of[s], g.accepting[s], g.byte_table[s] >= 0 ? 1 : -2});
+            if (g.byte_table[s] >= 0) {
+                int32_t lo = 0, prev_t = g.next[g.byte_table[s]];
+                key.push_back(prev_t >= 0);
+                for (int b = 1; b <= 256; ++b) {
+                    const int32_t t = b < 256 ? g.next[g.byte_table[s] + b] : -3;
+                    if (t == prev_t) continue;
+                    in_runs[prev_t >= 0 ? prev_t : sink].push_back(
+                        {s, static_cast<uint8_t>(lo), static_cast<uint8_t>(b - 1)});
+                    if ((t >= 0) != (prev_t >= 0) || b == 256) key.push_back(b);  // where edges start or stop
+                    lo = b;
+                    prev_t = t;
+                }
+            }
+            for (size_t i = 0; i < g.calls[s].size(); ++i) {
+                const auto [q, ret] = g.calls[s][i];
+                key.push_back(q);
+                in_calls[ret >= 0 ? ret : sink].push_back({s, static_cast<int32_t>(i)});
+            }
+            block_of[s] = ids.emplace(key, static_cast<int32_t>(ids.size())).first->second;
         }
-        int32_t c = static_cast<int32_t>(ids.size());
-        cls.swap(next_cls);
-        if (c == count) break;
-        count = c;
+        n_blocks = static_cast<int32_t>(ids.size());
+        block_of[sink] = n_blocks++;
+    }
+    // Blocks are ranges [first, end) of `elems`; pos is a state's index there.
+    std::vector<int32_t> elems(static_cast<size_t>(n) + 1), pos(static_cast<size_t>(n) + 1);
+    std::vector<int32_t> first(n_blocks + 1, 0), end;
+    for (int32_t s = 0; s <= n; ++s) ++first[block_of[s] + 1];
+    for (int32_t b = 0; b < n_blocks; ++b) first[b + 1] += first[b];
+    first.pop_back();
+    end = first;
+    for (int32_t s = 0; s <= n; ++s) pos[s] = end[block_of[s]]++, elems[pos[s]] = s;
+    std::vector<int32_t> work(n_blocks);
+    std::vector<uint8_t> in_work(n_blocks, 1);
+    for (int32_t b = 0; b < n_blocks; ++b) work[b] = b;
+
+    // What leads from a state into the splitter: its bytes (a 256-bit set) and call slots.
+    struct Into {
+        std::array<uint64_t, 4> bytes{};
+        std::vector<int32_t> slots;
+        bool operator<(const Into& o) const { return std::tie(bytes, slots) < std::tie(o.bytes, o.slots); }
+        bool operator==(const Into& o) const { return bytes == o.bytes && slots == o.slots; }
+    };
+    std::vector<Into> into(static_cast<size_t>(n) + 1);
+    std::vector<uint8_t> touched(static_cast<size_t>(n) + 1, 0);
+    std::vector<int32_t> sources, splitter;
+    while (!work.empty()) {
+        const int32_t a = work.back();
+        work.pop_back();
+        in_work[a] = 0;
+        splitter.assign(elems.begin() + first[a], elems.begin() + end[a]);
+        sources.clear();
+        for (int32_t t : splitter) {
+            poll_budget();
+            for (const InRun& r : in_runs[t]) {
+                if (!touched[r.from]) touched[r.from] = 1, sources.push_back(r.from);
+                for (int w = r.lo >> 6; w <= r.hi >> 6; ++w) {  // bits lo..hi, a word at a time
+                    const int lo = std::max<int>(r.lo, w * 64) - w * 64;
+                    const int hi = std::min<int>(r.hi, w * 64 + 63) - w * 64;
+                    into[r.from].bytes[w] |= hi - lo == 63 ? ~uint64_t{0} : ((uint64_t{1} << (hi - lo + 1)) - 1) << lo;
+                }
+            }
+            for (auto [from, slot] : in_calls[t]) {
+                if (!touched[from]) touched[from] = 1, sources.push_back(from);
+                into[from].slots.push_back(slot);
+            }
+        }
+        for (int32_t s : sources) std::sort(into[s].slots.begin(), into[s].slots.end());
+        // Per block, the sources with equal ways into the splitter form one part; states with none another.
+        std::sort(sources.begin(), sources.end(), [&](int32_t x, int32_t y) {
+            if (block_of[x] != block_of[y]) return block_of[x] < block_of[y];
+            if (!(into[x] == into[y])) return into[x] < into[y];
+            return x < y;
+        });
+        for (size_t i = 0; i < sources.size();) {
+            const int32_t y = block_of[sources[i]];
+            size_t j = i;
+            std::vector<std::pair<size_t, size_t>> parts;  // ranges of `sources`
+            while (j < sources.size() && block_of[sources[j]] == y) {
+                size_t k = j;
+                while (k < sources.size() && block_of[sources[k]] == y && into[sources[k]] == into[sources[j]]) ++k;
+                parts.push_back({j, k});
+                j = k;
+            }
+            const size_t size_y = static_cast<size_t>(end[y] - first[y]);
+            const bool untouched_rest = j - i < size_y;
+            if (untouched_rest || parts.size() > 1) {
+                // y keeps the untouched states, else its largest part; the other parts become blocks.
+                size_t keep = parts.size();
+                if (!untouched_rest)
+                    for (size_t p = keep = 0; p < parts.size(); ++p)
+                        if (parts[p].second - parts[p].first > parts[keep].second - parts[keep].first) keep = p;
+                std::vector<int32_t> made;  // blocks split off y
+                for (size_t p = 0; p < parts.size(); ++p) {
+                    if (p == keep) continue;
+                    const int32_t nb = n_blocks++, old_end = end[y];
+                    for (size_t q = parts[p].first; q < parts[p].second; ++q) {
+                        const int32_t s = sources[q], last = elems[end[y] - 1];
+                        std::swap(elems[pos[s]], elems[end[y] - 1]);
+                        pos[last] = pos[s];
+                        pos[s] = --end[y];
+                        block_of[s] = nb;
+                    }
+                    first.push_back(end[y]);
+                    end.push_back(old_end);
+                    in_work.push_back(0);
+                    made.push_back(nb);
+                }
+                // Hopcroft: a block waiting as a splitter waits with all its parts; otherwise all parts but the
+                // largest wait (splitting by the others and by the whole implies splitting by it).
+                auto size = [&](int32_t blk) { return end[blk] - first[blk]; };
+                int32_t largest = y;
+                if (!in_work[y])
+                    for (int32_t nb : made)
+                        if (size(nb) > size(largest)) largest = nb;
+                made.push_back(y);
+                for (int32_t blk : made)
+                    if (blk != largest && !in_work[blk]) work.push_back(blk), in_work[blk] = 1;
+            }
+            i = j;
+        }
+        for (int32_t s : sources) touched[s] = 0, into[s] = Into{};
+    }
+    // Classes numbered by their lowest state, as the states are.
+    std::vector<int32_t> cls(n), number(n_blocks, -1);
+    int32_t count = 0;
+    for (int32_t s = 0; s < n; ++s) {
+        if (number[block_of[s]] < 0) number[block_of[s]] = count++;
+        cls[s] = number[block_of[s]];
     }
     // Rebuild with one representative per class (the lowest state id).
     std::vector<int32_t> rep(count, -1);
@@ -365,17 +470,30 @@ Grammar GrammarBuilder::build(int32_t root_rule) const {
     }
 
     const int32_t n = g.num_states();
-    // Productive states: some path to acceptance exists (through calls of productive rules).
+    // Productive states: some path to acceptance exists (through calls of productive rules). Found backwards from
+    // the accepting states: sweeping every state until nothing changed took a sweep per state of a long chain.
     std::vector<uint8_t> prod(n, 0);
-    for (bool changed = true; changed;) {
-        changed = false;
+    {
+        std::vector<std::vector<std::pair<int32_t, int32_t>>> preds(n);  // (state, its call index; -1: a byte edge)
         for (int32_t s = 0; s < n; ++s) {
+            for (auto& [range, t] : byte_edges[s]) preds[t].push_back({s, -1});
+            for (size_t i = 0; i < calls[s].size(); ++i) {
+                preds[calls[s][i].second].push_back({s, static_cast<int32_t>(i)});
+                preds[g.rules[calls[s][i].first].start].push_back({s, static_cast<int32_t>(i)});
+            }
+        }
+        std::vector<int32_t> work;
+        for (int32_t s = 0; s < n; ++s)
+            if (g.accepting[s]) prod[s] = 1, work.push_back(s);
+        while (!work.empty()) {
             poll_budget();
-            if (prod[s]) continue;
-            bool p = g.accepting[s];
-            for (auto& [range, t] : byte_edges[s]) p = p || prod[t];
-            for (auto [q, ret] : calls[s]) p = p || (prod[g.rules[q].start] && prod[ret]);
-            if (p) prod[s] = 1, changed = true;
+            const int32_t t = work.back();
+            work.pop_back();
+            for (auto [s, c] : preds[t]) {
+                if (prod[s]) continue;
+                if (c < 0 || (prod[g.rules[calls[s][c].first].start] && prod[calls[s][c].second]))
+                    prod[s] = 1, work.push_back(s);
+            }
         }
     }
     PEREGRINE_CHECK(prod[g.root_start()], "grammar matches no string (rule '{}' cannot complete)",
@@ -445,29 +563,49 @@ Grammar GrammarBuilder::build(int32_t root_rule) const {
 
     minimize(g);
 
-    // Shortest completion of every state (Bellman-Ford over bytes and calls).
+    // Shortest completion of every state: Knuth's generalization of Dijkstra over bytes and calls (a call costs its
+    // rule's shortest completion plus its return state's). Bellman-Ford sweeps took a sweep per state of a chain.
     const int32_t m = g.num_states();
     constexpr int32_t kInf = 1 << 29;
     g.min_to_accept.assign(m, kInf);
-    std::vector<std::vector<int32_t>> targets(m);
-    for (int32_t s = 0; s < m; ++s) {
-        if (g.accepting[s]) g.min_to_accept[s] = 0;
-        if (g.byte_table[s] >= 0) {
-            for (int b = 0; b < 256; ++b)
-                if (int32_t t = g.next[g.byte_table[s] + b]; t >= 0) targets[s].push_back(t);
-            std::sort(targets[s].begin(), targets[s].end());
-            targets[s].erase(std::unique(targets[s].begin(), targets[s].end()), targets[s].end());
-        }
-    }
-    for (bool changed = true; changed;) {
-        changed = false;
+    {
+        std::vector<std::vector<std::pair<int32_t, int32_t>>> preds(m);  // (state, its call index; -1: a byte edge)
+        std::vector<int32_t> targets;
         for (int32_t s = 0; s < m; ++s) {
+            if (g.byte_table[s] >= 0) {
+                targets.clear();
+                for (int b = 0; b < 256; ++b)
+                    if (int32_t t = g.next[g.byte_table[s] + b]; t >= 0) targets.push_back(t);
+                std::sort(targets.begin(), targets.end());
+                targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
+                for (int32_t t : targets) preds[t].push_back({s, -1});
+            }
+            for (size_t i = 0; i < g.calls[s].size(); ++i) {
+                preds[g.calls[s][i].second].push_back({s, static_cast<int32_t>(i)});
+                preds[g.rules[g.calls[s][i].first].start].push_back({s, static_cast<int32_t>(i)});
+            }
+        }
+        std::priority_queue<std::pair<int32_t, int32_t>, std::vector<std::pair<int32_t, int32_t>>, std::greater<>> heap;
+        for (int32_t s = 0; s < m; ++s)
+            if (g.accepting[s]) g.min_to_accept[s] = 0, heap.push({0, s});
+        std::vector<uint8_t> done(m, 0);
+        while (!heap.empty()) {
             poll_budget();
-            int32_t best = g.min_to_accept[s];
-            for (int32_t t : targets[s]) best = std::min(best, g.min_to_accept[t] + 1);
-            for (auto [q, ret] : g.calls[s])
-                best = std::min(best, g.min_to_accept[g.rules[q].start] + g.min_to_accept[ret]);
-            if (best < g.min_to_accept[s]) g.min_to_accept[s] = best, changed = true;
+            const auto [d, t] = heap.top();
+            heap.pop();
+            if (done[t] || d != g.min_to_accept[t]) continue;
+            done[t] = 1;
+            for (auto [s, c] : preds[t]) {
+                if (done[s]) continue;
+                int32_t best = kInf;
+                if (c < 0) {
+                    best = d + 1;
+                } else {  // a call: once both its rule's start and its return state are final
+                    const int32_t start = g.rules[g.calls[s][c].first].start, ret = g.calls[s][c].second;
+                    if (done[start] && done[ret]) best = g.min_to_accept[start] + g.min_to_accept[ret];
+                }
+                if (best < g.min_to_accept[s]) g.min_to_accept[s] = best, heap.push({best, s});
+            }
         }
     }
 

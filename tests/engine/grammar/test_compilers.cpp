@@ -1,6 +1,7 @@
 // Regex, EBNF and number-range compilers: which strings each grammar accepts, and rejected features.
 #include <gtest/gtest.h>
 
+#include "engine/grammar/budget.h"
 #include "engine/grammar/char_set.h"
 #include "engine/grammar/ebnf.h"
 #include "engine/grammar/json_number.h"
@@ -200,4 +201,20 @@ TEST(Ebnf, DeepGroupsAreAnError) {
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("deeper than"), std::string::npos) << e.what();
     }
+}
+
+// Found by tests/fuzz/fuzz_ebnf: a literal repeated 255 times is a chain of 20,000 states, which Moore's
+// minimization refined one state per round (tens of seconds); Hopcroft's takes milliseconds. Equivalent states
+// still merge.
+TEST(Ebnf, LongChainsMinimizeQuickly) {
+    CompileBudget budget(std::chrono::milliseconds(5000));  // serve's default --grammar-compile-timeout
+    budget.start();
+    BudgetScope scope(&budget);
+    const Grammar g = ebnf_grammar("root ::= \"za" + std::string(78, '{') + "\"{255} [a-z]*");
+    EXPECT_GT(g.num_states(), 255 * 80);
+    auto cg = compile_bytes(ebnf_grammar("root ::= (\"ab\" | \"cb\") \"x\"{3}"));
+    EXPECT_TRUE(accepts(cg, "cbxxx"));
+    EXPECT_FALSE(accepts(cg, "cbxx"));
+    // After "a" and after "c" is one state: start, that, then b and three x.
+    EXPECT_EQ(ebnf_grammar("root ::= (\"ab\" | \"cb\") \"x\"{3}").num_states(), 6);
 }

@@ -14,8 +14,11 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
+# The tests, then a short timed run of every fuzzer (FUZZ_SMOKE_SECONDS each; 0 skips it).
+FUZZ_SMOKE_SECONDS ?= 5
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	@if [ "$(FUZZ_SMOKE_SECONDS)" != 0 ]; then $(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS); fi
 
 run: build
 	@scripts/run.sh

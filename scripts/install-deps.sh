@@ -5,8 +5,7 @@ set -euo pipefail
 debs=(cmake ninja-build g++ pkg-config ccache libgtest-dev libbenchmark-dev nlohmann-json3-dev libfmt-dev
       libspdlog-dev libcli11-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev libboost-dev zlib1g-dev
       python3 python3-pip)
-# `make fuzz` (--fuzz) also needs clang and its libFuzzer runtime; `make test` replays the corpora with g++'s
-# sanitizers, so CI does not install clang.
+# `make fuzz` (--fuzz; also the short run that ends `make test`) needs clang and its libFuzzer runtime.
 [ "${1:-}" != "--fuzz" ] || debs+=(clang libclang-rt-dev)
 missing=()
 for p in "${debs[@]}"; do

@@ -117,6 +117,16 @@ void validate_shared_config(const ModelConfig& c, const std::string& path) {
     };
     auto positive = [](double v) { return std::isfinite(v) && v > 0.0; };
     need(c.vocab_size > 0 && c.dim > 0 && c.n_layers > 0 && c.n_heads > 0, "sizes must be positive");
+    // Upper bounds far above any release, so that products of sizes stay within int.
+    need(c.vocab_size <= (1 << 21), "vocab_size must be at most 2^21");
+    need(c.dim <= (1 << 15), "hidden_size must be at most 2^15");
+    need(c.n_layers <= 512 && c.n_heads <= 512, "num_hidden_layers and num_attention_heads must be at most 512");
+    need(c.q_lora_rank <= (1 << 15) && c.o_lora_rank <= (1 << 15), "q_lora_rank and o_lora_rank must be at most 2^15");
+    need(c.moe_inter_dim <= (1 << 15), "moe_intermediate_size must be at most 2^15");
+    need(c.n_routed_experts <= (1 << 13) && c.n_shared_experts <= 64,
+         "n_routed_experts must be at most 2^13 and n_shared_experts at most 64");
+    need(c.index_n_heads <= 512 && c.index_head_dim <= 4096 && c.index_topk <= (1 << 20),
+         "index_n_heads (at most 512), index_head_dim (4096) and index_topk (2^20)");
     need(c.n_mtp_layers >= 0 && c.n_mtp_layers <= 16, "num_nextn_predict_layers must be within [0, 16]");
     need(static_cast<int>(c.compress_ratios.size()) >= c.n_layers + c.n_mtp_layers,
          "compress_ratios needs one entry per layer (MTP/DSpark stages included)");

@@ -166,7 +166,11 @@ TEST(Config, OutOfRangeValuesAreNamed) {
                                            {"rms_norm_eps", -1.0, "rms_norm_eps"},
                                            {"rope_theta", 0, "rope_theta"},
                                            {"hc_sinkhorn_iters", 1000000000, "hc_sinkhorn_iters"},
-                                           {"eos_token_id", 100000, "eos_token_id"}}) {
+                                           {"eos_token_id", 100000, "eos_token_id"},
+                                           {"hidden_size", 1 << 20, "hidden_size"},
+                                           {"moe_intermediate_size", 1 << 20, "moe_intermediate_size"},
+                                           {"n_routed_experts", 1 << 20, "n_routed_experts"},
+                                           {"vocab_size", 1 << 30, "vocab_size"}}) {
         auto j = nlohmann::json::parse(base);
         j[c.key] = c.value;
         std::string msg = error_of([&] { parse_model_config(j.dump()); });

@@ -344,8 +344,19 @@ Grammar ebnf_grammar(const std::string& text, const std::string& root_rule,
     for (auto& [name, rec] : recursive)
         if (rec) rule_ids[name] = b.declare_rule(name);
 
+    // Rules that are not recursive are inlined where they are used, so a chain of them nests as deep as it is long:
+    // the depth is capped (the compile thread's stack), not the chain's length.
+    int depth = 0;
+    struct Leave {
+        int& depth;
+        ~Leave() { --depth; }
+    };
     std::function<Frag(const Expr&)> emit = [&](const Expr& e) -> Frag {
         poll_budget();  // inlining rules can multiply the work
+        Leave leave{++depth};
+        if (depth > kMaxInlineDepth)
+            fail("rules refer to one another (inlined) deeper than {} levels: make the chain recursive or shorter",
+                 kMaxInlineDepth);
         switch (e.kind) {
             case Expr::kBytes: return b.literal(e.text);
             case Expr::kSet: return b.codepoints(e.set);

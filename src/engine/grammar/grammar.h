@@ -13,6 +13,8 @@ namespace peregrine::grammar {
 // How deep regex groups, EBNF parentheses and JSON Schema subschemas may nest. The compilers recurse once a level,
 // so a request nesting thousands of levels would exhaust a thread's stack; past this it is a clear error instead.
 inline constexpr int kMaxNesting = 128;
+// Nested expressions an EBNF grammar's rules expand to once its non-recursive rules are inlined.
+inline constexpr int kMaxInlineDepth = 4096;
 
 // Counts one level of nesting for as long as it lives; `too_deep` (which must throw) runs past kMaxNesting.
 struct NestingLevel {

@@ -218,3 +218,20 @@ TEST(Ebnf, LongChainsMinimizeQuickly) {
     // After "a" and after "c" is one state: start, that, then b and three x.
     EXPECT_EQ(ebnf_grammar("root ::= (\"ab\" | \"cb\") \"x\"{3}").num_states(), 6);
 }
+
+// A chain of 50,000 rules (each refers to the next) is refused without native recursion as deep as the chain (it
+// overflowed the compile thread's stack); a chain of 1,000 compiles.
+TEST(Ebnf, LongRuleChainsDoNotOverflowTheStack) {
+    auto chain = [](int n) {
+        std::string g = "root ::= r0\n";
+        for (int i = 0; i < n - 1; ++i) g += "r" + std::to_string(i) + " ::= \"b\" r" + std::to_string(i + 1) + "\n";
+        return g + "r" + std::to_string(n - 1) + " ::= \"b\"\n";
+    };
+    try {
+        compile_bytes(ebnf_grammar(chain(50000)));
+        ADD_FAILURE() << "compiled";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("deeper than"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(accepts(compile_bytes(ebnf_grammar(chain(1000))), std::string(1000, 'b')));
+}

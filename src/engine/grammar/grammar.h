@@ -14,7 +14,7 @@ namespace peregrine::grammar {
 // so a request nesting thousands of levels would exhaust a thread's stack; past this it is a clear error instead.
 inline constexpr int kMaxNesting = 128;
 // Nested expressions an EBNF grammar's rules expand to once its non-recursive rules are inlined.
-inline constexpr int kMaxInlineDepth = 4096;
+inline constexpr int kMaxInlineDepth = 42000;  // two per rule of a chain: 21,000 rules
 
 // Counts one level of nesting for as long as it lives; `too_deep` (which must throw) runs past kMaxNesting.
 struct NestingLevel {

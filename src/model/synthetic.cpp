@@ -7,38 +7,30 @@
 
 namespace peregrine {
 
-ModelConfig synthetic_v41_flash_config(int layers, int n_routed_experts) {
-    PEREGRINE_CHECK(layers >= 1 && layers <= 40, "synthetic V4.1-Flash: 1..40 layers, not {}", layers);
-    PEREGRINE_CHECK(n_routed_experts >= 6, "synthetic V4.1-Flash: at least 6 routed experts (top-6 routing)");
+namespace {
+
+// What V4-Flash and V4.1-Flash share: vocabulary, attention shapes, RoPE, routing, hyper-connections.
+ModelConfig flash_family(int layers, int n_routed_experts) {
     ModelConfig c;
-    c.arch = ModelArch::DeepseekV41;
-    c.model_type = "deepseek_v41";
     c.vocab_size = 129280;
-    c.dim = 5120;
     c.n_layers = layers;
     c.n_heads = 64;
     c.head_dim = 512;
     c.rope_head_dim = 64;
-    c.q_lora_rank = 1280;
     c.o_groups = 8;
     c.o_lora_rank = 1024;
     c.window_size = 128;
-    c.index_n_heads = 32;
     c.index_head_dim = 128;
     c.index_topk = 512;
-    c.candidate_topk_blocks = 2048;
-    c.candidate_block_size = 8;
     c.rope_theta = 10000;
     c.compress_rope_theta = 160000;
     c.original_seq_len = 65536;
     c.rope_factor = 16;
     c.beta_fast = 32;
     c.beta_slow = 1;
-    c.norm_eps = 1e-20;
     c.n_routed_experts = n_routed_experts;
     c.n_activated_experts = 6;
     c.n_shared_experts = 1;
-    c.moe_inter_dim = 2304;
     c.score_func = "sqrtsoftplus";
     c.route_scale = 1.5;
     c.swiglu_limit = 10.0;
@@ -46,10 +38,28 @@ ModelConfig synthetic_v41_flash_config(int layers, int n_routed_experts) {
     c.hc_mult = 4;
     c.hc_sinkhorn_iters = 20;
     c.hc_eps = 1e-6;
-    c.weight_block = 32;
-    c.act_block = 32;
     c.fp4_experts = true;
     c.max_position_embeddings = 1048576;
+    return c;
+}
+
+}  // namespace
+
+ModelConfig synthetic_v41_flash_config(int layers, int n_routed_experts) {
+    PEREGRINE_CHECK(layers >= 1 && layers <= 40, "synthetic V4.1-Flash: 1..40 layers, not {}", layers);
+    PEREGRINE_CHECK(n_routed_experts >= 6, "synthetic V4.1-Flash: at least 6 routed experts (top-6 routing)");
+    ModelConfig c = flash_family(layers, n_routed_experts);
+    c.arch = ModelArch::DeepseekV41;
+    c.model_type = "deepseek_v41";
+    c.dim = 5120;
+    c.q_lora_rank = 1280;
+    c.index_n_heads = 32;
+    c.candidate_topk_blocks = 2048;
+    c.candidate_block_size = 8;
+    c.norm_eps = 1e-20;
+    c.moe_inter_dim = 2304;
+    c.weight_block = 32;
+    c.act_block = 32;
     for (int l = 0; l < layers; ++l) {
         const int ratio = l == 0 ? 0 : l <= 2 ? 2 : 1;
         c.compress_ratios.push_back(ratio);
@@ -63,45 +73,17 @@ ModelConfig synthetic_v41_flash_config(int layers, int n_routed_experts) {
 ModelConfig synthetic_v4_flash_config(int layers, int n_routed_experts) {
     PEREGRINE_CHECK(layers >= 1 && layers <= 43, "synthetic V4-Flash: 1..43 layers, not {}", layers);
     PEREGRINE_CHECK(n_routed_experts >= 6, "synthetic V4-Flash: at least 6 routed experts (top-6 routing)");
-    ModelConfig c;
+    ModelConfig c = flash_family(layers, n_routed_experts);
     c.arch = ModelArch::DeepseekV4;
     c.model_type = "deepseek_v4";
-    c.vocab_size = 129280;
     c.dim = 4096;
-    c.n_layers = layers;
-    c.n_heads = 64;
-    c.head_dim = 512;
-    c.rope_head_dim = 64;
     c.q_lora_rank = 1024;
-    c.o_groups = 8;
-    c.o_lora_rank = 1024;
-    c.window_size = 128;
     c.index_n_heads = 64;
-    c.index_head_dim = 128;
-    c.index_topk = 512;
-    c.rope_theta = 10000;
-    c.compress_rope_theta = 160000;
-    c.original_seq_len = 65536;
-    c.rope_factor = 16;
-    c.beta_fast = 32;
-    c.beta_slow = 1;
     c.norm_eps = 1e-6;
-    c.n_routed_experts = n_routed_experts;
-    c.n_activated_experts = 6;
-    c.n_shared_experts = 1;
     c.moe_inter_dim = 2048;
-    c.score_func = "sqrtsoftplus";
-    c.route_scale = 1.5;
-    c.swiglu_limit = 10.0;
-    c.norm_topk_prob = true;
     c.n_hash_layers = std::min(layers, 3);
-    c.hc_mult = 4;
-    c.hc_sinkhorn_iters = 20;
-    c.hc_eps = 1e-6;
     c.weight_block = 128;
     c.act_block = 128;
-    c.fp4_experts = true;
-    c.max_position_embeddings = 1048576;
     for (int l = 0; l < layers; ++l) c.compress_ratios.push_back(l < 2 ? 0 : l % 2 == 0 ? 4 : 128);
     return c;
 }

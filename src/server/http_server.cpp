@@ -88,11 +88,6 @@ Inflated inflate_body(std::string& body, size_t limit) {
     return result;
 }
 
-std::string lower(std::string s) {
-    for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    return s;
-}
-
 // One client connection. Every member is touched only on the connection's strand, except what the worker that runs
 // its handler reads (the request it was given) and `wake_pending`.
 class Connection : public std::enable_shared_from_this<Connection> {
@@ -201,7 +196,7 @@ private:
         if (parser_->is_done()) return dispatch(route->second, std::move(r));
         if (parser_->content_length() && *parser_->content_length() > opts_.max_body_bytes) return refuse(413);
         parser_->body_limit(opts_.max_body_bytes);  // counted as chunks arrive, whatever the framing
-        const bool expects_continue = lower(std::string(req[http::field::expect])) == "100-continue";
+        const bool expects_continue = beast::iequals(req[http::field::expect], "100-continue");
         arm(opts_.body_timeout);
         auto read_body = [self = shared_from_this(), route = &route->second, r = std::move(r)]() mutable {
             http::async_read(self->sock_, self->buf_, *self->parser_,
@@ -249,10 +244,10 @@ private:
 
     // Content-Encoding: gzip and deflate are inflated (counted against the body limit), others refused.
     bool decode_body(HttpRequest& r, HttpResponse& out) {
-        const std::string enc = lower(r.header("Content-Encoding"));
-        if (enc.empty() || enc == "identity") return true;
+        const std::string enc = r.header("Content-Encoding");
+        if (enc.empty() || beast::iequals(enc, "identity")) return true;
         int status = 415;
-        if (enc == "gzip" || enc == "x-gzip" || enc == "deflate") {
+        if (beast::iequals(enc, "gzip") || beast::iequals(enc, "x-gzip") || beast::iequals(enc, "deflate")) {
             Inflated res = inflate_body(r.body, opts_.max_body_bytes);
             if (res == Inflated::ok) return true;
             status = res == Inflated::too_large ? 413 : 400;

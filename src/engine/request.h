@@ -79,6 +79,11 @@ public:
     // Asks the engine to stop the request and free its memory (at the next step).
     void cancel();
     bool cancelled() const { return cancelled_.load(); }
+    // The engine has delivered the request's end (its reader may not have read it yet).
+    bool finished() {
+        std::lock_guard lk(mu_);
+        return done_;
+    }
 
     // Engine side.
     void push(TokenOutput tok, const std::string& text, int64_t completion_tokens);

@@ -1,7 +1,7 @@
 #pragma once
 // The server's in-flight requests by id (the response id, or /generate's `rid`), so that /abort_request can cancel
-// them and a graceful shutdown can wait for them. Entries hold streams weakly: a finished request drops out by
-// itself.
+// them and a graceful shutdown can wait for them. Entries hold streams weakly, and a finished request drops out by
+// itself (the engine may let go of its stream a moment after the end reached the client).
 #include "engine/request.h"
 
 #include <map>
@@ -27,7 +27,7 @@ public:
         for (auto& [id, v] : live_)
             if (rid.empty() || id == rid)
                 for (auto& w : v)
-                    if (auto s = w.lock()) {
+                    if (auto s = w.lock(); s && !s->finished()) {
                         s->cancel();
                         ++n;
                     }
@@ -46,7 +46,10 @@ private:
     void prune() {
         for (auto it = live_.begin(); it != live_.end();) {
             auto& v = it->second;
-            std::erase_if(v, [](const std::weak_ptr<RequestStream>& w) { return w.expired(); });
+            std::erase_if(v, [](const std::weak_ptr<RequestStream>& w) {
+                auto s = w.lock();
+                return !s || s->finished();
+            });
             it = v.empty() ? live_.erase(it) : std::next(it);
         }
     }

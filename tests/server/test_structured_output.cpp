@@ -2,6 +2,7 @@
 // engine drives it: every output is a sentence of the grammar, and the end-of-budget steering completes
 // it within max_tokens whenever the budget can hold the shortest completion (plus EOS).
 #include "engine/sampling_params.h"
+#include "server/request_registry.h"
 #include "server/structured_output.h"
 #include "tokenizer/byte_tokenizer.h"
 #include "util/error.h"
@@ -162,6 +163,26 @@ TEST(StructuredOutput, FullCompileQueueRefusesAndClientGoneCancels) {
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
     }
+}
+
+}  // namespace
+}  // namespace peregrine
+
+namespace peregrine {
+namespace {
+
+// A request whose end was delivered no longer runs, though its stream lives on a moment (the engine lets go of it
+// at its next step): /abort_request and the shutdown drain do not count it.
+TEST(RequestRegistry, FinishedRequestsAreNotRunning) {
+    RequestRegistry reg;
+    auto running = std::make_shared<RequestStream>(1), done = std::make_shared<RequestStream>(2);
+    reg.add("a", {running, done});
+    EXPECT_EQ(reg.alive(), 2);
+    done->finish(FinishReason::stop, "", "", "", 1);
+    EXPECT_EQ(reg.alive(), 1);
+    EXPECT_EQ(reg.abort(""), 1);
+    EXPECT_TRUE(running->cancelled());
+    EXPECT_FALSE(done->cancelled());
 }
 
 }  // namespace

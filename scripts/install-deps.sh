@@ -4,7 +4,7 @@ set -euo pipefail
 
 debs=(cmake ninja-build g++ pkg-config ccache libgtest-dev libbenchmark-dev nlohmann-json3-dev libfmt-dev
       libspdlog-dev libcli11-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev libboost-dev zlib1g-dev
-      python3 python3-pip)
+      libxxhash-dev libhiredis-dev redis-server python3 python3-pip)
 # `make fuzz` (--fuzz; also the short run that ends `make test`) needs clang and its libFuzzer runtime.
 [ "${1:-}" != "--fuzz" ] || debs+=(clang libclang-rt-dev)
 missing=()

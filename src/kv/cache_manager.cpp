@@ -1,5 +1,6 @@
 #include "kv/cache_manager.h"
 #include "kv/radix_cache.h"
+#include "util/error.h"
 
 #include <algorithm>
 
@@ -13,9 +14,11 @@ int64_t window_pages_wanted(const StateLayout& L, int max_running, int chunk_tok
     return max_running * (rows + 2) + L.pages_for(chunk_tokens) + tails * rows;
 }
 
-CacheManager::CacheManager(StateMemory& memory, const StateLayout& layout, PagePool::Pages pages, bool prefix_cache)
-    : pool_(memory, layout, pages) {
-    if (prefix_cache) cache_ = std::make_unique<RadixCache>(pool_);
+CacheManager::CacheManager(StateMemory& memory, const StateLayout& layout, PagePool::Pages pages, bool prefix_cache,
+                           const HiCacheOptions& tiers)
+    : pool_(memory, layout, pages), tiers_(tiers) {
+    PEREGRINE_CHECK(!tiers.enabled || prefix_cache, "the hierarchical cache needs the prefix cache");
+    if (prefix_cache) cache_ = std::make_unique<RadixCache>(pool_, &tiers_);
 }
 
 CacheManager::~CacheManager() { cache_.reset(); }  // its pages back to the pool before the pool goes
@@ -51,6 +54,8 @@ int64_t CacheManager::admit(CachedSequence& s, std::span<const int32_t> tokens) 
     s.shared_pages = matched;
     s.window_from = window_from;
     s.sharing_stopped = false;
+    s.host_hit_tokens = m.host_pages * P;
+    s.storage_hit_tokens = m.storage_pages * P;
     return matched * P;
 }
 
@@ -122,7 +127,9 @@ CacheManager::Stats CacheManager::stats() const {
         st.pages_evictable = cs.evictable_pages;
         st.window_pages_cached = cs.window_pages;
         st.window_pages_evictable = cs.evictable_window_pages;
+        st.cache = cs;
     }
+    if (tiers_.enabled) st.host_pages_total = tiers_.host_pages[kHistoryPages];
     return st;
 }
 

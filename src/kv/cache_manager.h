@@ -6,6 +6,7 @@
 // it gives up the window pages of rows its queries no longer read: its own go back to the pool at once, the
 // cache's become evictable. So a running sequence holds window pages for its last window only, and a finished
 // one leaves its last window in the cache with its rows (a prefix tail: the next turn resumes there exactly).
+#include "kv/host_pool.h"
 #include "kv/page_pool.h"
 #include "kv/prefix_cache.h"
 
@@ -26,6 +27,8 @@ struct CachedSequence {
     int64_t shared_pages = 0;              // its leading pages the cache owns
     int64_t window_from = 0;               // the first row whose window page it still holds
     bool sharing_stopped = false;          // a concurrent duplicate: the rest of its pages stay private
+    int64_t host_hit_tokens = 0;           // of the tokens admit resumed, those brought back from host memory
+    int64_t storage_hit_tokens = 0;        // and from storage
 };
 
 class CacheManager {
@@ -33,11 +36,14 @@ public:
     struct Stats {
         int64_t pages_total = 0, pages_used = 0, pages_cached = 0, pages_evictable = 0;  // history pages (rows)
         int64_t window_pages_total = 0, window_pages_used = 0, window_pages_cached = 0, window_pages_evictable = 0;
+        int64_t host_pages_total = 0;  // the hierarchical cache's host rows
+        PrefixCache::Stats cache{};  // the prefix cache's own figures, its host and storage tiers among them
     };
 
     // `pages`: of each table (PagePool::pages_for_budget); `prefix_cache` false: no sharing, pages go back to the
-    // pool.
-    CacheManager(StateMemory& memory, const StateLayout& layout, PagePool::Pages pages, bool prefix_cache);
+    // pool; `tiers`: the hierarchical cache (host memory and storage below the device's pages), when enabled.
+    CacheManager(StateMemory& memory, const StateLayout& layout, PagePool::Pages pages, bool prefix_cache,
+                 const HiCacheOptions& tiers = {});
     ~CacheManager();
 
     // Sets the sequence up to compute `tokens` after their longest cached prefix of whole pages (the last token
@@ -64,6 +70,7 @@ public:
 private:
     void trim_window(CachedSequence& s);  // gives up the window pages its next query will not read
     PagePool pool_;
+    HiCacheOptions tiers_;
     std::unique_ptr<PrefixCache> cache_;
 };
 

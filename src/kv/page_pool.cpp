@@ -68,11 +68,15 @@ PageRow PagePool::alloc() {
     PageRow row;
     row.fill(-1);
     if (free_rows() == 0) return row;
-    for (size_t t = 0; t < row.size(); ++t) {
-        row[t] = free_[t].back();
-        free_[t].pop_back();
-    }
+    for (PageTable t : {kHistoryPages, kWindowPages}) row[t] = alloc_page(t);
     return row;
+}
+
+int32_t PagePool::alloc_page(PageTable t) {
+    if (free_[t].empty()) return -1;
+    const int32_t id = free_[t].back();
+    free_[t].pop_back();
+    return id;
 }
 
 void PagePool::free(const PageRow& row) {

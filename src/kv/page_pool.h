@@ -63,6 +63,8 @@ public:
 
     // A free row of pages, or a row of -1 when the pool is exhausted.
     PageRow alloc();
+    // A free page of table t, or -1.
+    int32_t alloc_page(PageTable t);
     // The row's pages (those held: not -1) back to the pool.
     void free(const PageRow& row);
     // Grows a sequence's page tables to cover n_tokens; false (and nothing allocated) if the pool is short.

@@ -8,6 +8,9 @@
 // (evict_window) while keeping the row's history; a prefix can then be resumed only at a page boundary whose last
 // window rows (StateLayout::window_rows) still have theirs. A sequence holds the window pages of the cached rows it
 // still reads (match, extend) until it drops them (drop_window); the others are evicted least recently used first.
+//
+// With the hierarchical cache (host_pool.h, page_store.h), a row evicted from the device keeps a copy in host
+// memory, and rows may be found in storage past the cached path: match brings both back to the device.
 #include "kv/sequence_state.h"
 
 #include <cstdint>
@@ -25,6 +28,8 @@ public:
     struct Match {
         std::vector<PageRow> pages;  // pages[i] holds tokens [i*P, (i+1)*P); window pages only of the rows read
         Handle last = nullptr;       // the matched path, locked until unlock(last)
+        int64_t host_pages = 0;      // of pages, the ones brought back from host memory
+        int64_t storage_pages = 0;   // and from storage
     };
 
     struct Stats {
@@ -33,6 +38,11 @@ public:
         int64_t evicted_pages = 0;    // since start
         int64_t window_pages = 0;            // window pages the cache owns
         int64_t evictable_window_pages = 0;  // of those, the ones no sequence reads
+        // The hierarchical cache, since start but the first two.
+        int64_t host_pages = 0, host_window_pages = 0;  // copies in host memory now
+        int64_t host_evicted_pages = 0;                 // host copies dropped to make room
+        int64_t bytes_to_host = 0, bytes_from_host = 0, bytes_from_storage = 0, bytes_to_storage = 0;
+        int64_t storage_writes = 0, storage_writes_dropped = 0, storage_corrupt = 0;
     };
 
     virtual ~PrefixCache() = default;

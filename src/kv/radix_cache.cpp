@@ -1,15 +1,47 @@
 #include "kv/radix_cache.h"
 #include "util/error.h"
+#include "util/log.h"
 
 #include <queue>
 #include <utility>
 
 namespace peregrine {
 
-RadixCache::RadixCache(PagePool& pool) : pool_(pool), P_(pool.layout().page_tokens) { root_.refs = 1; }
+namespace {
+// What a stored row's bytes mean: a layout that places anything differently reads as another model.
+std::string layout_signature(const StateLayout& L) {
+    std::string s = fmt::format("P{} W{} H{} V{} C{} S{}", L.page_tokens, L.window_tokens,
+                                L.page_bytes[kHistoryPages], L.page_bytes[kWindowPages], L.carry_bytes,
+                                L.snapshot_offset);
+    for (const auto& l : L.layers)
+        for (const StateSection* sec : {&l.window, &l.comp, &l.index_k})
+            s += fmt::format(" {}:{}:{}", sec->offset, sec->entry_bytes, sec->per_entry_tokens);
+    return s;
+}
+
+template <typename Less>
+using NodeHeap = std::priority_queue<PrefixCache::Node*, std::vector<PrefixCache::Node*>, Less>;
+}  // namespace
+
+RadixCache::RadixCache(PagePool& pool, const HiCacheOptions* tiers) : pool_(pool), P_(pool.layout().page_tokens) {
+    root_.refs = 1;
+    if (!tiers || !tiers->enabled) return;
+    write_through_ = tiers->write_through;
+    host_ = std::make_unique<HostPool>(pool.memory(), pool.layout(), tiers->host_pages);
+    if (tiers->storage_backend == "file")
+        store_ = make_file_store(tiers->storage_dir);
+    else if (tiers->storage_backend == "redis")
+        store_ = make_redis_store(tiers->storage_url);
+    else
+        PEREGRINE_CHECK(tiers->storage_backend.empty(), "--hicache-storage-backend {}: expected file or redis",
+                        tiers->storage_backend);
+    if (store_) writer_ = std::make_unique<StoreWriter>(*store_);
+    root_.key = identity_key(tiers->identity + " | " + layout_signature(pool.layout()));
+}
 
 RadixCache::~RadixCache() {
-    // Return every page the tree still owns (all sequences are gone by now).
+    flush_stores();
+    // Return every device page the tree still owns (all sequences are gone by now); host pages go with host_.
     std::vector<Node*> stack{&root_};
     while (!stack.empty()) {
         Node* n = stack.back();
@@ -19,13 +51,23 @@ RadixCache::~RadixCache() {
     }
 }
 
+const PrefixCache::Stats& RadixCache::stats() const {
+    if (writer_) {
+        const auto& w = writer_->stats();
+        stats_.storage_writes = w.written.load();
+        stats_.storage_writes_dropped = w.dropped.load();
+        stats_.bytes_to_storage = w.bytes.load();
+    }
+    return stats_;
+}
+
 std::vector<int32_t> RadixCache::key(std::span<const int32_t> tokens, int64_t page) const {
     auto b = tokens.begin() + page * P_;
     return {b, b + P_};
 }
 
 void RadixCache::add_ref(Node* n) {
-    if (n->refs++ == 0 && n != &root_) --stats_.evictable_pages;
+    if (n->refs++ == 0 && n != &root_ && on_device(n)) --stats_.evictable_pages;
 }
 
 void RadixCache::unlist_window(Node* n) {
@@ -57,16 +99,63 @@ void RadixCache::own_window(Node* n, int32_t page) {
     list_window(n);
 }
 
-std::unique_ptr<PrefixCache::Node> RadixCache::new_node(Node* parent, const PageRow& page, int64_t row) {
+RadixCache::Node* RadixCache::add_child(Node* parent, std::vector<int32_t> tokens, const PageRow& page, int64_t row) {
     auto c = std::make_unique<Node>();
     c->parent = parent;
     c->page = {page[kHistoryPages], -1};
     c->row = row;
     c->last_use = clock_;
+    if (host_) c->key = chain_key(parent->key, tokens);
     ++stats_.cached_pages;
     ++stats_.evictable_pages;
-    if (page[kWindowPages] >= 0) own_window(c.get(), page[kWindowPages]);
-    return c;
+    Node* raw = c.get();
+    raw->tokens = &parent->children.emplace(std::move(tokens), std::move(c)).first->first;
+    if (page[kWindowPages] >= 0) own_window(raw, page[kWindowPages]);
+    return raw;
+}
+
+bool RadixCache::device_leaf(const Node* n) const {
+    if (n == &root_ || !on_device(n) || n->refs != 0) return false;
+    for (const auto& [k, c] : n->children)
+        if (on_device(c.get())) return false;
+    return true;
+}
+
+void RadixCache::free_device(Node* n) {
+    if (!on_device(n)) return;
+    if (n->page[kWindowPages] >= 0) {
+        unlist_window(n);
+        --stats_.window_pages;
+    }
+    pool_.free(n->page);
+    n->page = {-1, -1};
+    --stats_.cached_pages;
+    if (n->refs == 0) --stats_.evictable_pages;
+}
+
+void RadixCache::free_host(Node* n) {
+    if (n->host[kHistoryPages] < 0 && n->host[kWindowPages] < 0) return;
+    flush_stores();
+    if (writer_ && writer_->reading()) writer_->wait_reads();  // a queued write may still read the pages
+    for (PageTable t : {kHistoryPages, kWindowPages}) {
+        if (n->host[t] < 0) continue;
+        host_->free(t, std::exchange(n->host[t], -1));
+        --(t == kHistoryPages ? stats_.host_pages : stats_.host_window_pages);
+    }
+}
+
+void RadixCache::erase(Node* n) {
+    // The subtree's nodes, then each removed after its children (no deep recursion on long chains).
+    std::vector<Node*> order{n};
+    for (size_t i = 0; i < order.size(); ++i)
+        for (auto& [k, c] : order[i]->children) order.push_back(c.get());
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+        Node* x = *it;
+        free_device(x);
+        free_host(x);
+        auto& siblings = x->parent->children;
+        siblings.erase(siblings.find(*x->tokens));
+    }
 }
 
 RadixCache::Match RadixCache::match(std::span<const int32_t> tokens, int64_t max_pages) {
@@ -80,31 +169,121 @@ RadixCache::Match RadixCache::match(std::span<const int32_t> tokens, int64_t max
         n = it->second.get();
         path.push_back(n);
     }
-    // The deepest end whose window rows all kept their window pages.
-    const int64_t need = pool_.layout().window_rows();
-    size_t end = 0;
-    int64_t run = 0;  // rows with a window page just before row i + 1
-    for (size_t i = 0; i < path.size(); ++i) {
-        run = path[i]->page[kWindowPages] >= 0 ? run + 1 : 0;
-        const int64_t want = static_cast<int64_t>(i) + 1;
-        if (run >= (need < 0 ? want : std::min(need, want))) end = i + 1;
+    std::vector<StoredRow> stored;  // the rows after the path that storage holds (as many as could fit)
+    const int64_t fit = static_cast<int64_t>(path.size()) + pool_.free_pages(kHistoryPages) + stats_.evictable_pages;
+    if (store_ && static_cast<int64_t>(path.size()) < limit)
+        stored = read_storage(tokens, n->key, static_cast<int64_t>(path.size()), std::min(limit, fit));
+    const size_t np = path.size(), total = np + stored.size();
+    if (total == 0) return m;
+
+    // Per row, prefix counts: rows with a window page anywhere ending here (run), rows to bring to the device,
+    // device rows no one locks, device window pages, and those of them evictable.
+    std::vector<int64_t> run(total), load(total + 1), unlocked(total + 1), dev_window(total + 1), listed(total + 1);
+    for (size_t i = 0; i < total; ++i) {
+        const Node* p = i < np ? path[i] : nullptr;
+        const bool window = p ? p->page[kWindowPages] >= 0 || p->host[kWindowPages] >= 0
+                              : !stored[i - np].window.empty();
+        run[i] = window ? (i ? run[i - 1] : 0) + 1 : 0;
+        load[i + 1] = load[i] + (!p || !on_device(p));
+        unlocked[i + 1] = unlocked[i] + (p && on_device(p) && p->refs == 0);
+        dev_window[i + 1] = dev_window[i] + (p && p->page[kWindowPages] >= 0);
+        listed[i + 1] = listed[i] + (p && p->window_evictable);
     }
-    path.resize(end);
-    if (path.empty()) return m;
+    // The deepest end whose window rows all have their window pages and whose rows fit on the device.
+    const int64_t need = pool_.layout().window_rows();
+    auto first_read_of = [&](size_t end) {
+        return need < 0 ? size_t{0} : end - std::min(static_cast<size_t>(need), end);
+    };
+    size_t end = total;
+    for (; end > 0; --end) {
+        const size_t first_read = first_read_of(end);
+        if (run[end - 1] < static_cast<int64_t>(end - first_read)) continue;
+        const int64_t history_free = pool_.free_pages(kHistoryPages) + stats_.evictable_pages - unlocked[end];
+        const int64_t window_need =
+            static_cast<int64_t>(end - first_read) - (dev_window[end] - dev_window[first_read]);
+        const int64_t window_free =
+            pool_.free_pages(kWindowPages) + stats_.evictable_window_pages - (listed[end] - listed[first_read]);
+        if (load[end] <= history_free && window_need <= window_free) break;
+    }
+    if (end == 0) return m;
+    path.resize(std::min(end, np));
     ++clock_;
-    const size_t first_read = need < 0 ? 0 : end - std::min(static_cast<size_t>(need), end);
-    for (size_t i = 0; i < path.size(); ++i) {
-        Node* p = path[i];
+    for (Node* p : path) {  // locked first: making room below never evicts the path
         add_ref(p);
         p->last_use = clock_;
-        m.pages.push_back(p->page);
-        if (i < first_read)
-            m.pages.back()[kWindowPages] = -1;
-        else
-            hold_window(p);
     }
-    m.last = path.back();
+
+    StateMemory& mem = pool_.memory();
+    const auto& bytes = pool_.layout().page_bytes;
+    auto to_device = [&](PageTable t, const uint8_t* src, bool pinned) {
+        PEREGRINE_CHECK(make_room(t, 1), "radix cache: no device page for a cached row");
+        const int32_t id = pool_.alloc_page(t);
+        if (bytes[t] == 0) return id;
+        uint8_t* dst = pool_.base(t) + static_cast<size_t>(id) * bytes[t];
+        pinned ? mem.page_from_host(dst, src, bytes[t]) : mem.from_host(dst, src, bytes[t]);
+        (pinned ? stats_.bytes_from_host : stats_.bytes_from_storage) += static_cast<int64_t>(bytes[t]);
+        return id;
+    };
+    const size_t first_read = first_read_of(end);
+    n = &root_;
+    for (size_t i = 0; i < end; ++i) {
+        const bool read_window = i >= first_read;
+        if (i < np) {
+            n = path[i];
+            if (!on_device(n)) {
+                n->page[kHistoryPages] = to_device(kHistoryPages, host_->page(kHistoryPages, n->host[kHistoryPages]),
+                                                   true);
+                ++stats_.cached_pages;
+                ++m.host_pages;
+            }
+            if (read_window && n->page[kWindowPages] < 0)
+                own_window(n, to_device(kWindowPages, host_->page(kWindowPages, n->host[kWindowPages]), true));
+        } else {
+            const StoredRow& r = stored[i - np];
+            PageRow row{to_device(kHistoryPages, r.history.data(), false), -1};
+            if (read_window) row[kWindowPages] = to_device(kWindowPages, r.window.data(), false);
+            n = add_child(n, key(tokens, static_cast<int64_t>(i)), row, static_cast<int64_t>(i));
+            n->stored = r.window.empty() ? 1 : 2;
+            add_ref(n);
+            ++m.storage_pages;
+        }
+        m.pages.push_back(n->page);
+        if (read_window)
+            hold_window(n);
+        else
+            m.pages.back()[kWindowPages] = -1;
+    }
+    m.last = n;
+    flush_stores();
     return m;
+}
+
+std::vector<StoredRow> RadixCache::read_storage(std::span<const int32_t> tokens, const PageKey& from, int64_t first,
+                                                int64_t limit) {
+    std::vector<StoredRow> rows;
+    const auto& bytes = pool_.layout().page_bytes;
+    PageKey parent = from;
+    for (int64_t i = first; i < limit; ++i) {
+        const auto page = tokens.subspan(static_cast<size_t>(i * P_), static_cast<size_t>(P_));
+        const EntryId id{chain_key(parent, page), parent, page, bytes[kHistoryPages], bytes[kWindowPages]};
+        auto blob = store_->get(id.key, max_entry_bytes(id));
+        if (!blob) break;
+        auto row = decode_entry(id, *blob);
+        if (!row) {
+            if (stats_.storage_corrupt++ < 10)
+                spdlog::warn("hicache storage ({}): entry {} is truncated, corrupt or foreign: a miss",
+                             store_->describe(), id.key.hex());
+            break;
+        }
+        rows.push_back(std::move(*row));
+        parent = id.key;
+        // Only the last window's window pages can be read from where the rows end: the older ones are let go
+        // at once (they are most of a row's bytes).
+        const int64_t need = pool_.layout().window_rows();
+        if (need >= 0 && static_cast<int64_t>(rows.size()) > need)
+            rows[rows.size() - 1 - static_cast<size_t>(need)].window = {};
+    }
+    return rows;
 }
 
 void RadixCache::unlock(Handle last) {
@@ -129,8 +308,15 @@ void RadixCache::insert(std::span<const int32_t> tokens, std::span<const PageRow
         const PageRow& row = pages[static_cast<size_t>(i)];
         auto k = key(tokens, i);
         auto it = n->children.find(k);
-        if (it != n->children.end()) {
-            Node* c = it->second.get();
+        if (it == n->children.end()) {
+            n = add_child(n, std::move(k), row, i);
+        } else if (Node* c = it->second.get(); !on_device(c)) {  // only in host memory: the sequence's row serves
+            c->page[kHistoryPages] = row[kHistoryPages];
+            ++stats_.cached_pages;
+            if (c->refs == 0) ++stats_.evictable_pages;
+            if (row[kWindowPages] >= 0) own_window(c, row[kWindowPages]);
+            n = c;
+        } else {
             if (c->page[kHistoryPages] != row[kHistoryPages]) {  // computed by another sequence too
                 pool_.free({row[kHistoryPages], -1});
                 if (row[kWindowPages] >= 0) {
@@ -141,14 +327,11 @@ void RadixCache::insert(std::span<const int32_t> tokens, std::span<const PageRow
                 }
             }
             n = c;
-        } else {
-            auto c = new_node(n, row, i);
-            Node* raw = c.get();
-            n->children.emplace(std::move(k), std::move(c));
-            n = raw;
         }
         n->last_use = clock_;
+        if (write_through_) backup(n);
     }
+    flush_stores();
 }
 
 PrefixCache::Handle RadixCache::extend(Handle last, std::span<const int32_t> tokens, std::span<const PageRow> pages,
@@ -157,29 +340,40 @@ PrefixCache::Handle RadixCache::extend(Handle last, std::span<const int32_t> tok
     ++clock_;
     for (int64_t i = from_page; i < to_page; ++i) {
         auto k = key(tokens, i);
-        if (n->children.count(k)) {  // computed concurrently by another sequence: keep ours private
+        const PageRow& row = pages[static_cast<size_t>(i)];
+        auto it = n->children.find(k);
+        Node* c = nullptr;
+        if (it == n->children.end()) {
+            c = add_child(n, std::move(k), row, i);
+        } else if (!on_device(it->second.get())) {  // only in host memory: the sequence's row serves
+            c = it->second.get();
+            c->page[kHistoryPages] = row[kHistoryPages];
+            ++stats_.cached_pages;
+            if (c->refs == 0) ++stats_.evictable_pages;
+            if (row[kWindowPages] >= 0) own_window(c, row[kWindowPages]);
+        } else {  // computed concurrently by another sequence: keep ours private
             to_page = i;
             break;
         }
-        auto c = new_node(n, pages[static_cast<size_t>(i)], i);
-        add_ref(c.get());  // locked by the sequence that is still using it
-        if (c->page[kWindowPages] >= 0) hold_window(c.get());
-        Node* raw = c.get();
-        n->children.emplace(std::move(k), std::move(c));
-        n = raw;
+        c->last_use = clock_;
+        add_ref(c);  // locked by the sequence that is still using it
+        if (c->page[kWindowPages] >= 0) hold_window(c);
+        if (write_through_) backup(c);
+        n = c;
     }
+    flush_stores();
     return n == &root_ ? nullptr : n;
 }
 
 int64_t RadixCache::evict(int64_t want) {
     if (want <= 0 || stats_.evictable_pages == 0) return 0;
     auto older = [](Node* a, Node* b) { return a->last_use > b->last_use; };
-    std::priority_queue<Node*, std::vector<Node*>, decltype(older)> leaves(older);
+    NodeHeap<decltype(older)> leaves(older);
     std::vector<Node*> stack{&root_};
     while (!stack.empty()) {
         Node* n = stack.back();
         stack.pop_back();
-        if (n != &root_ && n->children.empty() && n->refs == 0) leaves.push(n);
+        if (device_leaf(n)) leaves.push(n);
         for (auto& [k, c] : n->children) stack.push_back(c.get());
     }
     int64_t freed = 0;
@@ -187,22 +381,15 @@ int64_t RadixCache::evict(int64_t want) {
         Node* n = leaves.top();
         leaves.pop();
         Node* parent = n->parent;
-        if (n->page[kWindowPages] >= 0) {
-            unlist_window(n);
-            --stats_.window_pages;
-        }
-        pool_.free(n->page);
+        if (host_ && backing_up_ && backup(n))
+            free_device(n);  // it lives on in host memory
+        else
+            erase(n);
         ++freed;
-        --stats_.cached_pages;
-        --stats_.evictable_pages;
         ++stats_.evicted_pages;
-        for (auto it = parent->children.begin(); it != parent->children.end(); ++it)
-            if (it->second.get() == n) {
-                parent->children.erase(it);
-                break;
-            }
-        if (parent != &root_ && parent->children.empty() && parent->refs == 0) leaves.push(parent);
+        if (device_leaf(parent)) leaves.push(parent);
     }
+    flush_stores();
     return freed;
 }
 
@@ -210,17 +397,124 @@ int64_t RadixCache::evict_window(int64_t want) {
     int64_t freed = 0;
     while (freed < want && !window_lru_.empty()) {
         Node* n = window_lru_.front();
+        if (host_ && backing_up_) backup(n);  // its window page lives on in host memory where there is room
         unlist_window(n);
         pool_.free({-1, std::exchange(n->page[kWindowPages], -1)});
         --stats_.window_pages;
         ++freed;
     }
+    flush_stores();
     return freed;
 }
 
 int64_t RadixCache::clear() {
+    backing_up_ = false;
     evict_window(stats_.evictable_window_pages);
-    return evict(stats_.cached_pages);
+    const int64_t freed = evict(stats_.cached_pages);
+    backing_up_ = true;
+    if (host_) {  // and every host copy no sequence uses (children before parents)
+        std::vector<Node*> order{&root_};
+        for (size_t i = 0; i < order.size(); ++i)
+            for (auto& [k, c] : order[i]->children) order.push_back(c.get());
+        for (auto it = order.rbegin(); it != order.rend(); ++it) {
+            Node* n = *it;
+            if (n == &root_) continue;
+            if (!on_device(n) && n->refs == 0 && n->children.empty()) {
+                erase(n);
+            } else {
+                free_host(n);
+            }
+        }
+    }
+    return freed;
+}
+
+// ---- the hierarchical cache
+
+bool RadixCache::backup(Node* n) {
+    const bool history = n->host[kHistoryPages] < 0;
+    const bool window = n->page[kWindowPages] >= 0 && n->host[kWindowPages] < 0;
+    if (!history && !window) return true;
+    if (!host_room(history, window, n)) return false;
+    StateMemory& mem = pool_.memory();
+    const auto& bytes = pool_.layout().page_bytes;
+    for (PageTable t : {kHistoryPages, kWindowPages}) {
+        if (t == kHistoryPages ? !history : !window) continue;
+        const int32_t id = host_->alloc(t);
+        if (bytes[t] > 0)
+            mem.page_to_host(pool_.base(t) + static_cast<size_t>(n->page[t]) * bytes[t], bytes[t], host_->page(t, id));
+        n->host[t] = id;
+        ++(t == kHistoryPages ? stats_.host_pages : stats_.host_window_pages);
+        stats_.bytes_to_host += static_cast<int64_t>(bytes[t]);
+    }
+    store(n);
+    return true;
+}
+
+bool RadixCache::host_room(int64_t history, int64_t window, const Node* keep) {
+    auto fits = [&](int64_t slack_h, int64_t slack_w) {
+        return host_->free_pages(kHistoryPages) >= history + slack_h &&
+               host_->free_pages(kWindowPages) >= window + slack_w;
+    };
+    if (fits(0, 0)) return true;
+    // Host copies no sequence uses, least recently used first: of device rows (they stay on the device) and of
+    // host-only leaves (they leave the trie). A 64th of the pool at a time, so that the scan is rare.
+    auto older = [](Node* a, Node* b) { return a->last_use > b->last_use; };
+    NodeHeap<decltype(older)> heap(older);
+    auto candidate = [&](const Node* n) {
+        return n != &root_ && n != keep && n->refs == 0 && n->host[kHistoryPages] >= 0 &&
+               (on_device(n) || n->children.empty());
+    };
+    std::vector<Node*> stack{&root_};
+    while (!stack.empty()) {
+        Node* n = stack.back();
+        stack.pop_back();
+        if (candidate(n)) heap.push(n);
+        for (auto& [k, c] : n->children) stack.push_back(c.get());
+    }
+    const int64_t slack_h = host_->capacity(kHistoryPages) / 64, slack_w = host_->capacity(kWindowPages) / 64;
+    while (!fits(slack_h, slack_w) && !heap.empty()) {
+        Node* n = heap.top();
+        heap.pop();
+        Node* parent = n->parent;
+        ++stats_.host_evicted_pages;
+        if (on_device(n)) {
+            free_host(n);
+        } else {
+            erase(n);
+            if (candidate(parent)) heap.push(parent);
+        }
+    }
+    return fits(0, 0);
+}
+
+void RadixCache::store(Node* n) {
+    const int level = n->host[kWindowPages] >= 0 ? 2 : 1;
+    if (!writer_ || n->stored >= level) return;
+    const auto& bytes = pool_.layout().page_bytes;
+    StoreWriter::Job job;
+    job.id = {n->key, n->parent->key, {}, bytes[kHistoryPages], bytes[kWindowPages]};
+    job.tokens = *n->tokens;
+    job.history = host_->page(kHistoryPages, n->host[kHistoryPages]);
+    job.window = level == 2 ? host_->page(kWindowPages, n->host[kWindowPages]) : nullptr;
+    pending_.push_back(std::move(job));
+    n->stored = level;
+}
+
+void RadixCache::flush_stores() {
+    if (pending_.empty()) return;
+    auto fence = pool_.memory().fence();  // the copies into host memory before it
+    for (auto& job : pending_) {
+        job.fence = fence;
+        writer_->push(std::move(job));
+    }
+    pending_.clear();
+}
+
+bool RadixCache::make_room(PageTable t, int64_t n) {
+    const int64_t short_by = n - pool_.free_pages(t);
+    if (short_by > 0) t == kHistoryPages ? evict(short_by) : evict_window(short_by);
+    return pool_.free_pages(t) >= n;
 }
 
 }  // namespace peregrine

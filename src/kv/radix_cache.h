@@ -3,7 +3,14 @@
 // pages holding those tokens' state. Paths are locked by reference counts; only unreferenced leaves are evicted,
 // least recently used first. Window pages no sequence reads wait in a list of their own, least recently used
 // first, to be evicted alone when the window table runs short.
+//
+// With the hierarchical cache, a node's row may live on the device, in host memory or both: rows on the device
+// form the top of the trie (a device row's parent is on the device), host-only rows hang below them. Eviction
+// moves a device row to host memory (write_back; write_through copied it when it was cached) and drops host copies
+// least recently used first when host memory runs short. Every host copy is written to storage as well.
+#include "kv/host_pool.h"
 #include "kv/page_pool.h"
+#include "kv/page_store.h"
 #include "kv/prefix_cache.h"
 
 #include <cstdint>
@@ -18,7 +25,11 @@ namespace peregrine {
 struct PrefixCache::Node {
     Node* parent = nullptr;
     std::map<std::vector<int32_t>, std::unique_ptr<Node>> children;
-    PageRow page{-1, -1};
+    const std::vector<int32_t>* tokens = nullptr;  // its page's tokens (its key in the parent's children)
+    PageRow page{-1, -1};      // on the device (history -1: not on the device)
+    PageRow host{-1, -1};      // its copy in host memory
+    PageKey key;               // storage key of the tokens up to its end
+    int stored = 0;            // in storage: 1 its history page, 2 with its window page
     int64_t row = -1;          // the page of tokens [row*P, (row+1)*P)
     int64_t refs = 0;          // sequences whose locked path passes here
     int64_t window_refs = 0;   // sequences that still read its window page
@@ -29,7 +40,8 @@ struct PrefixCache::Node {
 
 class RadixCache final : public PrefixCache {
 public:
-    explicit RadixCache(PagePool& pool);
+    // `tiers`: the hierarchical cache (null or not enabled: device pages only).
+    explicit RadixCache(PagePool& pool, const HiCacheOptions* tiers = nullptr);
     ~RadixCache() override;
     RadixCache(const RadixCache&) = delete;
     RadixCache& operator=(const RadixCache&) = delete;
@@ -43,24 +55,45 @@ public:
     int64_t evict(int64_t n) override;
     int64_t evict_window(int64_t n) override;
     int64_t clear() override;
-    const Stats& stats() const override { return stats_; }
+    const Stats& stats() const override;
 
 private:
+    static bool on_device(const Node* n) { return n->page[kHistoryPages] >= 0; }
     void add_ref(Node* n);
     void hold_window(Node* n);     // a sequence reads n's window page
     void release_window(Node* n);  // one fewer does
     void own_window(Node* n, int32_t page);  // n's window page is now `page`
     void list_window(Node* n);    // its window page becomes evictable, most recently used
     void unlist_window(Node* n);
-    std::unique_ptr<Node> new_node(Node* parent, const PageRow& page, int64_t row);
+    Node* add_child(Node* parent, std::vector<int32_t> tokens, const PageRow& page, int64_t row);
     std::vector<int32_t> key(std::span<const int32_t> tokens, int64_t page) const;
+    void free_device(Node* n);     // its device pages back to the pool
+    void free_host(Node* n);       // its host copy dropped
+    void erase(Node* n);           // n and its subtree leave the trie
+    bool device_leaf(const Node* n) const;
+
+    // The hierarchical cache.
+    bool backup(Node* n);          // copies what n has on the device and not in host memory; false: no room
+    bool host_room(int64_t history, int64_t window, const Node* keep);
+    void store(Node* n);           // its host copy to storage (queued by flush_stores)
+    void flush_stores();           // the queued copies to the writer, behind one fence
+    bool make_room(PageTable t, int64_t n);  // n free device pages of table t, evicting others
+    // Rows [first, limit) of `tokens` that storage holds after the key `from`, up to the first miss.
+    std::vector<StoredRow> read_storage(std::span<const int32_t> tokens, const PageKey& from, int64_t first,
+                                        int64_t limit);
 
     PagePool& pool_;
     int P_;
     Node root_;
     uint64_t clock_ = 0;
     std::list<Node*> window_lru_;  // evictable window pages, least recently used first
-    Stats stats_;
+    mutable Stats stats_;
+    bool write_through_ = false;
+    bool backing_up_ = true;       // false while clear() drops everything
+    std::unique_ptr<HostPool> host_;
+    std::unique_ptr<PageStore> store_;
+    std::unique_ptr<StoreWriter> writer_;  // after store_ and host_: it stops first
+    std::vector<StoreWriter::Job> pending_;
 };
 
 }  // namespace peregrine

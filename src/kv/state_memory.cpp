@@ -6,6 +6,14 @@
 
 namespace peregrine {
 
+uint8_t* StateMemory::alloc_host(size_t bytes) {
+    auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+    if (!p) fail("cannot allocate {} bytes of host memory for the hierarchical cache", bytes);
+    return p;
+}
+
+void StateMemory::free_host(uint8_t* p) { std::free(p); }
+
 uint8_t* HostStateMemory::alloc(size_t bytes) {
     auto* p = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
     if (!p) fail("cannot allocate {} bytes of state memory", bytes);

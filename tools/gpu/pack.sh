@@ -19,7 +19,7 @@ for t in "$build"/tests/ops/test_cuda_*; do
   [[ -x $t && -f $t ]] && strip -o "$stage/$(basename "$t")" "$t"
 done
 [[ -n $base ]] && strip -o "$stage/peregrine-base" "$base"
-for lib in libspdlog libfmt libpcre2-8 libutf8proc libcpp-httplib libcudart; do
+for lib in libspdlog libfmt libpcre2-8 libutf8proc libcpp-httplib libhiredis libcudart; do
   path=$(ldd "$build/peregrine" | awk -v l="$lib" '$1 ~ "^"l"\\.so" {print $3; exit}')
   [[ -n $path ]] && cp -L "$path" "$stage/lib/"
 done

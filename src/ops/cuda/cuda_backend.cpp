@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 
 namespace peregrine {
@@ -129,6 +130,39 @@ void CudaStateMemory::from_host(uint8_t* dst, const void* src, size_t bytes) { c
 
 void CudaStateMemory::copy(uint8_t* dst, const uint8_t* src, size_t bytes) {
     PG_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0));
+}
+
+uint8_t* CudaStateMemory::alloc_host(size_t bytes) {
+    void* p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, std::max<size_t>(bytes, 64), cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        fail("cannot pin {} bytes of host memory for the hierarchical cache: {}", bytes, cudaGetErrorString(e));
+    }
+    return static_cast<uint8_t*>(p);
+}
+
+void CudaStateMemory::free_host(uint8_t* p) {
+    cudaDeviceSynchronize();
+    cudaFreeHost(p);
+}
+
+// Pinned memory: both directions are asynchronous on the calling thread's stream, so they overlap the host's
+// work and stay ordered with the steps that write and read the pages.
+void CudaStateMemory::page_to_host(const uint8_t* src, size_t bytes, uint8_t* host) {
+    PG_CUDA(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, cudaStreamPerThread));
+}
+
+void CudaStateMemory::page_from_host(uint8_t* dst, const uint8_t* host, size_t bytes) {
+    PG_CUDA(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, cudaStreamPerThread));
+}
+
+std::function<void()> CudaStateMemory::fence() {
+    cudaEvent_t e = nullptr;
+    PG_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    PG_CUDA(cudaEventRecord(e, cudaStreamPerThread));
+    auto done = std::shared_ptr<CUevent_st>(e, [](cudaEvent_t ev) { cudaEventDestroy(ev); });
+    return [done] { cudaEventSynchronize(done.get()); };
 }
 
 float* CudaBackend::device_carry(SeqState& s) {

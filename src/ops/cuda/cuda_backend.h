@@ -62,6 +62,11 @@ public:
     void to_host(const uint8_t* src, size_t bytes, void* dst) override;
     void from_host(uint8_t* dst, const void* src, size_t bytes) override;
     void copy(uint8_t* dst, const uint8_t* src, size_t bytes) override;
+    uint8_t* alloc_host(size_t bytes) override;
+    void free_host(uint8_t* p) override;
+    void page_to_host(const uint8_t* src, size_t bytes, uint8_t* host) override;
+    void page_from_host(uint8_t* dst, const uint8_t* host, size_t bytes) override;
+    std::function<void()> fence() override;
 
 private:
     int gpu_;

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <pthread.h>
@@ -44,7 +45,34 @@ struct ServeArgs {
     ExpertParallelOptions ep_opts;
     int64_t context_length = 0, default_max_tokens = 0;
     bool disable_radix_cache = false, enable_thinking = false, disable_overlap_schedule = false;
+    // The hierarchical cache (SGLang's HiCache flags).
+    bool enable_hierarchical_cache = false;
+    double hicache_ratio = 2.0, hicache_size = 0.0;  // host pages per device page, or GB of host memory
+    std::string hicache_write_policy = "write_through", hicache_storage_backend, hicache_storage_dir,
+        hicache_storage_url = "redis://127.0.0.1:6379";
 };
+
+// What storage keys are seeded with, so that entries of other weights never match: the config, and every
+// shard's name, size and a sample of its bytes (reading all of a large checkpoint would take minutes).
+std::string model_identity(const ServeArgs& a) {
+    if (!a.synthetic.empty())
+        return fmt::format("synthetic {} layers {} experts {}", a.synthetic, a.synthetic_layers, a.synthetic_experts);
+    namespace fs = std::filesystem;
+    std::string id = read_file(a.model + "/config.json");
+    std::vector<fs::path> shards;
+    for (const auto& e : fs::directory_iterator(a.model))
+        if (e.path().extension() == ".safetensors") shards.push_back(e.path());
+    std::sort(shards.begin(), shards.end());
+    for (const auto& s : shards) {
+        const auto size = fs::file_size(s);
+        std::ifstream f(s, std::ios::binary);
+        std::string sample(std::min<uintmax_t>(size, 4096), '\0');
+        f.seekg(static_cast<std::streamoff>(size / 2));
+        f.read(sample.data(), static_cast<std::streamsize>(sample.size()));
+        id += fmt::format("|{} {} ", s.filename().string(), size) + sample;
+    }
+    return id;
+}
 
 int64_t host_available_bytes() {
     std::ifstream f("/proc/meminfo");
@@ -194,6 +222,26 @@ int run_serve(ServeArgs& a) {
     eo.kv_pages = pages;
     eo.window_pages = kv_pages[kWindowPages];
     eo.radix_cache = !a.disable_radix_cache;
+    if (a.enable_hierarchical_cache) {
+        PEREGRINE_CHECK(eo.radix_cache, "--enable-hierarchical-cache needs the prefix cache (no --disable-radix-cache)");
+        HiCacheOptions& h = eo.hicache;
+        h.enabled = true;
+        h.host_pages = host_pages_for(layout, kv_pages, a.hicache_ratio,
+                                      static_cast<int64_t>(a.hicache_size * 1024 * 1024 * 1024));
+        PEREGRINE_CHECK(h.host_pages[kHistoryPages] > 0 && h.host_pages[kWindowPages] > 0,
+                        "--hicache-ratio {} / --hicache-size {} GB hold no host page", a.hicache_ratio,
+                        a.hicache_size);
+        h.write_through = a.hicache_write_policy == "write_through";
+        h.storage_backend = a.hicache_storage_backend;
+        PEREGRINE_CHECK(h.storage_backend != "file" || !a.hicache_storage_dir.empty(),
+                        "--hicache-storage-backend file needs --hicache-storage-dir");
+        h.storage_dir = a.hicache_storage_dir;
+        h.storage_url = a.hicache_storage_url;
+        if (!h.storage_backend.empty()) h.identity = model_identity(a);
+    } else {
+        PEREGRINE_CHECK(a.hicache_storage_backend.empty(),
+                        "--hicache-storage-backend needs --enable-hierarchical-cache (storage sits below host memory)");
+    }
     eo.context_length = a.context_length;
     if (a.disable_overlap_schedule) eo.overlap_schedule = 0;
     Engine engine(group.ranks(), &*tok, eo);
@@ -242,6 +290,13 @@ int run_serve(ServeArgs& a) {
         {"chunked_prefill_size", a.chunked_prefill},
         {"context_length", engine.context_length()},
         {"disable_radix_cache", a.disable_radix_cache},
+        {"enable_hierarchical_cache", a.enable_hierarchical_cache},
+        {"hicache_host_pages", eo.hicache.enabled ? nlohmann::json{{"history", eo.hicache.host_pages[kHistoryPages]},
+                                                                   {"window", eo.hicache.host_pages[kWindowPages]}}
+                                                  : nlohmann::json()},
+        {"hicache_write_policy", a.enable_hierarchical_cache ? nlohmann::json(a.hicache_write_policy) : nlohmann::json()},
+        {"hicache_storage_backend", a.hicache_storage_backend.empty() ? nlohmann::json()
+                                                                      : nlohmann::json(a.hicache_storage_backend)},
         {"dp_size", a.dp},
         {"ep_size", a.ep}}.dump();
     ApiServer server(engine, *tok, ao);
@@ -270,6 +325,20 @@ int run_serve(ServeArgs& a) {
         a.chunked_prefill, eo.overlap_schedule != 0 && a.dp == 1 && model->backend().sampler().async() ? "on" : "off",
         gen.empty() ? "temperature 1, top_p 1 (openai)" : (gen.describe() + " (generation_config.json)").c_str(), secs);
     if (plan) std::fprintf(stderr, "  gpu memory %s\n", plan->describe().c_str());
+    if (eo.hicache.enabled) {
+        const auto& h = eo.hicache;
+        const double host_bytes =
+            static_cast<double>(h.host_pages[kHistoryPages]) * static_cast<double>(layout.page_bytes[kHistoryPages]) +
+            static_cast<double>(h.host_pages[kWindowPages]) * static_cast<double>(layout.page_bytes[kWindowPages]);
+        std::fprintf(stderr, "  hicache    host %lld pages = %lld tokens, %lld window pages (%.1f MiB) per rank, %s%s%s\n",
+                     static_cast<long long>(h.host_pages[kHistoryPages]),
+                     static_cast<long long>(h.host_pages[kHistoryPages] * layout.page_tokens),
+                     static_cast<long long>(h.host_pages[kWindowPages]), host_bytes / (1 << 20),
+                     a.hicache_write_policy.c_str(), h.storage_backend.empty() ? "" : ", storage ",
+                     h.storage_backend == "file"    ? h.storage_dir.c_str()
+                     : h.storage_backend == "redis" ? h.storage_url.c_str()
+                                                    : "");
+    }
     std::printf("peregrine serve: listening on http://%s:%d\n", a.host.c_str(), port);
     std::fflush(stdout);
     std::atomic<bool> finished{false};
@@ -358,6 +427,22 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY'");
     cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error");
     cmd->add_flag("--disable-radix-cache", a->disable_radix_cache, "No prefix cache");
+    cmd->add_flag("--enable-hierarchical-cache", a->enable_hierarchical_cache,
+                  "Cached rows evicted from the state pages keep a copy in host memory (and storage, when given)");
+    cmd->add_option("--hicache-ratio", a->hicache_ratio, "Host cache pages per state page (default 2)")
+        ->check(CLI::Range(0.0, 1e6));
+    cmd->add_option("--hicache-size", a->hicache_size, "Host cache in GB per rank (overrides --hicache-ratio)")
+        ->check(CLI::Range(0.0, 1e6));
+    cmd->add_option("--hicache-write-policy", a->hicache_write_policy,
+                    "write_through: rows copied to host memory when cached; write_back: when evicted")
+        ->check(CLI::IsMember({"write_through", "write_back"}));
+    cmd->add_option("--hicache-storage-backend", a->hicache_storage_backend,
+                    "A third tier below host memory: file (--hicache-storage-dir) or redis (--hicache-storage-url)")
+        ->check(CLI::IsMember({"file", "redis"}));
+    cmd->add_option("--hicache-storage-dir", a->hicache_storage_dir,
+                    "The file backend's directory (local NVMe or a shared filesystem); entries survive restarts");
+    cmd->add_option("--hicache-storage-url", a->hicache_storage_url,
+                    "The redis backend's server: redis://host:port or unix:///path (default redis://127.0.0.1:6379)");
     cmd->add_flag("--disable-overlap-schedule", a->disable_overlap_schedule,
                   "Wait for each step's tokens before building the next (by default, with cuda, the next step is "
                   "enqueued while the GPU runs the current one)");

@@ -47,6 +47,17 @@ void EngineStats::merge(const EngineStats& o) {
     prompt_tokens_total += o.prompt_tokens_total;
     generation_tokens_total += o.generation_tokens_total;
     cached_tokens_total += o.cached_tokens_total;
+    cached_tokens_host_total += o.cached_tokens_host_total;
+    cached_tokens_storage_total += o.cached_tokens_storage_total;
+    evicted_pages_total += o.evicted_pages_total;
+    host_evicted_pages_total += o.host_evicted_pages_total;
+    bytes_to_host_total += o.bytes_to_host_total;
+    bytes_from_host_total += o.bytes_from_host_total;
+    bytes_to_storage_total += o.bytes_to_storage_total;
+    bytes_from_storage_total += o.bytes_from_storage_total;
+    storage_writes_total += o.storage_writes_total;
+    storage_writes_dropped_total += o.storage_writes_dropped_total;
+    storage_corrupt_total += o.storage_corrupt_total;
     preemptions_total += o.preemptions_total;
     steps_total = std::max(steps_total, o.steps_total);  // the ranks step together
     steps_overlapped += o.steps_overlapped;
@@ -60,6 +71,8 @@ void EngineStats::merge(const EngineStats& o) {
     window_pages_used += o.window_pages_used;
     window_pages_cached += o.window_pages_cached;
     window_pages_evictable += o.window_pages_evictable;
+    host_pages_total += o.host_pages_total;
+    host_pages_cached += o.host_pages_cached;
     token_usage = pages_total ? used / static_cast<double>(pages_total) : 0.0;
     cache_hit_rate =
         prompt_tokens_total ? static_cast<double>(cached_tokens_total) / static_cast<double>(prompt_tokens_total) : 0.0;

@@ -24,12 +24,20 @@ struct EngineStats {
     // Counters.
     uint64_t requests_total = 0, requests_finished = 0, requests_aborted = 0, requests_rejected = 0;
     uint64_t prompt_tokens_total = 0, generation_tokens_total = 0, cached_tokens_total = 0;
+    uint64_t cached_tokens_host_total = 0, cached_tokens_storage_total = 0;  // of cached_tokens_total
+    // The prefix cache's tiers: pages evicted (device to host, or dropped; host copies dropped), bytes moved,
+    // storage writes done and dropped, storage entries found corrupt.
+    uint64_t evicted_pages_total = 0, host_evicted_pages_total = 0;
+    uint64_t bytes_to_host_total = 0, bytes_from_host_total = 0, bytes_to_storage_total = 0,
+             bytes_from_storage_total = 0;
+    uint64_t storage_writes_total = 0, storage_writes_dropped_total = 0, storage_corrupt_total = 0;
     uint64_t preemptions_total = 0, steps_total = 0;
     uint64_t steps_overlapped = 0;  // steps enqueued before the previous step's tokens were on the host
     // Gauges.
     int64_t running = 0, queued = 0;
     int64_t pages_total = 0, pages_used = 0, pages_cached = 0, pages_evictable = 0, page_tokens = 0;
     int64_t window_pages_total = 0, window_pages_used = 0, window_pages_cached = 0, window_pages_evictable = 0;
+    int64_t host_pages_total = 0, host_pages_cached = 0;  // the hierarchical cache's host rows
     double token_usage = 0.0;  // pages held by live requests / all pages
     double cache_hit_rate = 0.0;  // cached prompt tokens / prompt tokens, since start
     double gen_throughput = 0.0;  // generated tokens per second over the last few seconds

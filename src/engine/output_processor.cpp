@@ -77,20 +77,22 @@ void OutputProcessor::close(const RequestPtr& r, FinishReason why, std::string t
         else ++st_.requests_finished;
         st_.e2e.observe(seconds(EngineClock::now() - r->arrival));
     }
-    r->stream->set_usage(r->prompt_len, r->cached_tokens, r->preemptions);
+    r->stream->set_usage(r->prompt_len, r->cached_tokens, r->preemptions, r->cached_host, r->cached_storage);
     r->stream->finish(why, std::move(text), std::move(matched), std::move(error), r->completion);
 }
 
 void OutputProcessor::admitted(Request& r) {
-    r.stream->set_usage(r.prompt_len, r.cached_tokens, r.preemptions);
+    r.stream->set_usage(r.prompt_len, r.cached_tokens, r.preemptions, r.cached_host, r.cached_storage);
     std::lock_guard lk(mu_);
     st_.prompt_tokens_total += static_cast<uint64_t>(r.prompt_len);
     st_.cached_tokens_total += static_cast<uint64_t>(r.cached_tokens);
+    st_.cached_tokens_host_total += static_cast<uint64_t>(r.cached_host);
+    st_.cached_tokens_storage_total += static_cast<uint64_t>(r.cached_storage);
     st_.queue_time.observe(seconds(EngineClock::now() - r.arrival));
 }
 
 void OutputProcessor::preempted(Request& r) {
-    r.stream->set_usage(r.prompt_len, r.cached_tokens, r.preemptions);
+    r.stream->set_usage(r.prompt_len, r.cached_tokens, r.preemptions, r.cached_host, r.cached_storage);
     std::lock_guard lk(mu_);
     ++st_.preemptions_total;
 }
@@ -119,6 +121,17 @@ void OutputProcessor::publish_gauges(const CacheManager& kv) {
     st_.window_pages_used = ks.window_pages_used;
     st_.window_pages_cached = ks.window_pages_cached;
     st_.window_pages_evictable = ks.window_pages_evictable;
+    st_.host_pages_total = ks.host_pages_total;
+    st_.host_pages_cached = ks.cache.host_pages;
+    st_.evicted_pages_total = static_cast<uint64_t>(ks.cache.evicted_pages);
+    st_.host_evicted_pages_total = static_cast<uint64_t>(ks.cache.host_evicted_pages);
+    st_.bytes_to_host_total = static_cast<uint64_t>(ks.cache.bytes_to_host);
+    st_.bytes_from_host_total = static_cast<uint64_t>(ks.cache.bytes_from_host);
+    st_.bytes_to_storage_total = static_cast<uint64_t>(ks.cache.bytes_to_storage);
+    st_.bytes_from_storage_total = static_cast<uint64_t>(ks.cache.bytes_from_storage);
+    st_.storage_writes_total = static_cast<uint64_t>(ks.cache.storage_writes);
+    st_.storage_writes_dropped_total = static_cast<uint64_t>(ks.cache.storage_writes_dropped);
+    st_.storage_corrupt_total = static_cast<uint64_t>(ks.cache.storage_corrupt);
     st_.token_usage = static_cast<double>(st_.pages_used - st_.pages_evictable) / static_cast<double>(st_.pages_total);
     st_.cache_hit_rate = st_.prompt_tokens_total ? static_cast<double>(st_.cached_tokens_total) /
                                                        static_cast<double>(st_.prompt_tokens_total)

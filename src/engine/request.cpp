@@ -23,6 +23,8 @@ bool RequestStream::next(RequestDelta& out, std::chrono::milliseconds timeout) {
     pending_ = RequestDelta();
     pending_.prompt_tokens = out.prompt_tokens;
     pending_.cached_tokens = out.cached_tokens;
+    pending_.cached_host = out.cached_host;
+    pending_.cached_storage = out.cached_storage;
     pending_.completion_tokens = out.completion_tokens;
     pending_.preemptions = out.preemptions;
     has_new_ = false;
@@ -51,6 +53,8 @@ bool RequestStream::wait_for(RequestDelta& all, std::chrono::milliseconds timeou
         all.error = d.error;
         all.prompt_tokens = d.prompt_tokens;
         all.cached_tokens = d.cached_tokens;
+        all.cached_host = d.cached_host;
+        all.cached_storage = d.cached_storage;
         all.completion_tokens = d.completion_tokens;
         all.preemptions = d.preemptions;
     }
@@ -96,10 +100,13 @@ void RequestStream::set_listener(std::function<void()> l) {
     listener_ = std::move(l);
 }
 
-void RequestStream::set_usage(int64_t prompt, int64_t cached, int64_t preemptions) {
+void RequestStream::set_usage(int64_t prompt, int64_t cached, int64_t preemptions, int64_t cached_host,
+                              int64_t cached_storage) {
     std::lock_guard lk(mu_);
     pending_.prompt_tokens = prompt;
     pending_.cached_tokens = cached;
+    pending_.cached_host = cached_host;
+    pending_.cached_storage = cached_storage;
     pending_.preemptions = preemptions;
 }
 

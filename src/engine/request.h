@@ -60,6 +60,7 @@ struct RequestDelta {
     std::string matched_stop;  // the stop string or stop token (as text) that ended it
     std::string error;         // finish == error
     int64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
+    int64_t cached_host = 0, cached_storage = 0;  // of cached_tokens, those from host memory and from storage
     int64_t preemptions = 0;
 };
 
@@ -88,7 +89,8 @@ public:
     // Engine side.
     void push(TokenOutput tok, const std::string& text, int64_t completion_tokens);
     void finish(FinishReason r, std::string text, std::string matched, std::string error, int64_t completion_tokens);
-    void set_usage(int64_t prompt, int64_t cached, int64_t preemptions);
+    void set_usage(int64_t prompt, int64_t cached, int64_t preemptions, int64_t cached_host = 0,
+                   int64_t cached_storage = 0);
     void set_waker(std::function<void()> w) { waker_ = std::move(w); }
     // Reader side: called whenever new output is ready. It runs under the stream's lock, so it may only signal
     // (set a flag, post a task); once set_listener(nullptr) returns it is never called again.

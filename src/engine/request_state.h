@@ -32,6 +32,7 @@ struct Request {
 
     CachedSequence kv;  // its state and what it shares with the prefix cache
     int64_t cached_tokens = 0;
+    int64_t cached_host = 0, cached_storage = 0;  // of cached_tokens, from host memory and from storage
     bool admitted_once = false;
     int64_t preemptions = 0;
 

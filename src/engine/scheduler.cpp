@@ -43,6 +43,8 @@ void Scheduler::admit() {
         if (!r->admitted_once) {
             r->admitted_once = true;
             r->cached_tokens = std::min(cached, r->prompt_len);
+            r->cached_storage = std::min(r->kv.storage_hit_tokens, r->cached_tokens);
+            r->cached_host = std::min(r->kv.host_hit_tokens, r->cached_tokens - r->cached_storage);
             listener_.admitted(*r);
         }
         r->phase = Request::Phase::running;

@@ -45,11 +45,20 @@ void set_error(HttpResponse& res, const ApiError& e) {
     res.body = dump(e.to_json());
 }
 
-json usage_json(int64_t prompt, int64_t completion, int64_t cached) {
+// Prompt tokens served from the prefix cache, and of them those brought back from host memory and storage.
+struct CachedTokens {
+    int64_t total = 0, host = 0, storage = 0;
+    static CachedTokens of(const RequestDelta& d) { return {d.cached_tokens, d.cached_host, d.cached_storage}; }
+    void add(const RequestDelta& d) { total += d.cached_tokens, host += d.cached_host, storage += d.cached_storage; }
+    json details() const { return {{"device", total - host - storage}, {"host", host}, {"storage", storage}}; }
+};
+
+json usage_json(int64_t prompt, int64_t completion, const CachedTokens& cached) {
     return {{"prompt_tokens", prompt},
             {"completion_tokens", completion},
             {"total_tokens", prompt + completion},
-            {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+            {"prompt_tokens_details",
+             {{"cached_tokens", cached.total}, {"cached_tokens_details", cached.details()}}}};
 }
 
 // Adds tool-call delta entries to a chunk's list: one entry per call index, argument fragments joined.
@@ -388,7 +397,8 @@ struct ApiServer::Impl {
             const bool want_lp = g.logprobs;
             respond_when_done(res, streams, [id, created, model, want_lp, lp_json, n](std::vector<RequestDelta>& ds) {
                 json choices = json::array();
-                int64_t prompt_tokens = 0, completion = 0, cached = 0;
+                int64_t prompt_tokens = 0, completion = 0;
+                CachedTokens cached;
                 for (size_t i = 0; i < ds.size(); ++i) {
                     const RequestDelta& d = ds[i];
                     if (d.finish == FinishReason::error) throw ApiError(500, d.error, "", "server_error");
@@ -398,7 +408,7 @@ struct ApiServer::Impl {
                     choices.push_back(c);
                     if (i % static_cast<size_t>(n) == 0) {
                         prompt_tokens += d.prompt_tokens;
-                        cached += d.cached_tokens;
+                        cached.add(d);
                     }
                     completion += d.completion_tokens;
                 }
@@ -424,11 +434,12 @@ struct ApiServer::Impl {
             },
             [id, created, model, include_usage, n](const std::vector<RequestDelta>& totals) {
                 if (!include_usage) return json();
-                int64_t p = 0, c = 0, k = 0;
+                int64_t p = 0, c = 0;
+                CachedTokens k;
                 for (size_t i = 0; i < totals.size(); ++i) {
                     if (i % static_cast<size_t>(n) == 0) {
                         p += totals[i].prompt_tokens;
-                        k += totals[i].cached_tokens;
+                        k.add(totals[i]);
                     }
                     c += totals[i].completion_tokens;
                 }
@@ -560,7 +571,7 @@ struct ApiServer::Impl {
                                      {"created", created},
                                      {"model", model},
                                      {"choices", choices},
-                                     {"usage", usage_json(ds[0].prompt_tokens, completion, ds[0].cached_tokens)}});
+                                     {"usage", usage_json(ds[0].prompt_tokens, completion, CachedTokens::of(ds[0]))}});
                 });
             return;
         }
@@ -625,7 +636,7 @@ struct ApiServer::Impl {
                 for (auto& t : totals) c += t.completion_tokens;
                 return json{{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
                             {"choices", json::array()},
-                            {"usage", usage_json(totals[0].prompt_tokens, c, totals[0].cached_tokens)}};
+                            {"usage", usage_json(totals[0].prompt_tokens, c, CachedTokens::of(totals[0]))}};
             });
     }
 
@@ -750,6 +761,7 @@ struct ApiServer::Impl {
                          {"prompt_tokens", total.prompt_tokens},
                          {"completion_tokens", total.completion_tokens},
                          {"cached_tokens", total.cached_tokens},
+                         {"cached_tokens_details", CachedTokens::of(total).details()},
                          {"e2e_latency", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}};
             meta["finish_reason"] = total.finished ? json{{"type", finish_name(total)}} : json(nullptr);
             if (total.finished && !total.matched_stop.empty()) meta["finish_reason"]["matched"] = total.matched_stop;
@@ -793,6 +805,8 @@ struct ApiServer::Impl {
                 }
                 total->prompt_tokens = d.prompt_tokens;
                 total->cached_tokens = d.cached_tokens;
+                total->cached_host = d.cached_host;
+                total->cached_storage = d.cached_storage;
                 total->completion_tokens = d.completion_tokens;
                 total->finished = d.finished;
                 total->finish = d.finish;

@@ -23,6 +23,7 @@ struct Outcome {
     bool ok = false;
     std::string error;
     int64_t prompt_len = 0, output_tokens = 0;
+    int64_t cached = 0, cached_host = 0, cached_storage = 0;  // prompt tokens from each tier of the cache
     double ttft = 0, latency = 0;
     std::vector<double> itl;
 };
@@ -85,8 +86,15 @@ Outcome one_request(const Url& u, const BenchServeOptions& o, const std::string&
                 r.error = j["error"].value("message", "error");
                 continue;
             }
-            if (j.contains("usage") && j["usage"].is_object())
-                r.output_tokens = j["usage"].value("completion_tokens", 0);
+            if (j.contains("usage") && j["usage"].is_object()) {
+                const json& us = j["usage"];
+                r.output_tokens = us.value("completion_tokens", 0);
+                const json details = us.value("prompt_tokens_details", json::object());
+                r.cached = details.value("cached_tokens", int64_t{0});
+                const json tiers = details.value("cached_tokens_details", json::object());
+                r.cached_host = tiers.value("host", int64_t{0});
+                r.cached_storage = tiers.value("storage", int64_t{0});
+            }
             if (j.contains("choices") && !j["choices"].empty()) {
                 const auto now = Clock::now();
                 if (first) {
@@ -155,12 +163,37 @@ json run_bench_serve(const BenchServeOptions& o) {
         int lo = std::max(1, static_cast<int>(std::floor(full * o.range_ratio)));
         return std::uniform_int_distribution<int>(lo, full)(rng);
     };
-    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(o.num_prompts));
-    std::vector<int> out_lens(prompts.size());
-    for (size_t i = 0; i < prompts.size(); ++i) {
-        prompts[i].resize(static_cast<size_t>(len(o.input_len)));
-        for (auto& t : prompts[i]) t = std::uniform_int_distribution<int32_t>(0, vocab - 1)(rng);
-        out_lens[i] = len(o.output_len);
+    auto random_ids = [&](size_t n) {
+        std::vector<int32_t> v(n);
+        for (auto& t : v) t = std::uniform_int_distribution<int32_t>(0, vocab - 1)(rng);
+        return v;
+    };
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<int> out_lens;
+    if (o.dataset == "generated-shared-prefix") {
+        PEREGRINE_CHECK(o.gsp_num_groups > 0 && o.gsp_prompts_per_group > 0 && o.gsp_system_prompt_len >= 0 &&
+                            o.gsp_question_len > 0 && o.gsp_output_len > 0,
+                        "bench serve: --gsp-* counts and lengths must be positive");
+        for (int g = 0; g < o.gsp_num_groups; ++g) {
+            const auto system = random_ids(static_cast<size_t>(o.gsp_system_prompt_len));
+            for (int q = 0; q < o.gsp_prompts_per_group; ++q) {
+                prompts.push_back(system);
+                for (int32_t t : random_ids(static_cast<size_t>(o.gsp_question_len))) prompts.back().push_back(t);
+                out_lens.push_back(o.gsp_output_len);
+            }
+        }
+        std::vector<size_t> order(prompts.size());
+        for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+        std::shuffle(order.begin(), order.end(), rng);
+        std::vector<std::vector<int32_t>> shuffled;
+        for (size_t i : order) shuffled.push_back(std::move(prompts[i]));
+        prompts = std::move(shuffled);
+    } else {
+        PEREGRINE_CHECK(o.dataset == "random", "bench serve: unknown dataset {}", o.dataset);
+        for (int i = 0; i < o.num_prompts; ++i) {
+            prompts.push_back(random_ids(static_cast<size_t>(len(o.input_len))));
+            out_lens.push_back(len(o.output_len));
+        }
     }
     for (int w = 0; w < o.warmup_requests; ++w) {
         auto r = one_request(u, o, model, prompts[0], std::min(o.output_len, 16));
@@ -200,7 +233,7 @@ json run_bench_serve(const BenchServeOptions& o) {
     for (auto& t : threads) t.join();
     const double duration = std::chrono::duration<double>(Clock::now() - start).count();
 
-    int64_t done = 0, in_tok = 0, out_tok = 0;
+    int64_t done = 0, in_tok = 0, out_tok = 0, cached = 0, cached_host = 0, cached_storage = 0;
     std::vector<double> ttft, tpot, itl, e2e;
     std::string first_error;
     for (auto& r : results) {
@@ -211,6 +244,7 @@ json run_bench_serve(const BenchServeOptions& o) {
         ++done;
         in_tok += r.prompt_len;
         out_tok += r.output_tokens;
+        cached += r.cached, cached_host += r.cached_host, cached_storage += r.cached_storage;
         ttft.push_back(r.ttft);
         e2e.push_back(r.latency);
         if (r.output_tokens > 1) tpot.push_back((r.latency - r.ttft) / static_cast<double>(r.output_tokens - 1));
@@ -218,8 +252,9 @@ json run_bench_serve(const BenchServeOptions& o) {
     }
     double total_latency = 0;
     for (double x : e2e) total_latency += x;
+    const double in_d = std::max<double>(1.0, static_cast<double>(in_tok));
     json rep = {{"backend", "peregrine-oai"},
-                {"dataset_name", "random"},
+                {"dataset_name", o.dataset},
                 {"url", o.url},
                 {"model", model},
                 {"request_rate", o.request_rate > 0 ? json(o.request_rate) : json("inf")},
@@ -227,7 +262,7 @@ json run_bench_serve(const BenchServeOptions& o) {
                 {"random_input_len", o.input_len},
                 {"random_output_len", o.output_len},
                 {"random_range_ratio", o.range_ratio},
-                {"num_prompts", o.num_prompts},
+                {"num_prompts", static_cast<int64_t>(prompts.size())},
                 {"completed", done},
                 {"failed", static_cast<int64_t>(results.size()) - done},
                 {"duration", duration},
@@ -238,6 +273,10 @@ json run_bench_serve(const BenchServeOptions& o) {
                 {"output_throughput", static_cast<double>(out_tok) / duration},
                 {"total_throughput", static_cast<double>(in_tok + out_tok) / duration},
                 {"concurrency", total_latency / duration},
+                {"cache_hit_rate", static_cast<double>(cached) / in_d},
+                {"device_hit_rate", static_cast<double>(cached - cached_host - cached_storage) / in_d},
+                {"host_hit_rate", static_cast<double>(cached_host) / in_d},
+                {"storage_hit_rate", static_cast<double>(cached_storage) / in_d},
                 {"e2e_latency_ms", summary_ms(e2e, false)},
                 {"ttft_ms", summary_ms(ttft, false)},
                 {"tpot_ms", summary_ms(tpot, false)},
@@ -266,6 +305,10 @@ std::string bench_serve_table(const json& r) {
     line("Output token throughput (tok/s):", num(r["output_throughput"]));
     line("Total token throughput (tok/s):", num(r["total_throughput"]));
     line("Concurrency:", num(r["concurrency"]));
+    auto pct = [](double v) { return fmt::format("{:.2f}%", 100 * v); };
+    line("Cache hit rate:", pct(r["cache_hit_rate"]));
+    line("  device / host / storage:", pct(r["device_hit_rate"]) + " / " + pct(r["host_hit_rate"]) + " / " +
+                                           pct(r["storage_hit_rate"]));
     auto block = [&](const std::string& title, const std::string& key, const std::string& abbr, bool extra) {
         head(" " + title + " ");
         const auto& s = r[key];

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <utility>
+#include <vector>
+
 namespace peregrine {
 
 namespace {
@@ -9,6 +12,12 @@ void metric(std::string& out, const char* name, const char* type, const char* he
             double v) {
     out += fmt::format("# HELP peregrine:{} {}\n# TYPE peregrine:{} {}\nperegrine:{}{{{}}} {}\n", name, help, name,
                        type, name, labels, v);
+}
+// One metric with a sample per label set.
+void labelled(std::string& out, const char* name, const char* type, const char* help,
+              const std::vector<std::pair<std::string, double>>& samples) {
+    out += fmt::format("# HELP peregrine:{} {}\n# TYPE peregrine:{} {}\n", name, help, name, type);
+    for (const auto& [labels, v] : samples) out += fmt::format("peregrine:{}{{{}}} {}\n", name, labels, v);
 }
 void histogram(std::string& out, const char* name, const char* help, const std::string& labels, const Histogram& h) {
     out += fmt::format("# HELP peregrine:{} {}\n# TYPE peregrine:{} histogram\n", name, help, name);
@@ -32,6 +41,30 @@ std::string prometheus_text(const EngineStats& s, const std::string& model_name)
            static_cast<double>(s.generation_tokens_total));
     metric(o, "cached_tokens_total", "counter", "Prompt tokens served from the prefix cache.", l,
            static_cast<double>(s.cached_tokens_total));
+    const auto d = [](uint64_t v) { return static_cast<double>(v); };
+    const auto tier = [&](const char* t) { return fmt::format("{},tier=\"{}\"", l, t); };
+    labelled(o, "cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache, by tier.",
+             {{tier("device"), d(s.cached_tokens_total - s.cached_tokens_host_total - s.cached_tokens_storage_total)},
+              {tier("host"), d(s.cached_tokens_host_total)},
+              {tier("storage"), d(s.cached_tokens_storage_total)}});
+    labelled(o, "cache_transfer_bytes_total", "counter",
+             "Bytes of state moved between the device and the hierarchical cache's tiers.",
+             {{tier("host") + ",direction=\"out\"", d(s.bytes_to_host_total)},
+              {tier("host") + ",direction=\"in\"", d(s.bytes_from_host_total)},
+              {tier("storage") + ",direction=\"out\"", d(s.bytes_to_storage_total)},
+              {tier("storage") + ",direction=\"in\"", d(s.bytes_from_storage_total)}});
+    labelled(o, "cache_evicted_pages_total", "counter",
+             "Cached rows evicted: from the device (to host memory where it is on), host copies dropped.",
+             {{tier("device"), d(s.evicted_pages_total)}, {tier("host"), d(s.host_evicted_pages_total)}});
+    labelled(o, "cache_storage_writes_total", "counter", "Storage entries written, and dropped (store full or gone).",
+             {{l + ",result=\"written\"", d(s.storage_writes_total)},
+              {l + ",result=\"dropped\"", d(s.storage_writes_dropped_total)}});
+    metric(o, "cache_storage_corrupt_total", "counter", "Storage entries read as truncated, corrupt or foreign.", l,
+           d(s.storage_corrupt_total));
+    metric(o, "num_host_cached_pages", "gauge", "Rows with a copy in host memory (hierarchical cache).", l,
+           static_cast<double>(s.host_pages_cached));
+    metric(o, "max_host_pages", "gauge", "Rows the hierarchical cache's host memory holds.", l,
+           static_cast<double>(s.host_pages_total));
     metric(o, "num_requests_total", "counter", "Requests accepted.", l, static_cast<double>(s.requests_total));
     metric(o, "num_finished_requests_total", "counter", "Requests finished.", l,
            static_cast<double>(s.requests_finished));

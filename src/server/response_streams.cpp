@@ -32,6 +32,8 @@ bool EventStream::pull(std::string& out) {
         while (!done_[i] && streams_[i]->next(d, std::chrono::milliseconds(0))) {
             totals_[i].prompt_tokens = d.prompt_tokens;
             totals_[i].cached_tokens = d.cached_tokens;
+            totals_[i].cached_host = d.cached_host;
+            totals_[i].cached_storage = d.cached_storage;
             totals_[i].completion_tokens = d.completion_tokens;
             if (d.finished) {
                 done_[i] = true;

@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 #include <cstdlib>
+#include <filesystem>
+#include <unistd.h>
 #include <thread>
 
 using namespace peregrine;
@@ -179,6 +181,67 @@ TEST(Engine, WindowPagesGoBackAndTailsResumeExactly) {
         EXPECT_EQ(f.cached_tokens, 0) << fx;
         EXPECT_EQ(ids_of(f), reference_greedy(m, fork, 4)) << fx;
     }
+}
+
+// The hierarchical cache: a prompt whose rows were evicted from the device comes back from host memory, and after a
+// restart from storage, with outputs token for token those of a cold run; so does the next turn of a conversation
+// whose tail was evicted with it.
+TEST(Engine, HostAndStorageHitsGiveIdenticalOutput) {
+    const auto dir = std::filesystem::temp_directory_path() / ("peregrine-engine-hicache-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir);
+    for (const char* fx : {"dsv41-tiny-a", "dsv4-tiny-b"}) {
+        Model& m = model(fx);
+        const int P = m.layout().page_tokens;
+        auto p = prompt(fx, 4 * P + 5);
+        const auto ref = reference_greedy(m, p, 8);
+        EngineOptions o = opts(16);
+        o.context_length = 16 * P;
+        o.hicache.enabled = true;
+        o.hicache.host_pages = {64, 64};
+        o.hicache.write_through = std::string(fx) == "dsv4-tiny-b";  // both policies
+        o.hicache.storage_backend = "file";
+        o.hicache.storage_dir = dir / fx;
+        o.hicache.identity = fx;
+        std::filesystem::create_directories(o.hicache.storage_dir);
+        {
+            Engine eng(m, nullptr, o);
+            auto cold = eng.submit(p, greedy(8))->wait();
+            EXPECT_EQ(cold.cached_tokens, 0);
+            EXPECT_EQ(ids_of(cold), ref) << fx;
+            auto dev = eng.submit(p, greedy(8))->wait();
+            EXPECT_EQ(dev.cached_tokens, 4 * P) << fx;
+            EXPECT_EQ(dev.cached_host + dev.cached_storage, 0) << fx;
+            EXPECT_EQ(ids_of(dev), ref) << fx;
+            // Other prompts take every device page: p's rows go to host memory.
+            for (int i = 1; i <= 3; ++i) eng.submit(prompt(fx, 10 * P, 13 * i), greedy(2))->wait();
+            auto host = eng.submit(p, greedy(8))->wait();
+            EXPECT_EQ(host.cached_tokens, 4 * P) << fx;
+            EXPECT_GT(host.cached_host, 0) << fx;
+            EXPECT_EQ(ids_of(host), ref) << fx;
+            // The next turn resumes at the end of the last one, its tail brought back too.
+            auto turn2 = p;
+            for (auto t : ref) turn2.push_back(t);
+            turn2.push_back(p[2]);
+            const auto ref2 = reference_greedy(m, turn2, 6);
+            for (int i = 1; i <= 3; ++i) eng.submit(prompt(fx, 10 * P, 17 * i), greedy(2))->wait();
+            auto t2 = eng.submit(turn2, greedy(6))->wait();
+            EXPECT_EQ(t2.cached_tokens, static_cast<int64_t>(turn2.size() - 1) / P * P) << fx;
+            EXPECT_GT(t2.cached_host, 0) << fx;
+            EXPECT_EQ(ids_of(t2), ref2) << fx;
+            const auto st = eng.stats();
+            EXPECT_GT(st.bytes_to_host_total, 0u);
+            EXPECT_GT(st.bytes_from_host_total, 0u);
+            EXPECT_GT(st.cached_tokens_host_total, 0u);
+        }
+        // A restart: host memory is gone, storage is not.
+        Engine eng(m, nullptr, o);
+        auto stored = eng.submit(p, greedy(8))->wait();
+        EXPECT_EQ(stored.cached_tokens, 4 * P) << fx;
+        EXPECT_EQ(stored.cached_storage, 4 * P) << fx;
+        EXPECT_EQ(ids_of(stored), ref) << fx;
+        EXPECT_GT(eng.stats().bytes_from_storage_total, 0u);
+    }
+    std::filesystem::remove_all(dir);
 }
 
 TEST(Engine, RunningRequestsShareTheirPrefixPages) {

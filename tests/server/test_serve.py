@@ -466,6 +466,77 @@ def test_bench_serve_reports_sglang_metrics(server, tmp_path):
     assert rep["output_throughput"] > 0 and rep["request_throughput"] > 0
 
 
+def _completion(server, prompt):
+    status, body = server.raw("POST", "/v1/completions", {"model": NAME, "prompt": prompt, "max_tokens": 12,
+                                                          "temperature": 0})
+    assert status == 200, body
+    r = json.loads(body)
+    return r["choices"][0]["text"], r["usage"]["prompt_tokens_details"]
+
+
+def _metric(server, name, labels):
+    text = server.raw("GET", "/metrics")[1].decode()
+    m = re.search(r"^peregrine:%s\{[^}]*%s[^}]*\} (\S+)$" % (name, re.escape(labels)), text, re.M)
+    assert m, f"{name}{{{labels}}} missing"
+    return float(m.group(1))
+
+
+DEMO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../models/peregrine-demo-v4")
+
+
+@pytest.mark.parametrize("model", [MODEL, DEMO], ids=["fixture", "demo"])
+def test_hierarchical_cache_serves_from_host_memory_and_storage_across_restarts(tmp_path, model):
+    store = tmp_path / "kv"
+    store.mkdir()
+    args = ("--kv-memory", "64M", "--enable-hierarchical-cache", "--hicache-storage-backend", "file",
+            "--hicache-storage-dir", str(store))
+    prompt = "A prompt of several pages that comes back from host memory and storage. " * (2 if model == MODEL else 8)
+    s = Server(*args, model=model)
+    try:
+        cold, d = _completion(s, prompt)
+        assert d["cached_tokens"] == 0 and d["cached_tokens_details"] == {"device": 0, "host": 0, "storage": 0}
+        warm, d = _completion(s, prompt)
+        assert warm == cold and d["cached_tokens"] > 0 and d["cached_tokens_details"]["device"] == d["cached_tokens"]
+        pages = d["cached_tokens"] // 16
+        for _ in range(200):  # storage writes go on in the background
+            if _metric(s, "cache_storage_writes_total", 'result="written"') >= pages:
+                break
+            time.sleep(0.05)
+        # A flush empties the device and host memory; storage keeps its entries.
+        assert s.raw("POST", "/flush_cache")[0] == 200
+        again, d = _completion(s, prompt)
+        assert again == cold and d["cached_tokens_details"]["storage"] == d["cached_tokens"] > 0
+        assert _metric(s, "cache_hit_tokens_total", 'tier="storage"') == d["cached_tokens"]
+        assert _metric(s, "cache_transfer_bytes_total", 'tier="storage",direction="in"') > 0
+    finally:
+        s.stop()
+    s = Server(*args, model=model)  # a restart: storage still serves
+    try:
+        after, d = _completion(s, prompt)
+        assert after == cold and d["cached_tokens_details"]["storage"] == d["cached_tokens"] > 0
+        if model != MODEL:
+            return
+        status, info = s.raw("GET", "/server_info")
+        info = json.loads(info)
+        assert info["enable_hierarchical_cache"] and info["hicache_storage_backend"] == "file"
+        # bench serve prints the hit rate of each tier.
+        r = subprocess.run([BIN, "bench", "serve", "--url", s.url, "--dataset-name", "generated-shared-prefix",
+                            "--gsp-num-groups", "2", "--gsp-prompts-per-group", "3", "--gsp-system-prompt-len", "64",
+                            "--gsp-question-len", "8", "--gsp-output-len", "4", "--max-concurrency", "1",
+                            "--warmup-requests", "0", "--output-file", str(tmp_path / "b.json")],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "device / host / storage" in r.stdout
+        rep = json.loads((tmp_path / "b.json").read_text())
+        assert rep["completed"] == 6 and rep["cache_hit_rate"] > 0.5
+    finally:
+        s.stop()
+    r = subprocess.run([BIN, "serve", "--model", MODEL, "--port", "0", "--enable-hierarchical-cache",
+                        "--hicache-storage-backend", "file", "--hicache-storage-dir", str(tmp_path / "missing")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "no such directory" in r.stderr
+
+
 def test_thinking_off_by_default_on_when_asked():
     server = Server("--context-length", "2048", "--kv-memory", "64M")  # V4's effort preamble is long in bytes
     try:

@@ -11,7 +11,7 @@ bin=$1
 out=$2
 layers=${3:-4}
 tokens=${4:-32768}
-kv=${5:-400M}
+kv=${5:-128M}
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
 export LD_LIBRARY_PATH=$bin/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

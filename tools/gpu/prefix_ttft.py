@@ -68,7 +68,7 @@ def main():
             moved = sum(after[k] - before.get(k, 0) for k in after if 'direction="in"' in k) / 1e9
         rows.append({"request": name, "prompt_tokens": len(ids), "cached_tokens": meta.get("cached_tokens", -1),
                      "host_tokens": tiers.get("host", 0), "storage_tokens": tiers.get("storage", 0),
-                     "ttft_ms": sec * 1e3, "gb_moved_in": moved})
+                     "ttft_ms": sec * 1e3, "gb_moved_in": moved, "output_ids": out.get("output_ids", [])})
         r = rows[-1]
         print(f"{name:<40} {len(ids):>8} {r['cached_tokens']:>8} {r['host_tokens']:>8} {r['storage_tokens']:>8} "
               f"{sec * 1e3:>10.1f} {moved:>8.3f}", flush=True)
@@ -86,6 +86,10 @@ def main():
         time.sleep(2)  # storage writes finish in the background
         post(a.url + "/flush_cache", {})
         run("re-sent after a flush (storage hit)", prompt)
+        # Greedy: every hit of the prompt must give the cold run's token.
+        same = [r["output_ids"] == rows[0]["output_ids"] for r in rows if r["prompt_tokens"] == a.tokens and
+                not r["request"].startswith("cold, another")]
+        print(f"hits give the cold run's token: {sum(same)} of {len(same)}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"tokens": a.tokens, "results": rows}, f, indent=2)

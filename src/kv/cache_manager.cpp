@@ -40,6 +40,10 @@ int64_t CacheManager::admit(CachedSequence& s, std::span<const int32_t> tokens) 
     const int64_t need = L.pages_for(n + 1) - matched;
     const int64_t window_rows = L.window_rows();
     const int64_t window_need = window_rows < 0 ? need : std::min(need, window_rows + 2);
+    // Rows brought back from host memory or storage count as such until the sequence is admitted (a later
+    // attempt finds them on the device).
+    s.host_hit_tokens += m.host_pages * P;
+    s.storage_hit_tokens += m.storage_pages * P;
     if (need > available_pages(kHistoryPages) || window_need > available_pages(kWindowPages)) {
         if (m.last) {
             cache_->drop_window(m.last, window_from, matched);
@@ -54,8 +58,6 @@ int64_t CacheManager::admit(CachedSequence& s, std::span<const int32_t> tokens) 
     s.shared_pages = matched;
     s.window_from = window_from;
     s.sharing_stopped = false;
-    s.host_hit_tokens = m.host_pages * P;
-    s.storage_hit_tokens = m.storage_pages * P;
     return matched * P;
 }
 
@@ -98,6 +100,7 @@ void CacheManager::release(CachedSequence& s, int64_t known_tokens) {
     s.locked = nullptr;
     s.shared_pages = 0;
     s.window_from = 0;
+    s.host_hit_tokens = s.storage_hit_tokens = 0;
     st.tokens.clear();
     st.n_cached = 0;
 }

@@ -213,10 +213,18 @@ RadixCache::Match RadixCache::match(std::span<const int32_t> tokens, int64_t max
         p->last_use = clock_;
     }
 
+    // The window pages the caller reads that are on the device already are held first, so that making room
+    // never takes them; then room for every row and window page brought back, made at once (an eviction scans
+    // the trie).
+    const size_t first_read = first_read_of(end);
+    for (size_t i = first_read; i < path.size(); ++i)
+        if (path[i]->page[kWindowPages] >= 0) hold_window(path[i]);
+    const int64_t window_load = static_cast<int64_t>(end - first_read) - (dev_window[end] - dev_window[first_read]);
+    PEREGRINE_CHECK(make_room(kHistoryPages, load[end]) && make_room(kWindowPages, window_load),
+                    "radix cache: no device pages for {} cached rows", load[end]);
     StateMemory& mem = pool_.memory();
     const auto& bytes = pool_.layout().page_bytes;
     auto to_device = [&](PageTable t, const uint8_t* src, bool pinned) {
-        PEREGRINE_CHECK(make_room(t, 1), "radix cache: no device page for a cached row");
         const int32_t id = pool_.alloc_page(t);
         if (bytes[t] == 0) return id;
         uint8_t* dst = pool_.base(t) + static_cast<size_t>(id) * bytes[t];
@@ -224,7 +232,6 @@ RadixCache::Match RadixCache::match(std::span<const int32_t> tokens, int64_t max
         (pinned ? stats_.bytes_from_host : stats_.bytes_from_storage) += static_cast<int64_t>(bytes[t]);
         return id;
     };
-    const size_t first_read = first_read_of(end);
     n = &root_;
     for (size_t i = 0; i < end; ++i) {
         const bool read_window = i >= first_read;
@@ -236,8 +243,10 @@ RadixCache::Match RadixCache::match(std::span<const int32_t> tokens, int64_t max
                 ++stats_.cached_pages;
                 ++m.host_pages;
             }
-            if (read_window && n->page[kWindowPages] < 0)
+            if (read_window && n->page[kWindowPages] < 0) {
                 own_window(n, to_device(kWindowPages, host_->page(kWindowPages, n->host[kWindowPages]), true));
+                hold_window(n);
+            }
         } else {
             const StoredRow& r = stored[i - np];
             PageRow row{to_device(kHistoryPages, r.history.data(), false), -1};
@@ -245,13 +254,11 @@ RadixCache::Match RadixCache::match(std::span<const int32_t> tokens, int64_t max
             n = add_child(n, key(tokens, static_cast<int64_t>(i)), row, static_cast<int64_t>(i));
             n->stored = r.window.empty() ? 1 : 2;
             add_ref(n);
+            if (read_window) hold_window(n);
             ++m.storage_pages;
         }
         m.pages.push_back(n->page);
-        if (read_window)
-            hold_window(n);
-        else
-            m.pages.back()[kWindowPages] = -1;
+        if (!read_window) m.pages.back()[kWindowPages] = -1;
     }
     m.last = n;
     flush_stores();
@@ -329,7 +336,7 @@ void RadixCache::insert(std::span<const int32_t> tokens, std::span<const PageRow
             n = c;
         }
         n->last_use = clock_;
-        if (write_through_) backup(n);
+        if (write_through_) backup(n, true);  // the finished sequence's window pages: its tail
     }
     flush_stores();
 }
@@ -358,7 +365,7 @@ PrefixCache::Handle RadixCache::extend(Handle last, std::span<const int32_t> tok
         c->last_use = clock_;
         add_ref(c);  // locked by the sequence that is still using it
         if (c->page[kWindowPages] >= 0) hold_window(c);
-        if (write_through_) backup(c);
+        if (write_through_) backup(c, false);  // its window page goes as the sequence moves on
         n = c;
     }
     flush_stores();
@@ -381,7 +388,7 @@ int64_t RadixCache::evict(int64_t want) {
         Node* n = leaves.top();
         leaves.pop();
         Node* parent = n->parent;
-        if (host_ && backing_up_ && backup(n))
+        if (host_ && backing_up_ && backup(n, true))
             free_device(n);  // it lives on in host memory
         else
             erase(n);
@@ -397,7 +404,8 @@ int64_t RadixCache::evict_window(int64_t want) {
     int64_t freed = 0;
     while (freed < want && !window_lru_.empty()) {
         Node* n = window_lru_.front();
-        if (host_ && backing_up_) backup(n);  // its window page lives on in host memory where there is room
+        // A tail's window page lives on in host memory; the others are read only by a prompt ending right there.
+        if (host_ && backing_up_ && near_end(n)) backup(n, true);
         unlist_window(n);
         pool_.free({-1, std::exchange(n->page[kWindowPages], -1)});
         --stats_.window_pages;
@@ -431,9 +439,23 @@ int64_t RadixCache::clear() {
 
 // ---- the hierarchical cache
 
-bool RadixCache::backup(Node* n) {
+bool RadixCache::near_end(const Node* n) const {
+    const int64_t need = pool_.layout().window_rows();
+    std::vector<const Node*> level{n};
+    for (int64_t depth = 0; depth < need && !level.empty(); ++depth) {
+        std::vector<const Node*> next;
+        for (const Node* x : level) {
+            if (x->children.empty()) return true;
+            for (const auto& [k, c] : x->children) next.push_back(c.get());
+        }
+        level = std::move(next);
+    }
+    return need < 0;
+}
+
+bool RadixCache::backup(Node* n, bool with_window) {
     const bool history = n->host[kHistoryPages] < 0;
-    const bool window = n->page[kWindowPages] >= 0 && n->host[kWindowPages] < 0;
+    const bool window = with_window && n->page[kWindowPages] >= 0 && n->host[kWindowPages] < 0;
     if (!history && !window) return true;
     if (!host_room(history, window, n)) return false;
     StateMemory& mem = pool_.memory();

@@ -73,7 +73,9 @@ private:
     bool device_leaf(const Node* n) const;
 
     // The hierarchical cache.
-    bool backup(Node* n);          // copies what n has on the device and not in host memory; false: no room
+    // Copies what n has on the device (its window page only when `window`) and not in host memory; false: no room.
+    bool backup(Node* n, bool window);
+    bool near_end(const Node* n) const;  // within a window of a path's end (a tail row)
     bool host_room(int64_t history, int64_t window, const Node* keep);
     void store(Node* n);           // its host copy to storage (queued by flush_stores)
     void flush_stores();           // the queued copies to the writer, behind one fence

@@ -40,8 +40,8 @@ std::vector<PageRow> filled_rows(PagePool& pool, int n, int seed) {
     for (int i = 0; i < n; ++i) {
         rows.push_back(pool.alloc());
         for (PageTable t : {kHistoryPages, kWindowPages}) {
-            uint8_t* p = pool.base(t) + static_cast<size_t>(rows.back()[t]) * layout().page_bytes[t];
-            for (size_t b = 0; b < layout().page_bytes[t]; ++b) p[b] = static_cast<uint8_t>(seed * 31 + i * 7 + b + t);
+            uint8_t* p = pool.base(t) + static_cast<size_t>(rows.back()[t]) * pool.layout().page_bytes[t];
+            for (size_t b = 0; b < pool.layout().page_bytes[t]; ++b) p[b] = static_cast<uint8_t>(seed * 31 + i * 7 + b + t);
         }
     }
     return rows;
@@ -134,6 +134,37 @@ TEST(HiCache, WriteThroughCopiesWhenCachedAndEvictionCopiesNothingMore) {
     auto m = cache.match(t, 100);
     EXPECT_EQ(m.host_pages, 4);
     expect_pattern(pool, m.pages, 2);
+    cache.unlock(m.last);
+}
+
+// Write-through copies a running sequence's rows without their window pages (it drops them as it moves on) and
+// its tail's when it ends; a window page evicted alone goes to host memory only where a path ends near it.
+TEST(HiCache, OnlyTailWindowPagesGoToHostMemory) {
+    const StateLayout L = test::small_layout(8, 16);  // a window of two rows
+    ASSERT_EQ(L.window_rows(), 2);
+    PagePool pool(memory, L, 16);
+    auto opts = tiers(32, true);
+    RadixCache cache(pool, &opts);
+    const auto t = tokens(6, 40);
+    auto rows = filled_rows(pool, 6, 3);
+    int64_t shared = 6;
+    PrefixCache::Handle h = cache.extend(nullptr, t, rows, 0, shared);  // a running sequence shares its rows
+    EXPECT_EQ(cache.stats().host_pages, 6);
+    EXPECT_EQ(cache.stats().host_window_pages, 0);
+    cache.drop_window(h, 0, 4);  // it has moved past rows 0-3's windows
+    EXPECT_EQ(cache.evict_window(4), 4);
+    EXPECT_EQ(cache.stats().host_window_pages, 0);  // mid-path windows are not kept
+    cache.drop_window(h, 4, 6);  // it ends: its tail is rows 4 and 5
+    for (auto& r : rows) r[kWindowPages] = r[kWindowPages] >= 0 && &r - rows.data() >= 4 ? r[kWindowPages] : -1;
+    cache.insert(t, rows, 6);
+    cache.unlock(h);
+    EXPECT_EQ(cache.stats().host_window_pages, 2);
+    // Evicted from the device, the path resumes at its end from host memory, tail windows included.
+    cache.evict(6);
+    auto m = cache.match(t, 100);
+    ASSERT_EQ(m.pages.size(), 6u);
+    EXPECT_EQ(m.host_pages, 6);
+    EXPECT_GE(m.pages[5][kWindowPages], 0);
     cache.unlock(m.last);
 }
 

@@ -261,6 +261,7 @@ RadixCache::Match RadixCache::match(std::span<const int32_t> tokens, int64_t max
         if (!read_window) m.pages.back()[kWindowPages] = -1;
     }
     m.last = n;
+    n->ends = true;
     flush_stores();
     return m;
 }
@@ -338,6 +339,7 @@ void RadixCache::insert(std::span<const int32_t> tokens, std::span<const PageRow
         n->last_use = clock_;
         if (write_through_) backup(n, true);  // the finished sequence's window pages: its tail
     }
+    if (n != &root_) n->ends = true;
     flush_stores();
 }
 
@@ -441,15 +443,8 @@ int64_t RadixCache::clear() {
 
 bool RadixCache::near_end(const Node* n) const {
     const int64_t need = pool_.layout().window_rows();
-    std::vector<const Node*> level{n};
-    for (int64_t depth = 0; depth < need && !level.empty(); ++depth) {
-        std::vector<const Node*> next;
-        for (const Node* x : level) {
-            if (x->children.empty()) return true;
-            for (const auto& [k, c] : x->children) next.push_back(c.get());
-        }
-        level = std::move(next);
-    }
+    for (int64_t depth = 0; depth < need; ++depth, n = n->children.begin()->second.get())
+        if (n->children.size() != 1 || n->ends) return true;
     return need < 0;
 }
 

@@ -30,6 +30,7 @@ struct PrefixCache::Node {
     PageRow host{-1, -1};      // its copy in host memory
     PageKey key;               // storage key of the tokens up to its end
     int stored = 0;            // in storage: 1 its history page, 2 with its window page
+    bool ends = false;         // a sequence ended or resumed here: a prompt may well resume here again
     int64_t row = -1;          // the page of tokens [row*P, (row+1)*P)
     int64_t refs = 0;          // sequences whose locked path passes here
     int64_t window_refs = 0;   // sequences that still read its window page
@@ -75,7 +76,8 @@ private:
     // The hierarchical cache.
     // Copies what n has on the device (its window page only when `window`) and not in host memory; false: no room.
     bool backup(Node* n, bool window);
-    bool near_end(const Node* n) const;  // within a window of a path's end (a tail row)
+    // Within a window before a resume point: a path's end, a branch, a node a sequence ended or resumed at.
+    bool near_end(const Node* n) const;
     bool host_room(int64_t history, int64_t window, const Node* keep);
     void store(Node* n);           // its host copy to storage (queued by flush_stores)
     void flush_stores();           // the queued copies to the writer, behind one fence

@@ -166,6 +166,22 @@ TEST(HiCache, OnlyTailWindowPagesGoToHostMemory) {
     EXPECT_EQ(m.host_pages, 6);
     EXPECT_GE(m.pages[5][kWindowPages], 0);
     cache.unlock(m.last);
+    // A next turn continues the path; the first turn's end (row 5) stays a resume point whose window pages,
+    // evicted alone, go to host memory (write_back too).
+    auto opts_back = tiers(32);
+    PagePool pool2(memory, L, 16);
+    RadixCache back(pool2, &opts_back);
+    auto t2 = tokens(9, 40);
+    auto rows2 = filled_rows(pool2, 9, 4);
+    back.insert(t, rows2, 6);  // turn 1 ends at row 5
+    back.insert(t2, rows2, 9);  // turn 2 goes on to row 8
+    EXPECT_EQ(back.evict_window(9), 9);
+    EXPECT_EQ(back.stats().host_window_pages, 4);  // rows 4-5 (turn 1's tail) and 7-8 (turn 2's)
+    back.evict(9);
+    auto m1 = back.match(t, 100);
+    EXPECT_EQ(m1.pages.size(), 6u);
+    expect_pattern(pool2, m1.pages, 4);
+    if (m1.last) back.unlock(m1.last);
 }
 
 TEST(HiCache, FullHostMemoryDropsTheLeastRecentlyUsedCopies) {

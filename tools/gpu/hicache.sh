@@ -5,13 +5,20 @@
 # shared-prefix workload (bench serve generated-shared-prefix) with and without the hierarchical cache. Run after
 # tools/gpu/unpack.sh; everything goes to OUT_DIR.
 #
-#   tools/gpu/hicache.sh BIN_DIR OUT_DIR [LAYERS] [TOKENS] [KV_MEMORY]
+#   tools/gpu/hicache.sh BIN_DIR OUT_DIR [LAYERS] [TOKENS] [KV_MEMORY] [EXPERTS] [PARTS]
+#
+# PARTS: any of ttft (both write policies and none), gsp (the shared-prefix workload), pcie (pinned copy GB/s with
+# torch, the limit a host hit's copies run against); default all. POLICIES (env): the write policies to time.
 set -uo pipefail
 bin=$1
 out=$2
 layers=${3:-4}
 tokens=${4:-32768}
 kv=${5:-128M}
+experts=${6:-0}
+parts=${7:-ttft gsp pcie}
+expert_args=()
+((experts > 0)) && expert_args=(--synthetic-experts "$experts")
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
 export LD_LIBRARY_PATH=$bin/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -20,7 +27,8 @@ port=30125
 serve() {  # name, extra args...
   local name=$1
   shift
-  "$bin/peregrine" serve --device cuda --synthetic v41-flash --synthetic-layers "$layers" --kv-memory "$kv" \
+  "$bin/peregrine" serve --device cuda --synthetic v41-flash --synthetic-layers "$layers" \
+    "${expert_args[@]}" --kv-memory "$kv" \
     --context-length 140000 --chunked-prefill-size 8192 --max-running-requests 16 --port $port "$@" \
     >"$out/serve-$name.out" 2>"$out/serve-$name.err" &
   pid=$!
@@ -32,7 +40,25 @@ serve() {  # name, extra args...
 }
 stop() { kill $pid; wait $pid 2>/dev/null; }
 
-for policy in write_through write_back; do
+if [[ $parts == *pcie* ]]; then
+  echo "== pinned host <-> device copy bandwidth (torch, 1 GiB)"
+  python3 - <<'PY'
+import time, torch
+n = 1 << 30
+h = torch.empty(n, dtype=torch.uint8).pin_memory()
+d = torch.empty(n, dtype=torch.uint8, device="cuda")
+for name, f in (("host to device", lambda: d.copy_(h, non_blocking=True)),
+                ("device to host", lambda: h.copy_(d, non_blocking=True))):
+    f()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(5):
+        f()
+    torch.cuda.synchronize()
+    print(f"  {name}: {5 * n / (time.perf_counter() - t) / 1e9:.1f} GB/s")
+PY
+fi
+[[ $parts == *ttft* ]] && for policy in ${POLICIES:-write_through write_back}; do
   rm -rf /tmp/peregrine-kv && mkdir -p /tmp/peregrine-kv
   echo "== prefix TTFT, hierarchical cache ($policy, file store)"
   serve "ttft-$policy" --enable-hierarchical-cache --hicache-ratio 8 --hicache-write-policy $policy \
@@ -42,11 +68,13 @@ for policy in write_through write_back; do
   du -sh /tmp/peregrine-kv
   stop
 done
-echo "== prefix TTFT, no hierarchical cache"
-serve ttft-off && python3 "$here/prefix_ttft.py" --url http://127.0.0.1:$port --tokens "$tokens" \
-  --json "$out/prefix-ttft-off.json" && stop
+if [[ $parts == *ttft* && -z ${POLICIES:-} ]]; then
+  echo "== prefix TTFT, no hierarchical cache"
+  serve ttft-off && python3 "$here/prefix_ttft.py" --url http://127.0.0.1:$port --tokens "$tokens" \
+    --json "$out/prefix-ttft-off.json" && stop
+fi
 
-for mode in off on; do
+[[ $parts == *gsp* ]] && for mode in off on; do
   echo "== shared-prefix workload, hierarchical cache $mode"
   args=()
   [[ $mode == on ]] && args=(--enable-hierarchical-cache --hicache-ratio 8)

@@ -312,6 +312,8 @@ void RadixCache::insert(std::span<const int32_t> tokens, std::span<const PageRow
         "radix cache: insert of {} pages needs their tokens and pages", n_pages);
     Node* n = &root_;
     ++clock_;
+    const int64_t need = pool_.layout().window_rows();
+    const int64_t tail_from = need < 0 ? 0 : n_pages - need;  // the rows whose window pages a resume here reads
     for (int64_t i = 0; i < n_pages; ++i) {
         const PageRow& row = pages[static_cast<size_t>(i)];
         auto k = key(tokens, i);
@@ -337,7 +339,7 @@ void RadixCache::insert(std::span<const int32_t> tokens, std::span<const PageRow
             n = c;
         }
         n->last_use = clock_;
-        if (write_through_) backup(n, true);  // the finished sequence's window pages: its tail
+        if (write_through_) backup(n, i >= tail_from);  // window pages: the finished sequence's tail
     }
     if (n != &root_) n->ends = true;
     flush_stores();

@@ -182,6 +182,12 @@ TEST(HiCache, OnlyTailWindowPagesGoToHostMemory) {
     EXPECT_EQ(m1.pages.size(), 6u);
     expect_pattern(pool2, m1.pages, 4);
     if (m1.last) back.unlock(m1.last);
+    // A finished sequence whose rows all still have window pages (its last chunk's): only its tail's are copied.
+    PagePool pool3(memory, L, 16);
+    RadixCache through(pool3, &opts);
+    through.insert(t, filled_rows(pool3, 6, 5), 6);
+    EXPECT_EQ(through.stats().host_pages, 6);
+    EXPECT_EQ(through.stats().host_window_pages, 2);
 }
 
 TEST(HiCache, FullHostMemoryDropsTheLeastRecentlyUsedCopies) {

@@ -86,10 +86,11 @@ def main():
         time.sleep(2)  # storage writes finish in the background
         post(a.url + "/flush_cache", {})
         run("re-sent after a flush (storage hit)", prompt)
-        # Greedy: every hit of the prompt must give the cold run's token.
-        same = [r["output_ids"] == rows[0]["output_ids"] for r in rows if r["prompt_tokens"] == a.tokens and
-                not r["request"].startswith("cold, another")]
-        print(f"hits give the cold run's token: {sum(same)} of {len(same)}")
+        # Greedy: host and storage hits must give the device hit's token (the state is the same bytes); the cold
+        # run computes the last prompt token inside a prefill chunk, so on near-tied logits it may differ.
+        tokens = {r["request"].split(" (")[-1].rstrip(")"): r["output_ids"] for r in rows}
+        print(f"first token: cold {tokens['cold']}, device hit {tokens['device hit']}, host hit {tokens['host hit']}, "
+              f"storage hit {tokens['storage hit']}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"tokens": a.tokens, "results": rows}, f, indent=2)

@@ -223,7 +223,8 @@ int run_serve(ServeArgs& a) {
     eo.window_pages = kv_pages[kWindowPages];
     eo.radix_cache = !a.disable_radix_cache;
     if (a.enable_hierarchical_cache) {
-        PEREGRINE_CHECK(eo.radix_cache, "--enable-hierarchical-cache needs the prefix cache (no --disable-radix-cache)");
+        PEREGRINE_CHECK(eo.radix_cache,
+                        "--enable-hierarchical-cache needs the prefix cache (no --disable-radix-cache)");
         HiCacheOptions& h = eo.hicache;
         h.enabled = true;
         h.host_pages = host_pages_for(layout, kv_pages, a.hicache_ratio,
@@ -294,7 +295,8 @@ int run_serve(ServeArgs& a) {
         {"hicache_host_pages", eo.hicache.enabled ? nlohmann::json{{"history", eo.hicache.host_pages[kHistoryPages]},
                                                                    {"window", eo.hicache.host_pages[kWindowPages]}}
                                                   : nlohmann::json()},
-        {"hicache_write_policy", a.enable_hierarchical_cache ? nlohmann::json(a.hicache_write_policy) : nlohmann::json()},
+        {"hicache_write_policy",
+         a.enable_hierarchical_cache ? nlohmann::json(a.hicache_write_policy) : nlohmann::json()},
         {"hicache_storage_backend", a.hicache_storage_backend.empty() ? nlohmann::json()
                                                                       : nlohmann::json(a.hicache_storage_backend)},
         {"dp_size", a.dp},
@@ -330,7 +332,8 @@ int run_serve(ServeArgs& a) {
         const double host_bytes =
             static_cast<double>(h.host_pages[kHistoryPages]) * static_cast<double>(layout.page_bytes[kHistoryPages]) +
             static_cast<double>(h.host_pages[kWindowPages]) * static_cast<double>(layout.page_bytes[kWindowPages]);
-        std::fprintf(stderr, "  hicache    host %lld pages = %lld tokens, %lld window pages (%.1f MiB) per rank, %s%s%s\n",
+        std::fprintf(stderr,
+                     "  hicache    host %lld pages = %lld tokens, %lld window pages (%.1f MiB) per rank, %s%s%s\n",
                      static_cast<long long>(h.host_pages[kHistoryPages]),
                      static_cast<long long>(h.host_pages[kHistoryPages] * layout.page_tokens),
                      static_cast<long long>(h.host_pages[kWindowPages]), host_bytes / (1 << 20),

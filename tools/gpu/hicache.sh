@@ -81,7 +81,8 @@ fi
   serve "gsp-$mode" "${args[@]}" || continue
   "$bin/peregrine" bench serve --url http://127.0.0.1:$port --dataset-name generated-shared-prefix \
     --gsp-num-groups 32 --gsp-prompts-per-group 8 --gsp-system-prompt-len 8192 --gsp-question-len 256 \
-    --gsp-output-len 64 --max-concurrency 16 --output-file "$out/gsp-$mode.json" | grep -E "hit|TTFT|throughput|duration"
+    --gsp-output-len 64 --max-concurrency 16 --output-file "$out/gsp-$mode.json" |
+    grep -E "hit|storage|TTFT|throughput|duration"
   stop
 done
 rm -rf /tmp/peregrine-kv

@@ -312,8 +312,7 @@ void RadixCache::insert(std::span<const int32_t> tokens, std::span<const PageRow
         "radix cache: insert of {} pages needs their tokens and pages", n_pages);
     Node* n = &root_;
     ++clock_;
-    const int64_t need = pool_.layout().window_rows();
-    const int64_t tail_from = need < 0 ? 0 : n_pages - need;  // the rows whose window pages a resume here reads
+    std::vector<Node*> path;
     for (int64_t i = 0; i < n_pages; ++i) {
         const PageRow& row = pages[static_cast<size_t>(i)];
         auto k = key(tokens, i);
@@ -339,9 +338,12 @@ void RadixCache::insert(std::span<const int32_t> tokens, std::span<const PageRow
             n = c;
         }
         n->last_use = clock_;
-        if (write_through_) backup(n, i >= tail_from);  // window pages: the finished sequence's tail
+        path.push_back(n);
     }
     if (n != &root_) n->ends = true;
+    // Window pages go along only before a point where a prompt resumes: the finished sequence's tail, another's end.
+    if (write_through_)
+        for (Node* p : path) backup(p, near_end(p));
     flush_stores();
 }
 

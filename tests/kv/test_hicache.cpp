@@ -384,12 +384,14 @@ TEST(HiCache, TwoWritersSharingADirectoryNeverShowATornEntry) {
     };
     std::thread ta(writer, std::ref(*a), std::cref(e1)), tb(writer, std::ref(*b), std::cref(e2));
     int whole = 0, torn = 0;
-    for (int i = 0; i < 3000; ++i) {
+    for (int i = 0; i < 3000 || (whole == 0 && i < 300000); ++i) {  // until the writers have started, too
         auto blob = a->get(id.key, max_entry_bytes(id));
         if (!blob) continue;
         auto row = decode_entry(id, *blob);
         row ? ++whole : ++torn;
-        if (row) EXPECT_TRUE(row->history == h1 || row->history == h2);
+        if (row) {
+            EXPECT_TRUE(row->history == h1 || row->history == h2);
+        }
     }
     stop = true;
     ta.join();

@@ -73,7 +73,7 @@ std::vector<uint8_t> encode_entry(const EntryId& id, const uint8_t* history, con
     uint8_t* p = blob.data();
     std::memcpy(p, &h, sizeof h);
     p += sizeof h;
-    std::memcpy(p, id.tokens.data(), id.tokens.size_bytes());
+    if (!id.tokens.empty()) std::memcpy(p, id.tokens.data(), id.tokens.size_bytes());
     p += id.tokens.size_bytes();
     if (id.history_bytes) std::memcpy(p, history, id.history_bytes);
     if (wb) std::memcpy(p + id.history_bytes, window, wb);
@@ -91,7 +91,7 @@ std::optional<StoredRow> decode_entry(const EntryId& id, std::span<const uint8_t
         h.parent_hi != id.parent.hi || h.parent_lo != id.parent.lo || h.history_bytes != id.history_bytes ||
         (h.window_bytes != 0 && h.window_bytes != id.window_bytes) || h.n_tokens != id.tokens.size() ||
         blob.size() != sizeof h + tb + h.history_bytes + h.window_bytes || h.crc != entry_crc(blob) ||
-        std::memcmp(blob.data() + sizeof h, id.tokens.data(), tb) != 0)
+        (tb != 0 && std::memcmp(blob.data() + sizeof h, id.tokens.data(), tb) != 0))
         return std::nullopt;
     const uint8_t* p = blob.data() + sizeof h + tb;
     StoredRow row;
@@ -116,6 +116,7 @@ public:
         ::unlink(probe.c_str());
     }
     std::string describe() const override { return "file " + dir_; }
+    std::string where(const PageKey& key) const override { return path(key); }
 
     std::optional<std::vector<uint8_t>> get(const PageKey& key, size_t max_bytes) override {
         const int fd = ::open(path(key).c_str(), O_RDONLY | O_CLOEXEC);

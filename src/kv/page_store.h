@@ -53,6 +53,8 @@ class PageStore {
 public:
     virtual ~PageStore() = default;
     virtual std::string describe() const = 0;
+    // Where the entry under `key` lives (a file's path, a Redis key), for messages.
+    virtual std::string where(const PageKey& key) const = 0;
     // The entry under `key` (at most max_bytes), or nothing: missing, unreadable or the store is gone.
     virtual std::optional<std::vector<uint8_t>> get(const PageKey& key, size_t max_bytes) = 0;
     // Stores an entry whole or not at all (readers never see part of one); false when it could not.

@@ -279,8 +279,7 @@ std::vector<StoredRow> RadixCache::read_storage(std::span<const int32_t> tokens,
         auto row = decode_entry(id, *blob);
         if (!row) {
             if (stats_.storage_corrupt++ < 10)
-                spdlog::warn("hicache storage ({}): entry {} is truncated, corrupt or foreign: a miss",
-                             store_->describe(), id.key.hex());
+                spdlog::warn("hicache storage: {} is truncated, corrupt or foreign: a miss", store_->where(id.key));
             break;
         }
         rows.push_back(std::move(*row));

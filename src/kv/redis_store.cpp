@@ -62,6 +62,7 @@ public:
         if (ctx_) redisFree(ctx_);
     }
     std::string describe() const override { return "redis " + url_; }
+    std::string where(const PageKey& key) const override { return url_ + " key peregrine:kv:" + key.hex(); }
 
     std::optional<std::vector<uint8_t>> get(const PageKey& key, size_t max_bytes) override {
         std::lock_guard lk(mu_);

@@ -228,7 +228,7 @@ int run_serve(ServeArgs& a) {
         HiCacheOptions& h = eo.hicache;
         h.enabled = true;
         h.host_pages = host_pages_for(layout, kv_pages, a.hicache_ratio,
-                                      static_cast<int64_t>(a.hicache_size * 1024 * 1024 * 1024));
+                                      static_cast<int64_t>(a.hicache_size * 1e9));
         PEREGRINE_CHECK(h.host_pages[kHistoryPages] > 0 && h.host_pages[kWindowPages] > 0,
                         "--hicache-ratio {} / --hicache-size {} GB hold no host page", a.hicache_ratio,
                         a.hicache_size);
@@ -434,7 +434,7 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
                   "Cached rows evicted from the state pages keep a copy in host memory (and storage, when given)");
     cmd->add_option("--hicache-ratio", a->hicache_ratio, "Host cache pages per state page (default 2)")
         ->check(CLI::Range(0.0, 1e6));
-    cmd->add_option("--hicache-size", a->hicache_size, "Host cache in GB per rank (overrides --hicache-ratio)")
+    cmd->add_option("--hicache-size", a->hicache_size, "Host cache in GB (1e9 bytes) per rank (overrides --hicache-ratio)")
         ->check(CLI::Range(0.0, 1e6));
     cmd->add_option("--hicache-write-policy", a->hicache_write_policy,
                     "write_through: rows copied to host memory when cached; write_back: when evicted")

@@ -19,8 +19,21 @@ std::string layout_signature(const StateLayout& L) {
     return s;
 }
 
-template <typename Less>
-using NodeHeap = std::priority_queue<PrefixCache::Node*, std::vector<PrefixCache::Node*>, Less>;
+using Node = PrefixCache::Node;
+
+// Every node of the subtree at n, parents before their children (no recursion: paths may be long chains).
+std::vector<Node*> subtree(Node* n) {
+    std::vector<Node*> order{n};
+    for (size_t i = 0; i < order.size(); ++i)
+        for (auto& [k, c] : order[i]->children) order.push_back(c.get());
+    return order;
+}
+
+// Nodes least recently used first.
+struct Older {
+    bool operator()(const Node* a, const Node* b) const { return a->last_use > b->last_use; }
+};
+using LruHeap = std::priority_queue<Node*, std::vector<Node*>, Older>;
 }  // namespace
 
 RadixCache::RadixCache(PagePool& pool, const HiCacheOptions* tiers) : pool_(pool), P_(pool.layout().page_tokens) {
@@ -42,13 +55,8 @@ RadixCache::RadixCache(PagePool& pool, const HiCacheOptions* tiers) : pool_(pool
 RadixCache::~RadixCache() {
     flush_stores();
     // Return every device page the tree still owns (all sequences are gone by now); host pages go with host_.
-    std::vector<Node*> stack{&root_};
-    while (!stack.empty()) {
-        Node* n = stack.back();
-        stack.pop_back();
+    for (Node* n : subtree(&root_))
         if (n != &root_) pool_.free(n->page);
-        for (auto& [k, c] : n->children) stack.push_back(c.get());
-    }
 }
 
 const PrefixCache::Stats& RadixCache::stats() const {
@@ -99,6 +107,13 @@ void RadixCache::own_window(Node* n, int32_t page) {
     list_window(n);
 }
 
+void RadixCache::adopt(Node* c, const PageRow& row) {
+    c->page[kHistoryPages] = row[kHistoryPages];
+    ++stats_.cached_pages;
+    if (c->refs == 0) ++stats_.evictable_pages;
+    if (row[kWindowPages] >= 0) own_window(c, row[kWindowPages]);
+}
+
 RadixCache::Node* RadixCache::add_child(Node* parent, std::vector<int32_t> tokens, const PageRow& page, int64_t row) {
     auto c = std::make_unique<Node>();
     c->parent = parent;
@@ -145,11 +160,8 @@ void RadixCache::free_host(Node* n) {
 }
 
 void RadixCache::erase(Node* n) {
-    // The subtree's nodes, then each removed after its children (no deep recursion on long chains).
-    std::vector<Node*> order{n};
-    for (size_t i = 0; i < order.size(); ++i)
-        for (auto& [k, c] : order[i]->children) order.push_back(c.get());
-    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const std::vector<Node*> order = subtree(n);
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {  // each after its children
         Node* x = *it;
         free_device(x);
         free_host(x);
@@ -194,16 +206,19 @@ RadixCache::Match RadixCache::match(std::span<const int32_t> tokens, int64_t max
     auto first_read_of = [&](size_t end) {
         return need < 0 ? size_t{0} : end - std::min(static_cast<size_t>(need), end);
     };
+    // Window pages to bring to the device for a match ending at `end`.
+    auto window_load_of = [&](size_t end) {
+        const size_t first_read = first_read_of(end);
+        return static_cast<int64_t>(end - first_read) - (dev_window[end] - dev_window[first_read]);
+    };
     size_t end = total;
     for (; end > 0; --end) {
         const size_t first_read = first_read_of(end);
         if (run[end - 1] < static_cast<int64_t>(end - first_read)) continue;
         const int64_t history_free = pool_.free_pages(kHistoryPages) + stats_.evictable_pages - unlocked[end];
-        const int64_t window_need =
-            static_cast<int64_t>(end - first_read) - (dev_window[end] - dev_window[first_read]);
         const int64_t window_free =
             pool_.free_pages(kWindowPages) + stats_.evictable_window_pages - (listed[end] - listed[first_read]);
-        if (load[end] <= history_free && window_need <= window_free) break;
+        if (load[end] <= history_free && window_load_of(end) <= window_free) break;
     }
     if (end == 0) return m;
     path.resize(std::min(end, np));
@@ -219,8 +234,7 @@ RadixCache::Match RadixCache::match(std::span<const int32_t> tokens, int64_t max
     const size_t first_read = first_read_of(end);
     for (size_t i = first_read; i < path.size(); ++i)
         if (path[i]->page[kWindowPages] >= 0) hold_window(path[i]);
-    const int64_t window_load = static_cast<int64_t>(end - first_read) - (dev_window[end] - dev_window[first_read]);
-    PEREGRINE_CHECK(make_room(kHistoryPages, load[end]) && make_room(kWindowPages, window_load),
+    PEREGRINE_CHECK(make_room(kHistoryPages, load[end]) && make_room(kWindowPages, window_load_of(end)),
                     "radix cache: no device pages for {} cached rows", load[end]);
     StateMemory& mem = pool_.memory();
     const auto& bytes = pool_.layout().page_bytes;
@@ -270,6 +284,7 @@ std::vector<StoredRow> RadixCache::read_storage(std::span<const int32_t> tokens,
                                                 int64_t limit) {
     std::vector<StoredRow> rows;
     const auto& bytes = pool_.layout().page_bytes;
+    const int64_t need = pool_.layout().window_rows();
     PageKey parent = from;
     for (int64_t i = first; i < limit; ++i) {
         const auto page = tokens.subspan(static_cast<size_t>(i * P_), static_cast<size_t>(P_));
@@ -286,7 +301,6 @@ std::vector<StoredRow> RadixCache::read_storage(std::span<const int32_t> tokens,
         parent = id.key;
         // Only the last window's window pages can be read from where the rows end: the older ones are let go
         // at once (they are most of a row's bytes).
-        const int64_t need = pool_.layout().window_rows();
         if (need >= 0 && static_cast<int64_t>(rows.size()) > need)
             rows[rows.size() - 1 - static_cast<size_t>(need)].window = {};
     }
@@ -318,11 +332,8 @@ void RadixCache::insert(std::span<const int32_t> tokens, std::span<const PageRow
         auto it = n->children.find(k);
         if (it == n->children.end()) {
             n = add_child(n, std::move(k), row, i);
-        } else if (Node* c = it->second.get(); !on_device(c)) {  // only in host memory: the sequence's row serves
-            c->page[kHistoryPages] = row[kHistoryPages];
-            ++stats_.cached_pages;
-            if (c->refs == 0) ++stats_.evictable_pages;
-            if (row[kWindowPages] >= 0) own_window(c, row[kWindowPages]);
+        } else if (Node* c = it->second.get(); !on_device(c)) {
+            adopt(c, row);
             n = c;
         } else {
             if (c->page[kHistoryPages] != row[kHistoryPages]) {  // computed by another sequence too
@@ -357,12 +368,9 @@ PrefixCache::Handle RadixCache::extend(Handle last, std::span<const int32_t> tok
         Node* c = nullptr;
         if (it == n->children.end()) {
             c = add_child(n, std::move(k), row, i);
-        } else if (!on_device(it->second.get())) {  // only in host memory: the sequence's row serves
+        } else if (!on_device(it->second.get())) {
             c = it->second.get();
-            c->page[kHistoryPages] = row[kHistoryPages];
-            ++stats_.cached_pages;
-            if (c->refs == 0) ++stats_.evictable_pages;
-            if (row[kWindowPages] >= 0) own_window(c, row[kWindowPages]);
+            adopt(c, row);
         } else {  // computed concurrently by another sequence: keep ours private
             to_page = i;
             break;
@@ -379,15 +387,9 @@ PrefixCache::Handle RadixCache::extend(Handle last, std::span<const int32_t> tok
 
 int64_t RadixCache::evict(int64_t want) {
     if (want <= 0 || stats_.evictable_pages == 0) return 0;
-    auto older = [](Node* a, Node* b) { return a->last_use > b->last_use; };
-    NodeHeap<decltype(older)> leaves(older);
-    std::vector<Node*> stack{&root_};
-    while (!stack.empty()) {
-        Node* n = stack.back();
-        stack.pop_back();
+    LruHeap leaves;
+    for (Node* n : subtree(&root_))
         if (device_leaf(n)) leaves.push(n);
-        for (auto& [k, c] : n->children) stack.push_back(c.get());
-    }
     int64_t freed = 0;
     while (freed < want && !leaves.empty()) {
         Node* n = leaves.top();
@@ -426,9 +428,7 @@ int64_t RadixCache::clear() {
     const int64_t freed = evict(stats_.cached_pages);
     backing_up_ = true;
     if (host_) {  // and every host copy no sequence uses (children before parents)
-        std::vector<Node*> order{&root_};
-        for (size_t i = 0; i < order.size(); ++i)
-            for (auto& [k, c] : order[i]->children) order.push_back(c.get());
+        const std::vector<Node*> order = subtree(&root_);
         for (auto it = order.rbegin(); it != order.rend(); ++it) {
             Node* n = *it;
             if (n == &root_) continue;
@@ -479,19 +479,13 @@ bool RadixCache::host_room(int64_t history, int64_t window, const Node* keep) {
     if (fits(0, 0)) return true;
     // Host copies no sequence uses, least recently used first: of device rows (they stay on the device) and of
     // host-only leaves (they leave the trie). A 64th of the pool at a time, so that the scan is rare.
-    auto older = [](Node* a, Node* b) { return a->last_use > b->last_use; };
-    NodeHeap<decltype(older)> heap(older);
     auto candidate = [&](const Node* n) {
         return n != &root_ && n != keep && n->refs == 0 && n->host[kHistoryPages] >= 0 &&
                (on_device(n) || n->children.empty());
     };
-    std::vector<Node*> stack{&root_};
-    while (!stack.empty()) {
-        Node* n = stack.back();
-        stack.pop_back();
+    LruHeap heap;
+    for (Node* n : subtree(&root_))
         if (candidate(n)) heap.push(n);
-        for (auto& [k, c] : n->children) stack.push_back(c.get());
-    }
     const int64_t slack_h = host_->capacity(kHistoryPages) / 64, slack_w = host_->capacity(kWindowPages) / 64;
     while (!fits(slack_h, slack_w) && !heap.empty()) {
         Node* n = heap.top();

@@ -67,6 +67,7 @@ private:
     void list_window(Node* n);    // its window page becomes evictable, most recently used
     void unlist_window(Node* n);
     Node* add_child(Node* parent, std::vector<int32_t> tokens, const PageRow& page, int64_t row);
+    void adopt(Node* c, const PageRow& row);  // c, only in host memory, takes a sequence's row of the same tokens
     std::vector<int32_t> key(std::span<const int32_t> tokens, int64_t page) const;
     void free_device(Node* n);     // its device pages back to the pool
     void free_host(Node* n);       // its host copy dropped

@@ -69,6 +69,14 @@ HiCacheOptions tiers(int64_t host_rows, bool write_through = false) {
     return h;
 }
 
+// write_through with a file store in `dir`.
+HiCacheOptions file_tiers(const fs::path& dir) {
+    HiCacheOptions h = tiers(32, true);
+    h.storage_backend = "file";
+    h.storage_dir = dir;
+    return h;
+}
+
 struct TempDir {
     fs::path path = fs::temp_directory_path() / fmt::format("peregrine-hicache-{}-{}", ::getpid(), counter()++);
     TempDir() { fs::create_directories(path); }
@@ -218,9 +226,7 @@ TEST(HiCache, FullHostMemoryDropsTheLeastRecentlyUsedCopies) {
 TEST(HiCache, FileStorageSurvivesARestartAndIsKeyedByModel) {
     TempDir dir;
     const auto t = tokens(5, 7);
-    auto opts = tiers(32, true);
-    opts.storage_backend = "file";
-    opts.storage_dir = dir.path;
+    auto opts = file_tiers(dir.path);
     {
         PagePool pool(memory, layout(), 8);
         RadixCache cache(pool, &opts);
@@ -256,18 +262,12 @@ TEST(HiCache, FileStorageSurvivesARestartAndIsKeyedByModel) {
 TEST(HiCache, TruncatedCorruptOrForeignEntriesAreMisses) {
     TempDir dir;
     const auto t = tokens(4, 70);
-    auto opts = tiers(32, true);
-    opts.storage_backend = "file";
-    opts.storage_dir = dir.path;
-    std::vector<std::vector<uint8_t>> blobs;
+    auto opts = file_tiers(dir.path);
     {
         PagePool pool(memory, layout(), 8);
         RadixCache cache(pool, &opts);
         cache.insert(t, filled_rows(pool, 4, 6), 4);
     }
-    // Which file holds which page: the chain of keys.
-    PageKey k = identity_key(opts.identity + " | ");
-    (void)k;
     auto files = entries(dir.path);
     ASSERT_EQ(files.size(), 4u);
     auto rows_found = [&] {
@@ -328,9 +328,7 @@ TEST(HiCache, StorageDirectoryMustExistAndBeWritable) {
 
 TEST(HiCache, FullDiskOrVanishedDirectoryDropsWritesAndServingGoesOn) {
     TempDir dir;
-    auto opts = tiers(32, true);
-    opts.storage_backend = "file";
-    opts.storage_dir = dir.path;
+    auto opts = file_tiers(dir.path);
     const auto t = tokens(3, 300);
     {  // a full disk: writes fail with EFBIG here (SIGXFSZ ignored)
         auto old = std::signal(SIGXFSZ, SIG_IGN);

@@ -113,6 +113,7 @@ void PagePool::init(SeqState& s) {
     attach(s);
     s.tokens.clear();
     s.n_cached = 0;
+    s.window_floor = 0;
     if (!s.carry) s.carry = carries_.take();
     if (s.carry) memory_.from_host(s.carry.get(), initial_carry_.data(), initial_carry_.size());
 }

@@ -42,6 +42,7 @@ struct SeqState {
     std::vector<PageRow> pages;     // row i: the pages holding tokens [i*page_tokens, (i+1)*page_tokens)
     std::vector<int32_t> tokens;    // every token id fed so far (engram history, prefix keys)
     int64_t n_cached = 0;           // tokens whose state is in the pages
+    int64_t window_floor = 0;       // window K=V below it was never computed (encoder SWA bounded replay)
     CarrySlot carry;                // compressor partial groups, in state memory (PagePool::init / restore)
 };
 

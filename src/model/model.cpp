@@ -9,6 +9,49 @@
 
 namespace peregrine {
 
+namespace {
+
+// Decoder SWA bounded replay: the step's rows at positions from their sequence's replay_from, as a batch of their
+// own whose window below replay_from is absent; `keep` gets their rows in `batch`. False: no row is left out and
+// none sees a window position below its replay_from.
+bool replay_batch(const ForwardBatch& batch, int W, ForwardBatch& out, std::vector<int>& keep) {
+    bool cut = false;
+    for (const BatchSeq& s : batch.seqs) cut |= s.replay_from > 0 && s.replay_from > s.start_pos - W + 1;
+    if (!cut) return false;
+    out.mode = batch.mode;
+    for (const BatchSeq& s : batch.seqs) {
+        const int skip = static_cast<int>(std::clamp<int64_t>(s.replay_from - s.start_pos, 0, s.n_tokens));
+        if (skip == s.n_tokens) continue;
+        BatchSeq r = s;
+        r.start_pos = s.start_pos + skip;
+        r.n_tokens = s.n_tokens - skip;
+        r.row0 = out.rows();
+        r.window_floor = std::max(s.window_floor, s.replay_from);
+        out.seqs.push_back(r);
+        for (int i = skip; i < s.n_tokens; ++i) {
+            keep.push_back(s.row0 + i);
+            out.token_ids.push_back(batch.token_ids[static_cast<size_t>(s.row0 + i)]);
+        }
+    }
+    return true;
+}
+
+// Rows `keep` of a host array of T rows.
+template <class V>
+V gather_host_rows(const V& v, const std::vector<int>& keep, int T) {
+    if (v.empty()) return v;
+    const size_t n = v.size() / static_cast<size_t>(T);
+    V out;
+    out.reserve(keep.size() * n);
+    for (int r : keep) {
+        const auto first = v.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(r) * n);
+        out.insert(out.end(), first, first + static_cast<ptrdiff_t>(n));
+    }
+    return out;
+}
+
+}  // namespace
+
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelOptions& opts) {
     std::unique_ptr<Model> m(new Model());
     m->dir_ = dir;
@@ -24,6 +67,9 @@ void Model::set_up(const ModelOptions& opts) {
     const ModelVariant& v = model_variant(cfg_);
     format_ = v.format(cfg_);
     attn_info_ = v.layer_roles(cfg_);
+    replay_layer_ = 0;
+    for (const AttentionLayerInfo& a : attn_info_)
+        if (a.compresses || a.owns_index_k || a.index_compressor || a.candidate_source) replay_layer_ = a.layer + 1;
     layout_ = make_state_layout(v.state_spec(cfg_), opts.page_tokens);
     if (opts.device == "cpu") {
         backend_ = make_cpu_backend(cfg_, format_, layout_);
@@ -51,6 +97,7 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
     PEREGRINE_CHECK(batch.mode != BatchMode::decode || batch_mode_of(batch) == BatchMode::decode,
                     "a decode batch feeds one token per sequence, row i for sequence i");
     for (auto& s : batch.seqs) {
+        s.window_floor = std::max(s.window_floor, s.state ? s.state->window_floor : 0);
         PEREGRINE_CHECK(s.state && s.state->n_cached == s.start_pos,
                         "sequence state holds {} tokens, step starts at {}", s.state ? s.state->n_cached : -1,
                         s.start_pos);
@@ -95,7 +142,35 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
     // V4.1's single-pass mHC: a sublayer collapses its input with the previous sublayer's `pre`.
     Tensor pre = be.first_stream_mix(T);
     std::vector<Tensor> main_hidden;
+    ForwardBatch replay;  // decoder SWA bounded replay: the rows the layers from replay_layer_ run over
+    std::vector<int> rows = logit_rows;
     for (int l = 0; l < cfg_.n_layers; ++l) {
+        std::vector<int> keep;
+        if (l == replay_layer_ && replay_batch(batch, cfg_.window_size, replay, keep)) {
+            PEREGRINE_CHECK(!ep_, "decoder SWA bounded replay does not run with expert parallelism");
+            if (keep.empty()) {  // none of the step's rows reaches the later layers (nor DSpark's windows)
+                PEREGRINE_CHECK(rows.empty(), "a logit row skips the layers after the last KV source");
+                main_hidden.clear();
+                break;
+            }
+            // A scratch of its own even when every row stays: the backend's page tables carry the window floors.
+            scratch = be.narrow_step(*scratch, keep);
+            if (static_cast<int>(keep.size()) < T) {
+                std::vector<int> at(static_cast<size_t>(T), -1);
+                for (size_t i = 0; i < keep.size(); ++i) at[static_cast<size_t>(keep[i])] = static_cast<int>(i);
+                for (int& row : rows) {
+                    PEREGRINE_CHECK(row >= 0 && row < T && at[static_cast<size_t>(row)] >= 0,
+                                    "logit row {} skips the layers after the last KV source", row);
+                    row = at[static_cast<size_t>(row)];
+                }
+                h = be.gather_rows(h, keep);
+                pre = be.gather_rows(pre, keep);
+                for (Tensor& m : main_hidden) m = be.gather_rows(m, keep);
+                for (auto& r : engram_rows_by_layer) r = gather_host_rows(r, keep, T);
+                engram_windows = gather_host_rows(engram_windows, keep, T);
+            }
+        }
+        ForwardBatch& step = replay.seqs.empty() ? batch : replay;
         BlockWeight& b = w_.layers[static_cast<size_t>(l)];
         if (b.engram) {
             size_t li = static_cast<size_t>(std::find(cfg_.engram_layer_ids.begin(), cfg_.engram_layer_ids.end(), l) -
@@ -109,24 +184,25 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
         const AttentionLayerInfo& info = attn_info_[static_cast<size_t>(l)];
         if (ep_)
             decoder_layer_ops(be, b, format_.single_pass_mhc,
-                              {[&](const Tensor& x) { return be.attention(x, b.attn, info, batch, *scratch); },
-                               [&](const Tensor& x) { return ep_->moe(be, x, b.ffn, batch.token_ids); }},
+                              {[&](const Tensor& x) { return be.attention(x, b.attn, info, step, *scratch); },
+                               [&](const Tensor& x) { return ep_->moe(be, x, b.ffn, step.token_ids); }},
                               h, pre);
         else
-            be.decoder_layer(b, info, batch, *scratch, h, pre);
+            be.decoder_layer(b, info, step, *scratch, h, pre);
     }
-    if (w_.dspark) {  // feed the DSpark stage windows from the backbone's hidden states
+    if (w_.dspark && !main_hidden.empty()) {  // feed the DSpark stage windows from the backbone's hidden states
         const DSparkWeight& d = *w_.dspark;
         Tensor main_x = be.rms_norm(be.linear(be.concat_cols(main_hidden), d.main_proj), d.main_norm);
         for (int st = 0; st < cfg_.n_mtp_layers; ++st)
-            be.store_window_kv(main_x, d.stages[static_cast<size_t>(st)].attn, stage_info(st), batch);
+            be.store_window_kv(main_x, d.stages[static_cast<size_t>(st)].attn, stage_info(st),
+                               replay.seqs.empty() ? batch : replay);
     }
     for (auto& s : batch.seqs) s.state->n_cached = s.start_pos + s.n_tokens;
 
     // Final collapse of the requested rows, norm and head.
-    if (logit_rows.empty()) return Tensor::zeros(DType::F32, {0, cfg_.vocab_size});
-    for (int row : logit_rows) PEREGRINE_CHECK(row >= 0 && row < T, "logit row {} out of range", row);
-    Tensor hs = be.gather_rows(h, logit_rows), ps = be.gather_rows(pre, logit_rows);
+    if (rows.empty()) return Tensor::zeros(DType::F32, {0, cfg_.vocab_size});
+    for (int row : rows) PEREGRINE_CHECK(row >= 0 && row < h.dim(0), "logit row {} out of range", row);
+    Tensor hs = be.gather_rows(h, rows), ps = be.gather_rows(pre, rows);
     // Single-pass mHC collapses with the last sublayer's pre mix; a model with a head mix collapses with it.
     Tensor x = w_.hc_head ? be.rms_norm(be.hc_head(hs, *w_.hc_head), w_.norm) : be.collapse_norm(hs, ps, w_.norm);
     return be.logits(x, w_.head, logits_to_host);

@@ -49,7 +49,12 @@ public:
     // One forward step. Every sequence's pages must cover start_pos + n_tokens positions and its state must
     // hold exactly start_pos tokens. Returns fp32 logits [logit_rows.size(), vocab] for the given rows, in host
     // memory, or with logits_to_host false where the backend samples them (Backend::sample).
+    // Rows at positions below their sequence's replay_from (decoder SWA bounded replay) stop after the layers up
+    // to the last KV source; a logit row must not be one of them.
     Tensor forward(ForwardBatch& batch, const std::vector<int>& logit_rows, bool logits_to_host = true);
+    // The first layer after the last one that writes state other layers read (KV source); n_layers when every
+    // layer is one (V4): decoder SWA bounded replay has nothing to skip.
+    int replay_layer() const { return replay_layer_; }
 
     // V4.1's DSpark head: drafts the block after the sequence's last fed position, given the anchor
     // (the token sampled for the next position). Reads the stage windows, changes no state.
@@ -77,6 +82,7 @@ private:
     ModelFormat format_;
     StateLayout layout_;
     std::vector<AttentionLayerInfo> attn_info_;
+    int replay_layer_ = 0;
     std::optional<EngramTables> engram_;
     std::unique_ptr<Backend> backend_;
     std::shared_ptr<ExpertParallel> ep_;
@@ -84,7 +90,9 @@ private:
 
 // DeepSeek-V4.1-Flash's dimensions with `layers` layers that cover its attention roles in order: window
 // only, ratio-2 source (compressor + indexer), ratio-2 reuse, ratio-1 source (+ candidate blocks), ratio-1
-// reuse, then ratio-1 layers with a re-indexing layer every fourth. No engram, no DSpark stages.
+// reuse, then ratio-1 layers with a re-indexing layer every fourth. From 21 layers, the release's own layout
+// (KV sources 2, 8, 14, 20; index sources also 24..36; candidate blocks at 20) over its first `layers` layers.
+// No engram, no DSpark stages.
 ModelConfig synthetic_v41_flash_config(int layers, int n_routed_experts = 384);
 // DeepSeek-V4-Flash's dimensions with `layers` layers in its pattern: two window-only layers, then CSA (ratio 4,
 // indexer) and HCA (ratio 128) in turn; the first three route by token id. No MTP layer.

@@ -14,20 +14,21 @@ std::vector<RowInfo> row_infos(ForwardBatch& batch) {
 
 std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int W, bool ring_before_full) {
     std::vector<int64_t> list;
+    auto add = [&](int64_t p) { list.push_back(p >= s.window_floor ? p : -1); };
     if (is_prefill(s)) {
         int64_t len = std::min<int64_t>(s.n_tokens, W), base = std::max<int64_t>(0, pos - W + 1);
-        for (int64_t j = 0; j < len; ++j) list.push_back(base + j <= pos ? base + j : -1);
+        for (int64_t j = 0; j < len; ++j) add(base + j <= pos ? base + j : -1);
         return list;
     }
     if (is_decode(s) && (ring_before_full || pos >= W - 1)) {  // the ring, oldest slot first
         int64_t oldest = pos % W + 1;
         for (int64_t j = 0; j < W; ++j) {
             int64_t slot = (oldest + j) % W;
-            list.push_back(slot <= pos ? pos - ((pos - slot) % W) : -1);
+            add(slot <= pos ? pos - ((pos - slot) % W) : -1);
         }
         return list;
     }
-    for (int64_t p = std::max<int64_t>(0, pos - W + 1); p <= pos; ++p) list.push_back(p);
+    for (int64_t p = std::max<int64_t>(0, pos - W + 1); p <= pos; ++p) add(p);
     while (static_cast<int>(list.size()) < W) list.push_back(-1);
     return list;
 }

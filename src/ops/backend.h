@@ -73,6 +73,9 @@ public:
     const ModelFormat& format() const { return format_; }
 
     virtual std::unique_ptr<StepScratch> begin_step(const ForwardBatch& batch) = 0;
+    // The scratch of a batch of rows `rows` of this step (decoder SWA bounded replay): the cross-layer results so
+    // far, of those rows.
+    virtual std::unique_ptr<StepScratch> narrow_step(StepScratch& scratch, const std::vector<int>& rows) = 0;
     // Makes the calling thread use this backend's device (a thread that drives a model on one of several GPUs).
     virtual void bind_thread() {}
 

@@ -15,6 +15,10 @@ struct BatchSeq {
     int64_t start_pos = 0;
     int n_tokens = 0;
     int row0 = 0;
+    // SWA bounded replay: window positions below window_floor are absent (their K=V was never computed); rows at
+    // positions below replay_from skip the layers after the last KV source (Model::forward).
+    int64_t window_floor = 0;
+    int64_t replay_from = 0;
 };
 
 // What a step computes, as the scheduler decided: every sequence feeds one token (decode: row i is sequence i), none

@@ -10,6 +10,7 @@
 #include "kv/page_pool.h"
 #include "model/fixture.h"
 #include "model/model_weights.h"
+#include "model/replay_run.h"
 #include "ops/cpu/cpu_backend.h"
 #include "ops/cuda/cuda_backend.h"
 #include "util/error.h"
@@ -363,6 +364,31 @@ TEST_P(CudaModel, MixedBatchAndPrefixResume) {
                 worst, std::fabs(l.f32()[i * vocab() + v] - expect[static_cast<size_t>((2 * P + i) * vocab() + v)]));
     EXPECT_LE(worst, batch_variance_bound()) << "resume from 2 shared pages";
     std::printf("PARITY batch %-43s mixed-batch + resume max|d| %.3g\n", GetParam().fixture, worst);
+}
+
+// SWA bounded replay on the GPU (tests/model/test_swa_replay.cpp on the CPU): the decoder replay's narrowed step
+// (gathered rows, selections and candidate masks, fresh page tables) and the encoder replay's window floor in the
+// device's page tables give the CPU's logits.
+TEST_P(CudaModel, SwaBoundedReplayMatchesCpu) {
+    auto ids = read_ids(fixture_dir(GetParam().fixture) + "/cases/prefill.ids");
+    const int P = gpu_->layout().page_tokens, W = gpu_->config().window_size;
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(ids.size()), 4 * P);
+    std::vector<std::pair<std::string, Replay>> runs;
+    const int64_t rows = gpu_->layout().window_rows();
+    if (rows > 0 && rows < 3) {
+        const int64_t resume = (3 - rows) * P;
+        runs.push_back({"encoder replay", {resume, resume, 0, 0}});
+        runs.push_back({"encoder replay, chunks of 5", {resume, resume, 0, 5}});
+    }
+    if (gpu_->replay_layer() < gpu_->config().n_layers) {
+        const int64_t from = std::max<int64_t>(0, n - W) / P * P;
+        runs.push_back({"decoder replay", {0, 0, from, 0}});
+        runs.push_back({"decoder replay, chunks of 7", {0, 0, from, 7}});
+    }
+    if (runs.empty()) GTEST_SKIP() << "the window spans too many pages for this prompt";
+    for (const auto& [what, r] : runs)
+        check(replay_run(*gpu_, ids, n, r), replay_run(*cpu_, ids, n, r), GetParam().cpu_tol, GetParam().cpu_top1,
+              std::string(GetParam().fixture) + " " + what);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::ValuesIn(kE2E),

@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <numeric>
 #include <random>
 
@@ -51,28 +53,39 @@ TEST(PagedAddress, EntryOffsetsMatchStateLayout) {
 }
 
 TEST(PagedAddress, WindowPositionsMatchWindowList) {
-    int64_t checked = 0;
+    int64_t checked = 0, floored = 0;
     for (int W : {1, 4, 128})
         for (bool ring_before_full : {true, false})
             for (int64_t start : {0, 1, 3, 4, 5, 127, 128, 129, 1000})
-                for (int n_tokens : {1, 2, 3, 5, 127, 128, 129, 300}) {
-                    BatchSeq s{nullptr, start, n_tokens, 0};
-                    for (int i = 0; i < n_tokens; ++i) {
-                        const int64_t pos = start + i;
-                        const auto list = window_list(s, pos, W, ring_before_full);
-                        for (int j = 0; j < W; ++j, ++checked) {
-                            int n = -1;
-                            const int64_t got =
-                                cuda::window_position(start, n_tokens, pos, W, ring_before_full, j, &n);
-                            ASSERT_EQ(n, static_cast<int>(list.size())) << start << "+" << n_tokens << " pos " << pos;
-                            if (j < n) {
-                                ASSERT_EQ(got, list[static_cast<size_t>(j)])
-                                    << start << "+" << n_tokens << " pos " << pos << " j " << j;
+                for (int n_tokens : {1, 2, 3, 5, 127, 128, 129, 300})
+                    for (int64_t floor : {int64_t{0}, start, start - 3, start + 2}) {  // SWA bounded replay's floors
+                        if (floor < 0 || (start == 0 && floor > 0)) continue;
+                        BatchSeq s{nullptr, start, n_tokens, 0};
+                        s.window_floor = floor;
+                        int64_t lowest = INT64_MAX;
+                        for (int i = 0; i < n_tokens; ++i) {
+                            const int64_t pos = start + i;
+                            const auto list = window_list(s, pos, W, ring_before_full);
+                            for (int j = 0; j < W; ++j, ++checked) {
+                                int n = -1;
+                                const int64_t got = cuda::window_position(start, n_tokens, floor, pos, W,
+                                                                          ring_before_full, j, &n);
+                                ASSERT_EQ(n, static_cast<int>(list.size()))
+                                    << start << "+" << n_tokens << " pos " << pos;
+                                if (j < n) {
+                                    ASSERT_EQ(got, list[static_cast<size_t>(j)])
+                                        << start << "+" << n_tokens << " floor " << floor << " pos " << pos
+                                        << " j " << j;
+                                    if (got >= 0) lowest = std::min(lowest, got);
+                                    floored += got < 0 && pos - (W - 1) < floor && floor > 0;
+                                }
                             }
                         }
+                        // window_lowest bounds every listed position (device_window_rows decodes from there).
+                        if (lowest != INT64_MAX) ASSERT_GE(lowest, cuda::window_lowest(start, floor, W));
                     }
-                }
     EXPECT_GT(checked, 100000);
+    EXPECT_GT(floored, 1000);  // the floors took positions out of the lists
 }
 
 }  // namespace

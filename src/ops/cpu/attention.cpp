@@ -412,6 +412,7 @@ Tensor CpuBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, c
     std::vector<const float*> keys;
     for (int64_t j = 0; j < std::min<int64_t>(W, pos + 1); ++j) {
         int64_t p = pos - ((pos - j) % W + W) % W;
+        if (p < state.window_floor) continue;  // not computed (SWA bounded replay)
         vals.push_back(load_entry(L.window, layout_.entry<uint8_t>(state, L.window, p)));
     }
     for (auto& v : vals) keys.push_back(v.data());

@@ -84,6 +84,16 @@ std::unique_ptr<StepScratch> CpuBackend::begin_step(const ForwardBatch& batch) {
     return s;
 }
 
+std::unique_ptr<StepScratch> CpuBackend::narrow_step(StepScratch& scratch, const std::vector<int>& rows) {
+    auto& from = static_cast<CpuScratch&>(scratch);
+    auto s = std::make_unique<CpuScratch>();
+    for (int r : rows) {
+        s->topk.push_back(from.topk.at(static_cast<size_t>(r)));
+        s->candidates.push_back(from.candidates.at(static_cast<size_t>(r)));
+    }
+    return s;
+}
+
 Tensor CpuBackend::first_stream_mix(int T) {
     Tensor pre = Tensor::zeros(DType::F32, {T, cfg_.hc_mult});
     for (int t = 0; t < T; ++t) pre.f32()[t * cfg_.hc_mult] = 1.0f;

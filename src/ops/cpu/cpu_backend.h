@@ -21,6 +21,7 @@ public:
     std::string name() const override { return "cpu"; }
 
     std::unique_ptr<StepScratch> begin_step(const ForwardBatch& batch) override;
+    std::unique_ptr<StepScratch> narrow_step(StepScratch& scratch, const std::vector<int>& rows) override;
     StateMemory& state_memory() override { return memory_; }
     DeviceSampler& sampler() override { return sampler_; }
     Tensor first_stream_mix(int T) override;

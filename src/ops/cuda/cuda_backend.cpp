@@ -98,6 +98,32 @@ Tensor CudaBackend::linear(const Tensor& x, const LinearWeight& w) {
 
 std::unique_ptr<StepScratch> CudaBackend::begin_step(const ForwardBatch&) { return std::make_unique<CudaScratch>(); }
 
+// The selection and candidate mask of rows `rows`; the page tables are made again by the narrower step's first
+// attention layer.
+std::unique_ptr<StepScratch> CudaBackend::narrow_step(StepScratch& scratch, const std::vector<int>& rows) {
+    auto& from = static_cast<CudaScratch&>(scratch);
+    auto s = std::make_unique<CudaScratch>();
+    const auto n = static_cast<int64_t>(rows.size());
+    auto r = upload(std::vector<int32_t>(rows.begin(), rows.end()));
+    auto take = [&](const void* src, size_t row_bytes) {
+        std::shared_ptr<void> dst = device_alloc(std::max<size_t>(row_bytes * static_cast<size_t>(n), 4));
+        cuda::gather_bytes(src, r.ptr, n, static_cast<int64_t>(row_bytes), dst.get());
+        return dst;
+    };
+    if (from.topk) {
+        s->topk = take(from.topk.get(), sizeof(int32_t) * static_cast<size_t>(from.topk_k));
+        s->topk_count = take(from.topk_count.get(), sizeof(int32_t));
+        s->topk_k = from.topk_k;
+    }
+    if (from.mask) {
+        s->mask = take(from.mask.get(), static_cast<size_t>(from.mask_stride));
+        s->mask_width = std::static_pointer_cast<const int64_t>(take(from.mask_width.get(), sizeof(int64_t)));
+        s->mask_stride = from.mask_stride;
+        s->mask_ratio = from.mask_ratio;
+    }
+    return s;
+}
+
 // State memory is made and freed from whichever thread owns the pool: on this backend's GPU.
 uint8_t* CudaStateMemory::alloc(size_t bytes) {
     PG_CUDA(cudaSetDevice(gpu_));

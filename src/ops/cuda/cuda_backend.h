@@ -80,6 +80,7 @@ public:
     std::string name() const override { return "cuda"; }
 
     std::unique_ptr<StepScratch> begin_step(const ForwardBatch& batch) override;
+    std::unique_ptr<StepScratch> narrow_step(StepScratch& scratch, const std::vector<int>& rows) override;
     void bind_thread() override;
     StateMemory& state_memory() override { return memory_; }
     Tensor first_stream_mix(int T) override;

@@ -68,6 +68,7 @@ Tensor CudaBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, 
     std::vector<const uint8_t*> keys;
     for (int64_t j = 0; j < std::min<int64_t>(W, pos + 1); ++j) {
         const int64_t p = pos - ((pos - j) % W + W) % W;
+        if (p < state.window_floor) continue;  // not computed (SWA bounded replay)
         keys.push_back(layout_.entry<uint8_t>(state, L.window, p));
     }
     for (int i = 0; i < B; ++i) {

@@ -168,6 +168,7 @@ void hc_expand_fast(const float* y, const float* residual, const float* post, co
 void hc_mean(const float* h, int64_t T, int hc, int D, float* y);
 void embed(const void* table, bool bf16, const int32_t* ids, int64_t T, int hc, int D, float* h);
 void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t row_len, float* y);
+void gather_bytes(const void* x, const int32_t* rows, int64_t n, int64_t row_bytes, void* y);
 void first_stream_mix(int64_t T, int hc, float* pre);
 
 // ---- elementwise.cu

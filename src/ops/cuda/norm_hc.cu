@@ -483,6 +483,13 @@ __global__ void gather_rows_kernel(const float* x, const int32_t* rows, int64_t 
     y[i] = x[static_cast<int64_t>(rows[i / len]) * len + i % len];
 }
 
+__global__ void gather_bytes_kernel(const uint8_t* x, const int32_t* rows, int64_t n, int64_t len, uint8_t* y) {
+    pdl_enter();
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= n * len) return;
+    y[i] = x[static_cast<int64_t>(rows[i / len]) * len + i % len];
+}
+
 __global__ void first_stream_kernel(int64_t T, int hc, float* pre) {
     pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -607,6 +614,12 @@ void embed(const void* table, bool bf16, const int32_t* ids, int64_t T, int hc, 
 void gather_rows(const float* x, const int32_t* rows, int64_t n, int64_t len, float* y) {
     if (n * len == 0) return;
     launch_pdl(gather_rows_kernel, dim3(blocks_for(n * len)), dim3(kThreads), 0, x, rows, n, len, y);
+}
+
+void gather_bytes(const void* x, const int32_t* rows, int64_t n, int64_t row_bytes, void* y) {
+    if (n * row_bytes == 0) return;
+    launch_pdl(gather_bytes_kernel, dim3(blocks_for(n * row_bytes)), dim3(kThreads), 0,
+               static_cast<const uint8_t*>(x), rows, n, row_bytes, static_cast<uint8_t*>(y));
 }
 
 void first_stream_mix(int64_t T, int hc, float* pre) {

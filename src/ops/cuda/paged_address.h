@@ -16,8 +16,8 @@ struct PagedSection {  // a StateSection of one layer
 };
 
 // A sequence's fields in PagedSeqs::seq: its history pages' base address, its first row in the step's page rows,
-// start_pos, n_tokens, its window pages' base address.
-constexpr int kSeqFields = 5;
+// start_pos, n_tokens, its window pages' base address, its window floor (BatchSeq::window_floor).
+constexpr int kSeqFields = 6;
 PEREGRINE_HD int64_t seq_table_base(const int64_t* m, int table) { return table == kWindowPages ? m[4] : m[0]; }
 
 // Byte offset from its table's base of entry `index` of `sec`, given the sequence's page rows (kPageTables ids
@@ -38,21 +38,28 @@ PEREGRINE_HD int64_t paged_entry_offset(const int32_t* rows, int page_tokens, in
 }
 
 // Entry j of window_list(seq, pos, W, ring_before_full): a position or -1; *n: the list's length. The sequence
-// starts this step at `start` with `n_tokens` rows.
-PEREGRINE_HD int64_t window_position(int64_t start, int64_t n_tokens, int64_t pos, int W, bool ring_before_full, int j,
-                                     int* n) {
+// starts this step at `start` with `n_tokens` rows; positions below `floor` are absent.
+PEREGRINE_HD int64_t window_position(int64_t start, int64_t n_tokens, int64_t floor, int64_t pos, int W,
+                                     bool ring_before_full, int j, int* n) {
     const int64_t lo = pos - W + 1 > 0 ? pos - W + 1 : 0;
+    int64_t at;
     if (start == 0) {  // one-shot prefill: the query's window, oldest first
         const int64_t len = n_tokens < W ? n_tokens : W;
         *n = static_cast<int>(len);
-        return j < len && lo + j <= pos ? lo + j : -1;
-    }
-    *n = W;
-    if (n_tokens == 1 && (ring_before_full || pos >= W - 1)) {  // decode: the ring from its oldest slot
+        at = j < len && lo + j <= pos ? lo + j : -1;
+    } else if (*n = W; n_tokens == 1 && (ring_before_full || pos >= W - 1)) {  // decode: the ring, oldest slot first
         const int64_t slot = (pos % W + 1 + j) % W;
-        return slot <= pos ? pos - ((pos - slot) % W) : -1;
+        at = slot <= pos ? pos - ((pos - slot) % W) : -1;
+    } else {
+        at = lo + j <= pos ? lo + j : -1;  // chunked prefill: oldest first, padded
     }
-    return lo + j <= pos ? lo + j : -1;  // chunked prefill: oldest first, padded
+    return at >= floor ? at : -1;
+}
+
+// The lowest window position a sequence's rows see this step: max(0, start - W + 1, floor).
+PEREGRINE_HD int64_t window_lowest(int64_t start, int64_t floor, int W) {
+    const int64_t lo = start - W + 1 > 0 ? start - W + 1 : 0;
+    return lo > floor ? lo : floor;
 }
 
 }  // namespace peregrine::cuda

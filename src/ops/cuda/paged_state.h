@@ -61,7 +61,8 @@ AddressTable decode_entry_table(const PagedSeqs& p, const StateSection& sec, int
 
 // How many window positions sequence s's rows can see this step (device_window_rows decodes them).
 inline int64_t window_rows_of(const BatchSeq& s, int W) {
-    return s.n_tokens > 0 ? s.start_pos + s.n_tokens - std::max<int64_t>(0, s.start_pos - W + 1) : 0;
+    const int64_t end = s.start_pos + s.n_tokens;
+    return s.n_tokens > 0 ? std::max<int64_t>(0, end - window_lowest(s.start_pos, s.window_floor, W)) : 0;
 }
 // The window entries a step's rows can see (per sequence from max(0, start_pos - W + 1) to the step's end: `src`,
 // back to back), decoded once to bf16 rows of 2 x dim bytes (`rows`, in src's order), and the rows' window lists

@@ -20,9 +20,8 @@ __device__ __forceinline__ const uint8_t* paged_entry(const PagedSeqs& p, const 
                                      index);
 }
 
-// A sequence's rows see window positions from lo = max(0, start - W + 1) (window_position's lowest) to the step's
-// end.
-__device__ __forceinline__ int64_t window_lo(const int64_t* m, int W) { return m[2] - W + 1 > 0 ? m[2] - W + 1 : 0; }
+// A sequence's rows see window positions from window_lowest to the step's end.
+__device__ __forceinline__ int64_t window_lo(const int64_t* m, int W) { return window_lowest(m[2], m[5], W); }
 
 // Each row's window list: the positions' state entries, or with `rows`, their decoded rows (seq_entries_kernel's
 // window order from row_base[s], row_bytes apart).
@@ -37,7 +36,7 @@ __global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, in
     const int s = p.row_seq[t];
     const int64_t* m = p.seq + kSeqFields * static_cast<int64_t>(s);
     int n = 0;
-    const int64_t at = window_position(m[2], m[3], p.row_pos[t], W, ring_before_full, j, &n);
+    const int64_t at = window_position(m[2], m[3], m[5], p.row_pos[t], W, ring_before_full, j, &n);
     if (j == 0) nwin[t] = n;
     if (!(j < n && at >= 0)) win[i] = nullptr;
     else if (rows) win[i] = rows + (row_base[s] + at - window_lo(m, W)) * row_bytes;

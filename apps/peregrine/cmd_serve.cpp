@@ -47,6 +47,7 @@ struct ServeArgs {
     bool disable_radix_cache = false, enable_thinking = false, disable_overlap_schedule = false;
     // The hierarchical cache (SGLang's HiCache flags).
     bool enable_hierarchical_cache = false;
+    bool enable_encoder_swa_bounded_replay = false, enable_decoder_swa_bounded_replay = false;
     double hicache_ratio = 2.0, hicache_size = 0.0;  // host pages per device page, or GB of host memory
     std::string hicache_write_policy = "write_through", hicache_storage_backend, hicache_storage_dir,
         hicache_storage_url = "redis://127.0.0.1:6379";
@@ -243,6 +244,14 @@ int run_serve(ServeArgs& a) {
         PEREGRINE_CHECK(a.hicache_storage_backend.empty(),
                         "--hicache-storage-backend needs --enable-hierarchical-cache (storage sits below host memory)");
     }
+    eo.swa_replay = {a.enable_encoder_swa_bounded_replay, a.enable_decoder_swa_bounded_replay};
+    if (eo.swa_replay.decoder) {
+        PEREGRINE_CHECK(model->replay_layer() > 0 && model->replay_layer() < cfg.n_layers,
+                        "--enable-decoder-swa-bounded-replay: this model ({}) has no layers after its last KV-source "
+                        "layer (V4.1 models have)",
+                        cfg.model_type);
+        PEREGRINE_CHECK(a.ep == 1, "--enable-decoder-swa-bounded-replay does not run with expert parallelism (--ep)");
+    }
     eo.context_length = a.context_length;
     if (a.disable_overlap_schedule) eo.overlap_schedule = 0;
     Engine engine(group.ranks(), &*tok, eo);
@@ -292,6 +301,8 @@ int run_serve(ServeArgs& a) {
         {"context_length", engine.context_length()},
         {"disable_radix_cache", a.disable_radix_cache},
         {"enable_hierarchical_cache", a.enable_hierarchical_cache},
+        {"enable_encoder_swa_bounded_replay", a.enable_encoder_swa_bounded_replay},
+        {"enable_decoder_swa_bounded_replay", a.enable_decoder_swa_bounded_replay},
         {"hicache_host_pages", eo.hicache.enabled ? nlohmann::json{{"history", eo.hicache.host_pages[kHistoryPages]},
                                                                    {"window", eo.hicache.host_pages[kWindowPages]}}
                                                   : nlohmann::json()},
@@ -430,6 +441,12 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--api-key", a->api_key, "Require 'Authorization: Bearer KEY'");
     cmd->add_option("--log-level", a->log_level, "trace, debug, info, warn, error");
     cmd->add_flag("--disable-radix-cache", a->disable_radix_cache, "No prefix cache");
+    cmd->add_flag("--enable-encoder-swa-bounded-replay", a->enable_encoder_swa_bounded_replay,
+                  "A prefix hit whose window pages were evicted recomputes its last window of tokens (their own "
+                  "window cut there) instead of the whole prefix; not numerically equal to a full prefill");
+    cmd->add_flag("--enable-decoder-swa-bounded-replay", a->enable_decoder_swa_bounded_replay,
+                  "V4.1: a prefill's layers after the last KV-source layer run only over its last window of tokens; "
+                  "not numerically equal to a full prefill");
     cmd->add_flag("--enable-hierarchical-cache", a->enable_hierarchical_cache,
                   "Cached rows evicted from the state pages keep a copy in host memory (and storage, when given)");
     cmd->add_option("--hicache-ratio", a->hicache_ratio, "Host cache pages per state page (default 2)")

@@ -60,7 +60,7 @@ struct Engine::Impl {
     Impl(Model& m, const Tokenizer* tok, const EngineOptions& o)
         : model(m),
           kv(m.backend().state_memory(), m.layout(), {o.kv_pages, o.window_pages > 0 ? o.window_pages : o.kv_pages},
-             o.radix_cache, o.hicache),
+             o.radix_cache, o.hicache, o.swa_replay),
           output(scheduler, tok, m.config().eos_token_id, m.config().vocab_size, o.context_length),
           scheduler(kv, {o.max_running_requests, o.chunked_prefill_size, o.context_length}, output),
           runner(m, kv, tok, o.overlap_schedule) {

@@ -5,7 +5,7 @@
 // any thread and read a RequestStream; cancel() frees the request's memory at the next step.
 #include "engine/metrics.h"
 #include "engine/request.h"
-#include "kv/host_pool.h"
+#include "kv/cache_manager.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
@@ -24,6 +24,7 @@ struct EngineOptions {
     int64_t window_pages = 0;        // window pages in the pool (0: as many as kv_pages)
     bool radix_cache = true;
     HiCacheOptions hicache;          // host memory and storage tiers below the device's pages (per rank)
+    SwaReplay swa_replay;            // SWA bounded replay (kv/cache_manager.h)
     int64_t context_length = 0;      // 0: the model's max_position_embeddings
     // The overlapped schedule: the next step is built and enqueued while the device runs the current one, its
     // input ids read on the device from the current step's samples. -1: where the backend samples

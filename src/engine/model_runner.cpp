@@ -83,6 +83,7 @@ StepOutput ModelRunner::run(const ScheduledBatch& sb, bool overlap) {
         const int64_t known = static_cast<int64_t>(r.seq.size());
         const int row0 = batch.rows();
         batch.seqs.push_back({&r.kv.state, e.start, e.n_tokens, row0});
+        batch.seqs.back().replay_from = r.kv.replay_from;
         for (int64_t pos = e.start; pos < e.start + e.n_tokens; ++pos) {
             if (pos < known) {
                 batch.token_ids.push_back(r.seq[static_cast<size_t>(pos)]);

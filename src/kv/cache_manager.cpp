@@ -15,8 +15,9 @@ int64_t window_pages_wanted(const StateLayout& L, int max_running, int chunk_tok
 }
 
 CacheManager::CacheManager(StateMemory& memory, const StateLayout& layout, PagePool::Pages pages, bool prefix_cache,
-                           const HiCacheOptions& tiers)
-    : pool_(memory, layout, pages), tiers_(tiers) {
+                           const HiCacheOptions& tiers, SwaReplay replay)
+    : pool_(memory, layout, pages), tiers_(tiers), replay_(replay) {
+    if (layout.window_rows() < 0) replay_ = {};  // every window page is kept: nothing to replay
     PEREGRINE_CHECK(!tiers.enabled || prefix_cache, "the hierarchical cache needs the prefix cache");
     if (prefix_cache) cache_ = std::make_unique<RadixCache>(pool_, &tiers_);
 }
@@ -34,9 +35,10 @@ int64_t CacheManager::admit(CachedSequence& s, std::span<const int32_t> tokens) 
     const int P = L.page_tokens;
     const int64_t n = static_cast<int64_t>(tokens.size());
     PrefixCache::Match m;
-    if (cache_) m = cache_->match(tokens, (n - 1) / P);
+    if (cache_) m = cache_->match(tokens, (n - 1) / P, replay_.encoder ? L.window_rows() : 0);
     const int64_t matched = static_cast<int64_t>(m.pages.size());
-    const int64_t window_from = L.window_first_row(matched * P);  // the match holds the window pages from here
+    // The match holds the window pages from here (replayed: none).
+    const int64_t window_from = m.replayed ? matched : L.window_first_row(matched * P);
     const int64_t need = L.pages_for(n + 1) - matched;
     const int64_t window_rows = L.window_rows();
     const int64_t window_need = window_rows < 0 ? need : std::min(need, window_rows + 2);
@@ -58,6 +60,11 @@ int64_t CacheManager::admit(CachedSequence& s, std::span<const int32_t> tokens) 
     s.shared_pages = matched;
     s.window_from = window_from;
     s.sharing_stopped = false;
+    s.state.window_floor = m.replayed ? matched * P : 0;
+    // The prefill's last window of tokens, from a page boundary, runs every layer (tokens[n - 1] is the last row);
+    // none when the cached prefix reaches it.
+    s.replay_from = replay_.decoder ? std::max<int64_t>(0, n - L.window_tokens) / P * P : 0;
+    if (s.replay_from <= matched * P) s.replay_from = 0;
     return matched * P;
 }
 
@@ -90,6 +97,8 @@ void CacheManager::release(CachedSequence& s, int64_t known_tokens) {
     const int P = pool_.layout().page_tokens;
     if (cache_) {
         if (s.shared_pages > s.window_from) cache_->drop_window(s.locked, s.window_from, s.shared_pages);
+        // Rows the prefill wrote below replay_from lack some layers' window K=V: their window pages stay out.
+        pool_.drop_window(st, std::max(s.window_from, s.shared_pages), s.replay_from / P);
         const int64_t full = std::min<int64_t>(known_tokens / P, static_cast<int64_t>(st.pages.size()));
         cache_->insert(st.tokens, st.pages, full);
         for (size_t i = static_cast<size_t>(full); i < st.pages.size(); ++i) pool_.free(st.pages[i]);
@@ -100,14 +109,20 @@ void CacheManager::release(CachedSequence& s, int64_t known_tokens) {
     s.locked = nullptr;
     s.shared_pages = 0;
     s.window_from = 0;
+    s.replay_from = 0;
     s.host_hit_tokens = s.storage_hit_tokens = 0;
     st.tokens.clear();
     st.n_cached = 0;
+    st.window_floor = 0;
 }
 
 void CacheManager::share(CachedSequence& s, int64_t known_tokens) {
     if (!cache_ || s.sharing_stopped) return;
     const int P = pool_.layout().page_tokens;
+    if (s.replay_from > 0) {  // decoder replay: the window pages of rows below replay_from stay out of the cache
+        if (pool_.layout().window_first_row(s.state.n_cached) < s.replay_from / P) return;  // still read: later
+        trim_window(s);  // gone, and with them every window page the sequence no longer reads
+    }
     int64_t full = std::min<int64_t>(known_tokens / P, static_cast<int64_t>(s.state.pages.size()));
     if (full <= s.shared_pages) return;
     const int64_t want = full;

@@ -20,6 +20,16 @@ namespace peregrine {
 // `tails` cached window tails (SGLang's --swa-prefix-tails); INT64_MAX when the layout keeps every window page.
 int64_t window_pages_wanted(const StateLayout& layout, int max_running, int chunk_tokens, int64_t tails);
 
+// SWA bounded replay (--enable-encoder-swa-bounded-replay, --enable-decoder-swa-bounded-replay): both trade exact
+// numerics for less prefill work.
+struct SwaReplay {
+    // A prefix hit whose window pages are gone resumes a window before its end, the window K=V below the resume
+    // point absent, instead of recomputing the whole prefix.
+    bool encoder = false;
+    // A prefill's layers after the last KV source run only over its last window of tokens (from a page boundary).
+    bool decoder = false;
+};
+
 // One sequence as the cache manager tracks it.
 struct CachedSequence {
     SeqState state;
@@ -29,6 +39,9 @@ struct CachedSequence {
     bool sharing_stopped = false;          // a concurrent duplicate: the rest of its pages stay private
     int64_t host_hit_tokens = 0;           // of the tokens admit resumed, those brought back from host memory
     int64_t storage_hit_tokens = 0;        // and from storage
+    // Decoder replay: the prefill's rows below it skip the layers after the last KV source (BatchSeq::replay_from),
+    // so the window pages of rows below it are never cached.
+    int64_t replay_from = 0;
 };
 
 class CacheManager {
@@ -43,12 +56,12 @@ public:
     // `pages`: of each table (PagePool::pages_for_budget); `prefix_cache` false: no sharing, pages go back to the
     // pool; `tiers`: the hierarchical cache (host memory and storage below the device's pages), when enabled.
     CacheManager(StateMemory& memory, const StateLayout& layout, PagePool::Pages pages, bool prefix_cache,
-                 const HiCacheOptions& tiers = {});
+                 const HiCacheOptions& tiers = {}, SwaReplay replay = {});
     ~CacheManager();
 
     // Sets the sequence up to compute `tokens` after their longest cached prefix of whole pages (the last token
     // is always computed) with room for one more token. Returns the tokens resumed from the cache, or -1 (and
-    // nothing held) when the pages are short right now.
+    // nothing held) when the pages are short right now. With SwaReplay, sets its window floor and replay_from.
     int64_t admit(CachedSequence& s, std::span<const int32_t> tokens);
     // Pages to cover n_tokens, evicting unused cached pages as needed; false (nothing allocated) when short.
     bool reserve(CachedSequence& s, int64_t n_tokens);
@@ -71,6 +84,7 @@ private:
     void trim_window(CachedSequence& s);  // gives up the window pages its next query will not read
     PagePool pool_;
     HiCacheOptions tiers_;
+    SwaReplay replay_;
     std::unique_ptr<PrefixCache> cache_;
 };
 

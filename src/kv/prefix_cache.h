@@ -30,6 +30,7 @@ public:
         Handle last = nullptr;       // the matched path, locked until unlock(last)
         int64_t host_pages = 0;      // of pages, the ones brought back from host memory
         int64_t storage_pages = 0;   // and from storage
+        bool replayed = false;       // no window pages: the caller recomputes the rows after it (replay_rows)
     };
 
     struct Stats {
@@ -48,8 +49,10 @@ public:
     virtual ~PrefixCache() = default;
 
     // Longest cached prefix of `tokens`, in whole pages, at most max_pages, that ends where the window rows before
-    // it are cached; the path is locked and those window pages held for the caller.
-    virtual Match match(std::span<const int32_t> tokens, int64_t max_pages) = 0;
+    // it are cached; the path is locked and those window pages held for the caller. With replay_rows > 0
+    // (encoder SWA bounded replay), a prefix whose window pages are gone may end replay_rows rows before the
+    // deepest cached row instead, without window pages (replayed), when that resumes later than an exact end.
+    virtual Match match(std::span<const int32_t> tokens, int64_t max_pages, int64_t replay_rows = 0) = 0;
     virtual void unlock(Handle last) = 0;
     // The caller no longer reads the window pages of rows [from_row, to_row) of its path ending at `last`.
     virtual void drop_window(Handle last, int64_t from_row, int64_t to_row) = 0;

@@ -170,7 +170,7 @@ void RadixCache::erase(Node* n) {
     }
 }
 
-RadixCache::Match RadixCache::match(std::span<const int32_t> tokens, int64_t max_pages) {
+RadixCache::Match RadixCache::match(std::span<const int32_t> tokens, int64_t max_pages, int64_t replay_rows) {
     Match m;
     const int64_t limit = std::min<int64_t>(max_pages, static_cast<int64_t>(tokens.size()) / P_);
     std::vector<Node*> path;
@@ -206,20 +206,27 @@ RadixCache::Match RadixCache::match(std::span<const int32_t> tokens, int64_t max
     auto first_read_of = [&](size_t end) {
         return need < 0 ? size_t{0} : end - std::min(static_cast<size_t>(need), end);
     };
-    // Window pages to bring to the device for a match ending at `end`.
-    auto window_load_of = [&](size_t end) {
-        const size_t first_read = first_read_of(end);
+    // Window pages to bring to the device for a match ending at `end` that reads them from `first_read`.
+    auto window_load_of = [&](size_t end, size_t first_read) {
         return static_cast<int64_t>(end - first_read) - (dev_window[end] - dev_window[first_read]);
     };
-    size_t end = total;
-    for (; end > 0; --end) {
-        const size_t first_read = first_read_of(end);
-        if (run[end - 1] < static_cast<int64_t>(end - first_read)) continue;
+    auto fits = [&](size_t end, size_t first_read) {
         const int64_t history_free = pool_.free_pages(kHistoryPages) + stats_.evictable_pages - unlocked[end];
         const int64_t window_free =
             pool_.free_pages(kWindowPages) + stats_.evictable_window_pages - (listed[end] - listed[first_read]);
-        if (load[end] <= history_free && window_load_of(end) <= window_free) break;
-    }
+        return load[end] <= history_free && window_load_of(end, first_read) <= window_free;
+    };
+    size_t end = total;
+    for (; end > 0; --end)
+        if (run[end - 1] >= static_cast<int64_t>(end - first_read_of(end)) && fits(end, first_read_of(end))) break;
+    // Replayed: the caller recomputes replay_rows rows of cached tokens, their window truncated below the end.
+    const auto replay = static_cast<size_t>(std::max<int64_t>(replay_rows, 0));
+    for (size_t deepest = total; replay > 0 && deepest > end + replay; --deepest)
+        if (fits(deepest - replay, deepest - replay)) {
+            end = deepest - replay;
+            m.replayed = true;
+            break;
+        }
     if (end == 0) return m;
     path.resize(std::min(end, np));
     ++clock_;
@@ -231,10 +238,10 @@ RadixCache::Match RadixCache::match(std::span<const int32_t> tokens, int64_t max
     // The window pages the caller reads that are on the device already are held first, so that making room
     // never takes them; then room for every row and window page brought back, made at once (an eviction scans
     // the trie).
-    const size_t first_read = first_read_of(end);
+    const size_t first_read = m.replayed ? end : first_read_of(end);
     for (size_t i = first_read; i < path.size(); ++i)
         if (path[i]->page[kWindowPages] >= 0) hold_window(path[i]);
-    PEREGRINE_CHECK(make_room(kHistoryPages, load[end]) && make_room(kWindowPages, window_load_of(end)),
+    PEREGRINE_CHECK(make_room(kHistoryPages, load[end]) && make_room(kWindowPages, window_load_of(end, first_read)),
                     "radix cache: no device pages for {} cached rows", load[end]);
     StateMemory& mem = pool_.memory();
     const auto& bytes = pool_.layout().page_bytes;

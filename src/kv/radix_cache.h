@@ -47,7 +47,7 @@ public:
     RadixCache(const RadixCache&) = delete;
     RadixCache& operator=(const RadixCache&) = delete;
 
-    Match match(std::span<const int32_t> tokens, int64_t max_pages) override;
+    Match match(std::span<const int32_t> tokens, int64_t max_pages, int64_t replay_rows = 0) override;
     void unlock(Handle last) override;
     void drop_window(Handle last, int64_t from_row, int64_t to_row) override;
     void insert(std::span<const int32_t> tokens, std::span<const PageRow> pages, int64_t n_pages) override;

@@ -183,6 +183,72 @@ TEST(Engine, WindowPagesGoBackAndTailsResumeExactly) {
     }
 }
 
+// Decoder SWA bounded replay: a prefill's rows below replay_from skip the layers after the last KV source, so
+// their window pages hold nothing there and never enter the cache: a prompt leaving that path early starts cold
+// with the output of a fresh engine; the next turn still resumes at the tail.
+TEST(Engine, DecoderReplayNeverCachesTheWindowsItSkipped) {
+    const char* fx = "dsv41-tiny-a";
+    Model& m = model(fx);
+    const int P = m.layout().page_tokens;
+    EngineOptions o = opts(64);
+    o.context_length = 16 * P;
+    o.swa_replay.decoder = true;
+    auto p = prompt(fx, 4 * P + 3);
+    auto fork = p;
+    fork.resize(static_cast<size_t>(3 * P));
+    fork.push_back(p[0]);
+    std::vector<int32_t> fresh;
+    {
+        Engine eng(m, nullptr, o);
+        fresh = ids_of(eng.submit(fork, greedy(6))->wait());
+    }
+    Engine eng(m, nullptr, o);
+    auto first = eng.submit(p, greedy(8))->wait();
+    ASSERT_EQ(first.finish, FinishReason::length) << first.error;
+    EXPECT_EQ(eng.stats().pages_cached, (p.size() + 7) / P);
+    auto f = eng.submit(fork, greedy(6))->wait();
+    EXPECT_EQ(f.cached_tokens, 0) << "a window page the prefill skipped was cached";
+    EXPECT_EQ(ids_of(f), fresh);
+    auto turn2 = p;
+    for (auto t : ids_of(first)) turn2.push_back(t);
+    turn2.push_back(p[1]);
+    auto t2 = eng.submit(turn2, greedy(4))->wait();
+    EXPECT_EQ(t2.cached_tokens, static_cast<int64_t>(p.size() + 7) / P * P) << "the tail resumes";
+}
+
+// Encoder SWA bounded replay: a prefix whose window pages were evicted resumes a window of rows before its end
+// instead of at the last row whose window is still cached.
+TEST(Engine, EncoderReplayResumesWhereWindowsWereEvicted) {
+    for (const char* fx : {"dsv41-tiny-a", "dsv4-tiny-b"}) {
+        Model& m = model(fx);
+        const int P = m.layout().page_tokens;
+        const int64_t wr = m.layout().window_rows();
+        auto p = prompt(fx, 6 * P + 3);
+        auto fork = p;
+        fork.resize(static_cast<size_t>(5 * P));
+        fork.push_back(p[0]);
+        int64_t exact = -1;
+        for (bool replay : {false, true}) {
+            EngineOptions o = opts(64);
+            o.context_length = 16 * P;
+            o.window_pages = wr + 3;  // a single window: cached rows keep their history, few their window
+            o.swa_replay.encoder = replay;
+            Engine eng(m, nullptr, o);
+            eng.submit(p, greedy(2))->wait();
+            eng.submit(prompt(fx, 6 * P + 3, 5), greedy(2))->wait();  // its windows take p's
+            auto f = eng.submit(fork, greedy(6))->wait();
+            ASSERT_EQ(f.finish, FinishReason::length) << fx << " " << f.error;
+            if (!replay) {
+                exact = f.cached_tokens;
+                ASSERT_LT(exact, (5 - wr) * P) << fx << ": p's windows before the fork were not evicted";
+                EXPECT_EQ(ids_of(f), reference_greedy(m, fork, 6)) << fx;
+            } else {
+                EXPECT_EQ(f.cached_tokens, (5 - wr) * P) << fx << " (exact hit: " << exact << ")";
+            }
+        }
+    }
+}
+
 // The hierarchical cache: a prompt whose rows were evicted from the device comes back from host memory, and after a
 // restart from storage, with outputs token for token those of a cold run; so does the next turn of a conversation
 // whose tail was evicted with it.

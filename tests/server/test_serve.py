@@ -333,6 +333,26 @@ def test_engram_placement_flag_refuses_what_it_cannot_do():
         assert p.returncode != 0 and words in p.stderr, p.stderr
 
 
+def test_swa_bounded_replay_flags():
+    """The decoder flag is refused where no layer follows the last KV source (V4); on V4.1 both flags serve, a
+    re-sent prompt hits, and /server_info reports them."""
+    p = subprocess.run([BIN, "serve", "--port", "0", "--model", MODEL, "--enable-decoder-swa-bounded-replay"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "no layers after its last KV-source layer" in p.stderr, p.stderr
+    s = Server("--enable-encoder-swa-bounded-replay", "--enable-decoder-swa-bounded-replay",
+               model=os.path.join(FIX, "dsv41-tiny-a"))
+    try:
+        prompt = "Replayed windows: a prompt of a few pages. " * 2
+        cold, d = _completion(s, prompt)
+        assert d["cached_tokens"] == 0
+        warm, d = _completion(s, prompt)
+        assert d["cached_tokens"] > 0 and len(warm) > 0
+        info = json.loads(s.raw("GET", "/server_info")[1])
+        assert info["enable_encoder_swa_bounded_replay"] and info["enable_decoder_swa_bounded_replay"], info
+    finally:
+        s.stop()
+
+
 def test_transport_limits_hold_before_the_body_is_read():
     """405 with Allow on routed paths, state changes only on POST, a body-less POST answered at once, the key checked
     before the body is read, and the body limit counted on the wire for chunked and gzip bodies alike."""

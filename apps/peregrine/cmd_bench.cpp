@@ -36,7 +36,35 @@ struct BenchArgs {
                 prefill_tokens = "4096,8192,16384,32768,65536";
     int64_t prefill_context = 131072;
     double max_step_seconds = 20.0;
+    std::string prompts;  // whole prompts prefilled from nothing, with and without decoder SWA bounded replay
+    int prompt_chunk = 8192;
 };
+
+// Milliseconds to prefill a prompt of n tokens from nothing in chunks (the last row's logits to the host), with
+// the rows below replay_from stopping after the last KV source (0: every row runs every layer).
+double prefill_prompt_ms(Model& m, int64_t n, int chunk, int64_t replay_from) {
+    PagePool pool(m.backend().state_memory(), m.layout(), m.layout().pages_for(n + 1));
+    SeqState s;
+    pool.init(s);
+    PEREGRINE_CHECK(pool.reserve(s, n), "no state pages for a {}-token prompt", n);
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919) % 100000 + 100);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t p = 0; p < n; p += chunk) {
+        const int count = static_cast<int>(std::min<int64_t>(chunk, n - p));
+        ForwardBatch b;
+        b.seqs.push_back({&s, p, count, 0});
+        b.seqs.back().replay_from = replay_from;
+        b.token_ids.assign(ids.begin() + p, ids.begin() + p + count);
+        b.mode = BatchMode::prefill;
+        std::vector<int> rows;
+        if (p + count == n) rows.push_back(count - 1);
+        (void)m.forward(b, rows);  // the last step's host logits wait for every step before it
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    pool.release(s);
+    return ms;
+}
 
 int64_t linear_bytes(const LinearWeight& w) {
     return w.empty() ? 0 : static_cast<int64_t>(w.w.nbytes() + (w.scale.empty() ? 0 : w.scale.nbytes()));
@@ -365,6 +393,28 @@ int run_bench(const BenchArgs& a) {
         save();
         skip_rest = slow;
     }
+    if (!a.prompts.empty()) {
+        const bool replay = model->replay_layer() < model->config().n_layers;
+        std::printf("\n%-8s %-6s %12s %10s %14s %10s %8s\n", "prompt", "chunk", "full ms", "tok/s", "replay ms",
+                    "tok/s", "saved");
+        for (int64_t n : parse_list(a.prompts)) {
+            prefill_prompt_ms(*model, std::min<int64_t>(n, a.prompt_chunk), a.prompt_chunk, 0);  // warm-up
+            const double full = prefill_prompt_ms(*model, n, a.prompt_chunk, 0);
+            const int64_t from = std::max<int64_t>(0, n - model->config().window_size) / model->layout().page_tokens *
+                                 model->layout().page_tokens;
+            const double rep = replay ? prefill_prompt_ms(*model, n, a.prompt_chunk, from) : 0.0;
+            std::printf("%-8lld %-6d %12.1f %10.0f %14.1f %10.0f %7.1f%%\n", static_cast<long long>(n),
+                        a.prompt_chunk, full, n / full * 1e3, rep, rep > 0 ? n / rep * 1e3 : 0.0,
+                        rep > 0 ? 100.0 * (1.0 - rep / full) : 0.0);
+            out["results"].push_back({{"mode", "prompt"},
+                                      {"prompt_tokens", n},
+                                      {"chunk", a.prompt_chunk},
+                                      {"full_ms", full},
+                                      {"decoder_replay_ms", replay ? nlohmann::json(rep) : nlohmann::json()},
+                                      {"replay_layer", model->replay_layer()}});
+            save();
+        }
+    }
     if (!a.json.empty()) std::printf("\nwrote %s\n", a.json.c_str());
     return 0;
 }
@@ -389,6 +439,11 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--contexts", a->contexts, "Comma-separated cached contexts for decode");
     cmd->add_option("--prefill-tokens", a->prefill_tokens, "Comma-separated new tokens per prefill step");
     cmd->add_option("--prefill-context", a->prefill_context, "Cached context under the prefill steps");
+    cmd->add_option("--prompts", a->prompts,
+                    "Comma-separated whole prompts to prefill from nothing, with and without decoder SWA bounded "
+                    "replay (V4.1)");
+    cmd->add_option("--prompt-chunk", a->prompt_chunk, "Tokens per prefill step of --prompts")
+        ->check(CLI::Range(1, 1 << 20));
     cmd->add_option("--steps", a->steps, "Timed steps per point (median)");
     cmd->add_option("--max-step-seconds", a->max_step_seconds, "Skip larger points once a step takes longer");
     cmd->add_option("--json", a->json, "Write the results as JSON");

@@ -60,6 +60,16 @@ ModelConfig synthetic_v41_flash_config(int layers, int n_routed_experts) {
     c.moe_inter_dim = 2304;
     c.weight_block = 32;
     c.act_block = 32;
+    if (layers > 20) {  // the release's layout over its first layers: the last KV source (20) among them
+        for (int l = 0; l < layers; ++l) {
+            c.compress_ratios.push_back(l < 2 ? 0 : l < 20 ? 2 : 1);
+            if (l >= 2 && l <= 20 && (l - 2) % 6 == 0) c.kv_source_layers.push_back(l);
+            if ((l >= 2 && l <= 20 && (l - 2) % 6 == 0) || (l > 20 && l % 4 == 0 && l < 40))
+                c.index_source_layers.push_back(l);
+        }
+        c.candidate_source_layer = 20;
+        return c;
+    }
     for (int l = 0; l < layers; ++l) {
         const int ratio = l == 0 ? 0 : l <= 2 ? 2 : 1;
         c.compress_ratios.push_back(ratio);

@@ -16,6 +16,7 @@ struct DeviceMemoryPlan {
     size_t total = 0;        // the device's memory
     size_t weights = 0;      // parameters and their tables (all uploaded by the warm-up)
     size_t activations = 0;  // the warm-up step's peak beyond the weights
+    size_t graphs = 0;       // decode steps' CUDA graphs, captured by the warm-up
     size_t state = 0;        // for state pages: fraction x total - weights
     size_t left = 0;         // free once the state pages are taken (activations, graphs)
     double warmup_s = 0;
@@ -23,7 +24,8 @@ struct DeviceMemoryPlan {
 };
 
 // Uploads every rank's weights and runs one prefill step of `chunk_tokens` (the largest step) to measure its
-// activations, then sizes the state pages. Throws, with the figures, when the model does not fit.
+// activations, captures the decode steps' CUDA graphs at every batch size the backend graphs, then sizes the state
+// pages. Throws, with the figures, when the model does not fit.
 DeviceMemoryPlan plan_device_memory(const std::vector<Model*>& ranks, double fraction, int chunk_tokens);
 
 }  // namespace peregrine

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace peregrine {
 
@@ -25,6 +26,8 @@ public:
     // Whether steps run as CUDA graphs, and the memory the graphs hold (high-water mark; 0 if unknown).
     virtual bool graphs() const = 0;
     virtual size_t graph_memory_bytes() const = 0;
+    // Decode batch sizes whose steps are captured as graphs (the second step at a size captures; none: no graphs).
+    virtual std::vector<int> graph_batch_sizes() const = 0;
     // Free device memory, and a device-to-device copy's bandwidth (bytes read plus written per second, GB/s).
     virtual size_t free_memory() const = 0;
     // The device's memory, and the bytes of its stream-ordered pool in use now and at most since the last reset
@@ -36,6 +39,8 @@ public:
     // Parameters (and their tables) copied to the device so far: a warm-up that uploads every weight leaves no
     // later step anything to add.
     virtual size_t weights_uploaded() const = 0;
+    // Bytes of parameters copied to the device so far, by every backend of the process (start-up progress).
+    virtual size_t weight_bytes_uploaded() const = 0;
     virtual double copy_bandwidth_gbs(size_t bytes, int reps) const = 0;
     // Fills every page of the pool with valid random entries (a cached context without its prefill).
     virtual void fill_state_random(const PagePool& pool, uint64_t seed) = 0;

@@ -410,17 +410,24 @@ TEST(CudaEngram, HostPlacementMatchesDevice) {
     std::printf("PARITY engram host placement == device placement: %s\n", out[0] == out[1] ? "yes" : "no");
 }
 
-// --mem-fraction-static: the warm-up uploads every weight (later steps of other shapes upload nothing), the state is
-// the fraction of the device less what the warm-up left in use, and a fraction below the weights is refused.
+// --mem-fraction-static: the warm-up uploads every weight (later steps of other shapes upload nothing) and captures the
+// decode graphs, the state is the fraction of the device less what the warm-up left in use, and a fraction below the
+// weights is refused.
 TEST(CudaMemoryPlan, WarmUpUploadsTheWeightsAndSizesTheState) {
     REQUIRE_GPU();
     ModelOptions o;
     o.device = "cuda";
     auto m = Model::load(fixture_dir("dsv41-tiny-a"), o);
     Diagnostics* d = m->backend().diagnostics();
+    const size_t bytes_before = d->weight_bytes_uploaded();
     const DeviceMemoryPlan plan = plan_device_memory({m.get()}, 0.5, 64);
     const size_t uploaded = d->weights_uploaded();
     EXPECT_GT(uploaded, 0u);
+    EXPECT_GT(d->weight_bytes_uploaded(), bytes_before);  // the start-up progress counts them
+    // The decode steps' graphs were captured at every graphed batch size (the second step at a size captures).
+    auto* cuda_backend = dynamic_cast<cuda::CudaBackend*>(&m->backend());
+    ASSERT_NE(cuda_backend, nullptr);
+    EXPECT_GE(cuda_backend->graph_captures(), static_cast<int64_t>(d->graph_batch_sizes().size()));
     EXPECT_GT(plan.weights, 0u);
     EXPECT_GT(plan.activations, 0u);
     EXPECT_EQ(plan.state, static_cast<size_t>(0.5 * static_cast<double>(plan.total)) - plan.weights);

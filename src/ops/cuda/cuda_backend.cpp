@@ -490,6 +490,13 @@ double CudaBackend::copy_bandwidth_gbs(size_t bytes, int reps) const {
     return 2.0 * static_cast<double>(bytes) * reps / (ms * 1e-3) / 1e9;
 }
 
+std::vector<int> CudaBackend::graph_batch_sizes() const {
+    std::vector<int> sizes;
+    for (int t = 1; graphs_ && t <= 32; ++t)
+        if (graph_bucket(t)) sizes.push_back(t);
+    return sizes;
+}
+
 size_t CudaBackend::graph_memory_bytes() const {
     uint64_t bytes = 0;
     if (cudaDeviceGetGraphMemAttribute(gpu_, cudaGraphMemAttrReservedMemHigh, &bytes) != cudaSuccess) {

@@ -138,6 +138,8 @@ public:
     size_t free_memory() const override;
     MemoryUse memory_use(bool reset_peak) override;
     size_t weights_uploaded() const override { return weights_.entries(); }
+    size_t weight_bytes_uploaded() const override { return cuda::weight_bytes_uploaded(); }
+    std::vector<int> graph_batch_sizes() const override;
     double copy_bandwidth_gbs(size_t bytes, int reps) const override;
     // bf16-valued floats in [-1, 1), then valid codes and scales in every entry.
     void fill_state_random(const PagePool& pool, uint64_t seed) override;

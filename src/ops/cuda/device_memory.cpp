@@ -6,7 +6,10 @@
 
 #include <cuda_runtime.h>
 
+#include "util/thread_pool.h"
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -87,6 +90,65 @@ void copy_to_device(void* dst, const void* src, size_t bytes) {
         if (!StagingRing::get().copy(d, s, n)) PG_CUDA(cudaMemcpyAsync(d, s, n, cudaMemcpyHostToDevice, 0));
     }
 }
+
+namespace {
+std::atomic<size_t> g_weight_bytes{0};
+
+// Two pinned buffers per thread (their events are recorded on the thread's stream).
+struct WeightStaging {
+    static constexpr size_t kChunk = size_t(64) << 20, kSlice = size_t(4) << 20;
+    void* buf[2] = {};
+    cudaEvent_t done[2] = {};
+    bool used[2] = {};
+    ~WeightStaging() {
+        if (!buf[0]) return;
+        cudaDeviceSynchronize();
+        for (int b = 0; b < 2; ++b) {
+            cudaEventDestroy(done[b]);
+            cudaFreeHost(buf[b]);
+        }
+    }
+};
+}  // namespace
+
+void upload_weight(void* dst, const void* src, size_t bytes) {
+    thread_local WeightStaging st;
+    constexpr size_t kChunk = WeightStaging::kChunk, kSlice = WeightStaging::kSlice;
+    if (bytes < 2 * kSlice) {
+        PG_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+        g_weight_bytes += bytes;
+        return;
+    }
+    if (!st.buf[0])
+        for (int b = 0; b < 2; ++b) {
+            PG_CUDA(cudaMallocHost(&st.buf[b], kChunk));
+            PG_CUDA(cudaEventCreateWithFlags(&st.done[b], cudaEventDisableTiming));
+        }
+    const cudaStream_t s = launch_stream();
+    int last = 0;
+    for (size_t o = 0, i = 0; o < bytes; o += kChunk, ++i) {
+        const int b = static_cast<int>(i % 2);
+        const size_t n = std::min(kChunk, bytes - o);
+        if (st.used[b]) PG_CUDA(cudaEventSynchronize(st.done[b]));
+        char* to = static_cast<char*>(st.buf[b]);
+        const char* from = static_cast<const char*>(src) + o;
+        // The reads (page cache or disk, behind the checkpoint's mapping) on every thread at once.
+        parallel_for(static_cast<int64_t>((n + kSlice - 1) / kSlice), [&](int64_t k0, int64_t k1) {
+            for (int64_t k = k0; k < k1; ++k) {
+                const size_t at = static_cast<size_t>(k) * kSlice;
+                std::memcpy(to + at, from + at, std::min(kSlice, n - at));
+            }
+        });
+        PG_CUDA(cudaMemcpyAsync(static_cast<char*>(dst) + o, to, n, cudaMemcpyHostToDevice, s));
+        PG_CUDA(cudaEventRecord(st.done[b], s));
+        st.used[b] = true;
+        last = b;
+        g_weight_bytes += n;
+    }
+    PG_CUDA(cudaEventSynchronize(st.done[last]));  // complete, as a parameter is read from any stream
+}
+
+size_t weight_bytes_uploaded() { return g_weight_bytes.load(); }
 
 Tensor empty(DType dtype, std::vector<int64_t> shape) {
     int64_t n = 1;

@@ -12,6 +12,11 @@ namespace peregrine::cuda {
 // Device memory of `bytes`, freed in stream order when the last reference goes.
 std::shared_ptr<void> device_alloc(size_t bytes);
 void copy_to_device(void* dst, const void* src, size_t bytes);
+// A parameter's upload at start-up, complete on return: large ones are read by every thread of the global pool into
+// pinned staging (two buffers, so one goes over the bus while the next is read), small ones through the ring.
+void upload_weight(void* dst, const void* src, size_t bytes);
+// Bytes upload_weight has copied, by every thread of the process (start-up progress).
+size_t weight_bytes_uploaded();
 // Page-locked host memory of at least `bytes` from a reused pool (results copied back every step).
 std::shared_ptr<void> pinned_host_buffer(size_t bytes);
 

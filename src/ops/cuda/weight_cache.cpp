@@ -19,7 +19,7 @@ const void* WeightCache::raw(const Tensor& t) {
     auto it = raw_.find(t.raw());
     if (it != raw_.end()) return it->second.get();
     auto keep = device_alloc(t.nbytes());
-    PG_CUDA(cudaMemcpy(keep.get(), t.raw(), t.nbytes(), cudaMemcpyHostToDevice));
+    upload_weight(keep.get(), t.raw(), t.nbytes());
     return raw_.emplace(t.raw(), keep).first->second.get();
 }
 

@@ -5,6 +5,7 @@
 #include "io/generation_config.h"
 #include "kv/cache_manager.h"
 #include "model/parallel_models.h"
+#include "ops/diagnostics.h"
 #include "server/api_server.h"
 #include "tokenizer/byte_tokenizer.h"
 #include "util/error.h"
@@ -16,11 +17,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <pthread.h>
 #include <thread>
@@ -107,10 +110,19 @@ class StartupProgress {
 public:
     explicit StartupProgress(int stages) : stages_(stages), t0_(std::chrono::steady_clock::now()), last_(t0_) {}
     void begin(const std::string& what) {
+        std::lock_guard lk(mu_);
         what_ = what;
+        note_.clear();
+        draw(false);
+    }
+    // Redraws the stage with `note` after its name (from another thread while the stage runs).
+    void note(const std::string& note) {
+        std::lock_guard lk(mu_);
+        note_ = note;
         draw(false);
     }
     void done() {
+        std::lock_guard lk(mu_);
         ++done_;
         draw(true);
     }
@@ -121,16 +133,64 @@ private:
         const int width = 24, filled = width * done_ / stages_;
         std::string bar(static_cast<size_t>(filled), '#');
         bar.resize(static_cast<size_t>(width), '.');
-        std::fprintf(stderr, "\r  [%s] %d/%d %-28s", bar.c_str(), done_, stages_, what_.c_str());
+        std::fprintf(stderr, "\r  [%s] %d/%d %-28s %-34s", bar.c_str(), done_, stages_, what_.c_str(), note_.c_str());
         if (finished) {
             std::fprintf(stderr, "%6.2f s\n", std::chrono::duration<double>(now - last_).count());
             last_ = now;
         }
         std::fflush(stderr);
     }
+    std::mutex mu_;
     int stages_, done_ = 0;
-    std::string what_;
+    std::string what_, note_;
     std::chrono::steady_clock::time_point t0_, last_;
+};
+
+// The checkpoint's shard bytes (what the upload progress counts towards).
+size_t checkpoint_bytes(const std::string& dir) {
+    size_t total = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+        if (e.path().extension() == ".safetensors") total += static_cast<size_t>(e.file_size(ec));
+    return total;
+}
+
+// While the weights go to the device: the bytes uploaded so far and their rate, four times a second.
+class UploadMeter {
+public:
+    UploadMeter(StartupProgress& progress, const Diagnostics& d, size_t total)
+        : progress_(progress), d_(d), total_(total), base_(d.weight_bytes_uploaded()),
+          t0_(std::chrono::steady_clock::now()), thread_([this] { run(); }) {}
+    ~UploadMeter() { stop(); }
+    void stop() {
+        {
+            std::lock_guard lk(mu_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        if (thread_.joinable()) thread_.join();
+        show();
+    }
+
+private:
+    void run() {
+        std::unique_lock lk(mu_);
+        while (!cv_.wait_for(lk, std::chrono::milliseconds(250), [this] { return stop_; })) show();
+    }
+    void show() {
+        const double gb = static_cast<double>(d_.weight_bytes_uploaded() - base_) / 1e9;
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+        progress_.note(total_ > 0 ? fmt::format("{:.1f} of {:.1f} GB, {:.1f} GB/s", gb, total_ / 1e9, gb / s)
+                                  : fmt::format("{:.1f} GB, {:.1f} GB/s", gb, gb / s));
+    }
+    StartupProgress& progress_;
+    const Diagnostics& d_;
+    const size_t total_, base_;
+    const std::chrono::steady_clock::time_point t0_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool stop_ = false;
+    std::thread thread_;
 };
 
 int run_serve(ServeArgs& a) {
@@ -201,7 +261,10 @@ int run_serve(ServeArgs& a) {
     std::optional<DeviceMemoryPlan> plan;
     if (a.device == "cuda" && a.kv_memory.empty()) {
         progress.begin("weights to the device, warm-up");
+        UploadMeter meter(progress, *group.ranks().front()->backend().diagnostics(),
+                          a.synthetic.empty() ? checkpoint_bytes(a.model) : 0);
         plan = plan_device_memory(group.ranks(), a.mem_fraction_static, a.chunked_prefill);
+        meter.stop();
         progress.done();
     }
     progress.begin("state pages");

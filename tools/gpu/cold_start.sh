@@ -44,7 +44,7 @@ for run in disk cache; do
     sleep 0.2
   done
   echo "ready from the $run after $(since "$t") s"
-  tr '\r' '\n' <"$out/serve-$run.err" | grep -E "gpu memory|loaded in|kv memory" | sed 's/^/  /'
+  tr '\r' '\n' <"$out/serve-$run.err" | grep -E "gpu memory|loaded in|kv memory|\] [0-9]/[0-9] .* s$" | sed 's/^/  /'
   curl -s -m 60 localhost:30124/v1/completions -H 'Content-Type: application/json' \
     -d '{"prompt": "hello", "max_tokens": 4}' | head -c 200; echo
   kill $pid; wait $pid 2>/dev/null

@@ -41,7 +41,7 @@ struct ServeArgs {
         sampling_defaults = "model";
     int64_t swa_prefix_tails = -1;
     double shutdown_timeout = 30, mem_fraction_static = 0.88;
-    int port = 30000, max_running = 64, max_queued = 1024, chunked_prefill = 512, page_tokens = 16, dp = 1, ep = 1;
+    int port = 30000, max_running = 64, max_queued = 1024, chunked_prefill = 0, page_tokens = 16, dp = 1, ep = 1;
     int synthetic_layers = 4, synthetic_experts = 0;
     int grammar_compile_threads = 2, grammar_compile_queue = 32, max_connections = 4096;
     double grammar_compile_timeout = 5.0;
@@ -209,6 +209,8 @@ int run_serve(ServeArgs& a) {
     if (a.model.empty()) a.model = a.synthetic.empty() ? default_model_dir() : "synthetic-" + a.synthetic;
     const auto t0 = std::chrono::steady_clock::now();
     std::fprintf(stderr, "peregrine serve: loading %s (%s)\n", a.model.c_str(), a.device.c_str());
+    // 8K-token steps on a GPU (measured: docs/perf/h200-serve-40layers.md); the CPU's steps stay short.
+    if (a.chunked_prefill == 0) a.chunked_prefill = a.device == "cuda" ? 8192 : 512;
     StartupProgress progress(a.device == "cuda" && a.kv_memory.empty() ? 5 : 4);
     progress.begin("model weights");
     ModelOptions mo;
@@ -464,7 +466,8 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--max-running-requests", a->max_running)->check(CLI::Range(1, 1 << 20));
     cmd->add_option("--max-queued-requests", a->max_queued, "Waiting requests beyond which new ones get 429")
         ->check(CLI::Range(1, 1 << 24));
-    cmd->add_option("--chunked-prefill-size", a->chunked_prefill, "Tokens per step (prefill chunks and decodes)")
+    cmd->add_option("--chunked-prefill-size", a->chunked_prefill,
+                    "Tokens per step, prefill chunks and decodes (default 8192 on --device cuda, 512 on the CPU)")
         ->check(CLI::Range(1, 1 << 24));
     cmd->add_option("--kv-memory", a->kv_memory,
                     "State memory: bytes (512M, 2G) or a fraction of available memory (default 0.05; on a GPU "

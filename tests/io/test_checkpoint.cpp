@@ -246,6 +246,19 @@ TEST(Checkpoint, IndexNamingTheWrongShardIsRefused) {
     EXPECT_NE(msg.find("under 'model-00002-of-00002.safetensors' but lives in"), std::string::npos) << msg;
 }
 
+// A shard the index lists but the directory lacks is named before anything loads.
+TEST(Checkpoint, MissingShardIsNamed) {
+    ScratchModel m("dsv41-tiny-a");
+    fs::rename(m.dir / "model.safetensors", m.dir / "model-00001-of-00002.safetensors");
+    nlohmann::json idx;
+    idx["weight_map"]["embed.weight"] = "model-00001-of-00002.safetensors";
+    idx["weight_map"]["norm.weight"] = "model-00002-of-00002.safetensors";  // never written
+    std::string s = idx.dump();
+    write_file((m.dir / "model.safetensors.index.json").string(), s.data(), s.size());
+    std::string msg = error_of([&] { SafeTensors::open_dir(m.dir.string()); });
+    EXPECT_NE(msg.find("model-00002-of-00002.safetensors"), std::string::npos) << msg;
+}
+
 // Ids of a V4.1 configuration that the runtime indexes with are refused at load, naming the key (a candidate
 // block of 0 divided by zero, a compressed engram vocabulary of 0 too, a DSpark target beyond the layers read
 // outside the hidden states); keys of the wrong JSON type are named, never a library exception. Each case is also

@@ -76,6 +76,27 @@ std::vector<int32_t> RadixCache::key(std::span<const int32_t> tokens, int64_t pa
 
 void RadixCache::add_ref(Node* n) {
     if (n->refs++ == 0 && n != &root_ && on_device(n)) --stats_.evictable_pages;
+    unlist(n);
+}
+
+void RadixCache::unlist(Node* n) {
+    if (!n->listed) return;
+    evictable_.erase({n->listed_use, -n->row, n});
+    n->listed = false;
+}
+
+void RadixCache::relist(Node* n) {
+    unlist(n);
+    if (n == &root_ || !on_device(n) || n->refs != 0) return;
+    evictable_.insert({n->last_use, -n->row, n});
+    n->listed = true;
+    n->listed_use = n->last_use;
+}
+
+void RadixCache::touch(Node* n) {
+    unlist(n);
+    n->last_use = clock_;
+    relist(n);
 }
 
 void RadixCache::unlist_window(Node* n) {
@@ -111,6 +132,7 @@ void RadixCache::adopt(Node* c, const PageRow& row) {
     c->page[kHistoryPages] = row[kHistoryPages];
     ++stats_.cached_pages;
     if (c->refs == 0) ++stats_.evictable_pages;
+    relist(c);
     if (row[kWindowPages] >= 0) own_window(c, row[kWindowPages]);
 }
 
@@ -126,6 +148,7 @@ RadixCache::Node* RadixCache::add_child(Node* parent, std::vector<int32_t> token
     Node* raw = c.get();
     raw->tokens = &parent->children.emplace(std::move(tokens), std::move(c)).first->first;
     if (page[kWindowPages] >= 0) own_window(raw, page[kWindowPages]);
+    relist(raw);
     return raw;
 }
 
@@ -138,6 +161,7 @@ bool RadixCache::device_leaf(const Node* n) const {
 
 void RadixCache::free_device(Node* n) {
     if (!on_device(n)) return;
+    unlist(n);
     if (n->page[kWindowPages] >= 0) {
         unlist_window(n);
         --stats_.window_pages;
@@ -232,7 +256,7 @@ RadixCache::Match RadixCache::match(std::span<const int32_t> tokens, int64_t max
     ++clock_;
     for (Node* p : path) {  // locked first: making room below never evicts the path
         add_ref(p);
-        p->last_use = clock_;
+        p->last_use = clock_;  // unlisted while locked
     }
 
     // The window pages the caller reads that are on the device already are held first, so that making room
@@ -318,6 +342,7 @@ void RadixCache::unlock(Handle last) {
     for (Node* p = last; p && p != &root_; p = p->parent) {
         PEREGRINE_CHECK(p->refs > 0, "radix cache: unlock of an unlocked node");
         if (--p->refs == 0) ++stats_.evictable_pages;
+        relist(p);
     }
 }
 
@@ -354,7 +379,7 @@ void RadixCache::insert(std::span<const int32_t> tokens, std::span<const PageRow
             }
             n = c;
         }
-        n->last_use = clock_;
+        touch(n);
         path.push_back(n);
     }
     if (n != &root_) n->ends = true;
@@ -382,7 +407,7 @@ PrefixCache::Handle RadixCache::extend(Handle last, std::span<const int32_t> tok
             to_page = i;
             break;
         }
-        c->last_use = clock_;
+        touch(c);
         add_ref(c);  // locked by the sequence that is still using it
         if (c->page[kWindowPages] >= 0) hold_window(c);
         if (write_through_) backup(c, false);  // its window page goes as the sequence moves on
@@ -394,21 +419,21 @@ PrefixCache::Handle RadixCache::extend(Handle last, std::span<const int32_t> tok
 
 int64_t RadixCache::evict(int64_t want) {
     if (want <= 0 || stats_.evictable_pages == 0) return 0;
-    LruHeap leaves;
-    for (Node* n : subtree(&root_))
-        if (device_leaf(n)) leaves.push(n);
     int64_t freed = 0;
-    while (freed < want && !leaves.empty()) {
-        Node* n = leaves.top();
-        leaves.pop();
-        Node* parent = n->parent;
+    while (freed < want) {
+        Node* n = nullptr;  // the least recently used leaf (a row with a device row below it stays)
+        for (const auto& [use, row, x] : evictable_)
+            if (device_leaf(x)) {
+                n = x;
+                break;
+            }
+        if (!n) break;
         if (host_ && backing_up_ && backup(n, true))
             free_device(n);  // it lives on in host memory
         else
             erase(n);
         ++freed;
         ++stats_.evicted_pages;
-        if (device_leaf(parent)) leaves.push(parent);
     }
     flush_stores();
     return freed;

@@ -4,6 +4,9 @@
 // least recently used first. Window pages no sequence reads wait in a list of their own, least recently used
 // first, to be evicted alone when the window table runs short.
 //
+// Device rows no sequence uses are kept ordered least recently used first (deepest first among equals), so that an
+// eviction takes the oldest leaf without scanning the trie.
+//
 // With the hierarchical cache, a node's row may live on the device, in host memory or both: rows on the device
 // form the top of the trie (a device row's parent is on the device), host-only rows hang below them. Eviction
 // moves a device row to host memory (write_back; write_through copied it when it was cached) and drops host copies
@@ -16,6 +19,8 @@
 #include <cstdint>
 #include <list>
 #include <map>
+#include <set>
+#include <tuple>
 #include <memory>
 #include <span>
 #include <vector>
@@ -37,6 +42,8 @@ struct PrefixCache::Node {
     uint64_t last_use = 0;
     bool window_evictable = false;       // in the window list (it has a window page and window_refs is 0)
     std::list<Node*>::iterator window_lru;
+    bool listed = false;                 // in the evictable set, under listed_use
+    uint64_t listed_use = 0;
 };
 
 class RadixCache final : public PrefixCache {
@@ -66,6 +73,11 @@ private:
     void own_window(Node* n, int32_t page);  // n's window page is now `page`
     void list_window(Node* n);    // its window page becomes evictable, most recently used
     void unlist_window(Node* n);
+    // n's place in the evictable set after its use, references or device page changed (in it: on the device and
+    // no sequence uses it); unlist before its last_use changes.
+    void relist(Node* n);
+    void unlist(Node* n);
+    void touch(Node* n);  // used now
     Node* add_child(Node* parent, std::vector<int32_t> tokens, const PageRow& page, int64_t row);
     void adopt(Node* c, const PageRow& row);  // c, only in host memory, takes a sequence's row of the same tokens
     std::vector<int32_t> key(std::span<const int32_t> tokens, int64_t page) const;
@@ -92,6 +104,8 @@ private:
     Node root_;
     uint64_t clock_ = 0;
     std::list<Node*> window_lru_;  // evictable window pages, least recently used first
+    // Device rows no sequence uses: (last use, -row, node), least recently used and deepest first.
+    std::set<std::tuple<uint64_t, int64_t, Node*>> evictable_;
     mutable Stats stats_;
     bool write_through_ = false;
     bool backing_up_ = true;       // false while clear() drops everything

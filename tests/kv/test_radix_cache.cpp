@@ -125,6 +125,31 @@ TEST(RadixCache, EvictsLeastRecentlyUsedUnreferencedLeaves) {
     EXPECT_EQ(pool.used_pages(), 0);
 }
 
+// Eviction follows use through a shared prefix: the branch used last stays, the other goes leaf first, and the shared
+// rows go only after every branch below them (the evictable set is kept as rows are used, locked and freed).
+TEST(RadixCache, EvictionFollowsUseAcrossBranchesOfASharedPrefix) {
+    PagePool pool(memory, layout(), 32);
+    RadixCache cache(pool);
+    auto x = seq(16, 0), y = seq(16, 0);  // pages 0-1 shared, 2-3 their own
+    for (size_t i = 2 * P; i < y.size(); ++i) y[i] += 5000;
+    cache.insert(x, take(pool, 4), 4);
+    cache.insert(y, take(pool, 4), 4);  // its first two rows are x's: those go back to the pool
+    EXPECT_EQ(cache.stats().cached_pages, 6);
+    cache.unlock(cache.match(x, 100).last);  // x is the most recently used branch
+    EXPECT_EQ(cache.evict(2), 2);            // y's own rows
+    auto my = cache.match(y, 100);
+    EXPECT_EQ(my.pages.size(), 2u);  // the shared rows remain
+    cache.unlock(my.last);
+    cache.unlock(cache.match(x, 100).last);
+    EXPECT_EQ(cache.evict(1), 1);  // x's deepest row
+    auto m = cache.match(x, 100);
+    EXPECT_EQ(m.pages.size(), 3u);
+    cache.unlock(m.last);
+    EXPECT_EQ(cache.evict(3), 3);
+    EXPECT_EQ(cache.stats().cached_pages, 0);
+    EXPECT_EQ(pool.used_pages(), 0);
+}
+
 TEST(RadixCache, ParentOfLockedChildIsNotEvicted) {
     PagePool pool(memory, layout(), 32);
     ASSERT_EQ(layout().page_tokens, P);

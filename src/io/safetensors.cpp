@@ -71,7 +71,7 @@ SafeTensors SafeTensors::open_dir(const std::string& dir) {
 }
 
 void SafeTensors::add_file(const std::string& path) {
-    auto mf = std::make_unique<MappedFile>(path);
+    auto mf = MappedFile::shared(path);
     const uint8_t* base = mf->data();
     size_t size = mf->size();
     if (size < 8) fail("'{}' is too small to be a safetensors file", path);

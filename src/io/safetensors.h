@@ -43,7 +43,7 @@ public:
 
 private:
     std::string dir_;
-    std::vector<std::unique_ptr<MappedFile>> files_;
+    std::vector<std::shared_ptr<const MappedFile>> files_;  // shared with other loads of the same files
     std::map<std::string, TensorView> tensors_;
 };
 

@@ -5,9 +5,12 @@
 #include <cstring>
 #include <fcntl.h>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <tuple>
 #include <unistd.h>
 
 namespace peregrine {
@@ -50,6 +53,23 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
         data_ = static_cast<const uint8_t*>(p);
     }
     ::close(fd);
+}
+
+std::shared_ptr<const MappedFile> MappedFile::shared(const std::string& path) {
+    static std::mutex mu;
+    // A file rewritten since it was mapped (size or modification time) is mapped anew.
+    using Key = std::tuple<std::string, dev_t, ino_t, off_t, int64_t>;
+    static std::map<Key, std::weak_ptr<const MappedFile>> maps;
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) fail("cannot open '{}': {}", path, std::strerror(errno));
+    const Key key{path, st.st_dev, st.st_ino, st.st_size, st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec};
+    std::lock_guard<std::mutex> lock(mu);
+    std::erase_if(maps, [](const auto& e) { return e.second.expired(); });
+    auto& slot = maps[key];
+    if (auto m = slot.lock()) return m;
+    auto m = std::make_shared<const MappedFile>(path);
+    slot = m;
+    return m;
 }
 
 MappedFile::~MappedFile() {

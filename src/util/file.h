@@ -2,6 +2,7 @@
 // Whole-file reads and a read-only memory map (weights are used in place, never copied).
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,10 @@ public:
     const uint8_t* data() const { return data_; }
     size_t size() const { return size_; }
     const std::string& path() const { return path_; }
+
+    // The process's one map of the file at `path` (mapped anew once the file changes): every rank of a server reads
+    // the checkpoint through the same addresses, so what is pinned for the GPUs is pinned once.
+    static std::shared_ptr<const MappedFile> shared(const std::string& path);
 
 private:
     const uint8_t* data_ = nullptr;

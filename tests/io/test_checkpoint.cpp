@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <unistd.h>
+#include <cstring>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -151,6 +152,22 @@ TEST(Checkpoint, ShardedIndexIsFollowed) {
     write_file((m.dir / "model.safetensors.index.json").string(), s.data(), s.size());
     auto model = Model::load(m.dir.string());
     EXPECT_EQ(model->config().n_layers, 6);
+}
+
+// Every rank of a server loads the same checkpoint: they share one map of each file (what is pinned for the GPUs is
+// pinned once); another copy of the files, or a file rewritten since, is mapped on its own.
+TEST(Checkpoint, LoadsOfTheSameFilesShareOneMap) {
+    const std::string name = "layers.0.attn.wkv.weight";
+    SafeTensors a = SafeTensors::open_dir(fixture("dsv41-tiny-a"));
+    SafeTensors b = SafeTensors::open_dir(fixture("dsv41-tiny-a"));
+    EXPECT_EQ(a.require(name).data, b.require(name).data);
+    ScratchModel m("dsv41-tiny-a");
+    SafeTensors c = SafeTensors::open_dir(m.dir.string());
+    EXPECT_NE(c.require(name).data, a.require(name).data);
+    EXPECT_EQ(std::memcmp(c.require(name).data, a.require(name).data, a.require(name).nbytes), 0);
+    fs::resize_file(m.dir / "model.safetensors", fs::file_size(m.dir / "model.safetensors") + 4096);
+    SafeTensors d = SafeTensors::open_dir(m.dir.string());
+    EXPECT_NE(d.require(name).data, c.require(name).data);
 }
 
 // Values that once crashed or hung the server at its first request are refused at load, naming the key.

@@ -13,6 +13,7 @@
 #include "model/replay_run.h"
 #include "ops/cpu/cpu_backend.h"
 #include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/device_memory.h"
 #include "util/error.h"
 
 #include <gtest/gtest.h>
@@ -394,20 +395,34 @@ TEST_P(CudaModel, SwaBoundedReplayMatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::ValuesIn(kE2E),
                          [](const auto& info) { return fixture_test_name(info.param.fixture); });
 
-TEST(CudaEngram, HostPlacementMatchesDevice) {
+// Host placement: the GPU reads the tables where the checkpoint's map holds them (pinned in place), and a second
+// rank's model of the same checkpoint pins nothing more (one copy per node).
+TEST(CudaEngram, HostPlacementMatchesDeviceAndIsPinnedOnce) {
     REQUIRE_GPU();
     auto ids = read_ids(fixture_dir("dsv41-tiny-a") + "/cases/prefill.ids");
     std::vector<std::vector<float>> out;
-    for (const char* place : {"device", "host"}) {
+    std::vector<std::unique_ptr<Model>> models;
+    std::vector<size_t> pinned;
+    for (const char* place : {"device", "host", "host"}) {
         ModelOptions o;
         o.device = "cuda";
         o.engram_placement = place;
-        auto m = Model::load(fixture_dir("dsv41-tiny-a"), o);
-        SequenceRunner r(*m, static_cast<int64_t>(ids.size()));
+        models.push_back(Model::load(fixture_dir("dsv41-tiny-a"), o));
+        SequenceRunner r(*models.back(), static_cast<int64_t>(ids.size()));
         out.push_back(r.feed(ids, 0, true));
+        pinned.push_back(cuda::pinned_host_bytes());
     }
     EXPECT_EQ(out[0], out[1]);
-    std::printf("PARITY engram host placement == device placement: %s\n", out[0] == out[1] ? "yes" : "no");
+    EXPECT_EQ(out[1], out[2]);
+    size_t table_bytes = 0;
+    for (const auto& layer : models[1]->weights().layers)
+        if (layer.engram) table_bytes += layer.engram->table.nbytes() + layer.engram->table_scale.nbytes();
+    EXPECT_GE(pinned[1] - pinned[0], table_bytes);
+    EXPECT_EQ(pinned[2], pinned[1]) << "the second model of the same checkpoint pinned its tables again";
+    models.clear();
+    EXPECT_EQ(cuda::pinned_host_bytes(), pinned[0]) << "the last model's release unpins the tables";
+    std::printf("PARITY engram host placement == device placement: %s; pinned once: %zu bytes\n",
+                out[0] == out[1] ? "yes" : "no", pinned[1] - pinned[0]);
 }
 
 // --mem-fraction-static: the warm-up uploads every weight (later steps of other shapes upload nothing) and captures the

@@ -3,6 +3,7 @@
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/launch_stream.h"
 #include "util/error.h"
+#include "util/log.h"
 
 #include <cuda_runtime.h>
 
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <unistd.h>
 
 namespace peregrine::cuda {
 
@@ -216,6 +218,123 @@ std::shared_ptr<void> pinned_host_buffer(size_t bytes) {
         b = r;
     }
     return PinnedPool::get().take(b);
+}
+
+namespace {
+// Page ranges registered with cudaHostRegister, by start: their end and how many handles use them. Ranges are never
+// merged or split: a request overlapping registered pages registers only the gaps and holds every range it touches.
+struct PinRegistry {
+    std::mutex mu;
+    std::map<uintptr_t, std::pair<uintptr_t, int>> ranges;
+    std::map<const void*, std::weak_ptr<const void>> copies;  // the fallback's copies, by source
+    size_t bytes = 0;
+};
+PinRegistry& pin_registry() {
+    static auto* r = new PinRegistry;  // lives as long as the process, like the CUDA context
+    return *r;
+}
+
+void unpin(std::vector<uintptr_t> starts) {
+    PinRegistry& r = pin_registry();
+    std::lock_guard lk(r.mu);
+    for (uintptr_t a : starts) {
+        auto it = r.ranges.find(a);
+        if (--it->second.second > 0) continue;
+        cudaHostUnregister(reinterpret_cast<void*>(a));
+        r.bytes -= it->second.first - a;
+        r.ranges.erase(it);
+    }
+}
+
+// The fallback: one portable, mapped pinned copy per source, filled by every thread of the pool.
+std::shared_ptr<const void> pinned_copy(const void* host, size_t bytes) {
+    PinRegistry& r = pin_registry();
+    std::lock_guard lk(r.mu);
+    if (auto c = r.copies[host].lock()) return c;
+    void* p = nullptr;
+    PG_CUDA(cudaHostAlloc(&p, bytes, cudaHostAllocPortable | cudaHostAllocMapped));
+    parallel_for(static_cast<int64_t>(bytes), [&](int64_t i0, int64_t i1) {
+        std::memcpy(static_cast<uint8_t*>(p) + i0, static_cast<const uint8_t*>(host) + i0, static_cast<size_t>(i1 - i0));
+    }, int64_t(64) << 20);
+    void* dev = nullptr;
+    PG_CUDA(cudaHostGetDevicePointer(&dev, p, 0));
+    r.bytes += bytes;
+    std::shared_ptr<const void> c(dev, [p, bytes](const void*) {
+        cudaFreeHost(p);
+        PinRegistry& reg = pin_registry();
+        std::lock_guard l(reg.mu);
+        reg.bytes -= bytes;
+    });
+    r.copies[host] = c;
+    return c;
+}
+}  // namespace
+
+std::shared_ptr<const void> pin_host_memory(const void* host, size_t bytes) {
+    PEREGRINE_CHECK(bytes > 0, "pin_host_memory: nothing to pin");
+    static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t a = reinterpret_cast<uintptr_t>(host) / page * page;
+    const uintptr_t b = (reinterpret_cast<uintptr_t>(host) + bytes + page - 1) / page * page;
+    PinRegistry& r = pin_registry();
+    std::vector<uintptr_t> held;  // ranges this handle holds: those it overlaps, then the gaps it registers
+    bool pinned = true;
+    {
+        std::lock_guard lk(r.mu);
+        auto it = r.ranges.upper_bound(a);
+        if (it != r.ranges.begin() && std::prev(it)->second.first > a) --it;
+        std::vector<std::pair<uintptr_t, uintptr_t>> gaps;
+        uintptr_t at = a;
+        for (; it != r.ranges.end() && it->first < b; ++it) {
+            if (it->first > at) gaps.emplace_back(at, it->first);
+            held.push_back(it->first);
+            at = std::max(at, it->second.first);
+        }
+        if (at < b) gaps.emplace_back(at, b);
+        std::vector<uintptr_t> registered;
+        for (auto [g0, g1] : gaps) {
+            // Read-only where the device supports it (a checkpoint is mapped without write access); plain otherwise.
+            void* g = reinterpret_cast<void*>(g0);
+            const unsigned flags = cudaHostRegisterMapped | cudaHostRegisterPortable;
+            if (cudaHostRegister(g, g1 - g0, flags | cudaHostRegisterReadOnly) != cudaSuccess &&
+                (cudaGetLastError(), cudaHostRegister(g, g1 - g0, flags) != cudaSuccess)) {
+                cudaGetLastError();
+                pinned = false;
+                break;
+            }
+            registered.push_back(g0);
+            r.ranges[g0] = {g1, 0};
+            r.bytes += g1 - g0;
+        }
+        // Kernels read through the host address itself (unified addressing), across registrations.
+        void* dev = nullptr;
+        if (pinned && (cudaHostGetDevicePointer(&dev, const_cast<void*>(host), 0) != cudaSuccess || dev != host)) {
+            cudaGetLastError();
+            pinned = false;
+        }
+        if (!pinned) {
+            for (uintptr_t g : registered) {
+                cudaHostUnregister(reinterpret_cast<void*>(g));
+                r.bytes -= r.ranges[g].first - g;
+                r.ranges.erase(g);
+            }
+            held.clear();
+        } else {
+            held.insert(held.end(), registered.begin(), registered.end());
+            for (uintptr_t h : held) ++r.ranges[h].second;
+        }
+    }
+    if (!pinned) {
+        spdlog::warn("{:.2f} GB of host memory could not be pinned in place: the GPUs read a pinned copy",
+                     static_cast<double>(bytes) / 1e9);
+        return pinned_copy(host, bytes);
+    }
+    return std::shared_ptr<const void>(host, [held](const void*) { unpin(held); });
+}
+
+size_t pinned_host_bytes() {
+    PinRegistry& r = pin_registry();
+    std::lock_guard lk(r.mu);
+    return r.bytes;
 }
 
 Tensor to_host_pinned(const Tensor& dev, double* wait_ms) {

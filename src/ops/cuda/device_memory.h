@@ -20,6 +20,14 @@ size_t weight_bytes_uploaded();
 // Page-locked host memory of at least `bytes` from a reused pool (results copied back every step).
 std::shared_ptr<void> pinned_host_buffer(size_t bytes);
 
+// Host memory the GPUs read over the bus (Engram tables placed on the host), pinned where it lies: no copy, and one
+// registration per process however many ranks' backends read the same bytes (ranks share the checkpoint's map).
+// The handle's pointer is what kernels read through; the last handle of a range unpins it. Where the system refuses
+// to pin the memory in place, one pinned copy is made (and shared) instead.
+std::shared_ptr<const void> pin_host_memory(const void* host, size_t bytes);
+// Bytes pinned or copied by pin_host_memory and still held, process-wide.
+size_t pinned_host_bytes();
+
 // A typed device copy of a host vector (kept alive by `keep`).
 template <typename T>
 struct DevArray {

@@ -10,10 +10,6 @@
 
 namespace peregrine::cuda {
 
-WeightCache::~WeightCache() {
-    for (void* p : pinned_) cudaFreeHost(p);
-}
-
 const void* WeightCache::raw(const Tensor& t) {
     if (t.device() == Device::CUDA) return t.raw();
     auto it = raw_.find(t.raw());
@@ -116,19 +112,9 @@ const float* WeightCache::rope(const AttentionLayerInfo& info) {
 
 std::pair<const uint8_t*, const uint8_t*> WeightCache::engram_table(const EngramWeight& w) {
     if (engram_ == EngramPlacement::Host) {
-        auto it = raw_.find(w.table.raw());
-        if (it == raw_.end()) {
-            // Pinned, mapped host copies of the table and its scales; the GPU reads them over the bus.
-            for (const Tensor* t : {&w.table, &w.table_scale}) {
-                void* p = nullptr;
-                PG_CUDA(cudaHostAlloc(&p, t->nbytes(), cudaHostAllocMapped));
-                std::memcpy(p, t->raw(), t->nbytes());
-                pinned_.push_back(p);
-                void* dp = nullptr;
-                PG_CUDA(cudaHostGetDevicePointer(&dp, p, 0));
-                raw_.emplace(t->raw(), std::shared_ptr<void>(dp, [](void*) {}));
-            }
-        }
+        for (const Tensor* t : {&w.table, &w.table_scale})
+            if (!raw_.count(t->raw()))
+                raw_.emplace(t->raw(), std::const_pointer_cast<void>(pin_host_memory(t->raw(), t->nbytes())));
         return {static_cast<const uint8_t*>(raw_.at(w.table.raw()).get()),
                 static_cast<const uint8_t*>(raw_.at(w.table_scale.raw()).get())};
     }

@@ -28,7 +28,6 @@ class WeightCache {
 public:
     WeightCache(const ModelConfig& cfg, const ModelFormat& format, EngramPlacement engram)
         : cfg_(cfg), format_(format), engram_(engram) {}
-    ~WeightCache();
     WeightCache(const WeightCache&) = delete;
     WeightCache& operator=(const WeightCache&) = delete;
 
@@ -63,7 +62,6 @@ private:
     std::unordered_map<const void*, std::shared_ptr<void>> raw_, f32_, tables_, engram_gate_, groups_;
     std::unordered_map<const void*, ExpertTables> experts_;
     std::map<std::pair<double, bool>, std::shared_ptr<void>> ropes_;
-    std::vector<void*> pinned_;  // host-placed engram tables
 };
 
 }  // namespace peregrine::cuda

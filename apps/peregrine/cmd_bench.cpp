@@ -27,7 +27,8 @@ namespace {
 constexpr double kFp8DensePeakTflops = 1979.0;  // H100/H200 SXM datasheet, dense e4m3
 
 struct BenchArgs {
-    std::string synthetic = "v41-flash", device = "cuda", json;
+    std::string synthetic = "v41-flash", device = "cuda", json, engram_placement = "device";
+    bool synthetic_engram = false;  // V4.1-Flash's engram layers with tables of the release's row count
     int layers = 6, experts = 384, steps = 3, ep = 1;
     bool balanced = false;
     bool device_sampling = false;  // sample on the device instead of copying the logits to the host
@@ -221,8 +222,10 @@ int run_bench(const BenchArgs& a) {
     PEREGRINE_CHECK(a.synthetic == "v41-flash", "--synthetic: only v41-flash is available");
     PEREGRINE_CHECK(a.device == "cuda", "bench engine measures the CUDA backend (--device cuda)");
     ModelConfig cfg = synthetic_v41_flash_config(a.layers, a.experts);
+    if (a.synthetic_engram) add_synthetic_engram(cfg);
     ModelOptions opts;
     opts.device = "cuda";
+    opts.engram_placement = a.engram_placement;
     auto t0 = std::chrono::steady_clock::now();
     auto model = Model::synthetic(cfg, opts);
     const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -234,6 +237,19 @@ int run_bench(const BenchArgs& a) {
     std::fflush(stdout);
     std::printf("bench engine: %s, %d layers (%d experts), balanced routing %s; synthetic weights in %.1f s\n",
                 be.device_name().c_str(), a.layers, a.experts, a.balanced ? "on" : "off", load_s);
+    if (a.synthetic_engram) {
+        std::string layers, rows;
+        for (size_t i = 0; i < cfg.engram_layer_ids.size(); ++i) {
+            layers += fmt::format("{}{}", i ? ", " : "", cfg.engram_layer_ids[i]);
+            rows += fmt::format("{}{}", i ? ", " : "", cfg.engram_num_embeddings[i]);
+        }
+        std::printf("engram layers %s: tables of %s rows (one shared table, %.1f GB) in %s memory\n",
+                    layers.c_str(), rows.c_str(),
+                    static_cast<double>(*std::max_element(cfg.engram_num_embeddings.begin(),
+                                                          cfg.engram_num_embeddings.end())) *
+                        (cfg.engram_head_dim + cfg.engram_head_dim / 32) / 1e9,
+                    a.engram_placement == "host" ? "pinned host" : "device");
+    }
     std::printf("measured device-to-device copy: %.0f GB/s (read + write); FP8 dense peak (datasheet): %.0f TFLOP/s\n",
                 bw, kFp8DensePeakTflops);
     const StateBytes sb = state_bytes(*model);
@@ -259,6 +275,9 @@ int run_bench(const BenchArgs& a) {
     out["device_sampling"] = a.device_sampling || a.overlap;
     out["overlap"] = a.overlap;
     out["balanced_routing"] = a.balanced;
+    out["engram_layers"] = cfg.engram_layer_ids;
+    out["engram_rows"] = cfg.engram_num_embeddings;
+    out["engram_placement"] = a.engram_placement;
     out["copy_bandwidth_gbs"] = bw;
     out["cuda_graphs"] = be.graphs();
     out["fp8_dense_peak_tflops"] = kFp8DensePeakTflops;
@@ -428,6 +447,11 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--layers", a->layers, "Layers (cover the attention roles in order)")->check(CLI::Range(1, 40));
     cmd->add_option("--experts", a->experts, "Routed experts per layer (384 in the release)");
     cmd->add_flag("--balanced-routing", a->balanced, "Every expert equally loaded");
+    cmd->add_flag("--synthetic-engram", a->synthetic_engram,
+                  "V4.1-Flash's engram layers (1 and 14) with tables of the release's row count (one 101 GB table "
+                  "shared by both)");
+    cmd->add_option("--engram-placement", a->engram_placement, "Engram tables in device or pinned host memory")
+        ->check(CLI::IsMember({"device", "host"}));
     cmd->add_flag("--device-sampling", a->device_sampling,
                   "Decode steps sample every row on the device (top-p 0.95, seeded) instead of copying the logits");
     cmd->add_flag(
@@ -450,6 +474,7 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--ep", a->ep, "Expert-parallel ranks (GPUs 0..N-1; batches and prefill tokens are per GPU)")
         ->check(CLI::Range(1, 64));
     cmd->callback([a, &exit_code] {
+        PEREGRINE_CHECK(!(a->synthetic_engram && a->ep > 1), "--synthetic-engram: measured on one GPU (no --ep)");
         PEREGRINE_CHECK(!(a->overlap && a->ep > 1),
                         "--overlap: expert-parallel ranks step without the overlapped schedule");
         if (a->ep == 1) {

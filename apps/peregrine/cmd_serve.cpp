@@ -43,6 +43,7 @@ struct ServeArgs {
     double shutdown_timeout = 30, mem_fraction_static = 0.88;
     int port = 30000, max_running = 64, max_queued = 1024, chunked_prefill = 0, page_tokens = 16, dp = 1, ep = 1;
     int synthetic_layers = 4, synthetic_experts = 0;
+    bool synthetic_engram = false;
     int grammar_compile_threads = 2, grammar_compile_queue = 32, max_connections = 4096;
     double grammar_compile_timeout = 5.0;
     ExpertParallelOptions ep_opts;
@@ -60,7 +61,8 @@ struct ServeArgs {
 // shard's name, size and a sample of its bytes (reading all of a large checkpoint would take minutes).
 std::string model_identity(const ServeArgs& a) {
     if (!a.synthetic.empty())
-        return fmt::format("synthetic {} layers {} experts {}", a.synthetic, a.synthetic_layers, a.synthetic_experts);
+        return fmt::format("synthetic {} layers {} experts {}{}", a.synthetic, a.synthetic_layers, a.synthetic_experts,
+                           a.synthetic_engram ? " engram" : "");
     namespace fs = std::filesystem;
     std::string id = read_file(a.model + "/config.json");
     std::vector<fs::path> shards;
@@ -232,8 +234,9 @@ int run_serve(ServeArgs& a) {
     if (a.synthetic.empty()) {
         group = ParallelModels::load(a.model, mo, a.ep_opts);
     } else {  // a release's dimensions and formats with made-up weights (serving benchmarks at real sizes)
-        group.models.push_back(
-            Model::synthetic(synthetic_preset_config(a.synthetic, a.synthetic_layers, a.synthetic_experts), mo));
+        ModelConfig cfg = synthetic_preset_config(a.synthetic, a.synthetic_layers, a.synthetic_experts);
+        if (a.synthetic_engram) add_synthetic_engram(cfg);
+        group.models.push_back(Model::synthetic(cfg, mo));
     }
     Model* model = group.models[0].get();
     progress.done();
@@ -459,6 +462,9 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--synthetic-experts", a->synthetic_experts,
                     "Routed experts per layer of the synthetic model (default: the release's, 384 or 256)")
         ->check(CLI::Range(6, 4096));
+    cmd->add_flag("--synthetic-engram", a->synthetic_engram,
+                  "Give the synthetic V4.1-Flash model its engram layers (1 and 14), with tables of the release's row "
+                  "count (one 101 GB table shared by both)");
     cmd->add_option("--tokenizer", a->tokenizer, "tokenizer.json (default: the model's; bytes when it has none)");
     cmd->add_option("--host", a->host, "Address to listen on");
     cmd->add_option("--port", a->port, "Port (0: any free port)")->check(CLI::Range(0, 65535));

@@ -81,7 +81,10 @@ std::vector<std::vector<int64_t>> engram_primes(const ModelConfig& cfg) {
     return primes;
 }
 
-EngramTables load_engram_tables(const ModelConfig& cfg, const std::string& model_dir) {
+namespace {
+
+// Primes, offsets and multipliers, all derived from the config.
+EngramTables derived_tables(const ModelConfig& cfg) {
     EngramTables t;
     t.max_ngram = cfg.engram_max_ngram_size;
     t.n_heads = cfg.engram_n_heads;
@@ -98,10 +101,24 @@ EngramTables load_engram_tables(const ModelConfig& cfg, const std::string& model
                  cfg.engram_layer_ids[l], sum, cfg.engram_num_embeddings[l]);
         t.offsets.push_back(off);
     }
-
     for (int layer : cfg.engram_layer_ids)
         t.multipliers.push_back(engram_multipliers(layer, t.max_ngram, cfg.engram_compressed_vocab_size));
+    return t;
+}
 
+}  // namespace
+
+EngramTables synthetic_engram_tables(const ModelConfig& cfg) {
+    EngramTables t = derived_tables(cfg);
+    t.token_map.resize(static_cast<size_t>(cfg.vocab_size));
+    for (size_t i = 0; i < t.token_map.size(); ++i)
+        t.token_map[i] = static_cast<int32_t>(i % static_cast<size_t>(cfg.engram_compressed_vocab_size));
+    t.pad = t.token_map.at(static_cast<size_t>(cfg.engram_pad_id));
+    return t;
+}
+
+EngramTables load_engram_tables(const ModelConfig& cfg, const std::string& model_dir) {
+    EngramTables t = derived_tables(cfg);
     const std::string path = model_dir + "/engram_tables.json";
     if (file_exists(path)) {
         nlohmann::json j;

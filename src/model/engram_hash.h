@@ -26,6 +26,9 @@ struct EngramTables {
 // models have no real tokenizer); derived values are cross-checked against it.
 EngramTables load_engram_tables(const ModelConfig& cfg, const std::string& model_dir);
 
+// A synthetic model's hashing: the derived primes and multipliers, token id i in class i mod the compressed vocabulary.
+EngramTables synthetic_engram_tables(const ModelConfig& cfg);
+
 // The reference's hash multipliers of one engram layer: odd, bounded so that id * multiplier fits int64.
 std::vector<int64_t> engram_multipliers(int layer_id, int max_ngram, int64_t compressed_vocab);
 

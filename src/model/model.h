@@ -35,7 +35,8 @@ class Model {
 public:
     // Loads config.json and the safetensors checkpoint from `dir`, validating every tensor first.
     static std::unique_ptr<Model> load(const std::string& dir, const ModelOptions& opts = {});
-    // A model with made-up weights in the released formats (benchmarks at real dimensions); no engram.
+    // A model with made-up weights in the released formats (benchmarks at real dimensions); its engram layers (if
+    // the config has them) share one table.
     static std::unique_ptr<Model> synthetic(const ModelConfig& cfg, const ModelOptions& opts = {}, uint64_t seed = 1);
 
     const ModelConfig& config() const { return cfg_; }
@@ -97,6 +98,9 @@ ModelConfig synthetic_v41_flash_config(int layers, int n_routed_experts = 384);
 // DeepSeek-V4-Flash's dimensions with `layers` layers in its pattern: two window-only layers, then CSA (ratio 4,
 // indexer) and HCA (ratio 128) in turn; the first three route by token id. No MTP layer.
 ModelConfig synthetic_v4_flash_config(int layers, int n_routed_experts = 256);
+// V4.1-Flash's engram layers (1 and 14, those of cfg's layers) with the release's hashing and table row counts
+// (384,006,168 and 384,016,682 rows of 256 bytes: 98 GB each).
+void add_synthetic_engram(ModelConfig& cfg);
 // The synthetic models by name, as serve --synthetic and synth-checkpoint take them; experts 0: the release's
 // count (384 for V4.1-Flash, 256 for V4-Flash).
 inline constexpr const char* synthetic_presets() { return "v41-flash, v4-flash"; }

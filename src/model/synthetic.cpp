@@ -98,6 +98,25 @@ ModelConfig synthetic_v4_flash_config(int layers, int n_routed_experts) {
     return c;
 }
 
+void add_synthetic_engram(ModelConfig& c) {
+    PEREGRINE_CHECK(c.arch == ModelArch::DeepseekV41, "engram layers are V4.1's");
+    for (int l : {1, 14})
+        if (l < c.n_layers) c.engram_layer_ids.push_back(l);
+    PEREGRINE_CHECK(!c.engram_layer_ids.empty(), "V4.1-Flash's engram layers are 1 and 14: give at least 2 layers");
+    c.engram_max_ngram_size = 4;
+    c.engram_n_heads = 8;
+    c.engram_head_dim = 256;
+    c.engram_vocab_size = 16000000;
+    c.engram_pad_id = 2;
+    c.engram_compressed_vocab_size = 99092;
+    c.engram_num_embeddings.clear();
+    for (const auto& layer : engram_primes(c)) {  // the release's row counts follow from its primes
+        int64_t rows = 0;
+        for (int64_t p : layer) rows += p;
+        c.engram_num_embeddings.push_back(rows);
+    }
+}
+
 ModelConfig synthetic_preset_config(const std::string& preset, int layers, int n_routed_experts) {
     if (preset == "v41-flash") return synthetic_v41_flash_config(layers, n_routed_experts ? n_routed_experts : 384);
     if (preset == "v4-flash") return synthetic_v4_flash_config(layers, n_routed_experts ? n_routed_experts : 256);
@@ -105,11 +124,11 @@ ModelConfig synthetic_preset_config(const std::string& preset, int layers, int n
 }
 
 std::unique_ptr<Model> Model::synthetic(const ModelConfig& cfg, const ModelOptions& opts, uint64_t seed) {
-    PEREGRINE_CHECK(cfg.engram_layer_ids.empty(), "synthetic models have no engram tables");
     std::unique_ptr<Model> m(new Model());
     m->dir_ = "<synthetic>";
     m->cfg_ = cfg;
     m->w_ = synthetic_model_weights(cfg, seed);
+    if (!cfg.engram_layer_ids.empty()) m->engram_ = synthetic_engram_tables(cfg);
     m->set_up(opts);
     return m;
 }

@@ -2,6 +2,7 @@
 #include "util/error.h"
 #include "util/thread_pool.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fmt/format.h>
 
@@ -23,6 +24,19 @@ Tensor WeightLoader::tensor(const std::string& name, DType dtype, std::vector<in
     const TensorView& t = st_.require(name, dtype, shape);
     return Tensor::view(t.dtype, t.shape, t.data);
 }
+Tensor WeightLoader::engram_table(const std::string& name, DType dtype, int64_t rows, int64_t width) {
+    if (!synthetic_) return tensor(name, dtype, {rows, width});
+    PEREGRINE_CHECK(!inventory_, "synthetic checkpoints have no engram tables ('{}')", name);
+    // Every layer sees the whole table (rows beyond its own count are never hashed to): one tensor, one shape, so
+    // that a backend's copy of it is made once and holds every row.
+    const auto& n = cfg_.engram_num_embeddings;
+    const int64_t most = *std::max_element(n.begin(), n.end());
+    PEREGRINE_CHECK(rows <= most, "engram table '{}' of {} rows", name, rows);
+    Tensor& t = engram_tables_[dtype];
+    if (t.empty()) t = synthetic(name, dtype, {most, width});
+    return t;
+}
+
 Tensor WeightLoader::param(const std::string& name, std::vector<int64_t> shape) {
     if (synthetic_) return synthetic(name, DType::BF16, std::move(shape));
     const TensorView& t = st_.require(name);
@@ -226,8 +240,8 @@ EngramWeight load_engram(WeightLoader& L, const std::string& p, size_t index) {
     e.head_dim = cfg.engram_head_dim;
     e.n_cols = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads;
     const int64_t rows = cfg.engram_num_embeddings.at(index);
-    e.table = L.tensor(p + "engram.embed.weight", DType::E4M3, {rows, e.head_dim});
-    e.table_scale = L.tensor(p + "engram.embed.scale", DType::E8M0, {rows, e.head_dim / 32});
+    e.table = L.engram_table(p + "engram.embed.weight", DType::E4M3, rows, e.head_dim);
+    e.table_scale = L.engram_table(p + "engram.embed.scale", DType::E8M0, rows, e.head_dim / 32);
     e.wkv = L.fp8(p + "engram.wkv", (hc + 1) * D, e.n_cols * e.head_dim);
     e.q_weight = L.param(p + "engram.q_weight", {hc, D});
     e.k_weight = L.param(p + "engram.k_weight", {hc, D});

@@ -7,6 +7,7 @@
 #include "ops/weights.h"
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,9 @@ public:
         : cfg_(cfg), st_(empty_), synthetic_(true), seed_(seed), inventory_(inventory) {}
 
     Tensor tensor(const std::string& name, DType dtype, std::vector<int64_t> shape);
+    // An engram table [rows, width]. A synthetic model's engram layers share one, made once at the config's largest
+    // row count: the release's two (203 GB) fit neither one GPU nor the host memory of one GPU machine.
+    Tensor engram_table(const std::string& name, DType dtype, int64_t rows, int64_t width);
     // A norm or small parameter stored as BF16 or F32.
     Tensor param(const std::string& name, std::vector<int64_t> shape);
     // Block-scaled e4m3 weights [out, in] with ue8m0 tile scales.
@@ -59,6 +63,7 @@ private:
     bool synthetic_ = false;
     uint64_t seed_ = 0;
     std::vector<SyntheticTensor>* inventory_ = nullptr;
+    std::map<DType, Tensor> engram_tables_;  // synthetic: the one table and its scales
 };
 
 // The blocks every release has, under the prefix p ("layers.3.", "mtp.0.").

@@ -8,6 +8,7 @@
 #include "util/error.h"
 #include "util/file.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -190,6 +191,35 @@ std::string run_cli(const std::string& args, int* rc) {
     while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
     *rc = ::pclose(p);
     return out;
+}
+
+// V4.1-Flash's engram for synthetic models: layers 1 and 14 with the release's hashing and row counts; the layers
+// read one table (made at the largest row count), and the model runs.
+TEST(SyntheticEngram, TheReleasesLayersAndRowCounts) {
+    ModelConfig c = synthetic_v41_flash_config(15, 8);
+    add_synthetic_engram(c);
+    EXPECT_EQ(c.engram_layer_ids, (std::vector<int>{1, 14}));
+    EXPECT_EQ(c.engram_num_embeddings, (std::vector<int64_t>{384006168, 384016682}));
+    ModelConfig one = synthetic_v41_flash_config(1, 8);
+    EXPECT_THROW(add_synthetic_engram(one), Error);
+}
+
+TEST(SyntheticEngram, LayersShareOneTableAndRun) {
+    ModelConfig c = load_model_config(test::fixture_dir("dsv41-tiny-a"));  // engram layers of their own sizes
+    ASSERT_EQ(c.engram_layer_ids.size(), 2u);
+    ASSERT_NE(c.engram_num_embeddings[0], c.engram_num_embeddings[1]);
+    auto m = Model::synthetic(c);
+    const EngramWeight& a = *m->weights().layers[static_cast<size_t>(c.engram_layer_ids[0])].engram;
+    const EngramWeight& b = *m->weights().layers[static_cast<size_t>(c.engram_layer_ids[1])].engram;
+    EXPECT_EQ(a.table.raw(), b.table.raw());
+    EXPECT_EQ(a.table_scale.raw(), b.table_scale.raw());
+    // One shape too (a backend copies a table once, keyed by its address): every row of the larger table.
+    EXPECT_EQ(a.table.shape(), b.table.shape());
+    EXPECT_EQ(a.table.dim(0), std::max(c.engram_num_embeddings[0], c.engram_num_embeddings[1]));
+    const std::vector<float> logits = run(*m);
+    for (float v : logits) ASSERT_TRUE(std::isfinite(v));
+    // A checkpoint of it would write every table: synth-checkpoint refuses.
+    EXPECT_THROW(synthetic_inventory(c, 1), Error);
 }
 
 TEST(SynthCheckpointCli, Refusals) {

@@ -323,6 +323,13 @@ int run_serve(ServeArgs& a) {
     eo.context_length = a.context_length;
     if (a.disable_overlap_schedule) eo.overlap_schedule = 0;
     Engine engine(group.ranks(), &*tok, eo);
+    if (plan) {  // the pages are allocated: what the device holds now, against the plan
+        plan->state_allocated = static_cast<size_t>(pages) * layout.page_bytes[kHistoryPages] +
+                                static_cast<size_t>(eo.window_pages) * layout.page_bytes[kWindowPages];
+        const Diagnostics::MemoryUse u = model->backend().diagnostics()->memory_use(false);
+        plan->in_use = u.device_used;
+        plan->pool_kept = u.pool_reserved > u.used_now ? u.pool_reserved - u.used_now : 0;
+    }
     progress.done();
     progress.begin("http server");
 
@@ -356,7 +363,11 @@ int run_serve(ServeArgs& a) {
         {"memory_plan", plan ? nlohmann::json{{"device", plan->device}, {"total_bytes", plan->total},
                                               {"weight_bytes", plan->weights},
                                               {"activation_bytes", plan->activations},
-                                              {"state_bytes", plan->state}, {"left_bytes", plan->left}}
+                                              {"state_bytes", plan->state}, {"left_bytes", plan->left},
+                                              {"graph_bytes", plan->graphs},
+                                              {"state_allocated_bytes", plan->state_allocated},
+                                              {"pool_kept_bytes", plan->pool_kept},
+                                              {"in_use_bytes", plan->in_use}}
                              : nlohmann::json()},
         {"page_size", layout.page_tokens},
         {"max_total_num_tokens", engine.kv_tokens()},

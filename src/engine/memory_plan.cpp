@@ -51,10 +51,17 @@ void capture_decode_graphs(Model& m, const std::vector<int>& sizes) {
 }  // namespace
 
 std::string DeviceMemoryPlan::describe() const {
-    return fmt::format("{} {}: weights {}, activations {} (a {}-token step), CUDA graphs {}, state pages {} "
-                       "(--mem-fraction-static {}), {} left; warm-up {:.1f} s",
-                       device, gib(total), gib(weights), gib(activations), chunk_tokens, gib(graphs), gib(state),
-                       fraction, gib(left), warmup_s);
+    std::string s = fmt::format("{} {}: weights {}, activations {} (a {}-token step), CUDA graphs {}, state pages {} "
+                                "(--mem-fraction-static {}), {} left; warm-up {:.1f} s",
+                                device, gib(total), gib(weights), gib(activations), chunk_tokens, gib(graphs),
+                                gib(state), fraction, gib(left), warmup_s);
+    if (in_use == 0) return s;
+    // What the device shows in use (nvidia-smi), item by item: the rest is the CUDA context and the libraries'
+    // workspaces.
+    const size_t known = weights + graphs + state_allocated + pool_kept;
+    return s + fmt::format("; in use at ready {} = weights + graphs + state pages {} + freed activations kept {} + "
+                           "CUDA context and libraries {}",
+                           gib(in_use), gib(state_allocated), gib(pool_kept), gib(in_use > known ? in_use - known : 0));
 }
 
 DeviceMemoryPlan plan_device_memory(const std::vector<Model*>& ranks, double fraction, int chunk_tokens) {

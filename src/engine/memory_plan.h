@@ -20,6 +20,9 @@ struct DeviceMemoryPlan {
     size_t state = 0;        // for state pages: fraction x total - weights
     size_t left = 0;         // free once the state pages are taken (activations, graphs)
     double warmup_s = 0;
+    // Once the state pages are allocated (ready to serve): the device's memory in use, what the pages took, and what
+    // the stream-ordered pool keeps mapped beyond the weights (freed activations, kept for the next step).
+    size_t in_use = 0, state_allocated = 0, pool_kept = 0;
     std::string describe() const;
 };
 

@@ -31,9 +31,11 @@ public:
     // Free device memory, and a device-to-device copy's bandwidth (bytes read plus written per second, GB/s).
     virtual size_t free_memory() const = 0;
     // The device's memory, and the bytes of its stream-ordered pool in use now and at most since the last reset
-    // (weights and activations come from that pool; state pages do not). `reset_peak` restarts the peak at now.
+    // (weights and activations come from that pool; state pages do not), what the pool holds mapped (in use or kept
+    // for the next step), and the whole device's use (the context included: what nvidia-smi shows). `reset_peak`
+    // restarts the peak at now.
     struct MemoryUse {
-        size_t total = 0, used_now = 0, used_peak = 0;
+        size_t total = 0, used_now = 0, used_peak = 0, pool_reserved = 0, device_used = 0;
     };
     virtual MemoryUse memory_use(bool reset_peak) = 0;
     // Parameters (and their tables) copied to the device so far: a warm-up that uploads every weight leaves no

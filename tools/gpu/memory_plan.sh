@@ -20,15 +20,8 @@ for args in "--mem-fraction-static 0.05" "--mem-fraction-static 0.99 --chunked-p
   echo "refusal ($args): exit $? :: $(grep -m1 -iE 'error|does not fit|lower' "$out/refuse.err")"
 done
 
-t0=$(date +%s.%N)
-"$bin/peregrine" serve "${model[@]}" --port 30123 --max-running-requests 64 "${@:5}" >"$out/serve.out" \
-  2>"$out/serve.err" &
-pid=$!
-until grep -q listening "$out/serve.out" 2>/dev/null; do
-  kill -0 $pid 2>/dev/null || { echo "serve died"; tail -5 "$out/serve.err"; exit 1; }
-  sleep 0.5
-done
-echo "ready after $(python3 -c "import sys; print(round(float(sys.argv[1]) - float(sys.argv[2]), 1))" "$(date +%s.%N)" "$t0") s"
+source "$(dirname "$0")/serve_lib.sh"
+start_serve "$out" 30123 "${model[@]}" --max-running-requests 64 "${@:5}" || exit 1
 grep -E "kv memory|gpu memory|loaded in" "$out/serve.err"
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader | sed 's/^/nvidia-smi: /'
 curl -s localhost:30123/server_info >"$out/server_info.json"
@@ -38,5 +31,4 @@ timeout 400 "$bin/peregrine" bench serve --url http://127.0.0.1:30123 --input-le
 echo "bench serve exit $?"
 cat "$out/bench_8k_c64.txt"
 curl -s localhost:30123/metrics | grep -E "^peregrine:(num_running_reqs|token_usage|num_used_tokens)" || true
-kill $pid
-wait $pid 2>/dev/null
+stop_serve

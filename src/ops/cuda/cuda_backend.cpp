@@ -531,6 +531,10 @@ Diagnostics::MemoryUse CudaBackend::memory_use(bool reset_peak) {
     PG_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &peak));
     m.used_now = static_cast<size_t>(now);
     m.used_peak = static_cast<size_t>(peak);
+    m.device_used = m.total - free;
+    uint64_t reserved = 0;
+    PG_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+    m.pool_reserved = static_cast<size_t>(reserved);
     if (reset_peak) {
         uint64_t zero = 0;  // the driver restarts the high-water mark at the current use
         PG_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero));

@@ -107,6 +107,8 @@ void PagePool::release(SeqState& s) {
     for (const PageRow& row : s.pages) free(row);
     s.pages.clear();
     s.carry.reset();
+    s.step_carries.clear();
+    s.step_carries_from = -1;
 }
 
 void PagePool::init(SeqState& s) {
@@ -132,6 +134,28 @@ void PagePool::restore(SeqState& s, int64_t n_tokens) {
     if (!s.carry) s.carry = carries_.take();
     if (s.carry)  // stream-ordered after the step that wrote the snapshot
         memory_.copy(s.carry.get(), layout_.snapshot(s, n_tokens / P - 1), layout_.carry_bytes);
+}
+
+bool PagePool::keep_step_carries(SeqState& s, int n_tokens) {
+    while (static_cast<int>(s.step_carries.size()) < n_tokens + 1) {
+        CarrySlot c = carries_.take();
+        if (!c && layout_.carry_bytes > 0) return false;
+        s.step_carries.push_back(std::move(c));
+    }
+    return true;
+}
+
+void PagePool::cut(SeqState& s, int64_t n_tokens) {
+    const int64_t i = n_tokens - s.step_carries_from;
+    PEREGRINE_CHECK(s.step_carries_from >= 0 && i >= 0 && n_tokens <= s.n_cached &&
+                        i < static_cast<int64_t>(s.step_carries.size()),
+                    "a sequence can be cut only within its last speculative step ({} tokens, step from {}, cut at {})",
+                    s.n_cached, s.step_carries_from, n_tokens);
+    if (layout_.carry_bytes > 0)  // stream-ordered after the step that wrote it
+        memory_.copy(s.carry.get(), s.step_carries[static_cast<size_t>(i)].get(), layout_.carry_bytes);
+    s.tokens.resize(static_cast<size_t>(n_tokens));
+    s.n_cached = n_tokens;
+    s.step_carries_from = -1;
 }
 
 }  // namespace peregrine

@@ -79,6 +79,11 @@ public:
     // The sequence as it was after its first n_tokens tokens (a page boundary: the carry from that page's
     // snapshot); its pages and token history must cover them.
     void restore(SeqState& s, int64_t n_tokens);
+    // Carry slots for a speculative step of up to n_tokens (SeqState::step_carries); false if state memory is short.
+    bool keep_step_carries(SeqState& s, int n_tokens);
+    // The sequence as it was after its first n_tokens tokens, a position of its last (speculative) step: the carry
+    // as of there, the token history cut. What the step wrote beyond is rewritten when those positions are fed again.
+    void cut(SeqState& s, int64_t n_tokens);
 
 private:
     void attach(SeqState& s) const;  // the sequence's table bases: this pool's

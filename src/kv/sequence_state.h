@@ -44,6 +44,11 @@ struct SeqState {
     int64_t n_cached = 0;           // tokens whose state is in the pages
     int64_t window_floor = 0;       // window K=V below it was never computed (encoder SWA bounded replay)
     CarrySlot carry;                // compressor partial groups, in state memory (PagePool::init / restore)
+    // Speculative steps (BatchSeq::speculative): the carry as of each position of the last step, step_carries[i]
+    // after its first i tokens (from position step_carries_from), written by the backend, so that the sequence can
+    // be cut back to any of them when drafts are rejected (PagePool::cut).
+    std::vector<CarrySlot> step_carries;
+    int64_t step_carries_from = -1;
 };
 
 }  // namespace peregrine

@@ -107,6 +107,17 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
         s.state->tokens.resize(static_cast<size_t>(s.start_pos));
         for (int i = 0; i < s.n_tokens; ++i)
             s.state->tokens.push_back(batch.token_ids[static_cast<size_t>(s.row0 + i)]);
+        s.state->step_carries_from = -1;
+        if (s.speculative) {  // every position's carry starts as the step's (each compressor writes its own part)
+            PEREGRINE_CHECK(be.writes_step_carries(), "the {} backend does not verify drafts yet", be.name());
+            PEREGRINE_CHECK(static_cast<int>(s.state->step_carries.size()) > s.n_tokens && s.replay_from == 0,
+                            "a speculative step needs a carry slot per position (and no decoder replay)");
+            if (layout_.carry_bytes > 0)
+                for (int i = 0; i <= s.n_tokens; ++i)
+                    be.state_memory().copy(s.state->step_carries[static_cast<size_t>(i)].get(), s.state->carry.get(),
+                                           layout_.carry_bytes);
+            s.state->step_carries_from = s.start_pos;
+        }
     }
     auto scratch = be.begin_step(batch);
     Tensor h = be.embed(w_.embed, batch.token_ids);

@@ -82,6 +82,8 @@ public:
     // Its roles beside the compute ops: the memory state pages and carries live in (host memory for the CPU
     // backend, device memory for CUDA), its sampler, and what tools can ask of it (null: nothing).
     virtual StateMemory& state_memory() = 0;
+    // Whether its compressors write the carry as of each position of a speculative sequence (BatchSeq::speculative).
+    virtual bool writes_step_carries() const { return false; }
     virtual DeviceSampler& sampler() = 0;
     virtual Diagnostics* diagnostics() { return nullptr; }
 

@@ -19,6 +19,9 @@ struct BatchSeq {
     // positions below replay_from skip the layers after the last KV source (Model::forward).
     int64_t window_floor = 0;
     int64_t replay_from = 0;
+    // Drafts under verification: the backend writes the carry as of each position into state->step_carries (which
+    // must hold n_tokens + 1 slots), so that rejected positions can be cut off (PagePool::cut).
+    bool speculative = false;
 };
 
 // What a step computes, as the scheduler decided: every sequence feeds one token (decode: row i is sequence i), none

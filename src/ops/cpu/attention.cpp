@@ -109,6 +109,9 @@ static std::vector<Emitted> run_compressor(const ModelConfig& cfg, const StateLa
                 std::memcpy(layout.snapshot(*s.state, pos / layout.page_tokens) + carry_offset, kv_state,
                             sizeof(float) * static_cast<size_t>(2 * slots * width));
             }
+            if (s.speculative)  // as of this position, for a cut after rejected drafts
+                std::memcpy(s.state->step_carries.at(static_cast<size_t>(i + 1)).get() + carry_offset, kv_state,
+                            sizeof(float) * static_cast<size_t>(2 * slots * width));
         }
     }
     return out;

@@ -23,6 +23,7 @@ public:
     std::unique_ptr<StepScratch> begin_step(const ForwardBatch& batch) override;
     std::unique_ptr<StepScratch> narrow_step(StepScratch& scratch, const std::vector<int>& rows) override;
     StateMemory& state_memory() override { return memory_; }
+    bool writes_step_carries() const override { return true; }
     DeviceSampler& sampler() override { return sampler_; }
     Tensor first_stream_mix(int T) override;
     Tensor gather_rows(const Tensor& x, const std::vector<int>& rows) override;

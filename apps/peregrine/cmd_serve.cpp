@@ -44,6 +44,8 @@ struct ServeArgs {
     int port = 30000, max_running = 64, max_queued = 1024, chunked_prefill = 0, page_tokens = 16, dp = 1, ep = 1;
     int synthetic_layers = 4, synthetic_experts = 0;
     bool synthetic_engram = false;
+    std::string speculative_algorithm;
+    int speculative_num_draft_tokens = 0;
     int grammar_compile_threads = 2, grammar_compile_queue = 32, max_connections = 4096;
     double grammar_compile_timeout = 5.0;
     ExpertParallelOptions ep_opts;
@@ -322,6 +324,17 @@ int run_serve(ServeArgs& a) {
     }
     eo.context_length = a.context_length;
     if (a.disable_overlap_schedule) eo.overlap_schedule = 0;
+    if (a.speculative_algorithm == "mtp" || a.speculative_algorithm == "nextn")
+        fail("--speculative-algorithm {}: drafting with V4's MTP layers is not available yet (V4.1 models draft with "
+             "dspark)", a.speculative_algorithm);
+    if (a.speculative_algorithm == "dspark") {
+        PEREGRINE_CHECK(model->has_dspark(), "--speculative-algorithm dspark: {} has no DSpark head", a.model);
+        eo.speculative_draft_tokens =
+            a.speculative_num_draft_tokens > 0 ? a.speculative_num_draft_tokens : cfg.dspark_block_size;
+    } else {
+        PEREGRINE_CHECK(a.speculative_num_draft_tokens == 0,
+                        "--speculative-num-draft-tokens needs --speculative-algorithm");
+    }
     Engine engine(group.ranks(), &*tok, eo);
     if (plan) {  // the pages are allocated: what the device holds now, against the plan
         plan->state_allocated = static_cast<size_t>(pages) * layout.page_bytes[kHistoryPages] +
@@ -359,6 +372,9 @@ int run_serve(ServeArgs& a) {
         {"served_model_name", ao.served_model_name},
         {"device", a.device},
         {"engram_placement", a.engram_placement},
+        {"speculative_algorithm",
+         a.speculative_algorithm.empty() ? nlohmann::json() : nlohmann::json(a.speculative_algorithm)},
+        {"speculative_num_draft_tokens", eo.speculative_draft_tokens},
         {"mem_fraction_static", plan ? nlohmann::json(a.mem_fraction_static) : nlohmann::json()},
         {"memory_plan", plan ? nlohmann::json{{"device", plan->device}, {"total_bytes", plan->total},
                                               {"weight_bytes", plan->weights},
@@ -546,6 +562,13 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
                     "The file backend's directory (local NVMe or a shared filesystem); entries survive restarts");
     cmd->add_option("--hicache-storage-url", a->hicache_storage_url,
                     "The redis backend's server: redis://host:port or unix:///path (default redis://127.0.0.1:6379)");
+    cmd->add_option("--speculative-algorithm", a->speculative_algorithm,
+                    "dspark: V4.1's DSpark head drafts tokens that the next step verifies, for greedy requests (the "
+                    "same outputs; the CPU backend so far); mtp/nextn: V4's MTP (not available yet)")
+        ->check(CLI::IsMember({"dspark", "mtp", "nextn"}));
+    cmd->add_option("--speculative-num-draft-tokens", a->speculative_num_draft_tokens,
+                    "Drafts per step (default: the DSpark head's block)")
+        ->check(CLI::Range(1, 64));
     cmd->add_flag("--disable-overlap-schedule", a->disable_overlap_schedule,
                   "Wait for each step's tokens before building the next (by default, with cuda, the next step is "
                   "enqueued while the GPU runs the current one)");

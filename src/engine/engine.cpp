@@ -63,7 +63,7 @@ struct Engine::Impl {
              o.radix_cache, o.hicache, o.swa_replay),
           output(scheduler, tok, m.config().eos_token_id, m.config().vocab_size, o.context_length),
           scheduler(kv, {o.max_running_requests, o.chunked_prefill_size, o.context_length}, output),
-          runner(m, kv, tok, o.overlap_schedule) {
+          runner(m, kv, tok, o.overlap_schedule, o.speculative_draft_tokens, o.drafter) {
         output.publish_gauges(kv);
         trace.on = switch_is("PEREGRINE_ENGINE_TRACE", "1");
         thread = std::thread([this] { loop(); });
@@ -107,6 +107,7 @@ struct Engine::Impl {
         // Without the overlapped schedule this step, the launched step's tokens are needed first.
         const bool overlap = runner.overlapping(scheduler.running());
         if (!overlap) output.process(runner.drain());
+        runner.draft(scheduler.running());
         ScheduledBatch batch = scheduler.schedule();
         const double build = ms_since(t0);
         if (batch.empty()) {
@@ -244,6 +245,17 @@ Engine::Engine(std::vector<Model*> ranks, const Tokenizer* tok, EngineOptions op
     PEREGRINE_CHECK(opts_.context_length > 1, "context length must be at least 2 tokens");
     PEREGRINE_CHECK(opts_.kv_pages > 0, "the engine needs at least one state page");
     PEREGRINE_CHECK(opts_.max_running_requests > 0, "max running requests must be positive");
+    if (opts_.speculative_draft_tokens > 0) {
+        const ModelConfig& c = model_.config();
+        PEREGRINE_CHECK(opts_.drafter || model_.has_dspark(),
+                        "speculative decoding drafts with a DSpark head, which {} has not", c.model_type);
+        PEREGRINE_CHECK(opts_.drafter || opts_.speculative_draft_tokens <= c.dspark_block_size,
+                        "{} draft tokens: the DSpark head drafts {} at a time", opts_.speculative_draft_tokens,
+                        c.dspark_block_size);
+        PEREGRINE_CHECK(model_.backend().writes_step_carries(),
+                        "speculative decoding does not run on the {} backend yet", model_.backend().name());
+        PEREGRINE_CHECK(ranks.size() == 1, "speculative decoding does not run with expert parallelism yet");
+    }
     for (Model* m : ranks) {
         PEREGRINE_CHECK(ranks.size() == 1 || (m->expert_parallel() &&
                                               m->expert_parallel()->comm().size() == static_cast<int>(ranks.size())),

@@ -11,6 +11,7 @@
 #include "util/error.h"
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <thread>
 
@@ -30,6 +31,12 @@ struct EngineOptions {
     // input ids read on the device from the current step's samples. -1: where the backend samples
     // asynchronously (CUDA); 0: off; 1: on (any backend: the same tokens, tests).
     int overlap_schedule = -1;
+    // Speculative decoding (V4.1's DSpark head): up to this many drafts per step for each greedy request, verified
+    // by the next forward step (0: off). Greedy outputs are the same with and without.
+    int speculative_draft_tokens = 0;
+    // Where drafts come from: null, the model's DSpark head; else up to k tokens to follow `seq` (a request's prompt
+    // and output so far), from another drafter (tests give an oracle).
+    std::function<std::vector<int32_t>(const std::vector<int32_t>& seq, int k)> drafter;
 };
 
 // The waiting queue is full (HTTP 429).

@@ -29,7 +29,8 @@ double Histogram::quantile(double q) const {
 }
 
 EngineStats::EngineStats()
-    : ttft(latency_buckets()), itl(latency_buckets()), e2e(latency_buckets()), queue_time(latency_buckets()) {}
+    : ttft(latency_buckets()), itl(latency_buckets()), e2e(latency_buckets()), queue_time(latency_buckets()),
+      spec_accept_length({1, 2, 3, 4, 5, 6, 7, 8}) {}
 
 void Histogram::merge(const Histogram& o) {
     for (size_t i = 0; i < counts.size() && i < o.counts.size(); ++i) counts[i] += o.counts[i];
@@ -77,6 +78,10 @@ void EngineStats::merge(const EngineStats& o) {
     cache_hit_rate =
         prompt_tokens_total ? static_cast<double>(cached_tokens_total) / static_cast<double>(prompt_tokens_total) : 0.0;
     gen_throughput += o.gen_throughput;
+    spec_verify_total += o.spec_verify_total;
+    spec_draft_tokens_total += o.spec_draft_tokens_total;
+    spec_accepted_tokens_total += o.spec_accepted_tokens_total;
+    spec_accept_length.merge(o.spec_accept_length);
     ttft.merge(o.ttft);
     itl.merge(o.itl);
     e2e.merge(o.e2e);

@@ -33,6 +33,8 @@ struct EngineStats {
     uint64_t storage_writes_total = 0, storage_writes_dropped_total = 0, storage_corrupt_total = 0;
     uint64_t preemptions_total = 0, steps_total = 0;
     uint64_t steps_overlapped = 0;  // steps enqueued before the previous step's tokens were on the host
+    // Speculative decoding: verify steps of a request, drafts they verified and accepted.
+    uint64_t spec_verify_total = 0, spec_draft_tokens_total = 0, spec_accepted_tokens_total = 0;
     // Gauges.
     int64_t running = 0, queued = 0;
     int64_t pages_total = 0, pages_used = 0, pages_cached = 0, pages_evictable = 0, page_tokens = 0;
@@ -43,6 +45,7 @@ struct EngineStats {
     double gen_throughput = 0.0;  // generated tokens per second over the last few seconds
     // Histograms (seconds).
     Histogram ttft, itl, e2e, queue_time;
+    Histogram spec_accept_length;  // tokens a verify step emits (accepted drafts + the target's own)
 
     EngineStats();
     // Adds another rank's figures (data-parallel ranks): counters, gauges and histograms summed, ratios

@@ -11,12 +11,14 @@ double ms_since(EngineClock::time_point t) {
 }
 }  // namespace
 
-ModelRunner::ModelRunner(Model& model, CacheManager& kv, const Tokenizer* tok, int overlap_schedule)
-    : model_(model), kv_(kv), tok_(tok), overlap_schedule_(overlap_schedule), vocab_(model.config().vocab_size),
-      eos_(model.config().eos_token_id) {}
+ModelRunner::ModelRunner(Model& model, CacheManager& kv, const Tokenizer* tok, int overlap_schedule,
+                         int draft_tokens, Drafter drafter)
+    : model_(model), kv_(kv), tok_(tok), overlap_schedule_(overlap_schedule), draft_tokens_(draft_tokens),
+      drafter_(std::move(drafter)), vocab_(model.config().vocab_size), eos_(model.config().eos_token_id) {}
 
 bool ModelRunner::overlapping(const std::list<RequestPtr>& running) const {
-    if (overlap_schedule_ == 0 || model_.expert_parallel()) return false;
+    // A verify step's next step depends on what it accepted.
+    if (overlap_schedule_ == 0 || draft_tokens_ > 0 || model_.expert_parallel()) return false;
     if (overlap_schedule_ < 0 && !model_.backend().sampler().async()) return false;
     for (auto& r : running)
         if (!r->overlappable()) return false;
@@ -72,20 +74,63 @@ StepOutput ModelRunner::take_samples(Launched& l, const std::vector<RequestPtr>&
     return out;
 }
 
+void ModelRunner::draft(const std::list<RequestPtr>& running) {
+    for (auto& r : running) {
+        r->drafts.clear();
+        if (draft_tokens_ == 0 || !r->draftable() || r->to_feed() != 1 || r->pending || r->kv.state.n_cached == 0)
+            continue;
+        // The drafts go up to the token limit: the target's token after the last draft comes with them.
+        const int64_t room = r->params.max_new_tokens - r->completion - 1;
+        const int k = static_cast<int>(std::min<int64_t>(draft_tokens_, room));
+        if (k <= 0) continue;
+        if (drafter_) {
+            r->drafts = drafter_(r->seq, k);
+        } else {
+            DraftResult d = model_.draft(r->kv.state, r->seq.back());
+            r->drafts.assign(d.ids.begin() + 1, d.ids.end());
+        }
+        if (static_cast<int>(r->drafts.size()) > k) r->drafts.resize(static_cast<size_t>(k));
+        for (int32_t& t : r->drafts) PEREGRINE_CHECK(t >= 0 && t < vocab_, "draft token {} out of range", t);
+    }
+}
+
+std::vector<TokenOutput> ModelRunner::verify(Request& r, const ScheduledBatch::Entry& e, const float* first) {
+    std::vector<TokenOutput> out;
+    std::vector<float> row;
+    const int saved = r.pending;
+    int accepted = 0;
+    for (int i = 0; i <= e.drafts; ++i) {
+        r.pending = saved + i;  // min_new_tokens counts the tokens before it
+        out.push_back(choose(r, first + static_cast<int64_t>(i) * vocab_, row));
+        if (i == e.drafts || out.back().id != r.drafts[static_cast<size_t>(i)]) break;
+        ++accepted;
+    }
+    r.pending = saved;
+    // Positions from the first rejected draft on hold what it left: cut them (fed again as the right tokens come).
+    if (accepted < e.drafts) kv_.cut(r.kv, e.start + e.n_tokens - e.drafts + accepted);
+    r.drafts.clear();
+    return out;
+}
+
 StepOutput ModelRunner::run(const ScheduledBatch& sb, bool overlap) {
     // The forward batch: every entry's known tokens, and a token on its way as a deferred id.
     ForwardBatch batch;
     batch.mode = sb.mode;
     std::vector<int> logit_rows;
     std::vector<RequestPtr> fed, sampled;
+    std::vector<const ScheduledBatch::Entry*> sampled_entry;
+    std::vector<int64_t> first_row;  // sampled[i]'s first logits row (a verify step has one per draft besides)
     for (const auto& e : sb.entries) {
         Request& r = *e.request;
         const int64_t known = static_cast<int64_t>(r.seq.size());
         const int row0 = batch.rows();
         batch.seqs.push_back({&r.kv.state, e.start, e.n_tokens, row0});
         batch.seqs.back().replay_from = r.kv.replay_from;
+        batch.seqs.back().speculative = e.drafts > 0;
         for (int64_t pos = e.start; pos < e.start + e.n_tokens; ++pos) {
-            if (pos < known) {
+            if (e.drafts > 0 && pos >= known) {  // a draft
+                batch.token_ids.push_back(r.drafts.at(static_cast<size_t>(pos - known)));
+            } else if (pos < known) {
                 batch.token_ids.push_back(r.seq[static_cast<size_t>(pos)]);
             } else {
                 batch.token_ids.push_back(DeviceSampler::deferred_id(r.sample_row));
@@ -94,8 +139,10 @@ StepOutput ModelRunner::run(const ScheduledBatch& sb, bool overlap) {
         }
         fed.push_back(e.request);
         if (e.sampled) {
-            logit_rows.push_back(row0 + e.n_tokens - 1);
+            first_row.push_back(static_cast<int64_t>(logit_rows.size()));
+            for (int d = e.drafts; d >= 0; --d) logit_rows.push_back(row0 + e.n_tokens - 1 - d);
             sampled.push_back(e.request);
+            sampled_entry.push_back(&e);
         }
     }
 
@@ -128,13 +175,15 @@ StepOutput ModelRunner::run(const ScheduledBatch& sb, bool overlap) {
         }
         return out;
     }
-    share_pages(fed);
     forward_ms_ += ms_since(tf);
     const auto tw = EngineClock::now();
     std::vector<TokenOutput> chosen(sampled.size());
+    std::vector<std::vector<TokenOutput>> verified(sampled.size());  // verify steps' tokens
     std::vector<size_t> device_rows, host_rows;
-    for (size_t i = 0; i < sampled.size(); ++i)
+    for (size_t i = 0; i < sampled.size(); ++i) {
+        PEREGRINE_CHECK(!on_device || sampled_entry[i]->drafts == 0, "drafts are verified on the host");
         (on_device && !sampled[i]->params.processor ? device_rows : host_rows).push_back(i);
+    }
     Tensor host_logits = logits;  // row j: sampled[host_rows[j]]
     if (on_device && !host_rows.empty())
         host_logits = sampler.rows_to_host(logits, std::vector<int>(host_rows.begin(), host_rows.end()));
@@ -150,12 +199,22 @@ StepOutput ModelRunner::run(const ScheduledBatch& sb, bool overlap) {
         std::vector<float> row;
         for (int64_t j = j0; j < j1; ++j) {
             const size_t i = host_rows[static_cast<size_t>(j)];
-            const int64_t src = on_device ? j : static_cast<int64_t>(i);
-            chosen[i] = choose(*sampled[i], host_logits.f32() + src * static_cast<int64_t>(vocab_), row);
+            const int64_t src = on_device ? j : first_row[i];
+            const float* l = host_logits.f32() + src * static_cast<int64_t>(vocab_);
+            if (sampled_entry[i]->drafts > 0) verified[i] = verify(*sampled[i], *sampled_entry[i], l);
+            else chosen[i] = choose(*sampled[i], l, row);
         }
     });
     wait_ms_ += ms_since(tw);  // the synchronous sample (or the host's choice) waits for the logits
-    for (size_t i = 0; i < sampled.size(); ++i) out.tokens.emplace_back(sampled[i], std::move(chosen[i]));
+    share_pages(fed);  // after verify steps cut what their rejected drafts wrote
+    for (size_t i = 0; i < sampled.size(); ++i) {
+        if (sampled_entry[i]->drafts == 0) {
+            out.tokens.emplace_back(sampled[i], std::move(chosen[i]));
+            continue;
+        }
+        out.verified.push_back({sampled_entry[i]->drafts, static_cast<int>(verified[i].size()) - 1});
+        for (TokenOutput& t : verified[i]) out.tokens.emplace_back(sampled[i], std::move(t));
+    }
     return out;
 }
 

@@ -8,6 +8,7 @@
 #include "engine/scheduler.h"
 #include "model/model.h"
 
+#include <functional>
 #include <list>
 #include <optional>
 #include <vector>
@@ -19,12 +20,23 @@ struct StepOutput {
     std::vector<std::pair<RequestPtr, TokenOutput>> tokens;
     bool stepped = false;     // a forward step ran
     bool overlapped = false;  // and was enqueued before the previous step's ids were on the host
+    struct Verified {
+        int drafts = 0, accepted = 0;
+    };
+    std::vector<Verified> verified;  // per verify step of a request: drafts and how many the target accepted
 };
 
 class ModelRunner {
 public:
-    // overlap_schedule: -1 where the backend samples asynchronously, 0 off, 1 on (EngineOptions).
-    ModelRunner(Model& model, CacheManager& kv, const Tokenizer* tok, int overlap_schedule);
+    // overlap_schedule: -1 where the backend samples asynchronously, 0 off, 1 on (EngineOptions); draft_tokens:
+    // speculative decoding's drafts per step (0: none).
+    using Drafter = std::function<std::vector<int32_t>(const std::vector<int32_t>& seq, int k)>;
+    ModelRunner(Model& model, CacheManager& kv, const Tokenizer* tok, int overlap_schedule, int draft_tokens = 0,
+                Drafter drafter = nullptr);
+
+    // Drafts the next tokens of every running request that decodes and may be verified (Request::drafts), with
+    // the drafter, or else the model's DSpark head.
+    void draft(const std::list<RequestPtr>& running);
 
     // Whether the next step may be enqueued before the launched one's ids are on the host: the option allows it,
     // and no running request needs host code or the exact history for its logits.
@@ -58,11 +70,16 @@ private:
     // r's next token from its logits row on the host (grammar mask, then the device sampler's adjustments and draw).
     TokenOutput choose(Request& r, const float* raw, std::vector<float>& row) const;
     TokenOutput token_output(SampleResult&& s) const;
+    // A verify step's tokens for r: the target's choice at its token and at each draft while the drafts match
+    // (rows from `first`), then the sequence cut back to what they accepted.
+    std::vector<TokenOutput> verify(Request& r, const ScheduledBatch::Entry& e, const float* first);
 
     Model& model_;
     CacheManager& kv_;
     const Tokenizer* tok_;
     int overlap_schedule_;
+    int draft_tokens_;
+    Drafter drafter_;
     int vocab_;
     int32_t eos_;
     std::optional<Launched> launched_;

@@ -22,6 +22,12 @@ void OutputProcessor::process(StepOutput out) {
     }
     std::lock_guard lk(mu_);
     if (out.stepped) ++st_.steps_total;
+    for (const auto& v : out.verified) {
+        ++st_.spec_verify_total;
+        st_.spec_draft_tokens_total += static_cast<uint64_t>(v.drafts);
+        st_.spec_accepted_tokens_total += static_cast<uint64_t>(v.accepted);
+        st_.spec_accept_length.observe(v.accepted + 1);
+    }
     if (out.overlapped) ++st_.steps_overlapped;
     tp_tokens_ += generated;
     const double window = seconds(now - tp_window_);

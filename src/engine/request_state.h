@@ -47,6 +47,9 @@ struct Request {
     int sample_row = -1;
     int64_t deferred_pos = -1;
 
+    // Speculative decoding: the drafted tokens after the last one of seq, verified by the next step.
+    std::vector<int32_t> drafts;
+
     EngineClock::time_point arrival, last_token;
     bool got_first = false;
 
@@ -61,6 +64,13 @@ struct Request {
     // Whether the overlapped schedule may sample it: its logits need no host code and its penalties no
     // knowledge of the tokens still on their way.
     bool overlappable() const { return !params.processor && !params.sampling.has_penalties(); }
+    // Whether drafts may be verified for it: greedy, its next token read from its logits alone (no grammar, bias,
+    // penalties), so that the target's choice at every drafted position is known from one forward step.
+    bool draftable() const {
+        const auto& s = params.sampling;
+        return s.temperature <= 0 && !params.processor && !s.has_penalties() && s.logit_bias.empty() &&
+               !params.logprobs && completion >= params.min_new_tokens;
+    }
 };
 
 using RequestPtr = std::shared_ptr<Request>;

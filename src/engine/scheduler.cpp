@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fmt/format.h>
+#include <utility>
 
 namespace peregrine {
 
@@ -80,9 +81,20 @@ ScheduledBatch Scheduler::schedule() {
         if (r->pending &&
             (r->completion + r->pending >= r->params.max_new_tokens || tokens >= opts_.context_length))
             continue;  // the token on its way surely ends it
-        const int take = static_cast<int>(std::min<int64_t>(r->to_feed(), budget));
+        // A decoding request's drafts go with its token when the budget and the context take them all.
+        int drafts = !r->drafts.empty() && r->to_feed() == 1 && !r->pending &&
+                                   1 + static_cast<int>(r->drafts.size()) <= budget &&
+                                   tokens + static_cast<int64_t>(r->drafts.size()) < opts_.context_length &&
+                                   kv_.keep_step_carries(r->kv, 1 + static_cast<int>(r->drafts.size()))
+                               ? static_cast<int>(r->drafts.size())
+                               : 0;
+        int take = static_cast<int>(std::min<int64_t>(r->to_feed(), budget)) + drafts;
         const int64_t start = r->kv.state.n_cached;
         bool ok = kv_.reserve(r->kv, start + take);
+        if (!ok && drafts > 0) {  // no page for the drafts: the token alone, before anyone is preempted
+            take -= std::exchange(drafts, 0);
+            ok = kv_.reserve(r->kv, start + take);
+        }
         while (!ok) {
             // Preempt the newest running request that is not in this batch (possibly r itself).
             RequestPtr victim;
@@ -105,7 +117,7 @@ ScheduledBatch Scheduler::schedule() {
             ok = kv_.reserve(r->kv, start + take);
         }
         if (!ok) continue;
-        batch.entries.push_back({r, start, take, start + take == tokens});
+        batch.entries.push_back({r, start, take, start + take - drafts == tokens, drafts});
         in_batch.push_back(r);
         budget -= take;
     }

@@ -40,6 +40,7 @@ struct ScheduledBatch {
         int64_t start = 0;  // its state holds this many tokens
         int n_tokens = 0;
         bool sampled = false;
+        int drafts = 0;  // its last n_tokens are drafts to verify (speculative decoding)
     };
     BatchMode mode = BatchMode::mixed;
     std::vector<Entry> entries;  // decodes first, then prefill chunks

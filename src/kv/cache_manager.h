@@ -65,6 +65,10 @@ public:
     int64_t admit(CachedSequence& s, std::span<const int32_t> tokens);
     // Pages to cover n_tokens, evicting unused cached pages as needed; false (nothing allocated) when short.
     bool reserve(CachedSequence& s, int64_t n_tokens);
+    // Speculative steps (PagePool::keep_step_carries, PagePool::cut): carry slots for a step of n_tokens, and the
+    // sequence cut back to its first n_tokens after the drafts beyond were rejected.
+    bool keep_step_carries(CachedSequence& s, int n_tokens) { return pool_.keep_step_carries(s.state, n_tokens); }
+    void cut(CachedSequence& s, int64_t n_tokens) { pool_.cut(s.state, n_tokens); }
     // The pages of its first known_tokens tokens (whole pages) go to the prefix cache, the others to the pool.
     void release(CachedSequence& s, int64_t known_tokens);
     // Shares its completed pages (up to known_tokens) with the cache while it runs, so that concurrent requests

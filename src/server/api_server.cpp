@@ -236,6 +236,9 @@ struct ApiServer::Impl {
                          {"pages_cached", st.pages_cached},   {"window_pages_total", st.window_pages_total},
                          {"window_pages_used", st.window_pages_used}, {"window_pages_cached", st.window_pages_cached},
                          {"token_usage", st.token_usage},     {"cache_hit_rate", st.cache_hit_rate}};
+        if (engine.options().speculative_draft_tokens > 0)  // SGLang's avg_spg_accept_length: tokens per verify
+            info["avg_spec_accept_length"] =
+                st.spec_verify_total ? st.spec_accept_length.sum / static_cast<double>(st.spec_verify_total) : 0.0;
         r.body = dump(info);
     }
 

@@ -103,6 +103,14 @@ std::string prometheus_text(const EngineStats& s, const std::string& model_name)
     histogram(o, "inter_token_latency_seconds", "Time between consecutive tokens of a request.", l, s.itl);
     histogram(o, "e2e_request_latency_seconds", "Arrival to finish.", l, s.e2e);
     histogram(o, "queue_time_seconds", "Arrival to first admission.", l, s.queue_time);
+    metric(o, "spec_verify_total", "counter", "Speculative verify steps (per request).", l,
+           static_cast<double>(s.spec_verify_total));
+    metric(o, "spec_draft_tokens_total", "counter", "Draft tokens verified.", l,
+           static_cast<double>(s.spec_draft_tokens_total));
+    metric(o, "spec_accepted_tokens_total", "counter", "Draft tokens the target accepted.", l,
+           static_cast<double>(s.spec_accepted_tokens_total));
+    histogram(o, "spec_accept_length", "Tokens a verify step gives a request (accepted drafts + 1).", l,
+              s.spec_accept_length);
     return o;
 }
 

@@ -382,6 +382,64 @@ TEST(Engine, PreemptionUnderTinyBudgetLosesNothing) {
     }
 }
 
+// Speculative decoding: drafts verified by the next step give exactly the greedy tokens whatever they are. An oracle
+// drafter (right, partly right: cuts inside and across compressor groups and pages, or wrong) among batched requests,
+// with and without preemption; then V4.1's own DSpark head.
+TEST(Engine, SpeculativeDecodingKeepsGreedyOutputs) {
+    for (const char* fx : {"dsv41-tiny-a", "dsv4-tiny-a"}) {
+        Model& m = model(fx);
+        std::vector<std::vector<int32_t>> prompts, refs;
+        for (int i = 0; i < 5; ++i) {
+            prompts.push_back(prompt(fx, 5 + 9 * i, i));
+            refs.push_back(reference_greedy(m, prompts.back(), 20));  // within the fixtures' 64-token context
+        }
+        for (int64_t pages : {64, 6}) {  // 6 pages: requests keep preempting each other
+            auto calls = std::make_shared<int>(0);
+            EngineOptions o = opts(pages);
+            o.speculative_draft_tokens = 4;
+            o.drafter = [&, calls](const std::vector<int32_t>& seq, int k) {
+                std::vector<int32_t> d;
+                for (size_t i = 0; i < prompts.size(); ++i) {
+                    const auto& p = prompts[i];
+                    if (seq.size() < p.size() || !std::equal(p.begin(), p.end(), seq.begin())) continue;
+                    const size_t done = seq.size() - p.size();  // outputs so far (the last one not yet fed)
+                    for (int j = 0; j < k && done + j < refs[i].size(); ++j) {
+                        const int32_t right = refs[i][done + static_cast<size_t>(j)];
+                        d.push_back((*calls + j) % 3 == 2 ? (right + 1) % m.config().vocab_size : right);
+                    }
+                    break;
+                }
+                ++*calls;
+                return d;
+            };
+            Engine eng(m, nullptr, o);
+            std::vector<std::shared_ptr<RequestStream>> streams;
+            for (auto& p : prompts) streams.push_back(eng.submit(p, greedy(20)));
+            for (size_t i = 0; i < streams.size(); ++i) {
+                auto d = streams[i]->wait();
+                ASSERT_EQ(d.finish, FinishReason::length) << d.error;
+                EXPECT_EQ(ids_of(d), refs[i]) << fx << " request " << i << ", " << pages << " pages";
+            }
+            const EngineStats st = eng.stats();
+            EXPECT_GT(st.spec_verify_total, 0u);
+            EXPECT_GT(st.spec_accepted_tokens_total, 0u) << fx;
+            EXPECT_LT(st.spec_accepted_tokens_total, st.spec_draft_tokens_total) << fx;
+            EXPECT_EQ(st.spec_accept_length.count, st.spec_verify_total);
+            if (pages == 6) EXPECT_GT(st.preemptions_total, 0u) << fx;
+        }
+    }
+    Model& m = model("dsv41-tiny-a");  // its DSpark head drafts
+    EngineOptions o = opts(64);
+    o.speculative_draft_tokens = m.config().dspark_block_size;
+    Engine eng(m, nullptr, o);
+    auto p = prompt("dsv41-tiny-a", 30);
+    EXPECT_EQ(ids_of(eng.submit(p, greedy(20))->wait()), reference_greedy(m, p, 20));
+    EXPECT_GT(eng.stats().spec_verify_total, 0u);
+    EngineOptions v4 = opts(64);
+    v4.speculative_draft_tokens = 2;
+    EXPECT_THROW(Engine(model("dsv4-tiny-a"), nullptr, v4), Error) << "V4 has no DSpark head";
+}
+
 TEST(Engine, SeedGivesSameOutputWhateverTheBatch) {
     Model& m = model("dsv4-tiny-a");
     GenerationParams g;

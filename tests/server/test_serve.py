@@ -353,6 +353,36 @@ def test_swa_bounded_replay_flags():
         s.stop()
 
 
+def test_speculative_decoding_flags():
+    """MTP drafting and models without a DSpark head are refused; with dspark on V4.1, greedy completions are the
+    same as without, and /metrics and /server_info report the verify steps and the accept length."""
+    for args, words in ((("--speculative-algorithm", "mtp"), "not available yet"),
+                        (("--speculative-algorithm", "dspark"), "has no DSpark head"),
+                        (("--speculative-num-draft-tokens", "3"), "needs --speculative-algorithm")):
+        p = subprocess.run([BIN, "serve", "--port", "0", "--model", MODEL, *args], capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode != 0 and words in p.stderr, p.stderr
+    prompt = "Drafts and their verification, a prompt for it. "
+    plain = Server(model=os.path.join(FIX, "dsv41-tiny-a"))
+    try:
+        want, _ = _completion(plain, prompt)
+    finally:
+        plain.stop()
+    s = Server("--speculative-algorithm", "dspark", "--speculative-num-draft-tokens", "3",
+               model=os.path.join(FIX, "dsv41-tiny-a"))
+    try:
+        got, _ = _completion(s, prompt)
+        assert got == want
+        info = json.loads(s.raw("GET", "/server_info")[1])
+        assert info["speculative_algorithm"] == "dspark" and info["speculative_num_draft_tokens"] == 3, info
+        assert info["avg_spec_accept_length"] >= 1.0, info
+        text = s.raw("GET", "/metrics")[1].decode()
+        verifies = re.search(r"^peregrine:spec_verify_total\{[^}]*\} (\S+)$", text, re.M)
+        assert verifies and float(verifies.group(1)) > 0, text
+    finally:
+        s.stop()
+
+
 def test_transport_limits_hold_before_the_body_is_read():
     """405 with Allow on routed paths, state changes only on POST, a body-less POST answered at once, the key checked
     before the body is read, and the body limit counted on the wire for chunked and gzip bodies alike."""

@@ -254,7 +254,8 @@ std::shared_ptr<const void> pinned_copy(const void* host, size_t bytes) {
     void* p = nullptr;
     PG_CUDA(cudaHostAlloc(&p, bytes, cudaHostAllocPortable | cudaHostAllocMapped));
     parallel_for(static_cast<int64_t>(bytes), [&](int64_t i0, int64_t i1) {
-        std::memcpy(static_cast<uint8_t*>(p) + i0, static_cast<const uint8_t*>(host) + i0, static_cast<size_t>(i1 - i0));
+        const size_t n = static_cast<size_t>(i1 - i0);
+        std::memcpy(static_cast<uint8_t*>(p) + i0, static_cast<const uint8_t*>(host) + i0, n);
     }, int64_t(64) << 20);
     void* dev = nullptr;
     PG_CUDA(cudaHostGetDevicePointer(&dev, p, 0));

@@ -31,8 +31,9 @@ struct EngineOptions {
     // input ids read on the device from the current step's samples. -1: where the backend samples
     // asynchronously (CUDA); 0: off; 1: on (any backend: the same tokens, tests).
     int overlap_schedule = -1;
-    // Speculative decoding (V4.1's DSpark head): up to this many drafts per step for each greedy request, verified
-    // by the next forward step (0: off). Greedy outputs are the same with and without.
+    // Speculative decoding (V4.1's DSpark head): up to this many drafts per step for each decoding request, verified
+    // by the next forward step (0: off). Outputs are the same with and without: greedy ones, and seeded samples
+    // (each token is the target's own draw at its position; model_runner.cpp).
     int speculative_draft_tokens = 0;
     // Where drafts come from: null, the model's DSpark head; else up to k tokens to follow `seq` (a request's prompt
     // and output so far), from another drafter (tests give an oracle).

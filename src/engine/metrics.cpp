@@ -30,7 +30,7 @@ double Histogram::quantile(double q) const {
 
 EngineStats::EngineStats()
     : ttft(latency_buckets()), itl(latency_buckets()), e2e(latency_buckets()), queue_time(latency_buckets()),
-      spec_accept_length({1, 2, 3, 4, 5, 6, 7, 8}) {}
+      spec_accept_length({1, 2, 3, 4, 5, 6, 7, 8}), spec_verify_step(latency_buckets()) {}
 
 void Histogram::merge(const Histogram& o) {
     for (size_t i = 0; i < counts.size() && i < o.counts.size(); ++i) counts[i] += o.counts[i];
@@ -82,6 +82,13 @@ void EngineStats::merge(const EngineStats& o) {
     spec_draft_tokens_total += o.spec_draft_tokens_total;
     spec_accepted_tokens_total += o.spec_accepted_tokens_total;
     spec_accept_length.merge(o.spec_accept_length);
+    spec_verify_step.merge(o.spec_verify_step);
+    auto add = [](std::vector<uint64_t>& a, const std::vector<uint64_t>& b) {
+        if (a.size() < b.size()) a.resize(b.size());
+        for (size_t i = 0; i < b.size(); ++i) a[i] += b[i];
+    };
+    add(spec_drafts_by_position, o.spec_drafts_by_position);
+    add(spec_accepted_by_position, o.spec_accepted_by_position);
     ttft.merge(o.ttft);
     itl.merge(o.itl);
     e2e.merge(o.e2e);

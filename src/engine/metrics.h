@@ -35,6 +35,8 @@ struct EngineStats {
     uint64_t steps_overlapped = 0;  // steps enqueued before the previous step's tokens were on the host
     // Speculative decoding: verify steps of a request, drafts they verified and accepted.
     uint64_t spec_verify_total = 0, spec_draft_tokens_total = 0, spec_accepted_tokens_total = 0;
+    // The same by draft position (0: the first draft of a step): drafts verified there and accepted.
+    std::vector<uint64_t> spec_drafts_by_position, spec_accepted_by_position;
     // Gauges.
     int64_t running = 0, queued = 0;
     int64_t pages_total = 0, pages_used = 0, pages_cached = 0, pages_evictable = 0, page_tokens = 0;
@@ -46,6 +48,7 @@ struct EngineStats {
     // Histograms (seconds).
     Histogram ttft, itl, e2e, queue_time;
     Histogram spec_accept_length;  // tokens a verify step emits (accepted drafts + the target's own)
+    Histogram spec_verify_step;    // forward steps that verify drafts: the step and the choice of its tokens
 
     EngineStats();
     // Adds another rank's figures (data-parallel ranks): counters, gauges and histograms summed, ratios

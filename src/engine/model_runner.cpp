@@ -1,7 +1,9 @@
 #include "engine/model_runner.h"
 #include "util/thread_pool.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 
 namespace peregrine {
 
@@ -10,6 +12,35 @@ double ms_since(EngineClock::time_point t) {
     return std::chrono::duration<double, std::milli>(EngineClock::now() - t).count();
 }
 }  // namespace
+
+// A request's sampling state as if tokens past its last one were taken (the drafts of a speculative step): its
+// logit processor advanced over them, its penalty history including them. Drafting and verifying read the
+// distribution at each drafted position through it; the request is left as it was (the output processor takes
+// the tokens that are emitted).
+class TokensAhead {
+public:
+    explicit TokensAhead(Request& r) : r_(r) {}
+    ~TokensAhead() {
+        if (n_ > 0 && r_.params.processor) r_.params.processor->rollback(n_);
+    }
+    TokensAhead(const TokensAhead&) = delete;
+    TokensAhead& operator=(const TokensAhead&) = delete;
+    void take(int32_t id, int vocab) {
+        if (r_.params.sampling.has_penalties()) {
+            if (!pen_) pen_ = r_.penalties;  // copied once, when a token is taken
+            pen_->add_generated(id, vocab);
+        }
+        if (r_.params.processor) r_.params.processor->accept(id);
+        ++n_;
+    }
+    int count() const { return n_; }
+    const PenaltyState& penalties() const { return pen_ ? *pen_ : r_.penalties; }
+
+private:
+    Request& r_;
+    std::optional<PenaltyState> pen_;
+    int n_ = 0;
+};
 
 ModelRunner::ModelRunner(Model& model, CacheManager& kv, const Tokenizer* tok, int overlap_schedule,
                          int draft_tokens, Drafter drafter)
@@ -77,35 +108,57 @@ StepOutput ModelRunner::take_samples(Launched& l, const std::vector<RequestPtr>&
 void ModelRunner::draft(const std::list<RequestPtr>& running) {
     for (auto& r : running) {
         r->drafts.clear();
-        if (draft_tokens_ == 0 || !r->draftable() || r->to_feed() != 1 || r->pending || r->kv.state.n_cached == 0)
-            continue;
+        if (draft_tokens_ == 0 || r->to_feed() != 1 || r->pending || r->kv.state.n_cached == 0) continue;
         // The drafts go up to the token limit: the target's token after the last draft comes with them.
         const int64_t room = r->params.max_new_tokens - r->completion - 1;
         const int k = static_cast<int>(std::min<int64_t>(draft_tokens_, room));
-        if (k <= 0) continue;
-        if (drafter_) {
-            r->drafts = drafter_(r->seq, k);
-        } else {
-            DraftResult d = model_.draft(r->kv.state, r->seq.back());
-            r->drafts.assign(d.ids.begin() + 1, d.ids.end());
-        }
+        if (k <= 0 || !r->draftable(k)) continue;
+        r->drafts = drafter_ ? drafter_(r->seq, k) : draft_dspark(*r, k);
         if (static_cast<int>(r->drafts.size()) > k) r->drafts.resize(static_cast<size_t>(k));
         for (int32_t& t : r->drafts) PEREGRINE_CHECK(t >= 0 && t < vocab_, "draft token {} out of range", t);
     }
 }
 
+// Each draft is drawn from the head's logits with the request's own transforms (grammar mask, penalties, bias,
+// temperature and truncation) and the very draw its target will use at that position: wherever the two
+// distributions put that draw on the same token, the draft is the target's token. Greedy requests draft greedily.
+std::vector<int32_t> ModelRunner::draft_dspark(Request& r, int k) {
+    TokensAhead ahead(r);
+    SampleScratch scratch;
+    const auto& p = r.params;
+    bool ended = false;  // an end of sequence was drafted: nothing follows it
+    auto pick = [&](int i, float* row) -> int32_t {
+        if (i >= k || ended || (p.processor && p.processor->done())) return -1;
+        if (p.processor) p.processor->process(row, vocab_);
+        apply_adjustments(row, vocab_, adjustments(r, ahead.penalties(), i), penalties_of(p.sampling));
+        const int32_t id = sample_token(row, vocab_, r.sampler.config(), r.sampler.seed(),
+                                        r.sampler.next_index() + static_cast<uint64_t>(i), scratch);
+        if (!(row[id] > -INFINITY)) return -1;  // every token masked
+        ended = (!p.ignore_eos && id == eos_) ||
+                std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), id) != p.stop_token_ids.end();
+        ahead.take(id, vocab_);
+        return id;
+    };
+    DraftResult d = model_.draft(r.kv.state, r.seq.back(), pick);
+    return {d.ids.begin() + 1, d.ids.end()};
+}
+
+// The target's token at each drafted position is its own draw there (the draw it would make without drafts), so
+// the output is the target's distribution exactly, and a seeded request gives the same tokens with or without
+// speculation. A draft is accepted when it is that token.
 std::vector<TokenOutput> ModelRunner::verify(Request& r, const ScheduledBatch::Entry& e, const float* first) {
     std::vector<TokenOutput> out;
     std::vector<float> row;
-    const int saved = r.pending;
     int accepted = 0;
-    for (int i = 0; i <= e.drafts; ++i) {
-        r.pending = saved + i;  // min_new_tokens counts the tokens before it
-        out.push_back(choose(r, first + static_cast<int64_t>(i) * vocab_, row));
-        if (i == e.drafts || out.back().id != r.drafts[static_cast<size_t>(i)]) break;
-        ++accepted;
+    {
+        TokensAhead ahead(r);
+        for (int i = 0; i <= e.drafts; ++i) {
+            out.push_back(choose(r, first + static_cast<int64_t>(i) * vocab_, row, ahead));
+            if (i == e.drafts || out.back().id != r.drafts[static_cast<size_t>(i)]) break;
+            ahead.take(out.back().id, vocab_);
+        }
+        accepted = ahead.count();
     }
-    r.pending = saved;
     // Positions from the first rejected draft on hold what it left: cut them (fed again as the right tokens come).
     if (accepted < e.drafts) kv_.cut(r.kv, e.start + e.n_tokens - e.drafts + accepted);
     r.drafts.clear();
@@ -202,10 +255,11 @@ StepOutput ModelRunner::run(const ScheduledBatch& sb, bool overlap) {
             const int64_t src = on_device ? j : first_row[i];
             const float* l = host_logits.f32() + src * static_cast<int64_t>(vocab_);
             if (sampled_entry[i]->drafts > 0) verified[i] = verify(*sampled[i], *sampled_entry[i], l);
-            else chosen[i] = choose(*sampled[i], l, row);
+            else chosen[i] = choose(*sampled[i], l, row, TokensAhead(*sampled[i]));
         }
     });
     wait_ms_ += ms_since(tw);  // the synchronous sample (or the host's choice) waits for the logits
+    out.seconds = ms_since(tf) / 1e3;
     share_pages(fed);  // after verify steps cut what their rejected drafts wrote
     for (size_t i = 0; i < sampled.size(); ++i) {
         if (sampled_entry[i]->drafts == 0) {
@@ -219,22 +273,22 @@ StepOutput ModelRunner::run(const ScheduledBatch& sb, bool overlap) {
 }
 
 // The ids r may not produce yet (EOS and stop ids before min_new_tokens) and its logit adjustments.
-std::vector<LogitAdjust> ModelRunner::adjustments(const Request& r) const {
+std::vector<LogitAdjust> ModelRunner::adjustments(const Request& r, const PenaltyState& pen, int64_t ahead) const {
     const auto& p = r.params;
     std::vector<int32_t> masked;
-    if (r.completion + r.pending < p.min_new_tokens) {  // tokens on their way count
+    if (r.completion + r.pending + ahead < p.min_new_tokens) {  // tokens on their way count
         if (!p.ignore_eos && eos_ >= 0 && eos_ < vocab_) masked.push_back(eos_);
         masked.insert(masked.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
     }
     if (!p.sampling.has_penalties() && p.sampling.logit_bias.empty() && masked.empty()) return {};
-    return logit_adjustments(p.sampling, r.penalties, masked, vocab_);
+    return logit_adjustments(p.sampling, pen, masked, vocab_);
 }
 
 SampleRow ModelRunner::sample_row(Request& r, int row) const {
     const auto& p = r.params;
     SampleRow s;
     s.row = row;
-    s.adjust = adjustments(r);
+    s.adjust = adjustments(r, r.penalties);
     s.penalties = penalties_of(p.sampling);
     s.config = r.sampler.config();
     s.seed = r.sampler.seed();
@@ -253,12 +307,12 @@ TokenOutput ModelRunner::token_output(SampleResult&& s) const {
     return out;
 }
 
-TokenOutput ModelRunner::choose(Request& r, const float* raw, std::vector<float>& row) const {
+TokenOutput ModelRunner::choose(Request& r, const float* raw, std::vector<float>& row, const TokensAhead& view) const {
     const auto& p = r.params;
     row.assign(raw, raw + vocab_);
     float* l = row.data();
     if (p.processor) p.processor->process(l, vocab_);
-    apply_adjustments(l, vocab_, adjustments(r), penalties_of(p.sampling));
+    apply_adjustments(l, vocab_, adjustments(r, view.penalties(), view.count()), penalties_of(p.sampling));
     const int32_t id = r.sampler.sample(l, vocab_);
     TokenOutput out;
     out.id = id;

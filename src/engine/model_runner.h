@@ -20,11 +20,14 @@ struct StepOutput {
     std::vector<std::pair<RequestPtr, TokenOutput>> tokens;
     bool stepped = false;     // a forward step ran
     bool overlapped = false;  // and was enqueued before the previous step's ids were on the host
+    double seconds = 0;       // the step's forward and the choice of its tokens (without the overlapped schedule)
     struct Verified {
         int drafts = 0, accepted = 0;
     };
     std::vector<Verified> verified;  // per verify step of a request: drafts and how many the target accepted
 };
+
+class TokensAhead;  // a request's sampling state past tokens it has not taken yet (model_runner.cpp)
 
 class ModelRunner {
 public:
@@ -66,9 +69,14 @@ private:
     void share_pages(const std::vector<RequestPtr>& reqs);
     // The sampler's row for r (logits row `row`); takes the request's next draw.
     SampleRow sample_row(Request& r, int row) const;
-    std::vector<LogitAdjust> adjustments(const Request& r) const;
-    // r's next token from its logits row on the host (grammar mask, then the device sampler's adjustments and draw).
-    TokenOutput choose(Request& r, const float* raw, std::vector<float>& row) const;
+    // r's logit adjustments with `ahead` tokens taken past its last one (the drafts of a verify step) and the
+    // penalty history that includes them.
+    std::vector<LogitAdjust> adjustments(const Request& r, const PenaltyState& pen, int64_t ahead = 0) const;
+    // r's token after the `ahead` tokens of `view` from its logits row on the host (grammar mask, then the device
+    // sampler's adjustments and draw); takes the request's next draw.
+    TokenOutput choose(Request& r, const float* raw, std::vector<float>& row, const TokensAhead& view) const;
+    // r's drafts from the DSpark head, each drawn as its target will draw that position.
+    std::vector<int32_t> draft_dspark(Request& r, int k);
     TokenOutput token_output(SampleResult&& s) const;
     // A verify step's tokens for r: the target's choice at its token and at each draft while the drafts match
     // (rows from `first`), then the sequence cut back to what they accepted.

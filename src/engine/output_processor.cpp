@@ -14,6 +14,24 @@ OutputProcessor::OutputProcessor(Scheduler& scheduler, const Tokenizer* tok, int
 
 void OutputProcessor::process(StepOutput out) {
     const auto now = EngineClock::now();
+    {  // counted before a client can hear of the step's tokens
+        std::lock_guard lk(mu_);
+        if (out.stepped) ++st_.steps_total;
+        for (const auto& v : out.verified) {
+            ++st_.spec_verify_total;
+            st_.spec_draft_tokens_total += static_cast<uint64_t>(v.drafts);
+            st_.spec_accepted_tokens_total += static_cast<uint64_t>(v.accepted);
+            st_.spec_accept_length.observe(v.accepted + 1);
+            auto& drafts = st_.spec_drafts_by_position;
+            auto& accepted = st_.spec_accepted_by_position;
+            if (drafts.size() < static_cast<size_t>(v.drafts)) drafts.resize(static_cast<size_t>(v.drafts));
+            if (accepted.size() < drafts.size()) accepted.resize(drafts.size());
+            for (int i = 0; i < v.drafts; ++i) ++drafts[static_cast<size_t>(i)];
+            for (int i = 0; i < v.accepted; ++i) ++accepted[static_cast<size_t>(i)];
+        }
+        if (!out.verified.empty()) st_.spec_verify_step.observe(out.seconds);
+        if (out.overlapped) ++st_.steps_overlapped;
+    }
     uint64_t generated = 0;
     for (auto& [r, token] : out.tokens) {
         if (r->phase == Request::Phase::finished) continue;  // cancelled meanwhile
@@ -21,14 +39,6 @@ void OutputProcessor::process(StepOutput out) {
         ++generated;
     }
     std::lock_guard lk(mu_);
-    if (out.stepped) ++st_.steps_total;
-    for (const auto& v : out.verified) {
-        ++st_.spec_verify_total;
-        st_.spec_draft_tokens_total += static_cast<uint64_t>(v.drafts);
-        st_.spec_accepted_tokens_total += static_cast<uint64_t>(v.accepted);
-        st_.spec_accept_length.observe(v.accepted + 1);
-    }
-    if (out.overlapped) ++st_.steps_overlapped;
     tp_tokens_ += generated;
     const double window = seconds(now - tp_window_);
     if (window >= 1.0) {

@@ -26,6 +26,10 @@ public:
     virtual void accept(int32_t id) = 0;
     // True when nothing more may follow (the request then finishes with reason "stop").
     virtual bool done() const { return false; }
+    // How many accepted tokens rollback() can undo: speculative decoding reads the mask at each drafted position
+    // by accepting the drafts before it, then undoing them (0: the request is not drafted for).
+    virtual int max_rollback() const { return 0; }
+    virtual void rollback(int /*n_tokens*/) {}
 };
 
 struct GenerationParams {

@@ -64,13 +64,8 @@ struct Request {
     // Whether the overlapped schedule may sample it: its logits need no host code and its penalties no
     // knowledge of the tokens still on their way.
     bool overlappable() const { return !params.processor && !params.sampling.has_penalties(); }
-    // Whether drafts may be verified for it: greedy, its next token read from its logits alone (no grammar, bias,
-    // penalties), so that the target's choice at every drafted position is known from one forward step.
-    bool draftable() const {
-        const auto& s = params.sampling;
-        return s.temperature <= 0 && !params.processor && !s.has_penalties() && s.logit_bias.empty() &&
-               !params.logprobs && completion >= params.min_new_tokens;
-    }
+    // Whether k drafts may be verified for it: its logit processor (if any) can undo the drafts it is shown.
+    bool draftable(int k) const { return !params.processor || params.processor->max_rollback() >= k; }
 };
 
 using RequestPtr = std::shared_ptr<Request>;

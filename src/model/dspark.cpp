@@ -2,6 +2,7 @@
 // over their own window (fed from the backbone's hidden states in Model::forward) and the block itself, each draft
 // token's logits biased by a Markov term of the token before it, with a confidence per position.
 #include "model/model.h"
+#include "ops/sampling.h"
 #include "util/error.h"
 
 namespace peregrine {
@@ -41,7 +42,7 @@ AttentionLayerInfo Model::stage_info(int stage) const {
     return a;
 }
 
-DraftResult Model::draft(const SeqState& s, int32_t anchor) {
+DraftResult Model::draft(const SeqState& s, int32_t anchor, const DraftChooser& choose) {
     PEREGRINE_CHECK(w_.dspark.has_value(), "this model has no DSpark head");
     PEREGRINE_CHECK(s.n_cached > 0, "draft needs a fed sequence");
     const DSparkWeight& d = *w_.dspark;
@@ -63,17 +64,20 @@ DraftResult Model::draft(const SeqState& s, int32_t anchor) {
     Tensor logits = be.logits(be.rms_norm(x, d.norm), w_.head);
     DraftResult r;
     r.ids.push_back(anchor);
+    r.logits.resize(static_cast<size_t>(B) * vocab);
     for (int i = 0; i < B; ++i) {  // each draft token biases the next position's logits
         Tensor bias = markov_bias(be, d, r.ids.back());
         float* row = logits.f32() + static_cast<int64_t>(i) * vocab;
         for (int v = 0; v < vocab; ++v) row[v] += bias.f32()[v];
-        int32_t best = 0;
-        for (int v = 1; v < vocab; ++v)
-            if (row[v] > row[best]) best = v;
-        r.ids.push_back(best);
+        std::copy(row, row + vocab, r.logits.begin() + static_cast<int64_t>(i) * vocab);
+        const int32_t id = choose ? choose(i, row) : argmax(row, vocab);
+        if (id < 0) break;
+        PEREGRINE_CHECK(id < vocab, "draft token {} out of range", id);
+        r.ids.push_back(id);
     }
-    r.logits.assign(logits.f32(), logits.f32() + static_cast<int64_t>(B) * vocab);
-    Tensor conf = confidence(be, d, x, std::vector<int32_t>(r.ids.begin(), r.ids.end() - 1));
+    std::vector<int32_t> prev(r.ids.begin(), r.ids.end());  // the token before each position (past an early end:
+    prev.resize(static_cast<size_t>(B), r.ids.back());         // the last one, its confidence is not used)
+    Tensor conf = confidence(be, d, x, prev);
     r.confidence.assign(conf.f32(), conf.f32() + B);
     return r;
 }

@@ -9,6 +9,7 @@
 #include "model/variant.h"
 #include "ops/backend.h"
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,8 +24,8 @@ struct ModelOptions {
     std::string engram_placement = "device";  // cuda: engram tables in "device" or pinned "host" memory
 };
 
-// A DSpark draft block: ids = [anchor, d1..dB] (greedy), the block's logits [B, vocab] (Markov bias
-// included) and raw confidence logits [B].
+// A DSpark draft block: ids = [anchor, d1..] (B drafts unless the chooser ended the block early), the block's
+// logits [B, vocab] (Markov bias of the chosen ids included) and raw confidence logits [B].
 struct DraftResult {
     std::vector<int32_t> ids;
     std::vector<float> logits;
@@ -58,9 +59,12 @@ public:
     int replay_layer() const { return replay_layer_; }
 
     // V4.1's DSpark head: drafts the block after the sequence's last fed position, given the anchor
-    // (the token sampled for the next position). Reads the stage windows, changes no state.
+    // (the token sampled for the next position). Reads the stage windows, changes no state. `choose` picks draft
+    // i from its logits row (Markov bias included; it may change the row) or ends the block with -1; greedy when
+    // absent. The ids are the anchor and the drafts; logits and confidence have the block's full length.
+    using DraftChooser = std::function<int32_t(int i, float* row)>;
     bool has_dspark() const { return w_.dspark.has_value(); }
-    DraftResult draft(const SeqState& s, int32_t anchor);
+    DraftResult draft(const SeqState& s, int32_t anchor, const DraftChooser& choose = nullptr);
 
     // Expert parallelism: this model is one rank of `ep`'s group; it drops the routed experts of the
     // backbone's MoE layers that the rank does not hold (DSpark's stay whole). Every rank then runs each

@@ -111,6 +111,18 @@ std::string prometheus_text(const EngineStats& s, const std::string& model_name)
            static_cast<double>(s.spec_accepted_tokens_total));
     histogram(o, "spec_accept_length", "Tokens a verify step gives a request (accepted drafts + 1).", l,
               s.spec_accept_length);
+    auto by_position = [&](const std::vector<uint64_t>& v) {
+        std::vector<std::pair<std::string, double>> out;
+        for (size_t i = 0; i < v.size(); ++i)
+            out.emplace_back(l + ",position=\"" + std::to_string(i) + "\"", static_cast<double>(v[i]));
+        return out;
+    };
+    labelled(o, "spec_num_draft_tokens_per_pos", "counter", "Drafts verified at each draft position (0: first).",
+             by_position(s.spec_drafts_by_position));
+    labelled(o, "spec_num_accepted_tokens_per_pos", "counter", "Drafts accepted at each draft position (0: first).",
+             by_position(s.spec_accepted_by_position));
+    histogram(o, "spec_verify_step_seconds", "Forward steps that verify drafts, with the choice of their tokens.", l,
+              s.spec_verify_step);
     return o;
 }
 

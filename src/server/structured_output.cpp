@@ -18,7 +18,7 @@ using grammar::Vocabulary;
 
 GrammarLogitProcessor::GrammarLogitProcessor(std::shared_ptr<const CompiledGrammar> g, int64_t max_new_tokens,
                                              int32_t steer_margin)
-    : matcher_(std::move(g), 1), max_new_tokens_(max_new_tokens), steer_margin_(steer_margin) {
+    : matcher_(std::move(g), kMaxRollback + 1), max_new_tokens_(max_new_tokens), steer_margin_(steer_margin) {
     mask_.resize(static_cast<size_t>(matcher_.compiled().vocab().mask_words()));
     // One token can raise the distance to the end by about a whole sentence (a second tool call, a nested
     // object): the steering zone must be wider than that jump.
@@ -77,6 +77,11 @@ void GrammarLogitProcessor::steer(float* logits, int vocab, int64_t remaining) {
 void GrammarLogitProcessor::accept(int32_t id) {
     ++generated_;
     matcher_.accept_token(id);  // the mask allowed only accepted tokens
+}
+
+void GrammarLogitProcessor::rollback(int n_tokens) {
+    matcher_.rollback(n_tokens);
+    generated_ -= n_tokens;
 }
 
 StructuredOutput::StructuredOutput(const Tokenizer& tok, int32_t vocab_size, int32_t eos_id,

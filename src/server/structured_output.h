@@ -30,10 +30,13 @@ public:
     void process(float* logits, int vocab) override;
     void accept(int32_t id) override;
     bool done() const override { return matcher_.is_terminated(); }
+    int max_rollback() const override { return kMaxRollback; }
+    void rollback(int n_tokens) override;
 
     const grammar::GrammarMatcher& matcher() const { return matcher_; }
 
 private:
+    static constexpr int kMaxRollback = 16;  // drafts of a speculative step (the matcher keeps one more for steer)
     // True when after `id` the text can still end within `budget` more tokens (EOS included).
     bool feasible(int32_t id, int64_t budget);
     void steer(float* logits, int vocab, int64_t remaining);

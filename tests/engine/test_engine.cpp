@@ -8,7 +8,10 @@
 #include "model/fixture.h"
 
 #include <gtest/gtest.h>
+#include <array>
+#include <cmath>
 #include <cstdlib>
+#include <map>
 #include <filesystem>
 #include <unistd.h>
 #include <thread>
@@ -425,6 +428,17 @@ TEST(Engine, SpeculativeDecodingKeepsGreedyOutputs) {
             EXPECT_GT(st.spec_accepted_tokens_total, 0u) << fx;
             EXPECT_LT(st.spec_accepted_tokens_total, st.spec_draft_tokens_total) << fx;
             EXPECT_EQ(st.spec_accept_length.count, st.spec_verify_total);
+            ASSERT_EQ(st.spec_drafts_by_position.size(), 4u);
+            uint64_t drafts = 0, accepted = 0;
+            for (size_t i = 0; i < 4; ++i) {
+                drafts += st.spec_drafts_by_position[i];
+                accepted += st.spec_accepted_by_position[i];
+                if (i > 0) EXPECT_LE(st.spec_accepted_by_position[i], st.spec_accepted_by_position[i - 1]);
+            }
+            EXPECT_EQ(drafts, st.spec_draft_tokens_total);
+            EXPECT_EQ(accepted, st.spec_accepted_tokens_total);
+            EXPECT_GT(st.spec_verify_step.count, 0u);
+            EXPECT_LE(st.spec_verify_step.count, st.spec_verify_total);
             if (pages == 6) EXPECT_GT(st.preemptions_total, 0u) << fx;
         }
     }
@@ -438,6 +452,221 @@ TEST(Engine, SpeculativeDecodingKeepsGreedyOutputs) {
     EngineOptions v4 = opts(64);
     v4.speculative_draft_tokens = 2;
     EXPECT_THROW(Engine(model("dsv4-tiny-a"), nullptr, v4), Error) << "V4 has no DSpark head";
+}
+
+namespace {
+
+// A grammar over token ids: no token in the same class (id mod 3) as the one before it. Keeps its history so that
+// speculative decoding can show it drafts and undo them.
+class NoRepeatedClass : public LogitProcessor {
+public:
+    void process(float* logits, int vocab) override {
+        if (hist_.empty()) return;
+        for (int i = hist_.back() % 3; i < vocab; i += 3) logits[i] = -INFINITY;
+    }
+    void accept(int32_t id) override {
+        if (!hist_.empty()) EXPECT_NE(id % 3, hist_.back() % 3) << "a token the mask forbade";
+        hist_.push_back(id);
+    }
+    int max_rollback() const override { return 8; }
+    void rollback(int n) override {
+        ASSERT_LE(n, static_cast<int>(hist_.size()));
+        hist_.resize(hist_.size() - static_cast<size_t>(n));
+    }
+    std::vector<int32_t> hist_;
+};
+
+// Sampling parameters a speculative step must honour at every drafted position.
+std::vector<GenerationParams> sampled_params(int n) {
+    std::vector<GenerationParams> v(5, greedy(n));
+    v[0].sampling.temperature = 1.0f;
+    v[0].sampling.top_p = 0.9f;
+    v[1].sampling.temperature = 0.7f;
+    v[1].sampling.top_k = 20;
+    v[1].sampling.min_p = 0.05f;
+    v[1].logprobs = true;
+    v[1].top_logprobs = 3;
+    v[2].sampling.temperature = 0.9f;
+    v[2].sampling.presence_penalty = 0.4f;
+    v[2].sampling.frequency_penalty = 0.3f;
+    v[2].sampling.repetition_penalty = 1.3f;
+    v[2].sampling.logit_bias = {{5, 2.0f}, {9, -1.5f}};
+    v[3].ignore_eos = false;  // the end of sequence is masked until min_new_tokens
+    v[3].min_new_tokens = n - 2;
+    v[4].sampling.temperature = 1.0f;
+    for (size_t i = 0; i < v.size(); ++i) v[i].sampling.seed = static_cast<int64_t>(100 + i);
+    return v;
+}
+
+// Chi-square statistic of two samples' histograms over the same bins (bins with fewer than 10 in both merged) and its
+// degrees of freedom.
+std::pair<double, int> chi_square(const std::map<int32_t, int>& a, const std::map<int32_t, int>& b) {
+    std::map<int32_t, std::pair<double, double>> bins;
+    for (auto [k, n] : a) bins[k].first += n;
+    for (auto [k, n] : b) bins[k].second += n;
+    std::vector<std::pair<double, double>> cells(1, {0.0, 0.0});  // cells[0]: the merged rare bins
+    for (auto [k, c] : bins) {
+        if (c.first + c.second < 10) cells[0].first += c.first, cells[0].second += c.second;
+        else cells.push_back(c);
+    }
+    if (cells[0].first + cells[0].second == 0) cells.erase(cells.begin());
+    double na = 0, nb = 0;
+    for (auto [x, y] : cells) na += x, nb += y;
+    double chi = 0;
+    for (auto [x, y] : cells) {
+        const double ea = (x + y) * na / (na + nb), eb = (x + y) * nb / (na + nb);
+        chi += (x - ea) * (x - ea) / ea + (y - eb) * (y - eb) / eb;
+    }
+    return {chi, static_cast<int>(cells.size()) - 1};
+}
+
+// The chi-square distribution's upper 0.1% point (Wilson-Hilferty; within 1% from 3 degrees of freedom).
+double chi_square_critical_001(int df) {
+    const double z = 3.0902, k = 2.0 / (9.0 * df);
+    return df * std::pow(1.0 - k + z * std::sqrt(k), 3.0);
+}
+
+}  // namespace
+
+// Seeded samples are the same tokens (and log-probabilities) with speculation as without: temperature, top-k/p,
+// min-p, penalties, logit bias, min_new_tokens and a grammar mask at every drafted position, drafts right, partly
+// right and wrong, with and without preemption; then V4.1's DSpark head drafting with the requests' own sampling.
+TEST(Engine, SpeculativeSamplingGivesTheSameSeededTokens) {
+    for (const char* fx : {"dsv41-tiny-a", "dsv4-tiny-a"}) {
+        Model& m = model(fx);
+        const auto params = sampled_params(20);
+        std::vector<std::vector<int32_t>> prompts;
+        for (size_t i = 0; i < params.size(); ++i) prompts.push_back(prompt(fx, 6 + 8 * static_cast<int>(i), 3 * i));
+        auto run = [&](EngineOptions o) {
+            Engine eng(m, nullptr, std::move(o));
+            std::vector<std::shared_ptr<RequestStream>> streams;
+            for (size_t i = 0; i < prompts.size(); ++i) {
+                GenerationParams g = params[i];
+                if (i == 4) g.processor = std::make_shared<NoRepeatedClass>();
+                streams.push_back(eng.submit(prompts[i], g));
+            }
+            std::vector<RequestDelta> out;
+            for (auto& st : streams) out.push_back(st->wait());
+            return std::make_pair(out, eng.stats());
+        };
+        const auto refs = run(opts(64)).first;
+        for (int64_t pages : {64, 6}) {
+            auto calls = std::make_shared<int>(0);
+            EngineOptions o = opts(pages);
+            o.speculative_draft_tokens = 3;
+            o.drafter = [&, calls](const std::vector<int32_t>& seq, int k) {  // the reference's tokens, some wrong
+                std::vector<int32_t> d;
+                for (size_t i = 0; i < prompts.size(); ++i) {
+                    const auto& p = prompts[i];
+                    if (seq.size() < p.size() || !std::equal(p.begin(), p.end(), seq.begin())) continue;
+                    const auto right = ids_of(refs[i]);
+                    for (size_t j = seq.size() - p.size(); d.size() < static_cast<size_t>(k) && j < right.size(); ++j)
+                        d.push_back((*calls + static_cast<int>(j)) % 4 == 3 ? (right[j] + 1) % 64 : right[j]);
+                    break;
+                }
+                ++*calls;
+                return d;
+            };
+            auto [got, st] = run(o);
+            for (size_t i = 0; i < refs.size(); ++i) {
+                ASSERT_EQ(got[i].finish, refs[i].finish) << got[i].error;
+                EXPECT_EQ(ids_of(got[i]), ids_of(refs[i])) << fx << " request " << i << ", " << pages << " pages";
+                if (!params[i].logprobs) continue;
+                for (size_t t = 0; t < refs[i].tokens.size(); ++t) {
+                    EXPECT_EQ(got[i].tokens[t].logprob, refs[i].tokens[t].logprob) << fx << " token " << t;
+                    ASSERT_EQ(got[i].tokens[t].top.size(), 3u);
+                    for (size_t j = 0; j < 3; ++j) EXPECT_EQ(got[i].tokens[t].top[j].id, refs[i].tokens[t].top[j].id);
+                }
+            }
+            EXPECT_GT(st.spec_accepted_tokens_total, st.spec_verify_total / 2) << fx;
+            EXPECT_LT(st.spec_accepted_tokens_total, st.spec_draft_tokens_total) << fx;
+        }
+        if (!m.has_dspark()) continue;
+        EngineOptions o = opts(64);
+        o.speculative_draft_tokens = m.config().dspark_block_size;
+        auto [got, st] = run(o);
+        for (size_t i = 0; i < refs.size(); ++i) EXPECT_EQ(ids_of(got[i]), ids_of(refs[i])) << "DSpark, request " << i;
+        EXPECT_GT(st.spec_verify_total, 0u);
+    }
+}
+
+// The distribution of sampled tokens at drafted positions is the target's: 20,000 seeded samples with speculation
+// against 20,000 without (other seeds) pass a two-sample chi-square test at the 0.1% level, for temperature 1,
+// top-p 0.9 and a grammar mask. The drafts are the most frequent tokens at those positions (a draft distribution
+// far from the target's: accepting drafts wrongly would pile the samples onto them).
+TEST(Engine, SpeculativeSamplingKeepsTheTargetDistribution) {
+    if (switch_set("PEREGRINE_ENGINE_OVERLAP")) GTEST_SKIP() << "speculation turns the overlapped schedule off";
+    // dsv41-tiny-a narrowed to one window-only layer (made-up weights): cheap enough for 120,000 requests.
+    ModelConfig c = model("dsv41-tiny-a").config();
+    c.dim = 64;
+    c.n_heads = 2;
+    c.q_lora_rank = c.o_lora_rank = c.moe_inter_dim = 32;
+    c.o_groups = 1;
+    c.n_routed_experts = 4;
+    c.n_layers = 1;
+    c.n_mtp_layers = 0;
+    c.compress_ratios = {0};
+    c.kv_source_layers = c.index_source_layers = c.engram_layer_ids = {};
+    c.engram_num_embeddings = {};
+    c.candidate_source_layer = -1;
+    c.dspark_target_layer_ids = {};
+    c.dspark_block_size = 0;
+    auto tiny = Model::synthetic(c);
+    Model& m = *tiny;
+    const int n = 20000;
+    const auto p = prompt("dsv41-tiny-a", 2);
+    for (int config = 0; config < 3; ++config) {
+        GenerationParams g = greedy(4);
+        g.sampling.temperature = 1.0f;
+        // Made-up weights give nearly flat logits: a bias makes the distribution worth drafting for (part of the
+        // target's distribution like any request's).
+        g.sampling.logit_bias = {{5, 5.0f}, {9, 4.0f}, {17, 3.0f}, {33, 3.0f}, {40, 2.0f}, {41, 2.0f}, {60, 1.0f}};
+        if (config == 1) g.sampling.top_p = 0.9f;
+        // Positions 1 and 2 of each output: the two drafted ones (position 0 comes from the prompt's step).
+        auto sample = [&](EngineOptions o, int64_t seed0, std::array<std::map<int32_t, int>, 2>& hist) {
+            o.max_running_requests = 256;
+            o.max_queued_requests = n;
+            o.chunked_prefill_size = 4096;
+            Engine eng(m, nullptr, std::move(o));
+            std::vector<std::shared_ptr<RequestStream>> streams;
+            for (int i = 0; i < n; ++i) {
+                g.sampling.seed = seed0 + i;
+                if (config == 2) g.processor = std::make_shared<NoRepeatedClass>();
+                streams.push_back(eng.submit(p, g));
+            }
+            for (auto& s : streams) {
+                auto ids = ids_of(s->wait());
+                EXPECT_EQ(ids.size(), 4u);
+                ++hist[0][ids.at(1)];
+                ++hist[1][ids.at(2)];
+            }
+            return eng.stats();
+        };
+        std::array<std::map<int32_t, int>, 2> plain, spec;
+        sample(opts(2048), 0, plain);
+        std::vector<int32_t> modes;
+        for (auto& h : plain)
+            modes.push_back(std::max_element(h.begin(), h.end(), [](auto& a, auto& b) { return a.second < b.second; })
+                                ->first);
+        EngineOptions o = opts(2048);
+        o.speculative_draft_tokens = 2;
+        o.drafter = [&](const std::vector<int32_t>& seq, int k) {
+            return std::vector<int32_t>(modes.begin(), modes.begin() + std::min<int64_t>(k, 3 + p.size() - seq.size()));
+        };
+        const EngineStats st = sample(o, n, spec);
+        EXPECT_GT(st.spec_accepted_tokens_total, st.spec_verify_total / 20) << "config " << config;
+        EXPECT_LT(st.spec_accepted_tokens_total, st.spec_draft_tokens_total / 2) << "config " << config;
+        for (int pos = 0; pos < 2; ++pos) {
+            auto [chi, df] = chi_square(plain[pos], spec[pos]);
+            ASSERT_GE(df, 3) << "config " << config;
+            EXPECT_LT(chi, chi_square_critical_001(df)) << "config " << config << ", position " << pos + 1 << ": "
+                                                        << df << " degrees of freedom";
+            std::printf("config %d position %d: chi-square %.1f, %d degrees of freedom (0.1%% point %.1f); %llu of %llu "
+                        "drafts accepted\n", config, pos + 1, chi, df, chi_square_critical_001(df),
+                        static_cast<unsigned long long>(st.spec_accepted_tokens_total),
+                        static_cast<unsigned long long>(st.spec_draft_tokens_total));
+        }
+    }
 }
 
 TEST(Engine, SeedGivesSameOutputWhateverTheBatch) {

@@ -354,8 +354,9 @@ def test_swa_bounded_replay_flags():
 
 
 def test_speculative_decoding_flags():
-    """MTP drafting and models without a DSpark head are refused; with dspark on V4.1, greedy completions are the
-    same as without, and /metrics and /server_info report the verify steps and the accept length."""
+    """MTP drafting and models without a DSpark head are refused; with dspark on V4.1, greedy, seeded and grammar-
+    constrained completions are the same as without, and /metrics and /server_info report the verify steps and the
+    accept length."""
     for args, words in ((("--speculative-algorithm", "mtp"), "not available yet"),
                         (("--speculative-algorithm", "dspark"), "has no DSpark head"),
                         (("--speculative-num-draft-tokens", "3"), "needs --speculative-algorithm")):
@@ -363,22 +364,42 @@ def test_speculative_decoding_flags():
                            timeout=60)
         assert p.returncode != 0 and words in p.stderr, p.stderr
     prompt = "Drafts and their verification, a prompt for it. "
+    # Seeded samples and a grammar-constrained one: the same text with speculation as without.
+    sampled = [{"prompt": prompt, "max_tokens": 16, "temperature": 1.0, "top_p": 0.9, "seed": 7},
+               {"prompt": prompt, "max_tokens": 16, "temperature": 0.8, "seed": 3, "frequency_penalty": 0.5,
+                "logit_bias": {"65": 3.0}, "logprobs": 2}]
+    regex = {"text": prompt, "sampling_params": {"max_new_tokens": 24, "regex": "[a-z]+( [a-z]+)*", "seed": 5}}
+
+    def outputs(server):
+        out = [_completion(server, prompt)[0]]
+        for body in sampled:
+            status, r = server.raw("POST", "/v1/completions", {"model": NAME, **body})
+            assert status == 200, r
+            out.append(json.loads(r)["choices"][0])
+        status, r = server.raw("POST", "/generate", regex)
+        assert status == 200, r
+        out.append(json.loads(r)["text"])
+        assert re.fullmatch("[a-z]+( [a-z]+)*", out[-1]), out[-1]
+        return out
+
     plain = Server(model=os.path.join(FIX, "dsv41-tiny-a"))
     try:
-        want, _ = _completion(plain, prompt)
+        want = outputs(plain)
     finally:
         plain.stop()
     s = Server("--speculative-algorithm", "dspark", "--speculative-num-draft-tokens", "3",
                model=os.path.join(FIX, "dsv41-tiny-a"))
     try:
-        got, _ = _completion(s, prompt)
-        assert got == want
+        assert outputs(s) == want
         info = json.loads(s.raw("GET", "/server_info")[1])
         assert info["speculative_algorithm"] == "dspark" and info["speculative_num_draft_tokens"] == 3, info
         assert info["avg_spec_accept_length"] >= 1.0, info
         text = s.raw("GET", "/metrics")[1].decode()
         verifies = re.search(r"^peregrine:spec_verify_total\{[^}]*\} (\S+)$", text, re.M)
         assert verifies and float(verifies.group(1)) > 0, text
+        assert _metric(s, "spec_num_draft_tokens_per_pos", 'position="2"') > 0
+        assert _metric(s, "spec_num_accepted_tokens_per_pos", 'position="0"') >= 0
+        assert _metric(s, "spec_verify_step_seconds_count", "") > 0
     finally:
         s.stop()
 

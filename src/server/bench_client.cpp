@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <random>
+#include <sstream>
 #include <thread>
 
 namespace peregrine {
@@ -145,6 +146,22 @@ json summary_ms(const std::vector<double>& secs, bool extra) {
 
 }  // namespace
 
+// The server's verify steps so far and the tokens they gave (sums over ranks of /metrics' spec_accept_length);
+// zeros where it does not speculate or has no /metrics.
+std::pair<double, double> spec_accept_totals(httplib::Client& c) {
+    auto m = c.Get("/metrics");
+    double sum = 0, count = 0;
+    if (!m || m->status != 200) return {0, 0};
+    std::istringstream in(m->body);
+    for (std::string line; std::getline(in, line);) {
+        const bool is_sum = line.starts_with("peregrine:spec_accept_length_sum{");
+        if (!is_sum && !line.starts_with("peregrine:spec_accept_length_count{")) continue;
+        const double v = std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
+        (is_sum ? sum : count) += v;
+    }
+    return {sum, count};
+}
+
 json run_bench_serve(const BenchServeOptions& o) {
     const Url u = parse_url(o.url);
     auto c = client(u, o.api_key);
@@ -200,6 +217,7 @@ json run_bench_serve(const BenchServeOptions& o) {
         if (!r.ok) fail("bench serve: warm-up request failed: {}", r.error);
     }
 
+    const auto spec0 = spec_accept_totals(*c);
     std::vector<Outcome> results(prompts.size());
     std::mutex mu;
     std::condition_variable cv;
@@ -281,6 +299,9 @@ json run_bench_serve(const BenchServeOptions& o) {
                 {"ttft_ms", summary_ms(ttft, false)},
                 {"tpot_ms", summary_ms(tpot, false)},
                 {"itl_ms", summary_ms(itl, true)}};
+    const auto spec1 = spec_accept_totals(*c);
+    if (spec1.second > spec0.second)  // SGLang's accept_length: tokens per verify step over the run
+        rep["accept_length"] = (spec1.first - spec0.first) / (spec1.second - spec0.second);
     if (!first_error.empty()) rep["first_error"] = first_error;
     return rep;
 }
@@ -305,6 +326,7 @@ std::string bench_serve_table(const json& r) {
     line("Output token throughput (tok/s):", num(r["output_throughput"]));
     line("Total token throughput (tok/s):", num(r["total_throughput"]));
     line("Concurrency:", num(r["concurrency"]));
+    if (r.contains("accept_length")) line("Accept length:", num(r["accept_length"]));
     auto pct = [](double v) { return fmt::format("{:.2f}%", 100 * v); };
     line("Cache hit rate:", pct(r["cache_hit_rate"]));
     line("  device / host / storage:", pct(r["device_hit_rate"]) + " / " + pct(r["host_hit_rate"]) + " / " +

@@ -400,6 +400,10 @@ def test_speculative_decoding_flags():
         assert _metric(s, "spec_num_draft_tokens_per_pos", 'position="2"') > 0
         assert _metric(s, "spec_num_accepted_tokens_per_pos", 'position="0"') >= 0
         assert _metric(s, "spec_verify_step_seconds_count", "") > 0
+        r = subprocess.run([BIN, "bench", "serve", "--url", s.url, "--input-len", "16", "--output-len", "8",
+                            "--num-prompts", "4", "--max-concurrency", "2"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert re.search(r"^Accept length:\s+[1-4]\.\d\d$", r.stdout, re.M), r.stdout
     finally:
         s.stop()
 
@@ -535,6 +539,7 @@ def test_bench_serve_reports_sglang_metrics(server, tmp_path):
     for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms"):
         assert 0 < rep[k]["median"] <= rep[k]["p99"] + 1e-9
     assert rep["output_throughput"] > 0 and rep["request_throughput"] > 0
+    assert "accept_length" not in rep and "Accept length" not in r.stdout  # this server does not speculate
 
 
 def _completion(server, prompt):

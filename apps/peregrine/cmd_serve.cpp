@@ -46,6 +46,7 @@ struct ServeArgs {
     bool synthetic_engram = false;
     std::string speculative_algorithm;
     int speculative_num_draft_tokens = 0;
+    std::string speculative_schedule = "confidence";
     int grammar_compile_threads = 2, grammar_compile_queue = 32, max_connections = 4096;
     double grammar_compile_timeout = 5.0;
     ExpertParallelOptions ep_opts;
@@ -331,6 +332,7 @@ int run_serve(ServeArgs& a) {
         PEREGRINE_CHECK(model->has_dspark(), "--speculative-algorithm dspark: {} has no DSpark head", a.model);
         eo.speculative_draft_tokens =
             a.speculative_num_draft_tokens > 0 ? a.speculative_num_draft_tokens : cfg.dspark_block_size;
+        eo.speculative_schedule = a.speculative_schedule == "confidence";
     } else {
         PEREGRINE_CHECK(a.speculative_num_draft_tokens == 0,
                         "--speculative-num-draft-tokens needs --speculative-algorithm");
@@ -375,6 +377,8 @@ int run_serve(ServeArgs& a) {
         {"speculative_algorithm",
          a.speculative_algorithm.empty() ? nlohmann::json() : nlohmann::json(a.speculative_algorithm)},
         {"speculative_num_draft_tokens", eo.speculative_draft_tokens},
+        {"speculative_schedule",
+         a.speculative_algorithm.empty() ? nlohmann::json() : nlohmann::json(a.speculative_schedule)},
         {"mem_fraction_static", plan ? nlohmann::json(a.mem_fraction_static) : nlohmann::json()},
         {"memory_plan", plan ? nlohmann::json{{"device", plan->device}, {"total_bytes", plan->total},
                                               {"weight_bytes", plan->weights},
@@ -433,6 +437,8 @@ int run_serve(ServeArgs& a) {
         a.chunked_prefill, eo.overlap_schedule != 0 && a.dp == 1 && model->backend().sampler().async() ? "on" : "off",
         gen.empty() ? "temperature 1, top_p 1 (openai)" : (gen.describe() + " (generation_config.json)").c_str(), secs);
     if (plan) std::fprintf(stderr, "  gpu memory %s\n", plan->describe().c_str());
+    if (!engine.speculative_schedule().empty())
+        std::fprintf(stderr, "  speculative schedule: %s\n", engine.speculative_schedule().c_str());
     if (eo.hicache.enabled) {
         const auto& h = eo.hicache;
         const double host_bytes =
@@ -563,12 +569,17 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--hicache-storage-url", a->hicache_storage_url,
                     "The redis backend's server: redis://host:port or unix:///path (default redis://127.0.0.1:6379)");
     cmd->add_option("--speculative-algorithm", a->speculative_algorithm,
-                    "dspark: V4.1's DSpark head drafts tokens that the next step verifies, for greedy requests (the "
-                    "same outputs; the CPU backend so far); mtp/nextn: V4's MTP (not available yet)")
+                    "dspark: V4.1's DSpark head drafts tokens that the next step verifies (the same outputs, greedy "
+                    "or seeded; the CPU backend so far); mtp/nextn: V4's MTP (not available yet)")
         ->check(CLI::IsMember({"dspark", "mtp", "nextn"}));
     cmd->add_option("--speculative-num-draft-tokens", a->speculative_num_draft_tokens,
                     "Drafts per step (default: the DSpark head's block)")
         ->check(CLI::Range(1, 64));
+    cmd->add_option("--speculative-schedule", a->speculative_schedule,
+                    "confidence: verify steps are timed at start-up and each step keeps the drafts whose predicted "
+                    "acceptance raises its tokens per second (fewer, down to none, at large batches); fixed: every "
+                    "request keeps all its drafts")
+        ->check(CLI::IsMember({"confidence", "fixed"}));
     cmd->add_flag("--disable-overlap-schedule", a->disable_overlap_schedule,
                   "Wait for each step's tokens before building the next (by default, with cuda, the next step is "
                   "enqueued while the GPU runs the current one)");

@@ -38,6 +38,9 @@ struct EngineOptions {
     // Where drafts come from: null, the model's DSpark head; else up to k tokens to follow `seq` (a request's prompt
     // and output so far), from another drafter (tests give an oracle).
     std::function<std::vector<int32_t>(const std::vector<int32_t>& seq, int k)> drafter;
+    // Confidence-scheduled verification (engine/spec_schedule.h): verify steps are timed at start-up and each step
+    // keeps the drafts that raise its expected tokens per second. Off: every request keeps all its drafts.
+    bool speculative_schedule = false;
 };
 
 // The waiting queue is full (HTTP 429).
@@ -58,6 +61,8 @@ public:
     Engine(const Engine&) = delete;
     Engine& operator=(const Engine&) = delete;
 
+    // The verify step table the schedule was profiled to (empty without confidence-scheduled verification).
+    std::string speculative_schedule() const;
     // Validates and queues a request; throws Error for invalid input and QueueFullError when full.
     std::shared_ptr<RequestStream> submit(std::vector<int32_t> prompt, GenerationParams params);
 

@@ -106,23 +106,38 @@ StepOutput ModelRunner::take_samples(Launched& l, const std::vector<RequestPtr>&
 }
 
 void ModelRunner::draft(const std::list<RequestPtr>& running) {
+    std::vector<Request*> drafted;
+    std::vector<std::vector<double>> accept;
+    int decoding = 0;
     for (auto& r : running) {
         r->drafts.clear();
         if (draft_tokens_ == 0 || r->to_feed() != 1 || r->pending || r->kv.state.n_cached == 0) continue;
+        ++decoding;
         // The drafts go up to the token limit: the target's token after the last draft comes with them.
         const int64_t room = r->params.max_new_tokens - r->completion - 1;
         const int k = static_cast<int>(std::min<int64_t>(draft_tokens_, room));
         if (k <= 0 || !r->draftable(k)) continue;
-        r->drafts = drafter_ ? drafter_(r->seq, k) : draft_dspark(*r, k);
+        std::vector<double> p;
+        r->drafts = drafter_ ? drafter_(r->seq, k) : draft_dspark(*r, k, p);
         if (static_cast<int>(r->drafts.size()) > k) r->drafts.resize(static_cast<size_t>(k));
         for (int32_t& t : r->drafts) PEREGRINE_CHECK(t >= 0 && t < vocab_, "draft token {} out of range", t);
+        if (drafter_)  // the running rate at each position (one accepted of two before any is known)
+            for (size_t i = 0; i < r->drafts.size(); ++i)
+                p.push_back(i < drafted_at_.size() ? (accepted_at_[i] + 1) / (drafted_at_[i] + 2) : 0.5);
+        p.resize(r->drafts.size());
+        for (size_t i = 1; i < p.size(); ++i) p[i] = std::min(p[i], p[i - 1]);
+        drafted.push_back(r.get());
+        accept.push_back(std::move(p));
     }
+    if (!schedule_ || drafted.empty()) return;
+    const std::vector<int> keep = schedule_->plan(accept, decoding);
+    for (size_t i = 0; i < drafted.size(); ++i) drafted[i]->drafts.resize(static_cast<size_t>(keep[i]));
 }
 
 // Each draft is drawn from the head's logits with the request's own transforms (grammar mask, penalties, bias,
 // temperature and truncation) and the very draw its target will use at that position: wherever the two
 // distributions put that draw on the same token, the draft is the target's token. Greedy requests draft greedily.
-std::vector<int32_t> ModelRunner::draft_dspark(Request& r, int k) {
+std::vector<int32_t> ModelRunner::draft_dspark(Request& r, int k, std::vector<double>& accept) {
     TokensAhead ahead(r);
     SampleScratch scratch;
     const auto& p = r.params;
@@ -140,6 +155,8 @@ std::vector<int32_t> ModelRunner::draft_dspark(Request& r, int k) {
         return id;
     };
     DraftResult d = model_.draft(r.kv.state, r.seq.back(), pick);
+    double all = 1;  // the confidence head's logit: the draft's chance of being accepted after the ones before it
+    for (size_t i = 0; i + 1 < d.ids.size(); ++i) accept.push_back(all *= 1 / (1 + std::exp(-d.confidence[i])));
     return {d.ids.begin() + 1, d.ids.end()};
 }
 
@@ -266,7 +283,10 @@ StepOutput ModelRunner::run(const ScheduledBatch& sb, bool overlap) {
             out.tokens.emplace_back(sampled[i], std::move(chosen[i]));
             continue;
         }
-        out.verified.push_back({sampled_entry[i]->drafts, static_cast<int>(verified[i].size()) - 1});
+        const int drafts = sampled_entry[i]->drafts, accepted = static_cast<int>(verified[i].size()) - 1;
+        out.verified.push_back({drafts, accepted});
+        if (drafted_at_.size() < static_cast<size_t>(drafts)) drafted_at_.resize(drafts), accepted_at_.resize(drafts);
+        for (int j = 0; j < drafts; ++j) drafted_at_[j] += 1, accepted_at_[j] += j < accepted;
         for (TokenOutput& t : verified[i]) out.tokens.emplace_back(sampled[i], std::move(t));
     }
     return out;

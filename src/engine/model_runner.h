@@ -6,6 +6,7 @@
 // ids come back, and a step returns the tokens of the one before it.
 #include "engine/request_state.h"
 #include "engine/scheduler.h"
+#include "engine/spec_schedule.h"
 #include "model/model.h"
 
 #include <functional>
@@ -37,8 +38,10 @@ public:
     ModelRunner(Model& model, CacheManager& kv, const Tokenizer* tok, int overlap_schedule, int draft_tokens = 0,
                 Drafter drafter = nullptr);
 
+    // Confidence-scheduled verification: drafts are cut per step by `s` (otherwise each request keeps them all).
+    void set_spec_schedule(SpecSchedule s) { schedule_.emplace(std::move(s)); }
     // Drafts the next tokens of every running request that decodes and may be verified (Request::drafts), with
-    // the drafter, or else the model's DSpark head.
+    // the drafter, or else the model's DSpark head; then keeps those the schedule gives a slot.
     void draft(const std::list<RequestPtr>& running);
 
     // Whether the next step may be enqueued before the launched one's ids are on the host: the option allows it,
@@ -75,8 +78,9 @@ private:
     // r's token after the `ahead` tokens of `view` from its logits row on the host (grammar mask, then the device
     // sampler's adjustments and draw); takes the request's next draw.
     TokenOutput choose(Request& r, const float* raw, std::vector<float>& row, const TokensAhead& view) const;
-    // r's drafts from the DSpark head, each drawn as its target will draw that position.
-    std::vector<int32_t> draft_dspark(Request& r, int k);
+    // r's drafts from the DSpark head, each drawn as its target will draw that position, and the head's predicted
+    // probability that the drafts up to each are all accepted.
+    std::vector<int32_t> draft_dspark(Request& r, int k, std::vector<double>& accept);
     TokenOutput token_output(SampleResult&& s) const;
     // A verify step's tokens for r: the target's choice at its token and at each draft while the drafts match
     // (rows from `first`), then the sequence cut back to what they accepted.
@@ -91,6 +95,9 @@ private:
     int vocab_;
     int32_t eos_;
     std::optional<Launched> launched_;
+    std::optional<SpecSchedule> schedule_;
+    // Drafts verified and accepted at each draft position: the prediction for drafters without a confidence.
+    std::vector<double> drafted_at_, accepted_at_;
     double forward_ms_ = 0, wait_ms_ = 0;
 };
 

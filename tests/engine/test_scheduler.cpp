@@ -3,6 +3,7 @@
 // unchanged), and requests that can never fit.
 #include "engine/output_processor.h"
 #include "engine/scheduler.h"
+#include "engine/spec_schedule.h"
 
 #include <gtest/gtest.h>
 
@@ -197,4 +198,28 @@ TEST(Scheduler, RequestsThatCanNeverFitEnd) {
         EXPECT_EQ(d.tokens.size(), 7u);  // 16 positions of pages: 10 prompt + 6 fed back, and the 7th sampled
         EXPECT_EQ(h.kv.stats().pages_used - h.kv.stats().pages_evictable, 0);
     }
+}
+
+// Confidence-scheduled verification: drafts nearly free (a small batch on a GPU) are all taken, best first; drafts
+// that cost their share of the step (a large batch, a CPU) only where their acceptance pays for them.
+TEST(SpecSchedule, KeepsTheDraftsThatRaiseTokensPerSecond) {
+    // seconds by batch 1, 64 and drafts per sequence 0..4
+    SpecSchedule s({1, 64}, {{1.0, 1.05, 1.1, 1.15, 1.2}, {1.0, 2.0, 3.0, 4.0, 5.0}});
+    EXPECT_DOUBLE_EQ(s.step_seconds(1, 2), 1.1);
+    EXPECT_DOUBLE_EQ(s.step_seconds(64, 32), 1.5);   // half a draft per sequence
+    EXPECT_DOUBLE_EQ(s.step_seconds(128, 0), 2.0);   // beyond the table: in proportion
+    EXPECT_NEAR(s.step_seconds(32, 0), 1.0, 1e-12);  // between rows
+    EXPECT_EQ(s.plan({{0.9, 0.8, 0.6, 0.3}}, 1), std::vector<int>({4}));
+    // 2.2 tokens in 1.15 s beat 2.25 in 1.2 s: the fourth draft costs more than it adds.
+    EXPECT_EQ(s.plan({{0.9, 0.2, 0.1, 0.05}}, 1), std::vector<int>({3}));
+    // At 64 sequences a draft costs 1/64 of a step: it must be accepted more often than one in ~1.02... never.
+    EXPECT_EQ(s.plan({{0.99, 0.9}, {0.5}}, 64), std::vector<int>({0, 0}));
+    // Cheap drafts at batch 64 (one second more for a whole draft per sequence): the likely ones, best first.
+    SpecSchedule cheap({64}, {{1.0, 1.25, 1.5}});
+    std::vector<std::vector<double>> accept(64, {0.1});
+    accept[3] = {0.95, 0.9};
+    accept[7] = {0.6, 0.1};
+    EXPECT_EQ(cheap.plan(accept, 64)[3], 2);
+    EXPECT_EQ(cheap.plan(accept, 64)[7], 1);
+    EXPECT_EQ(cheap.plan(accept, 64)[0], 0);
 }

@@ -387,12 +387,13 @@ def test_speculative_decoding_flags():
         want = outputs(plain)
     finally:
         plain.stop()
-    s = Server("--speculative-algorithm", "dspark", "--speculative-num-draft-tokens", "3",
-               model=os.path.join(FIX, "dsv41-tiny-a"))
+    s = Server("--speculative-algorithm", "dspark", "--speculative-num-draft-tokens", "3", "--speculative-schedule",
+               "fixed", model=os.path.join(FIX, "dsv41-tiny-a"))
     try:
         assert outputs(s) == want
         info = json.loads(s.raw("GET", "/server_info")[1])
         assert info["speculative_algorithm"] == "dspark" and info["speculative_num_draft_tokens"] == 3, info
+        assert info["speculative_schedule"] == "fixed", info
         assert info["avg_spec_accept_length"] >= 1.0, info
         text = s.raw("GET", "/metrics")[1].decode()
         verifies = re.search(r"^peregrine:spec_verify_total\{[^}]*\} (\S+)$", text, re.M)

@@ -1,0 +1,122 @@
+#include "engine/spec_schedule.h"
+#include "kv/page_pool.h"
+#include "util/error.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+namespace peregrine {
+
+SpecSchedule::SpecSchedule(std::vector<int> batches, std::vector<std::vector<double>> seconds)
+    : batches_(std::move(batches)), seconds_(std::move(seconds)) {
+    PEREGRINE_CHECK(!batches_.empty() && batches_.size() == seconds_.size() && std::is_sorted(batches_.begin(),
+                                                                                              batches_.end()),
+                    "verify step table: one row per batch size, ascending");
+    for (const auto& row : seconds_)
+        PEREGRINE_CHECK(row.size() == seconds_.front().size() && !row.empty(), "verify step table: ragged rows");
+}
+
+SpecSchedule SpecSchedule::profile(Model& m, int max_batch, int max_drafts, int reps) {
+    std::vector<int> batches;
+    for (int b = 1; b < max_batch; b *= 4) batches.push_back(b);
+    batches.push_back(std::max(1, max_batch));
+    const int most = batches.back();
+    // Each step feeds every sequence its token and drafts after a short, fixed context, then cuts them back.
+    const int64_t context = 4;
+    PagePool pool(m.backend().state_memory(), m.layout(), most * m.layout().pages_for(context + max_drafts + 2));
+    std::vector<SeqState> seqs(static_cast<size_t>(most));
+    ForwardBatch first;
+    for (int i = 0; i < most; ++i) {
+        SeqState& s = seqs[static_cast<size_t>(i)];
+        pool.init(s);
+        PEREGRINE_CHECK(pool.reserve(s, context + max_drafts + 1), "verify step profile: no state pages");
+        first.seqs.push_back({&s, 0, static_cast<int>(context), static_cast<int>(i * context)});
+        for (int64_t t = 0; t < context; ++t) first.token_ids.push_back(static_cast<int32_t>((i + t) % 7 + 3));
+    }
+    first.mode = BatchMode::prefill;
+    m.forward(first, {});
+    std::vector<std::vector<double>> seconds(batches.size(), std::vector<double>(max_drafts + 1, 0.0));
+    for (size_t b = 0; b < batches.size(); ++b)
+        for (int k = 0; k <= max_drafts; ++k) {
+            double best = INFINITY;
+            for (int rep = 0; rep < reps; ++rep) {
+                ForwardBatch d;
+                std::vector<int> rows;
+                for (int i = 0; i < batches[b]; ++i) {
+                    SeqState& s = seqs[static_cast<size_t>(i)];
+                    PEREGRINE_CHECK(pool.keep_step_carries(s, 1 + k), "verify step profile: no carries");
+                    d.seqs.push_back({&s, context, 1 + k, d.rows()});
+                    d.seqs.back().speculative = true;  // so that it can be cut back
+                    for (int t = 0; t <= k; ++t) {
+                        d.token_ids.push_back(static_cast<int32_t>((i + t) % 7 + 3));
+                        rows.push_back(d.rows() - 1);
+                    }
+                }
+                d.mode = k == 0 ? BatchMode::decode : BatchMode::prefill;
+                const auto t0 = std::chrono::steady_clock::now();
+                m.forward(d, rows);  // logits on the host: the step is over
+                best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+                for (int i = 0; i < batches[b]; ++i) pool.cut(seqs[static_cast<size_t>(i)], context);
+            }
+            seconds[b][static_cast<size_t>(k)] = best;
+        }
+    for (SeqState& s : seqs) pool.release(s);
+    return SpecSchedule(std::move(batches), std::move(seconds));
+}
+
+double SpecSchedule::step_seconds(int batch, int drafts) const {
+    // Linear in drafts per sequence between the table's columns, in the batch size between its rows (beyond the
+    // largest: in proportion to it).
+    const double per_seq = std::min<double>(static_cast<double>(drafts) / std::max(1, batch), max_drafts());
+    auto at = [&](size_t b) {
+        const auto& row = seconds_[b];
+        const int k0 = std::min(static_cast<int>(per_seq), max_drafts() - 1);
+        if (max_drafts() == 0) return row[0];
+        const double f = per_seq - k0;
+        return row[static_cast<size_t>(k0)] * (1 - f) + row[static_cast<size_t>(k0) + 1] * f;
+    };
+    if (batch >= batches_.back()) return at(batches_.size() - 1) * batch / batches_.back();
+    if (batch <= batches_.front()) return at(0);
+    size_t hi = 1;
+    while (batches_[hi] < batch) ++hi;
+    const double f = static_cast<double>(batch - batches_[hi - 1]) / (batches_[hi] - batches_[hi - 1]);
+    return at(hi - 1) * (1 - f) + at(hi) * f;
+}
+
+std::vector<int> SpecSchedule::plan(const std::vector<std::vector<double>>& accept, int batch) const {
+    struct Slot {
+        double p;
+        size_t seq;
+    };
+    std::vector<Slot> slots;
+    for (size_t i = 0; i < accept.size(); ++i)
+        for (double p : accept[i]) slots.push_back({p, i});
+    // Best first; a sequence's own slots keep their order (non-increasing), so a prefix of slots is a prefix of
+    // each sequence's drafts.
+    std::stable_sort(slots.begin(), slots.end(), [](const Slot& a, const Slot& b) { return a.p > b.p; });
+    double tokens = batch, best = tokens / step_seconds(batch, 0);
+    size_t take = 0;
+    for (size_t n = 0; n < slots.size(); ++n) {
+        tokens += slots[n].p;
+        const double rate = tokens / step_seconds(batch, static_cast<int>(n + 1));
+        if (rate > best) best = rate, take = n + 1;
+    }
+    std::vector<int> drafts(accept.size(), 0);
+    for (size_t n = 0; n < take; ++n) ++drafts[slots[n].seq];
+    return drafts;
+}
+
+std::string SpecSchedule::describe() const {
+    std::string s = "verify step ms by batch (rows) and drafts per sequence (0..):";
+    for (size_t b = 0; b < batches_.size(); ++b) {
+        s += fmt::format("\n  {:>4}:", batches_[b]);
+        for (double t : seconds_[b]) s += fmt::format(" {:.2f}", t * 1e3);
+    }
+    return s;
+}
+
+}  // namespace peregrine

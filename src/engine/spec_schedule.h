@@ -1,0 +1,38 @@
+#pragma once
+// Confidence-scheduled verification: how many drafts each sequence of a step gets. A verify step's time is
+// profiled at start-up per batch size and drafts per sequence; each step, draft slots go to the sequences in order of
+// their predicted acceptance while the step's expected tokens per second still rise. Where drafts are nearly free
+// (small batches on a GPU) every likely draft goes; where each token costs its share (large batches, or a CPU), only
+// drafts accepted often enough to pay for themselves, down to none.
+#include "model/model.h"
+
+#include <string>
+#include <vector>
+
+namespace peregrine {
+
+class SpecSchedule {
+public:
+    // seconds[b][k]: a step of batches[b] sequences with k drafts each (k = 0..max drafts); batches ascending.
+    SpecSchedule(std::vector<int> batches, std::vector<std::vector<double>> seconds);
+    // Times forward steps of 1, 4, 16, ... up to max_batch sequences (a few tokens of context each) with 0..max_drafts
+    // drafts per sequence, on scratch state pages: the best of `reps` steps each.
+    static SpecSchedule profile(Model& m, int max_batch, int max_drafts, int reps = 2);
+
+    // Predicted seconds of a step of `batch` sequences with `drafts` drafts among them (interpolated).
+    double step_seconds(int batch, int drafts) const;
+    // Drafts per sequence for a step of `batch` decoding sequences, of which those in `accept` have drafts:
+    // accept[i][j] is the predicted probability that sequence i's drafts 0..j are all accepted (non-increasing in
+    // j). Maximises (batch + expected accepted drafts) / step_seconds over the slots taken best first.
+    std::vector<int> plan(const std::vector<std::vector<double>>& accept, int batch) const;
+
+    int max_drafts() const { return static_cast<int>(seconds_.front().size()) - 1; }
+    // The table, a line per batch size (start-up log).
+    std::string describe() const;
+
+private:
+    std::vector<int> batches_;
+    std::vector<std::vector<double>> seconds_;
+};
+
+}  // namespace peregrine

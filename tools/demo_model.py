@@ -162,19 +162,21 @@ class RMSNorm(nn.Module):
 
 class QLinear(nn.Module):
     """Linear without bias whose weight is stored as `kind` in the checkpoint ('fp8', 'fp4', 'bf16', 'f32');
-    under QAT the fp8/fp4 kinds see fake-quantised weights and per-128 e4m3 inputs."""
+    under QAT the fp8/fp4 kinds see fake-quantised weights and per-`block` e4m3 inputs (block: 128 in V4, V4.1
+    sets 32, its weight tile and activation block)."""
 
-    def __init__(self, in_f: int, out_f: int, kind: str, std: float = 0.02):
+    def __init__(self, in_f: int, out_f: int, kind: str, std: float = 0.02, block: int = 128):
         super().__init__()
         self.kind = kind
+        self.block = block
         self.qat = False
         self.weight = nn.Parameter(torch.randn(out_f, in_f) * std)
 
     def forward(self, x):
         w = self.weight
         if self.qat and self.kind in ("fp8", "fp4"):
-            w = dq.fake_fp8_weight(w) if self.kind == "fp8" else dq.fake_fp4_weight(w)
-            x = dq.fake_act(x)
+            w = dq.fake_fp8_weight(w, self.block) if self.kind == "fp8" else dq.fake_fp4_weight(w)
+            x = dq.fake_act(x, self.block)
         return F.linear(x, w)  # bf16 under CUDA autocast, fp32 otherwise
 
 
@@ -343,7 +345,7 @@ class Expert(nn.Module):
     def forward(self, x, weights=None, wq=None):
         """wq: optional (w1, w2, w3) already fake-quantised for the whole expert set (QAT)."""
         if wq is not None:
-            xq = dq.fake_act(x)
+            xq = dq.fake_act(x, self.w1.block)
             g, u = F.linear(xq, wq[0]).float(), F.linear(xq, wq[2]).float()
         else:
             g, u = self.w1(x).float(), self.w3(x).float()
@@ -354,7 +356,7 @@ class Expert(nn.Module):
         if weights is not None:
             a = a * weights
         if wq is not None:
-            return F.linear(dq.fake_act(a.to(x.dtype)), wq[1])
+            return F.linear(dq.fake_act(a.to(x.dtype), self.w2.block), wq[1])
         return self.w2(a.to(x.dtype))
 
 

@@ -73,7 +73,7 @@ def qdq_fp4_ue8m0(x: torch.Tensor, block: int = 32) -> torch.Tensor:
 # ---------------------------------------------------------------- weights (checkpoint encodings)
 
 def quantize_fp8_block(w: torch.Tensor, block: int = 128):
-    """fp32 [out, in] -> (e4m3 tensor [out, in], e8m0 scale tensor [ceil(out/128), ceil(in/128)])."""
+    """fp32 [out, in] -> (e4m3 tensor [out, in], e8m0 scale tensor [ceil(out/block), ceil(in/block)])."""
     out_f, in_f = w.shape
     pr, pc = -out_f % block, -in_f % block
     wp = torch.nn.functional.pad(w.float(), (0, pc, 0, pr))
@@ -124,10 +124,11 @@ def _ste(x: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
     return x + (xq.to(x.dtype) - x).detach()
 
 
-def fake_fp8_weight(w: torch.Tensor) -> torch.Tensor:
+def fake_fp8_weight(w: torch.Tensor, block: int = 128) -> torch.Tensor:
+    """block: the weight scale tile (128 in V4, 32 in V4.1)."""
     with torch.no_grad():
-        q, s = quantize_fp8_block(w.detach())
-        wq = dequant_fp8_block(q, s)
+        q, s = quantize_fp8_block(w.detach(), block)
+        wq = dequant_fp8_block(q, s, block)
     return _ste(w, wq)
 
 

@@ -367,7 +367,8 @@ def test_speculative_decoding_flags():
     # Seeded samples and a grammar-constrained one: the same text with speculation as without.
     sampled = [{"prompt": prompt, "max_tokens": 16, "temperature": 1.0, "top_p": 0.9, "seed": 7},
                {"prompt": prompt, "max_tokens": 16, "temperature": 0.8, "seed": 3, "frequency_penalty": 0.5,
-                "logit_bias": {"65": 3.0}, "logprobs": 2}]
+                "logit_bias": {"65": 3.0}, "logprobs": 2},
+               {"prompt": prompt, "max_tokens": 12, "temperature": 1.0, "seed": 11, "n": 2}]
     regex = {"text": prompt, "sampling_params": {"max_new_tokens": 24, "regex": "[a-z]+( [a-z]+)*", "seed": 5}}
 
     def outputs(server):
@@ -375,7 +376,7 @@ def test_speculative_decoding_flags():
         for body in sampled:
             status, r = server.raw("POST", "/v1/completions", {"model": NAME, **body})
             assert status == 200, r
-            out.append(json.loads(r)["choices"][0])
+            out.append(json.loads(r)["choices"])
         status, r = server.raw("POST", "/generate", regex)
         assert status == 200, r
         out.append(json.loads(r)["text"])

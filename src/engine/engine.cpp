@@ -41,7 +41,6 @@ struct Engine::Impl {
     OutputProcessor output;
     Scheduler scheduler;
     ModelRunner runner;
-    std::string schedule;  // the verify step table (confidence-scheduled verification)
 
     // Shared with client threads.
     mutable std::mutex mu;
@@ -65,11 +64,8 @@ struct Engine::Impl {
           output(scheduler, tok, m.config().eos_token_id, m.config().vocab_size, o.context_length),
           scheduler(kv, {o.max_running_requests, o.chunked_prefill_size, o.context_length}, output),
           runner(m, kv, tok, o.overlap_schedule, o.speculative_draft_tokens, o.drafter) {
-        if (o.speculative_draft_tokens > 0 && o.speculative_schedule) {
-            SpecSchedule s = SpecSchedule::profile(m, o.max_running_requests, o.speculative_draft_tokens);
-            schedule = s.describe();
-            runner.set_spec_schedule(std::move(s));
-        }
+        if (o.speculative_draft_tokens > 0 && o.speculative_schedule)
+            runner.set_spec_schedule(SpecSchedule::profile(m, o.max_running_requests, o.speculative_draft_tokens));
         output.publish_gauges(kv);
         trace.on = switch_is("PEREGRINE_ENGINE_TRACE", "1");
         thread = std::thread([this] { loop(); });
@@ -281,7 +277,10 @@ Engine::~Engine() {
 
 int64_t Engine::kv_tokens() const { return ranks_[0]->kv.capacity_tokens(); }
 
-std::string Engine::speculative_schedule() const { return ranks_[0]->schedule; }
+std::string Engine::speculative_schedule() const {
+    const auto& s = ranks_[0]->runner.spec_schedule();
+    return s ? s->describe() : "";
+}
 
 std::shared_ptr<RequestStream> Engine::submit(std::vector<int32_t> prompt, GenerationParams params) {
     const int vocab = model_.config().vocab_size;

@@ -40,6 +40,7 @@ public:
 
     // Confidence-scheduled verification: drafts are cut per step by `s` (otherwise each request keeps them all).
     void set_spec_schedule(SpecSchedule s) { schedule_.emplace(std::move(s)); }
+    const std::optional<SpecSchedule>& spec_schedule() const { return schedule_; }
     // Drafts the next tokens of every running request that decodes and may be verified (Request::drafts), with
     // the drafter, or else the model's DSpark head; then keeps those the schedule gives a slot.
     void draft(const std::list<RequestPtr>& running);

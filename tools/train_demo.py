@@ -95,6 +95,36 @@ def chunks_with_bos(ids: torch.Tensor, seq_len: int, min_len: int = 32):
     return out
 
 
+def start_run(args):
+    """The output folder and its log, the device and the seed; returns (log, device, start time)."""
+    os.makedirs(args.out, exist_ok=True)
+    log = Log(os.path.join(args.out, "train.log"))
+    device = torch.device(args.device)
+    torch.manual_seed(args.seed)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    return log, device, time.time()
+
+
+def split_text(path: str):
+    """(text, training text, held-out text, validation cut): the last 5% by characters is held out; the last 3% of
+    the rest (from the cut on) is the validation slice."""
+    text = open(path, encoding="utf-8").read()
+    n95 = int(len(text) * 0.95)
+    train_text, held_text = text[:n95], text[n95:]
+    return text, train_text, held_text, int(len(train_text) * 0.97)
+
+
+def cosine_lr(base: float, step: int, planned: int, warmup: int) -> float:
+    """Linear warm-up over `warmup` steps, then cosine decay to 10% of `base` at `planned`."""
+    return base * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / planned))))
+
+
+def snapshot(model):
+    """A detached copy of the model's state (the best checkpoint so far)."""
+    return copy.deepcopy({k: v.detach().clone() for k, v in model.state_dict().items()})
+
+
 def param_groups(model):
     decay, no_decay = [], []
     for n, p in model.named_parameters():
@@ -193,24 +223,15 @@ def main():
     if args.arch == "v41":
         return train_v41(args)
 
-    os.makedirs(args.out, exist_ok=True)
-    log = Log(os.path.join(args.out, "train.log"))
-    device = torch.device(args.device)
-    torch.manual_seed(args.seed)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-    t_start = time.time()
+    log, device, t_start = start_run(args)
 
-    text = open(args.data, encoding="utf-8").read()
-    n95 = int(len(text) * 0.95)
-    train_text, held_text = text[:n95], text[n95:]
-    cut = int(len(train_text) * 0.97)
+    text, train_text, held_text, cut = split_text(args.data)
     hf, seq_len = model_config(args.size)
     tok = build_tokenizer(train_text, hf["vocab_size"], deepseek_tokenizer_json(args.tokenizer_json))
     fit = torch.tensor(tok.encode(train_text[:cut]).ids, dtype=torch.long)
     val = torch.tensor(tok.encode(train_text[cut:]).ids, dtype=torch.long)
     held = torch.tensor(tok.encode(held_text).ids, dtype=torch.long)
-    log(f"data: {len(text)} chars; train {cut} chars = {len(fit)} tokens, validation {n95 - cut} chars = {len(val)} tokens, "
+    log(f"data: {len(text)} chars; train {cut} chars = {len(fit)} tokens, validation {len(train_text) - cut} chars = {len(val)} tokens, "
         f"held-out (last 5%) {len(held_text)} chars = {len(held)} tokens; tokenizer vocab {tok.get_vocab_size()} "
         f"({time.time() - t_start:.1f}s)")
 
@@ -253,10 +274,10 @@ def main():
             if step and step % eval_every:  # the last steps still compete for the best checkpoint
                 vloss, _ = eval_train_precision(model, val_chunks, device)
                 if vloss < best[0]:
-                    best = (vloss, step, copy.deepcopy({k: v.detach().clone() for k, v in model.state_dict().items()}))
+                    best = (vloss, step, snapshot(model))
                 log(f"step {step} val {vloss:.4f} (best {best[0]:.4f} @ {best[1]})")
             break
-        lr = args.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / planned))))
+        lr = cosine_lr(args.lr, step, planned, warmup)
         for g in opt.param_groups:
             g["lr"] = lr
         starts = torch.randint(0, len(fit) - T, (B,), generator=gen)
@@ -281,7 +302,7 @@ def main():
         if step % eval_every == 0 or step == planned:
             vloss, _ = eval_train_precision(model, val_chunks, device)
             if vloss < best[0]:
-                best = (vloss, step, copy.deepcopy({k: v.detach().clone() for k, v in model.state_dict().items()}))
+                best = (vloss, step, snapshot(model))
             log(f"step {step} ({step / steps_per_epoch:.1f} ep) lr {lr:.2e} train {ema:.4f} "
                 f"mtp {mce.item() if mce is not None else float('nan'):.4f} idx_kl {idx_kl.item() if idx_kl is not None else float('nan'):.4f} "
                 f"val {vloss:.4f} (best {best[0]:.4f} @ {best[1]}) {time.time() - t0:.0f}s")
@@ -474,19 +495,10 @@ def train_v41(args):
     from tokenizers import Tokenizer
     from demo_tokenizer import SYSTEM
 
-    os.makedirs(args.out, exist_ok=True)
-    log = Log(os.path.join(args.out, "train.log"))
-    device = torch.device(args.device)
-    torch.manual_seed(args.seed)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-    t_start = time.time()
+    log, device, t_start = start_run(args)
     log(V41_DOC)
 
-    text = open(args.data, encoding="utf-8").read()
-    n95 = int(len(text) * 0.95)
-    train_text, held_text = text[:n95], text[n95:]
-    cut = int(len(train_text) * 0.97)
+    text, train_text, held_text, cut = split_text(args.data)
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     tok_file = args.tokenizer_file or os.path.join(root, "models", "peregrine-demo-v4", "tokenizer.json")
     if os.path.exists(tok_file):
@@ -502,7 +514,7 @@ def train_v41(args):
     fit = torch.tensor(tok.encode(train_text[:cut]).ids, dtype=torch.long)
     val = torch.tensor(tok.encode(train_text[cut:]).ids, dtype=torch.long)
     held = torch.tensor(tok.encode(held_text).ids, dtype=torch.long)
-    log(f"data: {len(text)} chars; train {cut} chars = {len(fit)} tokens, validation {n95 - cut} chars = {len(val)} "
+    log(f"data: {len(text)} chars; train {cut} chars = {len(fit)} tokens, validation {len(train_text) - cut} chars = {len(val)} "
         f"tokens, held-out (last 5%) {len(held_text)} chars = {len(held)} tokens; vocab {tok.get_vocab_size()}, "
         f"{cfg.engram_classes} engram classes, DSpark noise id {cfg.noise_id}")
 
@@ -553,10 +565,10 @@ def train_v41(args):
             if step and step != last_eval:  # the last steps still compete for the best checkpoint
                 vloss = _v41_eval_loss(model, val_chunks, device)
                 if vloss < best[0]:
-                    best = (vloss, step, copy.deepcopy({k: v.detach().clone() for k, v in model.state_dict().items()}))
+                    best = (vloss, step, snapshot(model))
                 log(f"step {step} val {vloss:.4f} (best {best[0]:.4f} @ {best[1]})")
             break
-        lr = args.lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / planned))))
+        lr = cosine_lr(args.lr, step, planned, warmup)
         for g in opt.param_groups:
             g["lr"] = lr
         x = batch()
@@ -574,7 +586,7 @@ def train_v41(args):
         if step % eval_every == 0 or step == planned:
             vloss, last_eval = _v41_eval_loss(model, val_chunks, device), step
             if vloss < best[0]:
-                best = (vloss, step, copy.deepcopy({k: v.detach().clone() for k, v in model.state_dict().items()}))
+                best = (vloss, step, snapshot(model))
             log(f"step {step} ({step / steps_per_epoch:.1f} ep) lr {lr:.2e} train {ema:.4f} idx_kl "
                 f"{idx_kl.item() if idx_kl is not None else float('nan'):.4f} val {vloss:.4f} "
                 f"(best {best[0]:.4f} @ {best[1]}) {time.time() - t0:.0f}s")
@@ -603,7 +615,7 @@ def train_v41(args):
             log(f"dspark: step time {per_step * 1000:.0f} ms -> {dplanned} steps planned")
         if d_step >= dplanned or (elapsed > budget2 and d_step >= 10):
             break
-        lr = args.lr * min(1.0, (d_step + 1) / 50) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, d_step / min(dplanned, 10 ** 6)))))
+        lr = cosine_lr(args.lr, d_step, min(dplanned, 10 ** 6), 50)
         for g in dopt.param_groups:
             g["lr"] = lr
         x = batch()

@@ -254,8 +254,6 @@ Engine::Engine(std::vector<Model*> ranks, const Tokenizer* tok, EngineOptions op
         PEREGRINE_CHECK(opts_.drafter || opts_.speculative_draft_tokens <= c.dspark_block_size,
                         "{} draft tokens: the DSpark head drafts {} at a time", opts_.speculative_draft_tokens,
                         c.dspark_block_size);
-        PEREGRINE_CHECK(model_.backend().writes_step_carries(),
-                        "speculative decoding does not run on the {} backend yet", model_.backend().name());
         PEREGRINE_CHECK(ranks.size() == 1, "speculative decoding does not run with expert parallelism yet");
     }
     for (Model* m : ranks) {

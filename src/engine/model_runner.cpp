@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 
 namespace peregrine {
 
@@ -106,8 +107,7 @@ StepOutput ModelRunner::take_samples(Launched& l, const std::vector<RequestPtr>&
 }
 
 void ModelRunner::draft(const std::list<RequestPtr>& running) {
-    std::vector<Request*> drafted;
-    std::vector<std::vector<double>> accept;
+    std::vector<std::pair<Request*, int>> wanted;  // requests to draft for, and how many drafts
     int decoding = 0;
     for (auto& r : running) {
         r->drafts.clear();
@@ -116,61 +116,126 @@ void ModelRunner::draft(const std::list<RequestPtr>& running) {
         // The drafts go up to the token limit: the target's token after the last draft comes with them.
         const int64_t room = r->params.max_new_tokens - r->completion - 1;
         const int k = static_cast<int>(std::min<int64_t>(draft_tokens_, room));
-        if (k <= 0 || !r->draftable(k)) continue;
-        std::vector<double> p;
-        r->drafts = drafter_ ? drafter_(r->seq, k) : draft_dspark(*r, k, p);
-        if (static_cast<int>(r->drafts.size()) > k) r->drafts.resize(static_cast<size_t>(k));
-        for (int32_t& t : r->drafts) PEREGRINE_CHECK(t >= 0 && t < vocab_, "draft token {} out of range", t);
-        if (drafter_)  // the running rate at each position (one accepted of two before any is known)
-            for (size_t i = 0; i < r->drafts.size(); ++i)
-                p.push_back(i < drafted_at_.size() ? (accepted_at_[i] + 1) / (drafted_at_[i] + 2) : 0.5);
-        p.resize(r->drafts.size());
-        for (size_t i = 1; i < p.size(); ++i) p[i] = std::min(p[i], p[i - 1]);
-        drafted.push_back(r.get());
-        accept.push_back(std::move(p));
+        if (k > 0 && r->draftable(k)) wanted.emplace_back(r.get(), k);
     }
-    if (!schedule_ || drafted.empty()) return;
+    // The running acceptance at each draft position (one accepted of two before any is known), non-increasing.
+    std::vector<double> rate(static_cast<size_t>(draft_tokens_));
+    for (size_t i = 0; i < rate.size(); ++i) {
+        rate[i] = i < drafted_at_.size() ? (accepted_at_[i] + 1) / (drafted_at_[i] + 2) : 0.5;
+        if (i > 0) rate[i] = std::min(rate[i], rate[i - 1]);
+    }
+    if (wanted.empty() || (schedule_ && !schedule_->worth_drafting(rate, decoding))) return;
+    std::vector<std::vector<double>> accept(wanted.size());  // predicted acceptance of each request's drafts
+    if (drafter_) {
+        for (size_t n = 0; n < wanted.size(); ++n) {
+            auto [r, k] = wanted[n];
+            r->drafts = drafter_(r->seq, k);
+            if (static_cast<int>(r->drafts.size()) > k) r->drafts.resize(static_cast<size_t>(k));
+            accept[n].assign(rate.begin(), rate.begin() + static_cast<int64_t>(r->drafts.size()));
+        }
+    } else {
+        draft_dspark(wanted, accept);
+    }
+    for (size_t n = 0; n < wanted.size(); ++n) {
+        Request& r = *wanted[n].first;
+        for (int32_t t : r.drafts) PEREGRINE_CHECK(t >= 0 && t < vocab_, "draft token {} out of range", t);
+        auto& p = accept[n];
+        p.resize(r.drafts.size());
+        for (size_t i = 1; i < p.size(); ++i) p[i] = std::min(p[i], p[i - 1]);
+    }
+    if (!schedule_) return;
     const std::vector<int> keep = schedule_->plan(accept, decoding);
-    for (size_t i = 0; i < drafted.size(); ++i) drafted[i]->drafts.resize(static_cast<size_t>(keep[i]));
+    for (size_t n = 0; n < wanted.size(); ++n) wanted[n].first->drafts.resize(static_cast<size_t>(keep[n]));
 }
 
 // Each draft is drawn from the head's logits with the request's own transforms (grammar mask, penalties, bias,
 // temperature and truncation) and the very draw its target will use at that position: wherever the two
 // distributions put that draw on the same token, the draft is the target's token. Greedy requests draft greedily.
-std::vector<int32_t> ModelRunner::draft_dspark(Request& r, int k, std::vector<double>& accept) {
-    TokensAhead ahead(r);
-    SampleScratch scratch;
-    const auto& p = r.params;
-    bool ended = false;  // an end of sequence was drafted: nothing follows it
-    auto pick = [&](int i, float* row) -> int32_t {
-        if (i >= k || ended || (p.processor && p.processor->done())) return -1;
-        if (p.processor) p.processor->process(row, vocab_);
-        apply_adjustments(row, vocab_, adjustments(r, ahead.penalties(), i), penalties_of(p.sampling));
-        const int32_t id = sample_token(row, vocab_, r.sampler.config(), r.sampler.seed(),
-                                        r.sampler.next_index() + static_cast<uint64_t>(i), scratch);
-        if (!(row[id] > -INFINITY)) return -1;  // every token masked
-        ended = (!p.ignore_eos && id == eos_) ||
-                std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), id) != p.stop_token_ids.end();
-        ahead.take(id, vocab_);
-        return id;
+// One pass of the head drafts for every request; each position's tokens are drawn where the backend samples (the
+// rows of requests with a grammar mask on the host).
+void ModelRunner::draft_dspark(const std::vector<std::pair<Request*, int>>& wanted,
+                               std::vector<std::vector<double>>& accept) {
+    const size_t N = wanted.size();
+    std::vector<std::unique_ptr<TokensAhead>> ahead;
+    std::vector<const SeqState*> seqs;
+    std::vector<int32_t> anchors;
+    for (auto [r, k] : wanted) {
+        ahead.push_back(std::make_unique<TokensAhead>(*r));
+        seqs.push_back(&r->kv.state);
+        anchors.push_back(r->seq.back());
+    }
+    std::vector<bool> ended(N, false);  // no more drafts: an end of sequence was drafted, or the grammar is done
+    DeviceSampler& sampler = model_.backend().sampler();
+    auto choose = [&](int i, const Tensor& logits) {
+        std::vector<int32_t> ids(N, -1);
+        std::vector<SampleRow> rows;
+        std::vector<size_t> sampled;  // the request of each sampler row
+        std::vector<int> host;        // requests whose logit processor runs on the host
+        for (size_t n = 0; n < N; ++n) {
+            Request& r = *wanted[n].first;
+            if (i >= wanted[n].second || ended[n] || (r.params.processor && r.params.processor->done())) {
+                ended[n] = true;
+            } else if (r.params.processor) {
+                host.push_back(static_cast<int>(n));
+            } else {
+                rows.push_back(sample_row(r, static_cast<int>(n), ahead[n]->penalties(), i,
+                                          r.sampler.next_index() + static_cast<uint64_t>(i)));
+                rows.back().logprobs = false;
+                rows.back().top_logprobs = 0;
+                sampled.push_back(n);
+            }
+        }
+        if (!rows.empty()) {
+            const std::vector<SampleResult> res = sampler.sample(logits, rows);
+            for (size_t j = 0; j < res.size(); ++j) ids[sampled[j]] = res[j].id;
+        }
+        if (!host.empty()) {
+            Tensor h = sampler.rows_to_host(logits, host);
+            SampleScratch scratch;
+            for (size_t j = 0; j < host.size(); ++j) {
+                const size_t n = static_cast<size_t>(host[j]);
+                Request& r = *wanted[n].first;
+                float* row = h.f32() + static_cast<int64_t>(j) * vocab_;
+                r.params.processor->process(row, vocab_);
+                apply_adjustments(row, vocab_, adjustments(r, ahead[n]->penalties(), i),
+                                  penalties_of(r.params.sampling));
+                const int32_t id = sample_token(row, vocab_, r.sampler.config(), r.sampler.seed(),
+                                                r.sampler.next_index() + static_cast<uint64_t>(i), scratch);
+                ids[n] = row[id] > -INFINITY ? id : -1;  // -1: every token masked
+            }
+        }
+        for (size_t n = 0; n < N; ++n) {
+            if (ids[n] < 0) {
+                ended[n] = true;
+                continue;
+            }
+            const auto& p = wanted[n].first->params;
+            ended[n] = (!p.ignore_eos && ids[n] == eos_) ||
+                       std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), ids[n]) != p.stop_token_ids.end();
+            ahead[n]->take(ids[n], vocab_);
+        }
+        return ids;
     };
-    DraftResult d = model_.draft(r.kv.state, r.seq.back(), pick);
-    double all = 1;  // the confidence head's logit: the draft's chance of being accepted after the ones before it
-    for (size_t i = 0; i + 1 < d.ids.size(); ++i) accept.push_back(all *= 1 / (1 + std::exp(-d.confidence[i])));
-    return {d.ids.begin() + 1, d.ids.end()};
+    const std::vector<DraftResult> d = model_.draft(seqs, anchors, choose);
+    ahead.clear();  // the requests as they were (their logit processors rolled back)
+    for (size_t n = 0; n < N; ++n) {
+        wanted[n].first->drafts.assign(d[n].ids.begin() + 1, d[n].ids.end());
+        double all = 1;  // the confidence head's logit: the draft's chance of being accepted after the ones before it
+        for (size_t i = 0; i + 1 < d[n].ids.size(); ++i)
+            accept[n].push_back(all *= 1 / (1 + std::exp(-d[n].confidence[i])));
+    }
 }
 
 // The target's token at each drafted position is its own draw there (the draw it would make without drafts), so
 // the output is the target's distribution exactly, and a seeded request gives the same tokens with or without
 // speculation. A draft is accepted when it is that token.
-std::vector<TokenOutput> ModelRunner::verify(Request& r, const ScheduledBatch::Entry& e, const float* first) {
+std::vector<TokenOutput> ModelRunner::verify(Request& r, const ScheduledBatch::Entry& e, const TokenAt& at) {
     std::vector<TokenOutput> out;
-    std::vector<float> row;
     int accepted = 0;
     {
         TokensAhead ahead(r);
         for (int i = 0; i <= e.drafts; ++i) {
-            out.push_back(choose(r, first + static_cast<int64_t>(i) * vocab_, row, ahead));
+            out.push_back(at(i, ahead));
             if (i == e.drafts || out.back().id != r.drafts[static_cast<size_t>(i)]) break;
             ahead.take(out.back().id, vocab_);
         }
@@ -227,7 +292,9 @@ StepOutput ModelRunner::run(const ScheduledBatch& sb, bool overlap) {
     if (overlap) {
         // This step's samples start; the previous step's arrive (the device runs this step meanwhile).
         std::vector<SampleRow> rows;
-        for (size_t i = 0; i < sampled.size(); ++i) rows.push_back(sample_row(*sampled[i], static_cast<int>(i)));
+        for (size_t i = 0; i < sampled.size(); ++i)
+            rows.push_back(sample_row(*sampled[i], static_cast<int>(i), sampled[i]->penalties, 0,
+                                      sampled[i]->sampler.take_index()));
         sampler.start(logits, rows);
         forward_ms_ += ms_since(tf);
         for (size_t i = 0; i < sampled.size(); ++i) {
@@ -249,30 +316,56 @@ StepOutput ModelRunner::run(const ScheduledBatch& sb, bool overlap) {
     const auto tw = EngineClock::now();
     std::vector<TokenOutput> chosen(sampled.size());
     std::vector<std::vector<TokenOutput>> verified(sampled.size());  // verify steps' tokens
-    std::vector<size_t> device_rows, host_rows;
-    for (size_t i = 0; i < sampled.size(); ++i) {
-        PEREGRINE_CHECK(!on_device || sampled_entry[i]->drafts == 0, "drafts are verified on the host");
-        (on_device && !sampled[i]->params.processor ? device_rows : host_rows).push_back(i);
+    // Requests without a logit processor are sampled on the device where the backend samples there: each row of a
+    // verify step as if the drafts before it were taken. The others' rows come to the host (grammar masks).
+    std::vector<size_t> device_reqs, host_reqs;
+    for (size_t i = 0; i < sampled.size(); ++i)
+        (on_device && !sampled[i]->params.processor ? device_reqs : host_reqs).push_back(i);
+    std::vector<SampleRow> device_rows;
+    std::vector<size_t> device_first(sampled.size());  // sampled[i]'s first result
+    for (size_t i : device_reqs) {
+        Request& r = *sampled[i];
+        const int drafts = sampled_entry[i]->drafts;
+        device_first[i] = device_rows.size();
+        TokensAhead ahead(r);
+        for (int d = 0; d <= drafts; ++d) {
+            device_rows.push_back(sample_row(r, static_cast<int>(first_row[i]) + d, ahead.penalties(), d,
+                                             r.sampler.next_index() + static_cast<uint64_t>(d)));
+            if (d < drafts) ahead.take(r.drafts[static_cast<size_t>(d)], vocab_);
+        }
     }
-    Tensor host_logits = logits;  // row j: sampled[host_rows[j]]
-    if (on_device && !host_rows.empty())
-        host_logits = sampler.rows_to_host(logits, std::vector<int>(host_rows.begin(), host_rows.end()));
-    if (!device_rows.empty()) {
-        std::vector<SampleRow> rows;
-        for (size_t i : device_rows) rows.push_back(sample_row(*sampled[i], static_cast<int>(i)));
-        std::vector<SampleResult> res = sampler.sample(logits, rows);
-        for (size_t j = 0; j < device_rows.size(); ++j) chosen[device_rows[j]] = token_output(std::move(res[j]));
+    std::vector<SampleResult> device_res;
+    if (!device_rows.empty()) device_res = sampler.sample(logits, device_rows);
+    for (size_t i : device_reqs) {
+        Request& r = *sampled[i];
+        auto at = [&](int d, const TokensAhead&) {
+            r.sampler.take_index();
+            return token_output(std::move(device_res[device_first[i] + static_cast<size_t>(d)]));
+        };
+        if (sampled_entry[i]->drafts > 0) verified[i] = verify(r, *sampled_entry[i], at);
+        else chosen[i] = at(0, TokensAhead(r));
     }
+    Tensor host_logits = logits;  // from row host_first[j]: sampled[host_reqs[j]]'s rows
+    std::vector<int64_t> host_first;
+    std::vector<int> copied;
+    for (size_t i : host_reqs) {
+        host_first.push_back(on_device ? static_cast<int64_t>(copied.size()) : first_row[i]);
+        for (int d = 0; d <= sampled_entry[i]->drafts; ++d) copied.push_back(static_cast<int>(first_row[i]) + d);
+    }
+    if (on_device && !host_reqs.empty()) host_logits = sampler.rows_to_host(logits, copied);
     // Choosing the tokens on the host is independent per request (own logits row, sampler, grammar matcher): it
     // runs in parallel; delivering them and the finishing rules run in order (the output processor).
-    parallel_for(static_cast<int64_t>(host_rows.size()), [&](int64_t j0, int64_t j1) {
+    parallel_for(static_cast<int64_t>(host_reqs.size()), [&](int64_t j0, int64_t j1) {
         std::vector<float> row;
         for (int64_t j = j0; j < j1; ++j) {
-            const size_t i = host_rows[static_cast<size_t>(j)];
-            const int64_t src = on_device ? j : first_row[i];
-            const float* l = host_logits.f32() + src * static_cast<int64_t>(vocab_);
-            if (sampled_entry[i]->drafts > 0) verified[i] = verify(*sampled[i], *sampled_entry[i], l);
-            else chosen[i] = choose(*sampled[i], l, row, TokensAhead(*sampled[i]));
+            const size_t i = host_reqs[static_cast<size_t>(j)];
+            Request& r = *sampled[i];
+            const float* l = host_logits.f32() + host_first[static_cast<size_t>(j)] * static_cast<int64_t>(vocab_);
+            auto at = [&](int d, const TokensAhead& ahead) {
+                return choose(r, l + static_cast<int64_t>(d) * vocab_, row, ahead);
+            };
+            if (sampled_entry[i]->drafts > 0) verified[i] = verify(r, *sampled_entry[i], at);
+            else chosen[i] = at(0, TokensAhead(r));
         }
     });
     wait_ms_ += ms_since(tw);  // the synchronous sample (or the host's choice) waits for the logits
@@ -304,15 +397,16 @@ std::vector<LogitAdjust> ModelRunner::adjustments(const Request& r, const Penalt
     return logit_adjustments(p.sampling, pen, masked, vocab_);
 }
 
-SampleRow ModelRunner::sample_row(Request& r, int row) const {
+SampleRow ModelRunner::sample_row(const Request& r, int row, const PenaltyState& pen, int64_t ahead,
+                                  uint64_t index) const {
     const auto& p = r.params;
     SampleRow s;
     s.row = row;
-    s.adjust = adjustments(r, r.penalties);
+    s.adjust = adjustments(r, pen, ahead);
     s.penalties = penalties_of(p.sampling);
     s.config = r.sampler.config();
     s.seed = r.sampler.seed();
-    s.index = r.sampler.take_index();
+    s.index = index;
     s.logprobs = p.logprobs;
     s.top_logprobs = p.logprobs ? p.top_logprobs : 0;
     return s;

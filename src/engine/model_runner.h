@@ -71,21 +71,23 @@ private:
     // Completed pages of requests whose fed ids are known join the prefix cache at once, so concurrent requests
     // with the same prefix (a shared system prompt) reuse them while these are still running.
     void share_pages(const std::vector<RequestPtr>& reqs);
-    // The sampler's row for r (logits row `row`); takes the request's next draw.
-    SampleRow sample_row(Request& r, int row) const;
+    // The sampler's row for r (logits row `row`) with `ahead` tokens taken past its last one (penalty history
+    // `pen`), at its draw `index`.
+    SampleRow sample_row(const Request& r, int row, const PenaltyState& pen, int64_t ahead, uint64_t index) const;
     // r's logit adjustments with `ahead` tokens taken past its last one (the drafts of a verify step) and the
     // penalty history that includes them.
     std::vector<LogitAdjust> adjustments(const Request& r, const PenaltyState& pen, int64_t ahead = 0) const;
     // r's token after the `ahead` tokens of `view` from its logits row on the host (grammar mask, then the device
     // sampler's adjustments and draw); takes the request's next draw.
     TokenOutput choose(Request& r, const float* raw, std::vector<float>& row, const TokensAhead& view) const;
-    // r's drafts from the DSpark head, each drawn as its target will draw that position, and the head's predicted
-    // probability that the drafts up to each are all accepted.
-    std::vector<int32_t> draft_dspark(Request& r, int k, std::vector<double>& accept);
+    // The drafts of each request (up to its count) from the DSpark head, each drawn as its target will draw that
+    // position, and the head's predicted probability that the drafts up to each are all accepted.
+    void draft_dspark(const std::vector<std::pair<Request*, int>>& wanted, std::vector<std::vector<double>>& accept);
     TokenOutput token_output(SampleResult&& s) const;
-    // A verify step's tokens for r: the target's choice at its token and at each draft while the drafts match
-    // (rows from `first`), then the sequence cut back to what they accepted.
-    std::vector<TokenOutput> verify(Request& r, const ScheduledBatch::Entry& e, const float* first);
+    // A verify step's tokens for r: the target's token at its token and at each draft while the drafts match (`at`
+    // gives position i's, with the drafts before it taken), then the sequence cut back to what they accepted.
+    using TokenAt = std::function<TokenOutput(int i, const TokensAhead& ahead)>;
+    std::vector<TokenOutput> verify(Request& r, const ScheduledBatch::Entry& e, const TokenAt& at);
 
     Model& model_;
     CacheManager& kv_;

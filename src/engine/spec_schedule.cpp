@@ -11,8 +11,11 @@
 
 namespace peregrine {
 
-SpecSchedule::SpecSchedule(std::vector<int> batches, std::vector<std::vector<double>> seconds)
-    : batches_(std::move(batches)), seconds_(std::move(seconds)) {
+SpecSchedule::SpecSchedule(std::vector<int> batches, std::vector<std::vector<double>> seconds,
+                           std::vector<double> draft_seconds)
+    : batches_(std::move(batches)), seconds_(std::move(seconds)), draft_seconds_(std::move(draft_seconds)) {
+    PEREGRINE_CHECK(draft_seconds_.empty() || draft_seconds_.size() == batches_.size(),
+                    "drafting times: one per batch size");
     PEREGRINE_CHECK(!batches_.empty() && batches_.size() == seconds_.size() && std::is_sorted(batches_.begin(),
                                                                                               batches_.end()),
                     "verify step table: one row per batch size, ascending");
@@ -64,27 +67,47 @@ SpecSchedule SpecSchedule::profile(Model& m, int max_batch, int max_drafts, int 
             }
             seconds[b][static_cast<size_t>(k)] = best;
         }
+    std::vector<double> draft;
+    for (size_t b = 0; m.has_dspark() && b < batches.size(); ++b) {
+        std::vector<const SeqState*> some;
+        for (int i = 0; i < batches[b]; ++i) some.push_back(&seqs[static_cast<size_t>(i)]);
+        double best = INFINITY;
+        for (int rep = 0; rep < reps; ++rep) {
+            const auto t0 = std::chrono::steady_clock::now();
+            (void)m.draft(some, std::vector<int32_t>(some.size(), 3));
+            best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+        draft.push_back(best);
+    }
     for (SeqState& s : seqs) pool.release(s);
-    return SpecSchedule(std::move(batches), std::move(seconds));
+    return SpecSchedule(std::move(batches), std::move(seconds), std::move(draft));
+}
+
+double SpecSchedule::by_batch(int batch, const std::function<double(size_t)>& f) const {
+    if (batch >= batches_.back()) return f(batches_.size() - 1) * batch / batches_.back();
+    if (batch <= batches_.front()) return f(0);
+    size_t hi = 1;
+    while (batches_[hi] < batch) ++hi;
+    const double w = static_cast<double>(batch - batches_[hi - 1]) / (batches_[hi] - batches_[hi - 1]);
+    return f(hi - 1) * (1 - w) + f(hi) * w;
 }
 
 double SpecSchedule::step_seconds(int batch, int drafts) const {
     // Linear in drafts per sequence between the table's columns, in the batch size between its rows (beyond the
     // largest: in proportion to it).
     const double per_seq = std::min<double>(static_cast<double>(drafts) / std::max(1, batch), max_drafts());
-    auto at = [&](size_t b) {
+    return by_batch(batch, [&](size_t b) {
         const auto& row = seconds_[b];
         const int k0 = std::min(static_cast<int>(per_seq), max_drafts() - 1);
         if (max_drafts() == 0) return row[0];
         const double f = per_seq - k0;
         return row[static_cast<size_t>(k0)] * (1 - f) + row[static_cast<size_t>(k0) + 1] * f;
-    };
-    if (batch >= batches_.back()) return at(batches_.size() - 1) * batch / batches_.back();
-    if (batch <= batches_.front()) return at(0);
-    size_t hi = 1;
-    while (batches_[hi] < batch) ++hi;
-    const double f = static_cast<double>(batch - batches_[hi - 1]) / (batches_[hi] - batches_[hi - 1]);
-    return at(hi - 1) * (1 - f) + at(hi) * f;
+    });
+}
+
+double SpecSchedule::draft_seconds(int batch) const {
+    if (draft_seconds_.empty()) return 0.0;
+    return by_batch(batch, [&](size_t b) { return draft_seconds_[b]; });
 }
 
 std::vector<int> SpecSchedule::plan(const std::vector<std::vector<double>>& accept, int batch) const {
@@ -110,11 +133,28 @@ std::vector<int> SpecSchedule::plan(const std::vector<std::vector<double>>& acce
     return drafts;
 }
 
+bool SpecSchedule::worth_drafting(const std::vector<double>& rate, int batch) const {
+    if (batch <= 0 || rate.empty()) return false;
+    const double plain = batch / step_seconds(batch, 0), drafting = draft_seconds(batch);
+    // Every sequence alike: slots go a draft position at a time across the batch.
+    double tokens = batch;
+    for (size_t j = 0; j < rate.size() && static_cast<int>(j) < max_drafts(); ++j) {
+        tokens += batch * rate[j];
+        if (tokens / (step_seconds(batch, batch * static_cast<int>(j + 1)) + drafting) > plain) return true;
+    }
+    return false;
+}
+
 std::string SpecSchedule::describe() const {
     std::string s = "verify step ms by batch (rows) and drafts per sequence (0..):";
     for (size_t b = 0; b < batches_.size(); ++b) {
         s += fmt::format("\n  {:>4}:", batches_[b]);
         for (double t : seconds_[b]) s += fmt::format(" {:.2f}", t * 1e3);
+    }
+    if (!draft_seconds_.empty()) {
+        s += "\n  drafting ms by batch:";
+        for (size_t b = 0; b < batches_.size(); ++b)
+            s += fmt::format(" {}: {:.2f}", batches_[b], draft_seconds_[b] * 1e3);
     }
     return s;
 }

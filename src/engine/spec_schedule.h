@@ -6,6 +6,7 @@
 // drafts accepted often enough to pay for themselves, down to none.
 #include "model/model.h"
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -14,17 +15,26 @@ namespace peregrine {
 class SpecSchedule {
 public:
     // seconds[b][k]: a step of batches[b] sequences with k drafts each (k = 0..max drafts); batches ascending.
-    SpecSchedule(std::vector<int> batches, std::vector<std::vector<double>> seconds);
+    // draft_seconds[b]: drafting for batches[b] sequences (empty: drafts cost nothing).
+    SpecSchedule(std::vector<int> batches, std::vector<std::vector<double>> seconds,
+                 std::vector<double> draft_seconds = {});
     // Times forward steps of 1, 4, 16, ... up to max_batch sequences (a few tokens of context each) with 0..max_drafts
-    // drafts per sequence, on scratch state pages: the best of `reps` steps each.
+    // drafts per sequence, on scratch state pages, and the model's DSpark head drafting for as many sequences: the
+    // best of `reps` each.
     static SpecSchedule profile(Model& m, int max_batch, int max_drafts, int reps = 2);
 
     // Predicted seconds of a step of `batch` sequences with `drafts` drafts among them (interpolated).
     double step_seconds(int batch, int drafts) const;
+    // Predicted seconds of drafting for `batch` sequences (interpolated).
+    double draft_seconds(int batch) const;
     // Drafts per sequence for a step of `batch` decoding sequences, of which those in `accept` have drafts:
     // accept[i][j] is the predicted probability that sequence i's drafts 0..j are all accepted (non-increasing in
     // j). Maximises (batch + expected accepted drafts) / step_seconds over the slots taken best first.
     std::vector<int> plan(const std::vector<std::vector<double>>& accept, int batch) const;
+    // Whether drafting for a step of `batch` decoding sequences pays for itself, decided before drafting: with every
+    // sequence's drafts accepted at the running rates (rate[j]: the chance that drafts 0..j are), the best plan's
+    // tokens per second, its drafting time included, beat those of a step without drafts.
+    bool worth_drafting(const std::vector<double>& rate, int batch) const;
 
     int max_drafts() const { return static_cast<int>(seconds_.front().size()) - 1; }
     // The table, a line per batch size (start-up log).
@@ -33,6 +43,9 @@ public:
 private:
     std::vector<int> batches_;
     std::vector<std::vector<double>> seconds_;
+    std::vector<double> draft_seconds_;
+    // f's value at `batch` from its values at the table's batch sizes: linear between them, in proportion beyond.
+    double by_batch(int batch, const std::function<double(size_t)>& f) const;
 };
 
 }  // namespace peregrine

@@ -109,7 +109,6 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
             s.state->tokens.push_back(batch.token_ids[static_cast<size_t>(s.row0 + i)]);
         s.state->step_carries_from = -1;
         if (s.speculative) {  // every position's carry starts as the step's (each compressor writes its own part)
-            PEREGRINE_CHECK(be.writes_step_carries(), "the {} backend does not verify drafts yet", be.name());
             PEREGRINE_CHECK(static_cast<int>(s.state->step_carries.size()) > s.n_tokens && s.replay_from == 0,
                             "a speculative step needs a carry slot per position (and no decoder replay)");
             if (layout_.carry_bytes > 0)
@@ -208,7 +207,12 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
             be.store_window_kv(main_x, d.stages[static_cast<size_t>(st)].attn, stage_info(st),
                                replay.seqs.empty() ? batch : replay);
     }
-    for (auto& s : batch.seqs) s.state->n_cached = s.start_pos + s.n_tokens;
+    for (auto& s : batch.seqs) {
+        s.state->n_cached = s.start_pos + s.n_tokens;
+        if (s.speculative && layout_.carry_bytes > 0)  // the carry after the step's last token (BatchSeq::speculative)
+            be.state_memory().copy(s.state->step_carries[static_cast<size_t>(s.n_tokens)].get(), s.state->carry.get(),
+                                   layout_.carry_bytes);
+    }
 
     // Final collapse of the requested rows, norm and head.
     if (rows.empty()) return Tensor::zeros(DType::F32, {0, cfg_.vocab_size});

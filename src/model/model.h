@@ -24,8 +24,8 @@ struct ModelOptions {
     std::string engram_placement = "device";  // cuda: engram tables in "device" or pinned "host" memory
 };
 
-// A DSpark draft block: ids = [anchor, d1..] (B drafts unless the chooser ended the block early), the block's
-// logits [B, vocab] (Markov bias of the chosen ids included) and raw confidence logits [B].
+// A DSpark draft block: ids = [anchor, d1..] (B drafts unless the chooser ended the block early), raw confidence
+// logits [B], and with the greedy chooser the block's logits [B, vocab] (Markov bias of the chosen ids included).
 struct DraftResult {
     std::vector<int32_t> ids;
     std::vector<float> logits;
@@ -58,13 +58,15 @@ public:
     // layer is one (V4): decoder SWA bounded replay has nothing to skip.
     int replay_layer() const { return replay_layer_; }
 
-    // V4.1's DSpark head: drafts the block after the sequence's last fed position, given the anchor
-    // (the token sampled for the next position). Reads the stage windows, changes no state. `choose` picks draft
-    // i from its logits row (Markov bias included; it may change the row) or ends the block with -1; greedy when
-    // absent. The ids are the anchor and the drafts; logits and confidence have the block's full length.
-    using DraftChooser = std::function<int32_t(int i, float* row)>;
+    // V4.1's DSpark head: drafts the blocks after each sequence's last fed position in one pass, given its anchor
+    // (the token sampled for the next position). Reads the stage windows, changes no state. `choose(i, logits)`
+    // picks every sequence's draft i from the position's logits [sequences, vocab] (Markov bias included; in device
+    // memory where the backend samples there) or ends a sequence's block with -1; greedy when absent. The ids are
+    // the anchor and the drafts; confidence has the block's full length.
+    using DraftChooser = std::function<std::vector<int32_t>(int i, const Tensor& logits)>;
     bool has_dspark() const { return w_.dspark.has_value(); }
-    DraftResult draft(const SeqState& s, int32_t anchor, const DraftChooser& choose = nullptr);
+    std::vector<DraftResult> draft(const std::vector<const SeqState*>& seqs, const std::vector<int32_t>& anchors,
+                                   const DraftChooser& choose = nullptr);
 
     // Expert parallelism: this model is one rank of `ep`'s group; it drops the routed experts of the
     // backbone's MoE layers that the rank does not hold (DSpark's stay whole). Every rank then runs each
@@ -105,6 +107,9 @@ ModelConfig synthetic_v4_flash_config(int layers, int n_routed_experts = 256);
 // V4.1-Flash's engram layers (1 and 14, those of cfg's layers) with the release's hashing and table row counts
 // (384,006,168 and 384,016,682 rows of 256 bytes: 98 GB each).
 void add_synthetic_engram(ModelConfig& cfg);
+// V4.1-Flash's DSpark head: 3 stages of 128 experts (top-3), blocks of 5, Markov rank 256, reading the last three
+// of cfg's layers (the release reads 37-39 of 40).
+void add_synthetic_dspark(ModelConfig& cfg);
 // The synthetic models by name, as serve --synthetic and synth-checkpoint take them; experts 0: the release's
 // count (384 for V4.1-Flash, 256 for V4-Flash).
 inline constexpr const char* synthetic_presets() { return "v41-flash, v4-flash"; }

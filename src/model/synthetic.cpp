@@ -117,6 +117,20 @@ void add_synthetic_engram(ModelConfig& c) {
     }
 }
 
+void add_synthetic_dspark(ModelConfig& c) {
+    PEREGRINE_CHECK(c.arch == ModelArch::DeepseekV41, "the DSpark head is V4.1's");
+    c.n_mtp_layers = 3;
+    c.compress_ratios.resize(static_cast<size_t>(c.n_layers));
+    c.compress_ratios.insert(c.compress_ratios.end(), 3, 0);  // the stages are window-only
+    c.dspark_block_size = 5;
+    c.dspark_noise_token_id = 128799;
+    c.dspark_target_layer_ids.clear();
+    for (int l = std::max(0, c.n_layers - 3); l < c.n_layers; ++l) c.dspark_target_layer_ids.push_back(l);
+    c.dspark_markov_rank = 256;
+    c.dspark_n_routed_experts = 128;
+    c.dspark_n_activated_experts = 3;
+}
+
 ModelConfig synthetic_preset_config(const std::string& preset, int layers, int n_routed_experts) {
     if (preset == "v41-flash") return synthetic_v41_flash_config(layers, n_routed_experts ? n_routed_experts : 384);
     if (preset == "v4-flash") return synthetic_v4_flash_config(layers, n_routed_experts ? n_routed_experts : 256);

@@ -82,8 +82,6 @@ public:
     // Its roles beside the compute ops: the memory state pages and carries live in (host memory for the CPU
     // backend, device memory for CUDA), its sampler, and what tools can ask of it (null: nothing).
     virtual StateMemory& state_memory() = 0;
-    // Whether its compressors write the carry as of each position of a speculative sequence (BatchSeq::speculative).
-    virtual bool writes_step_carries() const { return false; }
     virtual DeviceSampler& sampler() = 0;
     virtual Diagnostics* diagnostics() { return nullptr; }
 
@@ -136,10 +134,12 @@ public:
     // (a DSpark stage's window is fed from the backbone's hidden states).
     virtual void store_window_kv(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                                  ForwardBatch& batch) = 0;
-    // A DSpark stage's attention for a draft block at positions pos+1.. over its window (positions <= pos)
-    // and the whole block (no causal mask inside the block).
+    // A DSpark stage's attention for draft blocks of equal length, rows [j * B, (j + 1) * B) sequence j's at
+    // positions pos[j]+1.., over its window (positions <= pos[j]) and its whole block (no causal mask inside).
     virtual Tensor dspark_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
-                                    const SeqState& state, int64_t pos) = 0;
+                                    const std::vector<const SeqState*>& states, const std::vector<int64_t>& pos) = 0;
+    // y += x elementwise (fp32, one shape; y where logits() leaves them).
+    virtual void add_into(Tensor& y, const Tensor& x) = 0;
     virtual Tensor linear(const Tensor& x, const LinearWeight& w) = 0;
     // fp32 logits [rows, vocab] of already normalised rows, in host memory (or, with to_host false, where
     // the backend samples them: device memory when sampler().on_device()).

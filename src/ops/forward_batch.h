@@ -19,8 +19,9 @@ struct BatchSeq {
     // positions below replay_from skip the layers after the last KV source (Model::forward).
     int64_t window_floor = 0;
     int64_t replay_from = 0;
-    // Drafts under verification: the backend writes the carry as of each position into state->step_carries (which
-    // must hold n_tokens + 1 slots), so that rejected positions can be cut off (PagePool::cut).
+    // Drafts under verification: state->step_carries (n_tokens + 1 slots) gets the carry as of each position, so
+    // that rejected positions can be cut off (PagePool::cut). The backend writes the ones after each token but the
+    // last; Model::forward the step's first and last.
     bool speculative = false;
 };
 

@@ -222,4 +222,15 @@ TEST(SpecSchedule, KeepsTheDraftsThatRaiseTokensPerSecond) {
     EXPECT_EQ(cheap.plan(accept, 64)[3], 2);
     EXPECT_EQ(cheap.plan(accept, 64)[7], 1);
     EXPECT_EQ(cheap.plan(accept, 64)[0], 0);
+
+    // Drafting's own cost, decided before drafting from the running rates: free drafts pay at batch 1 and 64; at 0.2 s
+    // for one sequence they still pay at batch 1 (0.9 + 0.8 more tokens for 0.3 s more), at 12.8 s for 64 not.
+    EXPECT_TRUE(s.worth_drafting({0.9, 0.8}, 1));
+    EXPECT_FALSE(s.worth_drafting({0.9, 0.8}, 64)) << "each draft costs its share of the step";
+    EXPECT_TRUE(cheap.worth_drafting({0.5, 0.4}, 64));
+    SpecSchedule costly({1, 64}, {{1.0, 1.05, 1.1}, {1.0, 1.25, 1.5}}, {0.2, 12.8});
+    EXPECT_DOUBLE_EQ(costly.draft_seconds(128), 25.6);
+    EXPECT_TRUE(costly.worth_drafting({0.9, 0.8}, 1));
+    EXPECT_FALSE(costly.worth_drafting({0.9, 0.8}, 64));
+    EXPECT_FALSE(costly.worth_drafting({0.1, 0.05}, 1)) << "1.15 tokens in 1.3 s lose to 1 in 1 s";
 }

@@ -1,6 +1,7 @@
 // Logits parity with the golden outputs of DeepSeek's official inference code (tests/fixtures/*/README.md),
 // and agreement between one-shot prefill, chunked prefill and decode.
 #include "engine/sequence_runner.h"
+#include "model/draft_run.h"
 #include "model/fixture.h"
 
 #include <gtest/gtest.h>
@@ -185,6 +186,16 @@ TEST(PrefixState, ResumeFromSharedPagesIsExact) {
     }
 }
 
+// Drafts for several sequences in one pass of the head are each sequence's drafts alone, bit for bit.
+TEST(DSpark, DraftsForSeveralSequencesAtOnce) {
+    auto model = Model::load(fixture_dir("dsv41-tiny-a"));
+    const auto ids = read_ids(fixture_dir("dsv41-tiny-a") + "/cases/prefill.ids");
+    const DraftBatchDiff d = drafts_together_vs_alone(*model, ids);
+    EXPECT_TRUE(d.same_ids);
+    EXPECT_EQ(d.logits, 0.0f);
+    EXPECT_EQ(d.confidence, 0.0f);
+}
+
 // DSpark drafts after every decode step: identical draft ids, draft logits and confidence within 1e-2.
 TEST(DSpark, DraftsMatchGolden) {
     const std::string dir = fixture_dir("dsv41-tiny-a") + "/cases/";
@@ -215,7 +226,7 @@ TEST(DSpark, DraftsMatchGolden) {
         int32_t anchor = 0;
         for (int v = 1; v < vocab; ++v)
             if (l.f32()[v] > l.f32()[anchor]) anchor = v;
-        DraftResult d = model->draft(st, anchor);
+        const DraftResult d = model->draft({&st}, {anchor}).at(0);
         std::string line;
         ASSERT_TRUE(std::getline(lines, line));
         std::stringstream ls(line);

@@ -8,6 +8,7 @@
 #include "engine/memory_plan.h"
 #include "engine/sequence_runner.h"
 #include "kv/page_pool.h"
+#include "model/draft_run.h"
 #include "model/fixture.h"
 #include "model/model_weights.h"
 #include "model/replay_run.h"
@@ -392,6 +393,61 @@ TEST_P(CudaModel, SwaBoundedReplayMatchesCpu) {
               std::string(GetParam().fixture) + " " + what);
 }
 
+// Speculative steps on the GPU (tests/model/test_draft_cut.cpp on the CPU): a sequence fed its next token and drafts,
+// then cut back to the drafts it accepted (PagePool::cut), goes on as one fed only those tokens. The carry after each
+// position comes from the compressor kernels: the sequential one (exact numerics), per channel (fast) and, in the
+// first step of 34 tokens, the parallel one (fast). Cuts fall inside and across compressor groups and pages.
+TEST_P(CudaModel, RejectedDraftsLeaveNothingBehind) {
+    const auto& c = GetParam();
+    const auto all = read_ids(fixture_dir(c.fixture) + "/cases/prefill.ids");
+    const int64_t n0 = 13, n = std::min<int64_t>(static_cast<int64_t>(all.size()), n0 + 80);
+    const std::vector<int32_t> ids(all.begin(), all.begin() + n);
+    const int V = vocab();
+    auto from_n0 = [&](const std::vector<float>& v) { return std::vector<float>(v.begin() + n0 * V, v.end()); };
+    const std::vector<float> one_by_one = from_n0(run(*gpu_, ids, n0, 0)), cpu = from_n0(run(*cpu_, ids, n0, 0));
+
+    Model& m = *gpu_;
+    PagePool pool(m.backend().state_memory(), m.layout(), m.layout().pages_for(n + 40));
+    SeqState s;
+    pool.init(s);
+    ASSERT_TRUE(pool.reserve(s, n0));
+    ForwardBatch pre;
+    pre.seqs.push_back({&s, 0, static_cast<int>(n0), 0});
+    pre.token_ids.assign(ids.begin(), ids.begin() + n0);
+    pre.mode = BatchMode::prefill;
+    m.forward(pre, {});
+    std::vector<float> got;  // the logits of accepted positions, after position n0 on
+    for (int64_t p = n0, step = 0; p < n; ++step) {
+        const int64_t room = n - p - 1;
+        const int k = step == 0 && room >= 33 ? 33 : static_cast<int>(1 + step % 5);  // drafts this step
+        const int j = static_cast<int>(std::min<int64_t>(step == 0 ? 20 : step % (k + 1), room));  // of them right
+        std::vector<int32_t> fed{ids[static_cast<size_t>(p)]};
+        for (int d = 0; d < k; ++d)
+            fed.push_back(d < j ? ids[static_cast<size_t>(p + 1 + d)]
+                                : (ids[static_cast<size_t>(std::min<int64_t>(p + 1 + d, n - 1))] + 7 + d) % V);
+        ASSERT_TRUE(pool.reserve(s, p + 1 + k));
+        ASSERT_TRUE(pool.keep_step_carries(s, 1 + k));
+        ForwardBatch b;
+        b.seqs.push_back({&s, p, 1 + k, 0});
+        b.seqs.back().speculative = true;
+        b.token_ids = fed;
+        b.mode = BatchMode::prefill;
+        std::vector<int> rows;
+        for (int i = 0; i <= j; ++i) rows.push_back(i);
+        Tensor logits = m.forward(b, rows);
+        got.insert(got.end(), logits.f32(), logits.f32() + static_cast<int64_t>(j + 1) * V);
+        pool.cut(s, p + 1 + j);
+        ASSERT_EQ(s.n_cached, p + 1 + j);
+        p += 1 + j;
+    }
+    pool.release(s);
+    ASSERT_EQ(got.size(), one_by_one.size());
+    const RowDiff d = compare_logits(got, one_by_one, V);
+    EXPECT_LE(d.worst(), batch_variance_bound(c.fast_batch_tol)) << c.fixture << ": verify steps vs one token a step";
+    std::printf("PARITY draft-cut %-39s verify steps vs one token a step max|d| %.3g\n", c.fixture, d.worst());
+    check(got, cpu, c.cpu_tol, c.cpu_top1, std::string(c.fixture) + " verify steps + cuts vs cpu");
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::ValuesIn(kE2E),
                          [](const auto& info) { return fixture_test_name(info.param.fixture); });
 
@@ -696,7 +752,7 @@ TEST(CudaDSpark, DraftsMatchGoldenAndCpu) {
         DraftResult d[2];
         for (int k = 0; k < 2; ++k) {
             Tensor l = feed(runs[k], p, 1);
-            d[k] = runs[k].m->draft(runs[k].st, argmax(l.f32(), vocab));
+            d[k] = runs[k].m->draft({&runs[k].st}, {argmax(l.f32(), vocab)}).at(0);
         }
         std::string line;
         ASSERT_TRUE(std::getline(lines, line));
@@ -719,6 +775,21 @@ TEST(CudaDSpark, DraftsMatchGoldenAndCpu) {
     std::printf(
         "PARITY dspark dsv41-tiny-a drafts: logits vs golden max|d| %.3g, confidence %.3g, logits vs cpu %.3g\n",
         worst_logit, worst_conf, worst_cpu);
+}
+
+// Drafts for several sequences in one pass of the head (per-sequence key lists) are each sequence's drafts alone.
+TEST(CudaDSpark, DraftsForSeveralSequencesAtOnce) {
+    REQUIRE_GPU();
+    ModelOptions o;
+    o.device = "cuda";
+    auto gpu = Model::load(fixture_dir("dsv41-tiny-a"), o);
+    const auto ids = read_ids(fixture_dir("dsv41-tiny-a") + "/cases/prefill.ids");
+    const DraftBatchDiff d = drafts_together_vs_alone(*gpu, ids);
+    EXPECT_TRUE(d.same_ids);
+    EXPECT_LE(d.logits, batch_variance_bound());
+    EXPECT_LE(d.confidence, batch_variance_bound());
+    std::printf("PARITY dspark dsv41-tiny-a drafts together vs alone: ids %s, logits max|d| %.3g, confidence %.3g\n",
+                d.same_ids ? "same" : "DIFFER", d.logits, d.confidence);
 }
 
 }  // namespace

@@ -388,3 +388,96 @@ TEST(CudaSampling, EngineDevicePathMatchesHostPath) {
     std::printf("PARITY sampling engine %s: device path = host path for %zu requests (solo and batched); "
                 "CPU backend gives the same tokens for %d/%zu\n", fx.c_str(), gs.size(), same_cpu, gs.size());
 }
+
+// Speculative decoding on the GPU: drafts (an oracle's, right, partly right or wrong; then the DSpark head's) are
+// verified on the host from their copied logits rows while the other requests sample on the device. Greedy and
+// seeded requests (top-p; top-k, min-p and logprobs; penalties, bias and min_new_tokens) give the tokens they give
+// without speculation, batched and under preemption. Exact numerics: the same logits whatever the step's shape. Fast
+// numerics: a verify step's logits may move by rounding against a decode step's, so there greedy requests are
+// checked and the seeded ones' agreement is printed.
+TEST(CudaSampling, SpeculativeDecodingKeepsTheTokens) {
+    REQUIRE_GPU();
+    for (const char* numerics : {"exact", "fast"}) {
+        ScopedEnv env("PEREGRINE_CUDA_NUMERICS", numerics);
+        const bool exact = std::string(numerics) == "exact";
+        for (const char* fx : {"dsv41-tiny-a", "dsv4-tiny-a"}) {
+            ModelOptions mo;
+            mo.device = "cuda";
+            auto m = Model::load(test::fixture_dir(fx), mo);
+            const int V = m->config().vocab_size;
+            const auto ids = test::read_ids(test::fixture_dir(fx) + "/cases/prefill.ids");
+            std::vector<GenerationParams> gs(5);
+            for (auto& g : gs) g.max_new_tokens = 20, g.ignore_eos = true, g.sampling.temperature = 0.0f;
+            gs[1].sampling.temperature = 1.0f, gs[1].sampling.top_p = 0.9f, gs[1].sampling.seed = 3;
+            gs[2].sampling.temperature = 0.7f, gs[2].sampling.top_k = 20, gs[2].sampling.min_p = 0.05f;
+            gs[2].sampling.seed = 4, gs[2].logprobs = true, gs[2].top_logprobs = 3;
+            gs[3].sampling.temperature = 0.9f, gs[3].sampling.presence_penalty = 0.4f;
+            gs[3].sampling.repetition_penalty = 1.3f, gs[3].sampling.logit_bias = {{5, 2.0f}, {9, -1.5f}};
+            gs[3].sampling.seed = 5, gs[3].ignore_eos = false, gs[3].min_new_tokens = 18;
+            gs[4].logprobs = true, gs[4].top_logprobs = 2;  // greedy
+            std::vector<std::vector<int32_t>> prompts;
+            for (size_t i = 0; i < gs.size(); ++i) prompts.emplace_back(ids.begin() + i, ids.begin() + 6 + 7 * i);
+            auto run = [&](EngineOptions eo) {
+                eo.chunked_prefill_size = 24;
+                Engine e(*m, nullptr, eo);
+                std::vector<std::shared_ptr<RequestStream>> st;
+                for (size_t i = 0; i < gs.size(); ++i) st.push_back(e.submit(prompts[i], gs[i]));
+                std::vector<RequestDelta> out;
+                for (auto& s : st) out.push_back(s->wait());
+                return std::make_pair(out, e.stats());
+            };
+            EngineOptions plain;
+            plain.kv_pages = 64;
+            const auto refs = run(plain).first;
+            auto compare = [&](const std::vector<RequestDelta>& got, const std::string& what) {
+                int same = 0;
+                for (size_t i = 0; i < gs.size(); ++i) {
+                    ASSERT_EQ(got[i].finish, refs[i].finish) << what << ": " << got[i].error;
+                    bool eq = got[i].tokens.size() == refs[i].tokens.size();
+                    for (size_t t = 0; eq && t < got[i].tokens.size(); ++t)
+                        eq = got[i].tokens[t].id == refs[i].tokens[t].id;
+                    same += eq;
+                    if (!exact && gs[i].sampling.temperature > 0) continue;
+                    EXPECT_TRUE(eq) << what << ", request " << i;
+                    for (size_t t = 0; eq && gs[i].logprobs && t < got[i].tokens.size(); ++t)
+                        EXPECT_NEAR(got[i].tokens[t].logprob, refs[i].tokens[t].logprob, exact ? 1e-5 : 1e-2);
+                }
+                std::printf("PARITY speculative %s %s %s: %d/%zu requests token-identical to no speculation\n",
+                            numerics, fx, what.c_str(), same, gs.size());
+            };
+            for (int64_t pages : {64, 6}) {  // 6 pages: the requests preempt each other
+                EngineOptions o = plain;
+                o.kv_pages = pages;
+                o.speculative_draft_tokens = 3;
+                auto calls = std::make_shared<int>(0);
+                o.drafter = [&, calls](const std::vector<int32_t>& seq, int k) {
+                    std::vector<int32_t> d;
+                    for (size_t i = 0; i < prompts.size(); ++i) {
+                        const auto& p = prompts[i];
+                        if (seq.size() < p.size() || !std::equal(p.begin(), p.end(), seq.begin())) continue;
+                        for (size_t j = seq.size() - p.size(); d.size() < static_cast<size_t>(k) &&
+                                                               j < refs[i].tokens.size(); ++j) {
+                            const int32_t right = refs[i].tokens[j].id;
+                            d.push_back((*calls + static_cast<int>(j)) % 4 == 3 ? (right + 1) % V : right);
+                        }
+                        break;
+                    }
+                    ++*calls;
+                    return d;
+                };
+                auto [got, st] = run(o);
+                compare(got, "oracle drafts, " + std::to_string(pages) + " pages");
+                // Preempted requests start over without drafts for a while: fewer accepted per verify step.
+                EXPECT_GT(st.spec_accepted_tokens_total, pages == 64 ? st.spec_verify_total / 2 : 0) << fx;
+                EXPECT_LT(st.spec_accepted_tokens_total, st.spec_draft_tokens_total) << fx;
+                if (pages == 6) EXPECT_GT(st.preemptions_total, 0u) << fx;
+            }
+            if (!m->has_dspark()) continue;
+            EngineOptions o = plain;
+            o.speculative_draft_tokens = m->config().dspark_block_size;
+            auto [got, st] = run(o);
+            compare(got, "DSpark drafts");
+            EXPECT_GT(st.spec_verify_total, 0u);
+        }
+    }
+}

@@ -109,7 +109,7 @@ static std::vector<Emitted> run_compressor(const ModelConfig& cfg, const StateLa
                 std::memcpy(layout.snapshot(*s.state, pos / layout.page_tokens) + carry_offset, kv_state,
                             sizeof(float) * static_cast<size_t>(2 * slots * width));
             }
-            if (s.speculative)  // as of this position, for a cut after rejected drafts
+            if (s.speculative && i + 1 < s.n_tokens)  // as of this position, for a cut after rejected drafts
                 std::memcpy(s.state->step_carries.at(static_cast<size_t>(i + 1)).get() + carry_offset, kv_state,
                             sizeof(float) * static_cast<size_t>(2 * slots * width));
         }
@@ -400,33 +400,48 @@ void CpuBackend::store_window_kv(const Tensor& x, const AttentionWeight& w, cons
 }
 
 Tensor CpuBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
-                                    const SeqState& state, int64_t pos) {
-    const int B = static_cast<int>(x.dim(0)), H = cfg_.n_heads, D = cfg_.head_dim, W = cfg_.window_size;
+                                    const std::vector<const SeqState*>& states, const std::vector<int64_t>& pos) {
+    const int N = static_cast<int>(states.size()), T = static_cast<int>(x.dim(0)), B = T / N;
+    const int H = cfg_.n_heads, D = cfg_.head_dim, W = cfg_.window_size;
+    PEREGRINE_CHECK(N > 0 && B * N == T && pos.size() == states.size(), "dspark attention: blocks of equal length");
     const Rope& rope = rope_for(info);
-    std::vector<int64_t> positions(static_cast<size_t>(B));
-    for (int i = 0; i < B; ++i) positions[static_cast<size_t>(i)] = pos + 1 + i;
+    std::vector<int64_t> positions;
+    for (int j = 0; j < N; ++j)
+        for (int i = 0; i < B; ++i) positions.push_back(pos[static_cast<size_t>(j)] + 1 + i);
     Tensor qr = rms_norm(linear(x, w.wq_a), w.q_norm);
     Tensor q = project_queries(x, qr, w, rope, positions);
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
     Tensor kv = window_kv(x, w, rope, positions, L.window.format);
-    // Keys: the window ring listed by slot (slot j holds the latest position <= pos with position % W == j),
-    // then every block token.
-    std::vector<std::vector<float>> vals;  // the window ring, decoded
-    std::vector<const float*> keys;
-    for (int64_t j = 0; j < std::min<int64_t>(W, pos + 1); ++j) {
-        int64_t p = pos - ((pos - j) % W + W) % W;
-        if (p < state.window_floor) continue;  // not computed (SWA bounded replay)
-        vals.push_back(load_entry(L.window, layout_.entry<uint8_t>(state, L.window, p)));
-    }
-    for (auto& v : vals) keys.push_back(v.data());
-    for (int i = 0; i < B; ++i) keys.push_back(kv.f32() + static_cast<int64_t>(i) * D);
-    Tensor o = Tensor::zeros(DType::F32, {B, H, D});
+    Tensor o = Tensor::zeros(DType::F32, {T, H, D});
     const float scale = static_cast<float>(std::pow(D, -0.5));
-    for (int i = 0; i < B; ++i)
-        for (int h = 0; h < H; ++h)
-            sparse_attend(q.f32() + (static_cast<int64_t>(i) * H + h) * D, keys, D, scale, w.attn_sink.data<float>()[h],
-                          o.f32() + (static_cast<int64_t>(i) * H + h) * D);
+    for (int j = 0; j < N; ++j) {
+        // Keys: the window ring listed by slot (slot k holds the latest position <= p with position % W == k),
+        // then every block token.
+        const SeqState& state = *states[static_cast<size_t>(j)];
+        const int64_t p0 = pos[static_cast<size_t>(j)];
+        std::vector<std::vector<float>> vals;  // the window ring, decoded
+        std::vector<const float*> keys;
+        for (int64_t k = 0; k < std::min<int64_t>(W, p0 + 1); ++k) {
+            const int64_t p = p0 - ((p0 - k) % W + W) % W;
+            if (p < state.window_floor) continue;  // not computed (SWA bounded replay)
+            vals.push_back(load_entry(L.window, layout_.entry<uint8_t>(state, L.window, p)));
+        }
+        for (auto& v : vals) keys.push_back(v.data());
+        for (int i = 0; i < B; ++i) keys.push_back(kv.f32() + static_cast<int64_t>(j * B + i) * D);
+        for (int i = 0; i < B; ++i)
+            for (int h = 0; h < H; ++h) {
+                const int64_t r = (static_cast<int64_t>(j * B + i) * H + h) * D;
+                sparse_attend(q.f32() + r, keys, D, scale, w.attn_sink.data<float>()[h], o.f32() + r);
+            }
+    }
     return project_output(o, w, rope, positions);
+}
+
+void CpuBackend::add_into(Tensor& y, const Tensor& x) {
+    PEREGRINE_CHECK(y.numel() == x.numel(), "add_into: {} and {} values", y.numel(), x.numel());
+    float* a = y.f32();
+    const float* b = x.f32();
+    for (int64_t i = 0; i < y.numel(); ++i) a[i] += b[i];
 }
 
 }  // namespace peregrine::cpu

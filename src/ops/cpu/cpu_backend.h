@@ -23,7 +23,6 @@ public:
     std::unique_ptr<StepScratch> begin_step(const ForwardBatch& batch) override;
     std::unique_ptr<StepScratch> narrow_step(StepScratch& scratch, const std::vector<int>& rows) override;
     StateMemory& state_memory() override { return memory_; }
-    bool writes_step_carries() const override { return true; }
     DeviceSampler& sampler() override { return sampler_; }
     Tensor first_stream_mix(int T) override;
     Tensor gather_rows(const Tensor& x, const std::vector<int>& rows) override;
@@ -47,7 +46,8 @@ public:
     void store_window_kv(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                          ForwardBatch& batch) override;
     Tensor dspark_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
-                            const SeqState& state, int64_t pos) override;
+                            const std::vector<const SeqState*>& states, const std::vector<int64_t>& pos) override;
+    void add_into(Tensor& y, const Tensor& x) override;
     Tensor linear(const Tensor& x, const LinearWeight& w) override;
     Tensor logits(const Tensor& x, const LinearWeight& head, bool to_host = true) override;
 

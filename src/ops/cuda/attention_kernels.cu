@@ -61,9 +61,12 @@ __global__ void compressor_kernel(CompressorArgs a) {
                 __syncthreads();
             }
         }
-        if (a.snapshot && a.snapshot[i]) {
-            for (int c = threadIdx.x; c < 2 * slots * width; c += blockDim.x) a.snapshot[i][c] = a.state[c];
-            __syncthreads();
+        for (int k = 0; k < 2; ++k) {  // the page snapshot, the speculative step's carry slot
+            float* const* dest = k == 0 ? a.snapshot : a.step;
+            if (dest && dest[i]) {
+                for (int c = threadIdx.x; c < 2 * slots * width; c += blockDim.x) dest[i][c] = a.state[c];
+                __syncthreads();
+            }
         }
     }
 }
@@ -86,6 +89,7 @@ __global__ void compressor_batch_kernel(CompressorArgs a, int n_seqs, const int6
     float* kv_state = a.state + m[4];
     float* sc_state = kv_state + static_cast<int64_t>(slots) * width;
     float* const* snap = a.snapshot ? a.snapshot + m[5] : nullptr;
+    float* const* stp = a.step ? a.step + m[5] : nullptr;
     auto step = [&](int i, const float* kvv, const float* scv) {
         const int64_t pos = start_pos + i;
         const int slot = static_cast<int>(pos % ratio) + (a.overlap ? ratio : 0);
@@ -110,9 +114,12 @@ __global__ void compressor_batch_kernel(CompressorArgs a, int n_seqs, const int6
                         sc_state[j * width + col] = sc_state[(ratio + j) * width + col];
                     }
         }
-        if (snap && snap[i])
-            for (int r = 0; r < 2 * slots; ++r)
-                for (int h = 0; h < coff; ++h) snap[i][r * width + h * d + c] = kv_state[r * width + h * d + c];
+        for (int k = 0; k < 2; ++k) {  // the page snapshot, the speculative step's carry slot
+            float* dest = k == 0 ? (snap ? snap[i] : nullptr) : (stp ? stp[i] : nullptr);
+            if (dest)
+                for (int r = 0; r < 2 * slots; ++r)
+                    for (int h = 0; h < coff; ++h) dest[r * width + h * d + c] = kv_state[r * width + h * d + c];
+        }
     };
     // Tokens in groups of 4 whose projections are loaded up front (prefill is sequential per channel, so
     // this keeps four loads in flight instead of one).
@@ -505,17 +512,19 @@ void compressor_batch(const CompressorArgs& a, int n_seqs, const int64_t* seq) {
     launch_pdl(compressor_batch_kernel, grid, dim3(kChannels), 0, a, n_seqs, seq);
 }
 
-CompressorJobs compressor_jobs(const int64_t* seq, int n_seqs, int ratio, float* const* snapshot) {
+CompressorJobs compressor_jobs(const int64_t* seq, int n_seqs, int ratio, float* const* snapshot,
+                               float* const* step) {
     CompressorJobs j;
     for (int s = 0; s < n_seqs; ++s) {
         const int64_t* m = seq + 6 * static_cast<int64_t>(s);
         for (int64_t i = 0; i < m[1]; ++i) {
             const int64_t pos = m[0] + i;
             if ((pos + 1) % ratio == 0) j.emit.insert(j.emit.end(), {s, pos});
-            if (float* p = snapshot[m[5] + i]) {
-                j.carry.insert(j.carry.end(), {s, pos});
-                j.dest.push_back(p);
-            }
+            for (float* p : {snapshot[m[5] + i], step ? step[m[5] + i] : nullptr})
+                if (p) {
+                    j.carry.insert(j.carry.end(), {s, pos});
+                    j.dest.push_back(p);
+                }
         }
         if (m[1] > 0) {  // the new carry
             j.carry.insert(j.carry.end(), {s, m[0] + m[1] - 1});

@@ -204,11 +204,18 @@ Compressed PrefillPlanner::compress(const CompressorWeight& cw, size_t carry_off
             if ((pos + 1) % layout_.page_tokens != 0) return nullptr;
             return reinterpret_cast<float*>(layout_.snapshot(*s.state, pos / layout_.page_tokens) + carry_offset);
         };
+        // A speculative step keeps the carry after each of its tokens but the last (BatchSeq::speculative).
+        bool speculative = false;
+        auto step_carry = [&](const BatchSeq& s, int i) -> float* {
+            if (!s.speculative || i + 1 == s.n_tokens) return nullptr;
+            speculative = true;
+            return reinterpret_cast<float*>(s.state->step_carries.at(static_cast<size_t>(i + 1)).get() + carry_offset);
+        };
         if (device_tables_) {
             // One launch for every sequence; their carries stay in device memory. The kernel finds sequence s's
             // carry at a signed float offset from the first one's (they are separate allocations).
             std::vector<int64_t> meta;
-            std::vector<float*> snap;
+            std::vector<float*> snap, steps;
             float* carry_base = nullptr;
             int emit_base = 0;
             int64_t longest = 0;
@@ -225,6 +232,7 @@ Compressed PrefillPlanner::compress(const CompressorWeight& cw, size_t carry_off
                 for (int i = 0; i < s.n_tokens; ++i) {
                     if ((s.start_pos + i + 1) % ratio == 0) ++emit_base;
                     snap.push_back(snapshot(s, s.start_pos + i));
+                    steps.push_back(step_carry(s, i));
                 }
             }
             if (carry_base) {
@@ -232,7 +240,8 @@ Compressed PrefillPlanner::compress(const CompressorWeight& cw, size_t carry_off
                 auto meta_d = upload(meta);
                 a.state = carry_base;
                 if (longest >= kParallelCompressorTokens) {  // the tokens in parallel too
-                    const CompressorJobs jobs = compressor_jobs(meta.data(), n_active, ratio, snap.data());
+                    const CompressorJobs jobs = compressor_jobs(meta.data(), n_active, ratio, snap.data(),
+                                                                speculative ? steps.data() : nullptr);
                     auto emit_d = upload(jobs.emit), carry_d = upload(jobs.carry);
                     auto dest_d = upload(jobs.dest);
                     compressor_parallel(a, n_active, meta_d.ptr, emit_d.ptr,
@@ -240,7 +249,10 @@ Compressed PrefillPlanner::compress(const CompressorWeight& cw, size_t carry_off
                                         static_cast<int64_t>(jobs.dest.size()));
                 } else {  // a token or a few per sequence, one after another per channel
                     auto snap_d = upload(snap);
+                    DevArray<float*> steps_d;
+                    if (speculative) steps_d = upload(steps);
                     a.snapshot = snap_d.ptr;
+                    a.step = steps_d.ptr;
                     compressor_batch(a, n_active, meta_d.ptr);
                 }
             }
@@ -248,13 +260,17 @@ Compressed PrefillPlanner::compress(const CompressorWeight& cw, size_t carry_off
             int emit_base = 0;
             for (auto& s : batch_.seqs) {
                 if (s.n_tokens == 0) continue;
-                std::vector<float*> snap(static_cast<size_t>(s.n_tokens));
+                std::vector<float*> snap(static_cast<size_t>(s.n_tokens)), steps(snap.size());
                 int emits = 0;
                 for (int i = 0; i < s.n_tokens; ++i) {
                     if ((s.start_pos + i + 1) % ratio == 0) ++emits;
                     snap[static_cast<size_t>(i)] = snapshot(s, s.start_pos + i);
+                    steps[static_cast<size_t>(i)] = step_carry(s, i);
                 }
                 auto snap_d = upload(snap);
+                DevArray<float*> steps_d;
+                if (s.speculative) steps_d = upload(steps);
+                a.step = steps_d.ptr;
                 a.state = b_.device_carry(*s.state) + carry_offset / sizeof(float);
                 a.emit_base = emit_base;
                 a.start_pos = s.start_pos;

@@ -109,7 +109,8 @@ public:
     void store_window_kv(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                          ForwardBatch& batch) override;
     Tensor dspark_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
-                            const SeqState& state, int64_t pos) override;
+                            const std::vector<const SeqState*>& states, const std::vector<int64_t>& pos) override;
+    void add_into(Tensor& y, const Tensor& x) override;
     Tensor linear(const Tensor& x, const LinearWeight& w) override;
     Tensor logits(const Tensor& x, const LinearWeight& head, bool to_host = true) override;
     // Ops after a sampler start() read deferred ids from its output on the device (embedding, hash routing,

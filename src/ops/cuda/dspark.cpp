@@ -48,49 +48,74 @@ void CudaBackend::store_window_kv(const Tensor& x, const AttentionWeight& w, con
 }
 
 Tensor CudaBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
-                                     const SeqState& state, int64_t pos) {
+                                     const std::vector<const SeqState*>& states, const std::vector<int64_t>& pos) {
     OpTimer op_(*this, "dspark_attention");
-    const int B = static_cast<int>(x.dim(0)), H = cfg_.n_heads, D = cfg_.head_dim, W = cfg_.window_size;
+    const int N = static_cast<int>(states.size()), T = static_cast<int>(x.dim(0)), B = T / N;
+    const int H = cfg_.n_heads, D = cfg_.head_dim, W = cfg_.window_size;
+    PEREGRINE_CHECK(N > 0 && B * N == T && pos.size() == states.size(), "dspark attention: blocks of equal length");
     const float* freqs = weights_.rope(info);
-    std::vector<int64_t> positions(static_cast<size_t>(B));
-    for (int i = 0; i < B; ++i) positions[static_cast<size_t>(i)] = pos + 1 + i;
+    std::vector<int64_t> positions;
+    for (int j = 0; j < N; ++j)
+        for (int i = 0; i < B; ++i) positions.push_back(pos[static_cast<size_t>(j)] + 1 + i);
     auto pos_d = upload(positions);
     Tensor qr = rms_norm(linear_.run(x, w.wq_a), w.q_norm);
-    Tensor q = project_queries(qr, w, freqs, pos_d.ptr, B);
+    Tensor q = project_queries(qr, w, freqs, pos_d.ptr, T);
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
-    Tensor kv = window_kv(x, w, freqs, pos_d.ptr, B, L.window.format);
-    // Keys (the same for every block row): the window ring listed by slot (slot j holds the latest position
-    // <= pos with position % W == j), then every block token (packed into window entries of a scratch, so that
-    // every key is read the same way).
+    Tensor kv = window_kv(x, w, freqs, pos_d.ptr, T, L.window.format);
+    // The block tokens' K=V packed into window entries of a scratch, so that every key is read the same way.
     const EntryFormat& f = L.window.format;
-    auto block = device_alloc(static_cast<size_t>(B) * static_cast<size_t>(f.bytes));
+    auto block = device_alloc(static_cast<size_t>(T) * static_cast<size_t>(f.bytes));
     std::vector<uint8_t*> block_entries;
-    std::vector<const uint8_t*> keys;
-    for (int64_t j = 0; j < std::min<int64_t>(W, pos + 1); ++j) {
-        const int64_t p = pos - ((pos - j) % W + W) % W;
-        if (p < state.window_floor) continue;  // not computed (SWA bounded replay)
-        keys.push_back(layout_.entry<uint8_t>(state, L.window, p));
-    }
-    for (int i = 0; i < B; ++i) {
-        block_entries.push_back(static_cast<uint8_t*>(block.get()) +
-                                static_cast<size_t>(i) * static_cast<size_t>(f.bytes));
-        keys.push_back(block_entries.back());
-    }
+    for (int r = 0; r < T; ++r)
+        block_entries.push_back(static_cast<uint8_t*>(block.get()) + static_cast<size_t>(r) * f.bytes);
     auto block_d = upload(block_entries);
-    store_entries(kv.f32(), B, f, block_d.ptr);
-    const int n = static_cast<int>(keys.size());
+    store_entries(kv.f32(), T, f, block_d.ptr);
+    // Keys of sequence j's rows (the same for each): its window ring listed by slot (slot k holds the latest position
+    // <= pos with position % W == k), then its block; rows padded to the longest list.
+    std::vector<std::vector<const uint8_t*>> keys(static_cast<size_t>(N));
+    int maxk = 0;
+    for (int j = 0; j < N; ++j) {
+        const SeqState& state = *states[static_cast<size_t>(j)];
+        const int64_t p0 = pos[static_cast<size_t>(j)];
+        auto& kj = keys[static_cast<size_t>(j)];
+        for (int64_t k = 0; k < std::min<int64_t>(W, p0 + 1); ++k) {
+            const int64_t p = p0 - ((p0 - k) % W + W) % W;
+            if (p < state.window_floor) continue;  // not computed (SWA bounded replay)
+            kj.push_back(layout_.entry<uint8_t>(state, L.window, p));
+        }
+        for (int i = 0; i < B; ++i) kj.push_back(block_entries[static_cast<size_t>(j * B + i)]);
+        maxk = std::max(maxk, static_cast<int>(kj.size()));
+    }
     std::vector<const uint8_t*> all;
-    for (int i = 0; i < B; ++i) all.insert(all.end(), keys.begin(), keys.end());
+    std::vector<int32_t> nkeys;
+    for (int j = 0; j < N; ++j)
+        for (int i = 0; i < B; ++i) {
+            const auto& kj = keys[static_cast<size_t>(j)];
+            all.insert(all.end(), kj.begin(), kj.end());
+            all.insert(all.end(), static_cast<size_t>(maxk) - kj.size(), nullptr);
+            nkeys.push_back(static_cast<int32_t>(kj.size()));
+        }
     auto keys_d = upload(all);
-    auto nkeys_d = upload(std::vector<int32_t>(static_cast<size_t>(B), n));
+    auto nkeys_d = upload(nkeys);
     KeyRefs kr;
     kr.keys = keys_d.ptr;
     kr.nkeys = nkeys_d.ptr;
-    kr.maxk = n;
+    kr.maxk = maxk;
     kr.win = kr.comp = f;
-    Tensor o = empty(DType::F32, {B, H, D});
-    sparse_attention(q.f32(), B, H, D, static_cast<float>(std::pow(D, -0.5)), weights_.f32(w.attn_sink), kr, o.f32());
-    return project_output(o, w, freqs, pos_d.ptr, B);
+    Tensor o = empty(DType::F32, {T, H, D});
+    sparse_attention(q.f32(), T, H, D, static_cast<float>(std::pow(D, -0.5)), weights_.f32(w.attn_sink), kr, o.f32());
+    return project_output(o, w, freqs, pos_d.ptr, T);
+}
+
+void CudaBackend::add_into(Tensor& y, const Tensor& x) {
+    PEREGRINE_CHECK(y.numel() == x.numel(), "add_into: {} and {} values", y.numel(), x.numel());
+    if (y.device() != Device::CUDA) {  // logits the host samples
+        const Tensor h = x.device() == Device::CUDA ? to_host(x) : x;
+        for (int64_t i = 0; i < y.numel(); ++i) y.f32()[i] += h.f32()[i];
+        return;
+    }
+    const Tensor d = x.device() == Device::CUDA ? x : to_device(x);
+    add(y.f32(), d.f32(), y.numel());
 }
 
 }  // namespace peregrine::cuda

@@ -165,6 +165,12 @@ __global__ void fill_random_kernel(float* x, int64_t n, uint64_t seed) {
     x[i] = round_bf16(static_cast<float>(static_cast<uint32_t>(z >> 40)) / 16777216.0f * 2.0f - 1.0f);
 }
 
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+    pdl_enter();
+    const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i < n) y[i] += x[i];
+}
+
 __global__ void resolve_deferred_kernel(int32_t* ids, int64_t n, const int32_t* src, int stride) {
     pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -243,6 +249,11 @@ void scale_round_bf16(float* x, int64_t n, float s) {
                    s);
     else
         launch_pdl(scale_round_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, x, n, s);
+}
+
+void add(float* y, const float* x, int64_t n) {
+    if (n == 0) return;
+    launch_pdl(add_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, y, x, n);
 }
 
 }  // namespace peregrine::cuda

@@ -203,6 +203,8 @@ uint64_t state_encode_failures();
 void sanitize_entries(uint8_t* pool, int64_t n_pages, int64_t page_bytes, int64_t offset, int per_page,
                       const EntryFormat& f);
 void scale_round_bf16(float* x, int64_t n, float s);
+// y[i] += x[i] for i < n.
+void add(float* y, const float* x, int64_t n);
 void fill_random_bf16(float* x, int64_t n, uint64_t seed);
 // Programmatic dependent launch of the backend's kernels (pdl.cuh): on unless PEREGRINE_PDL=0; returns the old setting.
 bool set_pdl(bool on);
@@ -220,22 +222,25 @@ struct CompressorArgs {
     int64_t start_pos = 0;
     int n_tokens = 0, row0 = 0;
     float* const* snapshot = nullptr;  // per token of the sequence: page snapshot address or null
+    float* const* step = nullptr;      // per token, as snapshot: a speculative step's carry slot after it, or null
 };
 void compressor_seq(const CompressorArgs& a);
 // Numerics::Fast: all sequences in one launch, parallel over channels (same arithmetic per channel).
-// a.state: the sequences' carries back to back; a.snapshot: per token of every sequence; per-sequence
+// a.state: the sequences' carries back to back; a.snapshot and a.step: per token of every sequence; per-sequence
 // fields of `a` are ignored: seq[6 s ..] = (start_pos, n_tokens, row0, emit_base, state offset in floats,
 // first snapshot slot).
 void compressor_batch(const CompressorArgs& a, int n_seqs, const int64_t* seq);
 // The same results with the tokens in parallel too (prefill-sized steps): the emissions and every carry (page
 // snapshots and the new carries) computed directly from the projections and the old carries. The jobs come from
-// compressor_jobs on the host copies of `seq` and of the snapshot pointers; emit: (sequence, position) per emission
-// in pooled order; carry: (sequence, position) per carry to write, into dest (null: the sequence's new carry).
+// compressor_jobs on the host copies of `seq` and of the snapshot and step pointers (step may be null); emit:
+// (sequence, position) per emission in pooled order; carry: (sequence, position) per carry to write, into dest
+// (null: the sequence's new carry).
 struct CompressorJobs {
     std::vector<int64_t> emit, carry;
     std::vector<float*> dest;
 };
-CompressorJobs compressor_jobs(const int64_t* seq, int n_seqs, int ratio, float* const* snapshot);
+CompressorJobs compressor_jobs(const int64_t* seq, int n_seqs, int ratio, float* const* snapshot,
+                               float* const* step = nullptr);
 void compressor_parallel(const CompressorArgs& a, int n_seqs, const int64_t* seq, const int64_t* emit, int64_t n_emit,
                          const int64_t* carry, float* const* dest, int64_t n_carry);
 // scores[t, j] for j < width[t] (j >= visible[t]: -inf); keys[keybase[t] + j] are indexer keys in format kf.

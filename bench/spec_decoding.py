@@ -1,6 +1,7 @@
 """Speculative decoding against a running `peregrine serve`: held-out Shakespeare prompts (the tail of
 tools/data/tinyshakespeare.txt that the demo models never saw) at each concurrency, greedy, streamed; prints TPOT,
-output tok/s and the accept length the server's /metrics report over the run, and writes them as JSON.
+output tok/s and the accept length the server's /metrics report over the run, and writes them (with the generated
+texts, to compare runs with and without speculation) as JSON.
 
 Usage: python3 bench/spec_decoding.py --url http://127.0.0.1:30000 --label dspark --out results.json
 """
@@ -34,15 +35,17 @@ def one(url, prompt, max_tokens):
     req = urllib.request.Request(url + "/v1/completions", json.dumps({
         "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True}).encode(),
         {"Content-Type": "application/json"})
-    t0, first = time.perf_counter(), None
+    t0, first, text = time.perf_counter(), None, ""
     with urllib.request.urlopen(req) as r:
         for line in r:
             if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
-                if json.loads(line[6:])["choices"][0]["text"]:
+                piece = json.loads(line[6:])["choices"][0]["text"]
+                if piece:
                     first = first or time.perf_counter()
+                    text += piece
     end = time.perf_counter()
     # ignore_eos: exactly max_tokens tokens (a chunk may carry several: a verify step's tokens arrive together)
-    return first - t0, (end - first) / max(max_tokens - 1, 1), max_tokens
+    return first - t0, (end - first) / max(max_tokens - 1, 1), max_tokens, text
 
 
 def main():
@@ -68,7 +71,8 @@ def main():
                "output_tok_s": sum(r[2] for r in res) / dur,
                "tpot_ms_mean": 1e3 * sum(r[1] for r in res) / len(res),
                "ttft_ms_mean": 1e3 * sum(r[0] for r in res) / len(res),
-               "accept_length": (s1["sum"] - s0["sum"]) / steps if steps else None}
+               "accept_length": (s1["sum"] - s0["sum"]) / steps if steps else None,
+               "texts": [r[3] for r in res]}  # greedy: the same with and without speculation
         rows.append(row)
         print(f"{a.label:>12} c={c:<3} out tok/s {row['output_tok_s']:8.1f}  TPOT {row['tpot_ms_mean']:8.2f} ms  "
               f"TTFT {row['ttft_ms_mean']:8.1f} ms  accept length "

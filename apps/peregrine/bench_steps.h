@@ -51,6 +51,22 @@ public:
         return n_seqs * (rows * static_cast<int64_t>(L.page_bytes[kHistoryPages]) +
                          (rows - L.window_first_row(ctx)) * static_cast<int64_t>(L.page_bytes[kWindowPages]));
     }
+    // A verify step of speculative decoding: every sequence fed its token and rows - 1 drafts, logits for all of
+    // them; cut_back() then takes the drafts back off (rejected: the context stays where it was).
+    ForwardBatch verify_batch(int rows, std::vector<int>& logit_rows) {
+        ForwardBatch batch = next_batch(rows, logit_rows);
+        logit_rows.clear();
+        for (BatchSeq& b : batch.seqs) {
+            PEREGRINE_CHECK(pool_.keep_step_carries(*b.state, rows), "bench: no carry slots for a verify step");
+            b.speculative = true;
+            for (int i = 0; i < rows; ++i) logit_rows.push_back(b.row0 + i);
+        }
+        return batch;
+    }
+    void cut_back() {
+        for (SeqState& st : seqs_) pool_.cut(st, st.step_carries_from);
+    }
+    SeqState& seq(size_t i) { return seqs_.at(i); }
     // The next step: `rows` new tokens of every sequence; `logit_rows` gets each sequence's last row.
     ForwardBatch next_batch(int rows, std::vector<int>& logit_rows) {
         ForwardBatch batch;

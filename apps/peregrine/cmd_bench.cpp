@@ -29,6 +29,8 @@ constexpr double kFp8DensePeakTflops = 1979.0;  // H100/H200 SXM datasheet, dens
 struct BenchArgs {
     std::string synthetic = "v41-flash", device = "cuda", json, engram_placement = "device";
     bool synthetic_engram = false;  // V4.1-Flash's engram layers with tables of the release's row count
+    bool synthetic_dspark = false;  // and its DSpark head (verify grid: drafting time)
+    std::string verify_tokens;      // speculative verify steps: tokens per sequence (its token + drafts)
     int layers = 6, experts = 384, steps = 3, ep = 1;
     bool balanced = false;
     bool device_sampling = false;  // sample on the device instead of copying the logits to the host
@@ -217,12 +219,63 @@ Measured run_steps(Model& m, Diagnostics& be, int n_seqs, int64_t ctx, int rows_
     return r;
 }
 
+// A step (median of `steps` after two untimed, with the host's wait for the ids) of every sequence fed `tokens` rows,
+// each row sampled on the device, as the engine samples and verifies: one row a sequence is a decode step (graphs
+// where the backend has them), more a verify step of its token and drafts, cut back after it (the drafts rejected).
+Measured sampled_step(Model& m, Diagnostics& be, CachedSequences& seqs, int tokens, int steps) {
+    DeviceSampler& sampler = m.backend().sampler();
+    std::vector<double> times, waits;
+    for (int step = 0; step < steps + 2; ++step) {
+        std::vector<int> rows;
+        ForwardBatch b = tokens == 1 ? seqs.next_batch(1, rows) : seqs.verify_batch(tokens, rows);
+        std::vector<SampleRow> sample(rows.size());
+        SamplingParams sp;
+        sp.top_p = 0.95f;
+        for (size_t i = 0; i < sample.size(); ++i) {
+            sample[i].row = static_cast<int>(i);
+            sample[i].config = sample_config(sp);
+            sample[i].seed = i;
+            sample[i].index = static_cast<uint64_t>(step);
+        }
+        be.take_host_wait_ms();
+        const auto t0 = std::chrono::steady_clock::now();
+        (void)sampler.sample(m.forward(b, rows, false), sample);
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        const double wait = be.take_host_wait_ms();
+        if (step >= 2) times.push_back(ms), waits.push_back(wait);
+        if (tokens > 1) seqs.cut_back();
+    }
+    std::sort(times.begin(), times.end());
+    std::sort(waits.begin(), waits.end());
+    Measured r;
+    r.ms = times[times.size() / 2];
+    r.wait_ms = waits[waits.size() / 2];
+    return r;
+}
+
+// Milliseconds to draft a block for each of n sequences (one pass of the DSpark head, greedy), median of steps.
+double draft_ms(Model& m, CachedSequences& seqs, int n, int steps) {
+    std::vector<const SeqState*> all;
+    std::vector<int32_t> anchors;
+    for (int i = 0; i < n; ++i) all.push_back(&seqs.seq(static_cast<size_t>(i))), anchors.push_back(100 + i);
+    std::vector<double> times;
+    for (int step = 0; step < steps + 1; ++step) {
+        const auto t0 = std::chrono::steady_clock::now();
+        (void)m.draft(all, anchors);
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        if (step >= 1) times.push_back(ms);
+    }
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+}
+
 int run_bench(const BenchArgs& a) {
     std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe even if the run is cut short
     PEREGRINE_CHECK(a.synthetic == "v41-flash", "--synthetic: only v41-flash is available");
     PEREGRINE_CHECK(a.device == "cuda", "bench engine measures the CUDA backend (--device cuda)");
     ModelConfig cfg = synthetic_v41_flash_config(a.layers, a.experts);
     if (a.synthetic_engram) add_synthetic_engram(cfg);
+    if (a.synthetic_dspark) add_synthetic_dspark(cfg);
     ModelOptions opts;
     opts.device = "cuda";
     opts.engram_placement = a.engram_placement;
@@ -368,6 +421,57 @@ int run_bench(const BenchArgs& a) {
     std::printf("CUDA graphs' memory (reserved, high-water mark): %.1f MiB\n",
                 be.graph_memory_bytes() / 1048576.0);
 
+    // Speculative decoding: what a step verifying drafts costs against a decode step, every row sampled on the
+    // device both ways, and the TPOT speedup that implies at an accept length L (tokens a verify step emits, its
+    // bonus token included): L x decode / (verify + drafting).
+    const std::vector<int64_t> verify_tokens = parse_list(a.verify_tokens);
+    if (!verify_tokens.empty()) {
+        std::printf("\n%-8s %-6s %-7s %10s %9s %10s %10s %12s %12s\n", "verify", "batch", "tokens", "ms/step",
+                    "x decode", "host wait", "draft ms", "speedup 2.5", "speedup 3.5");
+        const int64_t most = *std::max_element(verify_tokens.begin(), verify_tokens.end());
+        for (int64_t ctx : parse_list(a.contexts))
+            for (int64_t B : parse_list(a.decode_batches)) {
+                const int64_t extra = a.steps + 2 + most + 1;
+                if (static_cast<double>(CachedSequences::bytes(model->layout(), static_cast<int>(B), ctx, extra)) >
+                    0.85 * static_cast<double>(be.free_memory())) {
+                    std::printf("%-8lld %-6lld (no fit)\n", static_cast<long long>(ctx), static_cast<long long>(B));
+                    continue;
+                }
+                CachedSequences seqs(*model, be, static_cast<int>(B), ctx, extra);
+                const Measured decode = sampled_step(*model, be, seqs, 1, a.steps);
+                const bool dspark = model->has_dspark();
+                const double drafting = dspark ? draft_ms(*model, seqs, static_cast<int>(B), a.steps) : 0;
+                std::printf("%-8lld %-6lld %-7d %10.2f %9.2f %10.2f\n", static_cast<long long>(ctx),
+                            static_cast<long long>(B), 1, decode.ms, 1.0, decode.wait_ms);
+                for (int64_t t : verify_tokens) {
+                    const Measured v = sampled_step(*model, be, seqs, static_cast<int>(t), a.steps);
+                    auto speedup = [&](double L) {
+                        return L <= t ? nlohmann::json(L * decode.ms / (v.ms + drafting)) : nlohmann::json();
+                    };
+                    auto cell = [](const nlohmann::json& x) {
+                        return x.is_null() ? std::string("-") : fmt::format("{:.2f}", x.get<double>());
+                    };
+                    std::printf("%-8lld %-6lld %-7lld %10.2f %9.2f %10.2f %10s %12s %12s\n",
+                                static_cast<long long>(ctx), static_cast<long long>(B), static_cast<long long>(t),
+                                v.ms, v.ms / decode.ms, v.wait_ms,
+                                dspark ? fmt::format("{:.2f}", drafting).c_str() : "-", cell(speedup(2.5)).c_str(),
+                                cell(speedup(3.5)).c_str());
+                    out["results"].push_back({{"mode", "verify"},
+                                              {"context", ctx},
+                                              {"batch", B},
+                                              {"tokens", t},
+                                              {"ms_per_step", v.ms},
+                                              {"host_wait_ms", v.wait_ms},
+                                              {"decode_ms_per_step", decode.ms},
+                                              {"decode_host_wait_ms", decode.wait_ms},
+                                              {"draft_ms", dspark ? nlohmann::json(drafting) : nlohmann::json()},
+                                              {"speedup_at_accept_2_5", speedup(2.5)},
+                                              {"speedup_at_accept_3_5", speedup(3.5)}});
+                    save();
+                }
+            }
+    }
+
     std::printf("\n%-8s %-8s %10s %10s %9s %10s %9s\n", "prefill", "context", "ms/step", "tok/s", "TFLOP/s",
                 "GEMM TF/s", "of FP8");
     bool skip_rest = false;
@@ -450,6 +554,11 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_flag("--synthetic-engram", a->synthetic_engram,
                   "V4.1-Flash's engram layers (1 and 14) with tables of the release's row count (one 101 GB table "
                   "shared by both)");
+    cmd->add_flag("--synthetic-dspark", a->synthetic_dspark,
+                  "V4.1-Flash's DSpark head (3 stages, 128 experts): the verify grid adds the time to draft");
+    cmd->add_option("--verify-tokens", a->verify_tokens,
+                    "Comma-separated tokens per sequence of speculative verify steps (its token + drafts, e.g. "
+                    "2,3,4,5,6), timed against decode steps at each decode batch and context");
     cmd->add_option("--engram-placement", a->engram_placement, "Engram tables in device or pinned host memory")
         ->check(CLI::IsMember({"device", "host"}));
     cmd->add_flag("--device-sampling", a->device_sampling,

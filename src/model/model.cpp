@@ -108,13 +108,11 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
         for (int i = 0; i < s.n_tokens; ++i)
             s.state->tokens.push_back(batch.token_ids[static_cast<size_t>(s.row0 + i)]);
         s.state->step_carries_from = -1;
-        if (s.speculative) {  // every position's carry starts as the step's (each compressor writes its own part)
+        if (s.speculative) {  // the carry before the step; every compressor writes its part after each token
             PEREGRINE_CHECK(static_cast<int>(s.state->step_carries.size()) > s.n_tokens && s.replay_from == 0,
                             "a speculative step needs a carry slot per position (and no decoder replay)");
             if (layout_.carry_bytes > 0)
-                for (int i = 0; i <= s.n_tokens; ++i)
-                    be.state_memory().copy(s.state->step_carries[static_cast<size_t>(i)].get(), s.state->carry.get(),
-                                           layout_.carry_bytes);
+                be.state_memory().copy(s.state->step_carries[0].get(), s.state->carry.get(), layout_.carry_bytes);
             s.state->step_carries_from = s.start_pos;
         }
     }

@@ -20,7 +20,8 @@ std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int W, bool rin
         for (int64_t j = 0; j < len; ++j) add(base + j <= pos ? base + j : -1);
         return list;
     }
-    if (is_decode(s) && (ring_before_full || pos >= W - 1)) {  // the ring, oldest slot first
+    // The ring, oldest slot first; a speculative step's rows each stand for the decode step of their position.
+    if ((is_decode(s) || (s.speculative && s.start_pos > 0)) && (ring_before_full || pos >= W - 1)) {
         int64_t oldest = pos % W + 1;
         for (int64_t j = 0; j < W; ++j) {
             int64_t slot = (oldest + j) % W;

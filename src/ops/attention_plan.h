@@ -20,8 +20,10 @@ inline bool is_decode(const BatchSeq& s) { return s.start_pos > 0 && s.n_tokens 
 
 // Window keys of the query at `pos`, as positions (-1: none), in the official reference's order: a one-shot
 // prefill lists the query's window oldest first; a decode step lists the ring from its oldest slot (once the
-// window has filled, or with ring_before_full also before, unfilled slots first); chunked prefill lists oldest
-// first, padded to the window. Positions below s.window_floor are listed as -1.
+// window has filled, or with ring_before_full also before, unfilled slots first), and so does each row of a
+// speculative step (it stands for that decode step: verification gives decoding's logits bit for bit); chunked
+// prefill lists oldest first, padded to the window. The order sets the attention's blocks of 64 keys, so it moves
+// bf16 roundings. Positions below s.window_floor are listed as -1.
 std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int window, bool ring_before_full);
 
 // RoPE frequencies f_i = theta^(-2i/dim) in fp32, with the official YaRN blend when original_seq_len > 0.

@@ -89,7 +89,12 @@ TEST(DemoModelV41, SpeculativeDecodingKeepsGreedyOutputs) {
     Model& m = demo();
     auto greedy = nlohmann::json::parse(read_file(kRef + "/demo_greedy.json"));
     std::vector<std::vector<int32_t>> prompts;
-    for (const auto& c : greedy["dspark_cases"]) prompts.push_back(c["prompt_ids"].get<std::vector<int32_t>>());
+    // 96 tokens of each prompt: the outputs cross the window's 128 (V4.1 lists a window that has not filled
+    // yet in another order in decode steps than in chunks: verify steps must list it as decoding does).
+    for (const auto& c : greedy["dspark_cases"]) {
+        prompts.push_back(c["prompt_ids"].get<std::vector<int32_t>>());
+        prompts.back().resize(std::min<size_t>(prompts.back().size(), 96));
+    }
     prompts.resize(4);
     GenerationParams g;
     g.sampling.temperature = 0;

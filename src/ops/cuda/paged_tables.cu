@@ -36,7 +36,7 @@ __global__ void window_table_kernel(PagedSeqs p, PagedSection sec, int64_t T, in
     const int s = p.row_seq[t];
     const int64_t* m = p.seq + kSeqFields * static_cast<int64_t>(s);
     int n = 0;
-    const int64_t at = window_position(m[2], m[3], m[5], p.row_pos[t], W, ring_before_full, j, &n);
+    const int64_t at = window_position(m[2], m[3], m[6] != 0, m[5], p.row_pos[t], W, ring_before_full, j, &n);
     if (j == 0) nwin[t] = n;
     if (!(j < n && at >= 0)) win[i] = nullptr;
     else if (rows) win[i] = rows + (row_base[s] + at - window_lo(m, W)) * row_bytes;

@@ -253,18 +253,31 @@ Measured sampled_step(Model& m, Diagnostics& be, CachedSequences& seqs, int toke
     return r;
 }
 
-// Milliseconds to draft a block for each of n sequences (one pass of the DSpark head, greedy), median of steps.
-double draft_ms(Model& m, CachedSequences& seqs, int n, int steps) {
+// Milliseconds to draft a block for each of n sequences (one pass of the DSpark head, greedy draws where the backend
+// samples, as the engine drafts), median of steps; the ops of one more, profiled, into *ops.
+double draft_ms(Model& m, Diagnostics& be, CachedSequences& seqs, int n, int steps,
+                std::map<std::string, double>* ops) {
     std::vector<const SeqState*> all;
     std::vector<int32_t> anchors;
     for (int i = 0; i < n; ++i) all.push_back(&seqs.seq(static_cast<size_t>(i))), anchors.push_back(100 + i);
+    auto greedy = [&](int, const Tensor& logits) {
+        std::vector<SampleRow> rows(static_cast<size_t>(n));
+        for (int i = 0; i < n; ++i) rows[static_cast<size_t>(i)].row = i;
+        std::vector<int32_t> ids;
+        for (const SampleResult& r : m.backend().sampler().sample(logits, rows)) ids.push_back(r.id);
+        return ids;
+    };
     std::vector<double> times;
     for (int step = 0; step < steps + 1; ++step) {
         const auto t0 = std::chrono::steady_clock::now();
-        (void)m.draft(all, anchors);
+        (void)m.draft(all, anchors, greedy);
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         if (step >= 1) times.push_back(ms);
     }
+    be.set_profiling(true);
+    (void)m.draft(all, anchors, greedy);
+    be.set_profiling(false);
+    *ops = be.profile();
     std::sort(times.begin(), times.end());
     return times[times.size() / 2];
 }
@@ -440,9 +453,12 @@ int run_bench(const BenchArgs& a) {
                 CachedSequences seqs(*model, be, static_cast<int>(B), ctx, extra);
                 const Measured decode = sampled_step(*model, be, seqs, 1, a.steps);
                 const bool dspark = model->has_dspark();
-                const double drafting = dspark ? draft_ms(*model, seqs, static_cast<int>(B), a.steps) : 0;
+                std::map<std::string, double> draft_ops;
+                const double drafting =
+                    dspark ? draft_ms(*model, be, seqs, static_cast<int>(B), a.steps, &draft_ops) : 0;
                 std::printf("%-8lld %-6lld %-7d %10.2f %9.2f %10.2f\n", static_cast<long long>(ctx),
                             static_cast<long long>(B), 1, decode.ms, 1.0, decode.wait_ms);
+                if (dspark) std::printf("    draft ops (ms):%s\n", ops_line(draft_ops, drafting).c_str());
                 for (int64_t t : verify_tokens) {
                     const Measured v = sampled_step(*model, be, seqs, static_cast<int>(t), a.steps);
                     auto speedup = [&](double L) {

@@ -28,7 +28,7 @@ echo "== drafting and engine verification on the device"
 echo "== bench engine: verify steps vs decode steps"
 timeout "${BENCH_TIMEOUT:-240}" "$bin/peregrine" bench engine --layers "${LAYERS:-40}" --experts "${EXPERTS:-96}" \
   --balanced-routing --synthetic-dspark --decode-batches 1,4,16,64 --contexts 8192 --prefill-tokens '' \
-  --verify-tokens 2,3,4,5,6 --steps 5 --json "$out/verify_steps.json" 2>&1 | grep -v "^    " | tee "$out/verify_steps.txt"
+  --verify-tokens 2,3,4,5,6 --steps 5 --json "$out/verify_steps.json" 2>&1 | grep -v "^    ops\|^    host" | tee "$out/verify_steps.txt"
 
 # Fast numerics (the default) and, for the greedy texts, exact numerics (logits independent of the step's shape).
 model=$here/models/peregrine-demo-v41

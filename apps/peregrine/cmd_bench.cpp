@@ -148,6 +148,20 @@ struct Measured {
     std::map<std::string, double> ops;
 };
 
+// The sampler's rows for n logits rows at a step: top-p 0.95, row i seeded with i, the step's draw.
+std::vector<SampleRow> top_p_rows(size_t n, int step) {
+    std::vector<SampleRow> rows(n);
+    SamplingParams sp;
+    sp.top_p = 0.95f;
+    for (size_t i = 0; i < n; ++i) {
+        rows[i].row = static_cast<int>(i);
+        rows[i].config = sample_config(sp);
+        rows[i].seed = i;
+        rows[i].index = static_cast<uint64_t>(step);
+    }
+    return rows;
+}
+
 // Runs `steps` timed forward steps (after one warm-up) of `n_seqs` sequences with cached context `ctx`,
 // feeding `rows_per_seq` tokens each; the last step is profiled per op.
 Measured run_steps(Model& m, Diagnostics& be, int n_seqs, int64_t ctx, int rows_per_seq, int steps,
@@ -165,18 +179,6 @@ Measured run_steps(Model& m, Diagnostics& be, int n_seqs, int64_t ctx, int rows_
         const bool last = step == warm + steps - 1;
         be.set_profiling(last);
         auto t0 = std::chrono::steady_clock::now();
-        auto sample_rows = [&] {
-            std::vector<SampleRow> rows(logit_rows.size());
-            SamplingParams sp;
-            sp.top_p = 0.95f;
-            for (size_t i = 0; i < rows.size(); ++i) {
-                rows[i].row = static_cast<int>(i);
-                rows[i].config = sample_config(sp);
-                rows[i].seed = i;
-                rows[i].index = static_cast<uint64_t>(step);
-            }
-            return rows;
-        };
         if (overlap) {
             // The engine's overlapped schedule: this step reads the previous step's samples on the device (deferred
             // ids), is enqueued, and only then are the previous step's ids taken. A step's time is one iteration:
@@ -184,10 +186,10 @@ Measured run_steps(Model& m, Diagnostics& be, int n_seqs, int64_t ctx, int rows_
             if (step > 0)
                 for (size_t i = 0; i < batch.token_ids.size(); ++i)
                     batch.token_ids[i] = DeviceSampler::deferred_id(static_cast<int>(i));
-            sampler.start(m.forward(batch, logit_rows, false), sample_rows());
+            sampler.start(m.forward(batch, logit_rows, false), top_p_rows(logit_rows.size(), step));
             if (step > 0) (void)sampler.finish();
         } else if (device_sampling) {  // logits stay on the device; the ids come back: the step is complete
-            (void)sampler.sample(m.forward(batch, logit_rows, false), sample_rows());
+            (void)sampler.sample(m.forward(batch, logit_rows, false), top_p_rows(logit_rows.size(), step));
         } else {
             Tensor logits = m.forward(batch, logit_rows);  // host logits: the step is complete
         }
@@ -228,15 +230,7 @@ Measured sampled_step(Model& m, Diagnostics& be, CachedSequences& seqs, int toke
     for (int step = 0; step < steps + 2; ++step) {
         std::vector<int> rows;
         ForwardBatch b = tokens == 1 ? seqs.next_batch(1, rows) : seqs.verify_batch(tokens, rows);
-        std::vector<SampleRow> sample(rows.size());
-        SamplingParams sp;
-        sp.top_p = 0.95f;
-        for (size_t i = 0; i < sample.size(); ++i) {
-            sample[i].row = static_cast<int>(i);
-            sample[i].config = sample_config(sp);
-            sample[i].seed = i;
-            sample[i].index = static_cast<uint64_t>(step);
-        }
+        const std::vector<SampleRow> sample = top_p_rows(rows.size(), step);
         be.take_host_wait_ms();
         const auto t0 = std::chrono::steady_clock::now();
         (void)sampler.sample(m.forward(b, rows, false), sample);

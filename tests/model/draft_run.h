@@ -1,8 +1,9 @@
 #pragma once
-// Drafts for several sequences at once against each drafted alone (Model::draft): sequences of different lengths
-// (their own window rings and positions) fed from a fixture's prompt, anchors of their own.
+// Speculative steps by hand, shared by the CPU and GPU tests: verify steps cut back to their accepted drafts, and
+// drafts for several sequences at once against each drafted alone.
 #include "kv/page_pool.h"
 #include "model/model.h"
+#include "util/error.h"
 
 #include <gtest/gtest.h>
 
@@ -11,6 +12,52 @@
 #include <vector>
 
 namespace peregrine::test {
+
+// ids[0, n0) prefilled, then verify steps of the next token and k drafts, the first j of them right (ids) and the rest
+// wrong, each cut back to what it accepted (PagePool::cut): k = 1 + step % 5 and j = step % (k + 1), cuts inside and
+// across compressor groups and pages; with `wide_first` a first step of 33 drafts, 20 right, where there is room. The
+// logits of every accepted position n0.. ([n - n0, vocab]): what feeding ids one token a step gives.
+inline std::vector<float> verify_and_cut(Model& m, const std::vector<int32_t>& ids, int64_t n0, int64_t n,
+                                         bool wide_first) {
+    const int V = m.config().vocab_size;
+    PagePool pool(m.backend().state_memory(), m.layout(), m.layout().pages_for(n + 40));
+    SeqState s;
+    pool.init(s);
+    EXPECT_TRUE(pool.reserve(s, n0));
+    ForwardBatch pre;
+    pre.seqs.push_back({&s, 0, static_cast<int>(n0), 0});
+    pre.token_ids.assign(ids.begin(), ids.begin() + n0);
+    pre.mode = BatchMode::prefill;
+    m.forward(pre, {});
+    std::vector<float> got;
+    for (int64_t p = n0, step = 0; p < n; ++step) {
+        const int64_t room = n - p - 1;
+        const bool wide = wide_first && step == 0 && room >= 33;
+        const int k = wide ? 33 : static_cast<int>(1 + step % 5);                                    // drafts
+        const int j = static_cast<int>(std::min<int64_t>(wide ? 20 : step % (k + 1), room));  // of them right
+        std::vector<int32_t> fed{ids[static_cast<size_t>(p)]};
+        for (int d = 0; d < k; ++d)
+            fed.push_back(d < j ? ids[static_cast<size_t>(p + 1 + d)]
+                                : (ids[static_cast<size_t>(std::min<int64_t>(p + 1 + d, n - 1))] + 7 + d) % V);
+        EXPECT_TRUE(pool.reserve(s, p + 1 + k) && pool.keep_step_carries(s, 1 + k));
+        ForwardBatch b;
+        b.seqs.push_back({&s, p, 1 + k, 0});
+        b.seqs.back().speculative = true;
+        b.token_ids = fed;
+        b.mode = BatchMode::prefill;
+        std::vector<int> rows;
+        for (int i = 0; i <= j; ++i) rows.push_back(i);
+        Tensor logits = m.forward(b, rows);
+        got.insert(got.end(), logits.f32(), logits.f32() + static_cast<int64_t>(j + 1) * V);
+        pool.cut(s, p + 1 + j);
+        EXPECT_EQ(s.n_cached, p + 1 + j);
+        EXPECT_EQ(static_cast<int64_t>(s.tokens.size()), p + 1 + j);
+        p += 1 + j;
+    }
+    EXPECT_THROW(pool.cut(s, s.n_cached - 1), Error) << "a cut needs a speculative step just before";
+    pool.release(s);
+    return got;
+}
 
 struct DraftBatchDiff {
     bool same_ids = true;

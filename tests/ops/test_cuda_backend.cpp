@@ -406,41 +406,7 @@ TEST_P(CudaModel, RejectedDraftsLeaveNothingBehind) {
     auto from_n0 = [&](const std::vector<float>& v) { return std::vector<float>(v.begin() + n0 * V, v.end()); };
     const std::vector<float> one_by_one = from_n0(run(*gpu_, ids, n0, 0)), cpu = from_n0(run(*cpu_, ids, n0, 0));
 
-    Model& m = *gpu_;
-    PagePool pool(m.backend().state_memory(), m.layout(), m.layout().pages_for(n + 40));
-    SeqState s;
-    pool.init(s);
-    ASSERT_TRUE(pool.reserve(s, n0));
-    ForwardBatch pre;
-    pre.seqs.push_back({&s, 0, static_cast<int>(n0), 0});
-    pre.token_ids.assign(ids.begin(), ids.begin() + n0);
-    pre.mode = BatchMode::prefill;
-    m.forward(pre, {});
-    std::vector<float> got;  // the logits of accepted positions, after position n0 on
-    for (int64_t p = n0, step = 0; p < n; ++step) {
-        const int64_t room = n - p - 1;
-        const int k = step == 0 && room >= 33 ? 33 : static_cast<int>(1 + step % 5);  // drafts this step
-        const int j = static_cast<int>(std::min<int64_t>(step == 0 ? 20 : step % (k + 1), room));  // of them right
-        std::vector<int32_t> fed{ids[static_cast<size_t>(p)]};
-        for (int d = 0; d < k; ++d)
-            fed.push_back(d < j ? ids[static_cast<size_t>(p + 1 + d)]
-                                : (ids[static_cast<size_t>(std::min<int64_t>(p + 1 + d, n - 1))] + 7 + d) % V);
-        ASSERT_TRUE(pool.reserve(s, p + 1 + k));
-        ASSERT_TRUE(pool.keep_step_carries(s, 1 + k));
-        ForwardBatch b;
-        b.seqs.push_back({&s, p, 1 + k, 0});
-        b.seqs.back().speculative = true;
-        b.token_ids = fed;
-        b.mode = BatchMode::prefill;
-        std::vector<int> rows;
-        for (int i = 0; i <= j; ++i) rows.push_back(i);
-        Tensor logits = m.forward(b, rows);
-        got.insert(got.end(), logits.f32(), logits.f32() + static_cast<int64_t>(j + 1) * V);
-        pool.cut(s, p + 1 + j);
-        ASSERT_EQ(s.n_cached, p + 1 + j);
-        p += 1 + j;
-    }
-    pool.release(s);
+    const std::vector<float> got = verify_and_cut(*gpu_, ids, n0, n, true);
     ASSERT_EQ(got.size(), one_by_one.size());
     const RowDiff d = compare_logits(got, one_by_one, V);
     EXPECT_LE(d.worst(), batch_variance_bound(c.fast_batch_tol)) << c.fixture << ": verify steps vs one token a step";

@@ -72,6 +72,7 @@ class ExactV4:
                 self.w[name] = t.to(dev)
         self.hmat = hadamard_matrix(cfg.index_head_dim, self.dev).double()
         self._rope = {}
+        self.pos0 = 0  # position of the first row (the engine keeps the MTP layer one position on)
 
     # ------------------------------------------------------------ primitives
     def mm(self, x, w):
@@ -205,7 +206,8 @@ class ExactV4:
         b, s, _ = x.shape
         H, D, rd, win = cfg.n_heads, cfg.head_dim, cfg.rope_head_dim, cfg.window_size
         ratio = cfg.compress_ratios[layer_id]
-        cos, sin = self.rope(ratio, s)
+        cos, sin = self.rope(ratio, s + self.pos0)
+        cos, sin = cos[self.pos0:], sin[self.pos0:]
         qr = self.rmsnorm(self.linear(p + "wq_a", x), p + "q_norm.weight")
         q = self.linear(p + "wq_b", qr).unflatten(-1, (H, D))
         q = q * torch.rsqrt(q.square().mean(-1, keepdim=True) + cfg.norm_eps)  # bf16 arithmetic
@@ -313,14 +315,19 @@ class ExactV4:
         return self.head(h, ""), h
 
     @torch.no_grad()
-    def mtp_forward(self, h: torch.Tensor, next_ids: torch.Tensor):
+    def mtp_forward(self, h: torch.Tensor, next_ids: torch.Tensor, pos0: int = 0):
         """MTP layer 0 over positions 0..s-1: h = main final residual [b, s, hc, d], next_ids [b, s] = the
-        token after each position -> logits [b, s, V] for the token two ahead."""
+        token after each position -> logits [b, s, V] for the token two ahead. pos0: RoPE positions from there
+        (1: as the engine, which keeps the layer's entry of hidden state t at the position of token t+1)."""
         cfg, p = self.cfg, "mtp.0."
+        self.pos0 = pos0
         next_ids = next_ids.to(self.dev)
         e = self.rmsnorm(self.w["embed.weight"][next_ids].to(BF16), p + "enorm.weight")
         x = self.linear(p + "e_proj", e).unsqueeze(2) + self.linear(p + "h_proj", self.rmsnorm(h, p + "hnorm.weight"))
-        x = self.block(p, cfg.n_layers, x, next_ids)
+        try:
+            x = self.block(p, cfg.n_layers, x, next_ids)
+        finally:
+            self.pos0 = 0
         return self.head(x, p)
 
 

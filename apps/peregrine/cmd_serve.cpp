@@ -325,13 +325,16 @@ int run_serve(ServeArgs& a) {
     }
     eo.context_length = a.context_length;
     if (a.disable_overlap_schedule) eo.overlap_schedule = 0;
-    if (a.speculative_algorithm == "mtp" || a.speculative_algorithm == "nextn")
-        fail("--speculative-algorithm {}: drafting with V4's MTP layers is not available yet (V4.1 models draft with "
-             "dspark)", a.speculative_algorithm);
-    if (a.speculative_algorithm == "dspark") {
-        PEREGRINE_CHECK(model->has_dspark(), "--speculative-algorithm dspark: {} has no DSpark head", a.model);
+    if (!a.speculative_algorithm.empty()) {
+        if (a.speculative_algorithm == "dspark")
+            PEREGRINE_CHECK(model->has_dspark(), "--speculative-algorithm dspark: {} has no DSpark head{}", a.model,
+                            model->has_mtp() ? " (V4 models draft with mtp)" : "");
+        else  // mtp, or its alias nextn
+            PEREGRINE_CHECK(model->has_mtp(), "--speculative-algorithm {}: {} has no MTP layer{}",
+                            a.speculative_algorithm, a.model,
+                            model->has_dspark() ? " (V4.1 models draft with dspark)" : "");
         eo.speculative_draft_tokens =
-            a.speculative_num_draft_tokens > 0 ? a.speculative_num_draft_tokens : cfg.dspark_block_size;
+            a.speculative_num_draft_tokens > 0 ? a.speculative_num_draft_tokens : model->default_drafts();
         eo.speculative_schedule = a.speculative_schedule == "confidence";
     } else {
         PEREGRINE_CHECK(a.speculative_num_draft_tokens == 0,
@@ -569,11 +572,11 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_option("--hicache-storage-url", a->hicache_storage_url,
                     "The redis backend's server: redis://host:port or unix:///path (default redis://127.0.0.1:6379)");
     cmd->add_option("--speculative-algorithm", a->speculative_algorithm,
-                    "dspark: V4.1's DSpark head drafts tokens that the next step verifies (the same outputs, greedy "
-                    "or seeded; the CPU backend so far); mtp/nextn: V4's MTP (not available yet)")
+                    "Drafts that the next step verifies (the same outputs, greedy or seeded): dspark with V4.1's "
+                    "DSpark head, mtp (nextn) with V4's MTP layer")
         ->check(CLI::IsMember({"dspark", "mtp", "nextn"}));
     cmd->add_option("--speculative-num-draft-tokens", a->speculative_num_draft_tokens,
-                    "Drafts per step (default: the DSpark head's block)")
+                    "Drafts per step (default: the DSpark head's block; 3 with MTP)")
         ->check(CLI::Range(1, 64));
     cmd->add_option("--speculative-schedule", a->speculative_schedule,
                     "confidence: verify steps are timed at start-up and each step keeps the drafts whose predicted "

@@ -249,9 +249,10 @@ Engine::Engine(std::vector<Model*> ranks, const Tokenizer* tok, EngineOptions op
     PEREGRINE_CHECK(opts_.max_running_requests > 0, "max running requests must be positive");
     if (opts_.speculative_draft_tokens > 0) {
         const ModelConfig& c = model_.config();
-        PEREGRINE_CHECK(opts_.drafter || model_.has_dspark(),
-                        "speculative decoding drafts with a DSpark head, which {} has not", c.model_type);
-        PEREGRINE_CHECK(opts_.drafter || opts_.speculative_draft_tokens <= c.dspark_block_size,
+        PEREGRINE_CHECK(opts_.drafter || model_.can_draft(),
+                        "speculative decoding drafts with a DSpark head or an MTP layer, which {} has not",
+                        c.model_type);
+        PEREGRINE_CHECK(opts_.drafter || !model_.has_dspark() || opts_.speculative_draft_tokens <= c.dspark_block_size,
                         "{} draft tokens: the DSpark head drafts {} at a time", opts_.speculative_draft_tokens,
                         c.dspark_block_size);
         PEREGRINE_CHECK(ranks.size() == 1, "speculative decoding does not run with expert parallelism yet");

@@ -31,12 +31,12 @@ struct EngineOptions {
     // input ids read on the device from the current step's samples. -1: where the backend samples
     // asynchronously (CUDA); 0: off; 1: on (any backend: the same tokens, tests).
     int overlap_schedule = -1;
-    // Speculative decoding (V4.1's DSpark head): up to this many drafts per step for each decoding request, verified
-    // by the next forward step (0: off). Outputs are the same with and without: greedy ones, and seeded samples
-    // (each token is the target's own draw at its position; model_runner.cpp).
+    // Speculative decoding (V4.1's DSpark head, V4's MTP layer): up to this many drafts per step for each decoding
+    // request, verified by the next forward step (0: off). Outputs are the same with and without: greedy ones, and
+    // seeded samples (each token is the target's own draw at its position; model_runner.cpp).
     int speculative_draft_tokens = 0;
-    // Where drafts come from: null, the model's DSpark head; else up to k tokens to follow `seq` (a request's prompt
-    // and output so far), from another drafter (tests give an oracle).
+    // Where drafts come from: null, the model's DSpark head or MTP layer; else up to k tokens to follow `seq` (a
+    // request's prompt and output so far), from another drafter (tests give an oracle).
     std::function<std::vector<int32_t>(const std::vector<int32_t>& seq, int k)> drafter;
     // Confidence-scheduled verification (engine/spec_schedule.h): verify steps are timed at start-up and each step
     // keeps the drafts that raise its expected tokens per second. Off: every request keeps all its drafts.

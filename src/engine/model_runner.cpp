@@ -134,7 +134,7 @@ void ModelRunner::draft(const std::list<RequestPtr>& running) {
             accept[n].assign(rate.begin(), rate.begin() + static_cast<int64_t>(r->drafts.size()));
         }
     } else {
-        draft_dspark(wanted, accept);
+        draft_on_model(wanted, rate, accept);
     }
     for (size_t n = 0; n < wanted.size(); ++n) {
         Request& r = *wanted[n].first;
@@ -151,10 +151,10 @@ void ModelRunner::draft(const std::list<RequestPtr>& running) {
 // Each draft is drawn from the head's logits with the request's own transforms (grammar mask, penalties, bias,
 // temperature and truncation) and the very draw its target will use at that position: wherever the two
 // distributions put that draw on the same token, the draft is the target's token. Greedy requests draft greedily.
-// One pass of the head drafts for every request; each position's tokens are drawn where the backend samples (the
+// One pass of the drafter drafts for every request; each position's tokens are drawn where the backend samples (the
 // rows of requests with a grammar mask on the host).
-void ModelRunner::draft_dspark(const std::vector<std::pair<Request*, int>>& wanted,
-                               std::vector<std::vector<double>>& accept) {
+void ModelRunner::draft_on_model(const std::vector<std::pair<Request*, int>>& wanted, const std::vector<double>& rate,
+                                 std::vector<std::vector<double>>& accept) {
     const size_t N = wanted.size();
     std::vector<std::unique_ptr<TokensAhead>> ahead;
     std::vector<const SeqState*> seqs;
@@ -216,13 +216,17 @@ void ModelRunner::draft_dspark(const std::vector<std::pair<Request*, int>>& want
         }
         return ids;
     };
-    const std::vector<DraftResult> d = model_.draft(seqs, anchors, choose);
+    const std::vector<DraftResult> d = model_.draft(seqs, anchors, choose, draft_tokens_);
     ahead.clear();  // the requests as they were (their logit processors rolled back)
     for (size_t n = 0; n < N; ++n) {
         wanted[n].first->drafts.assign(d[n].ids.begin() + 1, d[n].ids.end());
+        const size_t drafts = d[n].ids.size() - 1;
+        if (d[n].confidence.empty()) {  // MTP: the running acceptance
+            accept[n].assign(rate.begin(), rate.begin() + static_cast<int64_t>(drafts));
+            continue;
+        }
         double all = 1;  // the confidence head's logit: the draft's chance of being accepted after the ones before it
-        for (size_t i = 0; i + 1 < d[n].ids.size(); ++i)
-            accept[n].push_back(all *= 1 / (1 + std::exp(-d[n].confidence[i])));
+        for (size_t i = 0; i < drafts; ++i) accept[n].push_back(all *= 1 / (1 + std::exp(-d[n].confidence[i])));
     }
 }
 

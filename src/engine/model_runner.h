@@ -42,7 +42,7 @@ public:
     void set_spec_schedule(SpecSchedule s) { schedule_.emplace(std::move(s)); }
     const std::optional<SpecSchedule>& spec_schedule() const { return schedule_; }
     // Drafts the next tokens of every running request that decodes and may be verified (Request::drafts), with
-    // the drafter, or else the model's DSpark head; then keeps those the schedule gives a slot.
+    // the drafter, or else the model's DSpark head or MTP layer; then keeps those the schedule gives a slot.
     void draft(const std::list<RequestPtr>& running);
 
     // Whether the next step may be enqueued before the launched one's ids are on the host: the option allows it,
@@ -80,9 +80,11 @@ private:
     // r's token after the `ahead` tokens of `view` from its logits row on the host (grammar mask, then the device
     // sampler's adjustments and draw); takes the request's next draw.
     TokenOutput choose(Request& r, const float* raw, std::vector<float>& row, const TokensAhead& view) const;
-    // The drafts of each request (up to its count) from the DSpark head, each drawn as its target will draw that
-    // position, and the head's predicted probability that the drafts up to each are all accepted.
-    void draft_dspark(const std::vector<std::pair<Request*, int>>& wanted, std::vector<std::vector<double>>& accept);
+    // The drafts of each request (up to its count) from the model's DSpark head or MTP layer, each drawn as its
+    // target will draw that position, and the predicted probability that the drafts up to each are all accepted
+    // (DSpark's confidence head; for MTP the running acceptance `rate`).
+    void draft_on_model(const std::vector<std::pair<Request*, int>>& wanted, const std::vector<double>& rate,
+                        std::vector<std::vector<double>>& accept);
     TokenOutput token_output(SampleResult&& s) const;
     // A verify step's tokens for r: the target's token at its token and at each draft while the drafts match (`at`
     // gives position i's, with the drafts before it taken), then the sequence cut back to what they accepted.

@@ -68,13 +68,13 @@ SpecSchedule SpecSchedule::profile(Model& m, int max_batch, int max_drafts, int 
             seconds[b][static_cast<size_t>(k)] = best;
         }
     std::vector<double> draft;
-    for (size_t b = 0; m.has_dspark() && b < batches.size(); ++b) {
+    for (size_t b = 0; m.can_draft() && b < batches.size(); ++b) {
         std::vector<const SeqState*> some;
         for (int i = 0; i < batches[b]; ++i) some.push_back(&seqs[static_cast<size_t>(i)]);
         double best = INFINITY;
         for (int rep = 0; rep < reps; ++rep) {
             const auto t0 = std::chrono::steady_clock::now();
-            (void)m.draft(some, std::vector<int32_t>(some.size(), 3));
+            (void)m.draft(some, std::vector<int32_t>(some.size(), 3), nullptr, max_drafts);
             best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
         draft.push_back(best);

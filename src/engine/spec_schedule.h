@@ -19,8 +19,8 @@ public:
     SpecSchedule(std::vector<int> batches, std::vector<std::vector<double>> seconds,
                  std::vector<double> draft_seconds = {});
     // Times forward steps of 1, 4, 16, ... up to max_batch sequences (a few tokens of context each) with 0..max_drafts
-    // drafts per sequence, on scratch state pages, and the model's DSpark head drafting for as many sequences: the
-    // best of `reps` each.
+    // drafts per sequence, on scratch state pages, and the model's drafter (DSpark head, MTP layer) drafting for as
+    // many sequences: the best of `reps` each.
     static SpecSchedule profile(Model& m, int max_batch, int max_drafts, int reps = 2);
 
     // Predicted seconds of a step of `batch` sequences with `drafts` drafts among them (interpolated).

@@ -46,6 +46,11 @@ StateLayout make_state_layout(const StateSpec& spec, int page_tokens) {
         carry(in.index_carry_floats, L.index_carry_offset, L.index_carry_bytes);
         s.layers.push_back(L);
     }
+    if (spec.hidden_floats > 0) {
+        s.hidden_offset = s.carry_bytes;
+        s.hidden_bytes = static_cast<size_t>(spec.hidden_floats) * sizeof(float);
+        s.carry_bytes += s.hidden_bytes;
+    }
     s.snapshot_offset = off[kHistoryPages];
     s.page_bytes[kHistoryPages] = (off[kHistoryPages] + s.carry_bytes + 63) / 64 * 64;
     s.page_bytes[kWindowPages] = (off[kWindowPages] + 63) / 64 * 64;

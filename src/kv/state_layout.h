@@ -43,6 +43,7 @@ struct LayerStateSpec {
 struct StateSpec {
     std::vector<LayerStateSpec> layers;
     int window_tokens = 0;  // a query reads the window entries of its last window_tokens positions (0: of all)
+    int64_t hidden_floats = 0;  // V4's MTP layer: the backbone's final hidden state at the last position, in the carry
 };
 
 // ---- where it is
@@ -69,6 +70,7 @@ struct StateLayout {
     int window_tokens = 0;  // StateSpec::window_tokens
     std::array<size_t, kPageTables> page_bytes{};  // a page of each table
     size_t carry_bytes = 0;       // per sequence
+    size_t hidden_offset = 0, hidden_bytes = 0;  // StateSpec::hidden_floats inside the carry (fp32)
     size_t snapshot_offset = 0;   // where a history page keeps the carry as of its last token
     std::vector<LayerStateLayout> layers;
 

@@ -36,6 +36,10 @@ public:
         validate_shared_config(c, path);
         if (c.n_hash_layers < 0 || c.n_hash_layers > c.n_layers)
             fail("'{}': invalid model configuration: num_hash_layers must be within [0, num_hidden_layers]", path);
+        if (c.n_mtp_layers > 1)  // the release has one; drafts past the first reuse it
+            fail("'{}': num_nextn_predict_layers {}: DeepSeek-V4 drafts with one MTP layer", path, c.n_mtp_layers);
+        if (c.n_mtp_layers > 0 && c.ratio(c.n_layers) != 0)
+            fail("'{}': invalid model configuration: the MTP layer attends to its window only (ratio 0)", path);
         return c;
     }
 
@@ -104,6 +108,12 @@ public:
             if (a.has_indexer) L.index_k = {fp4_entry_format(ihd, 32, false), a.ratio};
             spec.layers.push_back(L);
         }
+        if (c.n_mtp_layers > 0) {  // the MTP layer's window, and the hidden state its next entry reads
+            LayerStateSpec L;
+            L.window = {latent, 1};
+            spec.layers.push_back(L);
+            spec.hidden_floats = int64_t{c.hc_mult} * c.dim;
+        }
         return spec;
     }
 
@@ -128,6 +138,18 @@ public:
                 }
             }
             m.layers.push_back(std::move(b));
+        }
+        if (c.n_mtp_layers > 0) {
+            const std::string p = "mtp.0.";
+            MtpWeight t;
+            t.block = load_block_core(L, p, c.n_routed_experts, c.n_activated_experts, false);
+            t.e_proj = L.fp8(p + "e_proj", D, D);
+            t.h_proj = L.fp8(p + "h_proj", D, D);
+            t.enorm = L.param(p + "enorm.weight", {D});
+            t.hnorm = L.param(p + "hnorm.weight", {D});
+            t.norm = L.param(p + "norm.weight", {D});
+            t.hc_head = load_hc(L, p, "head", hc, hc * D);
+            m.mtp = std::move(t);
         }
         return m;
     }

@@ -46,10 +46,8 @@ AttentionLayerInfo Model::stage_info(int stage) const {
     return a;
 }
 
-std::vector<DraftResult> Model::draft(const std::vector<const SeqState*>& seqs, const std::vector<int32_t>& anchors,
-                                      const DraftChooser& choose) {
-    PEREGRINE_CHECK(w_.dspark.has_value(), "this model has no DSpark head");
-    PEREGRINE_CHECK(!seqs.empty() && seqs.size() == anchors.size(), "draft: one anchor per sequence");
+std::vector<DraftResult> Model::draft_dspark(const std::vector<const SeqState*>& seqs,
+                                             const std::vector<int32_t>& anchors, const DraftChooser& choose) {
     const DSparkWeight& d = *w_.dspark;
     Backend& be = *backend_;
     const int B = cfg_.dspark_block_size, vocab = cfg_.vocab_size, N = static_cast<int>(seqs.size());
@@ -66,8 +64,9 @@ std::vector<DraftResult> Model::draft(const std::vector<const SeqState*>& seqs, 
     Tensor pre = be.first_stream_mix(N * B);
     for (int st = 0; st < cfg_.n_mtp_layers; ++st) {  // the pre_mix chain runs on across the stages
         const BlockWeight& b = d.stages[static_cast<size_t>(st)];
+        const AttentionLayerInfo info = stage_info(st);
         decoder_layer_ops(be, b, format_.single_pass_mhc,
-                          {[&](const Tensor& x) { return be.dspark_attention(x, b.attn, stage_info(st), seqs, pos); },
+                          {[&](const Tensor& x) { return be.draft_attention(x, b.attn, info, seqs, pos, false); },
                            [&](const Tensor& x) { return be.moe(x, b.ffn, ids); }},
                           h, pre);
     }

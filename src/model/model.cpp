@@ -205,6 +205,10 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
             be.store_window_kv(main_x, d.stages[static_cast<size_t>(st)].attn, stage_info(st),
                                replay.seqs.empty() ? batch : replay);
     }
+    if (w_.mtp) {
+        PEREGRINE_CHECK(replay.seqs.empty(), "the MTP layer reads every row's hidden state");
+        feed_mtp(batch, h);
+    }
     for (auto& s : batch.seqs) {
         s.state->n_cached = s.start_pos + s.n_tokens;
         if (s.speculative && layout_.carry_bytes > 0)  // the carry after the step's last token (BatchSeq::speculative)
@@ -219,6 +223,17 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
     // Single-pass mHC collapses with the last sublayer's pre mix; a model with a head mix collapses with it.
     Tensor x = w_.hc_head ? be.rms_norm(be.hc_head(hs, *w_.hc_head), w_.norm) : be.collapse_norm(hs, ps, w_.norm);
     return be.logits(x, w_.head, logits_to_host);
+}
+
+std::vector<DraftResult> Model::draft(const std::vector<const SeqState*>& seqs, const std::vector<int32_t>& anchors,
+                                      const DraftChooser& choose, int max_drafts) {
+    PEREGRINE_CHECK(can_draft(), "this model has no DSpark head or MTP layer");
+    PEREGRINE_CHECK(!seqs.empty() && seqs.size() == anchors.size(), "draft: one anchor per sequence");
+    if (max_drafts <= 0) max_drafts = default_drafts();
+    if (has_mtp()) return draft_mtp(seqs, anchors, choose, max_drafts);
+    PEREGRINE_CHECK(max_drafts <= cfg_.dspark_block_size, "{} drafts: the DSpark head drafts {} at a time", max_drafts,
+                    cfg_.dspark_block_size);
+    return draft_dspark(seqs, anchors, choose);
 }
 
 void Model::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {

@@ -58,15 +58,20 @@ public:
     // layer is one (V4): decoder SWA bounded replay has nothing to skip.
     int replay_layer() const { return replay_layer_; }
 
-    // V4.1's DSpark head: drafts the blocks after each sequence's last fed position in one pass, given its anchor
-    // (the token sampled for the next position). Reads the stage windows, changes no state. `choose(i, logits)`
-    // picks every sequence's draft i from the position's logits [sequences, vocab] (Markov bias included; in device
-    // memory where the backend samples there) or ends a sequence's block with -1; greedy when absent. The ids are
-    // the anchor and the drafts; confidence has the block's full length.
+    // Drafting, with V4.1's DSpark head or V4's MTP layer: up to max_drafts tokens (0: default_drafts()) after each
+    // sequence's last fed position in one pass, given its anchor (the token sampled for the next position). Reads
+    // the state, changes none. `choose(i, logits)` picks every sequence's draft i from the position's logits
+    // [sequences, vocab] (in device memory where the backend samples there) or ends a sequence's drafts with -1;
+    // greedy when absent. The ids are the anchor and the drafts; DSpark's confidence has its block's full length
+    // (DSpark's logits include the Markov bias of the chosen ids; MTP has no confidence).
     using DraftChooser = std::function<std::vector<int32_t>(int i, const Tensor& logits)>;
     bool has_dspark() const { return w_.dspark.has_value(); }
+    bool has_mtp() const { return w_.mtp.has_value(); }
+    bool can_draft() const { return has_dspark() || has_mtp(); }
+    // DSpark: its block; MTP: 3 (SGLang's V4 recipe chains its one layer three steps).
+    int default_drafts() const { return has_dspark() ? cfg_.dspark_block_size : 3; }
     std::vector<DraftResult> draft(const std::vector<const SeqState*>& seqs, const std::vector<int32_t>& anchors,
-                                   const DraftChooser& choose = nullptr);
+                                   const DraftChooser& choose = nullptr, int max_drafts = 0);
 
     // Expert parallelism: this model is one rank of `ep`'s group; it drops the routed experts of the
     // backbone's MoE layers that the rank does not hold (DSpark's stay whole). Every rank then runs each
@@ -81,6 +86,13 @@ private:
     // The variant's format, roles and state layout, and the backend (after the config and weights).
     void set_up(const ModelOptions& opts);
     AttentionLayerInfo stage_info(int stage) const;
+    AttentionLayerInfo mtp_info() const;
+    std::vector<DraftResult> draft_dspark(const std::vector<const SeqState*>& seqs,
+                                          const std::vector<int32_t>& anchors, const DraftChooser& choose);
+    std::vector<DraftResult> draft_mtp(const std::vector<const SeqState*>& seqs, const std::vector<int32_t>& anchors,
+                                       const DraftChooser& choose, int max_drafts);
+    // The MTP layer's window entries of a step's rows (h: the backbone's final hidden states, mtp.cpp).
+    void feed_mtp(ForwardBatch& batch, const Tensor& h);
 
     std::string dir_;
     ModelConfig cfg_;

@@ -12,6 +12,19 @@ std::vector<RowInfo> row_infos(ForwardBatch& batch) {
     return rows;
 }
 
+std::vector<int64_t> draft_window_keys(int64_t pos, int64_t row_pos, int window, int64_t floor, bool chain) {
+    std::vector<int64_t> out;
+    if (chain) {
+        for (int64_t p = std::max(floor, row_pos - window + 1); p <= pos; ++p) out.push_back(p);
+        return out;
+    }
+    for (int64_t k = 0; k < std::min<int64_t>(window, pos + 1); ++k) {
+        const int64_t p = pos - ((pos - k) % window + window) % window;
+        if (p >= floor) out.push_back(p);
+    }
+    return out;
+}
+
 std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int W, bool ring_before_full) {
     std::vector<int64_t> list;
     auto add = [&](int64_t p) { list.push_back(p >= s.window_floor ? p : -1); };

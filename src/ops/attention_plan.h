@@ -26,6 +26,12 @@ inline bool is_decode(const BatchSeq& s) { return s.start_pos > 0 && s.n_tokens 
 // bf16 roundings. Positions below s.window_floor are listed as -1.
 std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int window, bool ring_before_full);
 
+// Stored window keys of a draft row at position `row_pos` after a sequence's last fed position `pos`, as positions
+// from `floor` on: a DSpark block's (chain false) the whole window of pos, its ring listed by slot (slot k holds the
+// latest position <= pos with position % W == k); an MTP chain's row its own window's, oldest first (as the one-shot
+// prefill the layer was trained with lists them).
+std::vector<int64_t> draft_window_keys(int64_t pos, int64_t row_pos, int window, int64_t floor, bool chain);
+
 // RoPE frequencies f_i = theta^(-2i/dim) in fp32, with the official YaRN blend when original_seq_len > 0.
 std::vector<float> rope_frequencies(int dim, double theta, int original_seq_len, double factor, double beta_fast,
                                     double beta_slow, YarnRamp ramp);

@@ -134,10 +134,13 @@ public:
     // (a DSpark stage's window is fed from the backbone's hidden states).
     virtual void store_window_kv(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                                  ForwardBatch& batch) = 0;
-    // A DSpark stage's attention for draft blocks of equal length, rows [j * B, (j + 1) * B) sequence j's at
-    // positions pos[j]+1.., over its window (positions <= pos[j]) and its whole block (no causal mask inside).
-    virtual Tensor dspark_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
-                                    const std::vector<const SeqState*>& states, const std::vector<int64_t>& pos) = 0;
+    // A drafter's attention for blocks of equal length, rows [j * B, (j + 1) * B) sequence j's at positions
+    // pos[j]+1.., over its stored window (positions <= pos[j], draft_window_keys) and its block: a DSpark stage's
+    // whole block (no causal mask inside); with `chain` (V4's MTP layer) the block rows up to the row's own, and the
+    // stored entries from window_floor + 1 (the first entry after a gap reads a hidden state from before it).
+    virtual Tensor draft_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                                   const std::vector<const SeqState*>& states, const std::vector<int64_t>& pos,
+                                   bool chain) = 0;
     // y += x elementwise (fp32, one shape; y where logits() leaves them).
     virtual void add_into(Tensor& y, const Tensor& x) = 0;
     virtual Tensor linear(const Tensor& x, const LinearWeight& w) = 0;

@@ -91,6 +91,15 @@ struct DSparkWeight {
     LinearWeight confidence;     // [1, dim + rank], computed in fp32
 };
 
+// V4's MTP layer (checkpoint namespace mtp.0.): a block over e_proj(enorm(embed(next token))) (over every hc copy) +
+// h_proj(hnorm(the backbone's final hidden state)), collapsed by its own head mix and norm into the shared head.
+struct MtpWeight {
+    BlockWeight block;
+    LinearWeight e_proj, h_proj;  // FP8 [dim, dim]
+    Tensor enorm, hnorm, norm;
+    HcWeight hc_head;
+};
+
 struct ModelWeights {
     Tensor embed;  // BF16 [vocab, dim]
     Tensor norm;   // final RMSNorm
@@ -98,6 +107,7 @@ struct ModelWeights {
     std::optional<HcWeight> hc_head;  // V4 only
     std::vector<BlockWeight> layers;
     std::optional<DSparkWeight> dspark;
+    std::optional<MtpWeight> mtp;
 };
 
 }  // namespace peregrine

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 namespace peregrine::test {
@@ -16,9 +17,11 @@ namespace peregrine::test {
 // ids[0, n0) prefilled, then verify steps of the next token and k drafts, the first j of them right (ids) and the rest
 // wrong, each cut back to what it accepted (PagePool::cut): k = 1 + step % 5 and j = step % (k + 1), cuts inside and
 // across compressor groups and pages; with `wide_first` a first step of 33 drafts, 20 right, where there is room. The
-// logits of every accepted position n0.. ([n - n0, vocab]): what feeding ids one token a step gives.
+// logits of every accepted position n0.. ([n - n0, vocab]): what feeding ids one token a step gives. `at_end` sees
+// the sequence's state after the last step.
 inline std::vector<float> verify_and_cut(Model& m, const std::vector<int32_t>& ids, int64_t n0, int64_t n,
-                                         bool wide_first) {
+                                         bool wide_first,
+                                         const std::function<void(const SeqState&)>& at_end = nullptr) {
     const int V = m.config().vocab_size;
     PagePool pool(m.backend().state_memory(), m.layout(), m.layout().pages_for(n + 40));
     SeqState s;
@@ -55,6 +58,7 @@ inline std::vector<float> verify_and_cut(Model& m, const std::vector<int32_t>& i
         p += 1 + j;
     }
     EXPECT_THROW(pool.cut(s, s.n_cached - 1), Error) << "a cut needs a speculative step just before";
+    if (at_end) at_end(s);
     pool.release(s);
     return got;
 }

@@ -758,4 +758,58 @@ TEST(CudaDSpark, DraftsForSeveralSequencesAtOnce) {
                 d.same_ids ? "same" : "DIFFER", d.logits, d.confidence);
 }
 
+// V4's MTP layer on the GPU (the V4 demo model): after a prefill and then after every decode step across its window,
+// the chain of three drafts is the CPU backend's (exact numerics: bit for bit), and drafts for several sequences at
+// once are each one's alone.
+TEST(CudaMtp, DraftsMatchTheCpu) {
+    REQUIRE_GPU();
+    const std::string dir = fixture_dir("../../models/peregrine-demo-v4");
+    ModelOptions go;
+    go.device = "cuda";
+    auto gpu = Model::load(dir, go);
+    auto cpu = Model::load(dir);
+    ASSERT_TRUE(gpu->has_mtp());
+    const auto ids = read_ids(fixture_dir("dsv4-tiny-a") + "/cases/prefill.ids");  // ids of its vocabulary too
+    const int64_t P = 40;
+    struct Run {
+        Model* m;
+        std::unique_ptr<PagePool> pool;
+        SeqState st;
+    };
+    Run runs[2] = {{gpu.get(), nullptr, {}}, {cpu.get(), nullptr, {}}};
+    for (Run& r : runs) {
+        r.pool = std::make_unique<PagePool>(r.m->backend().state_memory(), r.m->layout(),
+                                            r.m->layout().pages_for(static_cast<int64_t>(ids.size())));
+        r.pool->init(r.st);
+        ASSERT_TRUE(r.pool->reserve(r.st, static_cast<int64_t>(ids.size())));
+    }
+    auto feed = [&](Run& r, int64_t start, int n) {
+        ForwardBatch b;
+        b.seqs.push_back({&r.st, start, n, 0});
+        b.token_ids.assign(ids.begin() + start, ids.begin() + start + n);
+        b.mode = batch_mode_of(b);
+        r.m->forward(b, {});
+    };
+    float worst = 0.0f;
+    int same_ids = 0, steps = 0;
+    for (int64_t p = P; p < static_cast<int64_t>(ids.size()); ++p, ++steps) {
+        for (Run& r : runs) feed(r, p == P ? 0 : p - 1, p == P ? static_cast<int>(P) : 1);
+        DraftResult d[2];
+        for (int k = 0; k < 2; ++k) d[k] = runs[k].m->draft({&runs[k].st}, {ids[static_cast<size_t>(p)]}).at(0);
+        same_ids += d[0].ids == d[1].ids;
+        ASSERT_EQ(d[0].logits.size(), d[1].logits.size());
+        for (size_t i = 0; i < d[0].logits.size(); ++i)
+            worst = std::max(worst, std::fabs(d[0].logits[i] - d[1].logits[i]));
+    }
+    const bool fast = switch_is("PEREGRINE_CUDA_NUMERICS", "fast");
+    if (!fast) EXPECT_EQ(same_ids, steps);
+    EXPECT_LE(worst, fast ? 0.1f : 0.0f);
+    const DraftBatchDiff together = drafts_together_vs_alone(*gpu, ids);
+    EXPECT_TRUE(together.same_ids);
+    EXPECT_LE(together.logits, batch_variance_bound());
+    std::printf("PARITY mtp demo-v4 drafts: %d/%d steps the CPU's ids, logits vs cpu max|d| %.3g; together vs alone: "
+                "ids %s, logits max|d| %.3g\n",
+                same_ids, steps, worst, together.same_ids ? "same" : "DIFFER", together.logits);
+}
+
 }  // namespace

@@ -389,10 +389,10 @@ TEST(CudaSampling, EngineDevicePathMatchesHostPath) {
                 "CPU backend gives the same tokens for %d/%zu\n", fx.c_str(), gs.size(), same_cpu, gs.size());
 }
 
-// Speculative decoding on the GPU: drafts (an oracle's, right, partly right or wrong; then the DSpark head's) are
-// verified on the host from their copied logits rows while the other requests sample on the device. Greedy and
-// seeded requests (top-p; top-k, min-p and logprobs; penalties, bias and min_new_tokens) give the tokens they give
-// without speculation, batched and under preemption. Exact numerics: the same logits whatever the step's shape. Fast
+// Speculative decoding on the GPU: drafts (an oracle's, right, partly right or wrong; then the DSpark head's, or the
+// V4 demo model's MTP layer's) are verified row by row where the requests sample. Greedy and seeded requests
+// (top-p; top-k, min-p and logprobs; penalties, bias and min_new_tokens) give the tokens they give without
+// speculation, batched and under preemption. Exact numerics: the same logits whatever the step's shape. Fast
 // numerics: a verify step's logits may move by rounding against a decode step's, so there greedy requests are
 // checked and the seeded ones' agreement is printed.
 TEST(CudaSampling, SpeculativeDecodingKeepsTheTokens) {
@@ -400,12 +400,14 @@ TEST(CudaSampling, SpeculativeDecodingKeepsTheTokens) {
     for (const char* numerics : {"exact", "fast"}) {
         ScopedEnv env("PEREGRINE_CUDA_NUMERICS", numerics);
         const bool exact = std::string(numerics) == "exact";
-        for (const char* fx : {"dsv41-tiny-a", "dsv4-tiny-a"}) {
+        for (const char* fx : {"dsv41-tiny-a", "dsv4-tiny-a", "../../models/peregrine-demo-v4"}) {
             ModelOptions mo;
             mo.device = "cuda";
             auto m = Model::load(test::fixture_dir(fx), mo);
             const int V = m->config().vocab_size;
-            const auto ids = test::read_ids(test::fixture_dir(fx) + "/cases/prefill.ids");
+            // The V4 demo model (its MTP layer drafts) takes dsv4-tiny-a's ids.
+            const std::string ids_of = m->has_mtp() ? "dsv4-tiny-a" : fx;
+            const auto ids = test::read_ids(test::fixture_dir(ids_of) + "/cases/prefill.ids");
             std::vector<GenerationParams> gs(5);
             for (auto& g : gs) g.max_new_tokens = 20, g.ignore_eos = true, g.sampling.temperature = 0.0f;
             gs[1].sampling.temperature = 1.0f, gs[1].sampling.top_p = 0.9f, gs[1].sampling.seed = 3;
@@ -472,11 +474,11 @@ TEST(CudaSampling, SpeculativeDecodingKeepsTheTokens) {
                 EXPECT_LT(st.spec_accepted_tokens_total, st.spec_draft_tokens_total) << fx;
                 if (pages == 6) EXPECT_GT(st.preemptions_total, 0u) << fx;
             }
-            if (!m->has_dspark()) continue;
+            if (!m->can_draft()) continue;
             EngineOptions o = plain;
-            o.speculative_draft_tokens = m->config().dspark_block_size;
+            o.speculative_draft_tokens = m->default_drafts();
             auto [got, st] = run(o);
-            compare(got, "DSpark drafts");
+            compare(got, m->has_mtp() ? "MTP drafts" : "DSpark drafts");
             EXPECT_GT(st.spec_verify_total, 0u);
         }
     }

@@ -354,10 +354,10 @@ def test_swa_bounded_replay_flags():
 
 
 def test_speculative_decoding_flags():
-    """MTP drafting and models without a DSpark head are refused; with dspark on V4.1, greedy, seeded and grammar-
-    constrained completions are the same as without, and /metrics and /server_info report the verify steps and the
-    accept length."""
-    for args, words in ((("--speculative-algorithm", "mtp"), "not available yet"),
+    """Models without the drafter asked for are refused; with dspark on V4.1 and mtp on the V4 demo model, greedy,
+    seeded and grammar-constrained completions are the same as without, and /metrics and /server_info report the
+    verify steps and the accept length."""
+    for args, words in ((("--speculative-algorithm", "mtp"), "has no MTP layer"),
                         (("--speculative-algorithm", "dspark"), "has no DSpark head"),
                         (("--speculative-num-draft-tokens", "3"), "needs --speculative-algorithm")):
         p = subprocess.run([BIN, "serve", "--port", "0", "--model", MODEL, *args], capture_output=True, text=True,
@@ -383,31 +383,33 @@ def test_speculative_decoding_flags():
         assert re.fullmatch("[a-z]+( [a-z]+)*", out[-1]), out[-1]
         return out
 
-    plain = Server(model=os.path.join(FIX, "dsv41-tiny-a"))
-    try:
-        want = outputs(plain)
-    finally:
-        plain.stop()
-    s = Server("--speculative-algorithm", "dspark", "--speculative-num-draft-tokens", "3", "--speculative-schedule",
-               "fixed", model=os.path.join(FIX, "dsv41-tiny-a"))
-    try:
-        assert outputs(s) == want
-        info = json.loads(s.raw("GET", "/server_info")[1])
-        assert info["speculative_algorithm"] == "dspark" and info["speculative_num_draft_tokens"] == 3, info
-        assert info["speculative_schedule"] == "fixed", info
-        assert info["avg_spec_accept_length"] >= 1.0, info
-        text = s.raw("GET", "/metrics")[1].decode()
-        verifies = re.search(r"^peregrine:spec_verify_total\{[^}]*\} (\S+)$", text, re.M)
-        assert verifies and float(verifies.group(1)) > 0, text
-        assert _metric(s, "spec_num_draft_tokens_per_pos", 'position="2"') > 0
-        assert _metric(s, "spec_num_accepted_tokens_per_pos", 'position="0"') >= 0
-        assert _metric(s, "spec_verify_step_seconds_count", "") > 0
-        r = subprocess.run([BIN, "bench", "serve", "--url", s.url, "--input-len", "16", "--output-len", "8",
-                            "--num-prompts", "4", "--max-concurrency", "2"], capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stderr
-        assert re.search(r"^Accept length:\s+[1-4]\.\d\d$", r.stdout, re.M), r.stdout
-    finally:
-        s.stop()
+    for model, algorithm in ((DEMO, "nextn"), (os.path.join(FIX, "dsv41-tiny-a"), "dspark")):
+        plain = Server(model=model)
+        try:
+            want = outputs(plain)
+        finally:
+            plain.stop()
+        s = Server("--speculative-algorithm", algorithm, "--speculative-num-draft-tokens", "3", "--speculative-schedule",
+                   "fixed", model=model)
+        try:
+            assert outputs(s) == want, algorithm
+            info = json.loads(s.raw("GET", "/server_info")[1])
+            assert info["speculative_algorithm"] == algorithm and info["speculative_num_draft_tokens"] == 3, info
+            assert info["speculative_schedule"] == "fixed", info
+            assert info["avg_spec_accept_length"] >= 1.0, info
+            text = s.raw("GET", "/metrics")[1].decode()
+            verifies = re.search(r"^peregrine:spec_verify_total\{[^}]*\} (\S+)$", text, re.M)
+            assert verifies and float(verifies.group(1)) > 0, text
+            assert _metric(s, "spec_num_draft_tokens_per_pos", 'position="2"') > 0
+            assert _metric(s, "spec_num_accepted_tokens_per_pos", 'position="0"') >= 0
+            assert _metric(s, "spec_verify_step_seconds_count", "") > 0
+            r = subprocess.run([BIN, "bench", "serve", "--url", s.url, "--input-len", "16", "--output-len", "8",
+                                "--num-prompts", "4", "--max-concurrency", "2"], capture_output=True, text=True,
+                               timeout=120)
+            assert r.returncode == 0, r.stderr
+            assert re.search(r"^Accept length:\s+[1-4]\.\d\d$", r.stdout, re.M), r.stdout
+        finally:
+            s.stop()
 
 
 def test_transport_limits_hold_before_the_body_is_read():

@@ -399,11 +399,12 @@ void CpuBackend::store_window_kv(const Tensor& x, const AttentionWeight& w, cons
     }
 }
 
-Tensor CpuBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
-                                    const std::vector<const SeqState*>& states, const std::vector<int64_t>& pos) {
+Tensor CpuBackend::draft_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                                   const std::vector<const SeqState*>& states, const std::vector<int64_t>& pos,
+                                   bool chain) {
     const int N = static_cast<int>(states.size()), T = static_cast<int>(x.dim(0)), B = T / N;
     const int H = cfg_.n_heads, D = cfg_.head_dim, W = cfg_.window_size;
-    PEREGRINE_CHECK(N > 0 && B * N == T && pos.size() == states.size(), "dspark attention: blocks of equal length");
+    PEREGRINE_CHECK(N > 0 && B * N == T && pos.size() == states.size(), "draft attention: blocks of equal length");
     const Rope& rope = rope_for(info);
     std::vector<int64_t> positions;
     for (int j = 0; j < N; ++j)
@@ -412,27 +413,31 @@ Tensor CpuBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, c
     Tensor q = project_queries(x, qr, w, rope, positions);
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
     Tensor kv = window_kv(x, w, rope, positions, L.window.format);
+    // The block's K=V as stored window entries would give it back (the RoPE dims rounded to bf16).
+    std::vector<std::vector<float>> block(static_cast<size_t>(T));
+    std::vector<uint8_t> entry(L.window.entry_bytes);
+    for (int r = 0; r < T; ++r) {
+        store_entry(L.window, kv.f32() + static_cast<int64_t>(r) * D, entry.data());
+        block[static_cast<size_t>(r)] = load_entry(L.window, entry.data());
+    }
     Tensor o = Tensor::zeros(DType::F32, {T, H, D});
     const float scale = static_cast<float>(std::pow(D, -0.5));
     for (int j = 0; j < N; ++j) {
-        // Keys: the window ring listed by slot (slot k holds the latest position <= p with position % W == k),
-        // then every block token.
         const SeqState& state = *states[static_cast<size_t>(j)];
         const int64_t p0 = pos[static_cast<size_t>(j)];
-        std::vector<std::vector<float>> vals;  // the window ring, decoded
-        std::vector<const float*> keys;
-        for (int64_t k = 0; k < std::min<int64_t>(W, p0 + 1); ++k) {
-            const int64_t p = p0 - ((p0 - k) % W + W) % W;
-            if (p < state.window_floor) continue;  // not computed (SWA bounded replay)
-            vals.push_back(load_entry(L.window, layout_.entry<uint8_t>(state, L.window, p)));
-        }
-        for (auto& v : vals) keys.push_back(v.data());
-        for (int i = 0; i < B; ++i) keys.push_back(kv.f32() + static_cast<int64_t>(j * B + i) * D);
-        for (int i = 0; i < B; ++i)
+        for (int i = 0; i < B; ++i) {
+            // Keys: the stored window (draft_window_keys), then the block's rows.
+            std::vector<std::vector<float>> vals;
+            std::vector<const float*> keys;
+            for (int64_t p : draft_window_keys(p0, p0 + 1 + i, W, state.window_floor + (chain ? 1 : 0), chain))
+                vals.push_back(load_entry(L.window, layout_.entry<uint8_t>(state, L.window, p)));
+            for (auto& v : vals) keys.push_back(v.data());
+            for (int k = 0; k < (chain ? i + 1 : B); ++k) keys.push_back(block[static_cast<size_t>(j * B + k)].data());
             for (int h = 0; h < H; ++h) {
                 const int64_t r = (static_cast<int64_t>(j * B + i) * H + h) * D;
                 sparse_attend(q.f32() + r, keys, D, scale, w.attn_sink.data<float>()[h], o.f32() + r);
             }
+        }
     }
     return project_output(o, w, rope, positions);
 }

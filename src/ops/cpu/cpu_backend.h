@@ -45,8 +45,9 @@ public:
     Tensor concat_cols(const std::vector<Tensor>& parts) override;
     void store_window_kv(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                          ForwardBatch& batch) override;
-    Tensor dspark_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
-                            const std::vector<const SeqState*>& states, const std::vector<int64_t>& pos) override;
+    Tensor draft_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                           const std::vector<const SeqState*>& states, const std::vector<int64_t>& pos,
+                           bool chain) override;
     void add_into(Tensor& y, const Tensor& x) override;
     Tensor linear(const Tensor& x, const LinearWeight& w) override;
     Tensor logits(const Tensor& x, const LinearWeight& head, bool to_host = true) override;

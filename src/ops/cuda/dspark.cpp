@@ -1,5 +1,6 @@
 // DSpark's attention on the GPU (cf. the reference's in cpu/attention.cpp): the stages' window K=V fed from the
-// backbone, and the draft block's attention over the window ring and the whole block.
+// backbone, and a draft block's attention over the window ring and the block (V4's MTP chain's as well).
+#include "ops/attention_plan.h"
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/launch_check.h"
 #include "util/error.h"
@@ -47,12 +48,13 @@ void CudaBackend::store_window_kv(const Tensor& x, const AttentionWeight& w, con
     store_entries(kv.f32(), T, L.window.format, dst_d.ptr);
 }
 
-Tensor CudaBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
-                                     const std::vector<const SeqState*>& states, const std::vector<int64_t>& pos) {
-    OpTimer op_(*this, "dspark_attention");
+Tensor CudaBackend::draft_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
+                                    const std::vector<const SeqState*>& states, const std::vector<int64_t>& pos,
+                                    bool chain) {
+    OpTimer op_(*this, "draft_attention");
     const int N = static_cast<int>(states.size()), T = static_cast<int>(x.dim(0)), B = T / N;
     const int H = cfg_.n_heads, D = cfg_.head_dim, W = cfg_.window_size;
-    PEREGRINE_CHECK(N > 0 && B * N == T && pos.size() == states.size(), "dspark attention: blocks of equal length");
+    PEREGRINE_CHECK(N > 0 && B * N == T && pos.size() == states.size(), "draft attention: blocks of equal length");
     const float* freqs = weights_.rope(info);
     std::vector<int64_t> positions;
     for (int j = 0; j < N; ++j)
@@ -70,31 +72,27 @@ Tensor CudaBackend::dspark_attention(const Tensor& x, const AttentionWeight& w, 
         block_entries.push_back(static_cast<uint8_t*>(block.get()) + static_cast<size_t>(r) * f.bytes);
     auto block_d = upload(block_entries);
     store_entries(kv.f32(), T, f, block_d.ptr);
-    // Keys of sequence j's rows (the same for each): its window ring listed by slot (slot k holds the latest position
-    // <= pos with position % W == k), then its block; rows padded to the longest list.
-    std::vector<std::vector<const uint8_t*>> keys(static_cast<size_t>(N));
+    // Each row's keys: the stored window (draft_window_keys), then the block's rows; padded to the longest list.
+    std::vector<std::vector<const uint8_t*>> keys(static_cast<size_t>(T));
     int maxk = 0;
     for (int j = 0; j < N; ++j) {
         const SeqState& state = *states[static_cast<size_t>(j)];
         const int64_t p0 = pos[static_cast<size_t>(j)];
-        auto& kj = keys[static_cast<size_t>(j)];
-        for (int64_t k = 0; k < std::min<int64_t>(W, p0 + 1); ++k) {
-            const int64_t p = p0 - ((p0 - k) % W + W) % W;
-            if (p < state.window_floor) continue;  // not computed (SWA bounded replay)
-            kj.push_back(layout_.entry<uint8_t>(state, L.window, p));
+        for (int i = 0; i < B; ++i) {
+            auto& kr = keys[static_cast<size_t>(j * B + i)];
+            for (int64_t p : draft_window_keys(p0, p0 + 1 + i, W, state.window_floor + (chain ? 1 : 0), chain))
+                kr.push_back(layout_.entry<uint8_t>(state, L.window, p));
+            for (int k = 0; k < (chain ? i + 1 : B); ++k) kr.push_back(block_entries[static_cast<size_t>(j * B + k)]);
+            maxk = std::max(maxk, static_cast<int>(kr.size()));
         }
-        for (int i = 0; i < B; ++i) kj.push_back(block_entries[static_cast<size_t>(j * B + i)]);
-        maxk = std::max(maxk, static_cast<int>(kj.size()));
     }
     std::vector<const uint8_t*> all;
     std::vector<int32_t> nkeys;
-    for (int j = 0; j < N; ++j)
-        for (int i = 0; i < B; ++i) {
-            const auto& kj = keys[static_cast<size_t>(j)];
-            all.insert(all.end(), kj.begin(), kj.end());
-            all.insert(all.end(), static_cast<size_t>(maxk) - kj.size(), nullptr);
-            nkeys.push_back(static_cast<int32_t>(kj.size()));
-        }
+    for (const auto& kr : keys) {
+        all.insert(all.end(), kr.begin(), kr.end());
+        all.insert(all.end(), static_cast<size_t>(maxk) - kr.size(), nullptr);
+        nkeys.push_back(static_cast<int32_t>(kr.size()));
+    }
     auto keys_d = upload(all);
     auto nkeys_d = upload(nkeys);
     KeyRefs kr;

@@ -196,10 +196,10 @@ TEST(DemoModel, MtpStateFollowsStepsResumesAndCuts) {
     EXPECT_EQ(d.logits, 0.0f);
 }
 
-// Greedy outputs on held-out prompts are the same with the MTP layer drafting as without, with the confidence
-// schedule and with every draft verified, and its drafts are accepted (the training script measured its top-1
-// agreeing with the model's next-but-one in 51% of positions).
-TEST(DemoModel, MtpSpeculativeDecodingKeepsGreedyOutputs) {
+// Greedy and seeded outputs on held-out prompts are the same with the MTP layer drafting as without, with the
+// confidence schedule and with every draft verified, and its drafts are accepted (the training script measured its
+// top-1 agreeing with the model's next-but-one in 51% of positions).
+TEST(DemoModel, MtpSpeculativeDecodingKeepsTheOutputs) {
     auto model = Model::load(kModel);
     auto ref = nlohmann::json::parse(read_file(kRef + "/demo_greedy.json"));
     std::vector<std::vector<int32_t>> prompts;
@@ -209,6 +209,12 @@ TEST(DemoModel, MtpSpeculativeDecodingKeepsGreedyOutputs) {
     g.sampling.temperature = 0;
     g.max_new_tokens = 32;
     g.ignore_eos = true;
+    std::vector<GenerationParams> gs{g, g, g, g, g, g};  // two seeded samples besides: top-p, and penalties
+    gs[4].sampling.temperature = 0.8f, gs[4].sampling.top_p = 0.95f, gs[4].sampling.seed = 7;
+    gs[5].sampling.temperature = 1.0f, gs[5].sampling.presence_penalty = 0.5f, gs[5].sampling.seed = 8;
+    gs[5].sampling.logit_bias = {{5, 2.0f}};
+    prompts.push_back(prompts[0]);
+    prompts.push_back(prompts[1]);
     auto run = [&](int drafts, bool schedule) {
         EngineOptions o;
         o.kv_pages = 4096;
@@ -216,7 +222,7 @@ TEST(DemoModel, MtpSpeculativeDecodingKeepsGreedyOutputs) {
         o.speculative_schedule = schedule;
         Engine eng(*model, nullptr, o);
         std::vector<std::shared_ptr<RequestStream>> streams;
-        for (auto& p : prompts) streams.push_back(eng.submit(p, g));
+        for (size_t i = 0; i < prompts.size(); ++i) streams.push_back(eng.submit(prompts[i], gs[i]));
         std::vector<std::vector<int32_t>> out;
         for (auto& s : streams) {
             out.emplace_back();

@@ -15,7 +15,7 @@ std::vector<RowInfo> row_infos(ForwardBatch& batch) {
 std::vector<int64_t> draft_window_keys(int64_t pos, int64_t row_pos, int window, int64_t floor, bool chain) {
     std::vector<int64_t> out;
     if (chain) {
-        for (int64_t p = std::max(floor, row_pos - window + 1); p <= pos; ++p) out.push_back(p);
+        for (int64_t p = std::max(floor + 1, row_pos - window + 1); p <= pos; ++p) out.push_back(p);
         return out;
     }
     for (int64_t k = 0; k < std::min<int64_t>(window, pos + 1); ++k) {

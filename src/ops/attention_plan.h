@@ -27,9 +27,10 @@ inline bool is_decode(const BatchSeq& s) { return s.start_pos > 0 && s.n_tokens 
 std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int window, bool ring_before_full);
 
 // Stored window keys of a draft row at position `row_pos` after a sequence's last fed position `pos`, as positions
-// from `floor` on: a DSpark block's (chain false) the whole window of pos, its ring listed by slot (slot k holds the
-// latest position <= pos with position % W == k); an MTP chain's row its own window's, oldest first (as the one-shot
-// prefill the layer was trained with lists them).
+// at or above the sequence's window floor: a DSpark block's (chain false) the whole window of pos, its ring listed by
+// slot (slot k holds the latest position <= pos with position % W == k); an MTP chain's row its own window's, oldest
+// first (as the one-shot prefill the layer was trained with lists them), from floor + 1 (the MTP layer's first entry
+// after a gap, or at position 0, reads a hidden state from before it).
 std::vector<int64_t> draft_window_keys(int64_t pos, int64_t row_pos, int window, int64_t floor, bool chain);
 
 // RoPE frequencies f_i = theta^(-2i/dim) in fp32, with the official YaRN blend when original_seq_len > 0.

@@ -429,7 +429,7 @@ Tensor CpuBackend::draft_attention(const Tensor& x, const AttentionWeight& w, co
             // Keys: the stored window (draft_window_keys), then the block's rows.
             std::vector<std::vector<float>> vals;
             std::vector<const float*> keys;
-            for (int64_t p : draft_window_keys(p0, p0 + 1 + i, W, state.window_floor + (chain ? 1 : 0), chain))
+            for (int64_t p : draft_window_keys(p0, p0 + 1 + i, W, state.window_floor, chain))
                 vals.push_back(load_entry(L.window, layout_.entry<uint8_t>(state, L.window, p)));
             for (auto& v : vals) keys.push_back(v.data());
             for (int k = 0; k < (chain ? i + 1 : B); ++k) keys.push_back(block[static_cast<size_t>(j * B + k)].data());

@@ -80,7 +80,7 @@ Tensor CudaBackend::draft_attention(const Tensor& x, const AttentionWeight& w, c
         const int64_t p0 = pos[static_cast<size_t>(j)];
         for (int i = 0; i < B; ++i) {
             auto& kr = keys[static_cast<size_t>(j * B + i)];
-            for (int64_t p : draft_window_keys(p0, p0 + 1 + i, W, state.window_floor + (chain ? 1 : 0), chain))
+            for (int64_t p : draft_window_keys(p0, p0 + 1 + i, W, state.window_floor, chain))
                 kr.push_back(layout_.entry<uint8_t>(state, L.window, p));
             for (int k = 0; k < (chain ? i + 1 : B); ++k) kr.push_back(block_entries[static_cast<size_t>(j * B + k)]);
             maxk = std::max(maxk, static_cast<int>(kr.size()));

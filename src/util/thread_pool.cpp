@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
 
 namespace peregrine {
 
@@ -62,10 +63,21 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     ++generation_;
     lock.unlock();
     wake_.notify_all();
-    run_part(fn, n, parts, 0);
+    // A part that throws: the others still finish (they read fn), then the caller's exception or else the first
+    // worker's reaches the caller.
+    std::exception_ptr error;
+    try {
+        run_part(fn, n, parts, 0);
+    } catch (...) {
+        error = std::current_exception();
+    }
     lock.lock();
     done_.wait(lock, [this] { return pending_ == 0; });
     job_ = nullptr;
+    if (!error) error = error_;
+    error_ = nullptr;
+    lock.unlock();
+    if (error) std::rethrow_exception(error);
 }
 
 void ThreadPool::worker_loop(int index) {
@@ -80,8 +92,14 @@ void ThreadPool::worker_loop(int index) {
         int64_t n = job_n_;
         int parts = job_parts_;
         lock.unlock();
-        run_part(*fn, n, parts, index);
+        std::exception_ptr error;
+        try {
+            run_part(*fn, n, parts, index);
+        } catch (...) {
+            error = std::current_exception();
+        }
         lock.lock();
+        if (error && !error_) error_ = error;
         if (--pending_ == 0) done_.notify_one();
     }
 }

@@ -2,6 +2,7 @@
 // A fixed pool of worker threads for data-parallel loops (the CPU backend's parallel_for).
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -19,7 +20,8 @@ public:
     int size() const { return static_cast<int>(workers_.size()) + 1; }
 
     // Runs fn(begin, end) over [0, n) split into contiguous chunks, one per thread; the caller works too.
-    // Callers on several threads take turns; a call from inside fn runs serially.
+    // Callers on several threads take turns; a call from inside fn runs serially. An exception thrown by a chunk
+    // reaches the caller once every chunk is done.
     void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk = 1);
 
     static ThreadPool& global();
@@ -35,6 +37,7 @@ private:
     int job_parts_ = 0;
     uint64_t generation_ = 0;
     int pending_ = 0;
+    std::exception_ptr error_;  // the job's first exception from a worker
     bool stop_ = false;
 };
 

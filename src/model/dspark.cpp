@@ -2,7 +2,6 @@
 // over their own window (fed from the backbone's hidden states in Model::forward) and the block itself, each draft
 // token's logits biased by a Markov term of the token before it, with a confidence per position.
 #include "model/model.h"
-#include "ops/sampling.h"
 #include "util/error.h"
 
 namespace peregrine {
@@ -81,20 +80,7 @@ std::vector<DraftResult> Model::draft_dspark(const std::vector<const SeqState*>&
         for (int j = 0; j < N; ++j) rows.push_back(j * B + i);
         Tensor logits = be.logits(be.gather_rows(xn, rows), w_.head, false);
         be.add_into(logits, markov_bias(be, d, last));
-        std::vector<int32_t> chosen;
-        if (choose) {
-            chosen = choose(i, logits);
-        } else {
-            const Tensor host = logits.device() == Device::CPU ? logits : be.to_host_copy(logits);
-            for (int j = 0; j < N; ++j) {
-                const float* row = host.f32() + static_cast<int64_t>(j) * vocab;
-                auto& l = out[static_cast<size_t>(j)].logits;
-                l.insert(l.end(), row, row + vocab);
-                chosen.push_back(argmax(row, vocab));
-            }
-        }
-        PEREGRINE_CHECK(static_cast<int>(chosen.size()) == N, "draft chooser: {} ids for {} sequences",
-                        chosen.size(), N);
+        const std::vector<int32_t> chosen = choose_drafts(i, logits, choose, out);
         for (int j = 0; j < N; ++j) {
             const int32_t id = chosen[static_cast<size_t>(j)];
             if (ended[static_cast<size_t>(j)] || id < 0) {

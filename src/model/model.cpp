@@ -1,6 +1,7 @@
 #include "model/model.h"
 #include "model/model_weights.h"
 #include "model/variant.h"
+#include "ops/sampling.h"
 #include "util/error.h"
 
 #include <algorithm>
@@ -234,6 +235,26 @@ std::vector<DraftResult> Model::draft(const std::vector<const SeqState*>& seqs, 
     PEREGRINE_CHECK(max_drafts <= cfg_.dspark_block_size, "{} drafts: the DSpark head drafts {} at a time", max_drafts,
                     cfg_.dspark_block_size);
     return draft_dspark(seqs, anchors, choose);
+}
+
+std::vector<int32_t> Model::choose_drafts(int i, const Tensor& logits, const DraftChooser& choose,
+                                          std::vector<DraftResult>& out) {
+    const int N = static_cast<int>(out.size()), vocab = cfg_.vocab_size;
+    std::vector<int32_t> chosen;
+    if (choose) {
+        chosen = choose(i, logits);
+    } else {  // greedy, keeping the logits
+        const Tensor host = logits.device() == Device::CPU ? logits : backend_->to_host_copy(logits);
+        for (int j = 0; j < N; ++j) {
+            const float* row = host.f32() + static_cast<int64_t>(j) * vocab;
+            auto& l = out[static_cast<size_t>(j)].logits;
+            l.insert(l.end(), row, row + vocab);
+            chosen.push_back(argmax(row, vocab));
+        }
+    }
+    PEREGRINE_CHECK(static_cast<int>(chosen.size()) == N, "draft chooser: {} ids for {} sequences", chosen.size(),
+                    N);
+    return chosen;
 }
 
 void Model::set_expert_parallel(std::shared_ptr<ExpertParallel> ep) {

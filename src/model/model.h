@@ -91,6 +91,10 @@ private:
                                           const std::vector<int32_t>& anchors, const DraftChooser& choose);
     std::vector<DraftResult> draft_mtp(const std::vector<const SeqState*>& seqs, const std::vector<int32_t>& anchors,
                                        const DraftChooser& choose, int max_drafts);
+    // Every sequence's draft i from the position's logits [sequences, vocab]: the chooser's, or else greedy (the
+    // logits kept in `out`).
+    std::vector<int32_t> choose_drafts(int i, const Tensor& logits, const DraftChooser& choose,
+                                       std::vector<DraftResult>& out);
     // The MTP layer's window entries of a step's rows (h: the backbone's final hidden states, mtp.cpp).
     void feed_mtp(ForwardBatch& batch, const Tensor& h);
 

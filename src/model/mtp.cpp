@@ -7,7 +7,6 @@
 // Drafting chains the layer: draft i+1 comes from the layer's output hidden state after draft i, as SGLang's EAGLE
 // steps reuse V4's one MTP layer.
 #include "model/model.h"
-#include "ops/sampling.h"
 #include "util/error.h"
 
 namespace peregrine {
@@ -116,20 +115,8 @@ std::vector<DraftResult> Model::draft_mtp(const std::vector<const SeqState*>& se
         std::vector<int> rows;
         for (int j = 0; j < N; ++j) rows.push_back(j * B + i);
         hidden = be.gather_rows(x, rows);
-        Tensor logits = be.logits(be.rms_norm(be.hc_head(hidden, m.hc_head), m.norm), w_.head, !choose);
-        std::vector<int32_t> chosen;
-        if (choose) {
-            chosen = choose(i, logits);
-        } else {
-            for (int j = 0; j < N; ++j) {
-                const float* r = logits.f32() + static_cast<int64_t>(j) * vocab;
-                auto& l = out[static_cast<size_t>(j)].logits;
-                l.insert(l.end(), r, r + vocab);
-                chosen.push_back(argmax(r, vocab));
-            }
-        }
-        PEREGRINE_CHECK(static_cast<int>(chosen.size()) == N, "draft chooser: {} ids for {} sequences",
-                        chosen.size(), N);
+        Tensor logits = be.logits(be.rms_norm(be.hc_head(hidden, m.hc_head), m.norm), w_.head, false);
+        const std::vector<int32_t> chosen = choose_drafts(i, logits, choose, out);
         bool any = false;
         for (int j = 0; j < N; ++j) {
             int32_t id = chosen[static_cast<size_t>(j)];

@@ -21,6 +21,9 @@ public:
     std::vector<float> feed(const std::vector<int32_t>& ids, int chunk = 0, bool all_logits = false);
     int64_t length() const { return state_.n_cached; }
     const std::vector<int32_t>& tokens() const { return state_.tokens; }
+    const SeqState& state() const { return state_; }  // what a drafter reads
+    // Back to its first n_tokens (a page boundary), from that page's snapshot, as a prefix-cache hit resumes.
+    void rewind(int64_t n_tokens) { pool_->restore(state_, n_tokens); }
 
 private:
     Model& model_;

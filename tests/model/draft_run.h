@@ -1,6 +1,7 @@
 #pragma once
 // Speculative steps by hand, shared by the CPU and GPU tests: verify steps cut back to their accepted drafts, and
-// drafts for several sequences at once against each drafted alone.
+// drafts for several sequences at once against each drafted alone; and the engine's outputs with and without drafts.
+#include "engine/engine.h"
 #include "kv/page_pool.h"
 #include "model/model.h"
 #include "util/error.h"
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <vector>
 
@@ -97,6 +99,41 @@ inline DraftBatchDiff drafts_together_vs_alone(Model& m, const std::vector<int32
     }
     for (SeqState& s : seqs) pool.release(s);
     return d;
+}
+
+// Request i (prompt i, params gs[i]) through an engine over m without drafts, then with up to `drafts` drafts per step
+// from the model's drafter, every draft verified and confidence-scheduled: the same tokens. Prints the verify steps'
+// counters; returns those of the run verifying every draft.
+inline EngineStats expect_drafts_keep_outputs(Model& m, const std::vector<std::vector<int32_t>>& prompts,
+                                              const std::vector<GenerationParams>& gs, int drafts) {
+    auto run = [&](int k, bool schedule) {
+        EngineOptions o;
+        o.kv_pages = 4096;
+        o.speculative_draft_tokens = k;
+        o.speculative_schedule = schedule;
+        Engine eng(m, nullptr, o);
+        std::vector<std::shared_ptr<RequestStream>> streams;
+        for (size_t i = 0; i < prompts.size(); ++i) streams.push_back(eng.submit(prompts[i], gs.at(i)));
+        std::vector<std::vector<int32_t>> out;
+        for (auto& s : streams) {
+            out.emplace_back();
+            for (auto& t : s->wait().tokens) out.back().push_back(t.id);
+        }
+        return std::make_pair(out, eng.stats());
+    };
+    const auto plain = run(0, false).first;
+    EngineStats every;
+    for (bool schedule : {false, true}) {
+        auto [got, st] = run(drafts, schedule);
+        EXPECT_EQ(got, plain) << (schedule ? "confidence schedule" : "every draft");
+        std::printf("%s: %llu verify steps, %llu of %llu drafts accepted\n",
+                    schedule ? "confidence schedule" : "all drafts",
+                    static_cast<unsigned long long>(st.spec_verify_total),
+                    static_cast<unsigned long long>(st.spec_accepted_tokens_total),
+                    static_cast<unsigned long long>(st.spec_draft_tokens_total));
+        if (!schedule) every = st;
+    }
+    return every;
 }
 
 }  // namespace peregrine::test

@@ -129,17 +129,9 @@ TEST(DemoModel, MtpDraftMatchesTorch) {
     for (const auto& c : ref["cases"]) {
         const auto prefix = c["prefix"].get<std::vector<int32_t>>();
         const auto want = c["logits"].get<std::vector<float>>();
-        PagePool pool(model->backend().state_memory(), model->layout(), model->layout().pages_for(prefix.size()));
-        SeqState s;
-        pool.init(s);
-        ASSERT_TRUE(pool.reserve(s, static_cast<int64_t>(prefix.size())));
-        ForwardBatch b;
-        b.seqs.push_back({&s, 0, static_cast<int>(prefix.size()), 0});
-        b.token_ids = prefix;
-        b.mode = BatchMode::prefill;
-        model->forward(b, {});
-        const DraftResult d = model->draft({&s}, {c["anchor"].get<int32_t>()}, nullptr, 1).at(0);
-        pool.release(s);
+        SequenceRunner run(*model, static_cast<int64_t>(prefix.size()));
+        run.feed(prefix);
+        const DraftResult d = model->draft({&run.state()}, {c["anchor"].get<int32_t>()}, nullptr, 1).at(0);
         ASSERT_EQ(d.logits.size(), static_cast<size_t>(vocab));
         float worst = 0;
         for (int v = 0; v < vocab; ++v) worst = std::max(worst, std::fabs(d.logits[v] - want[v]));
@@ -166,28 +158,15 @@ TEST(DemoModel, MtpStateFollowsStepsResumesAndCuts) {
         return a.ids == b.ids && a.logits.size() == b.logits.size() &&
                std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * sizeof(float)) == 0;
     };
-    PagePool pool(m.backend().state_memory(), m.layout(), m.layout().pages_for(n));
-    SeqState s;
-    pool.init(s);
-    ASSERT_TRUE(pool.reserve(s, n));
-    auto feed = [&](int64_t from, int64_t to, int chunk) {
-        for (int64_t p = from; p < to; p += chunk) {
-            ForwardBatch b;
-            const int len = static_cast<int>(std::min<int64_t>(chunk, to - p));
-            b.seqs.push_back({&s, p, len, 0});
-            b.token_ids.assign(ids.begin() + p, ids.begin() + p + len);
-            b.mode = batch_mode_of(b);
-            m.forward(b, {});
-        }
-    };
-    feed(0, n0, static_cast<int>(n0));
+    SequenceRunner run(m, n);
+    auto feed = [&](int64_t from, int64_t to, int chunk) { run.feed({ids.begin() + from, ids.begin() + to}, chunk); };
+    feed(0, n0, 0);
     feed(n0, n, 1);
-    const DraftResult want = draft(s);
+    const DraftResult want = draft(run.state());
     ASSERT_EQ(want.ids.size(), 4u);
-    pool.restore(s, resume);
+    run.rewind(resume);
     feed(resume, n, 1);
-    EXPECT_TRUE(same(draft(s), want)) << "resumed from a snapshot";
-    pool.release(s);
+    EXPECT_TRUE(same(draft(run.state()), want)) << "resumed from a snapshot";
     DraftResult cut;
     test::verify_and_cut(m, ids, n0, n, false, [&](const SeqState& st) { cut = draft(st); });
     EXPECT_TRUE(same(cut, want)) << "verify steps cut back";
@@ -215,30 +194,6 @@ TEST(DemoModel, MtpSpeculativeDecodingKeepsTheOutputs) {
     gs[5].sampling.logit_bias = {{5, 2.0f}};
     prompts.push_back(prompts[0]);
     prompts.push_back(prompts[1]);
-    auto run = [&](int drafts, bool schedule) {
-        EngineOptions o;
-        o.kv_pages = 4096;
-        o.speculative_draft_tokens = drafts;
-        o.speculative_schedule = schedule;
-        Engine eng(*model, nullptr, o);
-        std::vector<std::shared_ptr<RequestStream>> streams;
-        for (size_t i = 0; i < prompts.size(); ++i) streams.push_back(eng.submit(prompts[i], gs[i]));
-        std::vector<std::vector<int32_t>> out;
-        for (auto& s : streams) {
-            out.emplace_back();
-            for (auto& t : s->wait().tokens) out.back().push_back(t.id);
-        }
-        return std::make_pair(out, eng.stats());
-    };
-    const auto plain = run(0, false).first;
-    for (bool schedule : {false, true}) {
-        auto [got, st] = run(3, schedule);
-        EXPECT_EQ(got, plain) << (schedule ? "confidence schedule" : "every draft");
-        std::printf("%s: %llu verify steps, %llu of %llu drafts accepted\n",
-                    schedule ? "confidence schedule" : "all drafts",
-                    static_cast<unsigned long long>(st.spec_verify_total),
-                    static_cast<unsigned long long>(st.spec_accepted_tokens_total),
-                    static_cast<unsigned long long>(st.spec_draft_tokens_total));
-        if (!schedule) EXPECT_GT(st.spec_accepted_tokens_total, st.spec_verify_total / 3);
-    }
+    const EngineStats st = test::expect_drafts_keep_outputs(*model, prompts, gs, 3);
+    EXPECT_GT(st.spec_accepted_tokens_total, st.spec_verify_total / 3);
 }

@@ -3,6 +3,7 @@
 // drafts tokens that the engine verifies without changing a greedy output.
 #include "engine/engine.h"
 #include "engine/sequence_runner.h"
+#include "model/draft_run.h"
 
 #include <cmath>
 #include <gtest/gtest.h>
@@ -100,29 +101,7 @@ TEST(DemoModelV41, SpeculativeDecodingKeepsGreedyOutputs) {
     g.sampling.temperature = 0;
     g.max_new_tokens = 32;
     g.ignore_eos = true;
-    auto run = [&](int drafts, bool schedule) {
-        EngineOptions o;
-        o.kv_pages = 4096;
-        o.speculative_draft_tokens = drafts;
-        o.speculative_schedule = schedule;
-        Engine eng(m, nullptr, o);
-        std::vector<std::shared_ptr<RequestStream>> streams;
-        for (auto& p : prompts) streams.push_back(eng.submit(p, g));
-        std::vector<std::vector<int32_t>> out;
-        for (auto& s : streams) {
-            out.emplace_back();
-            for (auto& t : s->wait().tokens) out.back().push_back(t.id);
-        }
-        return std::make_pair(out, eng.stats());
-    };
-    const auto plain = run(0, false).first;
-    for (bool schedule : {false, true}) {
-        auto [got, st] = run(4, schedule);
-        EXPECT_EQ(got, plain) << (schedule ? "confidence schedule" : "every draft");
-        std::printf("%s: %llu verify steps, %llu of %llu drafts accepted\n", schedule ? "confidence schedule" : "all drafts",
-                    static_cast<unsigned long long>(st.spec_verify_total),
-                    static_cast<unsigned long long>(st.spec_accepted_tokens_total),
-                    static_cast<unsigned long long>(st.spec_draft_tokens_total));
-        if (!schedule) EXPECT_GT(st.spec_accepted_tokens_total, st.spec_verify_total * 3 / 4);
-    }
+    const std::vector<GenerationParams> gs(prompts.size(), g);
+    const EngineStats st = test::expect_drafts_keep_outputs(m, prompts, gs, 4);
+    EXPECT_GT(st.spec_accepted_tokens_total, st.spec_verify_total * 3 / 4);
 }

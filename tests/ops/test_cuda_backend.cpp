@@ -694,31 +694,18 @@ TEST(CudaDSpark, DraftsMatchGoldenAndCpu) {
     auto golden_conf = read_raw<float>(dir + "decode.dspark.confidence.f32");
     std::stringstream lines(read_file(dir + "decode.dspark.ids"));
 
-    struct Run {
-        Model* m;
-        std::unique_ptr<PagePool> pool;
-        SeqState st;
-    };
-    Run runs[2] = {{gpu.get(), nullptr, {}}, {cpu.get(), nullptr, {}}};
-    for (Run& r : runs) {
-        r.pool = std::make_unique<PagePool>(r.m->backend().state_memory(), r.m->layout(), 8);
-        r.pool->init(r.st);
-        ASSERT_TRUE(r.pool->reserve(r.st, static_cast<int64_t>(ids.size())));
+    Model* models[2] = {gpu.get(), cpu.get()};
+    std::vector<std::unique_ptr<SequenceRunner>> runs;
+    for (Model* m : models) {
+        runs.push_back(std::make_unique<SequenceRunner>(*m, static_cast<int64_t>(ids.size())));
+        runs.back()->feed({ids.begin(), ids.begin() + P});
     }
-    auto feed = [&](Run& r, int64_t start, int n) {
-        ForwardBatch b;
-        b.seqs.push_back({&r.st, start, n, 0});
-        b.token_ids.assign(ids.begin() + start, ids.begin() + start + n);
-        b.mode = batch_mode_of(b);
-        return r.m->forward(b, {n - 1});
-    };
-    for (Run& r : runs) feed(r, 0, static_cast<int>(P));
     float worst_logit = 0.0f, worst_conf = 0.0f, worst_cpu = 0.0f;
     for (int64_t p = P, step = 0; p < static_cast<int64_t>(ids.size()); ++p, ++step) {
         DraftResult d[2];
         for (int k = 0; k < 2; ++k) {
-            Tensor l = feed(runs[k], p, 1);
-            d[k] = runs[k].m->draft({&runs[k].st}, {argmax(l.f32(), vocab)}).at(0);
+            const std::vector<float> l = runs[k]->feed({ids[static_cast<size_t>(p)]});
+            d[k] = models[k]->draft({&runs[k]->state()}, {argmax(l.data(), vocab)}).at(0);
         }
         std::string line;
         ASSERT_TRUE(std::getline(lines, line));
@@ -771,31 +758,15 @@ TEST(CudaMtp, DraftsMatchTheCpu) {
     ASSERT_TRUE(gpu->has_mtp());
     const auto ids = read_ids(fixture_dir("dsv4-tiny-a") + "/cases/prefill.ids");  // ids of its vocabulary too
     const int64_t P = 40;
-    struct Run {
-        Model* m;
-        std::unique_ptr<PagePool> pool;
-        SeqState st;
-    };
-    Run runs[2] = {{gpu.get(), nullptr, {}}, {cpu.get(), nullptr, {}}};
-    for (Run& r : runs) {
-        r.pool = std::make_unique<PagePool>(r.m->backend().state_memory(), r.m->layout(),
-                                            r.m->layout().pages_for(static_cast<int64_t>(ids.size())));
-        r.pool->init(r.st);
-        ASSERT_TRUE(r.pool->reserve(r.st, static_cast<int64_t>(ids.size())));
-    }
-    auto feed = [&](Run& r, int64_t start, int n) {
-        ForwardBatch b;
-        b.seqs.push_back({&r.st, start, n, 0});
-        b.token_ids.assign(ids.begin() + start, ids.begin() + start + n);
-        b.mode = batch_mode_of(b);
-        r.m->forward(b, {});
-    };
+    Model* models[2] = {gpu.get(), cpu.get()};
+    std::vector<std::unique_ptr<SequenceRunner>> runs;
+    for (Model* m : models) runs.push_back(std::make_unique<SequenceRunner>(*m, static_cast<int64_t>(ids.size())));
     float worst = 0.0f;
     int same_ids = 0, steps = 0;
     for (int64_t p = P; p < static_cast<int64_t>(ids.size()); ++p, ++steps) {
-        for (Run& r : runs) feed(r, p == P ? 0 : p - 1, p == P ? static_cast<int>(P) : 1);
+        for (auto& r : runs) r->feed({ids.begin() + (p == P ? 0 : p - 1), ids.begin() + p});
         DraftResult d[2];
-        for (int k = 0; k < 2; ++k) d[k] = runs[k].m->draft({&runs[k].st}, {ids[static_cast<size_t>(p)]}).at(0);
+        for (int k = 0; k < 2; ++k) d[k] = models[k]->draft({&runs[k]->state()}, {ids[static_cast<size_t>(p)]}).at(0);
         same_ids += d[0].ids == d[1].ids;
         ASSERT_EQ(d[0].logits.size(), d[1].logits.size());
         for (size_t i = 0; i < d[0].logits.size(); ++i)

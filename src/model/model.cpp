@@ -72,11 +72,12 @@ void Model::set_up(const ModelOptions& opts) {
     for (const AttentionLayerInfo& a : attn_info_)
         if (a.compresses || a.owns_index_k || a.index_compressor || a.candidate_source) replay_layer_ = a.layer + 1;
     layout_ = make_state_layout(v.state_spec(cfg_), opts.page_tokens);
+    batch_invariant_ = opts.batch_invariant;
     if (opts.device == "cpu") {
         backend_ = make_cpu_backend(cfg_, format_, layout_);
     } else if (opts.device == "cuda") {
 #ifdef PEREGRINE_HAVE_CUDA
-        backend_ = make_cuda_backend(cfg_, format_, layout_, opts.engram_placement, opts.gpu);
+        backend_ = make_cuda_backend(cfg_, format_, layout_, opts.engram_placement, opts.gpu, opts.batch_invariant);
 #else
         fail("this build has no CUDA backend (nvcc was not found at configure time); use --device cpu");
 #endif
@@ -99,6 +100,7 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
                     "a decode batch feeds one token per sequence, row i for sequence i");
     for (auto& s : batch.seqs) {
         s.window_floor = std::max(s.window_floor, s.state ? s.state->window_floor : 0);
+        s.decode_keys = s.decode_keys || batch_invariant_;
         PEREGRINE_CHECK(s.state && s.state->n_cached == s.start_pos,
                         "sequence state holds {} tokens, step starts at {}", s.state ? s.state->n_cached : -1,
                         s.start_pos);

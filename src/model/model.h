@@ -22,6 +22,12 @@ struct ModelOptions {
     int gpu = 0;  // cuda: which GPU
     int page_tokens = 16;
     std::string engram_placement = "device";  // cuda: engram tables in "device" or pinned "host" memory
+    // Batch-invariant outputs: every row lists its attention keys as the official code does when the sequence is fed
+    // one token a step (BatchSeq::decode_keys), so a sequence's logits are that feeding's, bit for bit, however it
+    // was cut into steps and whatever ran beside it (prefill chunks, prefix hits, preemption, speculation); cuda
+    // computes with exact numerics. Off: the official code's lists, whose roundings depend on the step's shape where
+    // the window has not filled.
+    bool batch_invariant = false;
 };
 
 // A DSpark draft block: ids = [anchor, d1..] (B drafts unless the chooser ended the block early), raw confidence
@@ -106,6 +112,7 @@ private:
     StateLayout layout_;
     std::vector<AttentionLayerInfo> attn_info_;
     int replay_layer_ = 0;
+    bool batch_invariant_ = false;
     std::optional<EngramTables> engram_;
     std::unique_ptr<Backend> backend_;
     std::shared_ptr<ExpertParallel> ep_;

@@ -28,13 +28,13 @@ std::vector<int64_t> draft_window_keys(int64_t pos, int64_t row_pos, int window,
 std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int W, bool ring_before_full) {
     std::vector<int64_t> list;
     auto add = [&](int64_t p) { list.push_back(p >= s.window_floor ? p : -1); };
-    if (is_prefill(s)) {
-        int64_t len = std::min<int64_t>(s.n_tokens, W), base = std::max<int64_t>(0, pos - W + 1);
+    const bool as_decode = keys_as_decode(s);
+    if (is_prefill(s) && (!as_decode || pos == 0)) {  // as decoding: position 0 is a one-token prefill
+        int64_t len = as_decode ? 1 : std::min<int64_t>(s.n_tokens, W), base = std::max<int64_t>(0, pos - W + 1);
         for (int64_t j = 0; j < len; ++j) add(base + j <= pos ? base + j : -1);
         return list;
     }
-    // The ring, oldest slot first; a speculative step's rows each stand for the decode step of their position.
-    if ((is_decode(s) || (s.speculative && s.start_pos > 0)) && (ring_before_full || pos >= W - 1)) {
+    if (as_decode && (ring_before_full || pos >= W - 1)) {  // the ring, oldest slot first
         int64_t oldest = pos % W + 1;
         for (int64_t j = 0; j < W; ++j) {
             int64_t slot = (oldest + j) % W;

@@ -16,14 +16,23 @@ struct RowInfo {
 std::vector<RowInfo> row_infos(ForwardBatch& batch);
 
 inline bool is_prefill(const BatchSeq& s) { return s.start_pos == 0; }
-inline bool is_decode(const BatchSeq& s) { return s.start_pos > 0 && s.n_tokens == 1; }
+
+// Whether a sequence's rows list their keys (window_list, the compressed entries) as feeding one token a step would
+// (position 0 a one-token prefill, then decode steps): decode steps, a speculative step's rows (each stands for its
+// decode step: verification gives decoding's logits bit for bit) and batch-invariant sequences
+// (BatchSeq::decode_keys).
+inline bool keys_as_decode(const BatchSeq& s) {
+    return (s.start_pos > 0 && (s.n_tokens == 1 || s.speculative)) || s.decode_keys;
+}
+// A one-shot prefill's rows list their window and compressed entries to the step's width, as the official prefill.
+inline bool lists_step_width(const BatchSeq& s) { return is_prefill(s) && !s.decode_keys; }
 
 // Window keys of the query at `pos`, as positions (-1: none), in the official reference's order: a one-shot
 // prefill lists the query's window oldest first; a decode step lists the ring from its oldest slot (once the
-// window has filled, or with ring_before_full also before, unfilled slots first), and so does each row of a
-// speculative step (it stands for that decode step: verification gives decoding's logits bit for bit); chunked
-// prefill lists oldest first, padded to the window. The order sets the attention's blocks of 64 keys, so it moves
-// bf16 roundings. Positions below s.window_floor are listed as -1.
+// window has filled, or with ring_before_full also before, unfilled slots first), and so does every row that
+// lists its keys as decoding does (keys_as_decode); chunked prefill lists oldest first, padded to the window. The
+// order sets the attention's blocks of 64 keys, so it moves bf16 roundings. Positions below s.window_floor are
+// listed as -1.
 std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int window, bool ring_before_full);
 
 // Stored window keys of a draft row at position `row_pos` after a sequence's last fed position `pos`, as positions

@@ -162,10 +162,11 @@ protected:
 
 std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& cfg, const ModelFormat& format, const StateLayout& layout);
 // Only in builds with the CUDA backend (PEREGRINE_HAVE_CUDA). engram_placement: "device" or "host" (the
-// engram tables in pinned host memory, read by the GPU directly).
+// engram tables in pinned host memory, read by the GPU directly); exact: Numerics::Exact whatever
+// PEREGRINE_CUDA_NUMERICS says.
 std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& cfg, const ModelFormat& format,
                                            const StateLayout& layout, const std::string& engram_placement = "device",
-                                           int gpu = 0);
+                                           int gpu = 0, bool exact = false);
 // Whether a CUDA device is usable in this process (false in builds without the backend), and why not.
 bool cuda_device_available(std::string* why = nullptr);
 

@@ -23,6 +23,11 @@ struct BatchSeq {
     // that rejected positions can be cut off (PagePool::cut). The backend writes the ones after each token but the
     // last; Model::forward the step's first and last.
     bool speculative = false;
+    // Batch-invariant keys (ModelOptions::batch_invariant): every row lists its window and compressed entries as
+    // feeding the sequence one token a step would (keys_as_decode, ops/attention_plan.h), so that its result is the
+    // same however the sequence was cut into steps (prefill chunks, prefix hits, re-prefill after preemption, verify
+    // steps).
+    bool decode_keys = false;
 };
 
 // What a step computes, as the scheduler decided: every sequence feeds one token (decode: row i is sequence i), none

@@ -38,6 +38,11 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.fixture; }
 class Parity : public ::testing::TestWithParam<Case> {
 protected:
     void SetUp() override { model_ = Model::load(fixture_dir(GetParam().fixture)); }
+    void use_batch_invariant_keys() {
+        ModelOptions o;
+        o.batch_invariant = true;
+        model_ = Model::load(fixture_dir(GetParam().fixture), o);
+    }
     std::vector<float> run(const std::vector<int32_t>& ids, int64_t decode_from, int chunk) {
         SequenceRunner r(*model_, static_cast<int64_t>(ids.size()));
         auto out = r.feed({ids.begin(), ids.begin() + decode_from}, chunk, true);
@@ -91,6 +96,32 @@ TEST_P(Parity, ChunkedPrefillAndDecodeAgreeWithOneShot) {
     }
     RowDiff d = compare_logits(run(ids, n / 3, 7), one_shot, vocab());
     EXPECT_LE(d.worst(), 1e-5f) << "prefill in chunks of 7, then decode";
+}
+
+// Batch-invariant keys (every row lists its keys as its decode step does): chunks, decode and the one-shot prefill
+// agree bit for bit, and prefill and decode stay within the goldens' bounds.
+TEST_P(Parity, BatchInvariantKeysAgreeBitForBitWithinTheGoldens) {
+    const auto& c = GetParam();
+    use_batch_invariant_keys();
+    auto ids = read_ids(fixture_dir(c.fixture) + "/cases/prefill.ids");
+    const int64_t n = static_cast<int64_t>(ids.size());
+    auto one_shot = run(ids, n, 0);
+    for (auto [decode_from, chunk] : {std::pair<int64_t, int>{n, 3}, {n, 17}, {n / 3, 7}, {1, 0}})
+        EXPECT_EQ(run(ids, decode_from, chunk), one_shot) << "decode from " << decode_from << ", chunks of " << chunk;
+    RowDiff d = compare_logits(one_shot, read_raw<float>(fixture_dir(c.fixture) + "/cases/prefill.logits.f32"),
+                               vocab());
+    EXPECT_LE(d.worst(), c.prefill_tol);
+    EXPECT_GE(d.top1, c.prefill_top1);
+    const std::string dir = fixture_dir(c.fixture) + "/cases/";
+    auto dids = read_ids(dir + "decode.ids");
+    const int64_t P = std::stoll(read_file(dir + "decode.prefill_len"));
+    auto ours = run(dids, P, 0);
+    RowDiff dd = compare_logits({ours.begin() + (P - 1) * vocab(), ours.end()},
+                                read_raw<float>(dir + "decode.logits.f32"), vocab());
+    EXPECT_LE(dd.worst(), c.decode_tol);
+    EXPECT_GE(dd.top1, c.decode_top1);
+    std::printf("%s batch-invariant keys against the goldens: prefill max %.3g top-1 %.4f, decode max %.3g top-1 "
+                "%.4f\n", c.fixture, d.worst(), d.top1, dd.worst(), dd.top1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Parity, ::testing::ValuesIn(kCases),

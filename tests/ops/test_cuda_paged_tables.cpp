@@ -520,6 +520,9 @@ TEST(CudaPagedTables, PrefillSameAddressesAndResults) {
     check_pipeline(m, st, "prefill 2048-token chunk at 131072 + others");
     check_store(m, st, "prefill 2048-token chunk at 131072 + others");
     timing(m, st, "prefill 2048-token chunk at 131072 + others");
+    for (BatchSeq& s : st.batch.seqs) s.decode_keys = true;  // batch-invariant keys: every row lists as decoding
+    check_tables(m, st, "prefill, batch-invariant keys");
+    check_pipeline(m, st, "prefill, batch-invariant keys");
 }
 
 // Addresses only (nothing is read): 32 sequences at 131072 tokens over a pool that is never dereferenced.

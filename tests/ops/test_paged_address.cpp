@@ -59,19 +59,20 @@ TEST(PagedAddress, WindowPositionsMatchWindowList) {
             for (int64_t start : {0, 1, 3, 4, 5, 127, 128, 129, 1000})
                 for (int n_tokens : {1, 2, 3, 5, 127, 128, 129, 300})
                     for (int64_t floor : {int64_t{0}, start, start - 3, start + 2})  // SWA bounded replay's floors
-                    for (bool speculative : {false, true}) {
-                        if (floor < 0 || (start == 0 && floor > 0) || (speculative && start == 0)) continue;
+                    for (int kind : {0, 1, 2}) {  // a step; a verify step; batch-invariant keys
+                        if (floor < 0 || (start == 0 && floor > 0) || (kind == 1 && start == 0)) continue;
                         BatchSeq s{nullptr, start, n_tokens, 0};
                         s.window_floor = floor;
-                        s.speculative = speculative;
+                        s.speculative = kind == 1;
+                        s.decode_keys = kind == 2;
                         int64_t lowest = INT64_MAX;
                         for (int i = 0; i < n_tokens; ++i) {
                             const int64_t pos = start + i;
                             const auto list = window_list(s, pos, W, ring_before_full);
                             for (int j = 0; j < W; ++j, ++checked) {
                                 int n = -1;
-                                const int64_t got = cuda::window_position(start, n_tokens, speculative, floor, pos,
-                                                                          W, ring_before_full, j, &n);
+                                const int64_t got = cuda::window_position(start, n_tokens, keys_as_decode(s), floor,
+                                                                          pos, W, ring_before_full, j, &n);
                                 ASSERT_EQ(n, static_cast<int>(list.size()))
                                     << start << "+" << n_tokens << " pos " << pos;
                                 if (j < n) {

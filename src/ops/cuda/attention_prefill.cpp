@@ -344,13 +344,13 @@ void PrefillPlanner::score(const IndexQueries& q, int64_t r0, int64_t r1, const 
 }
 
 Selection PrefillPlanner::all_entries(int ratio, const Widths& w) {
-    // A prefill's rows take every entry of their sequence up to the step's end (the kernels mask the later ones);
-    // the others those they see.
+    // A one-shot prefill's rows take every entry of their sequence up to the step's end (the kernels mask the later
+    // ones); the others those they see.
     Selection s;
     std::vector<int32_t> counts(static_cast<size_t>(T_));
     for (int64_t t = 0; t < T_; ++t) {
         const size_t i = static_cast<size_t>(t);
-        counts[i] = static_cast<int32_t>(is_prefill(*rows_[i].seq) ? w.width_h[i] : w.visible_h[i]);
+        counts[i] = static_cast<int32_t>(lists_step_width(*rows_[i].seq) ? w.width_h[i] : w.visible_h[i]);
         s.k = std::max(s.k, counts[i]);
     }
     if (device_tables_) {

@@ -20,7 +20,8 @@
 namespace peregrine {
 
 std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& cfg, const ModelFormat& format,
-                                           const StateLayout& layout, const std::string& engram_placement, int gpu) {
+                                           const StateLayout& layout, const std::string& engram_placement, int gpu,
+                                           bool exact) {
     cuda::EngramPlacement p;
     if (engram_placement == "device") p = cuda::EngramPlacement::Device;
     else if (engram_placement == "host") p = cuda::EngramPlacement::Host;
@@ -30,7 +31,7 @@ std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& cfg, const ModelFo
     int n = 0;
     PG_CUDA(cudaGetDeviceCount(&n));
     if (gpu < 0 || gpu >= n) fail("--device cuda: GPU {} asked for, {} visible", gpu, n);
-    return std::make_unique<cuda::CudaBackend>(cfg, format, layout, p, gpu);
+    return std::make_unique<cuda::CudaBackend>(cfg, format, layout, p, gpu, exact);
 }
 
 bool cuda_device_available(std::string* why) {
@@ -52,15 +53,15 @@ void cuda_fail(cudaError_t e, const char* what, const char* file, int line) {
 }
 
 namespace {
-Numerics numerics_from_switch() {
+Numerics numerics_from_switch(bool exact) {
     const std::string n = switch_value("PEREGRINE_CUDA_NUMERICS");
-    return n == "exact" ? Numerics::Exact : n == "reference" ? Numerics::Reference : Numerics::Fast;
+    return n == "exact" || exact ? Numerics::Exact : n == "reference" ? Numerics::Reference : Numerics::Fast;
 }
 }  // namespace
 
 CudaBackend::CudaBackend(const ModelConfig& cfg, const ModelFormat& format, const StateLayout& layout,
-                         EngramPlacement engram, int gpu)
-    : Backend(format), gpu_(gpu), numerics_(numerics_from_switch()), cfg_(cfg), layout_(layout), memory_(gpu),
+                         EngramPlacement engram, int gpu, bool exact)
+    : Backend(format), gpu_(gpu), numerics_(numerics_from_switch(exact)), cfg_(cfg), layout_(layout), memory_(gpu),
       sampler_(*this, cfg.vocab_size), weights_(cfg, format, engram), linear_(weights_, numerics_) {
     PG_CUDA(cudaSetDevice(gpu_));
     graphs_ = switch_is("PEREGRINE_CUDA_GRAPHS", "1");

@@ -75,7 +75,7 @@ private:
 class CudaBackend : public Backend, public Diagnostics {
 public:
     CudaBackend(const ModelConfig& cfg, const ModelFormat& format, const StateLayout& layout,
-                EngramPlacement engram = EngramPlacement::Device, int gpu = 0);
+                EngramPlacement engram = EngramPlacement::Device, int gpu = 0, bool exact = false);
     ~CudaBackend() override;
     std::string name() const override { return "cuda"; }
 

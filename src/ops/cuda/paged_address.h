@@ -16,8 +16,8 @@ struct PagedSection {  // a StateSection of one layer
 };
 
 // A sequence's fields in PagedSeqs::seq: its history pages' base address, its first row in the step's page rows,
-// start_pos, n_tokens, its window pages' base address, its window floor (BatchSeq::window_floor), 1 for a
-// speculative step (BatchSeq::speculative).
+// start_pos, n_tokens, its window pages' base address, its window floor (BatchSeq::window_floor), 1 where its rows
+// list their keys as decode steps do (keys_as_decode, attention_plan.h).
 constexpr int kSeqFields = 7;
 PEREGRINE_HD int64_t seq_table_base(const int64_t* m, int table) { return table == kWindowPages ? m[4] : m[0]; }
 
@@ -39,18 +39,18 @@ PEREGRINE_HD int64_t paged_entry_offset(const int32_t* rows, int page_tokens, in
 }
 
 // Entry j of window_list(seq, pos, W, ring_before_full): a position or -1; *n: the list's length. The sequence
-// starts this step at `start` with `n_tokens` rows (speculative: a verify step's); positions below `floor` are
+// starts this step at `start` with `n_tokens` rows; as_decode: keys_as_decode(seq); positions below `floor` are
 // absent.
-PEREGRINE_HD int64_t window_position(int64_t start, int64_t n_tokens, bool speculative, int64_t floor, int64_t pos,
+PEREGRINE_HD int64_t window_position(int64_t start, int64_t n_tokens, bool as_decode, int64_t floor, int64_t pos,
                                      int W, bool ring_before_full, int j, int* n) {
     const int64_t lo = pos - W + 1 > 0 ? pos - W + 1 : 0;
     int64_t at;
-    if (start == 0) {  // one-shot prefill: the query's window, oldest first
-        const int64_t len = n_tokens < W ? n_tokens : W;
+    if (start == 0 && (!as_decode || pos == 0)) {  // one-shot prefill (as decoding: position 0's one-token one)
+        const int64_t len = as_decode ? 1 : n_tokens < W ? n_tokens : W;
         *n = static_cast<int>(len);
         at = j < len && lo + j <= pos ? lo + j : -1;
-    } else if (*n = W; (n_tokens == 1 || speculative) && (ring_before_full || pos >= W - 1)) {
-        // decode (and the decode steps a speculative step's rows stand for): the ring, oldest slot first
+    } else if (*n = W; as_decode && (ring_before_full || pos >= W - 1)) {
+        // decode (and the decode steps the rows stand for): the ring, oldest slot first
         const int64_t slot = (pos % W + 1 + j) % W;
         at = slot <= pos ? pos - ((pos - slot) % W) : -1;
     } else {

@@ -1,5 +1,6 @@
 #include "ops/cuda/paged_state.h"
 
+#include "ops/attention_plan.h"
 #include "ops/cuda/cuda_backend.h"
 #include "util/error.h"
 
@@ -62,7 +63,7 @@ PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch
         m[3] = b.n_tokens;
         m[4] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(b.state->pool[kWindowPages]));
         m[5] = b.window_floor;
-        m[6] = b.speculative ? 1 : 0;
+        m[6] = keys_as_decode(b) ? 1 : 0;
         static_assert(sizeof(PageRow) == kPageTables * sizeof(int32_t), "page rows are packed ids");
         if (n > 0)
             std::memcpy(pages + first * kPageTables, b.state->pages.data(), sizeof(PageRow) * static_cast<size_t>(n));

@@ -59,7 +59,7 @@ __global__ void seq_entries_kernel(PagedSeqs p, PagedSection sec, int ratio, int
 }
 
 // V4 HCA: row t attends to every compressed entry of its sequence (a one-shot prefill: the step's width,
-// else the visible ones), invisible ones as -1, the list padded with -1 to kmax.
+// lists_step_width; else the visible ones), invisible ones as -1, the list padded with -1 to kmax.
 __global__ void all_entries_kernel(PagedSeqs p, int ratio, int64_t T, int kmax, int32_t* list, int32_t* counts) {
     pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -68,7 +68,7 @@ __global__ void all_entries_kernel(PagedSeqs p, int ratio, int64_t T, int kmax, 
     const int j = static_cast<int>(i % kmax);
     const int64_t* m = p.seq + kSeqFields * static_cast<int64_t>(p.row_seq[t]);
     const int64_t visible = (p.row_pos[t] + 1) / ratio;
-    const int64_t count = m[2] == 0 ? (m[2] + m[3]) / ratio : visible;
+    const int64_t count = m[2] == 0 && m[6] == 0 ? (m[2] + m[3]) / ratio : visible;
     if (j == 0) counts[t] = static_cast<int32_t>(count);
     list[i] = j < count && j < visible ? j : -1;
 }

@@ -52,6 +52,7 @@ struct ServeArgs {
     ExpertParallelOptions ep_opts;
     int64_t context_length = 0, default_max_tokens = 0;
     bool disable_radix_cache = false, enable_thinking = false, disable_overlap_schedule = false;
+    bool enable_deterministic_inference = false;
     // The hierarchical cache (SGLang's HiCache flags).
     bool enable_hierarchical_cache = false;
     bool enable_encoder_swa_bounded_replay = false, enable_decoder_swa_bounded_replay = false;
@@ -228,6 +229,10 @@ int run_serve(ServeArgs& a) {
                     "--engram-placement {} places tables in GPU-readable memory: it needs --device cuda",
                     a.engram_placement);
     mo.engram_placement = a.engram_placement;
+    mo.batch_invariant = a.enable_deterministic_inference;
+    PEREGRINE_CHECK(!a.enable_deterministic_inference ||
+                        !(a.enable_encoder_swa_bounded_replay || a.enable_decoder_swa_bounded_replay),
+                    "--enable-deterministic-inference: SWA bounded replay is not numerically equal to a full prefill");
     if (a.ep != a.dp)
         fail(
             "--ep {} with --dp {}: expert parallelism runs over the data-parallel attention ranks (give both the same N)",
@@ -377,6 +382,7 @@ int run_serve(ServeArgs& a) {
         {"served_model_name", ao.served_model_name},
         {"device", a.device},
         {"engram_placement", a.engram_placement},
+        {"enable_deterministic_inference", a.enable_deterministic_inference},
         {"speculative_algorithm",
          a.speculative_algorithm.empty() ? nlohmann::json() : nlohmann::json(a.speculative_algorithm)},
         {"speculative_num_draft_tokens", eo.speculative_draft_tokens},
@@ -586,6 +592,10 @@ RegisterCommand reg([](CLI::App& app, int& exit_code) {
     cmd->add_flag("--disable-overlap-schedule", a->disable_overlap_schedule,
                   "Wait for each step's tokens before building the next (by default, with cuda, the next step is "
                   "enqueued while the GPU runs the current one)");
+    cmd->add_flag("--enable-deterministic-inference", a->enable_deterministic_inference,
+                  "Outputs independent of batching: a request's greedy (or seeded) tokens are the same whatever ran "
+                  "beside it, however its prompt was chunked, with prefix hits, preemption and speculation (every row "
+                  "lists its attention keys as its decode step does; cuda computes with exact numerics)");
     cmd->add_flag("--enable-thinking", a->enable_thinking, "Chat requests think unless they say otherwise");
     cmd->add_option("--device", a->device, "cpu or cuda");
     cmd->add_option("--engram-placement", a->engram_placement,

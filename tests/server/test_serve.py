@@ -412,6 +412,43 @@ def test_speculative_decoding_flags():
             s.stop()
 
 
+def test_deterministic_inference():
+    """--enable-deterministic-inference: the demo model's greedy and seeded completions are the same with whole
+    prompts one at a time as side by side in chunks of 16 tokens, and again from the prefix cache; /server_info says
+    so; bounded replay, not numerically a full prefill, is refused with it."""
+    p = subprocess.run([BIN, "serve", "--port", "0", "--enable-deterministic-inference",
+                        "--enable-decoder-swa-bounded-replay"], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "not numerically equal" in p.stderr, p.stderr
+    bodies = [{"model": NAME, "prompt": f"{i}: " + "the words of a prompt, for a request of its own; " * (1 + i),
+               "max_tokens": 24, "temperature": 0.8 if i % 2 else 0.0, "seed": i} for i in range(6)]
+
+    def one(server, body):
+        status, r = server.raw("POST", "/v1/completions", body)
+        assert status == 200, r
+        return json.loads(r)["choices"][0]["text"]
+
+    s = Server("--enable-deterministic-inference", "--chunked-prefill-size", "4096", model=DEMO)
+    try:
+        info = json.loads(s.raw("GET", "/server_info")[1])
+        assert info["enable_deterministic_inference"] is True, info
+        alone = [one(s, b) for b in bodies]
+    finally:
+        s.stop()
+    s = Server("--enable-deterministic-inference", "--chunked-prefill-size", "16", model=DEMO)
+    try:
+        together = [None] * len(bodies)
+        threads = [threading.Thread(target=lambda i=i: together.__setitem__(i, one(s, bodies[i])))
+                   for i in range(len(bodies))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert together == alone
+        assert [one(s, b) for b in bodies] == alone
+    finally:
+        s.stop()
+
+
 def test_transport_limits_hold_before_the_body_is_read():
     """405 with Allow on routed paths, state changes only on POST, a body-less POST answered at once, the key checked
     before the body is read, and the body limit counted on the wire for chunked and gzip bodies alike."""

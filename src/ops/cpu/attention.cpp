@@ -1,6 +1,7 @@
 // Attention block of DeepSeek-V4.1 and V4: projections, sliding-window K=V, compressor, indexer and the
 // sparse attention with sink, following the official reference's arithmetic and index order.
 #include "ops/attention_plan.h"
+#include "ops/rounded_math.h"
 #include "ops/cpu/cpu_backend.h"
 #include "ops/cpu/linear.h"
 #include "tensor/quant.h"
@@ -92,7 +93,7 @@ static std::vector<Emitted> run_compressor(const ModelConfig& cfg, const StateLa
                     float mx = -INFINITY;
                     for (int j = 0; j < n; ++j) mx = std::max(mx, sc_at(j));
                     float sum = 0.0f;
-                    for (int j = 0; j < n; ++j) sum += (p[j] = std::exp(sc_at(j) - mx));
+                    for (int j = 0; j < n; ++j) sum += (p[j] = exp_cr(sc_at(j) - mx));
                     float acc = 0.0f;
                     for (int j = 0; j < n; ++j) acc += kv_at(j) * (p[j] / sum);
                     pooled[c] = round_bf16(acc);
@@ -136,12 +137,12 @@ static void sparse_attend(const float* q, const std::vector<const float*>& keys,
             bmax = std::max(bmax, s[j - b0]);
         }
         const float m_new = std::max(m, bmax);
-        const float rescale = std::exp(m - m_new);
+        const float rescale = exp_cr(m - m_new);
         // The block's probabilities summed in double and rounded once: the official kernel sums them in its
         // threads' order, its reference port exactly; an fp32 sum in index order flipped bf16 outputs (one row of
         // 160 on the demo model, carried on through the window to every later row).
         double bsum = 0.0;
-        for (int j = b0; j < b1; ++j) bsum += (p[j - b0] = std::exp(s[j - b0] - m_new));
+        for (int j = b0; j < b1; ++j) bsum += (p[j - b0] = exp_cr(s[j - b0] - m_new));
         sum = sum * rescale + static_cast<float>(bsum);
         for (int c = 0; c < D; ++c) {
             double pv = 0.0;
@@ -151,7 +152,7 @@ static void sparse_attend(const float* q, const std::vector<const float*>& keys,
         }
         m = m_new;
     }
-    sum += std::exp(sink - m);
+    sum += exp_cr(sink - m);
     for (int c = 0; c < D; ++c) out[c] = round_bf16(acc_f[c] / sum);
 }
 

@@ -1,4 +1,5 @@
 #include "ops/cpu/cpu_backend.h"
+#include "ops/rounded_math.h"
 #include "ops/cpu/linear.h"
 #include "util/error.h"
 #include "util/thread_pool.h"
@@ -145,8 +146,8 @@ HcMix CpuBackend::hc_mixes(const Tensor& h, const HcWeight& w) {
             float* post = m.post.f32() + t * hc;
             float* comb = m.comb.f32() + t * hc * hc;
             for (int i = 0; i < hc; ++i) {
-                pre[i] = 1.0f / (1.0f + std::exp(-(mixes[i] * scale[0] + base[i]))) + hc_eps;
-                post[i] = 2.0f / (1.0f + std::exp(-(mixes[hc + i] * scale[1] + base[hc + i])));
+                pre[i] = 1.0f / (1.0f + exp_cr(-(mixes[i] * scale[0] + base[i]))) + hc_eps;
+                post[i] = 2.0f / (1.0f + exp_cr(-(mixes[hc + i] * scale[1] + base[hc + i])));
             }
             for (int a = 0; a < hc; ++a) {
                 float* row = comb + a * hc;
@@ -156,7 +157,7 @@ HcMix CpuBackend::hc_mixes(const Tensor& h, const HcWeight& w) {
                     mx = std::max(mx, row[b]);
                 }
                 float sum = 0.0f;
-                for (int b = 0; b < hc; ++b) sum += (row[b] = std::exp(row[b] - mx));
+                for (int b = 0; b < hc; ++b) sum += (row[b] = exp_cr(row[b] - mx));
                 for (int b = 0; b < hc; ++b) row[b] = row[b] / sum + hc_eps;
             }
             auto col_norm = [&] {
@@ -226,7 +227,7 @@ Tensor CpuBackend::hc_head(const Tensor& h, const HcWeight& w) {
         for (int64_t j = 0; j < hc; ++j) {
             float mix = dot_exact(x, w.fn.data<float>() + j * W, static_cast<int>(W)) * r;
             pre.f32()[t * hc + j] =
-                1.0f / (1.0f + std::exp(-(mix * w.scale.data<float>()[0] + w.base.data<float>()[j]))) + hc_eps;
+                1.0f / (1.0f + exp_cr(-(mix * w.scale.data<float>()[0] + w.base.data<float>()[j]))) + hc_eps;
         }
     }
     return hc_collapse(h, pre);

@@ -1,5 +1,6 @@
 // Engram: n-gram hash rows (fp8 table) projected to one key per hc copy and a shared value, added to the
 // residual stream through a gate that measures how well the key matches each copy.
+#include "ops/rounded_math.h"
 #include "ops/cpu/cpu_backend.h"
 #include "ops/cpu/linear.h"
 
@@ -40,7 +41,7 @@ void CpuBackend::engram(Tensor& h, const EngramWeight& w, const std::vector<int6
             float rstd =
                 (1.0f / std::sqrt(static_cast<float>(hs) / D + e)) * (1.0f / std::sqrt(static_cast<float>(ks) / D + e));
             float d = static_cast<float>(dot) * rstd * inv_sqrt_d;
-            float g = 1.0f / (1.0f + std::exp(-std::copysign(std::sqrt(std::max(std::fabs(d), 1e-6f)), d)));
+            float g = 1.0f / (1.0f + exp_cr(-std::copysign(std::sqrt(std::max(std::fabs(d), 1e-6f)), d)));
             for (int64_t c = 0; c < D; ++c) x[c] = round_bf16(x[c] + g * value[c]);
         }
     }

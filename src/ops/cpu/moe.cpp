@@ -1,6 +1,7 @@
 // Mixture of experts: router (fp32, bias for selection only, or hash routing by token id), clamped
 // SwiGLU experts with the routing weight applied before w2, fp32 accumulation in expert order. moe() is
 // the router, the experts over the (row, slot) pairs and the combine, which expert parallelism runs apart.
+#include "ops/rounded_math.h"
 #include "ops/cpu/cpu_backend.h"
 #include "ops/cpu/linear.h"
 #include "util/error.h"
@@ -13,7 +14,7 @@ namespace peregrine::cpu {
 
 namespace {
 
-float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+float softplus(float x) { return x > 20.0f ? x : log1p_cr(exp_cr(x)); }
 
 // SwiGLU expert on the rows `x` [n, dim]; `weights` (per row) multiplies the activation before w2.
 Tensor run_expert(Backend& be, const ExpertWeight& e, const Tensor& x, const float* weights, float limit) {
@@ -26,7 +27,7 @@ Tensor run_expert(Backend& be, const ExpertWeight& e, const Tensor& x, const flo
                 uv = std::clamp(uv, -limit, limit);
                 gv = std::min(gv, limit);
             }
-            float a = gv / (1.0f + std::exp(-gv)) * uv;
+            float a = gv / (1.0f + exp_cr(-gv)) * uv;
             if (weights) a = weights[r] * a;
             g.f32()[r * I + i] = round_bf16(a);
         }
@@ -47,12 +48,12 @@ MoeRoute CpuBackend::moe_route(const Tensor& x, const MoEWeight& w, const std::v
         for (int e = 0; e < E; ++e) {
             float l = logits.f32()[t * E + e];
             if (cfg_.score_func == "softmax") score[e] = l;  // normalised below
-            else if (cfg_.score_func == "sigmoid") score[e] = 1.0f / (1.0f + std::exp(-l));
+            else if (cfg_.score_func == "sigmoid") score[e] = 1.0f / (1.0f + exp_cr(-l));
             else score[e] = std::sqrt(softplus(l));
         }
         if (cfg_.score_func == "softmax") {
             float mx = *std::max_element(score.begin(), score.end()), sum = 0.0f;
-            for (auto& v : score) sum += (v = std::exp(v - mx));
+            for (auto& v : score) sum += (v = exp_cr(v - mx));
             for (auto& v : score) v /= sum;
         }
         std::vector<int32_t> top;

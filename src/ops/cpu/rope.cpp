@@ -1,4 +1,5 @@
 #include "ops/cpu/rope.h"
+#include "ops/rounded_math.h"
 #include "ops/attention_plan.h"
 #include "tensor/dtype.h"
 
@@ -13,7 +14,7 @@ void Rope::apply(float* x, int64_t pos, bool inverse) const {
     const float p = static_cast<float>(pos);
     for (int i = 0; i < dim_ / 2; ++i) {
         float ang = p * freqs_[i];
-        float c = std::cos(ang), s = std::sin(ang);
+        float c = cos_cr(ang), s = sin_cr(ang);
         if (inverse) s = -s;
         float a = x[2 * i], b = x[2 * i + 1];
         x[2 * i] = round_bf16(a * c - b * s);

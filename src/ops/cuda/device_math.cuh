@@ -3,6 +3,8 @@
 // tensor/quant.h): bf16 and e4m3 round to nearest even, e4m3 saturates, ue8m0 scales are powers of two.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
+
+#include "ops/rounded_math.h"
 #include <cstdint>
 
 namespace peregrine::cuda {
@@ -71,12 +73,7 @@ __device__ __forceinline__ float group_amax(float v, int lanes) {
 inline bool quad_blocks(int block) { return block >= 4 && block <= 128 && (block & (block - 1)) == 0; }
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// Transcendentals correctly rounded to float (computed in double, rounded once), so that they agree with
-// the host's (glibc's expf/sinf/cosf are correctly rounded in practice) instead of differing by an ulp.
-__device__ __forceinline__ float exp_cr(float x) { return static_cast<float>(exp(static_cast<double>(x))); }
-__device__ __forceinline__ float log1p_cr(float x) { return static_cast<float>(log1p(static_cast<double>(x))); }
-__device__ __forceinline__ float sin_cr(float x) { return static_cast<float>(sin(static_cast<double>(x))); }
-__device__ __forceinline__ float cos_cr(float x) { return static_cast<float>(cos(static_cast<double>(x))); }
+// Transcendentals: exp_cr, log1p_cr, sin_cr, cos_cr (ops/rounded_math.h, the CPU reference's too).
 
 // Sum of a double over a warp.
 __device__ __forceinline__ double warp_sum(double v) {

@@ -1,7 +1,9 @@
 #pragma once
-// Requests through an engine under different schedules (shared by the CPU and GPU batch-invariance tests): the
-// demo models' held-out prompts, greedy and seeded, alone or side by side, in chunks, under preemption, with drafts.
+// A sequence fed in different steps, and requests through an engine under different schedules (the parity and
+// batch-invariance tests, CPU and GPU): the demo models' held-out prompts, greedy and seeded, alone or side by side,
+// in chunks, under preemption, with drafts.
 #include "engine/engine.h"
+#include "engine/sequence_runner.h"
 #include "model/fixture.h"
 
 #include <gtest/gtest.h>
@@ -18,6 +20,18 @@ inline std::vector<int32_t> heldout(const std::string& name, size_t i, size_t n)
     auto ids = j["chunks"].at(i)["ids"].get<std::vector<int32_t>>();
     ids.resize(std::min(ids.size(), n));
     return ids;
+}
+
+// Every position's logits ([ids, vocab]): the first `first` tokens in chunks of `chunk` (0: one step), then one token
+// a step.
+inline std::vector<float> feed_logits(Model& m, const std::vector<int32_t>& ids, size_t first, int chunk) {
+    SequenceRunner run(m, static_cast<int64_t>(ids.size()));
+    auto out = run.feed({ids.begin(), ids.begin() + static_cast<int64_t>(first)}, chunk, true);
+    for (size_t p = first; p < ids.size(); ++p) {
+        auto row = run.feed({ids[p]}, 0, true);
+        out.insert(out.end(), row.begin(), row.end());
+    }
+    return out;
 }
 
 struct ScheduleRequests {

@@ -1,9 +1,8 @@
 // Batch-invariant outputs (ModelOptions::batch_invariant) on both demo models, whose 128-token window outlasts
 // short prompts: there the official code's key lists, and so its roundings, depend on how a sequence was cut into
-// steps. With every row listing its keys as its decode step does, a sequence's logits are bit for bit the same
-// however it is fed, and the engine's greedy and seeded outputs are the same alone, in small chunks beside others,
+// steps. With every row listing its keys as the official code does fed one token a step, a sequence's logits are bit
+// for bit the same however it is fed, and the engine's greedy and seeded outputs are the same alone, in small chunks beside others,
 // after prefix hits, under preemption and with speculation.
-#include "engine/sequence_runner.h"
 #include "model/schedule_run.h"
 
 #include <gtest/gtest.h>
@@ -18,17 +17,6 @@ std::unique_ptr<Model> demo(const std::string& name, bool batch_invariant) {
     ModelOptions o;
     o.batch_invariant = batch_invariant;
     return Model::load(std::string(PEREGRINE_SOURCE_DIR) + "/models/peregrine-" + name, o);
-}
-
-// Every position's logits: prefill `first` tokens in chunks of `chunk` (0: one step), then one token a step.
-std::vector<float> feed(Model& m, const std::vector<int32_t>& ids, size_t first, int chunk) {
-    SequenceRunner run(m, static_cast<int64_t>(ids.size()));
-    auto out = run.feed({ids.begin(), ids.begin() + static_cast<int64_t>(first)}, chunk, true);
-    for (size_t p = first; p < ids.size(); ++p) {
-        auto row = run.feed({ids[p]}, 0, true);
-        out.insert(out.end(), row.begin(), row.end());
-    }
-    return out;
 }
 
 float max_diff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -47,12 +35,12 @@ TEST_P(BatchInvariance, LogitsIndependentOfSteps) {
     auto ids = test::heldout(name, 0, 150);
     ASSERT_EQ(ids.size(), 150u);
     auto inv = demo(name, true), official = demo(name, false);
-    const auto one_shot = feed(*inv, ids, ids.size(), 0);
+    const auto one_shot = test::feed_logits(*inv, ids, ids.size(), 0);
     for (auto [first, chunk] : {std::pair<size_t, int>{150, 13}, {150, 50}, {40, 0}})
-        EXPECT_EQ(feed(*inv, ids, first, chunk), one_shot) << first << " tokens in chunks of " << chunk;
-    EXPECT_EQ(feed(*official, ids, 1, 0), one_shot) << "the official lists, one token a step";
-    const auto off = feed(*official, ids, ids.size(), 0);
-    const float spread = max_diff(feed(*official, ids, ids.size(), 13), off);
+        EXPECT_EQ(test::feed_logits(*inv, ids, first, chunk), one_shot) << first << " tokens in chunks of " << chunk;
+    EXPECT_EQ(test::feed_logits(*official, ids, 1, 0), one_shot) << "the official lists, one token a step";
+    const auto off = test::feed_logits(*official, ids, ids.size(), 0);
+    const float spread = max_diff(test::feed_logits(*official, ids, ids.size(), 13), off);
     EXPECT_GT(spread, 0.0f) << "the official lists depend on the steps: nothing here would be tested";
     std::printf("%s: official lists one shot vs chunks of 13: max |d| %.3g; invariant vs official one shot: %.3g\n",
                 name.c_str(), spread, max_diff(one_shot, off));

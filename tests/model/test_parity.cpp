@@ -3,6 +3,7 @@
 #include "engine/sequence_runner.h"
 #include "model/draft_run.h"
 #include "model/fixture.h"
+#include "model/schedule_run.h"
 
 #include <gtest/gtest.h>
 
@@ -44,13 +45,7 @@ protected:
         model_ = Model::load(fixture_dir(GetParam().fixture), o);
     }
     std::vector<float> run(const std::vector<int32_t>& ids, int64_t decode_from, int chunk) {
-        SequenceRunner r(*model_, static_cast<int64_t>(ids.size()));
-        auto out = r.feed({ids.begin(), ids.begin() + decode_from}, chunk, true);
-        for (size_t p = static_cast<size_t>(decode_from); p < ids.size(); ++p) {
-            auto s = r.feed({ids[p]}, 0, true);
-            out.insert(out.end(), s.begin(), s.end());
-        }
-        return out;
+        return feed_logits(*model_, ids, static_cast<size_t>(decode_from), chunk);
     }
     int vocab() const { return model_->config().vocab_size; }
     std::unique_ptr<Model> model_;

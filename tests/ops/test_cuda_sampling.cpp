@@ -7,7 +7,6 @@
 #include "model/fixture.h"
 #include "model/model.h"
 #include "model/schedule_run.h"
-#include "engine/sequence_runner.h"
 #include "ops/cuda/cuda_backend.h"
 #include "engine/sampling_params.h"
 
@@ -510,16 +509,8 @@ TEST(CudaDemoModels, ExactLogitsAreTheCpus) {
             auto gpu = Model::load(dir, mo);
             const int V = cpu->config().vocab_size;
             for (auto [first, chunk] : {std::pair<size_t, int>{150, 0}, {150, 13}, {40, 0}}) {
-                std::vector<float> got[2];
-                Model* models[2] = {cpu.get(), gpu.get()};
-                for (int k = 0; k < 2; ++k) {
-                    SequenceRunner run(*models[k], static_cast<int64_t>(ids.size()));
-                    got[k] = run.feed({ids.begin(), ids.begin() + static_cast<int64_t>(first)}, chunk, true);
-                    for (size_t p = first; p < ids.size(); ++p) {
-                        auto row = run.feed({ids[p]}, 0, true);
-                        got[k].insert(got[k].end(), row.begin(), row.end());
-                    }
-                }
+                const std::vector<float> got[2] = {test::feed_logits(*cpu, ids, first, chunk),
+                                                   test::feed_logits(*gpu, ids, first, chunk)};
                 int64_t first_row = -1;
                 float worst = 0.0f;
                 for (size_t i = 0; i < got[0].size(); ++i) {
@@ -557,7 +548,9 @@ TEST(CudaSampling, BatchInvariantOutputsIndependentOfSchedules) {
             const auto [got, st] = test::run_schedule(*m, rq, s);
             EXPECT_EQ(got, want) << name << ": chunks of " << s.chunk << ", " << s.pages << " pages"
                                  << (s.speculate ? ", drafts" : "");
-            if (s.pages == 12) EXPECT_GT(st.preemptions_total, 0u) << name;
+            if (s.pages == 12) {
+                EXPECT_GT(st.preemptions_total, 0u) << name;
+            }
             same += got == want;
             ++runs;
         }

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 using namespace peregrine;
 using namespace peregrine::test;
 
@@ -48,16 +50,33 @@ protected:
         return feed_logits(*model_, ids, static_cast<size_t>(decode_from), chunk);
     }
     int vocab() const { return model_->config().vocab_size; }
+    std::vector<int32_t> prefill_ids() const {
+        return read_ids(fixture_dir(GetParam().fixture) + "/cases/prefill.ids");
+    }
+    // The golden prefill case's logits (prefill_ids fed one shot) against the golden.
+    RowDiff prefill_vs_golden(const std::vector<float>& ours) {
+        return against(ours, read_raw<float>(fixture_dir(GetParam().fixture) + "/cases/prefill.logits.f32"));
+    }
+    // The golden decode case: its prefill, then one token a step; golden row 0 is the prefill's last position
+    // (P-1), then one row per decode step.
+    RowDiff decode_vs_golden() {
+        const std::string dir = fixture_dir(GetParam().fixture) + "/cases/";
+        auto ids = read_ids(dir + "decode.ids");
+        const int64_t P = std::stoll(read_file(dir + "decode.prefill_len"));
+        auto ours = run(ids, P, 0);
+        return against({ours.begin() + (P - 1) * vocab(), ours.end()}, read_raw<float>(dir + "decode.logits.f32"));
+    }
+    RowDiff against(const std::vector<float>& ours, const std::vector<float>& golden) {
+        EXPECT_EQ(ours.size(), golden.size());
+        return ours.size() == golden.size() ? compare_logits(ours, golden, vocab()) : RowDiff{{INFINITY}, 0.0};
+    }
     std::unique_ptr<Model> model_;
 };
 
 TEST_P(Parity, PrefillMatchesGolden) {
     const auto& c = GetParam();
-    auto ids = read_ids(fixture_dir(c.fixture) + "/cases/prefill.ids");
-    auto golden = read_raw<float>(fixture_dir(c.fixture) + "/cases/prefill.logits.f32");
-    auto ours = run(ids, static_cast<int64_t>(ids.size()), 0);
-    ASSERT_EQ(ours.size(), golden.size());
-    RowDiff d = compare_logits(ours, golden, vocab());
+    auto ids = prefill_ids();
+    RowDiff d = prefill_vs_golden(run(ids, static_cast<int64_t>(ids.size()), 0));
     for (size_t r = 0; r < d.max_abs.size(); ++r) EXPECT_LE(d.max_abs[r], c.prefill_tol) << "row " << r;
     EXPECT_GE(d.top1, c.prefill_top1);
     std::printf("%s prefill: max %.3g top-1 %.4f\n", c.fixture, d.worst(), d.top1);
@@ -65,15 +84,7 @@ TEST_P(Parity, PrefillMatchesGolden) {
 
 TEST_P(Parity, DecodeMatchesGolden) {
     const auto& c = GetParam();
-    const std::string dir = fixture_dir(c.fixture) + "/cases/";
-    auto ids = read_ids(dir + "decode.ids");
-    const int64_t P = std::stoll(read_file(dir + "decode.prefill_len"));
-    auto golden = read_raw<float>(dir + "decode.logits.f32");
-    auto ours = run(ids, P, 0);
-    // Golden row 0 is the prefill's last position (P-1), then one row per decode step.
-    std::vector<float> tail(ours.begin() + (P - 1) * vocab(), ours.end());
-    ASSERT_EQ(tail.size(), golden.size());
-    RowDiff d = compare_logits(tail, golden, vocab());
+    RowDiff d = decode_vs_golden();
     for (size_t r = 0; r < d.max_abs.size(); ++r) EXPECT_LE(d.max_abs[r], c.decode_tol) << "row " << r;
     EXPECT_GE(d.top1, c.decode_top1);
     std::printf("%s decode: max %.3g top-1 %.4f\n", c.fixture, d.worst(), d.top1);
@@ -81,8 +92,7 @@ TEST_P(Parity, DecodeMatchesGolden) {
 
 // Chunk boundaries inside compression groups, and one-token decode, give the one-shot prefill's logits.
 TEST_P(Parity, ChunkedPrefillAndDecodeAgreeWithOneShot) {
-    const auto& c = GetParam();
-    auto ids = read_ids(fixture_dir(c.fixture) + "/cases/prefill.ids");
+    auto ids = prefill_ids();
     const int64_t n = static_cast<int64_t>(ids.size());
     auto one_shot = run(ids, n, 0);
     for (int chunk : {1, 3, 5, 17}) {
@@ -93,26 +103,19 @@ TEST_P(Parity, ChunkedPrefillAndDecodeAgreeWithOneShot) {
     EXPECT_LE(d.worst(), 1e-5f) << "prefill in chunks of 7, then decode";
 }
 
-// Batch-invariant keys (every row lists its keys as its decode step does): chunks, decode and the one-shot prefill
+// Batch-invariant keys (every row lists its keys as feeding one token a step does): chunks, decode and one shot
 // agree bit for bit, and prefill and decode stay within the goldens' bounds.
 TEST_P(Parity, BatchInvariantKeysAgreeBitForBitWithinTheGoldens) {
     const auto& c = GetParam();
     use_batch_invariant_keys();
-    auto ids = read_ids(fixture_dir(c.fixture) + "/cases/prefill.ids");
+    auto ids = prefill_ids();
     const int64_t n = static_cast<int64_t>(ids.size());
     auto one_shot = run(ids, n, 0);
     for (auto [decode_from, chunk] : {std::pair<int64_t, int>{n, 3}, {n, 17}, {n / 3, 7}, {1, 0}})
         EXPECT_EQ(run(ids, decode_from, chunk), one_shot) << "decode from " << decode_from << ", chunks of " << chunk;
-    RowDiff d = compare_logits(one_shot, read_raw<float>(fixture_dir(c.fixture) + "/cases/prefill.logits.f32"),
-                               vocab());
+    const RowDiff d = prefill_vs_golden(one_shot), dd = decode_vs_golden();
     EXPECT_LE(d.worst(), c.prefill_tol);
     EXPECT_GE(d.top1, c.prefill_top1);
-    const std::string dir = fixture_dir(c.fixture) + "/cases/";
-    auto dids = read_ids(dir + "decode.ids");
-    const int64_t P = std::stoll(read_file(dir + "decode.prefill_len"));
-    auto ours = run(dids, P, 0);
-    RowDiff dd = compare_logits({ours.begin() + (P - 1) * vocab(), ours.end()},
-                                read_raw<float>(dir + "decode.logits.f32"), vocab());
     EXPECT_LE(dd.worst(), c.decode_tol);
     EXPECT_GE(dd.top1, c.decode_top1);
     std::printf("%s batch-invariant keys against the goldens: prefill max %.3g top-1 %.4f, decode max %.3g top-1 "

@@ -24,8 +24,9 @@ inline bool is_prefill(const BatchSeq& s) { return s.start_pos == 0; }
 inline bool keys_as_decode(const BatchSeq& s) {
     return (s.start_pos > 0 && (s.n_tokens == 1 || s.speculative)) || s.decode_keys;
 }
-// A one-shot prefill's rows list their window and compressed entries to the step's width, as the official prefill.
-inline bool lists_step_width(const BatchSeq& s) { return is_prefill(s) && !s.decode_keys; }
+// A one-shot prefill's rows list their window and compressed entries to the step's width, as the official prefill
+// (the device's form: start_pos == 0 and the keys_as_decode field 0, paged_tables.cu).
+inline bool lists_step_width(const BatchSeq& s) { return is_prefill(s) && !keys_as_decode(s); }
 
 // Window keys of the query at `pos`, as positions (-1: none), in the official reference's order: a one-shot
 // prefill lists the query's window oldest first; a decode step lists the ring from its oldest slot (once the

@@ -1,10 +1,10 @@
 #pragma once
 // Scalar numerics on the device, bit-compatible with the reference's host conversions (tensor/dtype.h,
 // tensor/quant.h): bf16 and e4m3 round to nearest even, e4m3 saturates, ue8m0 scales are powers of two.
+#include "ops/rounded_math.h"
+
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
-
-#include "ops/rounded_math.h"
 #include <cstdint>
 
 namespace peregrine::cuda {

@@ -624,6 +624,59 @@ TEST(CudaOpsRealDims, AttentionLayers) {
     EXPECT_EQ(cuda::state_encode_failures(), 0u);
 }
 
+// A drafter's attention at V4.1-Flash's dimensions (64 heads of 512: under fast numerics the backbone's tensor-core
+// kernel) for two sequences' blocks of 5 at once, over each one's stored window and its block (DSpark) or the block
+// rows up to its own (V4's MTP chain), against the CPU backend's. Windows stored by a 18- and an 11-token prefill of
+// the layer. Bounds as AttentionLayers' (few query rows split their keys over CTAs under fast numerics).
+TEST(CudaOpsRealDims, DraftAttentionMatchesCpu) {
+    REQUIRE_GPU();
+    RealDims rd;
+    auto& [cfg, w, layout] = rd;
+    const auto infos = attention_layer_infos(cfg);
+    const int l = 0;  // a window-only layer, as DSpark's stages
+    const AttentionWeight& aw = w.layers[static_cast<size_t>(l)].attn;
+    auto cpu = make_cpu_backend(cfg, model_format(cfg), layout);
+    CudaBackend gpu(cfg, model_format(cfg), layout);
+    PagePool pc(cpu->state_memory(), layout, 8), pg(gpu.state_memory(), layout, 8);
+    SeqState sc[2], sg[2];
+    const int lens[2] = {18, 11};
+    uint64_t seed = 123;
+    for (int j = 0; j < 2; ++j) {
+        pc.init(sc[j]);
+        pg.init(sg[j]);
+        ASSERT_TRUE(pc.reserve(sc[j], 32) && pg.reserve(sg[j], 32));
+        ForwardBatch bc, bg;
+        bc.seqs.push_back({&sc[j], 0, lens[j], 0});
+        bg.seqs.push_back({&sg[j], 0, lens[j], 0});
+        for (int i = 0; i < lens[j]; ++i) bc.token_ids.push_back(5 + i), bg.token_ids.push_back(5 + i);
+        auto scr_c = cpu->begin_step(bc);
+        auto scr_g = gpu.begin_step(bg);
+        Tensor x = random_bf16({lens[j], cfg.dim}, seed++);
+        cpu->attention(x, aw, infos[l], bc, *scr_c);
+        gpu.attention(D(x), aw, infos[l], bg, *scr_g);
+        sc[j].n_cached = sg[j].n_cached = lens[j];
+    }
+    const int B = 5;
+    const std::vector<int64_t> pos = {lens[0] - 1, lens[1] - 1};
+    const bool fast = switch_is("PEREGRINE_CUDA_NUMERICS", "fast");
+    const Tensor x = random_bf16({2 * B, cfg.dim}, seed++);
+    Tensor out[2];
+    for (bool chain : {false, true}) {
+        Tensor oc = cpu->draft_attention(x, aw, infos[l], {&sc[0], &sc[1]}, pos, chain);
+        Tensor og = gpu.draft_attention(D(x), aw, infos[l], {&sg[0], &sg[1]}, pos, chain);
+        expect_close(H(og), oc, 1e-2f, 1e-5f, std::string("synthetic draft attention") + (chain ? " chain" : " block"),
+                     fast ? 2e-2f : 1e-2f);
+        out[chain] = oc;
+    }
+    // The two key lists give outputs further apart than the bound (so that a wrong list fails it).
+    float omax = 0.0f, dmax = 0.0f;
+    for (int64_t i = 0; i < out[0].numel(); ++i) {
+        omax = std::max(omax, std::fabs(out[0].f32()[i]));
+        dmax = std::max(dmax, std::fabs(out[0].f32()[i] - out[1].f32()[i]));
+    }
+    EXPECT_GT(dmax, 0.1f * omax) << "block and chain attention agree";
+}
+
 // Prefill-sized steps decode the keys they see to bf16 rows for the warpgroup-MMA kernel: the same layers against
 // the mma.sync kernel over the packed entries (two backends, identical inputs and state). Steps: one-shot prefills
 // of 300 and 40 tokens, then a 260-token chunk of the first sequence (its windows reach into the earlier step)

@@ -7,8 +7,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cmath>
-
 namespace peregrine::cuda {
 
 Tensor CudaBackend::concat_cols(const std::vector<Tensor>& parts) {
@@ -53,7 +51,7 @@ Tensor CudaBackend::draft_attention(const Tensor& x, const AttentionWeight& w, c
                                     bool chain) {
     OpTimer op_(*this, "draft_attention");
     const int N = static_cast<int>(states.size()), T = static_cast<int>(x.dim(0)), B = T / N;
-    const int H = cfg_.n_heads, D = cfg_.head_dim, W = cfg_.window_size;
+    const int W = cfg_.window_size;
     PEREGRINE_CHECK(N > 0 && B * N == T && pos.size() == states.size(), "draft attention: blocks of equal length");
     const float* freqs = weights_.rope(info);
     std::vector<int64_t> positions;
@@ -100,8 +98,8 @@ Tensor CudaBackend::draft_attention(const Tensor& x, const AttentionWeight& w, c
     kr.nkeys = nkeys_d.ptr;
     kr.maxk = maxk;
     kr.win = kr.comp = f;
-    Tensor o = empty(DType::F32, {T, H, D});
-    sparse_attention(q.f32(), T, H, D, static_cast<float>(std::pow(D, -0.5)), weights_.f32(w.attn_sink), kr, o.f32());
+    // The backbone's attention kernels (the tensor cores under fast numerics).
+    Tensor o = sparse_attend(q, w, kr, false);
     return project_output(o, w, freqs, pos_d.ptr, T);
 }
 

@@ -92,3 +92,24 @@ TEST(PagedAddress, WindowPositionsMatchWindowList) {
 }
 
 }  // namespace
+
+// The device's draft key lists (paged_draft_keys) enumerate draft_window_keys' positions with
+// for_each_draft_window_key: the same positions in the same order, for blocks and chains, every window floor.
+TEST(PagedAddress, DraftWindowKeysMatchTheHostList) {
+    int64_t lists = 0, nonempty = 0;
+    for (int W : {1, 4, 8, 128})
+        for (int64_t pos = 0; pos < 300; pos += pos < 20 ? 1 : 37)
+            for (int64_t floor : {int64_t{0}, int64_t{1}, pos / 2, pos})
+                for (int i = 0; i < 5; ++i)
+                    for (bool chain : {false, true}) {
+                        const int64_t row_pos = pos + 1 + i;
+                        std::vector<int64_t> got;
+                        peregrine::cuda::for_each_draft_window_key(pos, row_pos, W, floor, chain,
+                                                                   [&](int64_t p) { got.push_back(p); });
+                        ASSERT_EQ(got, peregrine::draft_window_keys(pos, row_pos, W, floor, chain))
+                            << "W " << W << " pos " << pos << " floor " << floor << " i " << i << " chain " << chain;
+                        ++lists;
+                        nonempty += !got.empty();
+                    }
+    EXPECT_GT(nonempty, lists / 2);
+}

@@ -3,9 +3,12 @@
 #include "ops/attention_plan.h"
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/cuda/paged_state.h"
 #include "util/error.h"
 
 #include <cuda_runtime.h>
+
+#include <algorithm>
 
 namespace peregrine::cuda {
 
@@ -70,32 +73,25 @@ Tensor CudaBackend::draft_attention(const Tensor& x, const AttentionWeight& w, c
         block_entries.push_back(static_cast<uint8_t*>(block.get()) + static_cast<size_t>(r) * f.bytes);
     auto block_d = upload(block_entries);
     store_entries(kv.f32(), T, f, block_d.ptr);
-    // Each row's keys: the stored window (draft_window_keys), then the block's rows; padded to the longest list.
-    std::vector<std::vector<const uint8_t*>> keys(static_cast<size_t>(T));
-    int maxk = 0;
+    // Each row's keys, listed on the device from the sequences' page tables: the stored window (draft_window_keys'
+    // positions), then the block's rows. The step's row j is sequence j at its last stored position.
+    ForwardBatch at;
+    int64_t top = 0;
     for (int j = 0; j < N; ++j) {
-        const SeqState& state = *states[static_cast<size_t>(j)];
-        const int64_t p0 = pos[static_cast<size_t>(j)];
-        for (int i = 0; i < B; ++i) {
-            auto& kr = keys[static_cast<size_t>(j * B + i)];
-            for (int64_t p : draft_window_keys(p0, p0 + 1 + i, W, state.window_floor, chain))
-                kr.push_back(layout_.entry<uint8_t>(state, L.window, p));
-            for (int k = 0; k < (chain ? i + 1 : B); ++k) kr.push_back(block_entries[static_cast<size_t>(j * B + k)]);
-            maxk = std::max(maxk, static_cast<int>(kr.size()));
-        }
+        const SeqState* st = states[static_cast<size_t>(j)];
+        at.seqs.push_back({const_cast<SeqState*>(st), pos[static_cast<size_t>(j)], 1, j, st->window_floor});
+        top = std::max(top, pos[static_cast<size_t>(j)] + 1);
     }
-    std::vector<const uint8_t*> all;
-    std::vector<int32_t> nkeys;
-    for (const auto& kr : keys) {
-        all.insert(all.end(), kr.begin(), kr.end());
-        all.insert(all.end(), static_cast<size_t>(maxk) - kr.size(), nullptr);
-        nkeys.push_back(static_cast<int32_t>(kr.size()));
-    }
-    auto keys_d = upload(all);
-    auto nkeys_d = upload(nkeys);
+    at.token_ids.assign(static_cast<size_t>(N), 0);
+    const PagedStep step = upload_paged_step(layout_, at);
+    const int maxk = static_cast<int>(std::min<int64_t>(W, top)) + B;  // draft_window_keys lists at most that
+    auto keys_d = device_alloc(sizeof(const uint8_t*) * static_cast<size_t>(T) * maxk);
+    auto nkeys_d = device_alloc(sizeof(int32_t) * static_cast<size_t>(T));
+    paged_draft_keys(step.seqs, paged_section(L.window), N, B, W, chain, static_cast<const uint8_t*>(block.get()),
+                     f.bytes, maxk, static_cast<const uint8_t**>(keys_d.get()), static_cast<int32_t*>(nkeys_d.get()));
     KeyRefs kr;
-    kr.keys = keys_d.ptr;
-    kr.nkeys = nkeys_d.ptr;
+    kr.keys = static_cast<const uint8_t* const*>(keys_d.get());
+    kr.nkeys = static_cast<const int32_t*>(nkeys_d.get());
     kr.maxk = maxk;
     kr.win = kr.comp = f;
     // The backbone's attention kernels (the tensor cores under fast numerics).

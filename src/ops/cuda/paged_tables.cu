@@ -73,6 +73,26 @@ __global__ void all_entries_kernel(PagedSeqs p, int ratio, int64_t T, int kmax, 
     list[i] = j < count && j < visible ? j : -1;
 }
 
+// A thread per draft row: row j * B + i of sequence j (the step's row j, at its last stored position).
+__global__ void draft_keys_kernel(PagedSeqs p, PagedSection sec, int N, int B, int W, bool chain, const uint8_t* block,
+                                  int64_t entry_bytes, int maxk, const uint8_t** keys, int32_t* nkeys) {
+    pdl_enter();
+    const int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= N * B) return;
+    const int j = r / B, i = r % B;
+    const int64_t* m = p.seq + kSeqFields * static_cast<int64_t>(j);
+    const uint8_t** out = keys + static_cast<int64_t>(r) * maxk;
+    int n = 0;
+    for_each_draft_window_key(m[2], m[2] + 1 + i, W, m[5], chain, [&](int64_t at) {
+        if (n < maxk) out[n] = paged_entry(p, sec, j, at);  // (maxk bounds n: the guards only keep writes in bounds)
+        ++n;
+    });
+    for (int k = 0; k < (chain ? i + 1 : B); ++k, ++n)
+        if (n < maxk) out[n] = block + static_cast<int64_t>(j * B + k) * entry_bytes;
+    nkeys[r] = n < maxk ? n : maxk;
+    for (; n < maxk; ++n) out[n] = nullptr;
+}
+
 // A thread per row of a decode step (row t is sequence t's only token).
 __global__ void decode_rows_kernel(PagedSeqs p, int64_t T, int ratio, int64_t cap, int64_t carry_offset,
                                    int64_t snapshot_offset, const float* state_base, DecodeRows o) {
@@ -156,6 +176,13 @@ void paged_window_rows_table(const PagedSeqs& p, int64_t T, int W, bool ring_bef
     if (T * W == 0) return;
     launch_pdl(window_table_kernel, dim3(blocks_for(T * W)), dim3(kThreads), 0, p, PagedSection{}, T, W,
                ring_before_full, row_base, rows, row_bytes, win, nwin);
+}
+
+void paged_draft_keys(const PagedSeqs& p, const PagedSection& sec, int N, int B, int W, bool chain,
+                      const uint8_t* block, int64_t entry_bytes, int maxk, const uint8_t** keys, int32_t* nkeys) {
+    if (N * B == 0) return;
+    launch_pdl(draft_keys_kernel, dim3(blocks_for(N * B)), dim3(kThreads), 0, p, sec, N, B, W, chain, block,
+               entry_bytes, maxk, keys, nkeys);
 }
 
 }  // namespace peregrine::cuda

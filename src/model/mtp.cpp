@@ -89,32 +89,25 @@ std::vector<DraftResult> Model::draft_mtp(const std::vector<const SeqState*>& se
         be.state_memory().copy(row(hidden, j), s.carry.get() + layout_.hidden_offset, layout_.hidden_bytes);
     }
     std::vector<DraftResult> out(static_cast<size_t>(N));
-    std::vector<Tensor> inputs;                  // step i's inputs [N, hc, dim] (the chain's row i)
-    std::vector<std::vector<int32_t>> chain_ids;  // each sequence's tokens so far: the anchor, then its drafts
+    std::vector<Tensor> attn_inputs;              // the chain's attention inputs so far: row i's [N, dim] at i
     std::vector<bool> ended(static_cast<size_t>(N), false);
-    for (int j = 0; j < N; ++j) {
-        out[static_cast<size_t>(j)].ids.push_back(anchors[static_cast<size_t>(j)]);
-        chain_ids.push_back({anchors[static_cast<size_t>(j)]});
-    }
-    std::vector<int32_t> last(anchors);
+    for (int j = 0; j < N; ++j) out[static_cast<size_t>(j)].ids.push_back(anchors[static_cast<size_t>(j)]);
+    std::vector<int32_t> last(anchors);  // each chain's newest token (row i's)
+    const AttentionLayerInfo info = mtp_info();
     for (int i = 0; i < max_drafts; ++i) {
-        inputs.push_back(mtp_input(be, w_, last, hidden, hc));
-        // The chain's rows 0..i of each sequence, each attending causally; only row i's output is new.
+        // Row i of each chain through the layer: its attention also reads the chain's earlier rows (their inputs
+        // kept, every other op of the layer is row by row), so the earlier rows are not computed again.
+        Tensor x = mtp_input(be, w_, last, hidden, hc);
         const int B = i + 1;
-        Tensor all = B == 1 ? inputs[0] : be.concat_cols(inputs);  // [N, B * hc * dim]: row j = sequence j's chain
-        Tensor x = all.reshaped({int64_t{N} * B, hc, cfg_.dim});
-        std::vector<int32_t> ids;
-        for (int j = 0; j < N; ++j)
-            for (int k = 0; k < B; ++k) ids.push_back(chain_ids[static_cast<size_t>(j)][static_cast<size_t>(k)]);
+        auto attend = [&](const Tensor& a) {
+            attn_inputs.push_back(a);
+            Tensor all = B == 1 ? a : be.concat_cols(attn_inputs);  // [N, B * dim]: row j = sequence j's chain
+            return be.draft_attention(all.reshaped({int64_t{N} * B, cfg_.dim}), m.block.attn, info, seqs, pos, true);
+        };
         Tensor pre;  // V4's mHC: each sublayer collapses with its own mix
-        const AttentionLayerInfo info = mtp_info();
-        decoder_layer_ops(be, m.block, false,
-                          {[&](const Tensor& a) { return be.draft_attention(a, m.block.attn, info, seqs, pos, true); },
-                           [&](const Tensor& a) { return be.moe(a, m.block.ffn, ids); }},
+        decoder_layer_ops(be, m.block, false, {attend, [&](const Tensor& a) { return be.moe(a, m.block.ffn, last); }},
                           x, pre);
-        std::vector<int> rows;
-        for (int j = 0; j < N; ++j) rows.push_back(j * B + i);
-        hidden = be.gather_rows(x, rows);
+        hidden = x;
         Tensor logits = be.logits(be.rms_norm(be.hc_head(hidden, m.hc_head), m.norm), w_.head, false);
         const std::vector<int32_t> chosen = choose_drafts(i, logits, choose, out);
         bool any = false;
@@ -129,7 +122,6 @@ std::vector<DraftResult> Model::draft_mtp(const std::vector<const SeqState*>& se
                 any = true;
             }
             last[static_cast<size_t>(j)] = id;
-            chain_ids[static_cast<size_t>(j)].push_back(id);
         }
         if (!any) break;
     }

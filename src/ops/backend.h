@@ -136,7 +136,8 @@ public:
                                  ForwardBatch& batch) = 0;
     // A drafter's attention for blocks of equal length, rows [j * B, (j + 1) * B) sequence j's at positions
     // pos[j]+1.., over its stored window (positions <= pos[j], draft_window_keys) and its block: a DSpark stage's
-    // whole block (no causal mask inside); with `chain` (V4's MTP layer) the block rows up to the row's own.
+    // whole block (no causal mask inside; [T] rows out); with `chain` (V4's MTP layer) the block is the chain so far
+    // and only its last row queries, over the chain's rows ([N] rows out: row j sequence j's row B - 1).
     virtual Tensor draft_attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                                    const std::vector<const SeqState*>& states, const std::vector<int64_t>& pos,
                                    bool chain) = 0;

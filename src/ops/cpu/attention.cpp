@@ -407,11 +407,18 @@ Tensor CpuBackend::draft_attention(const Tensor& x, const AttentionWeight& w, co
     const int H = cfg_.n_heads, D = cfg_.head_dim, W = cfg_.window_size;
     PEREGRINE_CHECK(N > 0 && B * N == T && pos.size() == states.size(), "draft attention: blocks of equal length");
     const Rope& rope = rope_for(info);
-    std::vector<int64_t> positions;
+    // The querying rows: the whole block, or a chain's last row.
+    const int first = chain ? B - 1 : 0, R = B - first;
+    std::vector<int64_t> positions, q_positions;
+    std::vector<int> q_rows;
     for (int j = 0; j < N; ++j)
-        for (int i = 0; i < B; ++i) positions.push_back(pos[static_cast<size_t>(j)] + 1 + i);
-    Tensor qr = rms_norm(linear(x, w.wq_a), w.q_norm);
-    Tensor q = project_queries(x, qr, w, rope, positions);
+        for (int i = 0; i < B; ++i) {
+            positions.push_back(pos[static_cast<size_t>(j)] + 1 + i);
+            if (i >= first) q_rows.push_back(j * B + i), q_positions.push_back(positions.back());
+        }
+    const Tensor xq = chain ? gather_rows(x, q_rows) : x;
+    Tensor qr = rms_norm(linear(xq, w.wq_a), w.q_norm);
+    Tensor q = project_queries(xq, qr, w, rope, q_positions);
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
     Tensor kv = window_kv(x, w, rope, positions, L.window.format);
     // The block's K=V as stored window entries would give it back (the RoPE dims rounded to bf16).
@@ -421,12 +428,12 @@ Tensor CpuBackend::draft_attention(const Tensor& x, const AttentionWeight& w, co
         store_entry(L.window, kv.f32() + static_cast<int64_t>(r) * D, entry.data());
         block[static_cast<size_t>(r)] = load_entry(L.window, entry.data());
     }
-    Tensor o = Tensor::zeros(DType::F32, {T, H, D});
+    Tensor o = Tensor::zeros(DType::F32, {N * R, H, D});
     const float scale = static_cast<float>(std::pow(D, -0.5));
     for (int j = 0; j < N; ++j) {
         const SeqState& state = *states[static_cast<size_t>(j)];
         const int64_t p0 = pos[static_cast<size_t>(j)];
-        for (int i = 0; i < B; ++i) {
+        for (int i = first; i < B; ++i) {
             // Keys: the stored window (draft_window_keys), then the block's rows.
             std::vector<std::vector<float>> vals;
             std::vector<const float*> keys;
@@ -435,12 +442,12 @@ Tensor CpuBackend::draft_attention(const Tensor& x, const AttentionWeight& w, co
             for (auto& v : vals) keys.push_back(v.data());
             for (int k = 0; k < (chain ? i + 1 : B); ++k) keys.push_back(block[static_cast<size_t>(j * B + k)].data());
             for (int h = 0; h < H; ++h) {
-                const int64_t r = (static_cast<int64_t>(j * B + i) * H + h) * D;
+                const int64_t r = (static_cast<int64_t>(j * R + i - first) * H + h) * D;
                 sparse_attend(q.f32() + r, keys, D, scale, w.attn_sink.data<float>()[h], o.f32() + r);
             }
         }
     }
-    return project_output(o, w, rope, positions);
+    return project_output(o, w, rope, q_positions);
 }
 
 void CpuBackend::add_into(Tensor& y, const Tensor& x) {

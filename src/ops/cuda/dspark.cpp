@@ -57,12 +57,20 @@ Tensor CudaBackend::draft_attention(const Tensor& x, const AttentionWeight& w, c
     const int W = cfg_.window_size;
     PEREGRINE_CHECK(N > 0 && B * N == T && pos.size() == states.size(), "draft attention: blocks of equal length");
     const float* freqs = weights_.rope(info);
-    std::vector<int64_t> positions;
+    // The querying rows: the whole block, or a chain's last row.
+    const int first = chain ? B - 1 : 0, R = B - first;
+    std::vector<int64_t> positions, q_positions;
+    std::vector<int> q_rows;
     for (int j = 0; j < N; ++j)
-        for (int i = 0; i < B; ++i) positions.push_back(pos[static_cast<size_t>(j)] + 1 + i);
+        for (int i = 0; i < B; ++i) {
+            positions.push_back(pos[static_cast<size_t>(j)] + 1 + i);
+            if (i >= first) q_rows.push_back(j * B + i), q_positions.push_back(positions.back());
+        }
     auto pos_d = upload(positions);
-    Tensor qr = rms_norm(linear_.run(x, w.wq_a), w.q_norm);
-    Tensor q = project_queries(qr, w, freqs, pos_d.ptr, T);
+    auto q_pos_d = chain ? upload(q_positions) : pos_d;
+    const Tensor xq = chain ? gather_rows(x, q_rows) : x;
+    Tensor qr = rms_norm(linear_.run(xq, w.wq_a), w.q_norm);
+    Tensor q = project_queries(qr, w, freqs, q_pos_d.ptr, N * R);
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
     Tensor kv = window_kv(x, w, freqs, pos_d.ptr, T, L.window.format);
     // The block tokens' K=V packed into window entries of a scratch, so that every key is read the same way.
@@ -85,9 +93,9 @@ Tensor CudaBackend::draft_attention(const Tensor& x, const AttentionWeight& w, c
     at.token_ids.assign(static_cast<size_t>(N), 0);
     const PagedStep step = upload_paged_step(layout_, at);
     const int maxk = static_cast<int>(std::min<int64_t>(W, top)) + B;  // draft_window_keys lists at most that
-    auto keys_d = device_alloc(sizeof(const uint8_t*) * static_cast<size_t>(T) * maxk);
-    auto nkeys_d = device_alloc(sizeof(int32_t) * static_cast<size_t>(T));
-    paged_draft_keys(step.seqs, paged_section(L.window), N, B, W, chain, static_cast<const uint8_t*>(block.get()),
+    auto keys_d = device_alloc(sizeof(const uint8_t*) * static_cast<size_t>(N * R) * maxk);
+    auto nkeys_d = device_alloc(sizeof(int32_t) * static_cast<size_t>(N * R));
+    paged_draft_keys(step.seqs, paged_section(L.window), N, B, R, W, chain, static_cast<const uint8_t*>(block.get()),
                      f.bytes, maxk, static_cast<const uint8_t**>(keys_d.get()), static_cast<int32_t*>(nkeys_d.get()));
     KeyRefs kr;
     kr.keys = static_cast<const uint8_t* const*>(keys_d.get());
@@ -96,7 +104,7 @@ Tensor CudaBackend::draft_attention(const Tensor& x, const AttentionWeight& w, c
     kr.win = kr.comp = f;
     // The backbone's attention kernels (the tensor cores under fast numerics).
     Tensor o = sparse_attend(q, w, kr, false);
-    return project_output(o, w, freqs, pos_d.ptr, T);
+    return project_output(o, w, freqs, q_pos_d.ptr, N * R);
 }
 
 void CudaBackend::add_into(Tensor& y, const Tensor& x) {

@@ -347,11 +347,12 @@ void paged_window_rows(const PagedSeqs& p, const PagedSection& sec, int W, const
 // row_bytes) instead of its state entry.
 void paged_window_rows_table(const PagedSeqs& p, int64_t T, int W, bool ring_before_full, const int64_t* row_base,
                              const uint8_t* rows, int64_t row_bytes, const uint8_t** win, int32_t* nwin);
-// A drafter's key lists (CudaBackend::draft_attention), N sequences' blocks of B rows: the step's row j is sequence j
-// at its last stored position pos; draft row j * B + i lists the window entries of `sec` at
-// draft_window_keys(pos, pos + 1 + i, W, floor, chain), then the block's rows 0 .. (chain ? i : B - 1) (`block`,
-// entry_bytes apart, sequence j's from row j * B), null-padded to maxk (min(W, max pos + 1) + B bounds every list); nkeys[row] its count.
-void paged_draft_keys(const PagedSeqs& p, const PagedSection& sec, int N, int B, int W, bool chain,
+// A drafter's key lists (CudaBackend::draft_attention), N sequences' blocks of B rows of which the last R query:
+// the step's row j is sequence j at its last stored position pos; list j * R + r (block row i = B - R + r) holds the
+// window entries of `sec` at draft_window_keys(pos, pos + 1 + i, W, floor, chain), then the block's rows
+// 0 .. (chain ? i : B - 1) (`block`, entry_bytes apart, sequence j's from row j * B), null-padded to maxk
+// (min(W, max pos + 1) + B bounds every list); nkeys its count.
+void paged_draft_keys(const PagedSeqs& p, const PagedSection& sec, int N, int B, int R, int W, bool chain,
                       const uint8_t* block, int64_t entry_bytes, int maxk, const uint8_t** keys, int32_t* nkeys);
 // Row t of src [T, f.dim] encoded into entry row_pos[t] of `sec` of its sequence (StateLayout::entry(.., pos));
 // with ratio > 1 only the rows that end a group (pos + 1 a multiple of ratio), into entry pos / ratio. In

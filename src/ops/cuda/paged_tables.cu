@@ -73,13 +73,15 @@ __global__ void all_entries_kernel(PagedSeqs p, int ratio, int64_t T, int kmax, 
     list[i] = j < count && j < visible ? j : -1;
 }
 
-// A thread per draft row: row j * B + i of sequence j (the step's row j, at its last stored position).
-__global__ void draft_keys_kernel(PagedSeqs p, PagedSection sec, int N, int B, int W, bool chain, const uint8_t* block,
-                                  int64_t entry_bytes, int maxk, const uint8_t** keys, int32_t* nkeys) {
+// A thread per querying draft row: list r is sequence j's row i = B - R + r % R (the step's row j is the sequence
+// at its last stored position).
+__global__ void draft_keys_kernel(PagedSeqs p, PagedSection sec, int N, int B, int R, int W, bool chain,
+                                  const uint8_t* block, int64_t entry_bytes, int maxk, const uint8_t** keys,
+                                  int32_t* nkeys) {
     pdl_enter();
     const int r = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= N * B) return;
-    const int j = r / B, i = r % B;
+    if (r >= N * R) return;
+    const int j = r / R, i = B - R + r % R;
     const int64_t* m = p.seq + kSeqFields * static_cast<int64_t>(j);
     const uint8_t** out = keys + static_cast<int64_t>(r) * maxk;
     int n = 0;
@@ -178,10 +180,12 @@ void paged_window_rows_table(const PagedSeqs& p, int64_t T, int W, bool ring_bef
                ring_before_full, row_base, rows, row_bytes, win, nwin);
 }
 
-void paged_draft_keys(const PagedSeqs& p, const PagedSection& sec, int N, int B, int W, bool chain,
+void paged_draft_keys(const PagedSeqs& p, const PagedSection& sec, int N, int B, int R, int W, bool chain,
                       const uint8_t* block, int64_t entry_bytes, int maxk, const uint8_t** keys, int32_t* nkeys) {
-    if (N * B == 0) return;
-    launch_pdl(draft_keys_kernel, dim3(blocks_for(N * B)), dim3(kThreads), 0, p, sec, N, B, W, chain, block,
+    if (N * R == 0) return;
+    if (R < 1 || R > B)
+        cuda_fail(cudaErrorInvalidValue, "paged_draft_keys: bad count of querying rows", __FILE__, __LINE__);
+    launch_pdl(draft_keys_kernel, dim3(blocks_for(N * R)), dim3(kThreads), 0, p, sec, N, B, R, W, chain, block,
                entry_bytes, maxk, keys, nkeys);
 }
 

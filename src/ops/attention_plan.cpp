@@ -25,6 +25,19 @@ std::vector<int64_t> draft_window_keys(int64_t pos, int64_t row_pos, int window,
     return out;
 }
 
+DraftRows draft_rows(const std::vector<int64_t>& pos, int B, bool chain) {
+    DraftRows d;
+    d.first = chain ? B - 1 : 0;
+    for (size_t j = 0; j < pos.size(); ++j)
+        for (int i = 0; i < B; ++i) {
+            d.positions.push_back(pos[j] + 1 + i);
+            if (i < d.first) continue;
+            d.q_rows.push_back(static_cast<int>(j) * B + i);
+            d.q_positions.push_back(d.positions.back());
+        }
+    return d;
+}
+
 std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int W, bool ring_before_full) {
     std::vector<int64_t> list;
     auto add = [&](int64_t p) { list.push_back(p >= s.window_floor ? p : -1); };

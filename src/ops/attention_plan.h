@@ -43,6 +43,15 @@ std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int window, boo
 // after a gap, or at position 0, reads a hidden state from before it).
 std::vector<int64_t> draft_window_keys(int64_t pos, int64_t row_pos, int window, int64_t floor, bool chain);
 
+// A drafter's rows (Backend::draft_attention, N = pos.size() blocks of B rows): every row's position pos[j] + 1 + i,
+// and the rows that query (the whole block, or a chain's last row: from `first` on in each block) with theirs.
+struct DraftRows {
+    int first = 0;
+    std::vector<int64_t> positions, q_positions;
+    std::vector<int> q_rows;
+};
+DraftRows draft_rows(const std::vector<int64_t>& pos, int B, bool chain);
+
 // RoPE frequencies f_i = theta^(-2i/dim) in fp32, with the official YaRN blend when original_seq_len > 0.
 std::vector<float> rope_frequencies(int dim, double theta, int original_seq_len, double factor, double beta_fast,
                                     double beta_slow, YarnRamp ramp);

@@ -626,8 +626,9 @@ TEST(CudaOpsRealDims, AttentionLayers) {
 
 // A drafter's attention at V4.1-Flash's dimensions (64 heads of 512: under fast numerics the backbone's tensor-core
 // kernel) for two sequences' blocks of 5 at once, over each one's stored window and its block (DSpark) or, for a
-// chain's last row, the chain's rows (V4's MTP layer), against the CPU backend's. Windows stored by a 18- and an 11-token prefill of
-// the layer. Bounds as AttentionLayers' (few query rows split their keys over CTAs under fast numerics).
+// chain's last row, the chain's rows (V4's MTP layer), against the CPU backend's. Windows stored by an 18- and an
+// 11-token prefill of the layer. Bounds as AttentionLayers' (few query rows split their keys over CTAs under fast
+// numerics).
 TEST(CudaOpsRealDims, DraftAttentionMatchesCpu) {
     REQUIRE_GPU();
     RealDims rd;

@@ -407,20 +407,13 @@ Tensor CpuBackend::draft_attention(const Tensor& x, const AttentionWeight& w, co
     const int H = cfg_.n_heads, D = cfg_.head_dim, W = cfg_.window_size;
     PEREGRINE_CHECK(N > 0 && B * N == T && pos.size() == states.size(), "draft attention: blocks of equal length");
     const Rope& rope = rope_for(info);
-    // The querying rows: the whole block, or a chain's last row.
-    const int first = chain ? B - 1 : 0, R = B - first;
-    std::vector<int64_t> positions, q_positions;
-    std::vector<int> q_rows;
-    for (int j = 0; j < N; ++j)
-        for (int i = 0; i < B; ++i) {
-            positions.push_back(pos[static_cast<size_t>(j)] + 1 + i);
-            if (i >= first) q_rows.push_back(j * B + i), q_positions.push_back(positions.back());
-        }
-    const Tensor xq = chain ? gather_rows(x, q_rows) : x;
+    const DraftRows rows = draft_rows(pos, B, chain);
+    const int first = rows.first, R = B - first;
+    const Tensor xq = chain ? gather_rows(x, rows.q_rows) : x;
     Tensor qr = rms_norm(linear(xq, w.wq_a), w.q_norm);
-    Tensor q = project_queries(xq, qr, w, rope, q_positions);
+    Tensor q = project_queries(xq, qr, w, rope, rows.q_positions);
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
-    Tensor kv = window_kv(x, w, rope, positions, L.window.format);
+    Tensor kv = window_kv(x, w, rope, rows.positions, L.window.format);
     // The block's K=V as stored window entries would give it back (the RoPE dims rounded to bf16).
     std::vector<std::vector<float>> block(static_cast<size_t>(T));
     std::vector<uint8_t> entry(L.window.entry_bytes);
@@ -447,7 +440,7 @@ Tensor CpuBackend::draft_attention(const Tensor& x, const AttentionWeight& w, co
             }
         }
     }
-    return project_output(o, w, rope, q_positions);
+    return project_output(o, w, rope, rows.q_positions);
 }
 
 void CpuBackend::add_into(Tensor& y, const Tensor& x) {

@@ -57,18 +57,11 @@ Tensor CudaBackend::draft_attention(const Tensor& x, const AttentionWeight& w, c
     const int W = cfg_.window_size;
     PEREGRINE_CHECK(N > 0 && B * N == T && pos.size() == states.size(), "draft attention: blocks of equal length");
     const float* freqs = weights_.rope(info);
-    // The querying rows: the whole block, or a chain's last row.
-    const int first = chain ? B - 1 : 0, R = B - first;
-    std::vector<int64_t> positions, q_positions;
-    std::vector<int> q_rows;
-    for (int j = 0; j < N; ++j)
-        for (int i = 0; i < B; ++i) {
-            positions.push_back(pos[static_cast<size_t>(j)] + 1 + i);
-            if (i >= first) q_rows.push_back(j * B + i), q_positions.push_back(positions.back());
-        }
-    auto pos_d = upload(positions);
-    auto q_pos_d = chain ? upload(q_positions) : pos_d;
-    const Tensor xq = chain ? gather_rows(x, q_rows) : x;
+    const DraftRows rows = draft_rows(pos, B, chain);
+    const int R = B - rows.first;
+    auto pos_d = upload(rows.positions);
+    auto q_pos_d = chain ? upload(rows.q_positions) : pos_d;
+    const Tensor xq = chain ? gather_rows(x, rows.q_rows) : x;
     Tensor qr = rms_norm(linear_.run(xq, w.wq_a), w.q_norm);
     Tensor q = project_queries(qr, w, freqs, q_pos_d.ptr, N * R);
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
@@ -87,6 +80,7 @@ Tensor CudaBackend::draft_attention(const Tensor& x, const AttentionWeight& w, c
     int64_t top = 0;
     for (int j = 0; j < N; ++j) {
         const SeqState* st = states[static_cast<size_t>(j)];
+        // (upload_paged_step only reads the state)
         at.seqs.push_back({const_cast<SeqState*>(st), pos[static_cast<size_t>(j)], 1, j, st->window_floor});
         top = std::max(top, pos[static_cast<size_t>(j)] + 1);
     }

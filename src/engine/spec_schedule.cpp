@@ -67,6 +67,16 @@ SpecSchedule SpecSchedule::profile(Model& m, int max_batch, int max_drafts, int 
             }
             seconds[b][static_cast<size_t>(k)] = best;
         }
+    // Drafting as the model runner drafts: each position's ids drawn where the backend samples (greedy rows here),
+    // no logits copied to the host.
+    DeviceSampler& sampler = m.backend().sampler();
+    const Model::DraftChooser greedy = [&](int, const Tensor& logits) {
+        std::vector<SampleRow> rows(static_cast<size_t>(logits.dim(0)));
+        for (size_t j = 0; j < rows.size(); ++j) rows[j].row = static_cast<int>(j);
+        std::vector<int32_t> ids;
+        for (const SampleResult& r : sampler.sample(logits, rows)) ids.push_back(r.id);
+        return ids;
+    };
     std::vector<double> draft;
     for (size_t b = 0; m.can_draft() && b < batches.size(); ++b) {
         std::vector<const SeqState*> some;
@@ -74,7 +84,7 @@ SpecSchedule SpecSchedule::profile(Model& m, int max_batch, int max_drafts, int 
         double best = INFINITY;
         for (int rep = 0; rep < reps; ++rep) {
             const auto t0 = std::chrono::steady_clock::now();
-            (void)m.draft(some, std::vector<int32_t>(some.size(), 3), nullptr, max_drafts);
+            (void)m.draft(some, std::vector<int32_t>(some.size(), 3), greedy, max_drafts);
             best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
         draft.push_back(best);

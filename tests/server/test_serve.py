@@ -185,9 +185,11 @@ def _disconnect(server):
         pass
     r.close()  # the response holds the socket open too
     c.close()
+    # The abort is counted when the request finishes; the gauges are published at the end of that engine step.
     for _ in range(250):
         m = server.metrics()
-        if m["num_aborted_requests_total"] > before["num_aborted_requests_total"]:
+        if (m["num_aborted_requests_total"] > before["num_aborted_requests_total"] and m["num_running_reqs"] == 0
+                and m["num_used_tokens"] == 0):
             break
         time.sleep(0.02)
     assert m["num_running_reqs"] == 0 and m["num_used_tokens"] == 0

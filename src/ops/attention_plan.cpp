@@ -1,4 +1,5 @@
 #include "ops/attention_plan.h"
+#include "ops/draft_window.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,14 +15,7 @@ std::vector<RowInfo> row_infos(ForwardBatch& batch) {
 
 std::vector<int64_t> draft_window_keys(int64_t pos, int64_t row_pos, int window, int64_t floor, bool chain) {
     std::vector<int64_t> out;
-    if (chain) {
-        for (int64_t p = std::max(floor + 1, row_pos - window + 1); p <= pos; ++p) out.push_back(p);
-        return out;
-    }
-    for (int64_t k = 0; k < std::min<int64_t>(window, pos + 1); ++k) {
-        const int64_t p = pos - ((pos - k) % window + window) % window;
-        if (p >= floor) out.push_back(p);
-    }
+    for_each_draft_window_key(pos, row_pos, window, floor, chain, [&](int64_t p) { out.push_back(p); });
     return out;
 }
 

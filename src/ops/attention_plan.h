@@ -36,11 +36,7 @@ inline bool lists_step_width(const BatchSeq& s) { return is_prefill(s) && !keys_
 // listed as -1.
 std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int window, bool ring_before_full);
 
-// Stored window keys of a draft row at position `row_pos` after a sequence's last fed position `pos`, as positions
-// at or above the sequence's window floor: a DSpark block's (chain false) the whole window of pos, its ring listed by
-// slot (slot k holds the latest position <= pos with position % W == k); an MTP chain's row its own window's, oldest
-// first (as the one-shot prefill the layer was trained with lists them), from floor + 1 (the MTP layer's first entry
-// after a gap, or at position 0, reads a hidden state from before it).
+// for_each_draft_window_key's positions (ops/draft_window.h) as a list.
 std::vector<int64_t> draft_window_keys(int64_t pos, int64_t row_pos, int window, int64_t floor, bool chain);
 
 // A drafter's rows (Backend::draft_attention, N = pos.size() blocks of B rows): every row's position pos[j] + 1 + i,

@@ -93,9 +93,10 @@ TEST(PagedAddress, WindowPositionsMatchWindowList) {
 
 }  // namespace
 
-// The device's draft key lists (paged_draft_keys) enumerate draft_window_keys' positions with
-// for_each_draft_window_key: the same positions in the same order, for blocks and chains, every window floor.
-TEST(PagedAddress, DraftWindowKeysMatchTheHostList) {
+// The drafters' window keys (for_each_draft_window_key, which draft_window_keys and the device's paged_draft_keys
+// both enumerate) against their definition: a block's, the positions max(0, pos - W + 1, floor) .. pos listed by ring
+// slot (position % W ascending); a chain's, max(floor + 1, row_pos - W + 1) .. pos oldest first.
+TEST(PagedAddress, DraftWindowKeysFollowTheirDefinition) {
     int64_t lists = 0, nonempty = 0;
     for (int W : {1, 4, 8, 128})
         for (int64_t pos = 0; pos < 300; pos += pos < 20 ? 1 : 37)
@@ -103,13 +104,19 @@ TEST(PagedAddress, DraftWindowKeysMatchTheHostList) {
                 for (int i = 0; i < 5; ++i)
                     for (bool chain : {false, true}) {
                         const int64_t row_pos = pos + 1 + i;
-                        std::vector<int64_t> got;
-                        peregrine::cuda::for_each_draft_window_key(pos, row_pos, W, floor, chain,
-                                                                   [&](int64_t p) { got.push_back(p); });
-                        ASSERT_EQ(got, peregrine::draft_window_keys(pos, row_pos, W, floor, chain))
+                        std::vector<int64_t> want;
+                        if (chain) {
+                            for (int64_t p = std::max(floor + 1, row_pos - W + 1); p <= pos; ++p) want.push_back(p);
+                        } else {
+                            for (int64_t p = std::max({int64_t{0}, pos - W + 1, floor}); p <= pos; ++p)
+                                want.push_back(p);
+                            std::stable_sort(want.begin(), want.end(),
+                                             [&](int64_t a, int64_t b) { return a % W < b % W; });
+                        }
+                        ASSERT_EQ(peregrine::draft_window_keys(pos, row_pos, W, floor, chain), want)
                             << "W " << W << " pos " << pos << " floor " << floor << " i " << i << " chain " << chain;
                         ++lists;
-                        nonempty += !got.empty();
+                        nonempty += !want.empty();
                     }
     EXPECT_GT(nonempty, lists / 2);
 }

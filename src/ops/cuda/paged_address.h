@@ -59,20 +59,6 @@ PEREGRINE_HD int64_t window_position(int64_t start, int64_t n_tokens, bool as_de
     return at >= floor ? at : -1;
 }
 
-// draft_window_keys(pos, row_pos, W, floor, chain)'s positions, in its order, each passed to f.
-template <class F>
-PEREGRINE_HD void for_each_draft_window_key(int64_t pos, int64_t row_pos, int W, int64_t floor, bool chain, F&& f) {
-    if (chain) {
-        for (int64_t p = floor + 1 > row_pos - W + 1 ? floor + 1 : row_pos - W + 1; p <= pos; ++p) f(p);
-        return;
-    }
-    const int64_t n = W < pos + 1 ? W : pos + 1;
-    for (int64_t k = 0; k < n; ++k) {
-        const int64_t p = pos - ((pos - k) % W + W) % W;
-        if (p >= floor) f(p);
-    }
-}
-
 // The lowest window position a sequence's rows see this step: max(0, start - W + 1, floor).
 PEREGRINE_HD int64_t window_lowest(int64_t start, int64_t floor, int W) {
     const int64_t lo = start - W + 1 > 0 ? start - W + 1 : 0;

@@ -5,6 +5,7 @@
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/pdl.cuh"
+#include "ops/draft_window.h"
 
 #include <algorithm>
 

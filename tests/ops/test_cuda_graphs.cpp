@@ -2,7 +2,8 @@
 // batch of sequences through prefill and then a dozen decode steps (contexts growing across page boundaries
 // and compressor groups), fed the same tokens (greedy on the eager logits); every step's logits must be bit for
 // bit the same, and the graphs must actually have been replayed. So must the decode steps' attention with its
-// tables worked out on the device (what the graphs capture) and the general path's. Also checks that a sequence's
+// tables worked out on the device (what the graphs capture) and the general path's, for decode steps and for verify
+// steps (drafts, cut back after). Also checks that a sequence's
 // device-resident carry survives a restore from a page snapshot (same logits as the uninterrupted sequence), with
 // graphs on; that graphs are captured again when the GEMV scratch they hold on to moves; and the overlapped
 // schedule's deferred ids: decode steps fed the previous step's samples where they are, on the device; and that
@@ -338,6 +339,84 @@ TEST(CudaGraphs, DecodeLayerGraphsMatchGeneralPath) {
                        else r.be().set_graph_cap_tokens(8);
                    },
                    "decode form", "layer graphs vs the general path");
+}
+
+// Verify steps (each sequence its token and 0-3 drafts, speculative, cut back to an accepted prefix after) with their
+// attention in the decode form, eagerly and in layer graphs whose cap moves every 16 tokens, against the general path
+// (the host lists the tables, the compressor keeps its carry slots from the host's list): every row's logits bit for
+// bit, step after step, so the carries each cut leaves are the same too.
+void compare_verify(const char* fx) {
+    auto ids = read_ids(fixture_dir(fx) + "/cases/prefill.ids");
+    const int n = 3, steps = 14, most_drafts = 3;
+    const int64_t cap = static_cast<int64_t>(ids.size()) + steps * (most_drafts + 1) + 1;
+    ModelRun general = open(fx, false, n, cap), eager = open(fx, false, n, cap), graph = open(fx, true, n, cap);
+    general.be().set_decode_tables(false);
+    graph.be().set_graph_cap_tokens(16);
+    const int vocab = general.m->config().vocab_size;
+    std::vector<std::vector<int32_t>> prompts(n);
+    for (int i = 0; i < n; ++i)
+        prompts[static_cast<size_t>(i)].assign(ids.begin() + i,
+                                               ids.begin() + std::min(ids.size(), static_cast<size_t>(5 + 6 * i)));
+    std::vector<int32_t> next(n);
+    for (ModelRun* r : {&general, &eager, &graph}) {
+        Tensor x = step(*r, prompts);
+        for (int i = 0; i < n; ++i)
+            next[static_cast<size_t>(i)] = peregrine::argmax(x.f32() + int64_t{i} * vocab, vocab);
+    }
+    int same_steps = 0;
+    for (int st = 0; st < steps; ++st) {
+        // The first half: three drafts each (12 rows, graphs replayed); then 0-3 drafts by sequence.
+        ForwardBatch b;
+        std::vector<int> drafts(n), rows;
+        for (int i = 0; i < n; ++i) {
+            const int k = st < steps / 2 ? most_drafts : (st + 2 * i) % (most_drafts + 1);
+            drafts[static_cast<size_t>(i)] = k;
+            BatchSeq s{nullptr, general.seqs[static_cast<size_t>(i)].n_cached, 1 + k, b.rows()};
+            s.speculative = k > 0;
+            b.seqs.push_back(s);
+            b.token_ids.push_back(next[static_cast<size_t>(i)]);
+            for (int j = 0; j < k; ++j) b.token_ids.push_back((next[static_cast<size_t>(i)] * 31 + 7 * j + st) % vocab);
+        }
+        for (int t = 0; t < b.rows(); ++t) rows.push_back(t);
+        b.mode = batch_mode_of(b);
+        std::vector<Tensor> out;
+        for (ModelRun* r : {&general, &eager, &graph}) {
+            ForwardBatch rb = b;
+            for (int i = 0; i < n; ++i) {
+                SeqState& s = r->seqs[static_cast<size_t>(i)];
+                rb.seqs[static_cast<size_t>(i)].state = &s;
+                if (drafts[static_cast<size_t>(i)] > 0) {
+                    ASSERT_TRUE(r->pool->keep_step_carries(s, 1 + drafts[static_cast<size_t>(i)]));
+                }
+            }
+            out.push_back(r->m->forward(rb, rows));
+        }
+        const size_t bytes = sizeof(float) * static_cast<size_t>(out[0].numel());
+        const bool same_eager = std::memcmp(out[0].f32(), out[1].f32(), bytes) == 0;
+        const bool same_graph = std::memcmp(out[0].f32(), out[2].f32(), bytes) == 0;
+        same_steps += same_eager && same_graph;
+        EXPECT_TRUE(same_eager) << fx << " verify step " << st << ": decode-form logits differ from the general path's";
+        EXPECT_TRUE(same_graph) << fx << " verify step " << st << ": graph logits differ from the general path's";
+        // Sequence i keeps its token and `kept` drafts; the next token is the general path's at the last kept row.
+        for (int i = 0; i < n; ++i) {
+            const BatchSeq& s = b.seqs[static_cast<size_t>(i)];
+            const int kept = (st + i) % (drafts[static_cast<size_t>(i)] + 1);
+            if (s.speculative)
+                for (ModelRun* r : {&general, &eager, &graph})
+                    r->pool->cut(r->seqs[static_cast<size_t>(i)], s.start_pos + 1 + kept);
+            next[static_cast<size_t>(i)] = peregrine::argmax(out[0].f32() + int64_t{s.row0 + kept} * vocab, vocab);
+        }
+    }
+    EXPECT_GT(graph.be().graph_replays(), 0) << fx << ": no verify step replayed a graph";
+    std::printf("PARITY verify steps %-14s %d seqs, %d steps of 0-3 drafts cut back: decode form eager and in graphs "
+                "vs the general path bit-identical in %d of %d steps (%lld graph replays, %lld captures)\n",
+                fx, n, steps, same_steps, steps, static_cast<long long>(graph.be().graph_replays()),
+                static_cast<long long>(graph.be().graph_captures()));
+}
+
+TEST(CudaGraphs, VerifyStepsMatchGeneralPath) {
+    REQUIRE_GPU();
+    for (const char* fx : {"dsv41-tiny-a", "dsv4-tiny-a"}) compare_verify(fx);
 }
 
 // Programmatic dependent launch (ops/cuda/pdl.cuh) lets a kernel's blocks start before the previous kernel ends;

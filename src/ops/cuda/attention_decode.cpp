@@ -1,10 +1,11 @@
-// The decode planner (attention_planner.h): decode steps (one token per sequence, row t of sequence t) under Fast
-// numerics. Every table and list is worked out on the device from the step's page tables (uploaded once per step by
-// begin_decode, with each sequence's compressor carry address), in sizes that depend only on T and cap (a bound on
-// every row's position + 1): the compressor's outputs are T rows (zeros for rows that end no group, which store
-// nothing), the indexer's and the compressed entries' tables cap / ratio wide per row. So a layer's block uploads
-// nothing and launches the same kernels for every step of the same T and cap, and the layer is captured as a CUDA
-// graph (layer_graph, cuda_graphs.cpp).
+// The decode planner (attention_planner.h): decode steps (one token per sequence, row t of sequence t) and verify
+// steps (a few tokens per sequence: its token and drafts, kept or cut back after) under Fast numerics. Every table
+// and list is worked out on the device from the step's page tables (uploaded once per step by begin_decode, with each
+// sequence's compressor carry address and its speculative carry slots), in sizes that depend only on T, the number of
+// sequences S and cap (a bound on every row's position + 1): the compressor's outputs are T rows (zeros for rows that
+// end no group, which store nothing), the indexer's and the compressed entries' tables cap / ratio wide per
+// sequence. So a layer's block uploads nothing and launches the same kernels for every step of the same T, S and
+// cap, and the layer is captured as a CUDA graph (layer_graph, cuda_graphs.cpp).
 #include "ops/cuda/attention_planner.h"
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/launch_check.h"
@@ -18,12 +19,30 @@
 
 namespace peregrine::cuda {
 
+namespace {
+// The most tokens a sequence feeds in a decode-form step: more, and the prefill planner's kernels (tensor-core index
+// scores, the compressor's tokens in parallel) pay.
+constexpr int kDecodeFormTokens = 8;
+
+// A decode step, or a verify step: each sequence's rows together and in order, a token or a few drafted ones.
+bool decode_form(const ForwardBatch& batch) {
+    if (batch.mode == BatchMode::decode) return true;  // row t is sequence t's one token (Model::forward checks it)
+    int row = 0;
+    for (const BatchSeq& s : batch.seqs) {
+        if (s.row0 != row || s.n_tokens < 1 || s.n_tokens > kDecodeFormTokens || (s.n_tokens > 1 && !s.speculative))
+            return false;
+        row += s.n_tokens;
+    }
+    return !batch.seqs.empty() && row == batch.rows();
+}
+}  // namespace
+
 void CudaBackend::begin_decode(const ForwardBatch& batch, CudaScratch& scratch) {
     scratch.decode = 0;
-    if (batch.mode != BatchMode::decode || numerics_ != Numerics::Fast || !decode_tables_) return;
-    const int64_t T = batch.rows();
-    int64_t top = 0;  // a decode batch: row t is sequence t's one token (Model::forward checks it)
-    for (const BatchSeq& s : batch.seqs) top = std::max(top, s.start_pos + 1);
+    if (!decode_form(batch) || numerics_ != Numerics::Fast || !decode_tables_) return;
+    const int64_t T = batch.rows(), S = static_cast<int64_t>(batch.seqs.size());
+    int64_t top = 0;
+    for (const BatchSeq& s : batch.seqs) top = std::max(top, s.start_pos + s.n_tokens);
     // Indexers the streaming scorer does not take.
     if (cfg_.index_n_heads > 0 && !index_scores_stream_supported(cfg_.index_n_heads, cfg_.index_head_dim)) return;
     const bool graphs = graphs_ && !profiling_ && graph_bucket(T);
@@ -37,12 +56,12 @@ void CudaBackend::begin_decode(const ForwardBatch& batch, CudaScratch& scratch) 
             carries.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(device_carry(*s.state))));
     DecodeSet* set = nullptr;
     if (graphs) {
-        auto& slot = decode_sets_[T];
+        auto& slot = decode_sets_[{T, S}];
         if (!slot || slot->cap != cap) {
-            if (slot) graph_runner_.drop(GraphRunner::Kind::decoder_layer, T);  // a new cap: they read old buffers
+            if (slot) graph_runner_.drop(GraphRunner::Kind::decoder_layer, T, S);  // a new cap: they read old buffers
             slot = std::make_shared<DecodeSet>();
             slot->cap = cap;
-            slot->step_bytes = paged_step_bytes(T, T, T * layout_.pages_for(cap));
+            slot->step_bytes = paged_step_bytes(S, T, S * layout_.pages_for(cap));
             slot->step = device_alloc(slot->step_bytes);
         }
         set = slot.get();
@@ -105,7 +124,9 @@ public:
         a.state = static_cast<float*>(plan.keep.get());  // the base of the plan's carry offsets
         a.pooled = pooled.f32();
         a.snapshot = plan.rows.snap;
-        compressor_batch(a, static_cast<int>(T_), plan.rows.meta);
+        a.step = plan.rows.step;
+        a.emit_at_row = true;
+        compressor_batch(a, P_.n_seqs, plan.rows.meta);
         c.latent = b_.rms_norm(pooled, cw.norm);
         return c;
     }
@@ -126,7 +147,7 @@ public:
     }
 
     EntryTable entries(const StateSection& sec, int ratio, const Widths&) override {
-        const AddressTable t = decode_entry_table(P_, sec, ratio, plan_.rows.base, T_, C_);
+        const AddressTable t = decode_entry_table(P_, sec, ratio, plan_.rows.seq_base, T_, C_);
         EntryTable e;
         e.table = t.table;
         e.base = plan_.rows.base;
@@ -204,8 +225,9 @@ private:
 
     DecodePlan decode_plan(int ratio, int64_t cap, const size_t* carry_offset) {
         const size_t n = static_cast<size_t>(T_);
-        const size_t b_width = 0, b_base = b_width + 8 * n, b_gpos = b_base + 8 * n, b_meta = b_gpos + 8 * n,
-                     b_snap = b_meta + (carry_offset ? 48 * n : 0), b_rows = b_snap + (carry_offset ? 8 * n : 0),
+        const size_t b_width = 0, b_base = b_width + 8 * n, b_seq_base = b_base + 8 * n, b_gpos = b_seq_base + 8 * n,
+                     b_meta = b_gpos + 8 * n, b_snap = b_meta + (carry_offset ? 48 * n : 0),
+                     b_step = b_snap + (carry_offset ? 8 * n : 0), b_rows = b_step + (carry_offset ? 8 * n : 0),
                      total = b_rows + 4 * n;
         DecodePlan plan;
         plan.keep = device_alloc(total);
@@ -213,11 +235,13 @@ private:
         DecodeRows& r = plan.rows;
         r.width = reinterpret_cast<int64_t*>(d + b_width);
         r.base = reinterpret_cast<int64_t*>(d + b_base);
+        r.seq_base = reinterpret_cast<int64_t*>(d + b_seq_base);
         r.gpos = reinterpret_cast<int64_t*>(d + b_gpos);
         r.rows = reinterpret_cast<int32_t*>(d + b_rows);
         if (carry_offset) {
             r.meta = reinterpret_cast<int64_t*>(d + b_meta);
             r.snap = reinterpret_cast<float**>(d + b_snap);
+            r.step = reinterpret_cast<float**>(d + b_step);
         }
         paged_decode_rows(P_, T_, ratio, cap, carry_offset ? static_cast<int64_t>(*carry_offset) : 0,
                           static_cast<int64_t>(b_.layout_.snapshot_offset), reinterpret_cast<const float*>(d), r);

@@ -104,8 +104,7 @@ __global__ void compressor_batch_kernel(CompressorArgs a, int n_seqs, const int6
                 const float* st = score ? sc_state : kv_state;
                 return a.overlap ? (j < ratio ? st[j * width + c] : st[j * width + d + c]) : st[j * width + c];
             };
-            a.pooled[static_cast<int64_t>(e) * d + c] = pool_channel(n, at);
-            ++e;
+            a.pooled[(a.emit_at_row ? row0 + i : e++) * d + c] = pool_channel(n, at);
             if (a.overlap)
                 for (int j = 0; j < ratio; ++j)
                     for (int h = 0; h < coff; ++h) {

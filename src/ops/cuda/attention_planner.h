@@ -4,9 +4,9 @@
 // - the prefill planner (attention_prefill.cpp): prefill, mixed and Exact-numerics steps. The host lists what the
 //   step's rows need (positions, the groups they complete, key tables or the page tables to work them out from) and
 //   uploads it; the compressor emits only the groups completed.
-// - the decode planner (attention_decode.cpp): decode steps under Fast numerics. Everything is worked out on the
-//   device from the step's page tables, in sizes that depend only on T and the step's cap (the compressor emits a row
-//   per token, zeros where no group ends), so a layer uploads nothing and replays as a CUDA graph.
+// - the decode planner (attention_decode.cpp): decode and verify steps under Fast numerics. Everything is worked out
+//   on the device from the step's page tables, in sizes that depend only on T, the sequences and the step's cap (the
+//   compressor emits a row per token, zeros where no group ends), so a layer uploads nothing and replays as a graph.
 // Rows are independent in every kernel, so both planners give the same bits (test_cuda_graphs).
 #include "kv/state_layout.h"
 #include "ops/weights.h"

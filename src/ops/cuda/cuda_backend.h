@@ -35,7 +35,8 @@ struct CudaScratch : StepScratch {
     // Numerics::Fast: the step's page tables on the device (uploaded by the first attention layer).
     std::shared_ptr<void> paged_keep;
     PagedSeqs paged;
-    // Decode steps (attention_decode.cpp), decided by the step's first attention layer: -1 undecided, 0 no, 1 yes;
+    // Decode-form steps (decode and verify steps, attention_decode.cpp), decided by the step's first attention layer:
+    // -1 undecided, 0 no, 1 yes;
     // cap bounds every row's position + 1 (the tables are cap / ratio wide); set: the fixed buffers of the step's
     // layer graphs (null: no graphs this step), which `paged` then points into.
     int decode = -1;
@@ -43,9 +44,9 @@ struct CudaScratch : StepScratch {
     struct DecodeSet* set = nullptr;
 };
 
-// Per decode batch size: the buffers a step's layer graphs read and write at fixed addresses (the step's page
-// tables, copied in by its first layer; the selections and candidate mask that later layers read), for positions
-// below cap.
+// Per decode-form step size (rows, sequences): the buffers a step's layer graphs read and write at fixed addresses
+// (the step's page tables, copied in by its first layer; the selections and candidate mask that later layers read),
+// for positions below cap.
 struct DecodeSet {
     int64_t cap = 0;
     std::shared_ptr<void> step;
@@ -236,18 +237,19 @@ private:
     bool graphs_ = true;
     GraphRunner graph_runner_;
     double host_wait_ms_ = 0;
-    // Decode steps (attention_decode.cpp): one token per sequence, Numerics::Fast. Every table and list the
-    // attention block reads is worked out on the device from the step's page tables, so the block uploads nothing
-    // and launches the same kernels for any step of (T, cap): a layer is captured as a graph per T (layer_graph).
+    // Decode-form steps (attention_decode.cpp): a token or a few drafted ones per sequence, Numerics::Fast. Every
+    // table and list the attention block reads is worked out on the device from the step's page tables, so the block
+    // uploads nothing and launches the same kernels for any step of (T, S, cap): a layer is captured as a graph per
+    // T rows and S sequences (layer_graph).
     void begin_decode(const ForwardBatch& batch, CudaScratch& scratch);
     // The attention block's skeleton (attention.cpp) over a planner's tables (attention_planner.h).
     Tensor attend(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info, AttentionPlanner& plan,
                   CudaScratch& scratch);
-    // A decode step's decoder layer through its graph (captured on the second call at this T and cap; the attention
-    // block through the decode planner, the MoE block as moe_body); false: run it eagerly.
+    // A decode-form step's decoder layer through its graph (captured on the second call at this T, S and cap; the
+    // attention block through the decode planner, the MoE block as moe_body); false: run it eagerly.
     bool layer_graph(const BlockWeight& b, const AttentionLayerInfo& info, CudaScratch& scratch,
                      const std::vector<int32_t>& ids, Tensor& h, Tensor& pre);
-    std::map<int64_t, std::shared_ptr<DecodeSet>> decode_sets_;
+    std::map<std::pair<int64_t, int64_t>, std::shared_ptr<DecodeSet>> decode_sets_;
     int64_t graph_cap_tokens_ = 2048;
     bool decode_tables_ = true;
 

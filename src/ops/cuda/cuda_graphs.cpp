@@ -1,7 +1,8 @@
 // The CUDA backend's graphed regions (graph_runner.h), at decode sizes:
-// - a decode step's decoder layer (hc mixes on the side stream, collapse and norm, the attention block with the
-//   decode planner of attention_decode.cpp, expand, the MoE block, ...: about sixty launches) depends on T and the
-//   step's cap: it reads the step's page tables and earlier layers' selections from its DecodeSet's fixed buffers;
+// - a decode-form step's decoder layer (hc mixes on the side stream, collapse and norm, the attention block with the
+//   decode planner of attention_decode.cpp, expand, the MoE block, ...: about sixty launches) depends on T, the
+//   number of sequences and the step's cap: it reads the step's page tables and earlier layers' selections from its
+//   DecodeSet's fixed buffers;
 // - another step's MoE block (gate, routing, expert tiles, routed and shared experts, combine: about fifteen launches
 //   per layer) depends only on T.
 // The temporaries are allocated inside the graph (stream-ordered allocation nodes).
@@ -55,7 +56,8 @@ bool CudaBackend::layer_graph(const BlockWeight& b, const AttentionLayerInfo& in
     };
     std::vector<Tensor> out;
     const bool ran = graph_runner_.run(
-        {GraphRunner::Kind::decoder_layer, &b, T}, scratch.cap, {h, pre}, upload_ids(ids).ptr, {h, pre}, out,
+        {GraphRunner::Kind::decoder_layer, &b, T, scratch.paged.n_seqs}, scratch.cap, {h, pre}, upload_ids(ids).ptr,
+        {h, pre}, out,
         [&](const std::vector<Tensor>& in, const int32_t* ids_d, std::vector<Tensor>& fixed_out) {
             const LayerBlocks blocks{[&](const Tensor& x) {
                                          auto plan = decode_planner(*this, scratch, T);

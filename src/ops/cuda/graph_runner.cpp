@@ -36,10 +36,12 @@ struct GraphRunner::Region {
 
 GraphRunner::~GraphRunner() { regions_.clear(); }
 
-void GraphRunner::drop(Kind kind, int64_t rows) {
+void GraphRunner::drop(Kind kind, int64_t rows, int64_t seqs) {
     PG_CUDA(cudaStreamSynchronize(launch_stream()));
-    for (auto it = regions_.begin(); it != regions_.end();)
-        it = it->first.kind == kind && it->first.rows == rows ? regions_.erase(it) : std::next(it);
+    for (auto it = regions_.begin(); it != regions_.end();) {
+        const Key& k = it->first;
+        it = k.kind == kind && k.rows == rows && k.seqs == seqs ? regions_.erase(it) : std::next(it);
+    }
 }
 
 void GraphRunner::drop_all() {
@@ -81,9 +83,9 @@ bool GraphRunner::capture(Region& r, const Key& key, const Body& body) {
     if (why.empty() && scratch_moved(scratch_)) why = "the GEMV scratch grew during capture";
     if (why.empty()) return true;
     cudaGetLastError();  // capture errors are not sticky
-    std::fprintf(stderr, "peregrine: CUDA graph for the %s at %lld rows not used: %s\n",
+    std::fprintf(stderr, "peregrine: CUDA graph for the %s at %lld rows (%lld sequences) not used: %s\n",
                  key.kind == Kind::decoder_layer ? "decoder layer" : "MoE block", static_cast<long long>(key.rows),
-                 why.c_str());
+                 static_cast<long long>(key.seqs), why.c_str());
     if (r.exec) cudaGraphExecDestroy(r.exec);
     r.exec = nullptr;
     r.failed = true;

@@ -24,7 +24,10 @@ public:
         Kind kind;
         const void* what;  // the region's weights
         int64_t rows;
-        bool operator<(const Key& o) const { return std::tie(kind, what, rows) < std::tie(o.kind, o.what, o.rows); }
+        int64_t seqs = 0;  // decoder layers: the step's sequences
+        bool operator<(const Key& o) const {
+            return std::tie(kind, what, rows, seqs) < std::tie(o.kind, o.what, o.rows, o.seqs);
+        }
     };
     // What a region runs: reads `in` and `ids` [rows] (token ids on the device), writes `out` (all fixed buffers).
     using Body = std::function<void(const std::vector<Tensor>& in, const int32_t* ids, std::vector<Tensor>& out)>;
@@ -47,8 +50,8 @@ public:
     // again (the decode layers' cap). `out_like`: the outputs' shapes.
     bool run(const Key& key, int64_t version, const std::vector<Tensor>& in, const int32_t* ids,
              const std::vector<Tensor>& out_like, std::vector<Tensor>& out, const Body& body, const Hooks& hooks = {});
-    // Forgets the regions of `kind` at `rows` rows (their fixed buffers moved), or every region.
-    void drop(Kind kind, int64_t rows);
+    // Forgets the regions of `kind` at `rows` rows and `seqs` sequences (their fixed buffers moved), or every region.
+    void drop(Kind kind, int64_t rows, int64_t seqs);
     void drop_all();
 
     int64_t replays() const { return replays_; }

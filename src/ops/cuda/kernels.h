@@ -223,6 +223,7 @@ struct CompressorArgs {
     int n_tokens = 0, row0 = 0;
     float* const* snapshot = nullptr;  // per token of the sequence: page snapshot address or null
     float* const* step = nullptr;      // per token, as snapshot: a speculative step's carry slot after it, or null
+    bool emit_at_row = false;          // each emission at pooled row row0 + i of the token that ends its group
 };
 void compressor_seq(const CompressorArgs& a);
 // Numerics::Fast: all sequences in one launch, parallel over channels (same arithmetic per channel).
@@ -313,20 +314,25 @@ struct PagedSeqs {
     const int32_t* row_seq = nullptr;  // per row: its sequence
     const int64_t* row_pos = nullptr;  // per row: its position
     const int64_t* carry = nullptr;    // per sequence: its compressor carry's device address (0: none)
+    const int64_t* row_step = nullptr; // with carry, per row: a speculative step's carry slot after it (0: none)
     int n_seqs = 0, page_tokens = 0;
     int64_t page_bytes[kPageTables] = {};  // a page of each table
 };
-// Decode steps (one token per sequence, row t of sequence t), per row for a layer of `ratio`: what the host
-// lists for other steps, worked out from the step's page tables (attention_decode in attention.cpp).
+// Decode-form steps (attention_decode.cpp: a few tokens per sequence, each sequence's rows together, in sequence
+// order; a decode step's row t is sequence t), per row for a layer of `ratio`: what the host lists for other steps,
+// worked out from the step's page tables.
 struct DecodeRows {
-    int64_t* width = nullptr;  // [T] (pos + 1) / ratio: the row's compressed entries, all visible
-    int64_t* base = nullptr;   // [T] t * cap: the row's (and its sequence's) first slot in tables cap wide
-    int32_t* rows = nullptr;   // [T] t
-    int64_t* gpos = nullptr;   // [T] (pos / ratio) * ratio: the first position of the row's group
-    // With a carry offset: compressor_batch's per-sequence fields [6 T] (pooled row t is row t's emission) with
-    // offsets from state_base, and per row its page snapshot address (where it ends a page) or null.
+    int64_t* width = nullptr;     // [T] (pos + 1) / ratio: the row's compressed entries, all visible
+    int64_t* base = nullptr;      // [T] s * cap: the first slot of the row's sequence s in tables cap wide
+    int64_t* seq_base = nullptr;  // [T] s * cap for sequence s (the first n_seqs)
+    int32_t* rows = nullptr;      // [T] t
+    int64_t* gpos = nullptr;      // [T] (pos / ratio) * ratio: the first position of the row's group
+    // With a carry offset: compressor_batch's per-sequence fields [6 n_seqs] (emissions at their rows: emit_at_row)
+    // with offsets from state_base, and per row its page snapshot address (where it ends a page) and its speculative
+    // carry slot (PagedSeqs::row_step), or null.
     int64_t* meta = nullptr;
     float** snap = nullptr;
+    float** step = nullptr;
 };
 void paged_decode_rows(const PagedSeqs& p, int64_t T, int ratio, int64_t cap, int64_t carry_offset,
                        int64_t snapshot_offset, const float* state_base, const DecodeRows& out);

@@ -13,12 +13,13 @@ namespace peregrine::cuda {
 namespace {
 // The packed layout: the int64 arrays first (8-byte aligned), then the int32 ones, the pages last.
 struct StepLayout {
-    size_t seq, pos, carry, rows, pages, total;
+    size_t seq, pos, carry, step, rows, pages, total;
     StepLayout(int64_t S, int64_t T, int64_t n_pages) {
         seq = 0;
         pos = seq + static_cast<size_t>(kSeqFields * S) * 8;
         carry = pos + static_cast<size_t>(T) * 8;
-        rows = carry + static_cast<size_t>(S) * 8;
+        step = carry + static_cast<size_t>(S) * 8;
+        rows = step + static_cast<size_t>(T) * 8;
         pages = rows + static_cast<size_t>(T) * 4;
         total = pages + static_cast<size_t>(n_pages) * kPageTables * 4;
     }
@@ -45,6 +46,7 @@ PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch
     auto* seq = reinterpret_cast<int64_t*>(buf.data() + at.seq);
     auto* row_pos = reinterpret_cast<int64_t*>(buf.data() + at.pos);
     auto* carry = reinterpret_cast<int64_t*>(buf.data() + at.carry);
+    auto* row_step = reinterpret_cast<int64_t*>(buf.data() + at.step);
     auto* pages = reinterpret_cast<int32_t*>(buf.data() + at.pages);
     auto* row_seq = reinterpret_cast<int32_t*>(buf.data() + at.rows);
     if (carries) {
@@ -71,6 +73,12 @@ PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch
         for (int i = 0; i < b.n_tokens; ++i) {
             row_pos[b.row0 + i] = b.start_pos + i;
             row_seq[b.row0 + i] = static_cast<int32_t>(s);
+            // A speculative step keeps the carry after each of its tokens but the last (BatchSeq::speculative).
+            const bool kept = carries && b.speculative && i + 1 < b.n_tokens;
+            row_step[b.row0 + i] =
+                kept ? static_cast<int64_t>(reinterpret_cast<uintptr_t>(
+                           b.state->step_carries.at(static_cast<size_t>(i + 1)).get()))
+                     : 0;
         }
     }
     PagedStep out;
@@ -86,6 +94,7 @@ PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch
     out.seqs.seq = reinterpret_cast<const int64_t*>(d + at.seq);
     out.seqs.row_pos = reinterpret_cast<const int64_t*>(d + at.pos);
     out.seqs.carry = carries ? reinterpret_cast<const int64_t*>(d + at.carry) : nullptr;
+    out.seqs.row_step = carries ? reinterpret_cast<const int64_t*>(d + at.step) : nullptr;
     out.seqs.pages = reinterpret_cast<const int32_t*>(d + at.pages);
     out.seqs.row_seq = reinterpret_cast<const int32_t*>(d + at.rows);
     out.seqs.n_seqs = static_cast<int>(S);

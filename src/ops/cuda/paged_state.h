@@ -21,7 +21,8 @@ struct PagedStep {
 size_t paged_step_bytes(int64_t S, int64_t T, int64_t n_pages);
 
 // Page tables (the rows of pages covering each sequence's tokens up to the end of the step), per-sequence table
-// bases, start and token count, per-row sequence and position; with `carries`, each sequence's compressor carry address.
+// bases, start and token count, per-row sequence and position; with `carries`, each sequence's compressor carry address
+// and each row's speculative carry slot (PagedSeqs::row_step).
 // Into fresh device memory, or into `into` of into_bytes (the pages come last, so the other arrays keep their
 // offsets from step to step: a CUDA graph's fixed buffer).
 PagedStep upload_paged_step(const StateLayout& layout, const ForwardBatch& batch,

@@ -96,7 +96,7 @@ __global__ void draft_keys_kernel(PagedSeqs p, PagedSection sec, int N, int B, i
     for (; n < maxk; ++n) out[n] = nullptr;
 }
 
-// A thread per row of a decode step (row t is sequence t's only token).
+// A thread per row of a decode-form step (DecodeRows).
 __global__ void decode_rows_kernel(PagedSeqs p, int64_t T, int ratio, int64_t cap, int64_t carry_offset,
                                    int64_t snapshot_offset, const float* state_base, DecodeRows o) {
     pdl_enter();
@@ -104,23 +104,28 @@ __global__ void decode_rows_kernel(PagedSeqs p, int64_t T, int ratio, int64_t ca
     if (t >= T) return;
     const int s = p.row_seq[t];
     const int64_t pos = p.row_pos[t];
+    const int64_t* m = p.seq + kSeqFields * static_cast<int64_t>(s);
     o.width[t] = (pos + 1) / ratio;
-    o.base[t] = t * cap;
+    o.base[t] = s * cap;
+    o.seq_base[t] = t * cap;
     o.rows[t] = static_cast<int32_t>(t);
     o.gpos[t] = pos / ratio * ratio;
     if (!o.meta) return;
-    const int64_t carry = p.carry[s] + carry_offset;
-    int64_t* mt = o.meta + 6 * t;
-    mt[0] = pos;
-    mt[1] = 1;
-    mt[2] = t;
-    mt[3] = t;
-    const int64_t base = static_cast<int64_t>(reinterpret_cast<uintptr_t>(state_base));
-    mt[4] = (carry - base) / static_cast<int64_t>(sizeof(float));
-    mt[5] = t;
+    if (pos == m[2]) {  // the sequence's first row: its compressor fields, its tokens' snapshots and slots from here
+        const int64_t carry = p.carry[s] + carry_offset;
+        int64_t* mt = o.meta + 6 * static_cast<int64_t>(s);
+        mt[0] = pos;
+        mt[1] = m[3];
+        mt[2] = t;
+        mt[3] = t;
+        const int64_t base = static_cast<int64_t>(reinterpret_cast<uintptr_t>(state_base));
+        mt[4] = (carry - base) / static_cast<int64_t>(sizeof(float));
+        mt[5] = t;
+    }
+    const int64_t step = p.row_step ? p.row_step[t] : 0;
+    o.step[t] = step ? reinterpret_cast<float*>(static_cast<uintptr_t>(step + carry_offset)) : nullptr;
     float* snap = nullptr;
     if ((pos + 1) % p.page_tokens == 0) {
-        const int64_t* m = p.seq + kSeqFields * static_cast<int64_t>(s);
         uint8_t* pool = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(seq_table_base(m, kHistoryPages)));
         const int64_t page = p.pages[(m[1] + pos / p.page_tokens) * kPageTables + kHistoryPages];
         snap = reinterpret_cast<float*>(pool + page * p.page_bytes[kHistoryPages] + snapshot_offset + carry_offset);

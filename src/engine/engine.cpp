@@ -21,13 +21,14 @@ struct StepTrace {
     bool on = false;
     int64_t steps = 0;
     double build = 0, forward = 0, wait = 0, deliver = 0, total = 0;
-    void add(double b, std::pair<double, double> run, double d, double t) {
+    void add(double b, std::pair<double, double> run, double d, double t, const std::optional<SpecSchedule>& spec) {
         if (!on) return;
         build += b, forward += run.first, wait += run.second, deliver += d, total += t;
         if (++steps < 500) return;
         const double n = static_cast<double>(steps);
         spdlog::info("engine trace: {} steps, ms/step: build {:.3f}, forward enqueue {:.3f}, wait for tokens {:.3f}, "
-                     "deliver {:.3f}, all {:.3f}", steps, build / n, forward / n, wait / n, deliver / n, total / n);
+                     "deliver {:.3f}, all {:.3f}{}", steps, build / n, forward / n, wait / n, deliver / n, total / n,
+                     spec ? "; " + spec->corrections() : "");
         *this = StepTrace{true};
     }
 };
@@ -121,7 +122,9 @@ struct Engine::Impl {
         output.process(std::move(out));
         // Every request ended: nothing to overlap with.
         if (overlap && scheduler.running().empty()) output.process(runner.drain());
-        trace.add(build, runner.take_times(), ms_since(td), ms_since(t0));
+        const double total = ms_since(t0);
+        runner.note_step_seconds(total / 1e3);
+        trace.add(build, runner.take_times(), ms_since(td), total, runner.spec_schedule());
     }
 
     // At shutdown or after a failed step (`why`): every started sample is dropped and no request waits for a token

@@ -63,6 +63,11 @@ std::pair<double, double> ModelRunner::take_times() {
     return t;
 }
 
+void ModelRunner::note_step_seconds(double seconds) {
+    if (schedule_ && step_decoding_ > 0) schedule_->observe(step_decoding_, step_drafts_, drafted_, seconds);
+    step_decoding_ = 0;
+}
+
 void ModelRunner::idle_step() {
     if (model_.expert_parallel()) model_.idle_step();
 }
@@ -124,7 +129,9 @@ void ModelRunner::draft(const std::list<RequestPtr>& running) {
         rate[i] = i < drafted_at_.size() ? (accepted_at_[i] + 1) / (drafted_at_[i] + 2) : 0.5;
         if (i > 0) rate[i] = std::min(rate[i], rate[i - 1]);
     }
+    drafted_ = false;
     if (wanted.empty() || (schedule_ && !schedule_->worth_drafting(rate, decoding))) return;
+    drafted_ = true;
     std::vector<std::vector<double>> accept(wanted.size());  // predicted acceptance of each request's drafts
     if (drafter_) {
         for (size_t n = 0; n < wanted.size(); ++n) {
@@ -259,6 +266,15 @@ StepOutput ModelRunner::run(const ScheduledBatch& sb, bool overlap) {
     std::vector<RequestPtr> fed, sampled;
     std::vector<const ScheduledBatch::Entry*> sampled_entry;
     std::vector<int64_t> first_row;  // sampled[i]'s first logits row (a verify step has one per draft besides)
+    step_decoding_ = 0, step_drafts_ = 0;
+    bool decoding_only = true;
+    for (const auto& e : sb.entries) {
+        decoding_only = decoding_only && e.sampled && e.n_tokens == 1 + e.drafts;
+        ++step_decoding_, step_drafts_ += e.drafts;
+    }
+    // A step also waits for the one before (for its ids, or the GPU's queue): after a prefill it is no measure.
+    if (!decoding_only || !last_decoding_only_) step_decoding_ = 0;
+    last_decoding_only_ = decoding_only;
     for (const auto& e : sb.entries) {
         Request& r = *e.request;
         const int64_t known = static_cast<int64_t>(r.seq.size());

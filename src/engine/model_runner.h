@@ -60,6 +60,9 @@ public:
 
     // Host milliseconds enqueueing forward steps and waiting for their ids, since the last call (trace).
     std::pair<double, double> take_times();
+    // The engine step that ran the last step took `seconds` (one step's start to the next's): a step of decoding
+    // and verifying sequences only corrects the schedule's predictions (SpecSchedule::observe).
+    void note_step_seconds(double seconds);
 
 private:
     // A step whose samples are on their way (the overlapped schedule): its sampled requests in sample-row order
@@ -103,6 +106,10 @@ private:
     std::optional<SpecSchedule> schedule_;
     // Drafts verified and accepted at each draft position: the prediction for drafters without a confidence.
     std::vector<double> drafted_at_, accepted_at_;
+    // The last step's shape for note_step_seconds: its decoding sequences (0: it or the step before had other rows),
+    // their drafts, and whether drafting ran for it.
+    int step_decoding_ = 0, step_drafts_ = 0;
+    bool drafted_ = false, last_decoding_only_ = false;
     double forward_ms_ = 0, wait_ms_ = 0;
 };
 

@@ -13,7 +13,11 @@ namespace peregrine {
 
 SpecSchedule::SpecSchedule(std::vector<int> batches, std::vector<std::vector<double>> seconds,
                            std::vector<double> draft_seconds)
-    : batches_(std::move(batches)), seconds_(std::move(seconds)), draft_seconds_(std::move(draft_seconds)) {
+    : batches_(std::move(batches)),
+      seconds_(std::move(seconds)),
+      draft_seconds_(std::move(draft_seconds)),
+      plain_(batches_.size(), 1.0),
+      speculative_(batches_.size(), 1.0) {
     PEREGRINE_CHECK(draft_seconds_.empty() || draft_seconds_.size() == batches_.size(),
                     "drafting times: one per batch size");
     PEREGRINE_CHECK(!batches_.empty() && batches_.size() == seconds_.size() && std::is_sorted(batches_.begin(),
@@ -42,11 +46,14 @@ SpecSchedule SpecSchedule::profile(Model& m, int max_batch, int max_drafts, int 
     }
     first.mode = BatchMode::prefill;
     m.forward(first, {});
+    // Untimed runs first: a step shape runs eagerly once and is captured as CUDA graphs the second time (the
+    // backend's graph runner); served steps replay them.
+    constexpr int kWarmup = 2;
     std::vector<std::vector<double>> seconds(batches.size(), std::vector<double>(max_drafts + 1, 0.0));
     for (size_t b = 0; b < batches.size(); ++b)
         for (int k = 0; k <= max_drafts; ++k) {
             double best = INFINITY;
-            for (int rep = 0; rep < reps; ++rep) {
+            for (int rep = 0; rep < kWarmup + reps; ++rep) {
                 ForwardBatch d;
                 std::vector<int> rows;
                 for (int i = 0; i < batches[b]; ++i) {
@@ -62,7 +69,8 @@ SpecSchedule SpecSchedule::profile(Model& m, int max_batch, int max_drafts, int 
                 d.mode = k == 0 ? BatchMode::decode : BatchMode::prefill;
                 const auto t0 = std::chrono::steady_clock::now();
                 m.forward(d, rows);  // logits on the host: the step is over
-                best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+                if (rep >= kWarmup)
+                    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
                 for (int i = 0; i < batches[b]; ++i) pool.cut(seqs[static_cast<size_t>(i)], context);
             }
             seconds[b][static_cast<size_t>(k)] = best;
@@ -82,10 +90,11 @@ SpecSchedule SpecSchedule::profile(Model& m, int max_batch, int max_drafts, int 
         std::vector<const SeqState*> some;
         for (int i = 0; i < batches[b]; ++i) some.push_back(&seqs[static_cast<size_t>(i)]);
         double best = INFINITY;
-        for (int rep = 0; rep < reps; ++rep) {
+        for (int rep = 0; rep < kWarmup + reps; ++rep) {
             const auto t0 = std::chrono::steady_clock::now();
             (void)m.draft(some, std::vector<int32_t>(some.size(), 3), greedy, max_drafts);
-            best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            if (rep >= kWarmup)
+                best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
         draft.push_back(best);
     }
@@ -93,16 +102,55 @@ SpecSchedule SpecSchedule::profile(Model& m, int max_batch, int max_drafts, int 
     return SpecSchedule(std::move(batches), std::move(seconds), std::move(draft));
 }
 
-double SpecSchedule::by_batch(int batch, const std::function<double(size_t)>& f) const {
-    if (batch >= batches_.back()) return f(batches_.size() - 1) * batch / batches_.back();
-    if (batch <= batches_.front()) return f(0);
+SpecSchedule::Between SpecSchedule::between(int batch) const {
+    const size_t last = batches_.size() - 1;
+    if (batch <= batches_.front()) return {0, 0, 0.0};
+    if (batch >= batches_.back()) return {last, last, 0.0};
     size_t hi = 1;
     while (batches_[hi] < batch) ++hi;
-    const double w = static_cast<double>(batch - batches_[hi - 1]) / (batches_[hi] - batches_[hi - 1]);
-    return f(hi - 1) * (1 - w) + f(hi) * w;
+    return {hi - 1, hi, static_cast<double>(batch - batches_[hi - 1]) / (batches_[hi] - batches_[hi - 1])};
+}
+
+double SpecSchedule::by_batch(int batch, const std::function<double(size_t)>& f) const {
+    const Between b = between(batch);
+    const double v = f(b.lo) * (1 - b.w) + f(b.hi) * b.w;
+    return batch > batches_.back() ? v * batch / batches_.back() : v;
+}
+
+double SpecSchedule::served_ratio(int batch, bool speculative) const {
+    const std::vector<double>& r = speculative ? speculative_ : plain_;
+    const Between b = between(batch);
+    return r[b.lo] * (1 - b.w) + r[b.hi] * b.w;
 }
 
 double SpecSchedule::step_seconds(int batch, int drafts) const {
+    return profiled_step(batch, drafts) * served_ratio(batch, drafts > 0);
+}
+
+double SpecSchedule::draft_seconds(int batch) const { return profiled_draft(batch) * served_ratio(batch, true); }
+
+void SpecSchedule::observe(int batch, int drafts, bool drafted, double seconds) {
+    if (batch <= 0 || seconds <= 0) return;
+    const bool spec = drafts > 0 || drafted;
+    const double profiled = profiled_step(batch, drafts) + (drafted ? profiled_draft(batch) : 0.0);
+    // One step may hold an admission or a stall: each moves the running ratio a twentieth of the way to its own,
+    // clamped to 0.25-4.
+    const double ratio = std::clamp(seconds / profiled, 0.25, 4.0);
+    constexpr double kRate = 0.05;
+    std::vector<double>& served = spec ? speculative_ : plain_;
+    const Between b = between(batch);  // the rows the prediction at `batch` comes from, each by its weight
+    served[b.lo] += kRate * (1 - b.w) * (ratio - served[b.lo]);
+    if (b.hi != b.lo) served[b.hi] += kRate * b.w * (ratio - served[b.hi]);
+}
+
+std::string SpecSchedule::corrections() const {
+    std::string s = "served / profiled seconds by batch (without drafts, with):";
+    for (size_t b = 0; b < batches_.size(); ++b) s += fmt::format(" {}: {:.2f} {:.2f}", batches_[b], plain_[b],
+                                                                  speculative_[b]);
+    return s;
+}
+
+double SpecSchedule::profiled_step(int batch, int drafts) const {
     // Linear in drafts per sequence between the table's columns, in the batch size between its rows (beyond the
     // largest: in proportion to it).
     const double per_seq = std::min<double>(static_cast<double>(drafts) / std::max(1, batch), max_drafts());
@@ -115,7 +163,7 @@ double SpecSchedule::step_seconds(int batch, int drafts) const {
     });
 }
 
-double SpecSchedule::draft_seconds(int batch) const {
+double SpecSchedule::profiled_draft(int batch) const {
     if (draft_seconds_.empty()) return 0.0;
     return by_batch(batch, [&](size_t b) { return draft_seconds_[b]; });
 }

@@ -234,3 +234,26 @@ TEST(SpecSchedule, KeepsTheDraftsThatRaiseTokensPerSecond) {
     EXPECT_FALSE(costly.worth_drafting({0.9, 0.8}, 64));
     EXPECT_FALSE(costly.worth_drafting({0.1, 0.05}, 1)) << "1.15 tokens in 1.3 s lose to 1 in 1 s";
 }
+
+// Served steps correct the profile, which times the forward alone: verify steps with their drafting that take three
+// times as long as profiled (sampling, acceptance, the host's share) turn drafting off where it paid on paper; steps
+// without drafts keep their own ratio, and one outlier moves a ratio only a little.
+TEST(SpecSchedule, ServedStepsCorrectThePredictions) {
+    SpecSchedule s({1, 64}, {{1.0, 1.05, 1.1}, {1.0, 1.25, 1.5}}, {0.2, 0.4});
+    EXPECT_TRUE(s.worth_drafting({0.9, 0.8}, 1));  // 1.9 tokens in 1.25 s beat 1 in 1 s
+    for (int i = 0; i < 300; ++i) {
+        s.observe(1, 2, true, 3 * (1.1 + 0.2));
+        s.observe(1, 0, false, 1.0);
+    }
+    EXPECT_NEAR(s.step_seconds(1, 2), 3.3, 1e-3);
+    EXPECT_NEAR(s.draft_seconds(1), 0.6, 1e-3);
+    EXPECT_NEAR(s.step_seconds(1, 0), 1.0, 1e-9);
+    EXPECT_FALSE(s.worth_drafting({0.9, 0.8}, 1)) << "2.7 tokens in 3.9 s lose to 1 in 1 s";
+    // The other row keeps its profile; between the rows the ratio is interpolated.
+    EXPECT_DOUBLE_EQ(s.step_seconds(64, 64), 1.25);
+    EXPECT_GT(s.step_seconds(32, 32), 1.0 * 1.05 + 1e-3);
+    EXPECT_LT(s.step_seconds(32, 32), 3.0 * 1.25);
+    s.observe(64, 0, false, 1000.0);  // a stalled step: its ratio counts as 4, a twentieth of the way
+    EXPECT_NEAR(s.step_seconds(64, 0), 1.15, 1e-9);
+    EXPECT_NE(s.corrections().find("64: 1.15 1.00"), std::string::npos) << s.corrections();
+}

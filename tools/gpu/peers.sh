@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The peers beside our kernels on the GPU machine, in one run (bench/peers; built by bench/peers/build.sh and
+# carried): SGLang's DeepGEMM block-32 dense FP8 GEMM and cuBLAS's bf16 GEMM at V4.1-Flash's dense shapes, M=16384,
+# L2 flushed before each timing; then our shipped prefill linears at the same shapes (test_cuda_gemm's throughput
+# lines: the activations' bf16 image and cuBLAS on the cached weight image, no flush).
+#
+#   tools/gpu/peers.sh BIN_DIR PEERS_DIR OUT_DIR
+set -uo pipefail
+here=$(cd "$(dirname "$0")/../.." && pwd)
+bin=$1 peers=$2 out=$3
+mkdir -p "$out"
+[[ -d $bin/lib ]] && export LD_LIBRARY_PATH=$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PEREGRINE_TEST_DATA_DIR=$here/tests/fixtures
+echo "== sgl-deep-gemm sm90_fp8_gemm_1d2d (block 32) and cuBLAS bf16"
+"$peers/deepgemm_dense" --json "$out/peers_dense.json" | tee "$out/peers_dense.txt"
+echo "== ours: the prefill linears as shipped"
+"$bin/test_cuda_gemm" --gtest_filter='CudaGemm.FastPathThroughputAtPrefillSize' --gtest_color=no 2>&1 |
+  grep "PARITY gemm" | grep -v experts | tee "$out/ours_dense.txt"

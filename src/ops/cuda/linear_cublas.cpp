@@ -27,6 +27,7 @@ namespace {
 
 constexpr size_t kWeightScratch = size_t(1) << 30;  // dequantised weights of one chunk (N rows or experts)
 constexpr size_t kRowScratch = size_t(1) << 30;     // routed: gathered activations + fp32 outputs of one chunk
+constexpr size_t kOutScratch = size_t(64) << 20;    // dense: the bf16 outputs of one chunk of rows
 constexpr size_t kWorkspace = size_t(32) << 20;     // cuBLAS workspace (Hopper recommendation)
 
 void check(cublasStatus_t s, const char* what) {
@@ -70,13 +71,14 @@ Context& context() {
 
 cudaDataType_t elem_type(bool f32) { return f32 ? CUDA_R_32F : CUDA_R_16BF; }
 
-// C (fp32, column-major N x rows, ld ldc) = W^T X, i.e. row-major y[rows, n_out] = x[rows, K] W[n_out, K]^T.
-void gemm(cublasHandle_t h, bool f32, int64_t n_out, int64_t rows, int K, const void* W, const void* X, float* C,
-          int64_t ldc) {
+// C (column-major N x rows, ld ldc: fp32, or with bf16_out the fp32 sums rounded to bf16) = W^T X, i.e. row-major
+// y[rows, n_out] = x[rows, K] W[n_out, K]^T.
+void gemm(cublasHandle_t h, bool f32, int64_t n_out, int64_t rows, int K, const void* W, const void* X, void* C,
+          int64_t ldc, bool bf16_out = false) {
     const float one = 1.0f, zero = 0.0f;
     check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n_out), static_cast<int>(rows), K, &one, W,
-                       elem_type(f32), K, X, elem_type(f32), K, &zero, C, CUDA_R_32F, static_cast<int>(ldc),
-                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                       elem_type(f32), K, X, elem_type(f32), K, &zero, C, bf16_out ? CUDA_R_16BF : CUDA_R_32F,
+                       static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
           "gemm");
 }
 
@@ -98,9 +100,23 @@ void dense(Context& c, const float* x, const float* xs, int64_t M, const LinearD
         else cublas_prep::gather_activations(x, w.kind >= 2 ? xs : nullptr, w.act_block, M, K, nullptr, 0, true, ab);
         a = ab;
     }
+    // Output columns [n0, n0 + nc) from weight rows W. F32 linears write fp32; the others round to bf16 as the
+    // reference does, which cuBLAS does as it stores (into a bounded scratch, a chunk of rows at a time, widened
+    // into y): a third of the output traffic of fp32 sums rounded in place.
+    auto columns = [&](const void* W, int64_t n0, int64_t nc) {
+        if (f32) return gemm(h, true, nc, M, K, W, a, y + n0, N);
+        const int64_t rows = std::clamp<int64_t>(static_cast<int64_t>(kOutScratch / (static_cast<size_t>(nc) * 2)), 1,
+                                                 M);
+        auto* ob = reinterpret_cast<uint16_t*>(c.outs.reserve(static_cast<size_t>(rows) * nc * 2));
+        for (int64_t r0 = 0; r0 < M; r0 += rows) {
+            const int64_t rc = std::min(rows, M - r0);
+            gemm(h, false, nc, rc, K, W, static_cast<const char*>(a) + r0 * K * elt, ob, nc, true);
+            cublas_prep::widen_bf16(ob, rc, nc, nc, y + r0 * N + n0, N);
+        }
+    };
     const bool stored = w.kind == 1 || (w.kind == 0 && !w.w_bf16);  // usable as the GEMM operand directly
     if (stored) {
-        gemm(h, f32, N, M, K, w.w, a, y, N);
+        columns(w.w, 0, N);
     } else {
         int64_t chunk = static_cast<int64_t>(kWeightScratch / (static_cast<size_t>(K) * elt));
         if (chunk >= 64) chunk -= chunk % 64;  // keeps y + n0 16-byte aligned for cuBLAS's fastest kernels
@@ -109,10 +125,9 @@ void dense(Context& c, const float* x, const float* xs, int64_t M, const LinearD
         for (int64_t n0 = 0; n0 < N; n0 += chunk) {
             const int64_t nc = std::min<int64_t>(chunk, N - n0);
             cublas_prep::dequantise_weights(w, w.w, w.scale, nullptr, nullptr, nullptr, 1, n0, nc, !f32, wb);
-            gemm(h, f32, nc, M, K, wb, a, y + n0, N);
+            columns(wb, n0, nc);
         }
     }
-    if (!f32) scale_round_bf16(y, M * N, 1.0f);
 }
 
 // Rows of one expert in the sorted order, and the chunks (consecutive experts and their contiguous rows)

@@ -159,6 +159,27 @@ __global__ void scatter_rows_bf16_kernel(const uint16_t* ys, int64_t rows, int N
     y[static_cast<int64_t>(row_map[row0 + r]) * N + c] = bf16_bits_to_f32(ys[i]);
 }
 
+// 8 columns a thread where rows, strides and pointers allow 16-byte accesses (vec), else one.
+template <bool vec>
+__global__ void widen_bf16_kernel(const uint16_t* ys, int64_t rows, int64_t cols, int64_t ldys, float* y,
+                                  int64_t ldy) {
+    constexpr int kPer = vec ? 8 : 1;
+    const int64_t per_row = cols / kPer, i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (i >= rows * per_row) return;
+    const int64_t r = i / per_row, c = (i % per_row) * kPer;
+    if constexpr (vec) {
+        const uint4 u = *reinterpret_cast<const uint4*>(ys + r * ldys + c);
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(&u);
+        float4* out = reinterpret_cast<float4*>(y + r * ldy + c);
+        out[0] = make_float4(bf16_bits_to_f32(h[0]), bf16_bits_to_f32(h[1]), bf16_bits_to_f32(h[2]),
+                             bf16_bits_to_f32(h[3]));
+        out[1] = make_float4(bf16_bits_to_f32(h[4]), bf16_bits_to_f32(h[5]), bf16_bits_to_f32(h[6]),
+                             bf16_bits_to_f32(h[7]));
+    } else {
+        y[r * ldy + c] = bf16_bits_to_f32(ys[r * ldys + c]);
+    }
+}
+
 }  // namespace
 
 void gather_activations(const float* x, const float* xs, int ab, int64_t rows, int K, const int32_t* row_map,
@@ -193,6 +214,16 @@ void scatter_rows(const float* ys, int64_t rows, int N, const int32_t* row_map, 
     const int64_t n = rows * N;
     if (n == 0) return;
     scatter_rows_kernel<<<blocks_for(n), kThreads>>>(ys, rows, N, row_map, row0, round, y);
+    PG_LAUNCHED();
+}
+
+void widen_bf16(const uint16_t* ys, int64_t rows, int64_t cols, int64_t ldys, float* y, int64_t ldy) {
+    if (rows * cols == 0) return;
+    const bool vec = cols % 8 == 0 && ldys % 8 == 0 && ldy % 4 == 0 && (reinterpret_cast<uintptr_t>(ys) & 15) == 0 &&
+                     (reinterpret_cast<uintptr_t>(y) & 15) == 0;
+    const int64_t n = rows * (vec ? cols / 8 : cols);
+    if (vec) widen_bf16_kernel<true><<<blocks_for(n), kThreads>>>(ys, rows, cols, ldys, y, ldy);
+    else widen_bf16_kernel<false><<<blocks_for(n), kThreads>>>(ys, rows, cols, ldys, y, ldy);
     PG_LAUNCHED();
 }
 

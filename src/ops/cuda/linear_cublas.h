@@ -21,5 +21,7 @@ void dequantise_weights(const LinearDev& w, const void* base, const uint8_t* sca
 void scatter_rows(const float* ys, int64_t rows, int N, const int32_t* row_map, int64_t row0, bool round, float* y);
 // y[row_map[row0 + r], :] = ys[r, :] for bf16 ys [rows, N].
 void scatter_rows_bf16(const uint16_t* ys, int64_t rows, int N, const int32_t* row_map, int64_t row0, float* y);
+// y[r, c] (row stride ldy) = ys[r, c] (bf16, row stride ldys) for r < rows, c < cols.
+void widen_bf16(const uint16_t* ys, int64_t rows, int64_t cols, int64_t ldys, float* y, int64_t ldy);
 
 }  // namespace peregrine::cuda::cublas_prep

@@ -1,5 +1,6 @@
 #include "ops/attention_plan.h"
 #include "ops/draft_window.h"
+#include "ops/window_order.h"
 
 #include <algorithm>
 #include <cmath>
@@ -33,24 +34,13 @@ DraftRows draft_rows(const std::vector<int64_t>& pos, int B, bool chain) {
 }
 
 std::vector<int64_t> window_list(const BatchSeq& s, int64_t pos, int W, bool ring_before_full) {
-    std::vector<int64_t> list;
-    auto add = [&](int64_t p) { list.push_back(p >= s.window_floor ? p : -1); };
-    const bool as_decode = keys_as_decode(s);
-    if (is_prefill(s) && (!as_decode || pos == 0)) {  // as decoding: position 0 is a one-token prefill
-        int64_t len = as_decode ? 1 : std::min<int64_t>(s.n_tokens, W), base = std::max<int64_t>(0, pos - W + 1);
-        for (int64_t j = 0; j < len; ++j) add(base + j <= pos ? base + j : -1);
-        return list;
-    }
-    if (as_decode && (ring_before_full || pos >= W - 1)) {  // the ring, oldest slot first
-        int64_t oldest = pos % W + 1;
-        for (int64_t j = 0; j < W; ++j) {
-            int64_t slot = (oldest + j) % W;
-            add(slot <= pos ? pos - ((pos - slot) % W) : -1);
-        }
-        return list;
-    }
-    for (int64_t p = std::max<int64_t>(0, pos - W + 1); p <= pos; ++p) add(p);
-    while (static_cast<int>(list.size()) < W) list.push_back(-1);
+    int n = 0;  // the list's length, set by every call
+    auto at = [&](int j) {
+        return window_position(s.start_pos, s.n_tokens, keys_as_decode(s), s.window_floor, pos, W, ring_before_full, j,
+                               &n);
+    };
+    std::vector<int64_t> list{at(0)};
+    for (int j = 1; j < n; ++j) list.push_back(at(j));
     return list;
 }
 

@@ -1,9 +1,11 @@
 // The address arithmetic the device uses to list state entries (ops/cuda/paged_address.h) against the host's
-// StateLayout::entry and window_list, on the CPU: every section of a synthetic V4.1-Flash layout at several
-// page sizes (compression ratios below, equal to and above the page size) and every window case.
+// StateLayout::entry, on the CPU: every section of a synthetic V4.1-Flash layout at several page sizes (compression
+// ratios below, equal to and above the page size); the window lists (ops/window_order.h, shared by host and device)
+// and the drafters' window keys (ops/draft_window.h) against their definitions.
 #include "model/model.h"
 #include "ops/attention_plan.h"
 #include "ops/cuda/paged_address.h"
+#include "ops/window_order.h"
 #include "kv/sequence_state.h"
 #include "kv/state_layout.h"
 
@@ -52,7 +54,12 @@ TEST(PagedAddress, EntryOffsetsMatchStateLayout) {
     EXPECT_GT(checked, 100000);
 }
 
-TEST(PagedAddress, WindowPositionsMatchWindowList) {
+// window_list (window_position's entries, which the device's tables list too) against its definition: the
+// query's window, positions max(0, pos - W + 1) .. pos, listed oldest first by a one-shot prefill (its length the
+// step's rows, at most W) and by chunked prefill (padded to W); by slot from the oldest (slot (pos + 1 + j) % W holds
+// the window's position of that residue, if any) by a row listing its keys as decoding does, once the window has
+// filled (or with ring_before_full); positions below the window floor are absent (-1).
+TEST(PagedAddress, WindowListsFollowTheirDefinition) {
     int64_t checked = 0, floored = 0;
     for (int W : {1, 4, 128})
         for (bool ring_before_full : {true, false})
@@ -65,27 +72,40 @@ TEST(PagedAddress, WindowPositionsMatchWindowList) {
                         s.window_floor = floor;
                         s.speculative = kind == 1;
                         s.decode_keys = kind == 2;
+                        const bool as_decode = keys_as_decode(s);
                         int64_t lowest = INT64_MAX;
                         for (int i = 0; i < n_tokens; ++i) {
                             const int64_t pos = start + i;
-                            const auto list = window_list(s, pos, W, ring_before_full);
-                            for (int j = 0; j < W; ++j, ++checked) {
-                                int n = -1;
-                                const int64_t got = cuda::window_position(start, n_tokens, keys_as_decode(s), floor,
-                                                                          pos, W, ring_before_full, j, &n);
-                                ASSERT_EQ(n, static_cast<int>(list.size()))
-                                    << start << "+" << n_tokens << " pos " << pos;
-                                if (j < n) {
-                                    ASSERT_EQ(got, list[static_cast<size_t>(j)])
-                                        << start << "+" << n_tokens << " floor " << floor << " pos " << pos
-                                        << " j " << j;
-                                    if (got >= 0) lowest = std::min(lowest, got);
-                                    floored += got < 0 && pos - (W - 1) < floor && floor > 0;
+                            std::vector<int64_t> window, want;
+                            for (int64_t p = std::max<int64_t>(0, pos - W + 1); p <= pos; ++p) window.push_back(p);
+                            if (start == 0 && (!as_decode || pos == 0)) {
+                                want = window;
+                                want.resize(static_cast<size_t>(as_decode ? 1 : std::min(n_tokens, W)), -1);
+                            } else if (as_decode && (ring_before_full || pos >= W - 1)) {
+                                for (int j = 0; j < W; ++j) {
+                                    const int64_t slot = (pos + 1 + j) % W;
+                                    auto it = std::find_if(window.begin(), window.end(),
+                                                           [&](int64_t p) { return p % W == slot; });
+                                    want.push_back(it == window.end() ? -1 : *it);
                                 }
+                            } else {
+                                want = window;
+                                want.resize(static_cast<size_t>(W), -1);
                             }
+                            for (int64_t& p : want)
+                                if (p < floor) {
+                                    floored += p >= 0;
+                                    p = -1;
+                                }
+                            ASSERT_EQ(window_list(s, pos, W, ring_before_full), want)
+                                << start << "+" << n_tokens << " floor " << floor << " pos " << pos << " kind "
+                                << kind;
+                            checked += static_cast<int64_t>(want.size());
+                            for (int64_t p : want)
+                                if (p >= 0) lowest = std::min(lowest, p);
                         }
                         // window_lowest bounds every listed position (device_window_rows decodes from there).
-                        if (lowest != INT64_MAX) ASSERT_GE(lowest, cuda::window_lowest(start, floor, W));
+                        if (lowest != INT64_MAX) ASSERT_GE(lowest, window_lowest(start, floor, W));
                     }
     EXPECT_GT(checked, 100000);
     EXPECT_GT(floored, 1000);  // the floors took positions out of the lists

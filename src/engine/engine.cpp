@@ -66,7 +66,8 @@ struct Engine::Impl {
           scheduler(kv, {o.max_running_requests, o.chunked_prefill_size, o.context_length}, output),
           runner(m, kv, tok, o.overlap_schedule, o.speculative_draft_tokens, o.drafter) {
         if (o.speculative_draft_tokens > 0 && o.speculative_schedule)
-            runner.set_spec_schedule(SpecSchedule::profile(m, o.max_running_requests, o.speculative_draft_tokens));
+            runner.set_spec_schedule(
+                SpecSchedule::profile(m, kv.pool(), o.max_running_requests, o.speculative_draft_tokens));
         output.publish_gauges(kv);
         trace.on = switch_is("PEREGRINE_ENGINE_TRACE", "1");
         thread = std::thread([this] { loop(); });

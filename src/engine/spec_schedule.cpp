@@ -1,5 +1,6 @@
 #include "engine/spec_schedule.h"
 #include "kv/page_pool.h"
+#include "ops/diagnostics.h"
 #include "util/error.h"
 
 #include <fmt/format.h>
@@ -27,14 +28,17 @@ SpecSchedule::SpecSchedule(std::vector<int> batches, std::vector<std::vector<dou
         PEREGRINE_CHECK(row.size() == seconds_.front().size() && !row.empty(), "verify step table: ragged rows");
 }
 
-SpecSchedule SpecSchedule::profile(Model& m, int max_batch, int max_drafts, int reps) {
+SpecSchedule SpecSchedule::profile(Model& m, PagePool& pool, int max_batch, int max_drafts, int reps) {
+    // Each step feeds every sequence its token and drafts after a short, fixed context, then cuts them back. The
+    // sequences take the engine's own pages, free at start-up (no memory beyond the plan's), as many as they hold.
+    const int64_t context = 4, per_seq = m.layout().pages_for(context + max_drafts + 1);
+    const int fit = static_cast<int>(std::min<int64_t>(pool.free_rows() / per_seq, std::max(1, max_batch)));
+    PEREGRINE_CHECK(fit >= 1, "verify step profile: {} free state pages, a sequence needs {}", pool.free_rows(),
+                    per_seq);
     std::vector<int> batches;
-    for (int b = 1; b < max_batch; b *= 4) batches.push_back(b);
-    batches.push_back(std::max(1, max_batch));
+    for (int b = 1; b < fit; b *= 4) batches.push_back(b);
+    batches.push_back(fit);
     const int most = batches.back();
-    // Each step feeds every sequence its token and drafts after a short, fixed context, then cuts them back.
-    const int64_t context = 4;
-    PagePool pool(m.backend().state_memory(), m.layout(), most * m.layout().pages_for(context + max_drafts + 2));
     std::vector<SeqState> seqs(static_cast<size_t>(most));
     ForwardBatch first;
     for (int i = 0; i < most; ++i) {
@@ -46,14 +50,15 @@ SpecSchedule SpecSchedule::profile(Model& m, int max_batch, int max_drafts, int 
     }
     first.mode = BatchMode::prefill;
     m.forward(first, {});
-    // Untimed runs first: a step shape runs eagerly once and is captured as CUDA graphs the second time (the
-    // backend's graph runner); served steps replay them.
-    constexpr int kWarmup = 2;
+    // Where the backend graphs steps, untimed runs first: a step shape runs eagerly once and is captured the second
+    // time; served steps replay the graphs.
+    const Diagnostics* diag = m.backend().diagnostics();
+    const int warmup = diag && diag->graphs() ? 2 : 0;
     std::vector<std::vector<double>> seconds(batches.size(), std::vector<double>(max_drafts + 1, 0.0));
     for (size_t b = 0; b < batches.size(); ++b)
         for (int k = 0; k <= max_drafts; ++k) {
             double best = INFINITY;
-            for (int rep = 0; rep < kWarmup + reps; ++rep) {
+            for (int rep = 0; rep < warmup + reps; ++rep) {
                 ForwardBatch d;
                 std::vector<int> rows;
                 for (int i = 0; i < batches[b]; ++i) {
@@ -69,7 +74,7 @@ SpecSchedule SpecSchedule::profile(Model& m, int max_batch, int max_drafts, int 
                 d.mode = k == 0 ? BatchMode::decode : BatchMode::prefill;
                 const auto t0 = std::chrono::steady_clock::now();
                 m.forward(d, rows);  // logits on the host: the step is over
-                if (rep >= kWarmup)
+                if (rep >= warmup)
                     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
                 for (int i = 0; i < batches[b]; ++i) pool.cut(seqs[static_cast<size_t>(i)], context);
             }
@@ -90,10 +95,10 @@ SpecSchedule SpecSchedule::profile(Model& m, int max_batch, int max_drafts, int 
         std::vector<const SeqState*> some;
         for (int i = 0; i < batches[b]; ++i) some.push_back(&seqs[static_cast<size_t>(i)]);
         double best = INFINITY;
-        for (int rep = 0; rep < kWarmup + reps; ++rep) {
+        for (int rep = 0; rep < warmup + reps; ++rep) {
             const auto t0 = std::chrono::steady_clock::now();
             (void)m.draft(some, std::vector<int32_t>(some.size(), 3), greedy, max_drafts);
-            if (rep >= kWarmup)
+            if (rep >= warmup)
                 best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
         draft.push_back(best);

@@ -5,6 +5,7 @@
 // rise. Where drafts are nearly free
 // (small batches on a GPU) every likely draft goes; where each token costs its share (large batches, or a CPU), only
 // drafts accepted often enough to pay for themselves, down to none.
+#include "kv/page_pool.h"
 #include "model/model.h"
 
 #include <functional>
@@ -19,10 +20,11 @@ public:
     // draft_seconds[b]: drafting for batches[b] sequences (empty: drafts cost nothing).
     SpecSchedule(std::vector<int> batches, std::vector<std::vector<double>> seconds,
                  std::vector<double> draft_seconds = {});
-    // Times forward steps of 1, 4, 16, ... up to max_batch sequences (a few tokens of context each) with 0..max_drafts
-    // drafts per sequence, on scratch state pages, and the model's drafter (DSpark head, MTP layer) drafting for as
-    // many sequences: the best of `reps` each, after two untimed runs (the eager run and the graphs' capture).
-    static SpecSchedule profile(Model& m, int max_batch, int max_drafts, int reps = 2);
+    // Times forward steps of 1, 4, 16, ... up to max_batch sequences (a few tokens of context each, as many as
+    // `pool`'s free pages hold; they are given back) with 0..max_drafts drafts per sequence, and the model's drafter
+    // (DSpark head, MTP layer) drafting for as many sequences: the best of `reps` each, after two untimed runs where
+    // the backend graphs steps (the eager run and the capture).
+    static SpecSchedule profile(Model& m, PagePool& pool, int max_batch, int max_drafts, int reps = 2);
 
     // Predicted seconds of a step of `batch` sequences with `drafts` drafts among them (interpolated, corrected).
     double step_seconds(int batch, int drafts) const;

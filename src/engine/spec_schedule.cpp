@@ -124,8 +124,8 @@ double SpecSchedule::by_batch(int batch, const std::function<double(size_t)>& f)
 
 double SpecSchedule::served_ratio(int batch, bool speculative) const {
     const std::vector<double>& r = speculative ? speculative_ : plain_;
-    const Between b = between(batch);
-    return r[b.lo] * (1 - b.w) + r[b.hi] * b.w;
+    // Beyond the largest batch the last row's ratio holds (not in proportion, as seconds grow).
+    return by_batch(std::min(batch, batches_.back()), [&](size_t b) { return r[b]; });
 }
 
 double SpecSchedule::step_seconds(int batch, int drafts) const {

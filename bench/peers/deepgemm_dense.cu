@@ -182,6 +182,8 @@ double median_ms(F&& f, int reps, void* flush, size_t flush_bytes) {
         t.push_back(ms);
     }
     CHECK_CUDA(cudaGetLastError());
+    CHECK_CUDA(cudaEventDestroy(a));
+    CHECK_CUDA(cudaEventDestroy(b));
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
 }

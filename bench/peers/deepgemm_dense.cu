@@ -14,6 +14,8 @@
 //   deepgemm_dense [--m 16384] [--reps 10] [--json FILE]
 #include <deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh>
 
+#include "peer_common.h"
+
 #include <cublas_v2.h>
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -30,18 +32,10 @@
 
 namespace {
 
-#define CHECK_CUDA(x)                                                                                  \
-    do {                                                                                               \
-        cudaError_t e_ = (x);                                                                          \
-        if (e_ != cudaSuccess) {                                                                       \
-            std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            std::exit(1);                                                                              \
-        }                                                                                              \
-    } while (0)
+using namespace peers;
 
 constexpr uint32_t kBlockK = 128, kGran = 32;
 constexpr uint32_t kTmaThreads = 128;  // one producer warpgroup; a consumer warpgroup per 64 rows of the tile
-constexpr uint32_t kSms = 132;         // H200: the persistent grid (checked at run time)
 
 // A tile configuration: BLOCK_M x BLOCK_N output tiles, the kernel's stages, TMA multicast across a cluster of
 // `multicast` CTAs (of A's tiles or of B's).
@@ -74,60 +68,6 @@ Config config() {
 const Config kConfigs[] = {config<128, 128, 5>(),          config<128, 64, 6>(),
                            config<64, 64, 8>(),            config<64, 128, 6>(),
                            config<64, 128, 6, 2, true>(),  config<64, 128, 6, 2, false>()};
-
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-EncodeTiled encode_tiled() {
-    static EncodeTiled fn = [] {
-        void* p = nullptr;
-        cudaDriverEntryPointQueryResult q{};
-        CHECK_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
-        if (!p || q != cudaDriverEntryPointSuccess) {
-            std::fprintf(stderr, "no cuTensorMapEncodeTiled in the driver\n");
-            std::exit(1);
-        }
-        return reinterpret_cast<EncodeTiled>(p);
-    }();
-    return fn;
-}
-
-// A 2-D row-major tensor [outer, inner] of `elem` bytes, loaded or stored in boxes [box_outer, box_inner].
-CUtensorMap tensor_map(void* base, CUtensorMapDataType type, size_t elem, uint64_t inner, uint64_t outer,
-                       uint32_t box_inner, uint32_t box_outer, CUtensorMapSwizzle swizzle) {
-    CUtensorMap m{};
-    const cuuint64_t dims[2] = {inner, outer};
-    const cuuint64_t strides[1] = {inner * elem};
-    const cuuint32_t box[2] = {box_inner, box_outer};
-    const cuuint32_t step[2] = {1, 1};
-    const CUresult r = encode_tiled()(&m, type, 2, base, dims, strides, box, step, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                      swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) {
-        std::fprintf(stderr, "cuTensorMapEncodeTiled failed (%d)\n", static_cast<int>(r));
-        std::exit(1);
-    }
-    return m;
-}
-
-__global__ void fill_fp8(__nv_fp8_e4m3* p, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-        uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
-        p[i] = __nv_fp8_e4m3((static_cast<float>(h & 0xffff) / 32768.0f - 1.0f) * 224.0f);  // inside e4m3's range
-    }
-}
-
-__global__ void fill_scales(float* p, size_t n, uint32_t seed) {
-    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-        uint32_t h = static_cast<uint32_t>(i) * 2246822519u ^ seed;
-        h ^= h >> 13;
-        p[i] = exp2f(static_cast<float>(h % 8) - 12.0f);  // powers of two, as ue8m0 scales are
-    }
-}
 
 __global__ void bf16_image(const __nv_fp8_e4m3* q, const float* s, size_t rows, uint32_t cols, bool row_scales,
                            uint32_t scale_rows, __nv_bfloat16* out) {
@@ -163,31 +103,6 @@ const Shape kShapes[] = {{"wq_a 5120->1280", 5120, 1280},       {"wq_b 1280->327
                          {"wkv 5120->512", 5120, 512},          {"wo_b 8192->5120", 8192, 5120},
                          {"shared.w1 5120->2304", 5120, 2304},  {"shared.w2 2304->5120", 2304, 5120}};
 
-// Median milliseconds of `reps` runs of f, each after a write of 512 MB (L2 flushed).
-template <typename F>
-double median_ms(F&& f, int reps, void* flush, size_t flush_bytes) {
-    f();  // warm-up (and the first launch's set-up)
-    std::vector<float> t;
-    cudaEvent_t a, b;
-    CHECK_CUDA(cudaEventCreate(&a));
-    CHECK_CUDA(cudaEventCreate(&b));
-    for (int r = 0; r < reps; ++r) {
-        CHECK_CUDA(cudaMemsetAsync(flush, r & 0xff, flush_bytes));
-        CHECK_CUDA(cudaEventRecord(a));
-        f();
-        CHECK_CUDA(cudaEventRecord(b));
-        CHECK_CUDA(cudaEventSynchronize(b));
-        float ms = 0;
-        CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
-        t.push_back(ms);
-    }
-    CHECK_CUDA(cudaGetLastError());
-    CHECK_CUDA(cudaEventDestroy(a));
-    CHECK_CUDA(cudaEventDestroy(b));
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -200,12 +115,7 @@ int main(int argc, char** argv) {
         else if (!std::strcmp(argv[i], "--json")) json = argv[i + 1];
     }
     cudaDeviceProp prop{};
-    CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
-    if (prop.multiProcessorCount != static_cast<int>(kSms) || prop.major != 9) {
-        std::fprintf(stderr, "built for sm_90a with %u SMs; this device is sm_%d%d with %d\n", kSms, prop.major,
-                     prop.minor, prop.multiProcessorCount);
-        return 1;
-    }
+    check_device(prop);
     const size_t flush_bytes = size_t(512) << 20;
     void* flush = nullptr;
     CHECK_CUDA(cudaMalloc(&flush, flush_bytes));

@@ -2,7 +2,8 @@
 # The peers beside our kernels on the GPU machine, in one run (bench/peers; built by bench/peers/build.sh and
 # carried): SGLang's DeepGEMM block-32 dense FP8 GEMM and cuBLAS's bf16 GEMM at V4.1-Flash's dense shapes, M=16384,
 # L2 flushed before each timing; then our shipped prefill linears at the same shapes (test_cuda_gemm's throughput
-# lines: the activations' bf16 image and cuBLAS on the cached weight image, no flush).
+# lines: the activations' bf16 image and cuBLAS on the cached weight image, no flush); DeepInfer's DeepGEMM FP8
+# MQA-logits kernels beside our indexer scorers (both in the harness, decode and prefill, L2 flushed).
 #
 #   tools/gpu/peers.sh BIN_DIR PEERS_DIR OUT_DIR
 set -uo pipefail
@@ -16,3 +17,5 @@ echo "== sgl-deep-gemm sm90_fp8_gemm_1d2d (block 32) and cuBLAS bf16"
 echo "== ours: the prefill linears as shipped"
 "$bin/test_cuda_gemm" --gtest_filter='CudaGemm.FastPathThroughputAtPrefillSize' --gtest_color=no 2>&1 |
   grep "PARITY gemm" | grep -v experts | tee "$out/ours_dense.txt"
+echo "== deepinfer-gemm sm90_fp8_paged_mqa_logits / sm90_fp8_mqa_logits and our indexer scorers"
+"$peers/deepinfer_indexer" --json "$out/peers_indexer.json" | tee "$out/peers_indexer.txt"

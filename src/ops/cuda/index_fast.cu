@@ -275,11 +275,14 @@ __global__ void gather_keys_kernel(const uint8_t* const* keys, int64_t n, EntryF
 // ---------------------------------------------------------------------------------------------------
 // Decode scorer on the tensor cores: a CTA takes one query row (its heads as the mma's M, up to 16 x MT) and walks
 // its keys 64 at a time (4 warps x 16 keys as N), decoding the packed fp4 keys into bf16 shared memory on the
-// integer pipe as it loads them (entry_decode.h; e2m1 x ue8m0 values are bf16 values; so are the fp4-quantised
-// queries). The per-head fold (bf16(dot), relu, x weight, bf16) and the sum over heads in head order are the
-// streaming kernel's; only the dot products' fp32 sums run in another order (within a bf16 step of the streaming
-// kernel's where they are not exact).
+// integer pipe (entry_decode.h; e2m1 x ue8m0 values are bf16 values; so are the fp4-quantised queries). The per-head
+// fold (bf16(dot), relu, x weight, bf16) and the sum over heads in head order are the streaming kernel's; only the
+// dot products' fp32 sums run in another order (within a bf16 step of the streaming kernel's where they are not
+// exact). The loads run ahead of the math: while a chunk of keys is scored, its successor's codes are in flight into
+// registers and the chunk after that has its key addresses read, so the table lookup and the entry load (two
+// dependent trips to memory) overlap the scoring instead of standing before it.
 constexpr int kDecKeys = 64, kDecThreads = 128, kDecMaxHeads = 64;
+constexpr int kDecItems = kDecKeys * 4 / kDecThreads;  // a thread's quarter keys per chunk (16 bytes of codes each)
 
 template <int MT>
 __global__ void __launch_bounds__(kDecThreads) index_decode_mma_kernel(
@@ -287,6 +290,7 @@ __global__ void __launch_bounds__(kDecThreads) index_decode_mma_kernel(
     const int64_t* visible, const int64_t* keybase, const uint8_t* const* keys, int64_t stride, float* scores) {
     pdl_enter();
     constexpr int NH = 16 * MT, VS = kDecKeys + 1;
+    constexpr bool kQRegs = MT <= 2;  // 64 registers of fragments at 32 heads; 128 at 64 would spill
     __shared__ __align__(16) __nv_bfloat16 Qs[NH * kRowE];
     // The keys [kDecKeys][kRowE] (bf16), then, once every warp has read them, the folded values [NH][VS] (fp32).
     __shared__ __align__(16) float KV[kDecKeys * kRowE / 2];
@@ -295,9 +299,35 @@ __global__ void __launch_bounds__(kDecThreads) index_decode_mma_kernel(
     __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(KV);
     float* Vs = KV;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+    const int64_t first = static_cast<int64_t>(blockIdx.x) * kDecKeys;
+    const int64_t step = static_cast<int64_t>(gridDim.x) * kDecKeys;
     for (int ri = blockIdx.y; ri < n_rows; ri += gridDim.y) {
         const int64_t t = row_list ? row_list[ri] : ri;
         const int64_t lim = min(width[t], visible[t]);
+        const uint8_t* const* row_keys = keys + keybase[t];
+        // This CTA's chunks start at first + c * step; those below lim (a prefix of them) have keys to score.
+        const int64_t n_vis = first < lim ? (lim - first + step - 1) / step : 0;
+        // Item u of a chunk: key (tid + kDecThreads * u) / 4, its quarter (16 bytes of codes, scale byte q).
+        auto key_of = [&](int64_t c, int u) { return first + c * step + ((tid + kDecThreads * u) >> 2); };
+        const int q = tid & 3;  // the same quarter for every item: kDecThreads is a multiple of 4
+        const uint8_t* ptr[kDecItems];
+        uint4 code[kDecItems];
+        uint32_t scale[kDecItems];
+        auto read_ptrs = [&](int64_t c, const uint8_t* (&p)[kDecItems]) {
+#pragma unroll
+            for (int u = 0; u < kDecItems; ++u)
+                p[u] = c < n_vis && key_of(c, u) < lim ? row_keys[key_of(c, u)] : nullptr;
+        };
+        auto read_codes = [&](const uint8_t* const (&p)[kDecItems], uint4 (&v)[kDecItems], uint32_t (&sc)[kDecItems]) {
+#pragma unroll
+            for (int u = 0; u < kDecItems; ++u) {
+                v[u] = p[u] ? __ldg(reinterpret_cast<const uint4*>(p[u]) + q) : make_uint4(0, 0, 0, 0);
+                sc[u] = p[u] ? __ldg(p[u] + 64 + q) : 0u;
+            }
+        };
+        read_ptrs(0, ptr);
+        read_codes(ptr, code, scale);
+        read_ptrs(1, ptr);
         __syncthreads();  // the previous row is done with Qs and Ws
         for (int i = tid; i < NH * (kHD / 2); i += blockDim.x) {
             const int h = i / (kHD / 2), c = 2 * (i % (kHD / 2));
@@ -306,36 +336,45 @@ __global__ void __launch_bounds__(kDecThreads) index_decode_mma_kernel(
             *reinterpret_cast<__nv_bfloat162*>(Qs + h * kRowE + c) = __floats2bfloat162_rn(v.x, v.y);
         }
         for (int i = tid; i < NH; i += blockDim.x) Ws[i] = i < nh ? wts[t * nh + i] : 0.0f;
-        __syncthreads();
-        for (int64_t j0 = static_cast<int64_t>(blockIdx.x) * kDecKeys; j0 < stride;
-             j0 += static_cast<int64_t>(gridDim.x) * kDecKeys) {
-            if (j0 >= lim) {  // nothing visible (uniform)
-                for (int i = tid; i < kDecKeys; i += blockDim.x)
-                    if (j0 + i < stride) scores[t * stride + j0 + i] = -INFINITY;
-                continue;
-            }
-            // A key is four blocks of 32 values (16 bytes of codes, one ue8m0 scale at byte 64 + block).
-            for (int i = tid; i < kDecKeys * 4; i += blockDim.x) {
-                const int r = i >> 2, q = i & 3;
-                const int64_t j = j0 + r;
-                __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(Ks + r * kRowE + 32 * q);
-                if (j < lim) {  // codes placed into bf16 bits and scaled exactly (entry_decode.h)
-                    const uint8_t* p = keys[keybase[t] + j];
-                    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + q);
-                    const ScaleFactors f = e2m1_ue8m0_factors(__ldg(p + 64 + q));
-                    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-                    uint32_t* d32 = reinterpret_cast<uint32_t*>(dst);
+        // The queries' mma fragments, the same for every chunk: held in registers where they fit.
+        uint32_t qa[kQRegs ? MT : 1][kHD / 16][4];
+        if constexpr (kQRegs) {
+            __syncthreads();
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int k = 0; k < kHD / 16; ++k) frag_a(Qs + (mt * 16 + g) * kRowE + 16 * k + 2 * tq, qa[mt][k]);
+        }
+        for (int64_t c = 0; c < n_vis; ++c) {
+            const int64_t j0 = first + c * step;
+            // Chunk c + 1's codes and chunk c + 2's addresses go out before chunk c is scored.
+            uint4 next_code[kDecItems];
+            uint32_t next_scale[kDecItems];
+            read_codes(ptr, next_code, next_scale);
+            read_ptrs(c + 2, ptr);
+            // Codes placed into bf16 bits and scaled exactly (entry_decode.h); zeros past the visible keys.
+#pragma unroll
+            for (int u = 0; u < kDecItems; ++u) {
+                const int r = (tid + kDecThreads * u) >> 2;
+                uint4* d = reinterpret_cast<uint4*>(Ks + r * kRowE + 32 * q);
+                // 16-byte stores; quarters 2 and 3 (128 bytes on, the same banks as 0 and 1) start one store later.
+                const int rot = q >> 1;
+                if (key_of(c, u) < lim) {
+                    const ScaleFactors f = e2m1_ue8m0_factors(static_cast<uint8_t>(scale[u]));
+                    const uint32_t w[4] = {code[u].x, code[u].y, code[u].z, code[u].w};
 #pragma unroll
                     for (int k = 0; k < 4; ++k) {
                         uint32_t pr[4];
-                        e2m1x8_to_bf16(w[k], pr);
-#pragma unroll
-                        for (int n = 0; n < 4; ++n) d32[4 * k + n] = apply(f, pr[n]);
+                        e2m1x8_to_bf16(rot ? w[(k + 1) & 3] : w[k], pr);
+                        d[(k + rot) & 3] =
+                            make_uint4(apply(f, pr[0]), apply(f, pr[1]), apply(f, pr[2]), apply(f, pr[3]));
                     }
                 } else {
 #pragma unroll
-                    for (int k = 0; k < 16; ++k) dst[k] = __floats2bfloat162_rn(0.0f, 0.0f);
+                    for (int k = 0; k < 4; ++k) d[k] = make_uint4(0u, 0u, 0u, 0u);
                 }
+                code[u] = next_code[u];
+                scale[u] = next_scale[u];
             }
             __syncthreads();
             float dot[MT][2][4];
@@ -353,7 +392,12 @@ __global__ void __launch_bounds__(kDecThreads) index_decode_mma_kernel(
 #pragma unroll
                 for (int mt = 0; mt < MT; ++mt) {
                     uint32_t a[4];
-                    frag_a(Qs + (mt * 16 + g) * kRowE + k0 + 2 * tq, a);
+                    if constexpr (kQRegs) {
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) a[i] = qa[mt][k0 / 16][i];
+                    } else {
+                        frag_a(Qs + (mt * 16 + g) * kRowE + k0 + 2 * tq, a);
+                    }
 #pragma unroll
                     for (int nt = 0; nt < 2; ++nt) mma_bf16(dot[mt][nt], a, b[nt][0], b[nt][1]);
                 }
@@ -378,6 +422,9 @@ __global__ void __launch_bounds__(kDecThreads) index_decode_mma_kernel(
             }
             __syncthreads();  // the folded values are read before the next keys overwrite them
         }
+        for (int64_t j0 = first + n_vis * step; j0 < stride; j0 += step)  // nothing visible
+            for (int i = tid; i < kDecKeys; i += blockDim.x)
+                if (j0 + i < stride) scores[t * stride + j0 + i] = -INFINITY;
     }
 }
 
@@ -709,6 +756,17 @@ bool index_scores_stream_supported(int nh, int hd) {
 }
 
 namespace {
+// The decode scorer's CTAs resident on the device at once.
+template <int MT>
+int decode_resident() {
+    static const int n = [] {
+        int per_sm = 0;
+        PG_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, index_decode_mma_kernel<MT>, kDecThreads, 0));
+        return std::max(per_sm, 1) * sm_count();
+    }();
+    return n;
+}
+
 int& index_decode_choice() {  // PEREGRINE_INDEX_DECODE=stream: the CUDA-core kernel for every decode row (A/B)
     static int on = switch_is("PEREGRINE_INDEX_DECODE", "stream") ? 0 : 1;
     return on;
@@ -725,19 +783,19 @@ void index_scores_stream(const float* iq, const float* wts, const int32_t* row_l
         cuda_fail(cudaErrorInvalidValue, "index_scores_stream: unsupported head shape", __FILE__, __LINE__);
     if (index_decode_choice() && hd == kHD && nh <= kDecMaxHeads && kf.kind == kEntryFp4Ue8m0 && kf.dim == kHD &&
         kf.block == 32 && kf.scale_offset == 64 && kf.bytes % 16 == 0) {
-        // About two waves of CTAs (each stages its row's queries once and walks its share of the keys).
+        // One wave of CTAs, the rows sharing it (each CTA stages its row's queries once and walks its share of the
+        // keys, its loads running ahead of its math).
         const int64_t chunks = (stride + kDecKeys - 1) / kDecKeys;
-        const int64_t want = (2 * 6 * static_cast<int64_t>(sm_count()) + n_rows - 1) / n_rows;
-        const dim3 grid(static_cast<unsigned>(std::clamp<int64_t>(want, 1, chunks)),
-                        static_cast<unsigned>(std::min(n_rows, 65535)));
         const int mt = (nh + 15) / 16;
-        auto run = [&](auto kernel) {
+        auto run = [&](auto kernel, int resident) {
+            const dim3 grid(static_cast<unsigned>(std::clamp<int64_t>(resident / n_rows, 1, chunks)),
+                            static_cast<unsigned>(std::min(n_rows, 65535)));
             launch_pdl(kernel, grid, dim3(kDecThreads), 0, iq, wts, row_list, n_rows, nh, width, visible, keybase, keys,
                        stride, scores);
         };
-        if (mt == 1) run(index_decode_mma_kernel<1>);
-        else if (mt == 2) run(index_decode_mma_kernel<2>);
-        else run(index_decode_mma_kernel<4>);  // 3 takes 4: the extra heads are zero and not summed
+        if (mt == 1) run(index_decode_mma_kernel<1>, decode_resident<1>());
+        else if (mt == 2) run(index_decode_mma_kernel<2>, decode_resident<2>());
+        else run(index_decode_mma_kernel<4>, decode_resident<4>());  // 3 takes 4: the extra heads are zero, not summed
         return;
     }
     const dim3 grid(blocks_for(stride, kStreamThreads), static_cast<unsigned>(std::min(n_rows, 65535)));

@@ -33,8 +33,9 @@ rm -rf "$out/deepinfer"
 mkdir -p "$out/deepinfer"
 tar -xzf "$out/wheels/$sdist" -C "$out/deepinfer" --strip-components=1
 di=(-I"$out/deepinfer/deep_gemm/include" -I"$out/deepinfer/third-party/cutlass/include")
+"$nvcc" "${flags[@]}" "${di[@]}" "$here/bench/peers/deepinfer_grouped.cu" -o "$out/deepinfer_grouped"
 lib=$build/src
 "$nvcc" "${flags[@]}" "${di[@]}" -I"$here/src" "$here/bench/peers/deepinfer_indexer.cu" -o "$out/deepinfer_indexer" \
   "$lib/ops/libperegrine_ops.a" "$lib/kv/libperegrine_kv.a" "$lib/io/libperegrine_io.a" \
   "$lib/tensor/libperegrine_tensor.a" "$lib/util/libperegrine_util.a" -lspdlog -lfmt -lcublas -lcublasLt
-ls "$out"/deepgemm_dense "$out"/deepinfer_indexer
+ls "$out"/deepgemm_dense "$out"/deepinfer_indexer "$out"/deepinfer_grouped

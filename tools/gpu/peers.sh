@@ -3,7 +3,9 @@
 # carried): SGLang's DeepGEMM block-32 dense FP8 GEMM and cuBLAS's bf16 GEMM at V4.1-Flash's dense shapes, M=16384,
 # L2 flushed before each timing; then our shipped prefill linears at the same shapes (test_cuda_gemm's throughput
 # lines: the activations' bf16 image and cuBLAS on the cached weight image, no flush); DeepInfer's DeepGEMM FP8
-# MQA-logits kernels beside our indexer scorers (both in the harness, decode and prefill, L2 flushed).
+# MQA-logits kernels beside our indexer scorers (both in the harness, decode and prefill, L2 flushed); its grouped
+# FP8 GEMMs (128-wide scales) at the routed experts' shapes, contiguous (prefill) and masked (decode), beside our
+# FP4 grouped experts at the prefill shapes (test_cuda_gemm's experts lines).
 #
 #   tools/gpu/peers.sh BIN_DIR PEERS_DIR OUT_DIR
 set -uo pipefail
@@ -16,6 +18,10 @@ echo "== sgl-deep-gemm sm90_fp8_gemm_1d2d (block 32) and cuBLAS bf16"
 "$peers/deepgemm_dense" --json "$out/peers_dense.json" | tee "$out/peers_dense.txt"
 echo "== ours: the prefill linears as shipped"
 "$bin/test_cuda_gemm" --gtest_filter='CudaGemm.FastPathThroughputAtPrefillSize' --gtest_color=no 2>&1 |
-  grep "PARITY gemm" | grep -v experts | tee "$out/ours_dense.txt"
+  grep "PARITY gemm" >"$out/ours_gemm.txt"
+grep -v experts "$out/ours_gemm.txt" | tee "$out/ours_dense.txt"
 echo "== deepinfer-gemm sm90_fp8_paged_mqa_logits / sm90_fp8_mqa_logits and our indexer scorers"
 "$peers/deepinfer_indexer" --json "$out/peers_indexer.json" | tee "$out/peers_indexer.txt"
+echo "== deepinfer-gemm sm90_fp8_gemm_1d2d grouped (contiguous, masked) and our routed FP4 experts"
+"$peers/deepinfer_grouped" --json "$out/peers_grouped.json" | tee "$out/peers_grouped.txt"
+grep experts "$out/ours_gemm.txt" | tee "$out/ours_experts.txt"

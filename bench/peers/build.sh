@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the peer harnesses of bench/peers against the peers' own packages, fetched from PyPI into OUT_DIR (default
 # out/peers; nothing of theirs enters the repository), for the GPU machine's H200 (sm_90a). The indexer harness also
-# links our kernels from BUILD_DIR (default build; configured and built first). Then carry OUT_DIR and run
-# tools/gpu/peers.sh there.
+# links our kernels from BUILD_DIR (default build; configured and built first). The stripped harnesses land in
+# OUT_DIR/bin, which tools/gpu/pack.sh adds to its bundle (as peers/); on the GPU machine, after unpack.sh:
+# tools/gpu/peers.sh out/gpu/bin out/gpu/bin/peers OUT.
 #
 #   bench/peers/build.sh [OUT_DIR] [BUILD_DIR]
 set -euo pipefail
@@ -38,4 +39,6 @@ lib=$build/src
 "$nvcc" "${flags[@]}" "${di[@]}" -I"$here/src" "$here/bench/peers/deepinfer_indexer.cu" -o "$out/deepinfer_indexer" \
   "$lib/ops/libperegrine_ops.a" "$lib/kv/libperegrine_kv.a" "$lib/io/libperegrine_io.a" \
   "$lib/tensor/libperegrine_tensor.a" "$lib/util/libperegrine_util.a" -lspdlog -lfmt -lcublas -lcublasLt
-ls "$out"/deepgemm_dense "$out"/deepinfer_indexer "$out"/deepinfer_grouped
+mkdir -p "$out/bin"
+for h in deepgemm_dense deepinfer_indexer deepinfer_grouped; do strip -o "$out/bin/$h" "$out/$h"; done
+ls "$out"/bin/*

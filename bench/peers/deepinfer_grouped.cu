@@ -91,18 +91,6 @@ __global__ void reference(const __nv_fp8_e4m3* a, const float* sfa, const __nv_f
     ref[size_t(i) * N + n] = acc;
 }
 
-template <typename T>
-T* device(size_t n) {
-    T* p = nullptr;
-    CHECK_CUDA(cudaMalloc(&p, sizeof(T) * n));
-    return p;
-}
-template <typename T>
-T* upload(const std::vector<T>& v) {
-    T* p = device<T>(v.size());
-    CHECK_CUDA(cudaMemcpy(p, v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice));
-    return p;
-}
 
 struct Result {
     std::string what;

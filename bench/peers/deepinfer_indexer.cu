@@ -59,7 +59,8 @@ uint32_t prefill_smem() {
 uint32_t decode_smem() {
     const uint32_t swizzle = kDim * 8;
     const uint32_t q_pipe = kStages * (kHeads * kDim + align_up(kHeads * 4, swizzle)) + align_up(kStages * 16, swizzle);
-    const uint32_t kv_pipe = kStages * (kPageKeys * kDim + align_up(kPageKeys * 4, swizzle)) + align_up(kStages * 16, swizzle);
+    const uint32_t kv_pipe =
+        kStages * (kPageKeys * kDim + align_up(kPageKeys * 4, swizzle)) + align_up(kStages * 16, swizzle);
     return q_pipe + (kSplitKv / 64) * kv_pipe + (kSplitKv / 64) * 16 + 4;
 }
 
@@ -134,24 +135,6 @@ __global__ void entry_table(const uint8_t* base, size_t n, uint32_t bytes, const
         table[i] = base + i * bytes;
 }
 
-template <typename T>
-T* device(size_t n) {
-    T* p = nullptr;
-    CHECK_CUDA(cudaMalloc(&p, sizeof(T) * n));
-    return p;
-}
-template <typename T>
-T* upload(const std::vector<T>& v) {
-    T* p = device<T>(v.size());
-    CHECK_CUDA(cudaMemcpy(p, v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice));
-    return p;
-}
-template <typename T>
-std::vector<T> download(const T* p, size_t n) {
-    std::vector<T> v(n);
-    CHECK_CUDA(cudaMemcpy(v.data(), p, sizeof(T) * n, cudaMemcpyDeviceToHost));
-    return v;
-}
 
 void launch(void* fn, uint32_t threads, uint32_t smem, void** args) {
     cudaLaunchConfig_t c{};

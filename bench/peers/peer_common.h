@@ -1,6 +1,7 @@
 #pragma once
-// What the peer harnesses share (one translation unit each): error checks, TMA descriptors built by hand (the peers' host code that builds them
-// is not shipped or needs torch), random operands, and the timing loop with the L2 flushed before each run.
+// What the peer harnesses share (one translation unit each): error checks, TMA descriptors built by hand (the peers'
+// host code that builds them is not shipped or needs torch), random operands, and the timing loop with the L2
+// flushed before each run.
 #include <cuda.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -78,6 +79,26 @@ inline CUtensorMap tensor_map(void* base, CUtensorMapDataType type, size_t elem,
 __host__ __device__ inline uint32_t mix(uint32_t h) {
     h ^= h >> 15, h *= 2246822519u, h ^= h >> 13;
     return h;
+}
+
+// Device arrays, and copies to and from them.
+template <typename T>
+T* device(size_t n) {
+    T* p = nullptr;
+    CHECK_CUDA(cudaMalloc(&p, sizeof(T) * n));
+    return p;
+}
+template <typename T>
+T* upload(const std::vector<T>& v) {
+    T* p = device<T>(v.size());
+    CHECK_CUDA(cudaMemcpy(p, v.data(), sizeof(T) * v.size(), cudaMemcpyHostToDevice));
+    return p;
+}
+template <typename T>
+std::vector<T> download(const T* p, size_t n) {
+    std::vector<T> v(n);
+    CHECK_CUDA(cudaMemcpy(v.data(), p, sizeof(T) * n, cudaMemcpyDeviceToHost));
+    return v;
 }
 
 // e4m3 values spread over most of its range.

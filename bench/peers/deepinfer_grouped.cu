@@ -2,7 +2,8 @@
 // V4.1-Flash's routed-expert shapes, the L2 flushed before each run:
 // - prefill, the contiguous layout: 384 experts, top-6 of T tokens routed evenly (T / 64 rows an expert), each
 //   expert's rows padded to the tile's BLOCK_M as the layout needs;
-// - decode, the masked layout: 96 experts (one GPU's slice of EP4), 8 to 128 rows an expert.
+// - decode, the masked layout: 96 experts (one GPU's slice of EP4), 8 to 128 rows an expert;
+// - and the dense linears in the Normal layout at M = 16384 (deepgemm_dense.cu's shapes), beside the fork's block-32.
 // The kernel is sm90_fp8_gemm_1d2d_impl, the lineage of the block-32 kernel in deepgemm_dense.cu, with its native
 // 128-wide scales: FP8 e4m3 operands, an fp32 scale per activation row and 128 columns of K, one per 128 x 128 weight
 // block, bf16 out. V4.1's routed experts are FP4 (e2m1, a ue8m0 scale per 32): this is the nearest format the
@@ -100,7 +101,8 @@ struct Result {
 };
 
 // One grouped GEMM: `E` experts' weights [E, N, K], the activations' rows laid out per `kType` (contiguous: expert e
-// owns rows_per_expert rows padded to the tile's BLOCK_M; masked: [E, max_m, K] with rows_per_expert valid).
+// owns rows_per_expert rows padded to the tile's BLOCK_M; masked: [E, max_m, K] with rows_per_expert valid; Normal:
+// E = 1, its layout unread).
 template <deep_gemm::GemmType kType, uint32_t E>
 Result grouped(const char* name, uint32_t N, uint32_t K, uint32_t rows_per_expert, int reps, void* flush,
                size_t flush_bytes, uint32_t smem_limit) {
@@ -228,7 +230,18 @@ int main(int argc, char** argv) {
                                                                            reps, flush, flush_bytes, smem_limit));
     }
 
-    std::printf("\n%-26s %7s %9s %9s %9s %9s %10s  %s\n", "experts", "rows/e", "peer ms", "TFLOP/s", "of peak",
+    // Dense, the Normal layout at M = 16384 (one "expert"): V4.1-Flash's dense FP8 linears (deepgemm_dense.cu's).
+    struct Dense {
+        const char* name;
+        uint32_t K, N;
+    };
+    for (const Dense& d : {Dense{"dense wq_a 5120->1280", 5120, 1280}, Dense{"dense wq_b 1280->32768", 1280, 32768},
+                           Dense{"dense wkv 5120->512", 5120, 512}, Dense{"dense wo_b 8192->5120", 8192, 5120},
+                           Dense{"dense shared.w1 5120->2304", 5120, 2304},
+                           Dense{"dense shared.w2 2304->5120", 2304, 5120}})
+        results.push_back(grouped<GemmType::Normal, 1>(d.name, d.N, d.K, 16384, reps, flush, flush_bytes, smem_limit));
+
+    std::printf("\n%-26s %7s %9s %9s %9s %9s %10s  %s\n", "gemm", "rows/e", "peer ms", "TFLOP/s", "of peak",
                 "weights", "peer err", "tile/stages");
     std::string rows;
     bool failed = false;

@@ -21,6 +21,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <numeric>
+#include <random>
 #include <string>
 
 namespace {
@@ -185,7 +187,8 @@ Result decode(uint32_t T, uint32_t N, int reps, void* flush, size_t flush_bytes)
     uint8_t* cache = device<uint8_t>(pages * kPageBytes);
     fill_pages<<<4096, 256>>>(cache, pages, 11);
     std::vector<int32_t> table(pages);
-    for (size_t i = 0; i < pages; ++i) table[i] = static_cast<int32_t>((i * 40503) % pages);  // 40503 odd: a bijection
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), std::mt19937(14));
     int32_t* table_d = upload(table);
     uint32_t* lens_d = upload(visible);
     uint32_t* meta = device<uint32_t>(2 * (kSms + 1));

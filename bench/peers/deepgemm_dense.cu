@@ -239,13 +239,8 @@ int main(int argc, char** argv) {
     }
     std::printf("\n%-22s %9s %9s %9s %9s %11s %11s  %s\n%s", "linear", "peer ms", "TFLOP/s", "cuBLAS ms",
                 "TFLOP/s", "cuBLAS/peer", "peer err", "tile/stages/multicast", table.c_str());
-    if (!json.empty()) {
-        FILE* f = std::fopen(json.c_str(), "w");
-        if (!f) return 1;
-        std::fprintf(f, "{\"device\": \"%s\", \"peer\": \"sgl-deep-gemm 0.2.5 sm90_fp8_gemm_1d2d SF_GRAN 32\", "
-                        "\"results\": [\n  %s\n]}\n", prop.name, rows.c_str());
-        std::fclose(f);
-    }
+    const char* peer = "sgl-deep-gemm 0.2.5 sm90_fp8_gemm_1d2d SF_GRAN 32";
+    if (!json.empty() && !write_json(json, prop.name, peer, rows)) return 1;
     cublasDestroy(blas);
     return failed ? 1 : 0;
 }

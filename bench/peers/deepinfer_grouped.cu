@@ -265,12 +265,7 @@ int main(int argc, char** argv) {
                       r.best.bn, r.best.stages, r.ms, tflops, weight_gbs, r.err);
         rows += line;
     }
-    if (!json.empty()) {
-        FILE* f = std::fopen(json.c_str(), "w");
-        if (!f) return 1;
-        std::fprintf(f, "{\"device\": \"%s\", \"peer\": \"deepinfer-gemm 2.8.2 sm90_fp8_gemm_1d2d, 128-wide scales\", "
-                        "\"results\": [\n  %s\n]}\n", prop.name, rows.c_str());
-        std::fclose(f);
-    }
+    const char* peer = "deepinfer-gemm 2.8.2 sm90_fp8_gemm_1d2d, 128-wide scales";
+    if (!json.empty() && !write_json(json, prop.name, peer, rows)) return 1;
     return failed ? 1 : 0;
 }

@@ -402,12 +402,7 @@ int main(int argc, char** argv) {
                       r.peer_ms, r.ours_ms, peer_gbs, ours_gbs, r.peer_err);
         rows += line;
     }
-    if (!json.empty()) {
-        FILE* f = std::fopen(json.c_str(), "w");
-        if (!f) return 1;
-        std::fprintf(f, "{\"device\": \"%s\", \"peer\": \"deepinfer-gemm 2.8.2 sm90_fp8_(paged_)mqa_logits\", "
-                        "\"results\": [\n  %s\n]}\n", prop.name, rows.c_str());
-        std::fclose(f);
-    }
+    const char* peer = "deepinfer-gemm 2.8.2 sm90_fp8_(paged_)mqa_logits";
+    if (!json.empty() && !write_json(json, prop.name, peer, rows)) return 1;
     return failed ? 1 : 0;
 }

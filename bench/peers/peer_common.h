@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace peers {
@@ -151,6 +152,14 @@ double median_ms(F&& f, int reps, void* flush, size_t flush_bytes) {
     CHECK_CUDA(cudaEventDestroy(b));
     std::sort(t.begin(), t.end());
     return t[t.size() / 2];
+}
+
+// The harness's JSON: {"device", "peer", "results": [rows]}, rows already joined; false if the file cannot be written.
+inline bool write_json(const std::string& path, const char* device, const char* peer, const std::string& rows) {
+    FILE* f = std::fopen(path.c_str(), "w");
+    if (!f) return false;
+    std::fprintf(f, "{\"device\": \"%s\", \"peer\": \"%s\", \"results\": [\n  %s\n]}\n", device, peer, rows.c_str());
+    return std::fclose(f) == 0;
 }
 
 }  // namespace peers

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the peer harnesses of bench/peers against the peers' own packages, fetched from PyPI into OUT_DIR (default
-# out/peers; nothing of theirs enters the repository), for the GPU machine's H200 (sm_90a). The indexer harness also
-# links our kernels from BUILD_DIR (default build; configured and built first). The stripped harnesses land in
-# OUT_DIR/bin, which tools/gpu/pack.sh adds to its bundle (as peers/); on the GPU machine, after unpack.sh:
+# out/peers; nothing of theirs enters the repository), for the GPU machine's H200 (sm_90a). The indexer and grouped
+# harnesses also link our kernels from BUILD_DIR (default build; configured and built first). The stripped harnesses
+# land in OUT_DIR/bin, which tools/gpu/pack.sh adds to its bundle (as peers/); on the GPU machine, after unpack.sh:
 # tools/gpu/peers.sh out/gpu/bin out/gpu/bin/peers OUT.
 #
 #   bench/peers/build.sh [OUT_DIR] [BUILD_DIR]
@@ -34,11 +34,13 @@ rm -rf "$out/deepinfer"
 mkdir -p "$out/deepinfer"
 tar -xzf "$out/wheels/$sdist" -C "$out/deepinfer" --strip-components=1
 di=(-I"$out/deepinfer/deep_gemm/include" -I"$out/deepinfer/third-party/cutlass/include")
-"$nvcc" "${flags[@]}" "${di[@]}" "$here/bench/peers/deepinfer_grouped.cu" -o "$out/deepinfer_grouped"
 lib=$build/src
+ours=("$lib/ops/libperegrine_ops.a" "$lib/kv/libperegrine_kv.a" "$lib/io/libperegrine_io.a"
+  "$lib/tensor/libperegrine_tensor.a" "$lib/util/libperegrine_util.a" -lspdlog -lfmt -lcublas -lcublasLt)
+"$nvcc" "${flags[@]}" "${di[@]}" -I"$here/src" "$here/bench/peers/deepinfer_grouped.cu" -o "$out/deepinfer_grouped" \
+  "${ours[@]}"
 "$nvcc" "${flags[@]}" "${di[@]}" -I"$here/src" "$here/bench/peers/deepinfer_indexer.cu" -o "$out/deepinfer_indexer" \
-  "$lib/ops/libperegrine_ops.a" "$lib/kv/libperegrine_kv.a" "$lib/io/libperegrine_io.a" \
-  "$lib/tensor/libperegrine_tensor.a" "$lib/util/libperegrine_util.a" -lspdlog -lfmt -lcublas -lcublasLt
+  "${ours[@]}"
 mkdir -p "$out/bin"
 for h in deepgemm_dense deepinfer_indexer deepinfer_grouped; do strip -o "$out/bin/$h" "$out/$h"; done
 ls "$out"/bin/*

@@ -10,11 +10,16 @@
 // peer's Hopper kernels take, with twice the weight bytes. Tile configurations are tried per shape (the fastest
 // right one is reported), each checked against an fp32 reference of the same quantised operands on sampled rows.
 // Ours at the same prefill shapes: test_cuda_gemm's "PARITY gemm experts" lines in the same run (tools/gpu/peers.sh).
+// Ours at the decode shapes, here (linked from the build): the routed FP4 kernel the engine runs for that many pairs
+// an expert (the GEMV up to 8, the grouped wgmma kernel above), over V4.1's format, the L2 flushed the same way.
 //
 //   deepinfer_grouped [--reps 10] [--json FILE]
 #include <deep_gemm/impls/sm90_fp8_gemm_1d2d.cuh>
 
 #include "peer_common.h"
+
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/moe_gemm_fp4.h"
 
 #include <cuda_bf16.h>
 
@@ -98,7 +103,76 @@ struct Result {
     uint32_t N, K, experts, rows_per_expert;
     double useful_flop, ms, err;
     Config best;
+    double ours_ms = 0, ours_err = 0;  // ours at the same shape, where timed here (decode)
 };
+
+// Bytes lo + (hash % span): FP4 codes (span 256) or ue8m0 scales.
+__global__ void fill_bytes(uint8_t* p, size_t n, uint32_t seed, uint32_t lo, uint32_t span) {
+    for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<size_t>(gridDim.x) * blockDim.x)
+        p[i] = static_cast<uint8_t>(lo + mix(static_cast<uint32_t>(i) * 2654435761u ^ seed) % span);
+}
+
+// Our routed FP4 experts at a decode shape: E experts of V4.1's format (e2m1 codes, a ue8m0 scale per 32 of K),
+// rows_per_expert pairs each, routed evenly; the kernel the engine picks for that routing (the GEMV quantising its
+// own activations up to 8 rows an expert, else act_quant then the grouped wgmma kernel), timed alone with the
+// routing tables built once. err: max|d| / max|ref| against the exact routed kernel (linear_tiled).
+void ours_routed(Result& r, int reps, void* flush, size_t flush_bytes) {
+    using namespace peregrine::cuda;
+    const int E = static_cast<int>(r.experts), N = static_cast<int>(r.N), K = static_cast<int>(r.K);
+    const int64_t pairs = int64_t(E) * r.rows_per_expert;
+    const size_t wbytes = size_t(N) * K / 2, sbytes = size_t(N) * (K / 32);
+    uint8_t* w = device<uint8_t>(wbytes * E);
+    uint8_t* sc = device<uint8_t>(sbytes * E);
+    fill_bytes<<<4096, 256>>>(w, wbytes * E, 5, 0, 256);
+    fill_bytes<<<1024, 256>>>(sc, sbytes * E, 6, 120, 8);  // 2^-7 .. 2^0
+    std::vector<const void*> ptrs(2 * size_t(E));
+    for (int e = 0; e < E; ++e) ptrs[e] = w + wbytes * e, ptrs[E + e] = sc + sbytes * e;
+    const void** table = upload(ptrs);
+    const ExpertTable ex{table, reinterpret_cast<const uint8_t* const*>(table + E)};
+    LinearDev d;
+    d.kind = 3, d.out = N, d.in = K, d.act_block = 32, d.w = w, d.scale = sc;
+
+    std::vector<int32_t> sel(static_cast<size_t>(pairs));
+    for (int64_t p = 0; p < pairs; ++p) sel[p] = static_cast<int32_t>(p % E);  // every expert once before any twice
+    LinearRouting rt;
+    rt.tile_rows = routing_tile_rows(pairs, E);
+    rt.max_tiles = static_cast<unsigned>((pairs + rt.tile_rows - 1) / rt.tile_rows + E);
+    int32_t *sel_d = upload(sel), *row_map = device<int32_t>(pairs), *tiles = device<int32_t>(4 * rt.max_tiles),
+            *n_tiles = device<int32_t>(1);
+    expert_tiles(sel_d, pairs, E, rt.tile_rows, row_map, tiles, n_tiles);
+    rt.row_map = row_map, rt.tiles = tiles, rt.n_tiles = n_tiles;
+
+    float *x = device<float>(size_t(pairs) * K), *xq = device<float>(size_t(pairs) * K),
+          *xs = device<float>(size_t(pairs) * (K / 32)), *y = device<float>(size_t(pairs) * N),
+          *ref = device<float>(size_t(pairs) * N);
+    fill_uniform<<<4096, 256>>>(x, size_t(pairs) * K, 7, 2.0f);
+    act_quant(x, pairs, K, 32, xq, xs);
+    linear_tiled(xq, xs, pairs, d, ref, &ex, &rt);
+    const bool gemv = rt.tile_rows == 8;
+    auto run = [&] {
+        if (gemv) linear_gemv(x, nullptr, pairs, d, y, &ex, &rt);
+        else fp4_grouped_linear(xq, xs, pairs, 1, E, d, ex, rt, y);
+    };
+    run();
+    CHECK_CUDA(cudaDeviceSynchronize());
+    const std::vector<float> got = download(y, size_t(pairs) * N), want = download(ref, size_t(pairs) * N);
+    double worst = 0, largest = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        worst = std::max(worst, std::fabs(double(got[i]) - want[i]));
+        largest = std::max(largest, std::fabs(double(want[i])));
+    }
+    r.ours_err = worst / largest;
+    r.ours_ms = median_ms(run, reps, flush, flush_bytes);
+    std::printf("  ours %-19s %3u rows/expert, %s: %8.3f ms, max|d| / max|ref| %.2e%s\n", r.what.c_str() + 7,
+                r.rows_per_expert, gemv ? "routed GEMV" : "grouped wgmma", r.ours_ms, r.ours_err,
+                r.ours_err > 1e-2 ? "  WRONG" : "");
+    for (void* p : {static_cast<void*>(w), static_cast<void*>(sc), static_cast<void*>(table),
+                    static_cast<void*>(sel_d), static_cast<void*>(row_map), static_cast<void*>(tiles),
+                    static_cast<void*>(n_tiles), static_cast<void*>(x), static_cast<void*>(xq), static_cast<void*>(xs),
+                    static_cast<void*>(y), static_cast<void*>(ref)})
+        CHECK_CUDA(cudaFree(p));
+}
 
 // One grouped GEMM: `E` experts' weights [E, N, K], the activations' rows laid out per `kType` (contiguous: expert e
 // owns rows_per_expert rows padded to the tile's BLOCK_M; masked: [E, max_m, K] with rows_per_expert valid; Normal:
@@ -226,8 +300,10 @@ int main(int argc, char** argv) {
     for (uint32_t per : {8u, 32u, 128u}) {
         results.push_back(grouped<GemmType::MGroupedMasked, kDecodeExperts>("masked w1 5120->2304", 2304, 5120, per,
                                                                            reps, flush, flush_bytes, smem_limit));
+        ours_routed(results.back(), reps, flush, flush_bytes);
         results.push_back(grouped<GemmType::MGroupedMasked, kDecodeExperts>("masked w2 2304->5120", 5120, 2304, per,
                                                                            reps, flush, flush_bytes, smem_limit));
+        ours_routed(results.back(), reps, flush, flush_bytes);
     }
 
     // Dense, the Normal layout at M = 16384 (one "expert"): V4.1-Flash's dense FP8 linears (deepgemm_dense.cu's).
@@ -241,8 +317,8 @@ int main(int argc, char** argv) {
                            Dense{"dense shared.w2 2304->5120", 2304, 5120}})
         results.push_back(grouped<GemmType::Normal, 1>(d.name, d.N, d.K, 16384, reps, flush, flush_bytes, smem_limit));
 
-    std::printf("\n%-26s %7s %9s %9s %9s %9s %10s  %s\n", "gemm", "rows/e", "peer ms", "TFLOP/s", "of peak",
-                "weights", "peer err", "tile/stages");
+    std::printf("\n%-26s %7s %9s %9s %9s %9s %10s  %-12s %9s %9s %10s %10s\n", "gemm", "rows/e", "peer ms", "TFLOP/s",
+                "of peak", "weights", "peer err", "tile/stages", "ours ms", "ours GB/s", "ours err", "peer/ours");
     std::string rows;
     bool failed = false;
     for (const Result& r : results) {
@@ -254,15 +330,26 @@ int main(int argc, char** argv) {
             continue;
         }
         const double tflops = r.useful_flop / (r.ms * 1e9);
-        std::printf("%-26s %7u %9.3f %9.1f %8.1f%% %6.0f GB/s %10.2e  %ux%u/%u\n", r.what.c_str(), r.rows_per_expert,
-                    r.ms, tflops, 100.0 * tflops / 1979.0, weight_gbs, r.err, r.best.bm, r.best.bn, r.best.stages);
-        char line[512];
+        char tile[32], ours[96] = "", ours_json[160] = "";
+        std::snprintf(tile, sizeof(tile), "%ux%u/%u", r.best.bm, r.best.bn, r.best.stages);
+        if (r.ours_ms > 0) {  // FP4: half a byte a weight and a scale byte per 32
+            const double ours_gbs = double(r.experts) * r.N * (r.K / 2 + r.K / 32) / (r.ours_ms * 1e6);
+            std::snprintf(ours, sizeof(ours), " %9.3f %9.0f %10.2e %9.2fx", r.ours_ms, ours_gbs, r.ours_err,
+                          r.ms / r.ours_ms);
+            std::snprintf(ours_json, sizeof(ours_json),
+                          ", \"ours_ms\": %.4f, \"ours_weight_gbs\": %.1f, \"ours_max_err_of_max\": %.3e, "
+                          "\"peer_over_ours\": %.3f",
+                          r.ours_ms, ours_gbs, r.ours_err, r.ms / r.ours_ms);
+        }
+        std::printf("%-26s %7u %9.3f %9.1f %8.1f%% %6.0f GB/s %10.2e  %-12s%s\n", r.what.c_str(), r.rows_per_expert,
+                    r.ms, tflops, 100.0 * tflops / 1979.0, weight_gbs, r.err, tile, ours);
+        char line[768];
         std::snprintf(line, sizeof(line),
                       "%s{\"gemm\": \"%s\", \"experts\": %u, \"rows_per_expert\": %u, \"n\": %u, \"k\": %u, "
                       "\"tile\": \"%ux%u, %u stages\", \"peer_ms\": %.4f, \"peer_tflops\": %.1f, "
-                      "\"weight_gbs\": %.1f, \"peer_max_err_of_max\": %.3e}",
+                      "\"weight_gbs\": %.1f, \"peer_max_err_of_max\": %.3e%s}",
                       rows.empty() ? "" : ",\n  ", r.what.c_str(), r.experts, r.rows_per_expert, r.N, r.K, r.best.bm,
-                      r.best.bn, r.best.stages, r.ms, tflops, weight_gbs, r.err);
+                      r.best.bn, r.best.stages, r.ms, tflops, weight_gbs, r.err, ours_json);
         rows += line;
     }
     const char* peer = "deepinfer-gemm 2.8.2 sm90_fp8_gemm_1d2d, 128-wide scales";

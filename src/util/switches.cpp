@@ -26,6 +26,8 @@ const std::vector<Switch> kSwitches = {
      "Decode steps plan their attention tables on the device (0: the general path, whose tables the host lists)"},
     {"PEREGRINE_HC_SMALL", "1", "0|1", "cuda", "hc mixes of fewer than 8 rows on the small-T kernels (0: FP64 MMA)"},
     {"PEREGRINE_HC_SIDE_STREAM", "1", "0|1", "cuda", "hc mixes of decode-sized steps on a side stream"},
+    {"PEREGRINE_SHARED_EXPERT_SIDE_STREAM", "1", "0|1", "cuda",
+     "The shared expert of decode-sized MoE blocks on a side stream, beside the routed experts"},
     {"PEREGRINE_CUDA_POOL_KEEP", "1", "0|1", "cuda",
      "Keep the stream-ordered pool's freed memory mapped (0: the driver's release threshold)"},
     {"PEREGRINE_INDEX_SCORE_MB", "1024", "<int>", "cuda", "Bound on the indexer's score matrix per chunk of rows, MiB"},

@@ -83,15 +83,15 @@ int32_t argmax(const float* row, int n) {
 
 }  // namespace
 namespace peregrine::cuda {
-void* gemv_scratch(int which, size_t bytes, bool zero);  // linear_gemv.cu
+void* gemv_scratch(int which, size_t bytes, bool zero, int set);  // linear_gemv.cu
 }
 namespace {
 
 // Three runs of the same steps: the general attention path (the host lists its tables), the decode form (tables
 // worked out on the device, attention_decode.cpp) eagerly, and the decode form with graphs, whose cap of 8 tokens
-// moves every 8 positions (new graphs each time). grow_scratch: halfway through the decode steps, grow the GEMV's
-// staged-activation scratch (as a larger call elsewhere would): the graphs captured with the old buffer must be
-// dropped and captured again.
+// moves every 8 positions (new graphs each time). grow_scratch: halfway through the decode steps, grow the side
+// stream's GEMV staged-activation scratch (as a larger call there would): the graphs captured with the old buffer
+// must be dropped and captured again.
 void compare_decode(const char* fx, int n_seqs, bool grow_scratch = false) {
     auto ids = read_ids(fixture_dir(fx) + "/cases/prefill.ids");
     const int decode_steps = 12;
@@ -111,7 +111,7 @@ void compare_decode(const char* fx, int n_seqs, bool grow_scratch = false) {
         if (grow_scratch && st == decode_steps / 2) {
             captures_before_growth = graph.be().graph_captures();
             ASSERT_GT(captures_before_growth, 0) << "no graph captured before the growth";
-            cuda::gemv_scratch(2, size_t(64) << 20, false);
+            cuda::gemv_scratch(2, size_t(64) << 20, false, 1);  // the side stream's set
         }
         Tensor g = step(general, feeds), a = step(eager, feeds), b = step(graph, feeds);
         ASSERT_EQ(a.numel(), b.numel());
@@ -437,5 +437,12 @@ TEST(CudaGraphs, SideStreamMixesMatchInline) {
     REQUIRE_GPU();
     compare_models([](bool) {}, [](ModelRun& r, bool inline_mixes) { r.be().set_side_mixes(!inline_mixes); }, "hc side",
                    "side-stream vs inline mixes");
+}
+
+// The shared expert beside the routed experts on its own stream (and GEMV scratch) against inline, with graphs.
+TEST(CudaGraphs, SideStreamSharedExpertMatchesInline) {
+    REQUIRE_GPU();
+    compare_models([](bool) {}, [](ModelRun& r, bool inline_shared) { r.be().set_side_shared(!inline_shared); },
+                   "shared side", "side-stream vs inline shared expert");
 }
 

@@ -167,6 +167,8 @@ public:
     void set_decode_tables(bool on) { decode_tables_ = on; }
     // The hc mixes of decode-sized steps on a side stream (on by default, Fast numerics); returns the previous setting.
     bool set_side_mixes(bool on);
+    // The shared expert of decode-sized MoE blocks on a side stream (on by default, Fast numerics).
+    void set_side_shared(bool on) { side_shared_on_ = on; }
     // Graph replays / captures so far (tests, benchmarks).
     int64_t graph_replays() const { return graph_runner_.replays(); }
     int64_t graph_captures() const { return graph_runner_.captures(); }
@@ -277,7 +279,13 @@ private:
     MoeRoute route_rows(const Tensor& x, const MoEWeight& w, const int32_t* ids_d);
     Tensor routed_experts(const Tensor& x, int64_t pairs, int per_row, const MoEWeight& w, const int32_t* sel,
                           const float* wsel);
-    void combine_into(const Tensor& x, const MoEWeight& w, const Tensor& ye, const int32_t* sel, Tensor& out);
+    void shared_expert(const Tensor& x, const MoEWeight& w, Tensor& ys);
+    void combine_into(const Tensor& ye, const int32_t* sel, const Tensor& shared, int top_k, Tensor& out);
+    // The shared expert of decode-sized MoE blocks on a side stream (moe.cpp); PEREGRINE_SHARED_EXPERT_SIDE_STREAM=0:
+    // on the thread's stream (A/B).
+    struct SideExperts;
+    SideExperts& side_experts();
+    bool side_shared_on_ = true;
     bool use_grouped_fp4(const ExpertWeight& e0, const ExpertTables& tab, const LinearRouting& r);
 
     ModelConfig cfg_;

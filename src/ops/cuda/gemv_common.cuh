@@ -19,7 +19,9 @@ __device__ __forceinline__ void fp4x8_to_e4m3(uint32_t w, uint32_t& lo, uint32_t
 }
 
 // Grow-only device scratch (which: 0 split partial sums, 1 split tickets, zeroed when allocated, 2 the stream
-// kernel's staged activations).
-void* gemv_scratch(int which, size_t bytes, bool zero);
+// kernel's staged activations) of the launch stream's set (kGemvScratchSets: 0 the thread's own stream, 1 a
+// side stream whose GEMVs may run beside the thread's; set -1: the launch stream's).
+constexpr int kGemvScratchSets = 2;
+void* gemv_scratch(int which, size_t bytes, bool zero, int set = -1);
 
 }  // namespace peregrine::cuda

@@ -10,13 +10,14 @@
 
 namespace peregrine::cuda {
 
-void* gemv_scratch(int which, size_t bytes, bool zero);  // linear_gemv.cu
+void* gemv_scratch(int which, size_t bytes, bool zero, int set);  // linear_gemv.cu
 
 namespace {
-constexpr int kScratchSlots = 3;
-bool scratch_moved(void* const (&captured)[kScratchSlots]) {
-    for (int i = 0; i < kScratchSlots; ++i)
-        if (gemv_scratch(i, 0, i == 1) != captured[i]) return true;
+constexpr int kScratchSets = 2, kScratchSlots = 3;  // gemv_common.cuh
+bool scratch_moved(void* const (&captured)[kScratchSets][kScratchSlots]) {
+    for (int set = 0; set < kScratchSets; ++set)
+        for (int i = 0; i < kScratchSlots; ++i)
+            if (gemv_scratch(i, 0, i == 1, set) != captured[set][i]) return true;
     return false;
 }
 }  // namespace
@@ -48,16 +49,19 @@ void GraphRunner::drop_all() {
     if (regions_.empty()) return;
     PG_CUDA(cudaStreamSynchronize(0));
     regions_.clear();
-    for (void*& p : scratch_) p = nullptr;
+    for (auto& set : scratch_)
+        for (void*& p : set) p = nullptr;
 }
 
 void GraphRunner::prepare_scratch() {
     // The GEMV scratch moved (grown by a larger call): the captured graphs point at freed memory.
-    if (scratch_[0] && scratch_moved(scratch_)) drop_all();
-    if (!scratch_[0]) {  // room for every decode-sized GEMV, so that no capture grows it
-        scratch_[0] = gemv_scratch(0, size_t(64) << 20, false);
-        scratch_[1] = gemv_scratch(1, size_t(4) << 20, true);
-        scratch_[2] = gemv_scratch(2, size_t(4) << 20, false);  // 32 staged rows of K up to ~61,000
+    if (scratch_[0][0] && scratch_moved(scratch_)) drop_all();
+    if (!scratch_[0][0]) {  // room for every decode-sized GEMV, so that no capture grows it; set 1: a side stream's
+        for (int set = 0; set < kScratchSets; ++set) {
+            scratch_[set][0] = gemv_scratch(0, size_t(64) << 20 >> (2 * set), false, set);
+            scratch_[set][1] = gemv_scratch(1, size_t(4) << 20, true, set);
+            scratch_[set][2] = gemv_scratch(2, size_t(4) << 20, false, set);  // 32 staged rows of K up to ~61,000
+        }
     }
 }
 

@@ -64,7 +64,7 @@ private:
     bool capture(Region& r, const Key& key, const Body& body);
 
     std::map<Key, std::shared_ptr<Region>> regions_;
-    void* scratch_[3] = {nullptr, nullptr, nullptr};  // the GEMV scratch the graphs were captured with
+    void* scratch_[2][3] = {};  // the GEMV scratch the graphs were captured with (per set: gemv_common.cuh)
     int64_t replays_ = 0, captures_ = 0;
 };
 

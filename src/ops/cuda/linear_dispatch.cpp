@@ -43,8 +43,15 @@ bool takes_bf16_acts(const LinearWeight& w, bool bf16_acts) {
 
 Tensor LinearDispatch::run(const Tensor& x, const LinearWeight& w, const ExpertTable* experts, const Routed* routed,
                            bool bf16_acts) {
+    Tensor y = empty(DType::F32, {x.numel() / w.in, w.out});
+    run_into(x, w, y, experts, routed, bf16_acts);
+    return y;
+}
+
+void LinearDispatch::run_into(const Tensor& x, const LinearWeight& w, Tensor& y, const ExpertTable* experts,
+                              const Routed* routed, bool bf16_acts) {
     const int64_t M = x.numel() / w.in;
-    Tensor y = empty(DType::F32, {M, w.out});
+    PEREGRINE_CHECK(y.numel() == M * w.out, "linear: output of {} values for {} x {}", y.numel(), M, w.out);
     LinearDev d = weights_.linear(w);
     d.bf16_acts = takes_bf16_acts(w, bf16_acts);
     const bool quantised = w.kind == LinearWeight::Kind::FP8 || w.kind == LinearWeight::Kind::FP4;
@@ -53,14 +60,14 @@ Tensor LinearDispatch::run(const Tensor& x, const LinearWeight& w, const ExpertT
                         "linear: input width {} is not a multiple of the activation block {}", w.in, w.act_block);
         if (use_gemv(x.f32(), M, d, routed) && linear_gemv_quantises(d)) {  // act_quant inside the GEMV
             linear_gemv(x.f32(), nullptr, M, d, y.f32(), experts, routed ? &routed->routing : nullptr);
-            return y;
+            return;
         }
         static const bool fuse = switch_is("PEREGRINE_CUBLAS_QUANTISE", "1");
         if (fuse && !routed && !use_gemv(x.f32(), M, d, routed) && numerics_ == Numerics::Fast &&
             linear_cublas_supported(d) &&
             act_quant_bf16_supported(x.f32(), w.in, w.act_block)) {  // cuBLAS: quantised straight into its bf16 operand
             linear_cublas(x.f32(), nullptr, M, d, y.f32(), nullptr, nullptr);
-            return y;
+            return;
         }
         Tensor xq = empty(DType::F32, {M, w.in}), xs = empty(DType::F32, {M, w.in / w.act_block});
         act_quant(x.f32(), M, w.in, w.act_block, xq.f32(), xs.f32());
@@ -68,7 +75,6 @@ Tensor LinearDispatch::run(const Tensor& x, const LinearWeight& w, const ExpertT
     } else {
         gemm(x.f32(), nullptr, M, d, y.f32(), experts, routed);
     }
-    return y;
 }
 
 std::pair<Tensor, Tensor> LinearDispatch::run_pair(const Tensor& x, const LinearWeight& a, const LinearWeight& b,

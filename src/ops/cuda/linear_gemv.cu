@@ -16,6 +16,7 @@
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/cuda/launch_stream.h"
 #include "ops/cuda/pdl.cuh"
 #include "util/error.h"
 
@@ -421,10 +422,11 @@ int sm_count() {
     return n;
 }
 
-// Stream-ordered like every launch here (the calling thread's default stream), so the next call may reuse it at
-// once; the tickets are left zero by the kernels. One per device and thread: threads run on streams of their own
-// (ranks sharing a GPU), so they must not share partial sums or tickets. Freed when the thread ends.
-void* gemv_scratch(int which, size_t bytes, bool zero) {
+// Stream-ordered on the launch stream of its set, so the next call there may reuse it at once; the tickets are left
+// zero by the kernels. One per device, thread and set: threads run on streams of their own (ranks sharing a GPU),
+// and a side stream's GEMVs run beside the thread's, so they must not share partial sums or tickets. Freed when the
+// thread ends.
+void* gemv_scratch(int which, size_t bytes, bool zero, int set) {
     struct Scratch {
         void* p = nullptr;
         size_t bytes = 0;
@@ -433,17 +435,19 @@ void* gemv_scratch(int which, size_t bytes, bool zero) {
         }
     };
     constexpr int kMaxDevices = 16;
-    thread_local Scratch table[kMaxDevices][3];
+    thread_local Scratch table[kMaxDevices][kGemvScratchSets][3];
+    const cudaStream_t stream = launch_stream();
+    if (set < 0) set = stream == cudaStreamPerThread ? 0 : 1;
     int dev = 0;
     PG_CUDA(cudaGetDevice(&dev));
-    if (dev < 0 || dev >= kMaxDevices || which < 0 || which > 2)
-        fail("linear_gemv: no scratch {} on device {}", which, dev);
-    Scratch& s = table[dev][which];
+    if (dev < 0 || dev >= kMaxDevices || which < 0 || which > 2 || set >= kGemvScratchSets)
+        fail("linear_gemv: no scratch {} of set {} on device {}", which, set, dev);
+    Scratch& s = table[dev][set][which];
     if (bytes > s.bytes) {
-        if (s.p) PG_CUDA(cudaFreeAsync(s.p, 0));
+        if (s.p) PG_CUDA(cudaFreeAsync(s.p, stream));
         s.bytes = std::max(bytes, 2 * s.bytes);
-        PG_CUDA(cudaMallocAsync(&s.p, s.bytes, 0));
-        if (zero) PG_CUDA(cudaMemsetAsync(s.p, 0, s.bytes, 0));
+        PG_CUDA(cudaMallocAsync(&s.p, s.bytes, stream));
+        if (zero) PG_CUDA(cudaMemsetAsync(s.p, 0, s.bytes, stream));
     }
     return s.p;
 }

@@ -5,9 +5,15 @@
 // pass and down in another, reading the packed weights directly (moe_gemm_fp4.cu);
 // PEREGRINE_MOE_GEMM=cublas runs the three projections through run_linear (cuBLAS) instead.
 #include "ops/cuda/cuda_backend.h"
-#include "util/switches.h"
+#include "ops/cuda/launch_check.h"
+#include "ops/cuda/launch_stream.h"
 #include "ops/cuda/moe_gemm_fp4.h"
 #include "util/error.h"
+#include "util/switches.h"
+
+#include <cuda_runtime.h>
+
+#include <map>
 
 namespace peregrine::cuda {
 
@@ -106,24 +112,27 @@ Tensor CudaBackend::moe_experts(const Tensor& xp, const MoEWeight& w, const Tens
     return routed_experts(xp, xp.dim(0), 1, w, experts.data<int32_t>(), weights.f32());
 }
 
-// Shared expert of x, then out[t] = bf16(sum of row t's pairs in ascending expert order + shared[t]).
-void CudaBackend::combine_into(const Tensor& x, const MoEWeight& w, const Tensor& ye, const int32_t* sel, Tensor& out) {
+// The shared expert of every row of x into ys [T, dim].
+void CudaBackend::shared_expert(const Tensor& x, const MoEWeight& w, Tensor& ys) {
     phase("moe.shared+combine");
     const int64_t T = x.dim(0);
-    const int D = cfg_.dim;
-    const float limit = static_cast<float>(cfg_.swiglu_limit);
     auto [gs, us] = linear_.run_pair(x, w.shared.w1, w.shared.w3);
     const int Is = w.shared.w1.out;
     Tensor as = empty(DType::F32, {T, Is});
-    swiglu(gs.f32(), us.f32(), T, Is, nullptr, limit, as.f32());
-    Tensor ys = linear_.run(as, w.shared.w2);
-    ::peregrine::cuda::moe_combine(ye.f32(), sel, ys.f32(), T, w.top_k, D, out.f32());
+    swiglu(gs.f32(), us.f32(), T, Is, nullptr, static_cast<float>(cfg_.swiglu_limit), as.f32());
+    linear_.run_into(as, w.shared.w2, ys);
+}
+
+// out[t] = bf16(sum of row t's pairs in ascending expert order + shared[t]).
+void CudaBackend::combine_into(const Tensor& ye, const int32_t* sel, const Tensor& shared, int top_k, Tensor& out) {
+    ::peregrine::cuda::moe_combine(ye.f32(), sel, shared.f32(), shared.dim(0), top_k, cfg_.dim, out.f32());
 }
 
 Tensor CudaBackend::moe_combine(const Tensor& x, const MoEWeight& w, const Tensor& ye, const Tensor& experts) {
     OpTimer op(*this, "moe");
-    Tensor out = empty(DType::F32, {x.dim(0), cfg_.dim});
-    combine_into(x, w, ye, experts.data<int32_t>(), out);
+    Tensor out = empty(DType::F32, {x.dim(0), cfg_.dim}), ys = empty(DType::F32, {x.dim(0), cfg_.dim});
+    shared_expert(x, w, ys);
+    combine_into(ye, experts.data<int32_t>(), ys, w.top_k, out);
     return out;
 }
 
@@ -141,11 +150,51 @@ Tensor CudaBackend::moe(const Tensor& x, const MoEWeight& w, const std::vector<i
     return out;
 }
 
+// The shared expert reads only x, so at decode sizes it runs on a side stream of this thread, forked before the
+// gate and joined before the combine: its GEMVs overlap the gate, the routing and the routed experts instead of
+// following them. Up to 32 rows, where its linears are GEMVs (the side stream has a GEMV scratch set of its own;
+// cuBLAS runs on the thread's stream); not while profiling, whose phases time the thread's stream. Its output is
+// allocated on the thread's stream and its temporaries freed on the side stream before the join, so that a graph
+// capture finds no side-stream work left unjoined.
+struct CudaBackend::SideExperts {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t fork = nullptr, done = nullptr;
+};
+
+CudaBackend::SideExperts& CudaBackend::side_experts() {
+    thread_local std::map<int, SideExperts> per_device;
+    SideExperts& s = per_device[gpu_];
+    if (!s.stream) {
+        PG_CUDA(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+        PG_CUDA(cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming));
+        PG_CUDA(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
+    }
+    return s;
+}
+
 // The whole block into `out` (captured as one graph at decode sizes, cuda_graphs.cpp).
 void CudaBackend::moe_body(const Tensor& x, const MoEWeight& w, const int32_t* ids_d, Tensor& out) {
+    const bool side = side_shared_on_ && numerics_ == Numerics::Fast && !profiling_ && x.dim(0) <= 32;
+    Tensor ys = empty(DType::F32, {x.dim(0), cfg_.dim});
+    if (side) {
+        for (const LinearWeight* l : {&w.shared.w1, &w.shared.w3, &w.shared.w2})
+            weights_.linear(*l);  // first-use uploads go to this thread's stream, before the fork
+        SideExperts& s = side_experts();
+        PG_CUDA(cudaEventRecord(s.fork, launch_stream()));
+        PG_CUDA(cudaStreamWaitEvent(s.stream, s.fork, 0));
+        {
+            LaunchStream on(s.stream);
+            shared_expert(x, w, ys);
+        }
+        PG_CUDA(cudaEventRecord(s.done, s.stream));
+    }
     MoeRoute r = route_rows(x, w, ids_d);
     Tensor ye = routed_experts(x, x.dim(0) * w.top_k, w.top_k, w, r.experts.data<int32_t>(), r.weights.f32());
-    combine_into(x, w, ye, r.experts.data<int32_t>(), out);
+    if (side)
+        PG_CUDA(cudaStreamWaitEvent(launch_stream(), side_experts().done, 0));
+    else
+        shared_expert(x, w, ys);
+    combine_into(ye, r.experts.data<int32_t>(), ys, w.top_k, out);
 }
 
 Tensor CudaBackend::to_host_copy(const Tensor& t) { return t.device() == Device::CUDA ? to_host(t) : t; }

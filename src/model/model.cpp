@@ -155,10 +155,19 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
     std::vector<Tensor> main_hidden;
     ForwardBatch replay;  // decoder SWA bounded replay: the rows the layers from replay_layer_ run over
     std::vector<int> rows = logit_rows;
+    // Consecutive layers with nothing of the model's between them, which the backend runs as one (the CUDA backend
+    // as one graph at decode), under the step they were gathered with.
+    std::vector<DecoderLayerRef> run;
+    ForwardBatch* run_step = &batch;
+    auto flush = [&] {
+        if (!run.empty()) be.decoder_layers(run, *run_step, *scratch, h, pre);
+        run.clear();
+    };
     for (int l = 0; l < cfg_.n_layers; ++l) {
         std::vector<int> keep;
         if (l == replay_layer_ && replay_batch(batch, cfg_.window_size, replay, keep)) {
             PEREGRINE_CHECK(!ep_, "decoder SWA bounded replay does not run with expert parallelism");
+            flush();
             if (keep.empty()) {  // none of the step's rows reaches the later layers (nor DSpark's windows)
                 PEREGRINE_CHECK(rows.empty(), "a logit row skips the layers after the last KV source");
                 main_hidden.clear();
@@ -183,15 +192,17 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
         }
         ForwardBatch& step = replay.seqs.empty() ? batch : replay;
         BlockWeight& b = w_.layers[static_cast<size_t>(l)];
+        const bool dspark_target = w_.dspark && std::find(cfg_.dspark_target_layer_ids.begin(),
+                                                          cfg_.dspark_target_layer_ids.end(),
+                                                          l) != cfg_.dspark_target_layer_ids.end();
+        if (b.engram || dspark_target) flush();
         if (b.engram) {
             size_t li = static_cast<size_t>(std::find(cfg_.engram_layer_ids.begin(), cfg_.engram_layer_ids.end(), l) -
                                             cfg_.engram_layer_ids.begin());
             if (deferred) be.engram_hashed(h, *b.engram, engram_hash(*engram_, static_cast<int>(li)), engram_windows);
             else be.engram(h, *b.engram, engram_rows_by_layer[li]);
         }
-        if (w_.dspark && std::find(cfg_.dspark_target_layer_ids.begin(), cfg_.dspark_target_layer_ids.end(), l) !=
-                             cfg_.dspark_target_layer_ids.end())
-            main_hidden.push_back(be.hc_mean(h));  // DSpark reads the target layers' attention inputs
+        if (dspark_target) main_hidden.push_back(be.hc_mean(h));  // DSpark reads the target layers' attention inputs
         const AttentionLayerInfo& info = attn_info_[static_cast<size_t>(l)];
         if (ep_)
             decoder_layer_ops(be, b, format_.single_pass_mhc,
@@ -199,8 +210,9 @@ Tensor Model::forward(ForwardBatch& batch, const std::vector<int>& logit_rows, b
                                [&](const Tensor& x) { return ep_->moe(be, x, b.ffn, step.token_ids); }},
                               h, pre);
         else
-            be.decoder_layer(b, info, step, *scratch, h, pre);
+            run_step = &step, run.push_back({&b, &info});
     }
+    flush();
     if (w_.dspark && !main_hidden.empty()) {  // feed the DSpark stage windows from the backbone's hidden states
         const DSparkWeight& d = *w_.dspark;
         Tensor main_x = be.rms_norm(be.linear(be.concat_cols(main_hidden), d.main_proj), d.main_norm);

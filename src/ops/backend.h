@@ -61,6 +61,12 @@ struct MoeRoute {
 };
 
 // Cross-layer results of one forward step (selected indices, candidate blocks), backend-specific.
+// A decoder layer to run: its weights and its attention role.
+struct DecoderLayerRef {
+    const BlockWeight* block;
+    const AttentionLayerInfo* info;
+};
+
 struct StepScratch {
     virtual ~StepScratch() = default;
 };
@@ -112,10 +118,11 @@ public:
     virtual Tensor attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                              ForwardBatch& batch, StepScratch& scratch) = 0;
     virtual Tensor moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) = 0;
-    // One decoder layer (after its engram): decoder_layer_ops with attention() and moe(batch.token_ids). A backend
-    // may run it its own way (the CUDA backend replays a decode step's layer as one graph).
-    virtual void decoder_layer(const BlockWeight& b, const AttentionLayerInfo& info, ForwardBatch& batch,
-                               StepScratch& scratch, Tensor& h, Tensor& pre);
+    // Consecutive decoder layers with nothing of the model's between them (an engram runs before a run): each
+    // decoder_layer_ops with attention() and moe(batch.token_ids). A backend may run them its own way (the CUDA
+    // backend replays a decode step's run of layers as one graph).
+    virtual void decoder_layers(const std::vector<DecoderLayerRef>& layers, ForwardBatch& batch, StepScratch& scratch,
+                                Tensor& h, Tensor& pre);
     // moe() in three parts, so that expert parallelism can move the pairs between ranks in between:
     // the router; the routed experts over pair rows xp [P, dim] (row p through expert experts[p], its
     // routing weight applied before w2; fp32 [P, dim]; with the reference's arithmetic a row's result does not

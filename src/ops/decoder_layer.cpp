@@ -17,12 +17,13 @@ void decoder_layer_ops(Backend& be, const BlockWeight& b, bool single_pass_mhc, 
     pre = fm.pre;
 }
 
-void Backend::decoder_layer(const BlockWeight& b, const AttentionLayerInfo& info, ForwardBatch& batch,
-                            StepScratch& scratch, Tensor& h, Tensor& pre) {
-    decoder_layer_ops(*this, b, format_.single_pass_mhc,
-                      {[&](const Tensor& x) { return attention(x, b.attn, info, batch, scratch); },
-                       [&](const Tensor& x) { return moe(x, b.ffn, batch.token_ids); }},
-                      h, pre);
+void Backend::decoder_layers(const std::vector<DecoderLayerRef>& layers, ForwardBatch& batch, StepScratch& scratch,
+                             Tensor& h, Tensor& pre) {
+    for (const DecoderLayerRef& l : layers)
+        decoder_layer_ops(*this, *l.block, format_.single_pass_mhc,
+                          {[&](const Tensor& x) { return attention(x, l.block->attn, *l.info, batch, scratch); },
+                           [&](const Tensor& x) { return moe(x, l.block->ffn, batch.token_ids); }},
+                          h, pre);
 }
 
 }  // namespace peregrine

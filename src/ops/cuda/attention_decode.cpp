@@ -5,7 +5,7 @@
 // sequences S and cap (a bound on every row's position + 1): the compressor's outputs are T rows (zeros for rows that
 // end no group, which store nothing), the indexer's and the compressed entries' tables cap / ratio wide per
 // sequence. So a layer's block uploads nothing and launches the same kernels for every step of the same T, S and
-// cap, and the layer is captured as a CUDA graph (layer_graph, cuda_graphs.cpp).
+// cap, and a run of layers is captured as one CUDA graph (layers_graph, cuda_graphs.cpp).
 #include "ops/cuda/attention_planner.h"
 #include "ops/cuda/cuda_backend.h"
 #include "ops/cuda/launch_check.h"
@@ -58,7 +58,7 @@ void CudaBackend::begin_decode(const ForwardBatch& batch, CudaScratch& scratch) 
     if (graphs) {
         auto& slot = decode_sets_[{T, S}];
         if (!slot || slot->cap != cap) {
-            if (slot) graph_runner_.drop(GraphRunner::Kind::decoder_layer, T, S);  // a new cap: they read old buffers
+            if (slot) graph_runner_.drop(GraphRunner::Kind::decoder_layers, T, S);  // a new cap: they read old buffers
             slot = std::make_shared<DecodeSet>();
             slot->cap = cap;
             slot->step_bytes = paged_step_bytes(S, T, S * layout_.pages_for(cap));

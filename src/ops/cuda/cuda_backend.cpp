@@ -499,13 +499,14 @@ std::vector<int> CudaBackend::graph_batch_sizes() const {
     return sizes;
 }
 
+// The graphs' capture arenas, and what their memory nodes reserved (allocations an arena did not hold).
 size_t CudaBackend::graph_memory_bytes() const {
     uint64_t bytes = 0;
     if (cudaDeviceGetGraphMemAttribute(gpu_, cudaGraphMemAttrReservedMemHigh, &bytes) != cudaSuccess) {
         cudaGetLastError();
-        return 0;
+        bytes = 0;
     }
-    return static_cast<size_t>(bytes);
+    return static_cast<size_t>(bytes) + graph_runner_.arena_bytes();
 }
 
 size_t CudaBackend::free_memory() const {

@@ -98,9 +98,10 @@ public:
     Tensor attention(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info, ForwardBatch& batch,
                      StepScratch& scratch) override;
     Tensor moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) override;
-    // Decode steps with graphs (a DecodeSet): the layer through its graph (layer_graph), else as the base class.
-    void decoder_layer(const BlockWeight& b, const AttentionLayerInfo& info, ForwardBatch& batch, StepScratch& scratch,
-                       Tensor& h, Tensor& pre) override;
+    // Decode steps with graphs (a DecodeSet): the run of layers through its graph (layers_graph), else as the base
+    // class.
+    void decoder_layers(const std::vector<DecoderLayerRef>& layers, ForwardBatch& batch, StepScratch& scratch, Tensor& h,
+                        Tensor& pre) override;
     MoeRoute moe_route(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) override;
     Tensor moe_experts(const Tensor& xp, const MoEWeight& w, const Tensor& experts, const Tensor& weights) override;
     Tensor moe_combine(const Tensor& x, const MoEWeight& w, const Tensor& ye, const Tensor& experts) override;
@@ -241,16 +242,16 @@ private:
     double host_wait_ms_ = 0;
     // Decode-form steps (attention_decode.cpp): a token or a few drafted ones per sequence, Numerics::Fast. Every
     // table and list the attention block reads is worked out on the device from the step's page tables, so the block
-    // uploads nothing and launches the same kernels for any step of (T, S, cap): a layer is captured as a graph per
-    // T rows and S sequences (layer_graph).
+    // uploads nothing and launches the same kernels for any step of (T, S, cap): a run of layers is captured as one
+    // graph per T rows and S sequences (layers_graph).
     void begin_decode(const ForwardBatch& batch, CudaScratch& scratch);
     // The attention block's skeleton (attention.cpp) over a planner's tables (attention_planner.h).
     Tensor attend(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info, AttentionPlanner& plan,
                   CudaScratch& scratch);
-    // A decode-form step's decoder layer through its graph (captured on the second call at this T, S and cap; the
-    // attention block through the decode planner, the MoE block as moe_body); false: run it eagerly.
-    bool layer_graph(const BlockWeight& b, const AttentionLayerInfo& info, CudaScratch& scratch,
-                     const std::vector<int32_t>& ids, Tensor& h, Tensor& pre);
+    // A decode-form step's run of decoder layers through one graph (captured on the second call at this T, S and
+    // cap; each attention block through the decode planner, each MoE block as moe_body); false: run it eagerly.
+    bool layers_graph(const std::vector<DecoderLayerRef>& layers, CudaScratch& scratch, const std::vector<int32_t>& ids,
+                      Tensor& h, Tensor& pre);
     std::map<std::pair<int64_t, int64_t>, std::shared_ptr<DecodeSet>> decode_sets_;
     int64_t graph_cap_tokens_ = 2048;
     bool decode_tables_ = true;

@@ -4,13 +4,56 @@
 #include "tensor/tensor.h"
 
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <vector>
 
 namespace peregrine::cuda {
 
-// Device memory of `bytes`, freed in stream order when the last reference goes.
+// Device memory of `bytes`, freed in stream order when the last reference goes (during a graph capture with an
+// arena in scope, a block of the arena).
 std::shared_ptr<void> device_alloc(size_t bytes);
+
+// Device memory for the allocations of one captured graph (GraphRunner). With the stream-ordered pool, every
+// allocation and free inside a capture becomes a memory node of the graph, and a node between two kernels breaks
+// their programmatic dependency (the next kernel's prologue no longer overlaps the previous one's tail). So while
+// an arena is in scope (CaptureArena::Scope), device_alloc hands out its blocks: fixed addresses, no nodes. A block
+// freed during the capture is handed out again only to a later allocation on the same stream, which the capture
+// orders after every earlier use on that stream, as the pool orders its own reuse. Blocks are laid out as if the
+// arena had no end; those past its end come from the pool (memory nodes: right, only slower), and needed() is the
+// size that would have held them all.
+class CaptureArena : public std::enable_shared_from_this<CaptureArena> {
+public:
+    explicit CaptureArena(size_t bytes);
+    ~CaptureArena();
+    CaptureArena(const CaptureArena&) = delete;
+    CaptureArena& operator=(const CaptureArena&) = delete;
+    size_t bytes() const { return cap_; }
+    size_t needed() const { return top_; }
+
+    // device_alloc uses `arena` on this thread while the scope lives.
+    class Scope {
+    public:
+        explicit Scope(CaptureArena& arena);
+        ~Scope();
+        Scope(const Scope&) = delete;
+        Scope& operator=(const Scope&) = delete;
+
+    private:
+        CaptureArena* prev_;
+    };
+
+private:
+    friend std::shared_ptr<void> device_alloc(size_t bytes);
+    // A block of `bytes` for `stream`: its offset, and its address (null past the end).
+    std::pair<size_t, void*> take(size_t bytes, const void* stream);
+    void give(size_t offset, const void* stream);
+    char* base_ = nullptr;
+    size_t cap_ = 0, top_ = 0;
+    std::map<const void*, std::multimap<size_t, size_t>> free_;  // per stream: freed blocks' offsets by size
+    std::map<size_t, size_t> sizes_;                              // every block laid out: its size, by offset
+};
+
 void copy_to_device(void* dst, const void* src, size_t bytes);
 // A parameter's upload at start-up, complete on return: large ones are read by every thread of the global pool into
 // pinned staging (two buffers, so one goes over the bus while the next is read), small ones through the ring.

@@ -30,12 +30,20 @@ struct GraphRunner::Region {
     std::vector<Tensor> in, out;  // the fixed buffers
     std::shared_ptr<void> ids;    // [rows] token ids
     std::shared_ptr<void> note;   // what the caller noted after the capture (Hooks)
+    std::shared_ptr<CaptureArena> arena;  // the graph's temporaries
     ~Region() {
         if (exec) cudaGraphExecDestroy(exec);
     }
 };
 
 GraphRunner::~GraphRunner() { regions_.clear(); }
+
+size_t GraphRunner::arena_bytes() const {
+    size_t n = 0;
+    for (const auto& [key, r] : regions_)
+        if (r && r->arena) n += r->arena->bytes();
+    return n;
+}
 
 void GraphRunner::drop(Kind kind, int64_t rows, int64_t seqs) {
     PG_CUDA(cudaStreamSynchronize(launch_stream()));
@@ -66,32 +74,44 @@ void GraphRunner::prepare_scratch() {
 }
 
 bool GraphRunner::capture(Region& r, const Key& key, const Body& body) {
-    cudaGraph_t graph = nullptr;
-    PG_CUDA(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeThreadLocal));
+    size_t& size = arena_bytes_[{key.kind, key.rows}];
+    if (size == 0) size = size_t(16) << 20;
     std::string why;
-    try {
-        body(r.in, static_cast<const int32_t*>(r.ids.get()), r.out);
-    } catch (const std::exception& e) {
-        why = e.what();
-    }
-    cudaError_t e = cudaStreamEndCapture(cudaStreamPerThread, &graph);
-    if (why.empty() && e != cudaSuccess) why = cudaGetErrorString(e);
-    if (why.empty()) {
-        e = cudaGraphInstantiate(&r.exec, graph, 0);
-        if (e != cudaSuccess) {
-            why = cudaGetErrorString(e);
-            r.exec = nullptr;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+        if (r.exec) cudaGraphExecDestroy(r.exec);
+        r.exec = nullptr;
+        r.arena = std::make_shared<CaptureArena>(size);
+        cudaGraph_t graph = nullptr;
+        PG_CUDA(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeThreadLocal));
+        why.clear();
+        try {
+            CaptureArena::Scope use(*r.arena);
+            body(r.in, static_cast<const int32_t*>(r.ids.get()), r.out);
+        } catch (const std::exception& e) {
+            why = e.what();
         }
+        cudaError_t e = cudaStreamEndCapture(cudaStreamPerThread, &graph);
+        if (why.empty() && e != cudaSuccess) why = cudaGetErrorString(e);
+        if (why.empty()) {
+            e = cudaGraphInstantiate(&r.exec, graph, 0);
+            if (e != cudaSuccess) {
+                why = cudaGetErrorString(e);
+                r.exec = nullptr;
+            }
+        }
+        if (graph) cudaGraphDestroy(graph);
+        if (why.empty() && scratch_moved(scratch_)) why = "the GEMV scratch grew during capture";
+        if (!why.empty() || r.arena->needed() <= r.arena->bytes()) break;
+        size = (r.arena->needed() + (size_t(1) << 20) - 1) >> 20 << 20;  // too small: again, in one that fits
     }
-    if (graph) cudaGraphDestroy(graph);
-    if (why.empty() && scratch_moved(scratch_)) why = "the GEMV scratch grew during capture";
     if (why.empty()) return true;
     cudaGetLastError();  // capture errors are not sticky
     std::fprintf(stderr, "peregrine: CUDA graph for the %s at %lld rows (%lld sequences) not used: %s\n",
-                 key.kind == Kind::decoder_layer ? "decoder layer" : "MoE block", static_cast<long long>(key.rows),
+                 key.kind == Kind::decoder_layers ? "decoder layers" : "MoE block", static_cast<long long>(key.rows),
                  static_cast<long long>(key.seqs), why.c_str());
     if (r.exec) cudaGraphExecDestroy(r.exec);
     r.exec = nullptr;
+    r.arena.reset();
     r.failed = true;
     return false;
 }

@@ -1,11 +1,12 @@
 #pragma once
-// Regions of launches captured once as CUDA graphs and replayed: a decode step's decoder layer, another step's MoE
-// block. A region reads fixed input buffers and writes fixed output buffers, copied in and out around each replay.
+// Regions of launches captured once as CUDA graphs and replayed: a decode step's run of decoder layers, another
+// step's MoE block. A region reads fixed input buffers and writes fixed output buffers, copied in and out around each replay.
 // The first call at a key runs eagerly (so that weights, tables and scratch exist before capture, which cannot
 // upload), the second captures and replays, later ones replay; a region whose capture fails stays eager. Captured
 // kernels read the decode GEMV's grow-only scratch: it is grown once before the first capture, and every graph is
-// dropped if any of it moves (a larger call elsewhere may grow it). Same kernels on the same inputs: replays give
-// the eager run's bits.
+// dropped if any of it moves (a larger call elsewhere may grow it). A region's temporaries come from an arena of its
+// own (CaptureArena: no memory nodes in the graph), captured again at once if the first arena was too small. Same
+// kernels on the same inputs: replays give the eager run's bits.
 #include "tensor/tensor.h"
 
 #include <cstdint>
@@ -19,14 +20,15 @@ namespace peregrine::cuda {
 
 class GraphRunner {
 public:
-    enum class Kind { decoder_layer, moe_block };
+    enum class Kind { decoder_layers, moe_block };
     struct Key {
         Kind kind;
-        const void* what;  // the region's weights
+        const void* what;  // the region's weights (decoder layers: the first layer's)
         int64_t rows;
-        int64_t seqs = 0;  // decoder layers: the step's sequences
+        int64_t seqs = 0;    // decoder layers: the step's sequences
+        int64_t layers = 0;  // decoder layers: how many
         bool operator<(const Key& o) const {
-            return std::tie(kind, what, rows, seqs) < std::tie(o.kind, o.what, o.rows, o.seqs);
+            return std::tie(kind, what, rows, seqs, layers) < std::tie(o.kind, o.what, o.rows, o.seqs, o.layers);
         }
     };
     // What a region runs: reads `in` and `ids` [rows] (token ids on the device), writes `out` (all fixed buffers).
@@ -56,6 +58,8 @@ public:
 
     int64_t replays() const { return replays_; }
     int64_t captures() const { return captures_; }
+    // Device memory the regions' capture arenas hold (device_memory.h).
+    size_t arena_bytes() const;
 
 private:
     struct Region;
@@ -64,6 +68,7 @@ private:
     bool capture(Region& r, const Key& key, const Body& body);
 
     std::map<Key, std::shared_ptr<Region>> regions_;
+    std::map<std::pair<Kind, int64_t>, size_t> arena_bytes_;  // by kind and rows: the last capture's need
     void* scratch_[2][3] = {};  // the GEMV scratch the graphs were captured with (per set: gemv_common.cuh)
     int64_t replays_ = 0, captures_ = 0;
 };

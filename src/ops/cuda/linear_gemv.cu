@@ -12,6 +12,7 @@
 // kernel). The defaults are the streaming kernels of linear_gemv_stream.cu (see kernels.h and launch_rows);
 // mma_sync is the older tensor-core one in linear_gemv_mma.cu.
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/device_memory.h"
 #include "util/switches.h"
 #include "ops/cuda/gemv_common.cuh"
 #include "ops/cuda/kernels.h"
@@ -313,13 +314,11 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     const size_t smem = static_cast<size_t>(MR) * per * VEC * sizeof(float);
     smem_opt_in<gemv_kernel<F, MR>>(kSmemBytes);
 
-    std::shared_ptr<void> keep;
+    std::shared_ptr<void> keep;  // freed in stream order after the reduction
     float* partial = nullptr;
     if (splits > 1) {
-        const size_t bytes = sizeof(float) * static_cast<size_t>(splits) * static_cast<size_t>(M) * N;
-        void* p = nullptr;
-        PG_CUDA(cudaMallocAsync(&p, bytes, 0));
-        partial = static_cast<float*>(p);
+        keep = device_alloc(sizeof(float) * static_cast<size_t>(splits) * static_cast<size_t>(M) * N);
+        partial = static_cast<float*>(keep.get());
     }
     const int64_t gx = static_cast<int64_t>(nblocks) * splits * mtiles;
     if (gx > 0x7fffffff) fail("linear_gemv: grid of {} blocks is too large", gx);
@@ -330,7 +329,6 @@ void launch(const float* x, const float* xs, int64_t M, const LinearDev& w, floa
     if (splits > 1) {
         const int64_t n = M * N;
         launch_pdl(gemv_reduce_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, partial, splits, n, w.kind != 0, y);
-        PG_CUDA(cudaFreeAsync(partial, 0));
     }
 }
 

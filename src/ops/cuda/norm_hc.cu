@@ -1,5 +1,6 @@
 // RMSNorm and the hyper-connection (mHC) kernels: mixing coefficients with the Sinkhorn normalisation fused
 // into the same kernel, collapse, expand, mean, embedding and row gathers (cf. cpu/cpu_backend.cpp).
+#include "ops/cuda/device_memory.h"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
@@ -566,14 +567,13 @@ void hc_mixes_fast(const float* h, int64_t T, int hc, int D, const float* fn, in
     const int n_chunks = (W + kDmmaChunk - 1) / kDmmaChunk;
     const int tiles = static_cast<int>((T + kDmmaTokens - 1) / kDmmaTokens);
     const int S = std::clamp((2 * sm_count() + tiles - 1) / tiles, 1, n_chunks);
-    double* part = nullptr;
-    PG_CUDA(cudaMallocAsync(&part, sizeof(double) * static_cast<size_t>(T) * (n_mix + 1) * S, launch_stream()));
+    auto keep = device_alloc(sizeof(double) * static_cast<size_t>(T) * (n_mix + 1) * S);  // freed after the finish
+    double* part = static_cast<double*>(keep.get());
     smem_opt_in<hc_mixes_dmma_kernel>(kDmmaSmem);
     launch_pdl(hc_mixes_dmma_kernel, dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(S)), dim3(kDmmaThreads),
                kDmmaSmem, h, static_cast<int>(T), W, fn, n_mix, n_chunks, part);
     launch_pdl(hc_mixes_finish_kernel, dim3(static_cast<unsigned>(T)), dim3(finish_threads(T, n_mix)), 0, part, S, W,
                n_mix, hc, base, scale, eps, hc_eps, iters, mode, pre, post, comb);
-    PG_CUDA(cudaFreeAsync(part, launch_stream()));
 }
 
 void hc_collapse(const float* h, const float* pre, int64_t T, int hc, int D, float* y) {

@@ -29,11 +29,12 @@ std::shared_ptr<void> device_alloc(size_t bytes) {
     void* p = nullptr;
     const cudaStream_t s = launch_stream();
     if (CaptureArena* arena = active_arena) {
-        auto [offset, at] = arena->take(bytes, s);
-        const bool pooled = at == nullptr;
-        if (pooled) PG_CUDA(cudaMallocAsync(&at, std::max<size_t>(bytes, 16), s));
-        return std::shared_ptr<void>(at, [a = arena->shared_from_this(), offset, pooled, s](void* q) {
-            a->give(offset, s);
+        const size_t offset = arena->layout_.take(bytes, s);
+        const bool pooled = offset + arena->layout_.size_of(offset) > arena->cap_;  // past the arena's end
+        if (pooled) PG_CUDA(cudaMallocAsync(&p, std::max<size_t>(bytes, 16), s));
+        else p = arena->base_ + offset;
+        return std::shared_ptr<void>(p, [a = arena->shared_from_this(), offset, pooled, s](void* q) {
+            a->layout_.give(offset, s);
             if (pooled) cudaFreeAsync(q, s);
         });
     }
@@ -42,7 +43,7 @@ std::shared_ptr<void> device_alloc(size_t bytes) {
 }
 
 CaptureArena::CaptureArena(size_t bytes) : cap_(bytes) {
-    PG_CUDA(cudaMalloc(&base_, std::max<size_t>(cap_, 256)));
+    PG_CUDA(cudaMalloc(&base_, std::max<size_t>(cap_, ArenaLayout::kAlign)));
 }
 
 CaptureArena::~CaptureArena() {
@@ -51,24 +52,6 @@ CaptureArena::~CaptureArena() {
 
 CaptureArena::Scope::Scope(CaptureArena& arena) : prev_(active_arena) { active_arena = &arena; }
 CaptureArena::Scope::~Scope() { active_arena = prev_; }
-
-std::pair<size_t, void*> CaptureArena::take(size_t bytes, const void* stream) {
-    bytes = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
-    auto& fl = free_[stream];
-    size_t offset = top_;
-    auto it = fl.lower_bound(bytes);
-    if (it != fl.end() && it->first <= 2 * bytes) {  // a freed block of about this size, reused
-        offset = it->second;
-        fl.erase(it);
-    } else {
-        top_ += bytes;
-        sizes_[offset] = bytes;
-    }
-    const bool inside = offset + sizes_.at(offset) <= cap_;
-    return {offset, inside ? base_ + offset : nullptr};
-}
-
-void CaptureArena::give(size_t offset, const void* stream) { free_[stream].emplace(sizes_.at(offset), offset); }
 
 namespace {
 // Page-locked staging for host-to-device uploads: an upload is copied into the next free bytes of a pinned ring

@@ -1,10 +1,10 @@
 #pragma once
 // Device memory for the CUDA backend's pieces: stream-ordered allocations, uploads that never make the host wait
 // (a pinned staging ring), page-locked buffers for results copied back every step, and tensor copies.
+#include "ops/cuda/arena_layout.h"
 #include "tensor/tensor.h"
 
 #include <cstddef>
-#include <map>
 #include <memory>
 #include <vector>
 
@@ -20,8 +20,8 @@ std::shared_ptr<void> device_alloc(size_t bytes);
 // an arena is in scope (CaptureArena::Scope), device_alloc hands out its blocks: fixed addresses, no nodes. A block
 // freed during the capture is handed out again only to a later allocation on the same stream, which the capture
 // orders after every earlier use on that stream, as the pool orders its own reuse. Blocks are laid out as if the
-// arena had no end; those past its end come from the pool (memory nodes: right, only slower), and needed() is the
-// size that would have held them all.
+// arena had no end (ArenaLayout); those past its end come from the pool (memory nodes: right, only slower), and
+// needed() is the size that would have held them all.
 class CaptureArena : public std::enable_shared_from_this<CaptureArena> {
 public:
     explicit CaptureArena(size_t bytes);
@@ -29,7 +29,7 @@ public:
     CaptureArena(const CaptureArena&) = delete;
     CaptureArena& operator=(const CaptureArena&) = delete;
     size_t bytes() const { return cap_; }
-    size_t needed() const { return top_; }
+    size_t needed() const { return layout_.top(); }
 
     // device_alloc uses `arena` on this thread while the scope lives.
     class Scope {
@@ -45,13 +45,9 @@ public:
 
 private:
     friend std::shared_ptr<void> device_alloc(size_t bytes);
-    // A block of `bytes` for `stream`: its offset, and its address (null past the end).
-    std::pair<size_t, void*> take(size_t bytes, const void* stream);
-    void give(size_t offset, const void* stream);
     char* base_ = nullptr;
-    size_t cap_ = 0, top_ = 0;
-    std::map<const void*, std::multimap<size_t, size_t>> free_;  // per stream: freed blocks' offsets by size
-    std::map<size_t, size_t> sizes_;                              // every block laid out: its size, by offset
+    size_t cap_ = 0;
+    ArenaLayout layout_;
 };
 
 void copy_to_device(void* dst, const void* src, size_t bytes);

@@ -60,13 +60,13 @@ struct MoeRoute {
     Tensor experts, weights;
 };
 
-// Cross-layer results of one forward step (selected indices, candidate blocks), backend-specific.
 // A decoder layer to run: its weights and its attention role.
 struct DecoderLayerRef {
     const BlockWeight* block;
     const AttentionLayerInfo* info;
 };
 
+// Cross-layer results of one forward step (selected indices, candidate blocks), backend-specific.
 struct StepScratch {
     virtual ~StepScratch() = default;
 };

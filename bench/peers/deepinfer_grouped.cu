@@ -333,9 +333,10 @@ int main(int argc, char** argv) {
         char tile[32], ours[96] = "", ours_json[160] = "";
         std::snprintf(tile, sizeof(tile), "%ux%u/%u", r.best.bm, r.best.bn, r.best.stages);
         if (r.ours_ms > 0) {  // FP4: half a byte a weight and a scale byte per 32
+            failed |= !(r.ours_err <= 1e-2);
             const double ours_gbs = double(r.experts) * r.N * (r.K / 2 + r.K / 32) / (r.ours_ms * 1e6);
-            std::snprintf(ours, sizeof(ours), " %9.3f %9.0f %10.2e %9.2fx", r.ours_ms, ours_gbs, r.ours_err,
-                          r.ms / r.ours_ms);
+            std::snprintf(ours, sizeof(ours), " %9.3f %9.0f %10.2e %9.2fx%s", r.ours_ms, ours_gbs, r.ours_err,
+                          r.ms / r.ours_ms, r.ours_err <= 1e-2 ? "" : "  WRONG");
             std::snprintf(ours_json, sizeof(ours_json),
                           ", \"ours_ms\": %.4f, \"ours_weight_gbs\": %.1f, \"ours_max_err_of_max\": %.3e, "
                           "\"peer_over_ours\": %.3f",

@@ -258,22 +258,13 @@ void CudaBackend::run_hc_mixes(const Tensor& h, const Tensor& fn, int n_mix, con
 // join, so that no memory is freed under it.
 constexpr int64_t kSideMixRows = 256;
 struct CudaBackend::SideMixes {
-    cudaStream_t stream = nullptr;
-    cudaEvent_t fork = nullptr, done = nullptr;
+    SideStream side{true};        // ahead of the block's launches
     std::vector<Tensor> pending;  // the mix in flight: its outputs, then its input
 };
 
 CudaBackend::SideMixes& CudaBackend::side_mixes() {
     thread_local std::map<int, SideMixes> per_device;
-    SideMixes& s = per_device[gpu_];
-    if (!s.stream) {
-        int lo = 0, hi = 0;
-        PG_CUDA(cudaDeviceGetStreamPriorityRange(&lo, &hi));
-        PG_CUDA(cudaStreamCreateWithPriority(&s.stream, cudaStreamNonBlocking, hi));  // ahead of the block's launches
-        PG_CUDA(cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming));
-        PG_CUDA(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
-    }
-    return s;
+    return per_device.try_emplace(gpu_).first->second;
 }
 
 void CudaBackend::join_mixes(const Tensor* t) {
@@ -285,7 +276,7 @@ void CudaBackend::join_mixes(const Tensor* t) {
         for (size_t i = 0; i + 1 < s.pending.size(); ++i) reads |= s.pending[i].raw() == t->raw();
         if (!reads) return;
     }
-    PG_CUDA(cudaStreamWaitEvent(cudaStreamPerThread, s.done, 0));
+    s.side.join();
     s.pending.clear();
 }
 
@@ -310,14 +301,10 @@ HcMix CudaBackend::hc_mixes(const Tensor& h, const HcWeight& w) {
     join_mixes(nullptr);
     weights_.f32(w.fn), weights_.f32(w.base), weights_.f32(w.scale);  // first-use uploads go to this thread's stream, before the fork
     SideMixes& s = side_mixes();
-    PG_CUDA(cudaEventRecord(s.fork, cudaStreamPerThread));
-    PG_CUDA(cudaStreamWaitEvent(s.stream, s.fork, 0));
-    {
-        LaunchStream on(s.stream);
+    s.side.run([&] {
         run_hc_mixes(h, w.fn, n_mix, w.base, w.scale, cfg_.hc_sinkhorn_iters, 0, m.pre.f32(), m.post.f32(),
                      m.comb.f32());
-    }
-    PG_CUDA(cudaEventRecord(s.done, s.stream));
+    });
     s.pending = {m.pre, m.post, m.comb, h};
     return m;
 }

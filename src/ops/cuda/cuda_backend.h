@@ -22,6 +22,8 @@
 
 namespace peregrine::cuda {
 
+class SideStream;  // launch_stream.h
+
 struct CudaScratch : StepScratch {
     // Compressed-entry selection of the most recent index source: [T, k] (-1: none) and counts [T].
     std::shared_ptr<void> topk, topk_count;
@@ -100,8 +102,8 @@ public:
     Tensor moe(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) override;
     // Decode steps with graphs (a DecodeSet): the run of layers through its graph (layers_graph), else as the base
     // class.
-    void decoder_layers(const std::vector<DecoderLayerRef>& layers, ForwardBatch& batch, StepScratch& scratch, Tensor& h,
-                        Tensor& pre) override;
+    void decoder_layers(const std::vector<DecoderLayerRef>& layers, ForwardBatch& batch, StepScratch& scratch,
+                        Tensor& h, Tensor& pre) override;
     MoeRoute moe_route(const Tensor& x, const MoEWeight& w, const std::vector<int32_t>& ids) override;
     Tensor moe_experts(const Tensor& xp, const MoEWeight& w, const Tensor& experts, const Tensor& weights) override;
     Tensor moe_combine(const Tensor& x, const MoEWeight& w, const Tensor& ye, const Tensor& experts) override;
@@ -284,8 +286,7 @@ private:
     void combine_into(const Tensor& ye, const int32_t* sel, const Tensor& shared, int top_k, Tensor& out);
     // The shared expert of decode-sized MoE blocks on a side stream (moe.cpp); PEREGRINE_SHARED_EXPERT_SIDE_STREAM=0:
     // on the thread's stream (A/B).
-    struct SideExperts;
-    SideExperts& side_experts();
+    SideStream& side_experts();
     bool side_shared_on_ = true;
     bool use_grouped_fp4(const ExpertWeight& e0, const ExpertTables& tab, const LinearRouting& r);
 

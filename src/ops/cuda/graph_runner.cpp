@@ -74,7 +74,7 @@ void GraphRunner::prepare_scratch() {
 }
 
 bool GraphRunner::capture(Region& r, const Key& key, const Body& body) {
-    size_t& size = arena_bytes_[{key.kind, key.rows}];
+    size_t& size = arena_sizes_[{key.kind, key.rows}];
     if (size == 0) size = size_t(16) << 20;
     std::string why;
     for (int attempt = 0; attempt < 2; ++attempt) {

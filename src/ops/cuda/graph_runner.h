@@ -1,6 +1,7 @@
 #pragma once
 // Regions of launches captured once as CUDA graphs and replayed: a decode step's run of decoder layers, another
-// step's MoE block. A region reads fixed input buffers and writes fixed output buffers, copied in and out around each replay.
+// step's MoE block. A region reads fixed input buffers and writes fixed output buffers, copied in and out around
+// each replay.
 // The first call at a key runs eagerly (so that weights, tables and scratch exist before capture, which cannot
 // upload), the second captures and replays, later ones replay; a region whose capture fails stays eager. Captured
 // kernels read the decode GEMV's grow-only scratch: it is grown once before the first capture, and every graph is
@@ -68,7 +69,7 @@ private:
     bool capture(Region& r, const Key& key, const Body& body);
 
     std::map<Key, std::shared_ptr<Region>> regions_;
-    std::map<std::pair<Kind, int64_t>, size_t> arena_bytes_;  // by kind and rows: the last capture's need
+    std::map<std::pair<Kind, int64_t>, size_t> arena_sizes_;  // by kind and rows: the last capture's need
     void* scratch_[2][3] = {};  // the GEMV scratch the graphs were captured with (per set: gemv_common.cuh)
     int64_t replays_ = 0, captures_ = 0;
 };

@@ -5,13 +5,10 @@
 // pass and down in another, reading the packed weights directly (moe_gemm_fp4.cu);
 // PEREGRINE_MOE_GEMM=cublas runs the three projections through run_linear (cuBLAS) instead.
 #include "ops/cuda/cuda_backend.h"
-#include "ops/cuda/launch_check.h"
 #include "ops/cuda/launch_stream.h"
 #include "ops/cuda/moe_gemm_fp4.h"
 #include "util/error.h"
 #include "util/switches.h"
-
-#include <cuda_runtime.h>
 
 #include <map>
 
@@ -156,20 +153,9 @@ Tensor CudaBackend::moe(const Tensor& x, const MoEWeight& w, const std::vector<i
 // cuBLAS runs on the thread's stream); not while profiling, whose phases time the thread's stream. Its output is
 // allocated on the thread's stream and its temporaries freed on the side stream before the join, so that a graph
 // capture finds no side-stream work left unjoined.
-struct CudaBackend::SideExperts {
-    cudaStream_t stream = nullptr;
-    cudaEvent_t fork = nullptr, done = nullptr;
-};
-
-CudaBackend::SideExperts& CudaBackend::side_experts() {
-    thread_local std::map<int, SideExperts> per_device;
-    SideExperts& s = per_device[gpu_];
-    if (!s.stream) {
-        PG_CUDA(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
-        PG_CUDA(cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming));
-        PG_CUDA(cudaEventCreateWithFlags(&s.done, cudaEventDisableTiming));
-    }
-    return s;
+SideStream& CudaBackend::side_experts() {
+    thread_local std::map<int, SideStream> per_device;
+    return per_device.try_emplace(gpu_, false).first->second;
 }
 
 // The whole block into `out` (captured as one graph at decode sizes, cuda_graphs.cpp).
@@ -179,19 +165,12 @@ void CudaBackend::moe_body(const Tensor& x, const MoEWeight& w, const int32_t* i
     if (side) {
         for (const LinearWeight* l : {&w.shared.w1, &w.shared.w3, &w.shared.w2})
             weights_.linear(*l);  // first-use uploads go to this thread's stream, before the fork
-        SideExperts& s = side_experts();
-        PG_CUDA(cudaEventRecord(s.fork, launch_stream()));
-        PG_CUDA(cudaStreamWaitEvent(s.stream, s.fork, 0));
-        {
-            LaunchStream on(s.stream);
-            shared_expert(x, w, ys);
-        }
-        PG_CUDA(cudaEventRecord(s.done, s.stream));
+        side_experts().run([&] { shared_expert(x, w, ys); });
     }
     MoeRoute r = route_rows(x, w, ids_d);
     Tensor ye = routed_experts(x, x.dim(0) * w.top_k, w.top_k, w, r.experts.data<int32_t>(), r.weights.f32());
     if (side)
-        PG_CUDA(cudaStreamWaitEvent(launch_stream(), side_experts().done, 0));
+        side_experts().join();
     else
         shared_expert(x, w, ys);
     combine_into(ye, r.experts.data<int32_t>(), ys, w.top_k, out);

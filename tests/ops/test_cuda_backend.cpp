@@ -112,6 +112,8 @@ void check_ops(const std::string& fx, const ModelConfig& cfg, const ModelWeights
     Tensor x = random_bf16({T, dim}, seed++);
     expect_close(H(gpu.rms_norm(D(x), b0.attn_norm)), cpu->rms_norm(x, b0.attn_norm), 1e-2f, 1e-6f, tag + " rms_norm");
     HcMix mc = cpu->hc_mixes(h, b0.hc_attn), mg = gpu.hc_mixes(D(h), b0.hc_attn);
+    // Decode-sized mixes run on a side stream that only the backend's own consumers join; the copies below do not.
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     expect_close(H(mg.pre), mc.pre, 1e-4f, 1e-6f, tag + " hc_mixes pre");
     expect_close(H(mg.post), mc.post, 1e-4f, 1e-6f, tag + " hc_mixes post");
     expect_close(H(mg.comb), mc.comb, 1e-4f, 1e-6f, tag + " hc_mixes comb (Sinkhorn)");

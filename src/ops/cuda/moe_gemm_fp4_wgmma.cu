@@ -39,26 +39,6 @@ struct Shape {
     static constexpr int kSmem = kStages * kStage + 1024;  // + alignment of the first stage to 1024 bytes
 };
 
-// d (m64 x n64, fp32) += A (m64 x k16 bf16, registers) * B (k16 x n64 bf16, shared memory, K-major).
-__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
-    asm volatile(
-        "{\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        PG_WGMMA_D32 ", {%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n}\n"
-        : PG_WGMMA_ACC32(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-}
-
-// d (m64 x n128, fp32) += A (m64 x k16 bf16, registers) * B (k16 x n128 bf16, shared memory, K-major).
-__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
-    asm volatile(
-        "{\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        PG_WGMMA_D64 ", {%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n}\n"
-        : PG_WGMMA_ACC64(d)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-}
-
 // Staged weight row R -> (weight set, feature offset from the block's first output column).
 __device__ __forceinline__ void staged_row(int R, bool gated, int& set, int& feature) {
     if (!gated) {

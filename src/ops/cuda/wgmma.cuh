@@ -1,9 +1,9 @@
 #pragma once
-// Hopper warpgroup MMA (wgmma) plumbing shared by the kernels that use it (moe_gemm_fp4_wgmma.cu,
+// Hopper warpgroup MMA (wgmma) plumbing shared by the kernels that use it (moe_gemm_fp4_wgmma.cu, linear_wgmma.cu,
 // index_wgmma.cu, sparse_attention_wgmma.cu): shared-memory descriptors for K-major bf16 tiles in the 128-byte
 // swizzle, the fence, commit and wait, the proxy fence between shared-memory writes and the tensor cores' reads, a
 // register fence for accumulators the tensor cores write asynchronously, named barriers between warpgroups; the
-// accumulator operand lists of the MMA wrappers.
+// accumulator operand lists of the MMA wrappers, and the bf16 MMAs whose A operand comes from registers (wgmma_rs).
 #include <cstdint>
 
 // The fp32 accumulators of an m64nNk16 wgmma as inline-asm operands: N / 2 registers a thread, %0 .. %31 for n64
@@ -42,6 +42,26 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// d (m64 x n64, fp32) += A (m64 x k16 bf16, registers) * B (k16 x n64 bf16, shared memory, K-major).
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        PG_WGMMA_D32 ", {%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n}\n"
+        : PG_WGMMA_ACC32(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+// d (m64 x n128, fp32) += A (m64 x k16 bf16, registers) * B (k16 x n128 bf16, shared memory, K-major).
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+    asm volatile(
+        "{\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        PG_WGMMA_D64 ", {%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n}\n"
+        : PG_WGMMA_ACC64(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
 // Keeps the accumulators where the tensor cores wrote them until the wait (no early reads).

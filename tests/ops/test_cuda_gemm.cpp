@@ -1,12 +1,12 @@
-// The prefill GEMM path (linear_cublas: bf16 tensor cores on exact bf16 images of the quantised operands,
-// fp32 GEMMs for F32 linears) against the exact tiled kernels, at V4.1-Flash's real shapes with random
-// weights in the checkpoint formats. Rounded outputs (BF16/FP8/FP4) may differ by the bf16 rounding of a
-// differently ordered fp32 sum: |d| <= 2^-7 |exact| (one bf16 step) + 1e-5 max|exact|; F32 outputs by fp32
-// summation order only: |d| <= 1e-5 |exact| + 1e-5 max|exact|. At large M the exact kernel runs on an even
-// sample of 256 rows. The routed FP4 experts also run through the grouped tensor-core kernels that read the
-// packed weights (moe_gemm_fp4.cu, "mma"), plain and gated (w1 and w3 with the SwiGLU). Also prints the fast
-// paths' TFLOP/s at M=16384 (and the experts at T=4096 and 16384 tokens). Skipped without a GPU; lines
-// starting with "PARITY" are collected by tools/gpu/check.sh.
+// The prefill GEMM path (linear_cublas: bf16 tensor cores on exact bf16 images of the quantised operands, fp32 GEMMs
+// for F32 linears) and the FP8 linears of 33..256 rows (linear_wgmma) against the exact tiled kernels, at
+// V4.1-Flash's real shapes with random weights in the checkpoint formats. Rounded outputs (BF16/FP8/FP4) may differ
+// by the bf16 rounding of a differently ordered fp32 sum: |d| <= 2^-7 |exact| (one bf16 step) + 1e-5 max|exact|; F32
+// outputs by fp32 summation order only: |d| <= 1e-5 |exact| + 1e-5 max|exact|. At large M the exact kernel runs on
+// an even sample of 256 rows. The routed FP4 experts also run through the grouped tensor-core kernels that read the
+// packed weights (moe_gemm_fp4.cu, "mma"), plain and gated (w1 and w3 with the SwiGLU). Also prints the fast paths'
+// TFLOP/s at M=16384 (and the experts at T=4096 and 16384 tokens). Skipped without a GPU; lines starting with
+// "PARITY" are collected by tools/gpu/check.sh.
 #include "cuda_test_util.h"
 #include "model/model.h"
 #include "model/model_weights.h"
@@ -338,6 +338,89 @@ TEST(CudaGemm, DenseFastMatchesExact) {
                     std::string(sh.name) + " M=" + std::to_string(M));
         }
     }
+}
+
+// Decode batches above the GEMV's 32 rows: the FP8 linears on the bf16 tensor cores (linear_wgmma, quantising the raw
+// activations itself) against the exact kernel on act_quant's output, every row; token tails (1, 16, 33, 65, 200
+// rows), one and two token tiles, and weight scales up to 2^10 (past the first multiply's 2^7) on one shape.
+TEST(CudaGemm, DenseWgmmaMatchesExact) {
+    REQUIRE_GPU();
+    uint64_t seed = 31;
+    for (const DenseShape& sh : kDense) {
+        if (sh.kind != 2) continue;
+        for (bool large : {false, true}) {
+            if (large && sh.N != 512) continue;
+            const Weight w = make_weight(2, false, sh.K, sh.N, seed++, large ? 130 : 120, 8);
+            for (int64_t M : {1, 16, 33, 64, 65, 128, 200, 256}) {
+                ASSERT_TRUE(linear_wgmma_supported(w.d, M)) << sh.name;
+                auto raw = device_alloc(sizeof(float) * M * sh.K);
+                fill_random_bf16(static_cast<float*>(raw.get()), M * sh.K, seed++);
+                auto xq = device_alloc(sizeof(float) * M * sh.K);
+                auto xs = device_alloc(sizeof(float) * M * (sh.K / kBlock));
+                act_quant(static_cast<const float*>(raw.get()), M, sh.K, kBlock, static_cast<float*>(xq.get()),
+                          static_cast<float*>(xs.get()));
+                auto y = device_alloc(sizeof(float) * M * sh.N), y_ref = device_alloc(sizeof(float) * M * sh.N);
+                linear_wgmma(static_cast<const float*>(raw.get()), M, w.d, static_cast<float*>(y.get()));
+                linear_tiled(static_cast<const float*>(xq.get()), static_cast<const float*>(xs.get()), M, w.d,
+                             static_cast<float*>(y_ref.get()), nullptr, nullptr);
+                CK(cudaDeviceSynchronize());
+                compare(sample_rows_host(static_cast<const float*>(y.get()), M, 1, sh.N),
+                        sample_rows_host(static_cast<const float*>(y_ref.get()), M, 1, sh.N), true,
+                        std::string("wgmma ") + sh.name + (large ? " scales to 2^10" : "") + " M=" +
+                            std::to_string(M));
+            }
+        }
+    }
+}
+
+// What the decode-sized FP8 linears cost through each path (the GEMV up to 32 rows, linear_wgmma, cuBLAS on bf16
+// images), with L2 flushed before every call: microseconds and the weights' bytes over that time. Printed, not
+// asserted (speed is judged by the benchmarks; tools/gpu/check.sh collects the lines).
+TEST(CudaGemm, DecodeSizedFp8Throughput) {
+    REQUIRE_GPU();
+    const size_t flush_bytes = size_t(256) << 20;  // over the H200's 60 MB of L2
+    auto flush = device_alloc(flush_bytes);
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    auto cold_us = [&](const std::function<void()>& f) {
+        f();
+        std::vector<float> t;
+        for (int i = 0; i < 7; ++i) {
+            cudaMemsetAsync(flush.get(), i, flush_bytes, cudaStreamPerThread);
+            cudaEventRecord(e0, cudaStreamPerThread);
+            f();
+            cudaEventRecord(e1, cudaStreamPerThread);
+            cudaEventSynchronize(e1);
+            float ms = 0.0f;
+            cudaEventElapsedTime(&ms, e0, e1);
+            t.push_back(ms * 1e3f);
+        }
+        std::sort(t.begin(), t.end());
+        return static_cast<double>(t[t.size() / 2]);
+    };
+    uint64_t seed = 77;
+    for (const DenseShape& sh : kDense) {
+        if (sh.kind != 2) continue;
+        const Weight w = make_weight(2, false, sh.K, sh.N, seed++);
+        const double bytes = static_cast<double>(sh.N) * sh.K;
+        for (int64_t M : {16, 32, 64, 128, 256}) {
+            auto x = device_alloc(sizeof(float) * M * sh.K), y = device_alloc(sizeof(float) * M * sh.N);
+            fill_random_bf16(static_cast<float*>(x.get()), M * sh.K, seed++);
+            const float* xp = static_cast<const float*>(x.get());
+            float* yp = static_cast<float*>(y.get());
+            auto line = [&](const char* path, double us) {
+                std::printf("PERF gemm decode %-28s M=%-4lld %-6s %8.1f us %7.0f GB/s\n", sh.name,
+                            static_cast<long long>(M), path, us, bytes / (us * 1e-6) / 1e9);
+            };
+            if (M <= 32) line("gemv", cold_us([&] { linear_gemv(xp, nullptr, M, w.d, yp, nullptr, nullptr); }));
+            line("wgmma", cold_us([&] { linear_wgmma(xp, M, w.d, yp); }));
+            line("cublas", cold_us([&] { linear_cublas(xp, nullptr, M, w.d, yp, nullptr, nullptr); }));
+            ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+        }
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
 }
 
 // Experts of one layer (or the 8 wo_a groups): one weight buffer per expert and the device pointer table.

@@ -104,6 +104,12 @@ bool linear_gemv_stream_pairs(const LinearDev& a, const LinearDev& b);
 void linear_gemv_stream_pair(GemvKernel k, const float* x, const float* xs, int64_t M, const LinearDev& a, float* ya,
                              const LinearDev& b, float* yb, const ExpertTable* ea = nullptr,
                              const ExpertTable* eb = nullptr, const LinearRouting* routing = nullptr);
+// ---- linear_wgmma.cu (Numerics::Fast, dense FP8 linears of up to 256 rows; the dispatch takes it from 17 rows,
+// where the GEMV stops): the e4m3 weights read once as they are stored, dequantised exactly in registers, on the
+// bf16 tensor cores; products exact, fp32 sums (linear_cublas's contract). x: raw activations [M, in], quantised
+// here (act_quant_bf16).
+bool linear_wgmma_supported(const LinearDev& w, int64_t M);
+void linear_wgmma(const float* x, int64_t M, const LinearDev& w, float* y);
 // ---- linear_cublas.cpp (prefill: tensor-core GEMMs through cuBLAS on exact bf16 images of the quantised
 // operands, fp32 accumulation; F32 linears as fp32 GEMMs). Same contract as linear_tiled; routed calls read
 // the tile table back to the host (one synchronisation). Weights are dequantised per call into a bounded,
@@ -127,9 +133,10 @@ void linear_cublas_release();
 void act_quant(const float* x, int64_t M, int K, int block, float* q, float* scales);
 // act_quant straight into the bf16 image of its output (each e4m3 value times its block's scale, exact), as the
 // cuBLAS path's operand: one pass instead of act_quant and a gather. Needs 16-byte aligned rows of whole blocks of
-// 4..128 (act_quant_bf16_supported); out 8-byte aligned.
+// 4..128 (act_quant_bf16_supported); out 8-byte aligned. wgmma_order: each 64 values of a row in the order
+// linear_wgmma's weight fragments take them (K % 64 == 0).
 bool act_quant_bf16_supported(const float* x, int K, int block);
-void act_quant_bf16(const float* x, int64_t M, int K, int block, uint16_t* out);
+void act_quant_bf16(const float* x, int64_t M, int K, int block, uint16_t* out, bool wgmma_order = false);
 // y[M, out] = x W^T; xs: activation scales when quantised (x then holds e4m3 values). With `experts`,
 // row m uses expert row_expert[m]'s weights (the layout of `w` gives the shared shapes).
 void linear(const float* x, const float* xs, int64_t M, const LinearDev& w, float* y,

@@ -4,6 +4,7 @@
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
+#include "ops/cuda/launch_stream.h"
 
 #include <cuda_bf16.h>
 
@@ -57,8 +58,10 @@ __global__ void act_quant4_kernel(const float* x, int64_t n4, int block, float* 
 }
 
 // act_quant4_kernel's arithmetic with the bf16 image of each quantised value (e4m3 value x scale, exact) written
-// instead of the value and its scale: what the cuBLAS path's operand gather makes of act_quant's output.
-__global__ void act_quant4_bf16_kernel(const float* x, int64_t n4, int block, uint2* out) {
+// instead of the value and its scale: what the cuBLAS path's operand gather makes of act_quant's output. In the
+// wgmma order (linear_wgmma.cu) each group of 64 values is permuted: values 16t + 4s .. 16t + 4s + 3 go to slots
+// 16s + 2t, 16s + 2t + 1, 16s + 2t + 8 and 16s + 2t + 9, where the weights' A fragments expect them.
+__global__ void act_quant4_bf16_kernel(const float* x, int64_t n4, int block, bool wgmma_order, uint2* out) {
     const Quad d = load_quad(x, n4, block);
     if (!d.live) return;
     const float4 v = d.v;
@@ -68,7 +71,15 @@ __global__ void act_quant4_bf16_kernel(const float* x, int64_t n4, int block, ui
     uint2 u;
     memcpy(&u.x, &lo, 4);
     memcpy(&u.y, &hi, 4);
-    out[d.i] = u;
+    if (!wgmma_order) {
+        out[d.i] = u;
+        return;
+    }
+    const int64_t group = d.e - (d.e & 63);
+    const int t = static_cast<int>(d.e & 63) >> 4, s4 = static_cast<int>(d.e >> 2) & 3;
+    uint32_t* o = reinterpret_cast<uint32_t*>(out);
+    o[(group + 16 * s4 + 2 * t) / 2] = u.x;
+    o[(group + 16 * s4 + 2 * t + 8) / 2] = u.y;
 }
 
 // Weight value k of row n (without its block scale).
@@ -162,12 +173,14 @@ bool act_quant_bf16_supported(const float* x, int K, int block) {
     return quad_blocks(block) && K % block == 0 && aligned16(x);
 }
 
-void act_quant_bf16(const float* x, int64_t M, int K, int block, uint16_t* out) {
+void act_quant_bf16(const float* x, int64_t M, int K, int block, uint16_t* out, bool wgmma_order) {
     const int64_t n4 = M * K / 4;
     if (n4 == 0) return;
-    if (!act_quant_bf16_supported(x, K, block) || (reinterpret_cast<uintptr_t>(out) & 7) != 0)
+    if (!act_quant_bf16_supported(x, K, block) || (reinterpret_cast<uintptr_t>(out) & 7) != 0 ||
+        (wgmma_order && K % 64 != 0))
         cuda_fail(cudaErrorInvalidValue, "act_quant_bf16: unaligned rows or an unsupported block", __FILE__, __LINE__);
-    act_quant4_bf16_kernel<<<blocks_for(n4), kThreads>>>(x, n4, block, reinterpret_cast<uint2*>(out));
+    act_quant4_bf16_kernel<<<blocks_for(n4), kThreads, 0, launch_stream()>>>(x, n4, block, wgmma_order,
+                                                                           reinterpret_cast<uint2*>(out));
     PG_LAUNCHED();
 }
 

@@ -8,9 +8,15 @@
 namespace peregrine::cuda {
 
 bool LinearDispatch::use_gemv(const float* x, int64_t M, const LinearDev& d, const Routed* routed) const {
-    // Decode-sized calls: dense M <= 32, or routed tiles of <= 8 rows.
+    // Decode-sized calls: dense M <= 32 (FP8 linear_wgmma takes 17..32: half the time of the GEMV's 32-row tiles at
+    // V4.1-Flash's shapes), or routed tiles of <= 8 rows.
     return numerics_ == Numerics::Fast && linear_gemv_supported(d) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-           (routed ? routed->routing.tile_rows == 8 : M <= 32);
+           (routed ? routed->routing.tile_rows == 8 : M <= 16 || (M <= 32 && !use_wgmma(x, M, d)));
+}
+
+bool LinearDispatch::use_wgmma(const float* x, int64_t M, const LinearDev& d) const {
+    return numerics_ == Numerics::Fast && linear_wgmma_supported(d, M) &&
+           act_quant_bf16_supported(x, d.in, d.act_block);
 }
 
 void LinearDispatch::gemm(const float* x, const float* xs, int64_t M, const LinearDev& d, float* y,
@@ -60,6 +66,11 @@ void LinearDispatch::run_into(const Tensor& x, const LinearWeight& w, Tensor& y,
                         "linear: input width {} is not a multiple of the activation block {}", w.in, w.act_block);
         if (use_gemv(x.f32(), M, d, routed) && linear_gemv_quantises(d)) {  // act_quant inside the GEMV
             linear_gemv(x.f32(), nullptr, M, d, y.f32(), experts, routed ? &routed->routing : nullptr);
+            return;
+        }
+        // Decode batches above the GEMV's rows: FP8 weights read as stored on the bf16 tensor cores.
+        if (!routed && use_wgmma(x.f32(), M, d)) {
+            linear_wgmma(x.f32(), M, d, y.f32());
             return;
         }
         static const bool fuse = switch_is("PEREGRINE_CUBLAS_QUANTISE", "1");

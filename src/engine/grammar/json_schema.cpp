@@ -76,6 +76,30 @@ void check_keyword_types(const ojson& s, const std::string& where) {
     }
 }
 
+// check_keyword_types over every subschema, before anything reads one: the oneOf analysis looks into alternatives,
+// their properties and what their $refs name before those are compiled (and checked there). The text's nesting is
+// bounded (json_shape_problem), and so is this walk.
+void check_schema_tree(const ojson& s, const std::string& where) {
+    if (!s.is_object()) return;
+    check_keyword_types(s, where);
+    static const std::set<std::string> kMaps = {"properties", "$defs", "definitions", "patternProperties",
+                                                "dependentSchemas"};
+    static const std::set<std::string> kLists = {"anyOf", "oneOf", "allOf", "prefixItems", "items"};
+    static const std::set<std::string> kOne = {"items", "additionalProperties", "additionalItems", "not", "contains",
+                                               "if", "then", "else", "propertyNames", "unevaluatedItems",
+                                               "unevaluatedProperties", "contentSchema"};
+    for (auto& [k, v] : s.items()) {
+        const std::string at = where + "/" + k;
+        if (kMaps.count(k) && v.is_object()) {
+            for (auto& [name, sub] : v.items()) check_schema_tree(sub, at + "/" + name);
+        } else if (kLists.count(k) && v.is_array()) {
+            for (size_t i = 0; i < v.size(); ++i) check_schema_tree(v[i], at + "/" + std::to_string(i));
+        } else if (kOne.count(k)) {
+            check_schema_tree(v, at);
+        }
+    }
+}
+
 // JSON string content: one character as JSON text would carry it (escaping what must be escaped).
 Frag encode_json_chars(GrammarBuilder& b, const CodepointSet& set) {
     CodepointSet plain = set.minus(CodepointSet::of(0, 0x1F));
@@ -111,12 +135,14 @@ public:
 
     // The schema's value as a fragment of the caller's builder (rules it needs are added there).
     Frag fragment() {
+        check_schema_tree(root_, "#");
         Frag f = value(root_, "#");
         finish_rules();
         return f;
     }
 
     Grammar build_schema() {
+        check_schema_tree(root_, "#");
         int32_t r = b_.declare_rule("root");
         b_.set_body(r, b_.seq({ws(), value(root_, "#"), ws()}));
         finish_rules();

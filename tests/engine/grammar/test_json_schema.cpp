@@ -247,6 +247,12 @@ TEST(JsonSchema, WrongKeywordTypesAreNamed) {
         {R"({"allOf": [5]})", "allOf"},
         {R"({"anyOf": [{"type": "integer", "minimum": "0"}]})", "'minimum'"},
         {R"({"$ref": "#/$defs/a/99999999999999999999", "$defs": {"a": [1]}})", "does not resolve"},
+        // Read by the oneOf analysis before the alternative is compiled: directly, in a property, through a $ref.
+        {R"({"oneOf": [{"const": {"a": [1, 2]}}, {"type": [{"type": "integer"}], "items": false}]})", "'type'"},
+        {R"({"oneOf": [{"type": "object", "required": ["k"], "properties": {"k": {"const": 1}}},
+                       {"type": "object", "required": ["k"], "properties": {"k": {"type": [1]}}}]})",
+         "'type'"},
+        {R"({"oneOf": [{"const": 1}, {"$ref": "#/$defs/a"}], "$defs": {"a": {"type": [{}]}}})", "'type'"},
     };
     for (auto [text, named] : cases) {
         try {

@@ -1,10 +1,12 @@
 #pragma once
 // Shared by the fuzz targets: the server's route limits and a small grammar vocabulary. A target accepts the
 // errors the product turns into 400s (or refuses a file with); anything else escapes and is a finding.
+#include "engine/grammar/budget.h"
 #include "engine/grammar/compiled_grammar.h"
 #include "engine/grammar/matcher.h"
 #include "server/route_requests.h"
 
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -43,6 +45,14 @@ inline std::shared_ptr<const grammar::Vocabulary> small_vocab() {
     }();
     return v;
 }
+
+// The time serve gives one request's grammar (--grammar-compile-timeout's default): an input that takes longer
+// ends as the request's error ("grammar too complex", a 400), as in the product, not as a fuzzer timeout.
+struct ServeBudget {
+    grammar::CompileBudget budget{std::chrono::seconds(5)};
+    grammar::BudgetScope scope{&budget};
+    ServeBudget() { budget.start(); }
+};
 
 // Compiles a grammar and walks a few tokens through its matcher, as a request's first steps would.
 inline void compile_and_walk(const grammar::Grammar& g, std::string_view steer) {

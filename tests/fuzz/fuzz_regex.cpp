@@ -8,6 +8,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     using namespace peregrine;
     const std::string text(reinterpret_cast<const char*>(data), size);
     try {
+        const fuzz::ServeBudget budget;
         fuzz::compile_and_walk(grammar::build_grammar({grammar::ConstraintKind::kRegex, text}), text);
     } catch (const Error&) {
     }

@@ -6,21 +6,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cstdint>
-#include <cstring>
 
 namespace peregrine::cuda {
 
 __device__ __forceinline__ float round_bf16(float f) { return __bfloat162float(__float2bfloat16_rn(f)); }
-// a * b on bf16 pairs; exact where the kernels use it: a few significant bits times a power of two.
-__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
-    __nv_bfloat162 x, y;
-    memcpy(&x, &a, 4);
-    memcpy(&y, &b, 4);
-    const __nv_bfloat162 p = __hmul2(x, y);
-    uint32_t r;
-    memcpy(&r, &p, 4);
-    return r;
-}
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) {
     return __uint_as_float(static_cast<uint32_t>(h) << 16);
 }

@@ -8,6 +8,7 @@
 // (0x7f / 0xff), which no quantised entry holds. Host and device share these functions, so
 // tests/ops/test_entry_decode.cpp checks every code and scale without a GPU.
 #include "kv/entry_format.h"
+#include "ops/cuda/fp4_f16.h"
 #include "util/host_device.h"
 
 #include <cstdint>
@@ -46,11 +47,11 @@ PEREGRINE_HD uint32_t pow2_bf16x2(int e) {
 
 // Four e4m3 codes (low byte first) as two bf16 pairs, (c0, c1) and (c2, c3), each value x 2^-120: the sign goes
 // to bit 15 and the other seven bits to bits 4..10 (subnormal codes land in the bf16 subnormals, at the same
-// ratio).
+// ratio). A byte permute spreads each pair's codes to bits 0..7 and 16..23.
 PEREGRINE_HD void e4m3x4_to_bf16(uint32_t w, uint32_t (&o)[2]) {
-    const uint32_t lo = (w & 0xffu) | ((w & 0xff00u) << 8), hi = ((w >> 16) & 0xffu) | ((w >> 8) & 0xff0000u);
-    o[0] = ((lo & 0x007f007fu) << 4) | ((lo & 0x00800080u) << 8);
-    o[1] = ((hi & 0x007f007fu) << 4) | ((hi & 0x00800080u) << 8);
+    const uint32_t lo = byte_perm(w, 0u, 0x4140), hi = byte_perm(w, 0u, 0x4342);
+    o[0] = ((lo << 4) & 0x07f007f0u) | ((lo << 8) & 0x80008000u);
+    o[1] = ((hi << 4) & 0x07f007f0u) | ((hi << 8) & 0x80008000u);
 }
 
 // Eight e2m1 codes (low nibble first) as four bf16 pairs (v0, v1) .. (v6, v7), each value x 2^-126: the nibble

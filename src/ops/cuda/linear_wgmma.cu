@@ -1,11 +1,10 @@
-// Dense FP8 linears of decode batches (17 to 256 rows) on Hopper's warpgroup MMA (bf16 in, fp32 sums).
-// The e4m3 weights are read once, as stored, and are the A operand from registers: each thread places its codes'
-// bits into bf16 (s.eeee.mmm -> s.0000eeee.mmm0000, the value times 2^-120, subnormals included) and multiplies by
-// the block scale times 2^120 (one exact bf16x2 multiply). The activations' exact bf16 images (act_quant_bf16 in
-// the wgmma order, so that a thread's 16 code bytes of a stage are contiguous) are the B operand, read by the tensor
-// cores from shared memory in the 128-byte swizzle. Above 32 rows this replaces the cuBLAS path, which dequantised
-// the whole weight to bf16 on every call (5 bytes of traffic a weight instead of 1); from 17 to 32 the GEMV, whose
-// mma.sync tiles of 8 rows take twice its time at 32.
+// Dense FP8 linears of decode batches (17 to 256 rows) on Hopper's warpgroup MMA (bf16 in, fp32 sums). The e4m3
+// weights are read once, as stored, and are the A operand from registers: each thread places its codes' bits into
+// bf16 and applies the block scale by an exact bf16x2 multiply (entry_decode.h, as the state entries). The
+// activations' exact bf16 images (act_quant_bf16 in the wgmma order, so that a thread's 16 code bytes of a stage are
+// contiguous) are the B operand, read by the tensor cores from shared memory in the 128-byte swizzle. Above 32 rows
+// this replaces the cuBLAS path, which dequantised the whole weight to bf16 on every call (5 bytes of traffic a
+// weight instead of 1); from 17 to 32 the GEMV, whose mma.sync tiles of 8 rows take twice its time at 32.
 //
 // A block is two warpgroups of 64 weight rows each over a tile of 64 or 128 token rows (the wgmma N) and a slice
 // of K; token tiles vary fastest in the grid, so the blocks that share weights run side by side and the second
@@ -16,6 +15,7 @@
 #include "ops/cuda/cp_async.cuh"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/device_memory.h"
+#include "ops/cuda/entry_decode.h"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/pdl.cuh"
@@ -55,13 +55,6 @@ struct Args {
     float* y;                // [M, N], bf16-rounded (splits == 1)
     float* partial;          // [splits, M, N] fp32 sums (splits > 1)
 };
-
-// Two e4m3 codes (bytes lo, lo + 1 of w) as a bf16 pair, each its value x 2^-120.
-template <uint32_t kSel>
-__device__ __forceinline__ uint32_t e4m3x2_bf16_bits(uint32_t w) {
-    const uint32_t u = __byte_perm(w, 0u, kSel);  // the two bytes at bits 0..7 and 16..23
-    return ((u << 8) & 0x80008000u) | ((u << 4) & 0x07f007f0u);
-}
 
 template <int NT>
 __global__ void __launch_bounds__(kThreads, 2) fp8_wgmma_kernel(Args g) {
@@ -117,22 +110,24 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_wgmma_kernel(Args g) {
     auto dequantise = [&](const uint8_t* st, int kt, uint32_t (&a)[4][4]) {
         const uint4 c0 = *reinterpret_cast<const uint4*>(st + S::kBStage + R0 * kBK + 16 * t4);
         const uint4 c1 = *reinterpret_cast<const uint4*>(st + S::kBStage + (R0 + 8) * kBK + 16 * t4);
-        const uint32_t e = srow[(kt * kBK + 16 * t4) / g.block];
-        const uint32_t e1 = min(e, 134u), b1 = (e1 + 120u) << 7, sc = b1 | (b1 << 16);  // 2^(e - 7), to 2^127
+        const ScaleFactors f = e4m3_ue8m0_factors(srow[(kt * kBK + 16 * t4) / g.block]);
         const uint32_t w0[4] = {c0.x, c0.y, c0.z, c0.w}, w1[4] = {c1.x, c1.y, c1.z, c1.w};
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
-            a[s][0] = mul_bf16x2(e4m3x2_bf16_bits<0x4140u>(w0[s]), sc);
-            a[s][1] = mul_bf16x2(e4m3x2_bf16_bits<0x4140u>(w1[s]), sc);
-            a[s][2] = mul_bf16x2(e4m3x2_bf16_bits<0x4342u>(w0[s]), sc);
-            a[s][3] = mul_bf16x2(e4m3x2_bf16_bits<0x4342u>(w1[s]), sc);
+            uint32_t p0[2], p1[2];
+            e4m3x4_to_bf16(w0[s], p0);
+            e4m3x4_to_bf16(w1[s], p1);
+            a[s][0] = mul_bf16x2_rn(p0[0], f.f1);
+            a[s][1] = mul_bf16x2_rn(p1[0], f.f1);
+            a[s][2] = mul_bf16x2_rn(p0[1], f.f1);
+            a[s][3] = mul_bf16x2_rn(p1[1], f.f1);
         }
-        if (__any_sync(0xffffffffu, e > 134u)) {  // scales above 2^7: the rest of the way in a second multiply
-            const uint32_t b2 = (e - e1 + 127u) << 7, sc2 = b2 | (b2 << 16);
+        if (__any_sync(0xffffffffu, f.two)) {  // scales above 2^7 (rare): a second multiply, warp-uniform
+            const uint32_t f2 = f.two ? f.f2 : pow2_bf16x2(0);
 #pragma unroll
             for (int s = 0; s < 4; ++s)
 #pragma unroll
-                for (int j = 0; j < 4; ++j) a[s][j] = mul_bf16x2(a[s][j], sc2);
+                for (int j = 0; j < 4; ++j) a[s][j] = mul_bf16x2_rn(a[s][j], f2);
         }
     };
 

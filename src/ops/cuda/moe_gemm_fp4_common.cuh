@@ -1,6 +1,7 @@
 #pragma once
 // What the two grouped FP4 expert kernels share (moe_gemm_fp4.cu: mma.sync; moe_gemm_fp4_wgmma.cu: wgmma):
-// their arguments and the gated epilogue's arithmetic.
+// their arguments, the exact bf16x2 multiply by a power-of-two scale, and the gated epilogue's
+// arithmetic.
 #include "ops/cuda/cp_async.cuh"
 #include "ops/cuda/device_math.cuh"
 #include "ops/cuda/fp4_f16.h"
@@ -8,10 +9,21 @@
 
 #include <cuda_bf16.h>
 
+#include <cstring>
 
 namespace peregrine::cuda::fp4g {
 
 constexpr int kBM = 64;  // sorted rows (pairs of one expert) per row tile
+
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+    __nv_bfloat162 x, y;
+    memcpy(&x, &a, 4);
+    memcpy(&y, &b, 4);
+    const __nv_bfloat162 p = __hmul2(x, y);  // exact: <= 2 significant bits times a power of two
+    uint32_t r;
+    memcpy(&r, &p, 4);
+    return r;
+}
 
 // The gated output from the fp32 sums of gate and up: swiglu()'s arithmetic (moe_kernels.cu).
 __device__ __forceinline__ float gated_out(float g_sum, float u_sum, float limit, float route_w) {

@@ -5,8 +5,8 @@
 #include "engine/grammar/compiled_grammar.h"
 #include "engine/grammar/matcher.h"
 #include "server/route_requests.h"
+#include "server/structured_output.h"
 
-#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -49,7 +49,7 @@ inline std::shared_ptr<const grammar::Vocabulary> small_vocab() {
 // The time serve gives one request's grammar (--grammar-compile-timeout's default): an input that takes longer
 // ends as the request's error ("grammar too complex", a 400), as in the product, not as a fuzzer timeout.
 struct ServeBudget {
-    grammar::CompileBudget budget{std::chrono::seconds(5)};
+    grammar::CompileBudget budget{GrammarCompileOptions{}.timeout};
     grammar::BudgetScope scope{&budget};
     ServeBudget() { budget.start(); }
 };

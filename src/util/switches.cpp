@@ -47,6 +47,8 @@ const std::vector<Switch> kSwitches = {
      "Decode GEMV kernel: a name for every format, or fmt=name,... (names: kernels.h GemvKernel, docs/cuda-backend.md)"},
     {"PEREGRINE_GEMV_FUSE", "1", "0|1", "cuda", "The streaming GEMV quantises FP8/FP4 activations itself"},
     {"PEREGRINE_GEMV_PAIR", "1", "0|1", "cuda", "Two decode linears of one input in one launch"},
+    {"PEREGRINE_FP8_GEMV_ROWS", "8", "<int>", "cuda",
+     "Most rows of a dense FP8 linear on the decode GEMV (from 3 rows; the rest, up to 256, on the bf16 wgmma kernel)"},
     {"PEREGRINE_GEMV_IMAGE_ROWS", "3", "<int>", "cuda",
      "Dense decode GEMVs from this many rows stage their activations once for all CTAs (0: never)"},
     {"PEREGRINE_GEMV_TRACE", "0", "0|1", "cuda", "1: print each streaming GEMV plan as it is first made"},

@@ -8,10 +8,14 @@
 namespace peregrine::cuda {
 
 bool LinearDispatch::use_gemv(const float* x, int64_t M, const LinearDev& d, const Routed* routed) const {
-    // Decode-sized calls: dense M <= 32 (FP8 linear_wgmma takes 17..32: half the time of the GEMV's 32-row tiles at
-    // V4.1-Flash's shapes), or routed tiles of <= 8 rows.
+    // Decode-sized calls: dense M <= 32, or routed tiles of <= 8 rows. Dense FP8 calls take the GEMV only from 3 to
+    // PEREGRINE_FP8_GEMV_ROWS (8) rows, one 8-row tile over an activation image staged once; below, each of its CTAs
+    // quantises the rows itself, above it runs two tiles, and linear_wgmma is faster there
+    // (docs/perf/h200-bench-engine.md).
+    static const int fp8_rows = static_cast<int>(switch_int("PEREGRINE_FP8_GEMV_ROWS", 0, 32));
     return numerics_ == Numerics::Fast && linear_gemv_supported(d) && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-           (routed ? routed->routing.tile_rows == 8 : M <= 16 || (M <= 32 && !use_wgmma(x, M, d)));
+           (routed ? routed->routing.tile_rows == 8
+                   : M <= 32 && ((M >= 3 && M <= fp8_rows) || !use_wgmma(x, M, d)));
 }
 
 bool LinearDispatch::use_wgmma(const float* x, int64_t M, const LinearDev& d) const {

@@ -1,7 +1,7 @@
 #pragma once
 // Which kernel computes a linear y = x W^T, by numerics and size: the memory-bound decode GEMV (Fast numerics,
 // decode-sized calls; linear_gemv.cu picks its kernel per stored format), FP8 weights on the bf16 tensor cores for
-// dense calls of 17..256 rows (linear_wgmma.cu), cuBLAS on exact bf16 images of the quantised operands (Fast,
+// dense calls of 1-2 and 9..256 rows (linear_wgmma.cu), cuBLAS on exact bf16 images of the quantised operands (Fast,
 // prefill-sized), the tiled kernels with exact block sums (Exact), or the plain
 // one-thread-per-output kernel (Reference). Quantised linears quantise their activations first, inside the GEMV,
 // linear_wgmma or cuBLAS operand where those can.
@@ -39,7 +39,7 @@ public:
     std::pair<Tensor, Tensor> run_pair(const Tensor& x, const LinearWeight& a, const LinearWeight& b,
                                        bool bf16_acts = false, const ExpertTable* ea = nullptr,
                                        const ExpertTable* eb = nullptr, const Routed* routed = nullptr);
-    // Whether a call takes the decode GEMV: Fast numerics, dense M <= 32 (FP8: <= 16) or routed tiles of <= 8 rows.
+    // Whether a call takes the decode GEMV: Fast numerics, dense M <= 32 (FP8: 3..8) or routed tiles of <= 8 rows.
     bool use_gemv(const float* x, int64_t M, const LinearDev& d, const Routed* routed) const;
     // Whether a dense quantised call takes linear_wgmma (FP8 up to 256 rows, where the GEMV does not).
     bool use_wgmma(const float* x, int64_t M, const LinearDev& d) const;

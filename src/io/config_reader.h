@@ -24,9 +24,9 @@ struct ConfigReader {
         // The JSON library converts a number outside an integer type's range with undefined behaviour (3e24 to
         // int): such a value, or a fraction, is the file's error.
         if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) check_integer<T>(k, j[k]);
-        if constexpr (std::is_same_v<T, std::vector<int>>)
+        if constexpr (is_integer_vector<T>::value)
             if (j[k].is_array())
-                for (auto& x : j[k]) check_integer<int>(k, x);
+                for (auto& x : j[k]) check_integer<typename T::value_type>(k, x);
         try {
             return j[k].get<T>();
         } catch (const nlohmann::json::exception& e) {
@@ -39,6 +39,11 @@ struct ConfigReader {
     }
 
 private:
+    template <typename T>
+    struct is_integer_vector : std::false_type {};
+    template <typename I>
+    struct is_integer_vector<std::vector<I>>
+        : std::bool_constant<std::is_integral_v<I> && !std::is_same_v<I, bool>> {};
     template <typename I>
     void check_integer(const char* k, const nlohmann::json& v) const {
         static_assert(std::is_signed_v<I>);

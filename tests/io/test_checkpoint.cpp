@@ -292,6 +292,8 @@ TEST(Config, IdsOutOfRangeAreNamed) {
                                            {"engram_layer_ids", {1, 99}, "engram_layer_ids"},
                                            {"engram_layer_ids", {4, 4}, "engram_layer_ids"},
                                            {"engram_vocab_size", int64_t{1} << 62, "engram_vocab_size"},
+                                           {"engram_num_embeddings", {1000, 8.3e26},
+                                            "'engram_num_embeddings' has the wrong type: an integer in range"},
                                            {"engram_head_dim", 33, "engram_head_dim"},
                                            {"dspark_target_layer_ids", {3, 4, 50}, "dspark_target_layer_ids"},
                                            {"dspark_target_layer_ids", {3, 3, 5}, "dspark_target_layer_ids"},

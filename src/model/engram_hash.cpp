@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 #include <algorithm>
+#include <charconv>
 #include <climits>
 #include <set>
 
@@ -117,6 +118,22 @@ EngramTables synthetic_engram_tables(const ModelConfig& cfg) {
     return t;
 }
 
+namespace {
+// An integer of engram_tables.json: a JSON integer or a decimal string (the multipliers pass 2^53); a fraction, a
+// float beyond the range or anything else names the file (the JSON library would convert a float with undefined
+// behaviour).
+int64_t table_integer(const nlohmann::json& v, const std::string& path, const char* what) {
+    if (v.is_number_integer()) return v.get<int64_t>();
+    if (v.is_string()) {
+        const std::string& s = v.get_ref<const std::string&>();
+        int64_t x = 0;
+        const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
+        if (ec == std::errc() && end == s.data() + s.size() && !s.empty()) return x;
+    }
+    fail("'{}': {} must be integers, not {}", path, what, v.dump());
+}
+}  // namespace
+
 EngramTables load_engram_tables(const ModelConfig& cfg, const std::string& model_dir) {
     EngramTables t = derived_tables(cfg);
     const std::string path = model_dir + "/engram_tables.json";
@@ -127,18 +144,23 @@ EngramTables load_engram_tables(const ModelConfig& cfg, const std::string& model
             const auto& jm = j.at("multipliers");
             for (size_t l = 0; l < jm.size(); ++l)
                 for (size_t k = 0; k < jm[l].size(); ++k) {
-                    const auto& v = jm[l][k];
-                    int64_t m = v.is_string() ? std::stoll(v.get<std::string>()) : v.get<int64_t>();
+                    const int64_t m = table_integer(jm[l][k], path, "multipliers");
                     if (l >= t.multipliers.size() || k >= t.multipliers[l].size() || m != t.multipliers[l][k])
                         fail("'{}': multiplier [{}][{}] = {} differs from the derived one", path, l, k, m);
                 }
-            t.token_map = j.at("token_map").get<std::vector<int32_t>>();
+            t.token_map.clear();
+            for (const auto& v : j.at("token_map")) {
+                const int64_t c = table_integer(v, path, "token_map entries");
+                if (c < 0 || c >= cfg.engram_compressed_vocab_size)
+                    fail("'{}': compressed id {} outside 0..{}", path, c, cfg.engram_compressed_vocab_size - 1);
+                t.token_map.push_back(static_cast<int32_t>(c));
+            }
             if (j.contains("primes")) {
                 const auto& jp = j["primes"];
                 for (size_t l = 0; l < jp.size() && l < t.primes.size(); ++l) {
                     std::vector<int64_t> flat;
                     for (auto& n : jp[l])
-                        for (auto& p : n) flat.push_back(p.get<int64_t>());
+                        for (auto& p : n) flat.push_back(table_integer(p, path, "primes"));
                     if (flat != t.primes[l])
                         fail("'{}': primes of engram layer {} differ from the derived ones", path, l);
                 }

@@ -54,6 +54,12 @@ BpeModel::BpeModel(BpeModel&&) noexcept = default;
 BpeModel& BpeModel::operator=(BpeModel&&) noexcept = default;
 BpeModel::~BpeModel() = default;
 
+int32_t json_token_id(const json& v, const char* what) {
+    PEREGRINE_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() <= kMaxTokenId,
+                    "tokenizer.json: {} {} is not a token id (an integer in 0..{})", what, v.dump(), kMaxTokenId);
+    return static_cast<int32_t>(v.get<int64_t>());
+}
+
 BpeModel BpeModel::from_json(const json& m, bool byte_level) {
     PEREGRINE_CHECK(m.value("type", "BPE") == "BPE", "tokenizer.json: model type '{}' is not supported (only BPE)",
                     m.value("type", ""));
@@ -71,11 +77,13 @@ BpeModel BpeModel::from_json(const json& m, bool byte_level) {
 
     const json& vocab = m.at("vocab");
     int32_t max_id = -1;
-    for (auto it = vocab.begin(); it != vocab.end(); ++it) max_id = std::max(max_id, it.value().get<int32_t>());
+    PEREGRINE_CHECK(vocab.is_object(), "tokenizer.json: the BPE vocab is not an object of token ids");
+    for (auto it = vocab.begin(); it != vocab.end(); ++it)
+        max_id = std::max(max_id, json_token_id(it.value(), "vocab id"));
     bpe.id_to_token_.resize(static_cast<size_t>(max_id + 1));
     bpe.token_to_id_.reserve(vocab.size());
     for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-        int32_t id = it.value().get<int32_t>();
+        const int32_t id = json_token_id(it.value(), "vocab id");
         bpe.token_to_id_[it.key()] = id;
         bpe.id_to_token_[id] = it.key();
     }

@@ -14,6 +14,12 @@
 
 namespace peregrine {
 
+// A token id of tokenizer.json (vocabulary, added tokens, post-processor): an integer in 0..kMaxTokenId, since ids
+// index dense tables; anything else fails naming `what` (a float would convert with undefined behaviour, a negative
+// id would index before the tables, a huge one allocate them).
+constexpr int32_t kMaxTokenId = (1 << 24) - 1;
+int32_t json_token_id(const nlohmann::json& v, const char* what);
+
 class BpeModel {
 public:
     // `byte_level`: pieces arrive as raw bytes and each byte is the vocabulary's byte character.

@@ -59,7 +59,8 @@ Tokenizer Tokenizer::from_json_text(std::string_view text) {
     // Ids: the model's vocabulary, then added tokens (which may reuse vocabulary ids).
     size_t n = static_cast<size_t>(t.model_->max_id() + 1);
     if (j.contains("added_tokens"))
-        for (auto& a : j["added_tokens"]) n = std::max(n, static_cast<size_t>(a.at("id").get<int32_t>() + 1));
+        for (auto& a : j["added_tokens"])
+            n = std::max(n, static_cast<size_t>(json_token_id(a.at("id"), "added token id")) + 1);
     t.token_text_.assign(n, std::string());
     t.has_id_.assign(n, 0);
     t.is_special_.assign(n, 0);
@@ -74,7 +75,7 @@ Tokenizer Tokenizer::from_json_text(std::string_view text) {
     if (j.contains("added_tokens")) {
         for (auto& a : j["added_tokens"]) {
             AddedToken tok;
-            tok.id = a.at("id").get<int32_t>();
+            tok.id = json_token_id(a.at("id"), "added token id");
             tok.content = a.at("content").get<std::string>();
             tok.special = a.value("special", false);
             tok.normalized = a.value("normalized", !tok.special);
@@ -136,13 +137,13 @@ Tokenizer Tokenizer::from_json_text(std::string_view text) {
                 }
                 std::string name = item.at("SpecialToken").at("id").get<std::string>();
                 for (auto& id : p.at("special_tokens").at(name).at("ids"))
-                    (seen_seq ? suf : pre).push_back(id.get<int32_t>());
+                    (seen_seq ? suf : pre).push_back(json_token_id(id, "post-processor id"));
             }
             t.post_prefix_.insert(t.post_prefix_.begin(), pre.begin(), pre.end());
             t.post_suffix_.insert(t.post_suffix_.end(), suf.begin(), suf.end());
         } else if (type == "BertProcessing" || type == "RobertaProcessing") {
-            t.post_prefix_.insert(t.post_prefix_.begin(), p.at("cls").at(1).get<int32_t>());
-            t.post_suffix_.push_back(p.at("sep").at(1).get<int32_t>());
+            t.post_prefix_.insert(t.post_prefix_.begin(), json_token_id(p.at("cls").at(1), "cls id"));
+            t.post_suffix_.push_back(json_token_id(p.at("sep").at(1), "sep id"));
         } else {
             t.post_supported_ = false;
             t.post_type_ = type;

@@ -196,3 +196,28 @@ TEST(EngramTokenMap, KeysFollowTheNormalizationChain) {
     EXPECT_EQ(m.id_to_class[0], 0);
     EXPECT_LT(m.num_classes, t.vocab_size());
 }
+
+// Token ids of a corrupt tokenizer.json are refused naming what they are: ids index dense tables, so a negative one
+// would write before them, a huge one allocate gigabytes, and a float convert with undefined behaviour.
+TEST(Tokenizer, CorruptIdsAreNamed) {
+    const std::string ok = R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []}})";
+    EXPECT_EQ(Tokenizer::from_json_text(ok).encode("ab", false, false).size(), 2u);
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": -5}, "merges": []}})", "vocab id -5 is not a token id"},
+        {R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1e30}, "merges": []}})", "vocab id 1e+30 is not"},
+        {R"({"model": {"type": "BPE", "vocab": {"a": 2147483647}, "merges": []}})", "vocab id 2147483647 is not"},
+        {R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+            "added_tokens": [{"id": -1, "content": "<x>"}]})", "added token id -1 is not"},
+        {R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+            "post_processor": {"type": "BertProcessing", "cls": ["a", 2.5], "sep": ["a", 0]}})", "cls id 2.5 is not"},
+    };
+    for (const auto& [text, says] : cases) {
+        std::string msg;
+        try {
+            Tokenizer::from_json_text(text);
+        } catch (const std::exception& e) {
+            msg = e.what();
+        }
+        EXPECT_NE(msg.find(says), std::string::npos) << says << ": " << msg;
+    }
+}

@@ -288,6 +288,8 @@ void compare_runs(ModelRun& a, ModelRun& b, std::vector<std::vector<int32_t>> fe
         for (int i = 0; i < n; ++i)
             feeds[static_cast<size_t>(i)] = {argmax(x.f32() + static_cast<int64_t>(i) * vocab, vocab)};
     }
+    EXPECT_EQ(a.be().graph_failed_captures(), 0) << what << ": a graph capture failed (stderr says why)";
+    EXPECT_EQ(b.be().graph_failed_captures(), 0) << what << ": a graph capture failed (stderr says why)";
     std::printf("PARITY %-36s %d seqs: prefill + %d decode steps, %s bit-identical in %d of %d steps (graph "
                 "replays %lld / %lld)\n",
                 what.c_str(), n, decode_steps, label.c_str(), same_steps, decode_steps + 1,

@@ -175,6 +175,7 @@ public:
     // Graph replays / captures so far (tests, benchmarks).
     int64_t graph_replays() const { return graph_runner_.replays(); }
     int64_t graph_captures() const { return graph_runner_.captures(); }
+    int64_t graph_failed_captures() const { return graph_runner_.failed_captures(); }
 
 private:
     friend class OpTimer;

@@ -113,6 +113,7 @@ bool GraphRunner::capture(Region& r, const Key& key, const Body& body) {
     r.exec = nullptr;
     r.arena.reset();
     r.failed = true;
+    ++failed_captures_;
     return false;
 }
 

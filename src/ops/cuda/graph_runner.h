@@ -59,6 +59,7 @@ public:
 
     int64_t replays() const { return replays_; }
     int64_t captures() const { return captures_; }
+    int64_t failed_captures() const { return failed_captures_; }  // regions left eager (the reason on stderr)
     // Device memory the regions' capture arenas hold (device_memory.h).
     size_t arena_bytes() const;
 
@@ -71,7 +72,7 @@ private:
     std::map<Key, std::shared_ptr<Region>> regions_;
     std::map<std::pair<Kind, int64_t>, size_t> arena_sizes_;  // by kind and rows: the last capture's need
     void* scratch_[2][3] = {};  // the GEMV scratch the graphs were captured with (per set: gemv_common.cuh)
-    int64_t replays_ = 0, captures_ = 0;
+    int64_t replays_ = 0, captures_ = 0, failed_captures_ = 0;
 };
 
 }  // namespace peregrine::cuda

@@ -373,6 +373,59 @@ TEST(CudaGemm, DenseWgmmaMatchesExact) {
     }
 }
 
+// Two FP8 linears of one input in one linear_wgmma call (wq_a + wkv, the shared expert's w1 + w3: one quantisation,
+// one launch, one reduction over both outputs' partial sums): each output against the exact kernel, every row, with
+// NaN left wherever a write went missing or elsewhere.
+TEST(CudaGemm, DenseWgmmaPairMatchesExact) {
+    REQUIRE_GPU();
+    struct PairShape {
+        const char* name;
+        int K, N0, N1;
+    };
+    const PairShape shapes[] = {{"wq_a + wkv 5120->1280+512", 5120, 1280, 512},
+                                {"shared w1 + w3 5120->2304+2304", 5120, 2304, 2304}};
+    uint64_t seed = 53;
+    for (const PairShape& sh : shapes) {
+        const Weight w0 = make_weight(2, false, sh.K, sh.N0, seed++), w1 = make_weight(2, false, sh.K, sh.N1, seed++);
+        for (int64_t M : {1, 2, 16, 65, 200}) {
+            auto raw = device_alloc(sizeof(float) * M * sh.K);
+            fill_random_bf16(static_cast<float*>(raw.get()), M * sh.K, seed++);
+            auto xq = device_alloc(sizeof(float) * M * sh.K), xs = device_alloc(sizeof(float) * M * (sh.K / kBlock));
+            act_quant(static_cast<const float*>(raw.get()), M, sh.K, kBlock, static_cast<float*>(xq.get()),
+                      static_cast<float*>(xs.get()));
+            for (int which = 0; which < 2; ++which) {
+                const Weight& w = which ? w1 : w0;
+                const int N = which ? sh.N1 : sh.N0;
+                auto y0 = device_alloc(sizeof(float) * M * sh.N0), y1 = device_alloc(sizeof(float) * M * sh.N1);
+                CK(cudaMemset(y0.get(), 0xff, sizeof(float) * M * sh.N0));
+                CK(cudaMemset(y1.get(), 0xff, sizeof(float) * M * sh.N1));
+                linear_wgmma_pair(static_cast<const float*>(raw.get()), M, w0.d, static_cast<float*>(y0.get()), &w1.d,
+                                  static_cast<float*>(y1.get()));
+                auto y_ref = device_alloc(sizeof(float) * M * N);
+                linear_tiled(static_cast<const float*>(xq.get()), static_cast<const float*>(xs.get()), M, w.d,
+                             static_cast<float*>(y_ref.get()), nullptr, nullptr);
+                CK(cudaDeviceSynchronize());
+                compare(sample_rows_host(static_cast<const float*>((which ? y1 : y0).get()), M, 1, N),
+                        sample_rows_host(static_cast<const float*>(y_ref.get()), M, 1, N), true,
+                        std::string("wgmma pair ") + sh.name + (which ? " (second)" : " (first)") + " M=" +
+                            std::to_string(M));
+            }
+            // What one call saves against two (L2 warm: the launches, quantisations and reductions).
+            auto y0 = device_alloc(sizeof(float) * M * sh.N0), y1 = device_alloc(sizeof(float) * M * sh.N1);
+            const float* xp = static_cast<const float*>(raw.get());
+            float *y0p = static_cast<float*>(y0.get()), *y1p = static_cast<float*>(y1.get());
+            const double pair_ms = peregrine::test::device_ms(
+                [&] { linear_wgmma_pair(xp, M, w0.d, y0p, &w1.d, y1p); }, 20, 3);
+            const double two_ms = peregrine::test::device_ms([&] {
+                linear_wgmma(xp, M, w0.d, y0p);
+                linear_wgmma(xp, M, w1.d, y1p);
+            }, 20, 3);
+            std::printf("PERF wgmma pair %-32s M=%-4lld pair %6.1f us, two calls %6.1f us\n", sh.name,
+                        static_cast<long long>(M), pair_ms * 1e3, two_ms * 1e3);
+        }
+    }
+}
+
 // What the decode-sized FP8 linears cost through each path (the GEMV up to 32 rows, linear_wgmma, cuBLAS on bf16
 // images), with L2 flushed before every call: microseconds and the weights' bytes over that time. Printed, not
 // asserted (speed is judged by the benchmarks; tools/gpu/check.sh collects the lines).

@@ -104,12 +104,14 @@ bool linear_gemv_stream_pairs(const LinearDev& a, const LinearDev& b);
 void linear_gemv_stream_pair(GemvKernel k, const float* x, const float* xs, int64_t M, const LinearDev& a, float* ya,
                              const LinearDev& b, float* yb, const ExpertTable* ea = nullptr,
                              const ExpertTable* eb = nullptr, const LinearRouting* routing = nullptr);
-// ---- linear_wgmma.cu (Numerics::Fast, dense FP8 linears of up to 256 rows; the dispatch takes it from 17 rows,
-// where the GEMV stops): the e4m3 weights read once as they are stored, dequantised exactly in registers, on the
-// bf16 tensor cores; products exact, fp32 sums (linear_cublas's contract). x: raw activations [M, in], quantised
-// here (act_quant_bf16).
+// ---- linear_wgmma.cu (Numerics::Fast, dense FP8 linears of up to 256 rows; the dispatch takes it where the GEMV
+// does not: 1-2 and 9-256 rows): the e4m3 weights read once as they are stored, dequantised exactly in registers,
+// on the bf16 tensor cores; products exact, fp32 sums (linear_cublas's contract). x: raw activations [M, in],
+// quantised here (act_quant_bf16).
 bool linear_wgmma_supported(const LinearDev& w, int64_t M);
 void linear_wgmma(const float* x, int64_t M, const LinearDev& w, float* y);
+// Two linears of one input (same K and blocks; w1 null: one) in one quantisation and one launch.
+void linear_wgmma_pair(const float* x, int64_t M, const LinearDev& w0, float* y0, const LinearDev* w1, float* y1);
 // ---- linear_cublas.cpp (prefill: tensor-core GEMMs through cuBLAS on exact bf16 images of the quantised
 // operands, fp32 accumulation; F32 linears as fp32 GEMMs). Same contract as linear_tiled; routed calls read
 // the tile table back to the host (one synchronisation). Weights are dequantised per call into a bounded,

@@ -72,7 +72,7 @@ void LinearDispatch::run_into(const Tensor& x, const LinearWeight& w, Tensor& y,
             linear_gemv(x.f32(), nullptr, M, d, y.f32(), experts, routed ? &routed->routing : nullptr);
             return;
         }
-        // Decode batches above the GEMV's rows: FP8 weights read as stored on the bf16 tensor cores.
+        // Decode batches outside the GEMV's rows: FP8 weights read as stored on the bf16 tensor cores.
         if (!routed && use_wgmma(x.f32(), M, d)) {
             linear_wgmma(x.f32(), M, d, y.f32());
             return;
@@ -105,6 +105,16 @@ std::pair<Tensor, Tensor> LinearDispatch::run_pair(const Tensor& x, const Linear
         (!quantised || (linear_gemv_quantises(da) && linear_gemv_quantises(db)))) {
         Tensor ya = empty(DType::F32, {M, a.out}), yb = empty(DType::F32, {M, b.out});
         linear_gemv_pair(x.f32(), nullptr, M, da, ya.f32(), db, yb.f32(), ea, eb, routed ? &routed->routing : nullptr);
+        return {std::move(ya), std::move(yb)};
+    }
+    // Both on linear_wgmma (as run() would send each): one quantisation of x and one launch.
+    const auto wgmma = [&](const LinearDev& d) {
+        return !routed && d.kind == 2 && use_wgmma(x.f32(), M, d) &&
+               !(use_gemv(x.f32(), M, d, routed) && linear_gemv_quantises(d));
+    };
+    if (a.in == b.in && wgmma(da) && wgmma(db) && da.weight_block == db.weight_block) {
+        Tensor ya = empty(DType::F32, {M, a.out}), yb = empty(DType::F32, {M, b.out});
+        linear_wgmma_pair(x.f32(), M, da, ya.f32(), &db, yb.f32());
         return {std::move(ya), std::move(yb)};
     }
     Tensor ya = run(x, a, ea, routed, bf16_acts);

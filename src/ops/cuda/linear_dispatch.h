@@ -34,7 +34,8 @@ public:
     // The same into y [M, out] (allocated by the caller, e.g. on another stream than the call's).
     void run_into(const Tensor& x, const LinearWeight& w, Tensor& y, const ExpertTable* experts = nullptr,
                   const Routed* routed = nullptr, bool bf16_acts = false);
-    // Two linears of the same input: one GEMV launch where both are decode-sized and alike (linear_gemv_pair).
+    // Two linears of the same input: one GEMV launch where both are decode-sized and alike (linear_gemv_pair), or
+    // one linear_wgmma launch where both take it.
     // Routed: a's rows through experts ea, b's through eb, one routing (the experts' w1 and w3).
     std::pair<Tensor, Tensor> run_pair(const Tensor& x, const LinearWeight& a, const LinearWeight& b,
                                        bool bf16_acts = false, const ExpertTable* ea = nullptr,

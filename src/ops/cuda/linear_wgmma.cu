@@ -1,10 +1,11 @@
-// Dense FP8 linears of decode batches (17 to 256 rows) on Hopper's warpgroup MMA (bf16 in, fp32 sums). The e4m3
+// Dense FP8 linears of decode batches (1-2 and 9 to 256 rows) on Hopper's warpgroup MMA (bf16 in, fp32 sums). The e4m3
 // weights are read once, as stored, and are the A operand from registers: each thread places its codes' bits into
 // bf16 and applies the block scale by an exact bf16x2 multiply (entry_decode.h, as the state entries). The
 // activations' exact bf16 images (act_quant_bf16 in the wgmma order, so that a thread's 16 code bytes of a stage are
 // contiguous) are the B operand, read by the tensor cores from shared memory in the 128-byte swizzle. Above 32 rows
 // this replaces the cuBLAS path, which dequantised the whole weight to bf16 on every call (5 bytes of traffic a
-// weight instead of 1); from 17 to 32 the GEMV, whose mma.sync tiles of 8 rows take twice its time at 32.
+// weight instead of 1); below, the GEMV's rows but 3-8 (linear_dispatch.cpp). Two linears of one input (wq_a and
+// wkv, the shared expert's w1 and w3) run as one call: one quantisation, one launch, one reduction.
 //
 // A block is two warpgroups of 64 weight rows each over a tile of 64 or 128 token rows (the wgmma N) and a slice
 // of K; token tiles vary fastest in the grid, so the blocks that share weights run side by side and the second
@@ -46,14 +47,21 @@ struct Shape {
     static constexpr int kSmem = kStages * kStage + 1024;  // + alignment of the first stage to 1024 bytes
 };
 
+// One linear of a call: a call is one, or two of the same input (a pair: the second's blocks follow the first's in
+// grid y, and its outputs follow the first's in the partial sums' rows).
+struct Weights {
+    const uint8_t* w;      // [N, K] e4m3 codes
+    const uint8_t* scale;  // [ceil(N / block), ceil(K / block)] ue8m0
+    int N;
+    float* y;              // [M, N], bf16-rounded
+};
+
 struct Args {
     const __nv_bfloat16* a;  // [M, K] bf16 images of the quantised activations, k in the wgmma order
-    const uint8_t* w;        // [N, K] e4m3 codes
-    const uint8_t* scale;    // [ceil(N / block), ceil(K / block)] ue8m0
-    int M, N, K, block;      // block: the weights' square scale block (32, 64 or 128)
+    Weights l0, l1;          // l1.N == 0: no second linear
+    int M, K, block;         // block: the weights' square scale block (32, 64 or 128)
     int splits;              // slices of K (grid z)
-    float* y;                // [M, N], bf16-rounded (splits == 1)
-    float* partial;          // [splits, M, N] fp32 sums (splits > 1)
+    float* partial;          // [splits, M, l0.N + l1.N] fp32 sums (splits > 1)
 };
 
 template <int NT>
@@ -63,20 +71,38 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_wgmma_kernel(Args g) {
     __shared__ uint8_t scales[kScaleBytes];
     uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
-    const int m0 = blockIdx.x * NT, n0 = blockIdx.y * kRows, split = blockIdx.z;
+    const int nb0 = g.l0.N / kRows, second = static_cast<int>(blockIdx.y) >= nb0;
+    const Weights& l = second ? g.l1 : g.l0;
+    const int m0 = blockIdx.x * NT, n0 = (blockIdx.y - (second ? nb0 : 0)) * kRows, split = blockIdx.z;
     const int K = g.K, KT = K / kBK, nkb = (K + g.block - 1) / g.block;
     const int kt0 = static_cast<int>(static_cast<int64_t>(split) * KT / g.splits);
     const int kt1 = static_cast<int>(static_cast<int64_t>(split + 1) * KT / g.splits);
 
-    // The block's scales (weights: never written during a step, so read before waiting on the previous kernel).
+    // The block's scales and the codes of its first stages (weights: never written during a step, so read before
+    // waiting on the previous kernel).
     const int srows = kRows / g.block;
     for (int i = tid; i < srows * nkb; i += kThreads)
-        scales[i] = g.scale[static_cast<int64_t>(n0 / g.block + i / nkb) * nkb + i % nkb];
-    pdl_enter();
-
+        scales[i] = l.scale[static_cast<int64_t>(n0 / g.block + i / nkb) * nkb + i % nkb];
     // This thread's copies, the same every stage: token rows tid/8 + 32i (16-byte chunk tid % 8), code rows
     // tid/4 + 64i (chunk tid % 4).
     constexpr int kTokCopies = NT / 32, kCodeCopies = kRows / 64;
+    const uint8_t* csrc[kCodeCopies];
+    uint32_t cdst[kCodeCopies];
+#pragma unroll
+    for (int i = 0; i < kCodeCopies; ++i) {
+        const int r = (tid >> 2) + 64 * i, ch = tid & 3;
+        csrc[i] = l.w + static_cast<int64_t>(n0 + r) * K + ch * 16;
+        cdst[i] = S::kBStage + r * kBK + ch * 16;
+    }
+    auto load_codes = [&](int kt, int s) {
+        uint8_t* st = smem + s * S::kStage;
+#pragma unroll
+        for (int i = 0; i < kCodeCopies; ++i) cp_async16(st + cdst[i], csrc[i] + kt * kBK, 16);
+    };
+    constexpr int kLoadAhead = kStages - 1;
+    for (int s = 0; s < kLoadAhead && kt0 + s < kt1; ++s) load_codes(kt0 + s, s);
+    pdl_enter();
+
     const __nv_bfloat16* tsrc[kTokCopies];
     uint32_t tdst[kTokCopies], tbytes[kTokCopies];
 #pragma unroll
@@ -86,20 +112,10 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_wgmma_kernel(Args g) {
         tsrc[i] = g.a + static_cast<int64_t>(m < g.M ? m : 0) * K + ch * 8;
         tdst[i] = sw128_offset(r, ch);
     }
-    const uint8_t* csrc[kCodeCopies];
-    uint32_t cdst[kCodeCopies];
-#pragma unroll
-    for (int i = 0; i < kCodeCopies; ++i) {
-        const int r = (tid >> 2) + 64 * i, ch = tid & 3;
-        csrc[i] = g.w + static_cast<int64_t>(n0 + r) * K + ch * 16;
-        cdst[i] = S::kBStage + r * kBK + ch * 16;
-    }
-    auto load = [&](int kt, int s) {
+    auto load_tokens = [&](int kt, int s) {
         uint8_t* st = smem + s * S::kStage;
 #pragma unroll
         for (int i = 0; i < kTokCopies; ++i) cp_async16(st + tdst[i], tsrc[i] + kt * kBK, tbytes[i]);
-#pragma unroll
-        for (int i = 0; i < kCodeCopies; ++i) cp_async16(st + cdst[i], csrc[i] + kt * kBK, 16);
     };
 
     // a[s]: the m64 x k16 A fragment of k16 step s of the stage: rows g and g + 8 of the warp's 16, this thread's
@@ -134,10 +150,10 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_wgmma_kernel(Args g) {
     float acc[NT / 2];
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
-    constexpr int kLoadAhead = kStages - 1;
+    // One commit group a stage (the first also holds the codes copied before the wait).
 #pragma unroll
     for (int s = 0; s < kLoadAhead; ++s) {
-        if (kt0 + s < kt1) load(kt0 + s, s);
+        if (kt0 + s < kt1) load_tokens(kt0 + s, s);
         cp_async_commit();
     }
     uint32_t frag[4][4];
@@ -146,7 +162,10 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_wgmma_kernel(Args g) {
         cp_async_wait<kLoadAhead - 1>();
         proxy_fence();
         __syncthreads();  // every warpgroup's MMAs on the stage refilled next are complete (waited below)
-        if (kt + kLoadAhead < kt1) load(kt + kLoadAhead, (i + kLoadAhead) % kStages);
+        if (kt + kLoadAhead < kt1) {
+            load_codes(kt + kLoadAhead, (i + kLoadAhead) % kStages);
+            load_tokens(kt + kLoadAhead, (i + kLoadAhead) % kStages);
+        }
         cp_async_commit();
         const uint8_t* st = smem + (i % kStages) * S::kStage;
         dequantise(st, kt, frag);
@@ -162,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_wgmma_kernel(Args g) {
     for (int i = 0; i < NT / 2; ++i) hold(acc[i]);
 
     // acc[4j + q]: weight row wq*16 + g4 + 8*(q >> 1) of the warpgroup's 64, token column 8j + 2*t4 + (q & 1).
-    const int64_t N = g.N;
+    const int64_t N = l.N, NP = g.l0.N + g.l1.N, nP = second ? g.l0.N : 0;  // NP, nP: the partial sums' columns
 #pragma unroll
     for (int j = 0; j < NT / 8; ++j)
 #pragma unroll
@@ -170,13 +189,14 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_wgmma_kernel(Args g) {
             const int m = m0 + 8 * j + 2 * t4 + (q & 1);
             if (m >= g.M) continue;
             const int64_t n = n0 + R0 + 8 * (q >> 1);
-            if (g.splits == 1) g.y[m * N + n] = round_bf16(acc[4 * j + q]);
-            else g.partial[(static_cast<int64_t>(split) * g.M + m) * N + n] = acc[4 * j + q];
+            if (g.splits == 1) l.y[m * N + n] = round_bf16(acc[4 * j + q]);
+            else g.partial[(static_cast<int64_t>(split) * g.M + m) * NP + nP + n] = acc[4 * j + q];
         }
 }
 
-// y = bf16(sum of the slices' partial sums, in slice order), four outputs a thread.
-__global__ void reduce_kernel(const float4* partial, int splits, int64_t n4, float4* y) {
+// y = bf16(sum of the slices' partial sums, in slice order), four outputs a thread: row m's first N0 columns to
+// y0 (N0 a row), the rest to y1.
+__global__ void reduce_kernel(const float4* partial, int splits, int64_t n4, int N0, int N1, float* y0, float* y1) {
     pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
     if (i >= n4) return;
@@ -185,13 +205,15 @@ __global__ void reduce_kernel(const float4* partial, int splits, int64_t n4, flo
         const float4 p = partial[k * n4 + i];
         s.x += p.x, s.y += p.y, s.z += p.z, s.w += p.w;
     }
-    y[i] = make_float4(round_bf16(s.x), round_bf16(s.y), round_bf16(s.z), round_bf16(s.w));
+    const int64_t m = 4 * i / (N0 + N1), n = 4 * i - m * (N0 + N1);  // N0 and N1 are multiples of 4
+    float* y = n < N0 ? y0 + m * N0 + n : y1 + m * N1 + (n - N0);
+    *reinterpret_cast<float4*>(y) = make_float4(round_bf16(s.x), round_bf16(s.y), round_bf16(s.z), round_bf16(s.w));
 }
 
 template <int NT>
 void launch(const Args& g) {
     smem_opt_in<fp8_wgmma_kernel<NT>>(Shape<NT>::kSmem);
-    const dim3 grid(static_cast<unsigned>((g.M + NT - 1) / NT), static_cast<unsigned>(g.N / kRows),
+    const dim3 grid(static_cast<unsigned>((g.M + NT - 1) / NT), static_cast<unsigned>((g.l0.N + g.l1.N) / kRows),
                     static_cast<unsigned>(g.splits));
     launch_pdl(fp8_wgmma_kernel<NT>, grid, dim3(kThreads), Shape<NT>::kSmem, g);
 }
@@ -205,30 +227,37 @@ bool linear_wgmma_supported(const LinearDev& w, int64_t M) {
            M <= 256;
 }
 
-void linear_wgmma(const float* x, int64_t M, const LinearDev& w, float* y) {
-    if (!linear_wgmma_supported(w, M) || !act_quant_bf16_supported(x, w.in, w.act_block))
+void linear_wgmma_pair(const float* x, int64_t M, const LinearDev& w0, float* y0, const LinearDev* w1, float* y1) {
+    if (!linear_wgmma_supported(w0, M) || !act_quant_bf16_supported(x, w0.in, w0.act_block) ||
+        (w1 && (!linear_wgmma_supported(*w1, M) || w1->in != w0.in || w1->weight_block != w0.weight_block)))
         cuda_fail(cudaErrorInvalidValue, "linear_wgmma: unsupported shape", __FILE__, __LINE__);
-    const int K = w.in, N = w.out, NT = M <= 64 ? 64 : 128;
+    const int K = w0.in, N0 = w0.out, N1 = w1 ? w1->out : 0, NT = M <= 64 ? 64 : 128;
     auto image = device_alloc(static_cast<size_t>(M) * K * 2);
-    act_quant_bf16(x, M, K, w.act_block, static_cast<uint16_t*>(image.get()), true);
+    act_quant_bf16(x, M, K, w0.act_block, static_cast<uint16_t*>(image.get()), true);
     // Enough slices for two blocks on every SM, each at least kMinSliceStages stages long.
-    const int64_t blocks = (M + NT - 1) / NT * (N / kRows);
+    const int64_t blocks = (M + NT - 1) / NT * ((N0 + N1) / kRows);
     const int splits = static_cast<int>(
         std::clamp<int64_t>((2 * sm_count() + blocks - 1) / blocks, 1, std::max(1, K / kBK / kMinSliceStages)));
-    Args g{static_cast<const __nv_bfloat16*>(image.get()), static_cast<const uint8_t*>(w.w), w.scale,
-           static_cast<int>(M), N, K, w.weight_block, splits, y, nullptr};
+    Args g{static_cast<const __nv_bfloat16*>(image.get()),
+           {static_cast<const uint8_t*>(w0.w), w0.scale, N0, y0},
+           {w1 ? static_cast<const uint8_t*>(w1->w) : nullptr, w1 ? w1->scale : nullptr, N1, y1},
+           static_cast<int>(M), K, w0.weight_block, splits, nullptr};
     std::shared_ptr<void> partial;
     if (splits > 1) {
-        partial = device_alloc(sizeof(float) * static_cast<size_t>(splits) * M * N);
+        partial = device_alloc(sizeof(float) * static_cast<size_t>(splits) * M * (N0 + N1));
         g.partial = static_cast<float*>(partial.get());
     }
     if (NT == 64) launch<64>(g);
     else launch<128>(g);
     if (splits > 1) {
-        const int64_t n4 = M * N / 4;
+        const int64_t n4 = M * (N0 + N1) / 4;
         launch_pdl(reduce_kernel, dim3(static_cast<unsigned>((n4 + 255) / 256)), dim3(256), 0,
-                   reinterpret_cast<const float4*>(g.partial), splits, n4, reinterpret_cast<float4*>(y));
+                   reinterpret_cast<const float4*>(g.partial), splits, n4, N0, N1, y0, y1);
     }
+}
+
+void linear_wgmma(const float* x, int64_t M, const LinearDev& w, float* y) {
+    linear_wgmma_pair(x, M, w, y, nullptr, nullptr);
 }
 
 }  // namespace peregrine::cuda

@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kThreads, 2) fp8_wgmma_kernel(Args g) {
     uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2, wq = warp & 3;
     const int nb0 = g.l0.N / kRows, second = static_cast<int>(blockIdx.y) >= nb0;
-    const Weights& l = second ? g.l1 : g.l0;
+    const Weights l = second ? g.l1 : g.l0;  // by value: a reference into the parameters goes through the stack
     const int m0 = blockIdx.x * NT, n0 = (blockIdx.y - (second ? nb0 : 0)) * kRows, split = blockIdx.z;
     const int K = g.K, KT = K / kBK, nkb = (K + g.block - 1) / g.block;
     const int kt0 = static_cast<int>(static_cast<int64_t>(split) * KT / g.splits);

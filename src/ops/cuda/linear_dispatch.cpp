@@ -109,7 +109,7 @@ std::pair<Tensor, Tensor> LinearDispatch::run_pair(const Tensor& x, const Linear
     }
     // Both on linear_wgmma (as run() would send each): one quantisation of x and one launch.
     const auto wgmma = [&](const LinearDev& d) {
-        return !routed && d.kind == 2 && use_wgmma(x.f32(), M, d) &&
+        return !routed && use_wgmma(x.f32(), M, d) &&
                !(use_gemv(x.f32(), M, d, routed) && linear_gemv_quantises(d));
     };
     if (a.in == b.in && wgmma(da) && wgmma(db) && da.weight_block == db.weight_block) {

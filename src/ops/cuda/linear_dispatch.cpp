@@ -23,6 +23,10 @@ bool LinearDispatch::use_wgmma(const float* x, int64_t M, const LinearDev& d) co
            act_quant_bf16_supported(x, d.in, d.act_block);
 }
 
+bool LinearDispatch::takes_wgmma(const float* x, int64_t M, const LinearDev& d, const Routed* routed) const {
+    return !routed && use_wgmma(x, M, d) && !(use_gemv(x, M, d, routed) && linear_gemv_quantises(d));
+}
+
 void LinearDispatch::gemm(const float* x, const float* xs, int64_t M, const LinearDev& d, float* y,
                           const ExpertTable* experts, const Routed* routed) {
     // Fast numerics, decode-sized calls: the memory-bound GEMV (xs null: it quantises the activations itself).
@@ -73,7 +77,7 @@ void LinearDispatch::run_into(const Tensor& x, const LinearWeight& w, Tensor& y,
             return;
         }
         // Decode batches outside the GEMV's rows: FP8 weights read as stored on the bf16 tensor cores.
-        if (!routed && use_wgmma(x.f32(), M, d)) {
+        if (takes_wgmma(x.f32(), M, d, routed)) {
             linear_wgmma(x.f32(), M, d, y.f32());
             return;
         }
@@ -108,11 +112,8 @@ std::pair<Tensor, Tensor> LinearDispatch::run_pair(const Tensor& x, const Linear
         return {std::move(ya), std::move(yb)};
     }
     // Both on linear_wgmma (as run() would send each): one quantisation of x and one launch.
-    const auto wgmma = [&](const LinearDev& d) {
-        return !routed && use_wgmma(x.f32(), M, d) &&
-               !(use_gemv(x.f32(), M, d, routed) && linear_gemv_quantises(d));
-    };
-    if (a.in == b.in && wgmma(da) && wgmma(db) && da.weight_block == db.weight_block) {
+    if (a.in == b.in && da.weight_block == db.weight_block && takes_wgmma(x.f32(), M, da, routed) &&
+        takes_wgmma(x.f32(), M, db, routed)) {
         Tensor ya = empty(DType::F32, {M, a.out}), yb = empty(DType::F32, {M, b.out});
         linear_wgmma_pair(x.f32(), M, da, ya.f32(), &db, yb.f32());
         return {std::move(ya), std::move(yb)};

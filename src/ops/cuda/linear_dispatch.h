@@ -50,6 +50,8 @@ public:
     Numerics numerics() const { return numerics_; }
 
 private:
+    // Whether a quantised call goes to linear_wgmma: dense, of its shapes, and not a GEMV call that quantises.
+    bool takes_wgmma(const float* x, int64_t M, const LinearDev& d, const Routed* routed) const;
     WeightCache& weights_;
     Numerics numerics_;
 };

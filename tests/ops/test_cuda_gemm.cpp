@@ -393,27 +393,25 @@ TEST(CudaGemm, DenseWgmmaPairMatchesExact) {
             auto xq = device_alloc(sizeof(float) * M * sh.K), xs = device_alloc(sizeof(float) * M * (sh.K / kBlock));
             act_quant(static_cast<const float*>(raw.get()), M, sh.K, kBlock, static_cast<float*>(xq.get()),
                       static_cast<float*>(xs.get()));
+            auto y0 = device_alloc(sizeof(float) * M * sh.N0), y1 = device_alloc(sizeof(float) * M * sh.N1);
+            const float* xp = static_cast<const float*>(raw.get());
+            float *y0p = static_cast<float*>(y0.get()), *y1p = static_cast<float*>(y1.get());
+            CK(cudaMemset(y0p, 0xff, sizeof(float) * M * sh.N0));
+            CK(cudaMemset(y1p, 0xff, sizeof(float) * M * sh.N1));
+            linear_wgmma_pair(xp, M, w0.d, y0p, &w1.d, y1p);
             for (int which = 0; which < 2; ++which) {
                 const Weight& w = which ? w1 : w0;
                 const int N = which ? sh.N1 : sh.N0;
-                auto y0 = device_alloc(sizeof(float) * M * sh.N0), y1 = device_alloc(sizeof(float) * M * sh.N1);
-                CK(cudaMemset(y0.get(), 0xff, sizeof(float) * M * sh.N0));
-                CK(cudaMemset(y1.get(), 0xff, sizeof(float) * M * sh.N1));
-                linear_wgmma_pair(static_cast<const float*>(raw.get()), M, w0.d, static_cast<float*>(y0.get()), &w1.d,
-                                  static_cast<float*>(y1.get()));
                 auto y_ref = device_alloc(sizeof(float) * M * N);
                 linear_tiled(static_cast<const float*>(xq.get()), static_cast<const float*>(xs.get()), M, w.d,
                              static_cast<float*>(y_ref.get()), nullptr, nullptr);
                 CK(cudaDeviceSynchronize());
-                compare(sample_rows_host(static_cast<const float*>((which ? y1 : y0).get()), M, 1, N),
+                compare(sample_rows_host(which ? y1p : y0p, M, 1, N),
                         sample_rows_host(static_cast<const float*>(y_ref.get()), M, 1, N), true,
                         std::string("wgmma pair ") + sh.name + (which ? " (second)" : " (first)") + " M=" +
                             std::to_string(M));
             }
             // What one call saves against two (L2 warm: the launches, quantisations and reductions).
-            auto y0 = device_alloc(sizeof(float) * M * sh.N0), y1 = device_alloc(sizeof(float) * M * sh.N1);
-            const float* xp = static_cast<const float*>(raw.get());
-            float *y0p = static_cast<float*>(y0.get()), *y1p = static_cast<float*>(y1.get());
             const double pair_ms = peregrine::test::device_ms(
                 [&] { linear_wgmma_pair(xp, M, w0.d, y0p, &w1.d, y1p); }, 20, 3);
             const double two_ms = peregrine::test::device_ms([&] {

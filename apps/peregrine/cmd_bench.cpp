@@ -427,6 +427,16 @@ int run_bench(const BenchArgs& a) {
     }
     std::printf("CUDA graphs' memory (reserved, high-water mark): %.1f MiB\n",
                 be.graph_memory_bytes() / 1048576.0);
+    const Diagnostics::GraphCensus census = be.graph_census();
+    std::printf("CUDA graphs captured: %lld kernel nodes, %lld other nodes; %lld of %lld kernel-to-kernel edges "
+                "programmatic\n",
+                static_cast<long long>(census.kernels), static_cast<long long>(census.other_nodes),
+                static_cast<long long>(census.programmatic_edges), static_cast<long long>(census.kernel_edges));
+    out["graph_census"] = {{"kernels", census.kernels},
+                           {"other_nodes", census.other_nodes},
+                           {"kernel_edges", census.kernel_edges},
+                           {"programmatic_edges", census.programmatic_edges}};
+    save();
 
     // Speculative decoding: what a step verifying drafts costs against a decode step, every row sampled on the
     // device both ways, and the TPOT speedup that implies at an accept length L (tokens a verify step emits, its

@@ -28,6 +28,14 @@ public:
     virtual size_t graph_memory_bytes() const = 0;
     // Decode batch sizes whose steps are captured as graphs (the second step at a size captures; none: no graphs).
     virtual std::vector<int> graph_batch_sizes() const = 0;
+    // What the graphs captured so far hold, summed: kernel nodes, other nodes (copies, memsets, empty joins), edges
+    // from one kernel to another, and how many of those are programmatic (the next kernel's blocks may start before
+    // the previous one ends, as launches on a stream do: pdl.cuh). A full edge between two kernels of a chain costs
+    // the launch latency the overlapping launches hide.
+    struct GraphCensus {
+        int64_t kernels = 0, other_nodes = 0, kernel_edges = 0, programmatic_edges = 0;
+    };
+    virtual GraphCensus graph_census() const = 0;
     // Free device memory, and a device-to-device copy's bandwidth (bytes read plus written per second, GB/s).
     virtual size_t free_memory() const = 0;
     // The device's memory, and the bytes of its stream-ordered pool in use now and at most since the last reset

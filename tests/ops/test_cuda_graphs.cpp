@@ -432,6 +432,44 @@ TEST(CudaGraphs, OverlappingLaunchesMatchPlain) {
     cuda::set_pdl(was);
 }
 
+// Launches captured into a graph keep their programmatic dependencies (pdl.cuh): with overlapping launches on, the
+// captured graphs' kernel-to-kernel edges include programmatic ones; with them off, none is. (A graph whose edges
+// are all full would start each kernel of a decode step only after the previous one ended.)
+TEST(CudaGraphs, CapturedLaunchesKeepProgrammaticEdges) {
+    REQUIRE_GPU();
+    const bool was = cuda::set_pdl(true);
+    Diagnostics::GraphCensus census[2];
+    for (bool pdl : {true, false}) {
+        cuda::set_pdl(pdl);
+        const char* fx = "dsv41-tiny-a";
+        auto ids = read_ids(fixture_dir(fx) + "/cases/prefill.ids");
+        const int n = 3, steps = 4;
+        ModelRun r = open(fx, true, n, static_cast<int64_t>(ids.size()) + steps + 1);
+        const int vocab = r.m->config().vocab_size;
+        std::vector<std::vector<int32_t>> feeds(n);
+        for (int i = 0; i < n; ++i)
+            feeds[static_cast<size_t>(i)].assign(ids.begin() + i,
+                                                 ids.begin() + std::min(ids.size(), static_cast<size_t>(5 + 6 * i)));
+        for (int st = 0; st <= steps; ++st) {
+            Tensor x = step(r, feeds);
+            for (int i = 0; i < n; ++i)
+                feeds[static_cast<size_t>(i)] = {peregrine::argmax(x.f32() + int64_t{i} * vocab, vocab)};
+        }
+        EXPECT_EQ(r.be().graph_failed_captures(), 0);
+        census[pdl ? 0 : 1] = r.be().graph_census();
+    }
+    cuda::set_pdl(was);
+    EXPECT_GT(census[0].kernel_edges, 0) << "no graph with two kernels was captured";
+    EXPECT_GT(census[0].programmatic_edges, 0) << "overlapping launches lost their programmatic edges in the graphs";
+    EXPECT_EQ(census[1].programmatic_edges, 0) << "plain launches captured with programmatic edges";
+    for (int i = 0; i < 2; ++i)
+        std::printf("PARITY graph census %-8s %lld kernel nodes, %lld other nodes, %lld of %lld kernel-to-kernel "
+                    "edges programmatic\n",
+                    i == 0 ? "pdl" : "plain", static_cast<long long>(census[i].kernels),
+                    static_cast<long long>(census[i].other_nodes), static_cast<long long>(census[i].programmatic_edges),
+                    static_cast<long long>(census[i].kernel_edges));
+}
+
 // The hc mixes of decode steps on a side stream, joined where their outputs are first read (cuda_backend.cpp): the
 // same kernels on the same inputs, so the same logits bit for bit as on the thread's own stream, through the small-T
 // path (3 rows) and the FP64 tensor-core one (8 rows), with the MoE graphs captured and replayed meanwhile.

@@ -140,6 +140,7 @@ public:
     bool graphs() const override { return graphs_; }
     // Device memory reserved for CUDA graphs' allocations, its high-water mark in this process.
     size_t graph_memory_bytes() const override;
+    GraphCensus graph_census() const override { return graph_runner_.census(); }
     // Counting the activation pool's freed but still mapped memory (state allocations can take it back).
     size_t free_memory() const override;
     MemoryUse memory_use(bool reset_peak) override;

@@ -7,6 +7,8 @@
 
 #include <cstdio>
 #include <string>
+#include <unordered_set>
+#include <vector>
 
 namespace peregrine::cuda {
 
@@ -19,6 +21,37 @@ bool scratch_moved(void* const (&captured)[kScratchSets][kScratchSlots]) {
         for (int i = 0; i < kScratchSlots; ++i)
             if (gemv_scratch(i, 0, i == 1, set) != captured[set][i]) return true;
     return false;
+}
+
+// The nodes and edges of a captured graph; zeros where the runtime cannot list them.
+Diagnostics::GraphCensus census_of(cudaGraph_t graph) {
+    Diagnostics::GraphCensus c;
+    size_t n = 0, e = 0;
+    if (cudaGraphGetNodes(graph, nullptr, &n) != cudaSuccess ||
+        cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &e) != cudaSuccess) {
+        cudaGetLastError();
+        return c;
+    }
+    std::vector<cudaGraphNode_t> nodes(n), from(e), to(e);
+    std::vector<cudaGraphEdgeData> data(e);
+    std::unordered_set<cudaGraphNode_t> kernels;
+    if (cudaGraphGetNodes(graph, nodes.data(), &n) != cudaSuccess ||
+        cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &e) != cudaSuccess) {
+        cudaGetLastError();
+        return c;
+    }
+    for (cudaGraphNode_t node : nodes) {
+        cudaGraphNodeType type{};
+        if (cudaGraphNodeGetType(node, &type) == cudaSuccess && type == cudaGraphNodeTypeKernel) kernels.insert(node);
+    }
+    c.kernels = static_cast<int64_t>(kernels.size());
+    c.other_nodes = static_cast<int64_t>(n) - c.kernels;
+    for (size_t i = 0; i < e; ++i)
+        if (kernels.count(from[i]) && kernels.count(to[i])) {
+            ++c.kernel_edges;
+            c.programmatic_edges += data[i].type == cudaGraphDependencyTypeProgrammatic;
+        }
+    return c;
 }
 }  // namespace
 
@@ -77,6 +110,7 @@ bool GraphRunner::capture(Region& r, const Key& key, const Body& body) {
     size_t& size = arena_sizes_[{key.kind, key.rows}];
     if (size == 0) size = size_t(16) << 20;
     std::string why;
+    Diagnostics::GraphCensus census;
     for (int attempt = 0; attempt < 2; ++attempt) {
         if (r.exec) cudaGraphExecDestroy(r.exec);
         r.exec = nullptr;
@@ -93,6 +127,7 @@ bool GraphRunner::capture(Region& r, const Key& key, const Body& body) {
         cudaError_t e = cudaStreamEndCapture(cudaStreamPerThread, &graph);
         if (why.empty() && e != cudaSuccess) why = cudaGetErrorString(e);
         if (why.empty()) {
+            census = census_of(graph);
             e = cudaGraphInstantiate(&r.exec, graph, 0);
             if (e != cudaSuccess) {
                 why = cudaGetErrorString(e);
@@ -104,7 +139,13 @@ bool GraphRunner::capture(Region& r, const Key& key, const Body& body) {
         if (!why.empty() || r.arena->needed() <= r.arena->bytes()) break;
         size = (r.arena->needed() + (size_t(1) << 20) - 1) >> 20 << 20;  // too small: again, in one that fits
     }
-    if (why.empty()) return true;
+    if (why.empty()) {
+        census_.kernels += census.kernels;
+        census_.other_nodes += census.other_nodes;
+        census_.kernel_edges += census.kernel_edges;
+        census_.programmatic_edges += census.programmatic_edges;
+        return true;
+    }
     cudaGetLastError();  // capture errors are not sticky
     std::fprintf(stderr, "peregrine: CUDA graph for the %s at %lld rows (%lld sequences) not used: %s\n",
                  key.kind == Kind::decoder_layers ? "decoder layers" : "MoE block", static_cast<long long>(key.rows),

@@ -8,6 +8,7 @@
 // dropped if any of it moves (a larger call elsewhere may grow it). A region's temporaries come from an arena of its
 // own (CaptureArena: no memory nodes in the graph), captured again at once if the first arena was too small. Same
 // kernels on the same inputs: replays give the eager run's bits.
+#include "ops/diagnostics.h"
 #include "tensor/tensor.h"
 
 #include <cstdint>
@@ -62,6 +63,8 @@ public:
     int64_t failed_captures() const { return failed_captures_; }  // regions left eager (the reason on stderr)
     // Device memory the regions' capture arenas hold (device_memory.h).
     size_t arena_bytes() const;
+    // The nodes and edges of every graph captured so far (Diagnostics::GraphCensus).
+    const Diagnostics::GraphCensus& census() const { return census_; }
 
 private:
     struct Region;
@@ -73,6 +76,7 @@ private:
     std::map<std::pair<Kind, int64_t>, size_t> arena_sizes_;  // by kind and rows: the last capture's need
     void* scratch_[2][3] = {};  // the GEMV scratch the graphs were captured with (per set: gemv_common.cuh)
     int64_t replays_ = 0, captures_ = 0, failed_captures_ = 0;
+    Diagnostics::GraphCensus census_;
 };
 
 }  // namespace peregrine::cuda

@@ -23,23 +23,32 @@ bool scratch_moved(void* const (&captured)[kScratchSets][kScratchSlots]) {
     return false;
 }
 
-// The nodes and edges of a captured graph; zeros where the runtime cannot list them.
+// The nodes and edges of a captured graph; zeros where the runtime cannot list them. The edges are read with their
+// data into room for four a node, doubled until they fit (a count alone could not say whether any is programmatic).
 Diagnostics::GraphCensus census_of(cudaGraph_t graph) {
     Diagnostics::GraphCensus c;
-    size_t n = 0, e = 0;
-    if (cudaGraphGetNodes(graph, nullptr, &n) != cudaSuccess ||
-        cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &e) != cudaSuccess) {
+    size_t n = 0;
+    if (cudaGraphGetNodes(graph, nullptr, &n) != cudaSuccess) {
         cudaGetLastError();
         return c;
     }
-    std::vector<cudaGraphNode_t> nodes(n), from(e), to(e);
-    std::vector<cudaGraphEdgeData> data(e);
+    std::vector<cudaGraphNode_t> nodes(n), from, to;
+    std::vector<cudaGraphEdgeData> data;
+    if (cudaGraphGetNodes(graph, nodes.data(), &n) != cudaSuccess) {
+        cudaGetLastError();
+        return c;
+    }
+    size_t e = 0;
+    for (size_t room = 4 * n + 16;; room *= 2) {
+        from.resize(room), to.resize(room), data.resize(room);
+        e = room;
+        if (cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &e) != cudaSuccess) {
+            cudaGetLastError();
+            return c;
+        }
+        if (e < room) break;
+    }
     std::unordered_set<cudaGraphNode_t> kernels;
-    if (cudaGraphGetNodes(graph, nodes.data(), &n) != cudaSuccess ||
-        cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &e) != cudaSuccess) {
-        cudaGetLastError();
-        return c;
-    }
     for (cudaGraphNode_t node : nodes) {
         cudaGraphNodeType type{};
         if (cudaGraphNodeGetType(node, &type) == cudaSuccess && type == cudaGraphNodeTypeKernel) kernels.insert(node);

@@ -81,6 +81,16 @@ int32_t argmax(const float* row, int n) {
     return best;
 }
 
+// Prompts of `n` sequences from a fixture's ids, of different lengths (rows at different positions): sequence i
+// starts at id i and ends at id 5 + 6i (or the last).
+std::vector<std::vector<int32_t>> prompts_of(const std::vector<int32_t>& ids, int n) {
+    std::vector<std::vector<int32_t>> p(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i)
+        p[static_cast<size_t>(i)].assign(ids.begin() + i,
+                                         ids.begin() + std::min(ids.size(), static_cast<size_t>(5 + 6 * i)));
+    return p;
+}
+
 }  // namespace
 namespace peregrine::cuda {
 void* gemv_scratch(int which, size_t bytes, bool zero, int set);  // linear_gemv.cu
@@ -101,11 +111,7 @@ void compare_decode(const char* fx, int n_seqs, bool grow_scratch = false) {
     general.be().set_decode_tables(false);
     graph.be().set_graph_cap_tokens(8);
     const int vocab = eager.m->config().vocab_size;
-    std::vector<std::vector<int32_t>> feeds(static_cast<size_t>(n_seqs));
-    for (int i = 0; i < n_seqs; ++i) {  // prompts of different lengths: rows at different positions
-        const size_t len = std::min(ids.size(), static_cast<size_t>(5 + 6 * i));
-        feeds[static_cast<size_t>(i)].assign(ids.begin() + i, ids.begin() + len);
-    }
+    std::vector<std::vector<int32_t>> feeds = prompts_of(ids, n_seqs);
     int64_t differing = 0, form_differing = 0, captures_before_growth = -1;
     for (int st = 0; st <= decode_steps; ++st) {
         if (grow_scratch && st == decode_steps / 2) {
@@ -219,12 +225,7 @@ void compare_deferred(const char* fx, int n_seqs) {
         }
         return rows;
     };
-    std::vector<std::vector<int32_t>> feeds(static_cast<size_t>(n_seqs)), dfeeds;
-    for (int i = 0; i < n_seqs; ++i) {
-        const size_t len = std::min(ids.size(), static_cast<size_t>(5 + 6 * i));
-        feeds[static_cast<size_t>(i)].assign(ids.begin() + i, ids.begin() + len);
-    }
-    dfeeds = feeds;
+    std::vector<std::vector<int32_t>> feeds = prompts_of(ids, n_seqs), dfeeds = feeds;
     int same_steps = 0, deferred_tokens = 0;
     std::vector<int64_t> fed_pos(static_cast<size_t>(n_seqs), -1);
     for (int st = 0; st <= decode_steps; ++st) {
@@ -307,11 +308,7 @@ void compare_models(const std::function<void(bool)>& before, const std::function
         ModelRun a = open(fx, true, n, cap), b = open(fx, true, n, cap);
         setup(a, true);
         setup(b, false);
-        std::vector<std::vector<int32_t>> feeds(n);
-        for (int i = 0; i < n; ++i)
-            feeds[static_cast<size_t>(i)].assign(ids.begin() + i,
-                                                 ids.begin() + std::min(ids.size(), static_cast<size_t>(5 + 6 * i)));
-        compare_runs(a, b, feeds, steps, before, what + " " + fx, label);
+        compare_runs(a, b, prompts_of(ids, n), steps, before, what + " " + fx, label);
     }
     ModelConfig cfg = synthetic_v41_flash_config(4, 8);
     ModelOptions o;
@@ -355,10 +352,7 @@ void compare_verify(const char* fx) {
     general.be().set_decode_tables(false);
     graph.be().set_graph_cap_tokens(16);
     const int vocab = general.m->config().vocab_size;
-    std::vector<std::vector<int32_t>> prompts(n);
-    for (int i = 0; i < n; ++i)
-        prompts[static_cast<size_t>(i)].assign(ids.begin() + i,
-                                               ids.begin() + std::min(ids.size(), static_cast<size_t>(5 + 6 * i)));
+    const std::vector<std::vector<int32_t>> prompts = prompts_of(ids, n);
     std::vector<int32_t> next(n);
     for (ModelRun* r : {&general, &eager, &graph}) {
         Tensor x = step(*r, prompts);
@@ -446,10 +440,7 @@ TEST(CudaGraphs, CapturedLaunchesKeepProgrammaticEdges) {
         const int n = 3, steps = 4;
         ModelRun r = open(fx, true, n, static_cast<int64_t>(ids.size()) + steps + 1);
         const int vocab = r.m->config().vocab_size;
-        std::vector<std::vector<int32_t>> feeds(n);
-        for (int i = 0; i < n; ++i)
-            feeds[static_cast<size_t>(i)].assign(ids.begin() + i,
-                                                 ids.begin() + std::min(ids.size(), static_cast<size_t>(5 + 6 * i)));
+        std::vector<std::vector<int32_t>> feeds = prompts_of(ids, n);
         for (int st = 0; st <= steps; ++st) {
             Tensor x = step(r, feeds);
             for (int i = 0; i < n; ++i)

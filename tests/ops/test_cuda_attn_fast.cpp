@@ -783,4 +783,43 @@ TEST(CudaAttnFast, RopeQdqSameAsTwoKernels) {
     }
 }
 
+// rms_norm then rope_qdq of one-head rows in one kernel (rms_norm_rope_qdq) against the two kernels, bit for bit:
+// V4.1's window K=V (fp8, blocks of 32), indexer keys (fp4/32, 128 wide), V4's window (fp8/64 over 448 dims), and a
+// shape the single kernel does not take (odd RoPE offset: the two kernels run).
+TEST(CudaAttnFast, NormRopeQdqSameAsTwoKernels) {
+    REQUIRE_GPU();
+    struct Case {
+        const char* what;
+        int rows, D, rd, n, block, kind;
+    };
+    const Case cases[] = {{"v41 window kv fp8/32", 37, 512, 64, 512, 32, 0},
+                          {"indexer k fp4/32", 9, 128, 64, 128, 32, 1},
+                          {"v4 window kv fp8/64 on 448", 37, 512, 64, 448, 64, 0},
+                          {"odd offset (two kernels)", 5, 96, 62, 64, 32, 0}};
+    std::mt19937_64 g(7);
+    std::normal_distribution<float> n01(0.0f, 1.0f);
+    std::vector<float> freqs(256);
+    for (size_t k = 0; k < freqs.size(); ++k) freqs[k] = std::pow(10000.0f, -static_cast<float>(k) / 128.0f);
+    auto fd = cuda::upload(freqs);
+    for (const Case& c : cases) {
+        std::vector<float> x(static_cast<size_t>(c.rows) * c.D), w(static_cast<size_t>(c.D));
+        for (auto& v : x) v = round_bf16(n01(g) * std::ldexp(1.0f, static_cast<int>(g() % 12) - 6));
+        for (auto& v : w) v = round_bf16(1.0f + 0.25f * n01(g));
+        std::vector<int64_t> pos(static_cast<size_t>(c.rows));
+        for (auto& p : pos) p = static_cast<int64_t>(g() % 131072);
+        auto pd = cuda::upload(pos);
+        auto xd = cuda::upload(x), wd = cuda::upload(w), a = cuda::upload(x), b = cuda::upload(x);
+        const float eps = 1e-6f;
+        cuda::rms_norm(xd.ptr, c.rows, c.D, wd.ptr, eps, a.ptr);
+        cuda::rope_qdq(a.ptr, c.rows, 1, c.D, c.D, c.D - c.rd, pd.ptr, fd.ptr, c.rd, false, c.n, c.block, c.kind);
+        cuda::rms_norm_rope_qdq(xd.ptr, c.rows, c.D, wd.ptr, eps, b.ptr, pd.ptr, fd.ptr, c.D - c.rd, c.rd, c.n,
+                                c.block, c.kind);
+        const std::vector<float> ha = host(a.ptr, x.size()), hb = host(b.ptr, x.size());
+        const bool same = std::memcmp(ha.data(), hb.data(), ha.size() * 4) == 0;
+        EXPECT_TRUE(same) << c.what;
+        std::printf("PARITY norm_rope_qdq %-28s %s\n", c.what,
+                    same ? "bit-identical to rms_norm + rope_qdq" : "DIFFERS");
+    }
+}
+
 }  // namespace

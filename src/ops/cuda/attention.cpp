@@ -40,8 +40,13 @@ Tensor CudaBackend::attend(const Tensor& x, const AttentionWeight& w, const Atte
         if (c.n > 0) {
             if (info.owns_index_k) {
                 const IndexerWeight& iw = *w.indexer;
-                Tensor k = rms_norm(linear_.run(c.latent, iw.wk), iw.k_norm);
-                index_rope_qdq(k.f32(), c.n, 1, c.gpos, freqs, L.index_k.format);
+                Tensor k = linear_.run(c.latent, iw.wk);
+                if (format_.index_rotation) {
+                    k = rms_norm(k, iw.k_norm);
+                    index_rope_qdq(k.f32(), c.n, 1, c.gpos, freqs, L.index_k.format);
+                } else {
+                    k = norm_rope_qdq(k, iw.k_norm, c.gpos, freqs, L.index_k.format);
+                }
                 plan.store_groups(k, L.index_k, c);
             }
             const EntryFormat& cf = L.comp.format;
@@ -166,7 +171,7 @@ CudaBackend::AttentionInputs CudaBackend::attention_inputs(const Tensor& x, cons
     } else {
         in.q = project_queries(qr, w, freqs, pos, T);
     }
-    in.kv = window_kv_of(kva, w, freqs, pos, T, layout_.layers.at(static_cast<size_t>(info.layer)).window.format);
+    in.kv = window_kv_of(kva, w, freqs, pos, layout_.layers.at(static_cast<size_t>(info.layer)).window.format);
     return in;
 }
 
@@ -223,16 +228,23 @@ Tensor CudaBackend::queries_of(Tensor q, const float* freqs, const int64_t* pos,
 }
 
 Tensor CudaBackend::window_kv(const Tensor& x, const AttentionWeight& w, const float* freqs, const int64_t* pos,
-                              int T, const EntryFormat& f) {
-    return window_kv_of(linear_.run(x, w.wkv), w, freqs, pos, T, f);
+                              const EntryFormat& f) {
+    return window_kv_of(linear_.run(x, w.wkv), w, freqs, pos, f);
 }
 
 Tensor CudaBackend::window_kv_of(const Tensor& projected, const AttentionWeight& w, const float* freqs,
-                                 const int64_t* pos, int T, const EntryFormat& f) {
-    const int D = cfg_.head_dim, rd = cfg_.rope_head_dim;
-    Tensor kv = rms_norm(projected, w.kv_norm);
-    rope_qdq(kv.f32(), T, 1, D, D, D - rd, pos, freqs, rd, false, f.quant_dims, f.block, qdq_kind(f));
-    return kv;
+                                 const int64_t* pos, const EntryFormat& f) {
+    return norm_rope_qdq(projected, w.kv_norm, pos, freqs, f);
+}
+
+Tensor CudaBackend::norm_rope_qdq(const Tensor& x, const Tensor& w, const int64_t* pos, const float* freqs,
+                                  const EntryFormat& f) {
+    OpTimer op_(*this, "norm_rope_qdq");
+    const int D = static_cast<int>(x.dim(-1)), rd = cfg_.rope_head_dim;
+    Tensor y = empty(DType::F32, x.shape());
+    rms_norm_rope_qdq(x.f32(), x.numel() / D, D, weights_.f32(w), eps(), y.f32(), pos, freqs, D - rd, rd,
+                      f.quant_dims, f.block, qdq_kind(f));
+    return y;
 }
 
 Tensor CudaBackend::project_output(Tensor& o, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T) {

@@ -210,6 +210,10 @@ private:
     // Indexer keys (or queries) in place, `heads` per row at positions pos: RoPE, the format's rotation, the QDQ
     // to the keys' entry format f.
     void index_rope_qdq(float* x, int64_t rows, int heads, const int64_t* pos, const float* freqs, const EntryFormat& f);
+    // rms_norm(x, w), then RoPE at pos and the QDQ to entry format f on its rows (one head of x's width, no
+    // rotation): one launch (rms_norm_rope_qdq). Window K=V rows and, without the format's rotation, indexer keys.
+    Tensor norm_rope_qdq(const Tensor& x, const Tensor& w, const int64_t* pos, const float* freqs,
+                         const EntryFormat& f);
     // Sparse attention with sink over each row's key list (kr): the decoded-row kernel (key_rows), the tensor-core
     // one (Fast), or the exact one; o [T, H, D].
     Tensor sparse_attend(const Tensor& q, const AttentionWeight& w, const KeyRefs& kr, bool key_rows);
@@ -218,11 +222,11 @@ private:
     // The same from the wq_b projection already made (head norm, RoPE in place).
     Tensor queries_of(Tensor q, const float* freqs, const int64_t* pos, int T);
     // Window K=V rows: kv_norm(wkv(x)), RoPE, quantise-dequantise to the window entries' format f.
-    Tensor window_kv(const Tensor& x, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T,
+    Tensor window_kv(const Tensor& x, const AttentionWeight& w, const float* freqs, const int64_t* pos,
                      const EntryFormat& f);
     // The same from x's wkv projection already made.
     Tensor window_kv_of(const Tensor& projected, const AttentionWeight& w, const float* freqs, const int64_t* pos,
-                        int T, const EntryFormat& f);
+                        const EntryFormat& f);
     // Inverse RoPE of the attention output (in place), grouped wo_a (bf16), wo_b.
     Tensor project_output(Tensor& o, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
 

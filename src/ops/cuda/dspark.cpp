@@ -44,7 +44,7 @@ void CudaBackend::store_window_kv(const Tensor& x, const AttentionWeight& w, con
             dst[r] = layout_.entry<uint8_t>(*s.state, L.window, pos[r]);
         }
     auto pos_d = upload(pos);
-    Tensor kv = window_kv(x, w, weights_.rope(info), pos_d.ptr, T, L.window.format);
+    Tensor kv = window_kv(x, w, weights_.rope(info), pos_d.ptr, L.window.format);
     auto dst_d = upload(dst);
     store_entries(kv.f32(), T, L.window.format, dst_d.ptr);
 }
@@ -65,7 +65,7 @@ Tensor CudaBackend::draft_attention(const Tensor& x, const AttentionWeight& w, c
     Tensor qr = rms_norm(linear_.run(xq, w.wq_a), w.q_norm);
     Tensor q = project_queries(qr, w, freqs, q_pos_d.ptr, N * R);
     const LayerStateLayout& L = layout_.layers.at(static_cast<size_t>(info.layer));
-    Tensor kv = window_kv(x, w, freqs, pos_d.ptr, T, L.window.format);
+    Tensor kv = window_kv(x, w, freqs, pos_d.ptr, L.window.format);
     // The block tokens' K=V packed into window entries of a scratch, so that every key is read the same way.
     const EntryFormat& f = L.window.format;
     auto block = device_alloc(static_cast<size_t>(T) * static_cast<size_t>(f.bytes));

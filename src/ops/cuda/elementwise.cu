@@ -4,21 +4,11 @@
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/rope_qdq.cuh"
 
 namespace peregrine::cuda {
 
 namespace {
-
-// Pair k of the rotary dims of a row at position p, rotated (bf16 results).
-__device__ __forceinline__ void rope_pair(float& a, float& b, int64_t p, const float* freqs, int k, bool inverse) {
-    const float ang = static_cast<float>(p) * freqs[k];
-    const float c = cos_cr(ang);
-    float s = sin_cr(ang);
-    if (inverse) s = -s;
-    const float x = a, y = b;
-    a = round_bf16(x * c - y * s);
-    b = round_bf16(x * s + y * c);
-}
 
 __global__ void rope_kernel(float* x, int64_t rows, int heads, int64_t rs, int64_t hs, int offset, const int64_t* pos,
                             const float* freqs, int dim, bool inverse) {
@@ -30,28 +20,6 @@ __global__ void rope_kernel(float* x, int64_t rows, int heads, int64_t rs, int64
     const int h = static_cast<int>((i / half) % heads), k = static_cast<int>(i % half);
     float* v = x + r * rs + h * hs + offset + 2 * k;
     rope_pair(v[0], v[1], pos[r], freqs, k, inverse);
-}
-
-// kind 0: e4m3 with a ue8m0 scale; 1: e2m1 with a ue8m0 scale; 2: e2m1 with an e4m3 scale.
-__device__ __forceinline__ float qdq_scale(float amax, int kind) {
-    if (kind == 0) return act_quant_scale(amax);
-    if (kind == 1) return pow2_round_scale(fmaxf(amax, 6.0f * ldexpf(1.0f, -126)), 1.0f / 6.0f);
-    return round_e4m3(fmaxf(amax, 6.0f * ldexpf(1.0f, -9)) / 6.0f);
-}
-__device__ __forceinline__ float qdq_value(float v, float s, int kind) {
-    if (kind == 0) return round_bf16(act_quant_value(v, s) * s);
-    return round_bf16(e2m1_to_f32(f32_to_e2m1(fminf(fmaxf(v / s, -6.0f), 6.0f))) * s);
-}
-
-// A quad of one block (spread over `lanes` lanes, every lane of the warp taking part): its max |x|, and the quad
-// quantised-dequantised under the block's scale.
-__device__ __forceinline__ float quad_amax(float4 v, int lanes) {
-    return group_amax(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))), lanes);
-}
-__device__ __forceinline__ float4 qdq_quad(float4 v, float amax, int kind) {
-    const float s = qdq_scale(amax, kind);
-    return make_float4(qdq_value(v.x, s, kind), qdq_value(v.y, s, kind), qdq_value(v.z, s, kind),
-                       qdq_value(v.w, s, kind));
 }
 
 // A thread per block: the general case.
@@ -83,27 +51,13 @@ __global__ void qdq4_kernel(float* x, int64_t n4, int64_t rs, int n, int block, 
 
 // RoPE on dims [offset, offset + dim) of each head of hs floats, then the quantise-dequantise of its dims [0, n) in
 // blocks: rope_kernel's and qdq4_kernel's arithmetic on a quad (four floats) a thread, so the same bits in one
-// launch. The quads of a block share a warp (rope_qdq_fused: hs, offset, dim multiples of 4, hs and n of the block).
+// launch (rope_qdq_quad).
 __global__ void rope_qdq_kernel(float* x, int64_t quads, int heads, int64_t rs, int64_t hs, int offset,
                                 const int64_t* pos, const float* freqs, int dim, bool inverse, int n, int block,
                                 int kind) {
     pdl_enter();
     const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    const bool live = i < quads;
-    const int64_t qh = hs / 4, g = live ? i : 0, rh = g / qh, r = rh / heads;
-    const int c = static_cast<int>(g % qh) * 4;  // the quad's first dim in its head
-    float* p = x + r * rs + (rh % heads) * hs + c;
-    float4 v = *reinterpret_cast<const float4*>(p);
-    if (c >= offset && c < offset + dim) {  // two pairs of rotary dims
-        const int k = (c - offset) / 2;
-        rope_pair(v.x, v.y, pos[r], freqs, k, inverse);
-        rope_pair(v.z, v.w, pos[r], freqs, k + 1, inverse);
-    }
-    // Every lane shuffles; a block's lanes are all below n or all at or above it.
-    const float amax = quad_amax(v, block / 4);
-    if (!live) return;
-    if (c < n) v = qdq_quad(v, amax, kind);
-    *reinterpret_cast<float4*>(p) = v;
+    rope_qdq_quad(x, i, i < quads, heads, rs, hs, offset, pos, freqs, dim, inverse, n, block, kind);
 }
 
 constexpr int kMaxHadamard = 1024;
@@ -211,9 +165,7 @@ void qdq_rows(float* x, int64_t rows, int64_t rs, int n, int block, int kind) {
 void rope_qdq(float* x, int64_t rows, int heads, int64_t rs, int64_t hs, int offset, const int64_t* pos,
               const float* freqs, int dim, bool inverse, int n, int block, int kind) {
     if (rows * heads == 0) return;
-    const bool fused = quad_blocks(block) && aligned16(x) && rs % 4 == 0 && hs % 4 == 0 && offset % 4 == 0 &&
-                       dim % 4 == 0 && offset + dim <= hs && hs % block == 0 && n % block == 0 && n <= hs;
-    if (!fused) {
+    if (!rope_qdq_takes_quads(x, rs, hs, offset, dim, n, block)) {
         if (rs != heads * hs)
             cuda_fail(cudaErrorInvalidValue, "rope_qdq: heads must be contiguous", __FILE__, __LINE__);
         rope(x, rows, heads, rs, hs, offset, pos, freqs, dim, inverse);

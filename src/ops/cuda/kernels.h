@@ -148,6 +148,10 @@ void grouped_linear_bf16(const float* x, int64_t T, int G, int R, int GD, const 
 
 // ---- norm_hc.cu
 void rms_norm(const float* x, int64_t rows, int D, const float* w, float eps, float* y);
+// rms_norm(x, w) into y, then rope_qdq of y's rows as one head of width D (RoPE on dims [offset, offset + dim),
+// the quantise-dequantise of [0, n) in blocks of `kind`): one kernel where rope_qdq takes quads, the same bits.
+void rms_norm_rope_qdq(const float* x, int64_t rows, int D, const float* w, float eps, float* y, const int64_t* pos,
+                       const float* freqs, int offset, int dim, int n, int block, int kind);
 // rms_norm(hc_collapse(h, pre), w) in one kernel, the same bits.
 void collapse_norm(const float* h, const float* pre, int64_t T, int hc, int D, const float* w, float eps, float* y);
 // mode 0: pre/post/comb with Sinkhorn; mode 1: V4 head (pre only, n_mix = hc).

@@ -5,6 +5,7 @@
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/rope_qdq.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -57,6 +58,22 @@ __global__ void rms_norm_kernel(const float* x, int D, const float* w, float eps
     pdl_enter();
     const float* xr = x + static_cast<int64_t>(blockIdx.x) * D;
     rms_norm_row([&](int i) { return xr[i]; }, D, w, eps, y + static_cast<int64_t>(blockIdx.x) * D);
+}
+
+// rms_norm then rope_qdq on rows of one head (width D) in one launch: rms_norm_kernel's block (its thread count,
+// so its sums) normalises the row into y, then its threads take the row's quads in order (rope_qdq_quad): the bits
+// of rms_norm then rope_qdq.
+__global__ void norm_rope_qdq_kernel(const float* x, int D, const float* w, float eps, float* y, const int64_t* pos,
+                                     const float* freqs, int offset, int dim, int n, int block, int kind) {
+    pdl_enter();
+    const int64_t r = blockIdx.x;
+    float* yr = y + r * D;
+    rms_norm_row([&](int i) { return x[r * D + i]; }, D, w, eps, yr);
+    __syncthreads();  // every thread's values of the row, read by quads
+    for (int q0 = 0; q0 < D / 4; q0 += static_cast<int>(blockDim.x)) {
+        const int q = q0 + static_cast<int>(threadIdx.x);
+        rope_qdq_quad(yr, q, q < D / 4, 1, D, D, offset, pos + r, freqs, dim, false, n, block, kind);
+    }
 }
 
 // hc_collapse's row normalised in the same block: the bits of hc_collapse then rms_norm, one launch and no
@@ -507,6 +524,18 @@ void rms_norm(const float* x, int64_t rows, int D, const float* w, float eps, fl
     if (rows == 0) return;
     const int threads = norm_threads(D);
     launch_pdl(rms_norm_kernel, dim3(static_cast<unsigned>(rows)), dim3(threads), 0, x, D, w, eps, y);
+}
+
+void rms_norm_rope_qdq(const float* x, int64_t rows, int D, const float* w, float eps, float* y, const int64_t* pos,
+                       const float* freqs, int offset, int dim, int n, int block, int kind) {
+    if (rows == 0) return;
+    if (!rope_qdq_takes_quads(y, D, D, offset, dim, n, block)) {
+        rms_norm(x, rows, D, w, eps, y);
+        rope_qdq(y, rows, 1, D, D, offset, pos, freqs, dim, false, n, block, kind);
+        return;
+    }
+    launch_pdl(norm_rope_qdq_kernel, dim3(static_cast<unsigned>(rows)), dim3(norm_threads(D)), 0, x, D, w, eps, y, pos,
+               freqs, offset, dim, n, block, kind);
 }
 
 void collapse_norm(const float* h, const float* pre, int64_t T, int hc, int D, const float* w, float eps, float* y) {

@@ -98,7 +98,8 @@ public:
         paged_store_entries(x.f32(), T_, sec.format, P_, paged_section(sec));
     }
 
-    // Row t of the latents is the normalised latent row t emits, or zeros where it ends no group.
+    // Row t of the latents is the normalised latent row t emits, or zeros where it ends no group (written by the
+    // compressor kernel, not a memset: a memset between two kernels would break their programmatic dependency).
     Compressed compress(const CompressorWeight& cw, size_t carry_offset, const Tensor& x) override {
         const DecodePlan plan = decode_plan(cw.ratio, 0, cw.ratio > 1 ? &carry_offset : nullptr);
         Compressed c;
@@ -113,7 +114,6 @@ public:
         const int d = cw.head_dim;
         auto [kv, score] = b_.linear_.run_pair(x, cw.wkv, cw.wgate, true);
         Tensor pooled = empty(DType::F32, {T_, d});
-        PG_CUDA(cudaMemsetAsync(pooled.raw(), 0, pooled.nbytes(), launch_stream()));
         CompressorArgs a;
         a.kv = kv.f32();
         a.score = score.f32();

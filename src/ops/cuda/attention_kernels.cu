@@ -112,6 +112,8 @@ __global__ void compressor_batch_kernel(CompressorArgs a, int n_seqs, const int6
                         kv_state[j * width + col] = kv_state[(ratio + j) * width + col];
                         sc_state[j * width + col] = sc_state[(ratio + j) * width + col];
                     }
+        } else if (a.emit_at_row) {
+            a.pooled[(row0 + i) * d + c] = 0.0f;
         }
         for (int k = 0; k < 2; ++k) {  // the page snapshot, the speculative step's carry slot
             float* dest = k == 0 ? (snap ? snap[i] : nullptr) : (stp ? stp[i] : nullptr);

@@ -236,7 +236,8 @@ struct CompressorArgs {
     int n_tokens = 0, row0 = 0;
     float* const* snapshot = nullptr;  // per token of the sequence: page snapshot address or null
     float* const* step = nullptr;      // per token, as snapshot: a speculative step's carry slot after it, or null
-    bool emit_at_row = false;          // each emission at pooled row row0 + i of the token that ends its group
+    bool emit_at_row = false;  // each emission at pooled row row0 + i of the token that ends its group, zeros at
+                               // the rows of the others (compressor_batch: every row of `pooled` written)
 };
 void compressor_seq(const CompressorArgs& a);
 // Numerics::Fast: all sequences in one launch, parallel over channels (same arithmetic per channel).

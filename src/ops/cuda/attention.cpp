@@ -38,21 +38,19 @@ Tensor CudaBackend::attend(const Tensor& x, const AttentionWeight& w, const Atte
         phase("attn.compressor");
         const Compressed c = plan.compress(*w.compressor, L.carry_offset, x);
         if (c.n > 0) {
-            if (info.owns_index_k) {
-                const IndexerWeight& iw = *w.indexer;
-                Tensor k = linear_.run(c.latent, iw.wk);
-                if (format_.index_rotation) {
-                    k = rms_norm(k, iw.k_norm);
-                    index_rope_qdq(k.f32(), c.n, 1, c.gpos, freqs, L.index_k.format);
-                } else {
-                    k = norm_rope_qdq(k, iw.k_norm, c.gpos, freqs, L.index_k.format);
-                }
-                plan.store_groups(k, L.index_k, c);
-            }
             const EntryFormat& cf = L.comp.format;
-            rope_qdq(c.latent.f32(), c.n, 1, D, D, D - rd, c.gpos, freqs, rd, false, cf.quant_dims, cf.block,
-                     qdq_kind(cf));
-            plan.store_groups(c.latent, L.comp, c);
+            Tensor latent;
+            if (info.owns_index_k) {  // the keys read the normalised latents before their RoPE
+                const IndexerWeight& iw = *w.indexer;
+                latent = rms_norm(c.pooled, w.compressor->norm);
+                plan.store_groups(index_keys(linear_.run(latent, iw.wk), iw.k_norm, c.gpos, freqs, L.index_k.format),
+                                  L.index_k, c);
+                rope_qdq(latent.f32(), c.n, 1, D, D, D - rd, c.gpos, freqs, rd, false, cf.quant_dims, cf.block,
+                         qdq_kind(cf));
+            } else {
+                latent = norm_rope_qdq(c.pooled, w.compressor->norm, c.gpos, freqs, cf);
+            }
+            plan.store_groups(latent, L.comp, c);
         }
     }
 
@@ -68,10 +66,9 @@ Tensor CudaBackend::attend(const Tensor& x, const AttentionWeight& w, const Atte
             const StateSection& ks = layout_.layers.at(static_cast<size_t>(info.index_k_source)).index_k;
             if (info.index_compressor) {  // the indexer's own compressor turns tokens into keys
                 const Compressed c = plan.compress(*iw.compressor, L.index_carry_offset, x);
-                if (c.n > 0) {
-                    index_rope_qdq(c.latent.f32(), c.n, 1, c.gpos, freqs, L.index_k.format);
-                    plan.store_groups(c.latent, L.index_k, c);
-                }
+                if (c.n > 0)
+                    plan.store_groups(index_keys(c.pooled, iw.compressor->norm, c.gpos, freqs, L.index_k.format),
+                                      L.index_k, c);
             }
             Tensor wts = index_queries(x, in.iq, iw, freqs, pos, T, ks.format);
             const IndexQueries iq{in.iq.f32(), wts.f32(), iw.n_heads, iw.head_dim};
@@ -235,6 +232,14 @@ Tensor CudaBackend::window_kv(const Tensor& x, const AttentionWeight& w, const f
 Tensor CudaBackend::window_kv_of(const Tensor& projected, const AttentionWeight& w, const float* freqs,
                                  const int64_t* pos, const EntryFormat& f) {
     return norm_rope_qdq(projected, w.kv_norm, pos, freqs, f);
+}
+
+Tensor CudaBackend::index_keys(const Tensor& x, const Tensor& w, const int64_t* pos, const float* freqs,
+                               const EntryFormat& f) {
+    if (!format_.index_rotation) return norm_rope_qdq(x, w, pos, freqs, f);
+    Tensor k = rms_norm(x, w);
+    index_rope_qdq(k.f32(), k.dim(0), 1, pos, freqs, f);
+    return k;
 }
 
 Tensor CudaBackend::norm_rope_qdq(const Tensor& x, const Tensor& w, const int64_t* pos, const float* freqs,

@@ -98,8 +98,8 @@ public:
         paged_store_entries(x.f32(), T_, sec.format, P_, paged_section(sec));
     }
 
-    // Row t of the latents is the normalised latent row t emits, or zeros where it ends no group (written by the
-    // compressor kernel, not a memset: a memset between two kernels would break their programmatic dependency).
+    // Row t of the pooled rows is the one row t emits, or zeros where it ends no group (written by the compressor
+    // kernel, not a memset: a memset between two kernels would break their programmatic dependency).
     Compressed compress(const CompressorWeight& cw, size_t carry_offset, const Tensor& x) override {
         const DecodePlan plan = decode_plan(cw.ratio, 0, cw.ratio > 1 ? &carry_offset : nullptr);
         Compressed c;
@@ -108,7 +108,7 @@ public:
         c.gpos = plan.rows.gpos;
         c.keep = plan.keep;
         if (cw.ratio == 1) {  // every row ends its group; no carry
-            c.latent = b_.rms_norm(b_.linear_.run(x, cw.wkv), cw.norm);
+            c.pooled = b_.linear_.run(x, cw.wkv);
             return c;
         }
         const int d = cw.head_dim;
@@ -127,7 +127,7 @@ public:
         a.step = plan.rows.step;
         a.emit_at_row = true;
         compressor_batch(a, P_.n_seqs, plan.rows.meta);
-        c.latent = b_.rms_norm(pooled, cw.norm);
+        c.pooled = pooled;
         return c;
     }
 

@@ -25,9 +25,10 @@ namespace peregrine::cuda {
 class CudaBackend;
 struct CudaScratch;
 
-// A compressor's output: n latent rows [n, d] (normalised, before RoPE) and each one's group position on the device.
+// A compressor's output: n pooled rows [n, d] (before the compressor's norm and RoPE, which the attention block
+// applies with its own) and each one's group position on the device.
 struct Compressed {
-    Tensor latent;
+    Tensor pooled;
     const int64_t* gpos = nullptr;
     int64_t n = 0;
     int ratio = 0;

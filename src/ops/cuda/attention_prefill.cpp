@@ -179,7 +179,7 @@ Compressed PrefillPlanner::compress(const CompressorWeight& cw, size_t carry_off
                 out.rows.push_back(s.row0 + i);
                 out.group.push_back(s.start_pos + i);
             }
-        out.latent = b_.rms_norm(b_.gather_rows(kv, out.rows), cw.norm);  // the latents in the rows' order
+        out.pooled = b_.gather_rows(kv, out.rows);  // in the rows' order
     } else {
         // x is the attention norm's output (bf16 values): the fp32 projections take the bf16 tensor cores.
         auto [kv, score] = b_.linear_.run_pair(x, cw.wkv, cw.wgate, true);
@@ -281,7 +281,7 @@ Compressed PrefillPlanner::compress(const CompressorWeight& cw, size_t carry_off
                 emit_base += emits;
             }
         }
-        if (n > 0) out.latent = b_.rms_norm(pooled, cw.norm);
+        if (n > 0) out.pooled = pooled;
     }
     out.n = static_cast<int64_t>(out.rows.size());
     if (out.n > 0) {

@@ -211,9 +211,12 @@ private:
     // to the keys' entry format f.
     void index_rope_qdq(float* x, int64_t rows, int heads, const int64_t* pos, const float* freqs, const EntryFormat& f);
     // rms_norm(x, w), then RoPE at pos and the QDQ to entry format f on its rows (one head of x's width, no
-    // rotation): one launch (rms_norm_rope_qdq). Window K=V rows and, without the format's rotation, indexer keys.
+    // rotation): one launch (rms_norm_rope_qdq). Window K=V rows, compressed latents, indexer keys.
     Tensor norm_rope_qdq(const Tensor& x, const Tensor& w, const int64_t* pos, const float* freqs,
                          const EntryFormat& f);
+    // Indexer keys of format f from rows x (one key a row) at positions pos: the norm w, then index_rope_qdq's
+    // RoPE, rotation and QDQ (norm_rope_qdq where the format has no rotation).
+    Tensor index_keys(const Tensor& x, const Tensor& w, const int64_t* pos, const float* freqs, const EntryFormat& f);
     // Sparse attention with sink over each row's key list (kr): the decoded-row kernel (key_rows), the tensor-core
     // one (Fast), or the exact one; o [T, H, D].
     Tensor sparse_attend(const Tensor& q, const AttentionWeight& w, const KeyRefs& kr, bool key_rows);

@@ -784,8 +784,9 @@ TEST(CudaAttnFast, RopeQdqSameAsTwoKernels) {
 }
 
 // rms_norm then rope_qdq of one-head rows in one kernel (rms_norm_rope_qdq) against the two kernels, bit for bit:
-// V4.1's window K=V (fp8, blocks of 32), indexer keys (fp4/32, 128 wide), V4's window (fp8/64 over 448 dims), and a
-// shape the single kernel does not take (odd RoPE offset: the two kernels run).
+// V4.1's window K=V (fp8, blocks of 32) and compressed latents (fp4 under e4m3 scales, blocks of 16), indexer keys
+// (fp4/32, 128 wide), V4's window (fp8/64 over 448 dims), and a shape the single kernel does not take (odd RoPE
+// offset: the two kernels run).
 TEST(CudaAttnFast, NormRopeQdqSameAsTwoKernels) {
     REQUIRE_GPU();
     struct Case {
@@ -793,6 +794,7 @@ TEST(CudaAttnFast, NormRopeQdqSameAsTwoKernels) {
         int rows, D, rd, n, block, kind;
     };
     const Case cases[] = {{"v41 window kv fp8/32", 37, 512, 64, 512, 32, 0},
+                          {"v41 latent fp4 e4m3/16", 9, 512, 64, 512, 16, 2},
                           {"indexer k fp4/32", 9, 128, 64, 128, 32, 1},
                           {"v4 window kv fp8/64 on 448", 37, 512, 64, 448, 64, 0},
                           {"odd offset (two kernels)", 5, 96, 62, 64, 32, 0}};

@@ -5,8 +5,9 @@
 // entries (kv/entry_format.h), a per-head sink, key counts from 0 to 640 (below one 64-key block, on and off block boundaries) and
 // masked (null) entries. 8 and 40 queries take the split-key path (decode), 256 and 4096 one CTA per query.
 // The 16-warp CTAs must give the 8-warp CTAs' output bit for bit. From 256 queries the warpgroup-MMA kernel over
-// the same keys decoded to bf16 rows meets the same bound. Prints PARITY lines per size with the device times and
-// the effective rate of the key reads.
+// the same keys decoded to bf16 rows meets the same bound, and the inverse RoPE folded into the output must give
+// the output then rope bit for bit. Prints PARITY lines per size with the device times and the effective rate of
+// the key reads.
 // Skipped without a GPU.
 #include "cuda_test_util.h"
 #include "ops/backend.h"
@@ -144,6 +145,29 @@ void run_case(bool v41, const std::vector<int64_t>& sizes) {
         const float ms_16 = peregrine::test::device_ms([&] { run(o16); });
         cuda::sparse_attention_mma_use_warps(0);
         const auto a = host(om.f32(), n_out), b = host(oe.f32(), n_out);
+        {
+            // The inverse RoPE of the last 64 dims folded in (split keys: into their merge; one split: a rope
+            // launch after): the bits of the output, then rope.
+            std::mt19937_64 pg(static_cast<uint64_t>(T));
+            std::vector<int64_t> pos(static_cast<size_t>(T));
+            for (auto& p : pos) p = static_cast<int64_t>(pg() % 131072);
+            std::vector<float> freqs(32);
+            for (size_t k = 0; k < freqs.size(); ++k) freqs[k] = std::pow(10000.0f, -static_cast<float>(k) / 32.0f);
+            auto pd = cuda::upload(pos);
+            auto fd = cuda::upload(freqs);
+            Tensor rot = cuda::empty(DType::F32, {T, H, Dh});
+            cuda::sparse_attention_mma(qd.ptr, T, H, Dh, scale, sd.ptr, kr, rot.f32(), ws.get(),
+                                       cuda::OutputRope{pd.ptr, fd.ptr, 64});
+            Tensor then = cuda::empty(DType::F32, {T, H, Dh});
+            ASSERT_EQ(cudaMemcpy(then.f32(), om.f32(), n_out * 4, cudaMemcpyDeviceToDevice), cudaSuccess);
+            cuda::rope(then.f32(), T, H, static_cast<int64_t>(H) * Dh, Dh, Dh - 64, pd.ptr, fd.ptr, 64, true);
+            const auto x = host(rot.f32(), n_out), y = host(then.f32(), n_out);
+            const bool same = std::memcmp(x.data(), y.data(), n_out * 4) == 0;
+            EXPECT_TRUE(same) << "T=" << T << ": the folded inverse RoPE differs from rope after";
+            std::printf("PARITY attn sparse_attention_mma %s %ldx64x512%s, inverse RoPE folded in: %s\n", arch,
+                        static_cast<long>(T), split ? " (split keys)" : "",
+                        same ? "bit-identical to rope after" : "DIFFERS");
+        }
         {
             const auto x16 = host(o16.f32(), n_out);
             int64_t differ = 0;

@@ -142,7 +142,7 @@ Tensor CudaBackend::attend(const Tensor& x, const AttentionWeight& w, const Atte
                static_cast<const uint8_t**>(keys.get()), static_cast<int32_t*>(nkeys.get()), maxk, kt.comp_rows,
                2 * static_cast<int64_t>(D));
 
-    // Sparse attention with sink, then the inverse rotation of the output.
+    // Sparse attention with sink and the inverse rotation of the output.
     KeyRefs kr;
     kr.keys = static_cast<const uint8_t* const*>(keys.get());
     kr.nkeys = static_cast<const int32_t*>(nkeys.get());
@@ -150,9 +150,9 @@ Tensor CudaBackend::attend(const Tensor& x, const AttentionWeight& w, const Atte
     kr.maxk = maxk;
     kr.win = L.window.format;
     kr.comp = comp_format;
-    Tensor o = sparse_attend(in.q, w, kr, kt.key_rows);
+    Tensor o = sparse_attend(in.q, w, kr, kt.key_rows, freqs, pos);
     phase("attn.output projection");
-    return project_output(o, w, freqs, pos, T);
+    return project_output(o, w, T);
 }
 
 CudaBackend::AttentionInputs CudaBackend::attention_inputs(const Tensor& x, const AttentionWeight& w,
@@ -195,20 +195,25 @@ void CudaBackend::index_rope_qdq(float* x, int64_t rows, int heads, const int64_
     }
 }
 
-Tensor CudaBackend::sparse_attend(const Tensor& q, const AttentionWeight& w, const KeyRefs& kr, bool key_rows) {
+Tensor CudaBackend::sparse_attend(const Tensor& q, const AttentionWeight& w, const KeyRefs& kr, bool key_rows,
+                                  const float* freqs, const int64_t* pos) {
     const int64_t T = q.dim(0);
-    const int H = cfg_.n_heads, D = cfg_.head_dim;
+    const int H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim;
     Tensor o = empty(DType::F32, {T, H, D});
     const float scale = static_cast<float>(std::pow(D, -0.5));
     if (key_rows) {
         sparse_attention_rows(q.f32(), T, H, D, scale, weights_.f32(w.attn_sink), kr.keys, kr.nkeys, kr.maxk, o.f32());
     } else if (numerics_ == Numerics::Fast && sparse_attention_mma_supported(H, D, kr.win, kr.comp)) {
-        // Tensor cores, prefill and decode (few rows split their keys over CTAs, with a scratch for the parts).
+        // Tensor cores, prefill and decode (few rows split their keys over CTAs, with a scratch for the parts, and
+        // the merge of the parts also rotates back).
         auto ws = device_alloc(sparse_attention_mma_workspace(T, H, D, kr.maxk));
-        sparse_attention_mma(q.f32(), T, H, D, scale, weights_.f32(w.attn_sink), kr, o.f32(), ws.get());
+        sparse_attention_mma(q.f32(), T, H, D, scale, weights_.f32(w.attn_sink), kr, o.f32(), ws.get(),
+                             OutputRope{pos, freqs, rd});
+        return o;
     } else {
         sparse_attention(q.f32(), T, H, D, scale, weights_.f32(w.attn_sink), kr, o.f32(), numerics_ == Numerics::Fast);
     }
+    rope(o.f32(), T, H, static_cast<int64_t>(H) * D, D, D - rd, pos, freqs, rd, true);
     return o;
 }
 
@@ -252,9 +257,8 @@ Tensor CudaBackend::norm_rope_qdq(const Tensor& x, const Tensor& w, const int64_
     return y;
 }
 
-Tensor CudaBackend::project_output(Tensor& o, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T) {
-    const int H = cfg_.n_heads, D = cfg_.head_dim, rd = cfg_.rope_head_dim;
-    rope(o.f32(), T, H, static_cast<int64_t>(H) * D, D, D - rd, pos, freqs, rd, true);
+Tensor CudaBackend::project_output(Tensor& o, const AttentionWeight& w, int T) {
+    const int H = cfg_.n_heads, D = cfg_.head_dim;
     // Grouped low-rank output projection: wo_a per head group (bf16), then wo_b.
     const int G = cfg_.o_groups, R = cfg_.o_lora_rank, GD = H / G * D;
     Tensor oa = empty(DType::F32, {T, static_cast<int64_t>(G) * R});

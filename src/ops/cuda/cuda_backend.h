@@ -218,8 +218,9 @@ private:
     // RoPE, rotation and QDQ (norm_rope_qdq where the format has no rotation).
     Tensor index_keys(const Tensor& x, const Tensor& w, const int64_t* pos, const float* freqs, const EntryFormat& f);
     // Sparse attention with sink over each row's key list (kr): the decoded-row kernel (key_rows), the tensor-core
-    // one (Fast), or the exact one; o [T, H, D].
-    Tensor sparse_attend(const Tensor& q, const AttentionWeight& w, const KeyRefs& kr, bool key_rows);
+    // one (Fast), or the exact one; o [T, H, D], rotated back (the inverse RoPE at each row's position pos).
+    Tensor sparse_attend(const Tensor& q, const AttentionWeight& w, const KeyRefs& kr, bool key_rows,
+                         const float* freqs, const int64_t* pos);
     // q = wq_b(qr) per head (with the format's head norm), RoPE at each row's position.
     Tensor project_queries(const Tensor& qr, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
     // The same from the wq_b projection already made (head norm, RoPE in place).
@@ -230,8 +231,8 @@ private:
     // The same from x's wkv projection already made.
     Tensor window_kv_of(const Tensor& projected, const AttentionWeight& w, const float* freqs, const int64_t* pos,
                         const EntryFormat& f);
-    // Inverse RoPE of the attention output (in place), grouped wo_a (bf16), wo_b.
-    Tensor project_output(Tensor& o, const AttentionWeight& w, const float* freqs, const int64_t* pos, int T);
+    // The output projection of the attention output o: grouped wo_a (bf16), wo_b.
+    Tensor project_output(Tensor& o, const AttentionWeight& w, int T);
 
     // Sequence s's carry in device memory (its slot from the page pool).
     float* device_carry(SeqState& s);

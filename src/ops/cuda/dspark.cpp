@@ -97,8 +97,8 @@ Tensor CudaBackend::draft_attention(const Tensor& x, const AttentionWeight& w, c
     kr.maxk = maxk;
     kr.win = kr.comp = f;
     // The backbone's attention kernels (the tensor cores under fast numerics).
-    Tensor o = sparse_attend(q, w, kr, false);
-    return project_output(o, w, freqs, q_pos_d.ptr, N * R);
+    Tensor o = sparse_attend(q, w, kr, false, freqs, q_pos_d.ptr);
+    return project_output(o, w, N * R);
 }
 
 void CudaBackend::add_into(Tensor& y, const Tensor& x) {

@@ -304,8 +304,15 @@ void sparse_attention(const float* q, int64_t T, int H, int D, float scale, cons
 // tail) and fp4 with 16- or 32-value scale blocks.
 bool sparse_attention_mma_supported(int H, int D, const EntryFormat& win, const EntryFormat& comp);
 size_t sparse_attention_mma_workspace(int64_t T, int H, int D, int maxk);
+// With `rope` set, out's rows also get the inverse RoPE (rope(out, ..., inverse)): folded into the combine of split
+// keys (decode sizes: one launch fewer), a rope launch after one split.
+struct OutputRope {
+    const int64_t* pos = nullptr;  // token t's position
+    const float* freqs = nullptr;
+    int dim = 0;  // the rotary dims: the last `dim` of each head
+};
 void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, const float* sink,
-                          const KeyRefs& keys, float* out, void* workspace);
+                          const KeyRefs& keys, float* out, void* workspace, const OutputRope& rope = {});
 // CTAs of 8 warps or 16 (half the accumulators a thread, twice the warps an SM switches between): the same
 // outputs bit for bit. 0 (the default) picks 16 from 256 queries on; PEREGRINE_SPARSE_WARPS=8|16 fixes it at start.
 void sparse_attention_mma_use_warps(int nw);

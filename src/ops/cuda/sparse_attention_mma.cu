@@ -34,6 +34,7 @@
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/pdl.cuh"
+#include "ops/cuda/rope_qdq.cuh"
 #include "ops/cuda/sparse_keys.cuh"
 
 #include <cuda_bf16.h>
@@ -329,11 +330,13 @@ __global__ void __launch_bounds__(NW * 32, 1) sparse_attention_mma_kernel(MmaArg
 
 // Merges the key splits of one (token, head) row: common maximum, rescaled sums, the sink, bf16. Block (row, y)
 // writes dims 128 y.., a thread each; each split's factor exp(m_s - m) is computed once, by a thread of its own
-// (a block per row recomputing it per output and split, in double, took ~14 us a call at decode).
+// (a block per row recomputing it per output and split, in double, took ~14 us a call at decode). With rope.pos,
+// then the inverse RoPE of the rotary dims: rope_pair on the pair (c, c + 1) held by two neighbouring lanes, each
+// keeping its own result (rope_kernel's arithmetic on the rounded outputs, the same bits).
 constexpr int kCombineThreads = 128;
 constexpr int kMaxSplits = 256;
 __global__ void sparse_attention_combine_kernel(const float* part_o, const float* part_ml, int64_t rows, int nsplit,
-                                                int H, const float* sink, float* out) {
+                                                int H, const float* sink, float* out, OutputRope rope) {
     pdl_enter();
     __shared__ float f[kMaxSplits];
     const int64_t row = blockIdx.x;
@@ -348,7 +351,18 @@ __global__ void sparse_attention_combine_kernel(const float* part_o, const float
     const int c = blockIdx.y * kCombineThreads + threadIdx.x;
     float o = 0.0f;
     for (int s = 0; s < nsplit; ++s) o += part_o[(s * rows + row) * kDim + c] * f[s];
-    out[row * kDim + c] = round_bf16(o / l);
+    float v = round_bf16(o / l);
+    if (rope.pos) {
+        const float other = __shfl_xor_sync(0xffffffffu, v, 1);
+        const int from = kDim - rope.dim;
+        if (c >= from) {
+            const bool odd = c & 1;
+            float a = odd ? other : v, b = odd ? v : other;
+            rope_pair(a, b, rope.pos[row / H], rope.freqs, (c - from) / 2, true);
+            v = odd ? b : a;
+        }
+    }
+    out[row * kDim + c] = v;
 }
 static_assert(kDim % kCombineThreads == 0, "combine: whole blocks of dims");
 
@@ -394,7 +408,7 @@ size_t sparse_attention_mma_workspace(int64_t T, int H, int D, int maxk) {
 }
 
 void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, const float* sink,
-                          const KeyRefs& keys, float* out, void* workspace) {
+                          const KeyRefs& keys, float* out, void* workspace, const OutputRope& rope) {
     if (T == 0) return;
     if (!sparse_attention_mma_supported(H, D, keys.win, keys.nwin ? keys.comp : keys.win))
         cuda_fail(cudaErrorInvalidValue,
@@ -422,7 +436,10 @@ void sparse_attention_mma(const float* q, int64_t T, int H, int D, float scale, 
         launch_pdl(sparse_attention_mma_kernel<8>, grid, dim3(8 * 32), kSmemBytes, a);
     if (ns > 1) {
         launch_pdl(sparse_attention_combine_kernel, dim3(static_cast<unsigned>(T * H), kDim / kCombineThreads),
-                   dim3(kCombineThreads), 0, a.part_o, a.part_ml, T * H, ns, H, sink, out);
+                   dim3(kCombineThreads), 0, a.part_o, a.part_ml, T * H, ns, H, sink, out, rope);
+    } else if (rope.pos) {
+        cuda::rope(out, T, H, static_cast<int64_t>(H) * kDim, kDim, kDim - rope.dim, rope.pos, rope.freqs, rope.dim,
+                   true);
     }
 }
 

@@ -25,6 +25,9 @@ const std::vector<Switch> kSwitches = {
     {"PEREGRINE_DECODE_TABLES", "1", "0|1", "cuda",
      "Decode steps plan their attention tables on the device (0: the general path, whose tables the host lists)"},
     {"PEREGRINE_HC_SMALL", "1", "0|1", "cuda", "hc mixes of fewer than 8 rows on the small-T kernels (0: FP64 MMA)"},
+    {"PEREGRINE_LAUNCH_FOLDS", "1", "0|1", "cuda",
+     "The attention block's folded launches: rms_norm with RoPE and QDQ, the output's inverse RoPE in the split-key "
+     "merge, the decode compressor's own zero rows (0: apart, the same bits)"},
     {"PEREGRINE_HC_SIDE_STREAM", "1", "0|1", "cuda", "hc mixes of decode-sized steps on a side stream"},
     {"PEREGRINE_SHARED_EXPERT_SIDE_STREAM", "1", "0|1", "cuda",
      "The shared expert of decode-sized MoE blocks on a side stream, beside the routed experts"},

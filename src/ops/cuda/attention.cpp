@@ -208,8 +208,8 @@ Tensor CudaBackend::sparse_attend(const Tensor& q, const AttentionWeight& w, con
         // the merge of the parts also rotates back).
         auto ws = device_alloc(sparse_attention_mma_workspace(T, H, D, kr.maxk));
         sparse_attention_mma(q.f32(), T, H, D, scale, weights_.f32(w.attn_sink), kr, o.f32(), ws.get(),
-                             OutputRope{pos, freqs, rd});
-        return o;
+                             launch_folds_ ? OutputRope{pos, freqs, rd} : OutputRope{});
+        if (launch_folds_) return o;
     } else {
         sparse_attention(q.f32(), T, H, D, scale, weights_.f32(w.attn_sink), kr, o.f32(), numerics_ == Numerics::Fast);
     }
@@ -252,8 +252,13 @@ Tensor CudaBackend::norm_rope_qdq(const Tensor& x, const Tensor& w, const int64_
     OpTimer op_(*this, "norm_rope_qdq");
     const int D = static_cast<int>(x.dim(-1)), rd = cfg_.rope_head_dim;
     Tensor y = empty(DType::F32, x.shape());
-    rms_norm_rope_qdq(x.f32(), x.numel() / D, D, weights_.f32(w), eps(), y.f32(), pos, freqs, D - rd, rd,
-                      f.quant_dims, f.block, qdq_kind(f));
+    if (launch_folds_) {
+        rms_norm_rope_qdq(x.f32(), x.numel() / D, D, weights_.f32(w), eps(), y.f32(), pos, freqs, D - rd, rd,
+                          f.quant_dims, f.block, qdq_kind(f));
+    } else {
+        cuda::rms_norm(x.f32(), x.numel() / D, D, weights_.f32(w), eps(), y.f32());
+        rope_qdq(y.f32(), x.numel() / D, 1, D, D, D - rd, pos, freqs, rd, false, f.quant_dims, f.block, qdq_kind(f));
+    }
     return y;
 }
 

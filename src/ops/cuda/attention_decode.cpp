@@ -114,6 +114,7 @@ public:
         const int d = cw.head_dim;
         auto [kv, score] = b_.linear_.run_pair(x, cw.wkv, cw.wgate, true);
         Tensor pooled = empty(DType::F32, {T_, d});
+        if (!b_.launch_folds_) PG_CUDA(cudaMemsetAsync(pooled.raw(), 0, pooled.nbytes(), launch_stream()));  // A/B
         CompressorArgs a;
         a.kv = kv.f32();
         a.score = score.f32();

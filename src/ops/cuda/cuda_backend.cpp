@@ -68,6 +68,7 @@ CudaBackend::CudaBackend(const ModelConfig& cfg, const ModelFormat& format, cons
     hc_small_ = switch_is("PEREGRINE_HC_SMALL", "1");
     side_mixes_on_ = switch_is("PEREGRINE_HC_SIDE_STREAM", "1");
     side_shared_on_ = switch_is("PEREGRINE_SHARED_EXPERT_SIDE_STREAM", "1");
+    launch_folds_ = switch_is("PEREGRINE_LAUNCH_FOLDS", "1");
     decode_tables_ = switch_is("PEREGRINE_DECODE_TABLES", "1");
     // Activations come from the stream-ordered pool (cudaMallocAsync). With its default release threshold (0) every
     // synchronisation hands the freed memory back to the driver, and the next step maps it again; after a large

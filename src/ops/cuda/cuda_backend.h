@@ -298,6 +298,7 @@ private:
     // on the thread's stream (A/B).
     SideStream& side_experts();
     bool side_shared_on_ = true;
+    bool launch_folds_ = true;  // PEREGRINE_LAUNCH_FOLDS: the attention block's folded launches (A/B)
     bool use_grouped_fp4(const ExpertWeight& e0, const ExpertTables& tab, const LinearRouting& r);
 
     ModelConfig cfg_;

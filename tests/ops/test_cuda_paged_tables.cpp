@@ -429,7 +429,8 @@ void check_pipeline(const Model4& m, Step& st, const std::string& what) {
 }
 
 // Window K=V rows (fp8-QDQ'd as the model stores them) encoded through the page tables land at the host's entry
-// address of each row's position, byte for byte the host encoder's entries.
+// address of each row's position, byte for byte the host encoder's entries; and made from their projection and
+// stored in one launch, they give the two launches' rows and entries.
 void check_store(const Model4& m, Step& st, const std::string& what) {
     const StateSection& sec = m.layout.layers[0].window;
     const EntryFormat& f = sec.format;
@@ -468,6 +469,49 @@ void check_store(const Model4& m, Step& st, const std::string& what) {
     }
     std::printf("PARITY attn paged window store %s: %lld rows, %s\n", what.c_str(), static_cast<long long>(T),
                 bad ? "MISPLACED" : "all at the host's addresses");
+
+    // The window K=V made and stored in one launch (rms_norm_rope_qdq with a PagedRowStore) against the norm, RoPE
+    // and QDQ kernel then paged_store_entries: the same rows and the same entry bytes at every row's position.
+    std::vector<float> proj(static_cast<size_t>(T) * width), w(static_cast<size_t>(width)), freqs(32);
+    for (auto& x : proj) x = round_bf16(nd(g) * std::ldexp(1.0f, static_cast<int>(g() % 8) - 4));
+    for (auto& x : w) x = round_bf16(1.0f + 0.25f * nd(g));
+    for (size_t k = 0; k < freqs.size(); ++k) freqs[k] = std::pow(10000.0f, -static_cast<float>(k) / 32.0f);
+    std::vector<int64_t> pos(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) pos[static_cast<size_t>(t)] = rows[static_cast<size_t>(t)].pos;
+    auto pd = cuda::upload(proj), wd = cuda::upload(w), fd = cuda::upload(freqs);
+    auto posd = cuda::upload(pos);
+    auto ya = cuda::device_alloc(proj.size() * 4), yb = cuda::device_alloc(proj.size() * 4);
+    const int rd = 64, kind = cuda::qdq_kind(f);
+    auto entries = [&] {
+        std::vector<uint8_t> all;
+        for (int64_t t = 0; t < T; ++t) {
+            SeqState& s = *rows[static_cast<size_t>(t)].seq->state;
+            const uint8_t* at = m.layout.entry<uint8_t>(s, sec, rows[static_cast<size_t>(t)].pos);
+            cudaMemcpy(got.data(), at, got.size(), cudaMemcpyDeviceToHost);
+            all.insert(all.end(), got.begin(), got.end());
+        }
+        return all;
+    };
+    cuda::rms_norm_rope_qdq(pd.ptr, T, width, wd.ptr, 1e-6f, static_cast<float*>(ya.get()), posd.ptr, fd.ptr,
+                            width - rd, rd, f.quant_dims, f.block, kind);
+    cuda::paged_store_entries(static_cast<const float*>(ya.get()), T, f, paged.seqs, cuda::paged_section(sec));
+    const std::vector<uint8_t> apart = entries();
+    const cuda::PagedRowStore store{f, paged.seqs, cuda::paged_section(sec)};
+    for (int64_t t = 0; t < T; ++t) {  // scribbled over, so that only the fused launch's stores can restore them
+        SeqState& s = *rows[static_cast<size_t>(t)].seq->state;
+        cudaMemset(m.layout.entry<uint8_t>(s, sec, rows[static_cast<size_t>(t)].pos), 0x5a, got.size());
+    }
+    cuda::rms_norm_rope_qdq(pd.ptr, T, width, wd.ptr, 1e-6f, static_cast<float*>(yb.get()), posd.ptr, fd.ptr,
+                            width - rd, rd, f.quant_dims, f.block, kind, &store);
+    EXPECT_EQ(cuda::state_encode_failures(), 0u) << what;
+    const std::vector<uint8_t> fused = entries();
+    const auto ra = host(static_cast<const float*>(ya.get()), proj.size()),
+               rb = host(static_cast<const float*>(yb.get()), proj.size());
+    const bool same_rows = std::memcmp(ra.data(), rb.data(), ra.size() * 4) == 0;
+    EXPECT_TRUE(same_rows) << what;
+    EXPECT_TRUE(fused == apart) << what;
+    std::printf("PARITY attn window K=V made and stored in one launch %s: rows %s, entries %s\n", what.c_str(),
+                same_rows ? "identical" : "DIFFER", fused == apart ? "identical" : "DIFFER");
 }
 
 // Device memory for `pages` pages of each table, of random valid entries.

@@ -3,6 +3,7 @@
 // says where each row's state entries are. Then the blocks' shared pieces: projections, sparse attention, output.
 #include "ops/cuda/attention_planner.h"
 #include "ops/cuda/cuda_backend.h"
+#include "ops/cuda/paged_state.h"
 #include "util/error.h"
 
 #include <algorithm>
@@ -32,7 +33,7 @@ Tensor CudaBackend::attend(const Tensor& x, const AttentionWeight& w, const Atte
 
     phase("attn.q+kv projections");
     AttentionInputs in = attention_inputs(x, w, info, freqs, pos, T);
-    plan.store_rows(in.kv, L.window);  // the sliding window's K=V, per token
+    store_window(in.kv_proj, w, plan, L.window, pos, freqs);  // the sliding window's K=V, per token
 
     if (info.compresses) {  // compressed entries (and, for key owners, indexer keys from the latents)
         phase("attn.compressor");
@@ -168,7 +169,7 @@ CudaBackend::AttentionInputs CudaBackend::attention_inputs(const Tensor& x, cons
     } else {
         in.q = project_queries(qr, w, freqs, pos, T);
     }
-    in.kv = window_kv_of(kva, w, freqs, pos, layout_.layers.at(static_cast<size_t>(info.layer)).window.format);
+    in.kv_proj = std::move(kva);
     return in;
 }
 
@@ -237,6 +238,22 @@ Tensor CudaBackend::window_kv(const Tensor& x, const AttentionWeight& w, const f
 Tensor CudaBackend::window_kv_of(const Tensor& projected, const AttentionWeight& w, const float* freqs,
                                  const int64_t* pos, const EntryFormat& f) {
     return norm_rope_qdq(projected, w.kv_norm, pos, freqs, f);
+}
+
+void CudaBackend::store_window(const Tensor& kv_proj, const AttentionWeight& w, AttentionPlanner& plan,
+                               const StateSection& sec, const int64_t* pos, const float* freqs) {
+    const PagedSeqs* paged = launch_folds_ ? plan.paged_rows() : nullptr;
+    if (!paged) {
+        plan.store_rows(window_kv_of(kv_proj, w, freqs, pos, sec.format), sec);
+        return;
+    }
+    OpTimer op_(*this, "norm_rope_qdq");
+    const EntryFormat& f = sec.format;
+    const int D = static_cast<int>(kv_proj.dim(-1)), rd = cfg_.rope_head_dim;
+    Tensor kv = empty(DType::F32, kv_proj.shape());
+    const PagedRowStore store{f, *paged, paged_section(sec)};
+    rms_norm_rope_qdq(kv_proj.f32(), kv_proj.numel() / D, D, weights_.f32(w.kv_norm), eps(), kv.f32(), pos, freqs,
+                      D - rd, rd, f.quant_dims, f.block, qdq_kind(f), &store);
 }
 
 Tensor CudaBackend::index_keys(const Tensor& x, const Tensor& w, const int64_t* pos, const float* freqs,

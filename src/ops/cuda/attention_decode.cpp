@@ -97,6 +97,7 @@ public:
     void store_rows(const Tensor& x, const StateSection& sec) override {
         paged_store_entries(x.f32(), T_, sec.format, P_, paged_section(sec));
     }
+    const PagedSeqs* paged_rows() override { return &P_; }
 
     // Row t of the pooled rows is the one row t emits, or zeros where it ends no group (written by the compressor
     // kernel, not a memset: a memset between two kernels would break their programmatic dependency).

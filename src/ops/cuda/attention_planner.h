@@ -24,6 +24,7 @@ namespace peregrine::cuda {
 
 class CudaBackend;
 struct CudaScratch;
+struct PagedSeqs;
 
 // A compressor's output: n pooled rows [n, d] (before the compressor's norm and RoPE, which the attention block
 // applies with its own) and each one's group position on the device.
@@ -97,6 +98,8 @@ public:
     virtual const int64_t* positions() = 0;
     // Row t of x into the entry of `sec` at its position.
     virtual void store_rows(const Tensor& x, const StateSection& sec) = 0;
+    // The step's page tables where store_rows works from them (a kernel may then store rows itself), else null.
+    virtual const PagedSeqs* paged_rows() { return nullptr; }
     // The compressor `cw` over the step's rows x (its carry at carry_offset in each sequence's carry).
     virtual Compressed compress(const CompressorWeight& cw, size_t carry_offset, const Tensor& x) = 0;
     // Row i of x (c's rows) into the entry of its group in `sec`.

@@ -33,6 +33,7 @@ public:
     }
 
     const int64_t* positions() override { return pos_.ptr; }
+    const PagedSeqs* paged_rows() override { return device_tables_ ? &paged() : nullptr; }
 
     void store_rows(const Tensor& x, const StateSection& sec) override {
         if (device_tables_) {

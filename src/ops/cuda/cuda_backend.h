@@ -199,7 +199,7 @@ private:
     // An attention block's projections of x: its queries q (RoPE'd), its window K=V rows kv (normed, RoPE'd, QDQ'd)
     // and, for an indexer layer, the indexer's projected queries iq (its wq_b rides in the queries' GEMV).
     struct AttentionInputs {
-        Tensor q, kv, iq;
+        Tensor q, kv_proj, iq;  // kv_proj: the window K=V's projection (store_window makes the entries)
     };
     AttentionInputs attention_inputs(const Tensor& x, const AttentionWeight& w, const AttentionLayerInfo& info,
                                      const float* freqs, const int64_t* pos, int T);
@@ -214,6 +214,10 @@ private:
     // rotation): one launch (rms_norm_rope_qdq). Window K=V rows, compressed latents, indexer keys.
     Tensor norm_rope_qdq(const Tensor& x, const Tensor& w, const int64_t* pos, const float* freqs,
                          const EntryFormat& f);
+    // The window K=V rows from their projection (kv_norm, RoPE, QDQ) into their entries of `sec`: with the step's
+    // paged tables one launch (rms_norm_rope_qdq with a PagedRowStore), else window_kv_of and the planner's store.
+    void store_window(const Tensor& kv_proj, const AttentionWeight& w, AttentionPlanner& plan, const StateSection& sec,
+                      const int64_t* pos, const float* freqs);
     // Indexer keys of format f from rows x (one key a row) at positions pos: the norm w, then index_rope_qdq's
     // RoPE, rotation and QDQ (norm_rope_qdq where the format has no rotation).
     Tensor index_keys(const Tensor& x, const Tensor& w, const int64_t* pos, const float* freqs, const EntryFormat& f);

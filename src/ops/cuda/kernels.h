@@ -150,8 +150,12 @@ void grouped_linear_bf16(const float* x, int64_t T, int G, int R, int GD, const 
 void rms_norm(const float* x, int64_t rows, int D, const float* w, float eps, float* y);
 // rms_norm(x, w) into y, then rope_qdq of y's rows as one head of width D (RoPE on dims [offset, offset + dim),
 // the quantise-dequantise of [0, n) in blocks of `kind`): one kernel where rope_qdq takes quads, the same bits.
+// With `store` (paged_tables.cu's section below), each row also goes into its entry at its position: the same
+// launch.
+struct PagedRowStore;
 void rms_norm_rope_qdq(const float* x, int64_t rows, int D, const float* w, float eps, float* y, const int64_t* pos,
-                       const float* freqs, int offset, int dim, int n, int block, int kind);
+                       const float* freqs, int offset, int dim, int n, int block, int kind,
+                       const PagedRowStore* store = nullptr);
 // rms_norm(hc_collapse(h, pre), w) in one kernel, the same bits.
 void collapse_norm(const float* h, const float* pre, int64_t T, int hc, int D, const float* w, float eps, float* y);
 // mode 0: pre/post/comb with Sinkhorn; mode 1: V4 head (pre only, n_mix = hc).
@@ -211,6 +215,8 @@ void store_entries(const float* src, int64_t rows, const EntryFormat& f, uint8_t
 void load_entries(const uint8_t* const* src, int64_t rows, const EntryFormat& f, float* out);
 // Entries that did not hold their values exactly since the last call (synchronises), and resets the count.
 uint64_t state_encode_failures();
+// The device counter behind state_encode_failures, for kernels elsewhere that encode entries (entry_store.cuh).
+unsigned long long* state_encode_failure_counter();
 // Makes random bytes valid entries of `f` (finite codes, moderate scales and bf16 values): entries
 // [0, per_page) at `offset` of each of n_pages pages of page_bytes (the benchmark's synthetic state).
 void sanitize_entries(uint8_t* pool, int64_t n_pages, int64_t page_bytes, int64_t offset, int per_page,
@@ -338,6 +344,13 @@ struct PagedSeqs {
     const int64_t* row_step = nullptr; // with carry, per row: a speculative step's carry slot after it (0: none)
     int n_seqs = 0, page_tokens = 0;
     int64_t page_bytes[kPageTables] = {};  // a page of each table
+};
+// Rows a kernel stores itself into their entries of `sec` at their positions, as paged_store_entries with ratio 1
+// (the window's K=V; rms_norm_rope_qdq).
+struct PagedRowStore {
+    EntryFormat f;
+    PagedSeqs p;
+    PagedSection sec;
 };
 // Decode-form steps (attention_decode.cpp: a few tokens per sequence, each sequence's rows together, in sequence
 // order; a decode step's row t is sequence t), per row for a layer of `ratio`: what the host lists for other steps,

@@ -2,6 +2,7 @@
 // into the same kernel, collapse, expand, mean, embedding and row gathers (cf. cpu/cpu_backend.cpp).
 #include "ops/cuda/device_memory.h"
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/entry_store.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/pdl.cuh"
@@ -62,9 +63,11 @@ __global__ void rms_norm_kernel(const float* x, int D, const float* w, float eps
 
 // rms_norm then rope_qdq on rows of one head (width D) in one launch: rms_norm_kernel's block (its thread count,
 // so its sums) normalises the row into y, then its threads take the row's quads in order (rope_qdq_quad): the bits
-// of rms_norm then rope_qdq.
+// of rms_norm then rope_qdq. With store.p.row_pos, the block then encodes the row into its entry (paged_store_entries'
+// encoder and address: the same bytes).
 __global__ void norm_rope_qdq_kernel(const float* x, int D, const float* w, float eps, float* y, const int64_t* pos,
-                                     const float* freqs, int offset, int dim, int n, int block, int kind) {
+                                     const float* freqs, int offset, int dim, int n, int block, int kind,
+                                     PagedRowStore store, unsigned long long* failures) {
     pdl_enter();
     const int64_t r = blockIdx.x;
     float* yr = y + r * D;
@@ -73,6 +76,10 @@ __global__ void norm_rope_qdq_kernel(const float* x, int D, const float* w, floa
     for (int q0 = 0; q0 < D / 4; q0 += static_cast<int>(blockDim.x)) {
         const int q = q0 + static_cast<int>(threadIdx.x);
         rope_qdq_quad(yr, q, q < D / 4, 1, D, D, offset, pos + r, freqs, dim, false, n, block, kind);
+    }
+    if (store.p.row_pos) {
+        __syncthreads();  // the row's final values, read by the encoder
+        encode_entry_cta(store.f, yr, paged_row_entry(store.p, store.sec, r, store.p.row_pos[r]), failures);
     }
 }
 
@@ -527,15 +534,18 @@ void rms_norm(const float* x, int64_t rows, int D, const float* w, float eps, fl
 }
 
 void rms_norm_rope_qdq(const float* x, int64_t rows, int D, const float* w, float eps, float* y, const int64_t* pos,
-                       const float* freqs, int offset, int dim, int n, int block, int kind) {
+                       const float* freqs, int offset, int dim, int n, int block, int kind,
+                       const PagedRowStore* store) {
     if (rows == 0) return;
-    if (!rope_qdq_takes_quads(y, D, D, offset, dim, n, block)) {
+    if (!rope_qdq_takes_quads(y, D, D, offset, dim, n, block) || (store && store->f.dim != D)) {
         rms_norm(x, rows, D, w, eps, y);
         rope_qdq(y, rows, 1, D, D, offset, pos, freqs, dim, false, n, block, kind);
+        if (store) paged_store_entries(y, rows, store->f, store->p, store->sec);
         return;
     }
     launch_pdl(norm_rope_qdq_kernel, dim3(static_cast<unsigned>(rows)), dim3(norm_threads(D)), 0, x, D, w, eps, y, pos,
-               freqs, offset, dim, n, block, kind);
+               freqs, offset, dim, n, block, kind, store ? *store : PagedRowStore{},
+               store ? state_encode_failure_counter() : nullptr);
 }
 
 void collapse_norm(const float* h, const float* pre, int64_t T, int hc, int D, const float* w, float eps, float* y) {

@@ -2,6 +2,7 @@
 // (exact: the same encode_entry_block as the CPU reference, one thread per scale block), decoding entries
 // back to fp32, and making the benchmark's random pages valid entries.
 #include "ops/cuda/device_math.cuh"
+#include "ops/cuda/entry_store.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/launch_check.h"
 #include "ops/cuda/pdl.cuh"
@@ -12,71 +13,19 @@ namespace {
 
 __device__ unsigned long long g_encode_failures = 0;
 
-constexpr int kEncodeThreads = 128, kMaxEntryDim = 1024, kMaxEntryBlocks = 128;
-
-// One CTA per entry, with encode_entry's bytes: the values staged in shared memory; e4m3 and ue8m0-scaled e2m1
-// codes a byte per thread (each block's scale first, a thread per block; encode_entry_block's helpers);
-// e2m1 under e4m3 scales (a search over the scales of each block) a thread per block. Then the bf16 tail and the
-// padding. (A thread per block reading global memory took ~10 us an entry.)
-__device__ void encode_entry_cta(const EntryFormat& f, const float* x, uint8_t* e) {
-    __shared__ float xs[kMaxEntryDim];
-    __shared__ int ks[kMaxEntryBlocks];
-    const int nblocks = f.quant_dims / f.block, tid = threadIdx.x;
-    const bool staged = f.dim <= kMaxEntryDim && nblocks <= kMaxEntryBlocks;  // uniform
-    if (staged) {
-        for (int c = tid; c < f.dim; c += blockDim.x) xs[c] = x[c];
-        __syncthreads();
-        x = xs;
-    }
-    bool ok = true;
-    if (!staged || f.kind == kEntryFp4E4m3) {
-        for (int b = tid; b < nblocks; b += blockDim.x) ok = encode_entry_block(f, x, b * f.block, e) && ok;
-    } else {
-        const bool fp8 = f.kind == kEntryFp8;
-        for (int b = tid; b < nblocks; b += blockDim.x) {
-            ks[b] = entry_scale_exp(fp8, entry_block_amax(f, x, b * f.block));
-            e[f.scale_offset + b] = static_cast<uint8_t>(ks[b] + 127);
-        }
-        __syncthreads();
-        // Value c under its block's scale: encode_entry_block's code and check.
-        auto code_of = [&](int c, uint8_t& code) { return encode_entry_code(fp8, x[c], ks[c / f.block], &code); };
-        if (fp8) {
-            for (int c = tid; c < f.quant_dims; c += blockDim.x) {
-                uint8_t code;
-                ok = code_of(c, code) && ok;
-                e[c] = code;
-            }
-        } else {  // two values a byte, the even one in the low nibble (a block never splits a byte: blocks are even)
-            for (int i = tid; i < f.quant_dims / 2; i += blockDim.x) {
-                uint8_t lo, hi;
-                ok = code_of(2 * i, lo) && ok;
-                ok = code_of(2 * i + 1, hi) && ok;
-                e[i] = static_cast<uint8_t>((lo & 15) | (hi << 4));
-            }
-        }
-    }
-    if (f.kind == kEntryFp8)
-        for (int c = f.quant_dims + tid; c < f.dim; c += blockDim.x) ok = encode_entry_bf16(f, x, c, e) && ok;
-    const int used = f.scale_offset + nblocks;
-    for (int i = used + tid; i < f.bytes; i += blockDim.x) e[i] = 0;
-    if (!ok) atomicAdd(&g_encode_failures, 1ull);
-}
+constexpr int kEncodeThreads = 128;
 
 __global__ void store_entries_kernel(const float* src, EntryFormat f, uint8_t* const* dst) {
     pdl_enter();
     const int64_t r = blockIdx.x;
-    if (dst[r]) encode_entry_cta(f, src + r * f.dim, dst[r]);
+    if (dst[r]) encode_entry_cta(f, src + r * f.dim, dst[r], &g_encode_failures);
 }
 
 __global__ void paged_store_entries_kernel(const float* src, EntryFormat f, PagedSeqs p, PagedSection sec, int ratio) {
     pdl_enter();
     const int64_t t = blockIdx.x, pos = p.row_pos[t];
     if ((pos + 1) % ratio != 0) return;
-    const int64_t* m = p.seq + kSeqFields * static_cast<int64_t>(p.row_seq[t]);
-    uint8_t* base = reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(seq_table_base(m, sec.table)));
-    uint8_t* e = base + paged_entry_offset(p.pages + m[1] * kPageTables, p.page_tokens, p.page_bytes[sec.table], sec,
-                                           pos / ratio);
-    encode_entry_cta(f, src + t * f.dim, e);
+    encode_entry_cta(f, src + t * f.dim, paged_row_entry(p, sec, t, pos / ratio), &g_encode_failures);
 }
 
 __global__ void load_entries_kernel(const uint8_t* const* src, int64_t rows, EntryFormat f, float* out) {
@@ -129,6 +78,15 @@ void paged_store_entries(const float* src, int64_t T, const EntryFormat& f, cons
 void load_entries(const uint8_t* const* src, int64_t rows, const EntryFormat& f, float* out) {
     if (rows * f.dim == 0) return;
     launch_pdl(load_entries_kernel, dim3(blocks_for(rows * f.dim)), dim3(kThreads), 0, src, rows, f, out);
+}
+
+unsigned long long* state_encode_failure_counter() {
+    static unsigned long long* counter = [] {
+        void* p = nullptr;
+        PG_CUDA(cudaGetSymbolAddress(&p, g_encode_failures));
+        return static_cast<unsigned long long*>(p);
+    }();
+    return counter;
 }
 
 uint64_t state_encode_failures() {

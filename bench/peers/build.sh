@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the peer harnesses of bench/peers against the peers' own packages, fetched from PyPI into OUT_DIR (default
-# out/peers; nothing of theirs enters the repository), for the GPU machine's H200 (sm_90a). The indexer and grouped
-# harnesses also link our kernels from BUILD_DIR (default build; configured and built first). The stripped harnesses
-# land in OUT_DIR/bin, which tools/gpu/pack.sh adds to its bundle (as peers/); on the GPU machine, after unpack.sh:
-# tools/gpu/peers.sh out/gpu/bin out/gpu/bin/peers OUT.
+# out/peers; nothing of theirs enters the repository), for the GPU machine's H200 (sm_90a). The indexer, grouped
+# and MegaMoE harnesses also link our kernels from BUILD_DIR (default build; configured and built first). The stripped
+# harnesses land in OUT_DIR/bin, which tools/gpu/pack.sh adds to its bundle (as peers/); on the GPU machine, after
+# unpack.sh: tools/gpu/peers.sh out/gpu/bin out/gpu/bin/peers OUT.
 #
 #   bench/peers/build.sh [OUT_DIR] [BUILD_DIR]
 set -euo pipefail
@@ -41,6 +41,8 @@ ours=("$lib/ops/libperegrine_ops.a" "$lib/kv/libperegrine_kv.a" "$lib/io/libpere
   "${ours[@]}"
 "$nvcc" "${flags[@]}" "${di[@]}" -I"$here/src" "$here/bench/peers/deepinfer_indexer.cu" -o "$out/deepinfer_indexer" \
   "${ours[@]}"
+"$nvcc" "${flags[@]}" -I"$out/sgl-deep-gemm/deep_gemm/include" -I"$here/src" "$here/bench/peers/sgl_megamoe.cu" \
+  -o "$out/sgl_megamoe" "${ours[@]}"
 mkdir -p "$out/bin"
-for h in deepgemm_dense deepinfer_indexer deepinfer_grouped; do strip -o "$out/bin/$h" "$out/$h"; done
+for h in deepgemm_dense deepinfer_indexer deepinfer_grouped sgl_megamoe; do strip -o "$out/bin/$h" "$out/$h"; done
 ls "$out"/bin/*

@@ -11,7 +11,7 @@ here=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-$here/out/peers}
 build=${2:-$here/build}
 nvcc=${NVCC:-/usr/local/cuda/bin/nvcc}
-flags=(-std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -diag-suppress 174,20050)
+flags=(-std=c++20 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -diag-suppress 174,177,20050)
 mkdir -p "$out/wheels"
 
 # SGLang's DeepGEMM fork: its wheel carries the kernel headers (with the CuTe and CUTLASS it builds with).

@@ -40,7 +40,7 @@ namespace dg = deep_gemm;
 
 constexpr uint32_t kH = 5120, kI = 2304, kE = 96, kTopk = 6;
 constexpr float kClamp = 10.0f;  // V4.1's swiglu_limit: gate clamped above, up to +-10
-constexpr uint32_t kDispatchThreads = 64, kLoaderThreads = 64, kMathThreads = 256;
+constexpr uint32_t kMathThreads = 256;  // two math warpgroups (the header's only count)
 constexpr uint32_t kSmemMax = 232448;  // sm_90's opt-in shared memory per block; the kernel asserts its layout fits
 
 constexpr uint32_t align_up(uint32_t x, uint32_t a) { return (x + a - 1) / a * a; }
@@ -48,30 +48,32 @@ constexpr uint32_t align_up(uint32_t x, uint32_t a) { return (x + a - 1) / a * a
 // The kernel's shared-memory layout (impls/sm90_fp8_mega_moe.cuh, the arithmetic before its static_assert), to find
 // the most pipeline stages that fit: the dispatch warps' send buffers, the output tile, the stages of A, B and A's
 // scales, the weight scales of each math warpgroup, the barriers, then the tile table.
-constexpr uint32_t smem_bytes(uint32_t bm, uint32_t bn, uint32_t stages, uint32_t pool) {
-    const uint32_t send = align_up(kH * (kDispatchThreads / 32), 1024);
+constexpr uint32_t smem_bytes(uint32_t bm, uint32_t bn, uint32_t stages, uint32_t pool, uint32_t dispatch) {
+    const uint32_t send = align_up(kH * (dispatch / 32), 1024);
     const uint32_t cd = align_up(std::max(bm * bn / 2, bm * (bm == 128 ? bn / 2 : bn) * 2), 1024);
     const uint32_t stage = bm * 128 + bn * 128 + align_up(bm * 4, 128);
     const uint32_t wg_n = bm == 64 ? bn / 2 : bn;  // decode: two warpgroups split N; prefill: they split M
     const uint32_t groups = wg_n >= 128 ? wg_n / 128 : 1;
     const uint32_t weight_sf = align_up(2 * std::max(2 * (kH / 128), groups * (kI / 128)) * 4, 128);
-    const uint32_t barriers = (kDispatchThreads / 32 + 2 * stages + 2 * (kMathThreads / 32)) * 8;
+    const uint32_t barriers = (dispatch / 32 + 2 * stages + 2 * (kMathThreads / 32)) * 8;
     const uint32_t table = dg::layout::get_sm90_tile_table_entries_compact<uint32_t>(pool, bm, 2 * kI / bn, kH / bn,
                                                                                      kSms) * 8;
     return align_up(send + cd + stages * stage + weight_sf + barriers, 16) + std::max(table, kE * 4);
 }
-constexpr uint32_t max_stages(uint32_t bm, uint32_t bn, uint32_t pool) {
+constexpr uint32_t max_stages(uint32_t bm, uint32_t bn, uint32_t pool, uint32_t dispatch) {
     uint32_t s = 2;
-    while (smem_bytes(bm, bn, s + 1, pool) <= kSmemMax) ++s;
+    while (smem_bytes(bm, bn, s + 1, pool, dispatch) <= kSmemMax) ++s;
     return s;
 }
 
-// One instantiation: kCap tokens of capacity (the buffer's), BM x BN tiles, kWave experts per wave.
-template <uint32_t kCap, uint32_t BM, uint32_t BN, uint32_t kWave>
+// One instantiation: kCap tokens of capacity (the buffer's), BM x BN tiles, kWave experts per wave, kDispatch
+// threads pulling tokens into the pools (64 or 128; the TMA loader warps take as many, so that the math warpgroups
+// start on a warpgroup boundary).
+template <uint32_t kCap, uint32_t BM, uint32_t BN, uint32_t kWave, uint32_t kDispatch = 64>
 struct Mega {
     static constexpr uint32_t kPool = dg::layout::get_num_max_pool_tokens_sm90<uint32_t>(1, kCap, kTopk, kE);
     static constexpr uint32_t kPaddedSF = kPool / BM * align_up(BM, 128);  // each pool block's scales 128 rows apart
-    static constexpr uint32_t kStages = max_stages(BM, BN, kPool);
+    static constexpr uint32_t kStages = max_stages(BM, BN, kPool, kDispatch);
     // The header's rules: the prefill tile reuses its accumulators, counts L2 arrivals per warpgroup and stages its
     // bf16 output in two halves (its scatter's vectors are 16 bytes: 128 columns a pass); the decode tile takes the
     // full-sync L2 arrivals (valid at every token count).
@@ -79,20 +81,20 @@ struct Mega {
     static void* fn() {
         return reinterpret_cast<void*>(
             &dg::sm90_fp8_mega_moe_impl<kCap, kH, kI, kE, kTopk, kWave, BM, BN, 128, kPool, kPaddedSF, kPool, kStages,
-                                        kDispatchThreads, kLoaderThreads, kMathThreads, kSms, 1, kClamp, true, 0,
+                                        kDispatch, kDispatch, kMathThreads, kSms, 1, kClamp, true, 0,
                                         kPrefill, kPrefill, !kPrefill, kPrefill>);
     }
 };
 
 struct Config {
     const char* name;
-    uint32_t cap, bm, bn, wave, stages, pool, padded_sf;
+    uint32_t cap, bm, bn, wave, dispatch, stages, pool, padded_sf;
     void* fn;
 };
-template <uint32_t kCap, uint32_t BM, uint32_t BN, uint32_t kWave>
+template <uint32_t kCap, uint32_t BM, uint32_t BN, uint32_t kWave, uint32_t kDispatch = 64>
 Config config(const char* name) {
-    using M = Mega<kCap, BM, BN, kWave>;
-    return {name, kCap, BM, BN, kWave, M::kStages, M::kPool, M::kPaddedSF, M::fn()};
+    using M = Mega<kCap, BM, BN, kWave, kDispatch>;
+    return {name, kCap, BM, BN, kWave, kDispatch, M::kStages, M::kPool, M::kPaddedSF, M::fn()};
 }
 
 // The experts' operands, in the peer's format (FP8 weights, gate and up interleaved by 8 rows as its weight transform
@@ -271,7 +273,7 @@ Timed run_peer(const Config& c, const Problem& p, int reps, void* flush, size_t 
     CHECK_CUDA(cudaFuncSetAttribute(c.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemMax)));
     cudaLaunchConfig_t launch{};
     launch.gridDim = dim3(kSms);
-    launch.blockDim = dim3(kDispatchThreads + kLoaderThreads + kMathThreads);
+    launch.blockDim = dim3(2 * c.dispatch + kMathThreads);
     launch.dynamicSmemBytes = kSmemMax;
     auto mega = [&] { CHECK_CUDA(cudaLaunchKernelExC(&launch, c.fn, args)); };
     const uint32_t pad_blocks = (std::max(c.cap, p.T) - p.T) * kTopk / (kH / 8) + 1;
@@ -295,9 +297,10 @@ Timed run_peer(const Config& c, const Problem& p, int reps, void* flush, size_t 
     r.err = std::max(r.err, check(p, y));
     r.ms = median_ms([&] { pre(), mega(); }, reps, flush, flush_bytes);
     r.mega_ms = median_ms(mega, reps, flush, flush_bytes);
-    std::printf("  peer %-8s %5u tokens, tile %3u x %3u, %u stages, %2u experts a wave: %8.3f ms (MegaMoE %8.3f), "
-                "max|d| / max|ref| %.2e%s\n",
-                c.name, p.T, c.bm, c.bn, c.stages, c.wave, r.ms, r.mega_ms, r.err, r.err > 3e-2 ? "  WRONG" : "");
+    std::printf("  peer %-12s %5u tokens, tile %3u x %3u, %u stages, %2u experts a wave, %3u dispatch threads: "
+                "%8.3f ms (MegaMoE %8.3f), max|d| / max|ref| %.2e%s\n",
+                c.name, p.T, c.bm, c.bn, c.stages, c.wave, c.dispatch, r.ms, r.mega_ms, r.err,
+                r.err > 3e-2 ? "  WRONG" : "");
     CHECK_CUDA(cudaFree(buf));
     CHECK_CUDA(cudaFree(y));
     return r;
@@ -463,7 +466,8 @@ int main(int argc, char** argv) {
 
     // Decode (64-row tiles) at 1-32 rows an expert, prefill (128 x 256) from 8 rows an expert; the decode topology
     // with 16 experts a wave where the header's host rule takes it (1-4 rows an expert).
-    const std::vector<Config> decode = {config<2048, 64, 256, kE>("decode"), config<2048, 64, 256, 16>("decode/16")};
+    const std::vector<Config> decode = {config<2048, 64, 256, kE>("decode"), config<2048, 64, 256, 16>("decode/16"),
+                                        config<2048, 64, 256, kE, 128>("decode/d128")};
     const std::vector<Config> prefill = {config<8192, 128, 256, kE>("prefill")};
     std::string rows;
     bool failed = false;
@@ -495,12 +499,14 @@ int main(int argc, char** argv) {
         char js[768];
         std::snprintf(js, sizeof(js),
                       "%s{\"tokens\": %u, \"experts\": %u, \"top_k\": %u, \"rows_per_expert\": %u, \"peer_config\": "
-                      "\"%s %ux%u, %u stages, %u experts a wave\", \"peer_ms\": %.4f, \"peer_megamoe_ms\": %.4f, "
+                      "\"%s %ux%u, %u stages, %u experts a wave, %u dispatch threads\", \"peer_ms\": %.4f, "
+                      "\"peer_megamoe_ms\": %.4f, "
                       "\"peer_weight_gbs\": %.1f, \"peer_max_err_of_max\": %.3e, \"ours\": \"%s\", \"ours_ms\": %.4f, "
                       "\"ours_weight_gbs\": %.1f, \"ours_max_err_of_max\": %.3e, \"copy_gbs\": %.1f, "
                       "\"peer_over_ours\": %.3f}",
                       rows.empty() ? "" : ",\n  ", T, kE, kTopk, T * kTopk / kE, best.c.name ? best.c.name : "none",
-                      best.c.bm, best.c.bn, best.c.stages, best.c.wave, best.ms, best.mega_ms, peer_gbs, best.err,
+                      best.c.bm, best.c.bn, best.c.stages, best.c.wave, best.c.dispatch, best.ms, best.mega_ms, peer_gbs,
+                      best.err,
                       o.gemv ? "routed GEMV pair" : "grouped wgmma", o.ms, ours_gbs, o.err, copy,
                       best.ms > 0 ? best.ms / o.ms : 0.0);
         rows += js;

@@ -505,9 +505,8 @@ int main(int argc, char** argv) {
                       "\"ours_weight_gbs\": %.1f, \"ours_max_err_of_max\": %.3e, \"copy_gbs\": %.1f, "
                       "\"peer_over_ours\": %.3f}",
                       rows.empty() ? "" : ",\n  ", T, kE, kTopk, T * kTopk / kE, best.c.name ? best.c.name : "none",
-                      best.c.bm, best.c.bn, best.c.stages, best.c.wave, best.c.dispatch, best.ms, best.mega_ms, peer_gbs,
-                      best.err,
-                      o.gemv ? "routed GEMV pair" : "grouped wgmma", o.ms, ours_gbs, o.err, copy,
+                      best.c.bm, best.c.bn, best.c.stages, best.c.wave, best.c.dispatch, best.ms, best.mega_ms,
+                      peer_gbs, best.err, o.gemv ? "routed GEMV pair" : "grouped wgmma", o.ms, ours_gbs, o.err, copy,
                       best.ms > 0 ? best.ms / o.ms : 0.0);
         rows += js;
     }

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the peer harnesses of bench/peers against the peers' own packages, fetched from PyPI into OUT_DIR (default
-# out/peers; nothing of theirs enters the repository), for the GPU machine's H200 (sm_90a). The indexer, grouped
-# and MegaMoE harnesses also link our kernels from BUILD_DIR (default build; configured and built first). The stripped
-# harnesses land in OUT_DIR/bin, which tools/gpu/pack.sh adds to its bundle (as peers/); on the GPU machine, after
-# unpack.sh: tools/gpu/peers.sh out/gpu/bin out/gpu/bin/peers OUT.
+# out/peers; nothing of theirs enters the repository), for the GPU machine's H200 (sm_90a). The indexer, grouped,
+# MegaMoE and FlashInfer harnesses also link our kernels from BUILD_DIR (default build; configured and built first).
+# The stripped harnesses land in OUT_DIR/bin, which tools/gpu/pack.sh adds to its bundle (as peers/); on the GPU
+# machine, after unpack.sh: tools/gpu/peers.sh out/gpu/bin out/gpu/bin/peers OUT.
 #
 #   bench/peers/build.sh [OUT_DIR] [BUILD_DIR]
 set -euo pipefail
@@ -43,6 +43,38 @@ ours=("$lib/ops/libperegrine_ops.a" "$lib/kv/libperegrine_kv.a" "$lib/io/libpere
   "${ours[@]}"
 "$nvcc" "${flags[@]}" -I"$out/sgl-deep-gemm/deep_gemm/include" -I"$here/src" "$here/bench/peers/sgl_megamoe.cu" \
   -o "$out/sgl_megamoe" "${ours[@]}"
+
+# FlashInfer: its wheel carries TensorRT-LLM's MoE GEMM sources (csrc) and the CUTLASS they build with. The harness
+# instantiates the sm90 mixed-input launcher at a handful of tiles, two compiler processes (W4A16, W4A8) in parallel,
+# with the few of TensorRT-LLM's common sources the launcher calls and FlashInfer's weight-interleave kernels.
+python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$out/wheels" flashinfer-python==0.7.2
+rm -rf "$out/flashinfer"
+python3 -m zipfile -e "$out"/wheels/flashinfer_python-0.7.2-*.whl "$out/flashinfer"
+fd=$out/flashinfer/flashinfer/data
+nv=$fd/csrc/nv_internal
+fi_flags=("${flags[@]}" --expt-extended-lambda -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED -DCOMPILE_HOPPER_TMA_GEMMS
+  -DCOMPILE_HOPPER_TMA_GROUPED_GEMMS -DENABLE_BF16 -DENABLE_FP8 -DENABLE_FP4 -DUSING_OSS_CUTLASS_MOE_GEMM
+  -DCUTLASS_ENABLE_GDC_FOR_SM90=1 -DCUTLASS_MIXED_GEMM_FP4_FP8_PREPROCESSED_SIGNS=1 -I"$nv" -I"$nv/include"
+  -I"$nv/tensorrt_llm/cutlass_extensions/include" -I"$nv/tensorrt_llm/kernels/cutlass_kernels/include"
+  -I"$nv/tensorrt_llm/kernels/cutlass_kernels" -I"$fd/cutlass/include" -I"$fd/cutlass/tools/util/include")
+mkdir -p "$out/fi-obj"
+pids=()
+for part in w4a16 w4a8; do
+  "$nvcc" "${fi_flags[@]}" -c "$here/bench/peers/flashinfer_moe_$part.cu" -o "$out/fi-obj/$part.o" &
+  pids+=($!)
+done
+"$nvcc" "${fi_flags[@]}" -c "$nv/tensorrt_llm/kernels/cutlass_kernels/moe_gemm/moe_gemm_mixed_utils.cu" \
+  -o "$out/fi-obj/mixed_utils.o"
+for f in logger tllmException stringUtils; do
+  g++ -std=c++17 -O2 -DENABLE_BF16 -DENABLE_FP8 -I"$nv" -I"$nv/include" -I/usr/local/cuda/include \
+    -c "$nv/cpp/common/$f.cpp" -o "$out/fi-obj/$f.o"
+done
+"$nvcc" "${fi_flags[@]}" -I"$here/src" -c "$here/bench/peers/flashinfer_moe.cu" -o "$out/fi-obj/harness.o"
+for p in "${pids[@]}"; do wait "$p"; done
+"$nvcc" "${flags[@]}" "$out"/fi-obj/*.o -o "$out/flashinfer_moe" "${ours[@]}"
+
 mkdir -p "$out/bin"
-for h in deepgemm_dense deepinfer_indexer deepinfer_grouped sgl_megamoe; do strip -o "$out/bin/$h" "$out/$h"; done
+for h in deepgemm_dense deepinfer_indexer deepinfer_grouped sgl_megamoe flashinfer_moe; do
+  strip -o "$out/bin/$h" "$out/$h"
+done
 ls "$out"/bin/*

@@ -75,7 +75,8 @@ for f in logger tllmException stringUtils; do
 done
 "$nvcc" "${flags[@]}" "${fi_defs[@]}" -I"$here/src" -c "$here/bench/peers/flashinfer_moe.cu" \
   -o "$out/fi-obj/harness.o"
-"$nvcc" "${flags[@]}" "$out"/fi-obj/*.o -o "$out/flashinfer_moe" "${ours[@]}"
+# (-lz -lhiredis: a libstdc++ instantiation TensorRT-LLM's logger needs is first found in our kv library's objects.)
+"$nvcc" "${flags[@]}" "$out"/fi-obj/*.o -o "$out/flashinfer_moe" "${ours[@]}" -lz -lhiredis
 
 mkdir -p "$out/bin"
 for h in deepgemm_dense deepinfer_indexer deepinfer_grouped sgl_megamoe flashinfer_moe; do

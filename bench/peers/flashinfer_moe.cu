@@ -96,8 +96,8 @@ size_t folded(int n, int g, int K) {
     return ((size_t(n / 64) * (K / 128) + g / 4) * 16 + n % 16) * 16 + (n % 64) / 16 * 4 + g % 4;
 }
 
-// The codes with -0 (8) as +0, as FlashInfer's W4A8 preparation writes them (its pre-MMA conversion adds the
-// exponent offset to every nonzero code's exponent, -0's included).
+// The codes with -0 (8) as +0, as FlashInfer's W4A8 preparation rewrites them before its interleave (the pre-MMA
+// conversion adds the exponent offset to a code's exponent bits; +0 is the code it keeps zero).
 __global__ void without_negative_zeros(const uint8_t* in, size_t n, uint8_t* out) {
     for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<size_t>(gridDim.x) * blockDim.x) {

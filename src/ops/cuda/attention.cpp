@@ -247,13 +247,8 @@ void CudaBackend::store_window(const Tensor& kv_proj, const AttentionWeight& w, 
         plan.store_rows(window_kv_of(kv_proj, w, freqs, pos, sec.format), sec);
         return;
     }
-    OpTimer op_(*this, "norm_rope_qdq");
-    const EntryFormat& f = sec.format;
-    const int D = static_cast<int>(kv_proj.dim(-1)), rd = cfg_.rope_head_dim;
-    Tensor kv = empty(DType::F32, kv_proj.shape());
-    const PagedRowStore store{f, *paged, paged_section(sec)};
-    rms_norm_rope_qdq(kv_proj.f32(), kv_proj.numel() / D, D, weights_.f32(w.kv_norm), eps(), kv.f32(), pos, freqs,
-                      D - rd, rd, f.quant_dims, f.block, qdq_kind(f), &store);
+    const PagedRowStore store{sec.format, *paged, paged_section(sec)};
+    norm_rope_qdq(kv_proj, w.kv_norm, pos, freqs, sec.format, &store);
 }
 
 Tensor CudaBackend::index_keys(const Tensor& x, const Tensor& w, const int64_t* pos, const float* freqs,
@@ -265,16 +260,18 @@ Tensor CudaBackend::index_keys(const Tensor& x, const Tensor& w, const int64_t* 
 }
 
 Tensor CudaBackend::norm_rope_qdq(const Tensor& x, const Tensor& w, const int64_t* pos, const float* freqs,
-                                  const EntryFormat& f) {
+                                  const EntryFormat& f, const PagedRowStore* store) {
     OpTimer op_(*this, "norm_rope_qdq");
     const int D = static_cast<int>(x.dim(-1)), rd = cfg_.rope_head_dim;
+    const int64_t rows = x.numel() / D;
     Tensor y = empty(DType::F32, x.shape());
     if (launch_folds_) {
-        rms_norm_rope_qdq(x.f32(), x.numel() / D, D, weights_.f32(w), eps(), y.f32(), pos, freqs, D - rd, rd,
-                          f.quant_dims, f.block, qdq_kind(f));
+        rms_norm_rope_qdq(x.f32(), rows, D, weights_.f32(w), eps(), y.f32(), pos, freqs, D - rd, rd, f.quant_dims,
+                          f.block, qdq_kind(f), store);
     } else {
-        cuda::rms_norm(x.f32(), x.numel() / D, D, weights_.f32(w), eps(), y.f32());
-        rope_qdq(y.f32(), x.numel() / D, 1, D, D, D - rd, pos, freqs, rd, false, f.quant_dims, f.block, qdq_kind(f));
+        cuda::rms_norm(x.f32(), rows, D, weights_.f32(w), eps(), y.f32());
+        rope_qdq(y.f32(), rows, 1, D, D, D - rd, pos, freqs, rd, false, f.quant_dims, f.block, qdq_kind(f));
+        if (store) paged_store_entries(y.f32(), rows, store->f, store->p, store->sec);
     }
     return y;
 }

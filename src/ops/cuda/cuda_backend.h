@@ -212,8 +212,9 @@ private:
     void index_rope_qdq(float* x, int64_t rows, int heads, const int64_t* pos, const float* freqs, const EntryFormat& f);
     // rms_norm(x, w), then RoPE at pos and the QDQ to entry format f on its rows (one head of x's width, no
     // rotation): one launch (rms_norm_rope_qdq). Window K=V rows, compressed latents, indexer keys.
+    // With `store`, its rows also go into their entries (the window's K=V: store_window).
     Tensor norm_rope_qdq(const Tensor& x, const Tensor& w, const int64_t* pos, const float* freqs,
-                         const EntryFormat& f);
+                         const EntryFormat& f, const PagedRowStore* store = nullptr);
     // The window K=V rows from their projection (kv_norm, RoPE, QDQ) into their entries of `sec`: with the step's
     // paged tables one launch (rms_norm_rope_qdq with a PagedRowStore), else window_kv_of and the planner's store.
     void store_window(const Tensor& kv_proj, const AttentionWeight& w, AttentionPlanner& plan, const StateSection& sec,
